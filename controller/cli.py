@@ -1,0 +1,25 @@
+"""``muster`` command line: one typer app; each sub-command lives in its own module and
+imports its heavy dependencies lazily so ``muster fit`` starts fast."""
+
+from __future__ import annotations
+
+import typer
+
+from controller import __version__
+
+app = typer.Typer(
+    name="muster",
+    help="Gang-atomic, topology-aware provisioning for Kubernetes.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+@app.command()
+def version() -> None:
+    """Print Muster's version."""
+    typer.echo(__version__)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

@@ -1,0 +1,243 @@
+"""Input and output types of the fit engine.
+
+Pure data: frozen dataclasses, no pydantic, no Kubernetes client. The state layer
+(`controller.snapshot`) converts API objects into these; the reconcilers, the
+`muster fit` CLI and the simulator all hand the same types to `controller.fit.plan`.
+
+Resource amounts are integers in canonical units: ``cpu`` in millicores, every other
+resource (memory, ephemeral-storage, ``nvidia.com/gpu`` ...) in its base unit, rounded up.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+Resources = Mapping[str, int]
+"""Resource name -> amount in canonical units (cpu in millicores)."""
+
+
+class Mode(enum.StrEnum):
+    CHECK = "check"
+    """check-capacity: existing nodes only."""
+    PROVISION = "provision"
+    """existing nodes first, then new nodes from CapacityPools."""
+
+
+class TopologyMode(enum.StrEnum):
+    NONE = "none"
+    REQUIRED = "required"
+    """every pod of the pod set in one domain of ``level``."""
+    PREFERRED = "preferred"
+    """fewest domains, starting at ``level`` and climbing when needed (Kueue TAS)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    key: str
+    value: str = ""
+    effect: str = "NoSchedule"  # NoSchedule | PreferNoSchedule | NoExecute
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    key: str = ""  # empty key with operator Exists tolerates everything
+    operator: str = "Equal"  # Equal | Exists
+    value: str = ""
+    effect: str = ""  # empty matches every effect
+
+
+@dataclass(frozen=True, slots=True)
+class SelectorRequirement:
+    """One matchExpressions entry of a required node affinity term."""
+
+    key: str
+    operator: str  # In | NotIn | Exists | DoesNotExist | Gt | Lt
+    values: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SelectorTerm:
+    """Requirements ANDed; the terms of a pod are ORed (nodeSelectorTerms)."""
+
+    match_expressions: tuple[SelectorRequirement, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PodShape:
+    """What decides where one pod of a pod set can go."""
+
+    requests: Resources
+    """Effective requests: max(sum of containers, largest init container) + overhead."""
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    affinity_terms: tuple[SelectorTerm, ...] = ()
+    """Required node affinity; empty means unconstrained."""
+    tolerations: tuple[Toleration, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TopologyRequest:
+    mode: TopologyMode = TopologyMode.NONE
+    level: str | None = None
+    """A node label key that is one of ``Snapshot.levels``."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodSetRequest:
+    name: str
+    count: int
+    shape: PodShape
+    topology: TopologyRequest = TopologyRequest()
+
+
+@dataclass(frozen=True, slots=True)
+class GangRequest:
+    """All-or-nothing across every pod set."""
+
+    name: str  # "<namespace>/<name>", for messages
+    pod_sets: tuple[PodSetRequest, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    name: str
+    labels: Mapping[str, str]
+    taints: tuple[Taint, ...]
+    allocatable: Resources
+    free: Resources
+    """allocatable - requests of bound pods - capacity booked by other requests."""
+    schedulable: bool = True
+    """False for NotReady or spec.unschedulable nodes: never used."""
+    pool: str | None = None
+    """CapacityPool that created the node, if any (counts against the pool's limits)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PoolDomain:
+    """A topology domain a pool can add nodes into."""
+
+    labels: Mapping[str, str]
+    """Topology labels every new node in this domain carries (all levels it knows)."""
+    max_new_nodes: int
+    """How many more nodes the pool may add here: stock and the domain limit, minus nodes
+    the pool already has in it."""
+
+
+@dataclass(frozen=True, slots=True)
+class PoolState:
+    name: str
+    labels: Mapping[str, str]
+    """Template labels of a new node (without the domain's topology labels)."""
+    taints: tuple[Taint, ...]
+    allocatable: Resources
+    domains: tuple[PoolDomain, ...]
+    max_new_nodes: int
+    """Total nodes the pool may still add (maxNodes - current nodes)."""
+    price_per_node_hour: float = 0.0
+    acquisition_level: str | None = None
+    """Topology level one acquisition lands in as a unit (e.g. one placement group)."""
+    ready_seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    nodes: tuple[NodeState, ...]
+    pools: tuple[PoolState, ...] = ()
+    levels: tuple[str, ...] = ()
+    """Topology level label keys, top (widest) to bottom, e.g. block, rack, hostname."""
+
+
+# ---------------------------------------------------------------------------- output
+
+
+@dataclass(frozen=True, slots=True)
+class NewNodeSlot:
+    """A node that does not exist yet: the ``index``-th new node of ``pool`` in ``domain``."""
+
+    pool: str
+    domain: Mapping[str, str]
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """``pods`` pods of ``pod_set`` go to one existing node or one new-node slot."""
+
+    pod_set: str
+    pods: int
+    node: str | None = None
+    new_node: NewNodeSlot | None = None
+    domain: Mapping[str, str] = field(default_factory=dict)
+    """The node's topology labels (levels of the snapshot it has)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NewNodes:
+    """Nodes to acquire from one pool into one domain, as one all-or-nothing unit."""
+
+    pool: str
+    domain: Mapping[str, str]
+    count: int
+    cost_per_hour: float
+
+
+@dataclass(frozen=True, slots=True)
+class PodSetPlacement:
+    pod_set: str
+    level: str | None
+    """The topology level the pod set was kept within, if any."""
+    domain: str | None
+    """That level's value when the pod set fits in one domain, else None."""
+    domains_used: int
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    request: str
+    mode: Mode
+    assignments: tuple[Assignment, ...]
+    new_nodes: tuple[NewNodes, ...]
+    placements: tuple[PodSetPlacement, ...]
+    cost_per_hour: float
+
+    @property
+    def fits_existing(self) -> bool:
+        return not self.new_nodes
+
+
+class ReasonCode(enum.StrEnum):
+    INVALID = "Invalid"
+    NO_MATCHING_NODES = "NoMatchingNodes"
+    INSUFFICIENT_CAPACITY = "InsufficientCapacity"
+    TOPOLOGY = "TopologyConstraint"
+    POOL_LIMIT = "PoolLimit"
+    NEVER_FITS = "NeverFits"
+    """Larger than anything the cluster plus every pool could ever hold."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reason:
+    code: ReasonCode
+    pod_set: str | None
+    message: str
+    """Names the constraint and the shortfall, e.g. "pod set workers needs 16 pods x 8
+    nvidia.com/gpu within one value of rack; the best rack has room for 11; pool p5 can add 2
+    more nodes there (its domain limit is 8)"."""
+    needed: int = 0
+    best: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class NoFit:
+    request: str
+    mode: Mode
+    reasons: tuple[Reason, ...]
+
+    @property
+    def permanent(self) -> bool:
+        """True when no amount of waiting can help (NeverFits or Invalid)."""
+        return any(r.code in (ReasonCode.NEVER_FITS, ReasonCode.INVALID) for r in self.reasons)
+
+
+Result = Plan | NoFit

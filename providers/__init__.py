@@ -1,0 +1,1 @@
+"""Cloud providers behind one small async Protocol (:mod:`providers.base`)."""

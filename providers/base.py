@@ -1,0 +1,107 @@
+"""The provider interface: acquire N nodes all or nothing, release, list.
+
+Every provider (fake/kind, AWS, GCP) implements :class:`Provider`. Muster owns atomicity:
+a provider either returns exactly ``count`` nodes or raises after cleaning up whatever it
+launched. Idempotency keys are deterministic per (request uid, attempt, pool, domain), so a
+controller that crashes after the cloud call finds the same nodes again with :meth:`list`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from controller.api.capacitypool import CapacityPool
+
+
+@dataclass(frozen=True, slots=True)
+class AcquireRequest:
+    key: str
+    """Idempotency key, <= 63 characters, deterministic per gang attempt, pool and domain."""
+    pool: CapacityPool
+    count: int
+    domain: Mapping[str, str]
+    """Topology labels every new node must carry (the domain the fit engine chose)."""
+    owner: str
+    """``<namespace>/<name>`` of the ProvisioningRequest, recorded in tags for recovery."""
+    owner_uid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ProvidedNode:
+    name: str
+    """The Kubernetes Node name the instance registers as."""
+    provider_id: str
+    """``spec.providerID``: ``aws:///<zone>/<id>``, ``gce://<project>/<zone>/<name>``, ``kind://...``."""
+    pool: str
+    key: str
+    owner: str = ""
+    owner_uid: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+class ProviderError(Exception):
+    """Base of every provider failure. ``retryable`` tells the controller whether to back off
+    and try again (possibly elsewhere) or to give up on this pool."""
+
+    retryable: bool = True
+    reason: str = "ProviderError"
+
+
+class CapacityUnavailable(ProviderError):
+    """Not enough stock in the domain right now (InsufficientInstanceCapacity,
+    ZONE_RESOURCE_POOL_EXHAUSTED). Another domain or pool, or later, may work."""
+
+    reason = "CapacityUnavailable"
+
+    def __init__(self, message: str, *, available: int | None = None) -> None:
+        super().__init__(message)
+        self.available = available
+
+
+class QuotaExceeded(ProviderError):
+    """Account limits (InstanceLimitExceeded, VcpuLimitExceeded, QUOTA_EXCEEDED)."""
+
+    retryable = False
+    reason = "QuotaExceeded"
+
+
+class ProviderConfigError(ProviderError):
+    """The pool's parameters are wrong; surfaced as a condition on the CapacityPool."""
+
+    retryable = False
+    reason = "InvalidPoolParameters"
+
+
+class TransientProviderError(ProviderError):
+    """Throttling or a 5xx that outlived the provider's own retries."""
+
+    reason = "ProviderUnavailable"
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """One small async interface; implementations must be safe to call concurrently."""
+
+    name: str
+
+    async def validate(self, pool: CapacityPool) -> None:
+        """Check the pool's ``spec.parameters``; raise :class:`ProviderConfigError` naming the
+        field. No cloud calls that create anything."""
+
+    async def acquire(self, request: AcquireRequest) -> list[ProvidedNode]:
+        """Create exactly ``request.count`` nodes in ``request.domain`` or none.
+
+        Idempotent: calling again with the same key returns the same nodes and creates
+        nothing new. On a shortfall everything launched under the key is released before
+        :class:`CapacityUnavailable` (or another :class:`ProviderError`) is raised.
+        """
+
+    async def release(self, pool: CapacityPool, key: str) -> int:
+        """Delete every node acquired under ``key``; return how many were deleted.
+        Idempotent: releasing an unknown or already released key returns 0."""
+
+    async def list(self, pool: CapacityPool) -> list[ProvidedNode]:
+        """Every node this provider holds for ``pool`` (found by tags/labels), so that a
+        restarted controller can adopt or release what an interrupted attempt launched."""
