@@ -61,12 +61,18 @@ class FakeCompute:
     _request_ids: dict[str, str] = field(default_factory=dict)
     _pending_polls: dict[str, int] = field(default_factory=dict)
     _ids: Iterator[int] = field(default_factory=lambda: itertools.count(1000))
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    lock: threading.Condition = field(default_factory=threading.Condition)
 
     # ---- helpers for tests ------------------------------------------------------------
 
     def calls(self, action: str) -> list[Recorded]:
         return [r for r in self.requests if _action(r.method, r.path) == action]
+
+    def wait_for_calls(self, action: str, count: int, timeout: float = 10.0) -> bool:
+        """Block until ``count`` requests of ``action`` arrived (for tests that must act
+        while a call is in flight)."""
+        with self.lock:
+            return self.lock.wait_for(lambda: len(self.calls(action)) >= count, timeout)
 
     def all_instances(self) -> list[dict[str, Any]]:
         return [i for zone in self.instances.values() for i in zone.values()]
@@ -88,7 +94,7 @@ class FakeCompute:
         if not parts.path.startswith(BASE):
             return _error(404, "notFound")
         segments = parts.path[len(BASE):].split("/")
-        project, scope, where, *rest = segments
+        project, _scope, where, *rest = segments
         handler = getattr(self, f"_{action}", None)
         if handler is None:
             return _error(404, "notFound")
@@ -262,6 +268,7 @@ def serve(fake: FakeCompute) -> Iterator[str]:
             body = json.loads(raw) if raw else None
             with fake.lock:
                 status, reply = fake.handle(self.command, self.path, body)
+                fake.lock.notify_all()
             data = json.dumps(reply).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")

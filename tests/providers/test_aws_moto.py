@@ -14,7 +14,9 @@ from tests.providers.conftest import AWS_ZONE, ZONE_LABEL, MotoEc2
 DOMAIN = {ZONE_LABEL: AWS_ZONE}
 
 
-def req(moto_ec2: MotoEc2, uid: str, count: int, attempt: int = 0, **pool: object) -> AcquireRequest:
+def req(
+    moto_ec2: MotoEc2, uid: str, count: int, attempt: int = 0, **pool: object
+) -> AcquireRequest:
     p = moto_ec2.pool(**pool)  # type: ignore[arg-type]
     return AcquireRequest(
         key=acquisition_key(uid, attempt, p.metadata.name, DOMAIN), pool=p, count=count,

@@ -18,7 +18,13 @@ from providers.base import (
     TransientProviderError,
 )
 from providers.naming import aws_client_token, aws_placement_group_name
-from tests.providers.conftest import AWS_ZONE, ZONE_LABEL, aws_parameters, fast_aws_settings, make_pool
+from tests.providers.conftest import (
+    AWS_ZONE,
+    ZONE_LABEL,
+    aws_parameters,
+    fast_aws_settings,
+    make_pool,
+)
 
 KEY = "gpu-pool-a0-0123456789abcdef"
 OWNER = "ml/train-llama"
@@ -100,7 +106,9 @@ def describe(instances: list[dict[str, Any]]) -> dict[str, Any]:
         "Reservations": []}
 
 
-def fleet_response(launched: list[str], errors: list[dict[str, str]] | None = None) -> dict[str, Any]:
+def fleet_response(
+    launched: list[str], errors: list[dict[str, str]] | None = None
+) -> dict[str, Any]:
     response: dict[str, Any] = {"FleetId": "fleet-1", "Errors": errors or []}
     response["Instances"] = [{"InstanceIds": launched, "InstanceType": "p5.48xlarge",
                               "Lifecycle": "on-demand"}] if launched else []

@@ -104,7 +104,7 @@ async def test_rate_limit_is_retried_with_the_same_request_id(gcp_fake: GcpFake)
 
 async def test_rate_limit_that_never_ends_is_transient(gcp_fake: GcpFake) -> None:
     gcp_fake.fake.inject("bulk_insert", 403, "rateLimitExceeded", times=10)
-    with pytest.raises(TransientProviderError, match="rateLimitExceeded|Forbidden|403"):
+    with pytest.raises(TransientProviderError, match="rateLimitExceeded"):
         await gcp_fake.provider().acquire(req(gcp_fake, "uid-a", 2))
     assert len(gcp_fake.fake.calls("bulk_insert")) == 4
 
@@ -219,11 +219,10 @@ async def test_crash_after_the_cloud_call_leaks_nothing_and_duplicates_nothing(
         await before.acquire(dead)
     else:
         gcp_fake.fake.polls_before_done = 10**6  # operations never finish for this process
-        for r in (live, dead):
+        for inserts, r in enumerate((live, dead), start=1):
             task = asyncio.create_task(before.acquire(r))
-            while not gcp_fake.fake.calls("bulk_insert") or len(
-                    gcp_fake.fake.calls("bulk_insert")) < (1 if r is live else 2):
-                await asyncio.sleep(0.01)
+            assert await asyncio.to_thread(gcp_fake.fake.wait_for_calls, "wait_operation",
+                                           inserts)
             task.cancel()  # the process is killed while waiting on the operation
             with pytest.raises(asyncio.CancelledError):
                 await task
