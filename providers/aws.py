@@ -359,6 +359,12 @@ class AwsProvider:
         existing = await self._describe_by_tags(ec2, pool, key=request.key)
         if len(existing) == request.count:
             log.info("acquire %s: %d instances already exist, adopting", request.key, len(existing))
+            if params.node_name_from == "privateDnsName" and not all(
+                i.get("PrivateDnsName") for i in existing
+            ):
+                existing = await self._describe_launched(
+                    ec2, params, [i["InstanceId"] for i in existing]
+                )
             return await self._nodes(ec2, params, request, existing)
 
         group = await self._ensure_placement_group(ec2, params, request)
