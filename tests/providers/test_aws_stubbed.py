@@ -366,3 +366,32 @@ def test_capacity_reservation_preference_reaches_the_fleet_request() -> None:
         "UsageStrategy": "use-capacity-reservations-first"}
     assert built["LaunchTemplateConfigs"][0]["Overrides"][0]["ImageId"] == "ami-0abc"
     assert len(built["ClientToken"]) <= 64
+
+
+async def test_partially_visible_instances_are_completed_by_replaying_the_same_token(
+    stubbed: Any,
+) -> None:
+    # After a crash, DescribeInstances (eventually consistent) shows 2 of the 4 instances the
+    # first call launched. Replaying CreateFleet with the same ClientToken returns the
+    # original fleet's 4 ids and launches nothing: the union is complete.
+    provider, stubber = stubbed
+    stubber.add_response("describe_instances", describe([instance(i) for i in ids(2)]),
+                         {"Filters": KEY_FILTERS})
+    stubber.add_response("create_fleet", fleet_response(ids(4)), fleet_params())
+    stubber.add_response("describe_instances", describe([instance(i) for i in ids(4)]),
+                         {"InstanceIds": ids(4)})
+    stubber.add_response("describe_instance_topology", {"Instances": []}, {"InstanceIds": ids(4)})
+    assert len(await provider.acquire(request())) == 4
+
+
+async def test_instances_terminated_behind_our_back_fail_the_acquisition(stubbed: Any) -> None:
+    provider, stubber = stubbed
+    stubber.add_response("describe_instances", describe([]), {"Filters": KEY_FILTERS})
+    stubber.add_response("create_fleet", fleet_response(ids(2)), fleet_params(2))
+    stubber.add_response("describe_instances", describe(
+        [instance(ids(2)[0]), instance(ids(2)[1], state="terminated")]), {"InstanceIds": ids(2)})
+    stubber.add_response("describe_instances", describe([instance(ids(2)[0])]),
+                         {"Filters": KEY_FILTERS})
+    stubber.add_response("terminate_instances", {}, {"InstanceIds": ids(2)})
+    with pytest.raises(CapacityUnavailable, match="only 1 of 2"):
+        await provider.acquire(request(count=2))

@@ -246,3 +246,18 @@ async def test_crash_after_the_cloud_call_leaks_nothing_and_duplicates_nothing(
     remaining = gcp_fake.fake.all_instances()
     assert len(remaining) == 2
     assert {i["labels"]["muster-key"] for i in remaining} == {live.key}
+
+
+async def test_operation_timeout_is_transient_and_the_same_key_resumes(gcp_fake: GcpFake) -> None:
+    gcp_fake.fake.polls_before_done = 10**6
+    r = req(gcp_fake, "uid-a", 2)
+    slow = gcp_fake.provider(operation_timeout_seconds=0.2)
+    with pytest.raises(TransientProviderError, match="not done after"):
+        await slow.acquire(r)
+    # Nothing was deleted under a still-running operation.
+    assert len(gcp_fake.fake.all_instances()) == 2
+    gcp_fake.fake.polls_before_done = 0
+    for op in gcp_fake.fake.operations.values():
+        op["status"] = "DONE"
+    nodes = await gcp_fake.provider().acquire(r)
+    assert len(nodes) == 2 and len(gcp_fake.fake.calls("bulk_insert")) == 1
