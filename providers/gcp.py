@@ -199,6 +199,10 @@ class GcpProviderSettings(BaseSettings):
     retry_deadline_seconds: float = Field(default=120.0, ge=0)
     operation_timeout_seconds: float = Field(default=900.0, gt=0)
     """How long to wait for a bulkInsert/delete operation before reporting it transient."""
+    request_timeout_seconds: float = Field(default=60.0, gt=0)
+    """Per HTTP call; a hung call would otherwise hold a worker thread forever."""
+    wait_timeout_seconds: float = Field(default=150.0, gt=0)
+    """Per ``operations.wait`` call (the server answers within about two minutes)."""
     policy_delete_attempts: int = Field(default=10, ge=1)
     policy_delete_interval_seconds: float = Field(default=5.0, ge=0)
 
@@ -373,6 +377,7 @@ class GcpProvider:
             operation = await self._call(
                 clients.instances.bulk_insert_unary,
                 what="instances.bulkInsert",
+                timeout=self.settings.request_timeout_seconds,
                 request=compute_v1.BulkInsertInstanceRequest(
                     project=params.project,
                     zone=params.zone,
@@ -559,7 +564,9 @@ class GcpProvider:
         )
 
         def pages() -> Instances:
-            return list(clients.instances.list(request=request))
+            return list(clients.instances.list(
+                request=request, timeout=self.settings.request_timeout_seconds
+            ))
 
         found: Instances = await self._call(pages, what="instances.list")
         # A hashed label could collide in theory; the metadata holds the exact key.
@@ -574,7 +581,8 @@ class GcpProvider:
     ) -> Any:
         return await self._wait(
             lambda: clients.zone_operations.wait(
-                project=params.project, zone=params.zone, operation=operation.name
+                project=params.project, zone=params.zone, operation=operation.name,
+                timeout=self.settings.wait_timeout_seconds,
             ),
             operation, what=what, count=count,
         )
@@ -584,7 +592,8 @@ class GcpProvider:
     ) -> Any:
         return await self._wait(
             lambda: clients.region_operations.wait(
-                project=params.project, region=params.region, operation=operation.name
+                project=params.project, region=params.region, operation=operation.name,
+                timeout=self.settings.wait_timeout_seconds,
             ),
             operation, what=what,
         )
@@ -636,6 +645,7 @@ class GcpProvider:
         operation = await self._call(
             clients.resource_policies.insert_unary,
             what="resourcePolicies.insert",
+            timeout=self.settings.request_timeout_seconds,
             expect={409},  # ours already, from an earlier try of this key
             request=compute_v1.InsertResourcePolicyRequest(
                 project=params.project,
@@ -657,6 +667,7 @@ class GcpProvider:
             operation = await self._call(
                 clients.resource_policies.delete_unary,
                 what="resourcePolicies.delete",
+                timeout=self.settings.request_timeout_seconds,
                 expect={400, 404},
                 request=compute_v1.DeleteResourcePolicyRequest(
                     project=params.project, region=params.region, resource_policy=name
@@ -686,6 +697,7 @@ class GcpProvider:
             operation = await self._call(
                 clients.instances.delete_unary,
                 what=f"instances.delete {name}",
+                timeout=self.settings.request_timeout_seconds,
                 expect={404},
                 # Flattened arguments do not accept request_id: pass the request object.
                 request=compute_v1.DeleteInstanceRequest(
