@@ -120,31 +120,41 @@ class RecoveryRunner:
         self.grace_seconds = grace_seconds
         self._clock = clock
         self._first_seen: dict[str, dict[str, float]] = {}
+        # Keys whose release failed: retried even when list() no longer shows them, since
+        # a release can fail after its instances are gone (e.g. a placement group still
+        # in use while they terminate).
+        self._unfinished: dict[str, set[str]] = {}
 
     async def sweep(self, pool: CapacityPool, live: Mapping[str, int | None]) -> RecoveryResult:
         """List ``pool``, adopt/release per the plan; release failures are reported, not
         raised, so one stuck key does not block the others."""
         nodes = await self.provider.list(pool)
         name = pool.metadata.name
+        now = self._clock()
         plan = plan_recovery(
             nodes,
             live,
             first_seen=self._first_seen.get(name, {}),
-            now=self._clock(),
+            now=now,
             grace_seconds=self.grace_seconds,
         )
         released: dict[str, int] = {}
         failed: dict[str, str] = {}
         pending = dict(plan.first_seen)
-        for key in plan.release:
+        unfinished = self._unfinished.setdefault(name, set())
+        retry = sorted(unfinished - set(live) - set(plan.release) - set(plan.waiting))
+        for key in [*plan.release, *retry]:
             try:
                 released[key] = await self.provider.release(pool, key)
+                unfinished.discard(key)
                 log.info("pool %s: released %d orphan nodes of key %s (%s)",
-                         name, released[key], key, plan.reasons.get(key, ""))
+                         name, released[key], key, plan.reasons.get(key, "retry"))
             except ProviderError as exc:
                 failed[key] = str(exc)
-                # Keep the key's age so the next sweep retries at once.
-                pending[key] = self._clock() - self.grace_seconds
+                unfinished.add(key)
+                # Keep the key's age so that, if still listed, the next sweep retries at once.
+                pending[key] = now - self.grace_seconds
                 log.warning("pool %s: releasing orphan key %s failed: %s", name, key, exc)
+        unfinished.intersection_update(failed)
         self._first_seen[name] = pending
         return RecoveryResult(plan=plan, released=released, failed=failed)

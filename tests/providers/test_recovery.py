@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from providers.base import ProvidedNode
-from providers.recovery import plan_recovery
+from controller.api.capacitypool import CapacityPool
+from providers.base import AcquireRequest, ProvidedNode, TransientProviderError
+from providers.recovery import RecoveryRunner, plan_recovery
+from tests.providers.conftest import make_pool
 
 
 def nodes(key: str, n: int) -> list[ProvidedNode]:
@@ -53,3 +55,42 @@ def test_zero_grace_releases_at_once_and_negative_grace_is_refused() -> None:
                          grace_seconds=0).release == ("x",)
     with pytest.raises(ValueError):
         plan_recovery([], {}, first_seen={}, now=0.0, grace_seconds=-1)
+
+
+class FlakyReleaseProvider:
+    """Lists one orphan key until its nodes are gone; its first release fails after
+    deleting them (like an AWS placement group still in use)."""
+
+    name = "flaky"
+
+    def __init__(self) -> None:
+        self.nodes = nodes("dead", 2)
+        self.releases: list[str] = []
+
+    async def validate(self, pool: CapacityPool) -> None:
+        return None
+
+    async def acquire(self, request: AcquireRequest) -> list[ProvidedNode]:
+        raise AssertionError("recovery never acquires")
+
+    async def release(self, pool: CapacityPool, key: str) -> int:
+        self.releases.append(key)
+        deleted, self.nodes = len(self.nodes), []
+        if len(self.releases) == 1:
+            raise TransientProviderError("placement group still in use")
+        return deleted
+
+    async def list(self, pool: CapacityPool) -> list[ProvidedNode]:
+        return list(self.nodes)
+
+
+async def test_a_failed_release_is_retried_even_once_the_nodes_are_gone() -> None:
+    provider = FlakyReleaseProvider()
+    pool = make_pool("fake", {})
+    runner = RecoveryRunner(provider, grace_seconds=0, clock=lambda: 0.0)
+    first = await runner.sweep(pool, {})
+    assert first.failed.keys() == {"dead"} and first.released == {}
+    second = await runner.sweep(pool, {})
+    assert second.released == {"dead": 0} and second.failed == {}
+    third = await runner.sweep(pool, {})
+    assert third.released == {} and provider.releases == ["dead", "dead"]
