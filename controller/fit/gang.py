@@ -1,0 +1,161 @@
+"""The gang: every pod set placed, or none. Entry point :func:`plan`.
+
+Pod sets are placed one after another on a forked :class:`Workspace` (usage accumulates,
+so pod sets compete for nodes and pool headroom like real pods would). If one does not fit
+the fork is dropped and, for gangs of a few pod sets, other orders are tried: placing the
+pod set with the narrowest choice first often makes a gang fit that the given order does
+not. The search is bounded (:data:`MAX_ORDERS`), so for gangs of several competing pod sets
+the engine is a heuristic; for a single pod set it is exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from itertools import islice, permutations
+
+from controller.fit.explain import explain, validate
+from controller.fit.planner import Outcome, PodSetPlanner
+from controller.fit.topology import Levels
+from controller.fit.types import (
+    Assignment,
+    GangRequest,
+    Mode,
+    NewNodes,
+    NoFit,
+    PodSetRequest,
+    Reason,
+    ReasonCode,
+    Result,
+    Snapshot,
+    TopologyMode,
+)
+from controller.fit.workspace import Workspace
+
+MAX_ORDERS = 24
+"""Pod-set orders tried before giving up (all orders of up to four pod sets)."""
+
+
+def _orders(pod_sets: Sequence[PodSetRequest]) -> Iterator[tuple[PodSetRequest, ...]]:
+    given = tuple(pod_sets)
+    yield given
+    if len(given) < 2:
+        return
+    seen = {tuple(p.name for p in given)}
+
+    def narrow_first(p: PodSetRequest) -> tuple[int, int, str]:
+        constrained = 0 if p.topology.mode is TopologyMode.REQUIRED else 1
+        return (constrained, -p.count * max(p.shape.requests.values(), default=0), p.name)
+
+    candidates = [tuple(sorted(given, key=narrow_first))]
+    candidates.extend(permutations(given))
+    for order in islice(candidates, MAX_ORDERS + 1):
+        names = tuple(p.name for p in order)
+        if names not in seen:
+            seen.add(names)
+            yield order
+
+
+def _attempt(
+    request: GangRequest, base: Workspace, mode: Mode
+) -> tuple[Workspace, dict[str, Outcome]] | tuple[Workspace, PodSetRequest]:
+    """Place the gang on forks of ``base``; on failure return the first failure's state."""
+    first_failure: tuple[Workspace, PodSetRequest] | None = None
+    for order in islice(_orders(request.pod_sets), MAX_ORDERS):
+        ws = base.fork()
+        outcomes: dict[str, Outcome] = {}
+        for ps in order:
+            before = ws.fork()
+            got = PodSetPlanner(ws, ps, mode).place()
+            if got is None:
+                if first_failure is None:
+                    first_failure = (before, ps)
+                break
+            outcomes[ps.name] = got
+        else:
+            return ws, outcomes
+    assert first_failure is not None
+    return first_failure
+
+
+def _build(
+    request: GangRequest, ws: Workspace, outcomes: dict[str, Outcome], mode: Mode
+) -> Result:
+    from controller.fit.types import Plan
+
+    assignments: list[Assignment] = []
+    levels = ws.levels.all
+    for ps in request.pod_sets:
+        got = outcomes[ps.name]
+        merged: dict[str, int] = {}
+        leaves = {}
+        for leaf, pods in got.pods:
+            merged[leaf.name] = merged.get(leaf.name, 0) + pods
+            leaves[leaf.name] = leaf
+        for name in sorted(merged):
+            leaf = leaves[name]
+            assignments.append(
+                Assignment(
+                    pod_set=ps.name,
+                    pods=merged[name],
+                    node=leaf.node,
+                    new_node=leaf.slot,
+                    domain={k: leaf.labels[k] for k in levels if k in leaf.labels},
+                    requests=dict(ps.shape.requests),
+                )
+            )
+    new_nodes: list[NewNodes] = []
+    for (pi, di), count in sorted(ws.domain_used.items()):
+        pool = ws.pools[pi]
+        if count > 0:
+            new_nodes.append(
+                NewNodes(pool.name, dict(pool.domains[di].labels), count,
+                         count * pool.price_per_node_hour)
+            )
+    new_nodes.sort(key=lambda n: (n.pool, sorted(n.domain.items())))
+    return Plan(
+        request=request.name,
+        mode=mode,
+        assignments=tuple(assignments),
+        new_nodes=tuple(new_nodes),
+        placements=tuple(outcomes[ps.name].placement for ps in request.pod_sets),
+        cost_per_hour=sum(n.cost_per_hour for n in new_nodes),
+    )
+
+
+def _emptied(snapshot: Snapshot) -> Snapshot:
+    """The cluster with nothing running and every node usable: the best it could ever be."""
+    nodes = tuple(replace(n, free=n.allocatable, schedulable=True) for n in snapshot.nodes)
+    return replace(snapshot, nodes=nodes)
+
+
+def plan(request: GangRequest, snapshot: Snapshot, mode: Mode) -> Result:
+    """Where the whole gang fits (a :class:`Plan`) or why it does not (a :class:`NoFit`).
+
+    Check mode uses existing nodes only; provision mode adds nodes from the snapshot's pools,
+    existing capacity first, then the cheapest new capacity. Deterministic.
+    """
+    invalid = validate(request, snapshot)
+    if invalid:
+        return NoFit(request.name, mode, tuple(invalid))
+    levels = Levels.of(snapshot.levels)
+    pools = snapshot.pools if mode is Mode.PROVISION else ()
+    base = Workspace(snapshot.nodes, pools, levels)
+    got = _attempt(request, base, mode)
+    if isinstance(got[1], dict):
+        return _build(request, got[0], got[1], mode)
+    ws, failed = got
+    reasons: list[Reason] = [explain(failed, ws, snapshot, mode)]
+    best = _attempt(request, Workspace(_emptied(snapshot).nodes, snapshot.pools, levels),
+                    Mode.PROVISION)
+    if not isinstance(best[1], dict):
+        reasons.insert(
+            0,
+            Reason(
+                ReasonCode.NEVER_FITS,
+                best[1].name,
+                f"gang {request.name} can never fit: even with every node empty and every pool "
+                f"at its maximum, pod set {best[1].name} does not fit",
+            ),
+        )
+    return NoFit(request.name, mode, tuple(reasons))
