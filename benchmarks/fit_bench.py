@@ -1,12 +1,12 @@
 """Fit engine benchmark (run on demand: ``python3 -m benchmarks.fit_bench``).
 
-10,000 nodes x 8 GPUs in 10 blocks x 25 racks x 40 hosts, about 30% of the nodes busy with
-1-8 GPUs taken (fixed seed), 20 CapacityPools (14 that add up to 16 nodes to every other rack of one block, 6 that create
-fresh placement groups). Gangs of 8, 64, 512 and 1,024 pods x 8 GPUs with required rack,
-required block and preferred rack, in check and provision modes. Prints median and p95
-plan time per case, pods/s against the ~1,300 pods/s of the published Karpenter
-simulation, tracemalloc peak memory, and as its last line the worst 1,024-pod case:
-``fit_bench gang=1024 nodes=10000 median_ms=<x> peak_mb=<y>``.
+10,000 nodes x 8 GPUs in 10 blocks x 25 racks x 40 hosts; about 30% of the nodes are busy
+with 1-8 GPUs taken (fixed seed). 20 CapacityPools: 14 add up to 16 nodes to every other
+rack of one block, 6 create fresh placement groups. Gangs of 8, 64, 512 and 1,024 pods x 8
+GPUs with required rack, required block and preferred rack, in check and provision modes.
+Prints median and p95 plan time per case, pods/s against the ~1,300 pods/s of the published
+Karpenter simulation, tracemalloc peak memory, and as its last line the worst 1,024-pod
+case: ``fit_bench gang=1024 nodes=10000 median_ms=<x> peak_mb=<y>``.
 """
 
 from __future__ import annotations
