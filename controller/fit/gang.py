@@ -149,13 +149,17 @@ def plan(request: GangRequest, snapshot: Snapshot, mode: Mode) -> Result:
         Mode.PROVISION,
     )
     if not isinstance(best[1], dict):
+        empty_ws, never = best
+        why = explain(never, empty_ws, snapshot, Mode.PROVISION)
         reasons.insert(
             0,
             Reason(
                 ReasonCode.NEVER_FITS,
-                best[1].name,
-                f"gang {request.name} can never fit: even with every node empty and every pool "
-                f"at its maximum, pod set {best[1].name} does not fit",
+                never.name,
+                f"gang {request.name} can never fit, even with every node empty and usable and "
+                f"every pool at its maximum: {why.message}",
+                needed=why.needed,
+                best=why.best,
             ),
         )
     return NoFit(request.name, mode, tuple(reasons))
