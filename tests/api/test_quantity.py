@@ -41,5 +41,5 @@ def test_negative_rejected() -> None:
 
 
 def test_resource_list_error_names_the_resource() -> None:
-    with pytest.raises(ValueError, match="^memory: invalid quantity"):
+    with pytest.raises(ValueError, match=r"^memory: invalid quantity"):
         to_resources({"cpu": "1", "memory": "lots"})
