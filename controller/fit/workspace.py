@@ -16,7 +16,7 @@ capacity later pod sets may use.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from operator import itemgetter
 from typing import Any
 
@@ -101,6 +101,19 @@ class PoolRef:
         return f"{self.pool.name}/{self.domain_index:06d}"
 
 
+def _at_maximum(pool: PoolState) -> PoolState:
+    """The pool as if nothing were booked: bookings end; a domain's total limit bounds it.
+
+    Errs on the generous side (a domain's pool nodes that exist are counted both as nodes
+    and within ``max_nodes``): NeverFits is permanent, so it must never be claimed wrongly.
+    """
+    domains = tuple(
+        replace(d, max_new_nodes=max(d.max_new_nodes + d.booked_nodes, d.max_nodes or 0))
+        for d in pool.domains
+    )
+    return replace(pool, domains=domains, max_new_nodes=pool.max_new_nodes + pool.booked_nodes)
+
+
 class _NodeIndex:
     """Node name -> labels, built on first use (only assigned nodes are ever looked up)."""
 
@@ -129,7 +142,7 @@ class Workspace:
         """``empty``: every node as if nothing ran on it and it were schedulable (the
         best the cluster could ever offer, for the NeverFits test)."""
         self.levels = levels
-        self.pools = tuple(pools)
+        self.pools = tuple(_at_maximum(p) for p in pools) if empty else tuple(pools)
         resources: set[str] = set()
         keys: set[str] = set()
         for shape in shapes:
