@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
@@ -143,9 +144,12 @@ def fit_command(
     result = plan(gang, snap, chosen)
     if as_json:
         payload = {"fits": isinstance(result, Plan), **_jsonable(result)}
+        if isinstance(result, NoFit):
+            payload["permanent"] = result.permanent
         typer.echo(json.dumps(payload, indent=2, sort_keys=True))
     else:
-        console = Console(width=160)
+        # A terminal gets its own width; pipes and files get wide lines rather than wraps.
+        console = Console(width=None if sys.stdout.isatty() else 160)
         if isinstance(result, Plan):
             _print_plan(result, console)
         else:
