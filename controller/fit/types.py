@@ -62,6 +62,9 @@ class SelectorTerm:
     """Requirements ANDed; the terms of a pod are ORed (nodeSelectorTerms)."""
 
     match_expressions: tuple[SelectorRequirement, ...] = ()
+    match_fields: tuple[SelectorRequirement, ...] = ()
+    """matchFields entries; only ``metadata.name`` is meaningful (a new node has no name
+    yet, so a term with matchFields never matches a new-node slot)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +125,11 @@ class PoolDomain:
     max_new_nodes: int
     """How many more nodes the pool may add here: stock and the domain limit, minus nodes
     the pool already has in it."""
+    max_nodes: int | None = None
+    """The domain's total limit (nodes the pool may ever have here), for messages and for
+    judging NeverFits."""
+    booked_nodes: int = 0
+    """New nodes already booked here by other requests (not in ``max_new_nodes``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +146,9 @@ class PoolState:
     acquisition_level: str | None = None
     """Topology level one acquisition lands in as a unit (e.g. one placement group)."""
     ready_seconds: float = 0.0
+    booked_nodes: int = 0
+    """Nodes acquired or booked but not registered yet: excluded from ``max_new_nodes`` now,
+    counted back when judging NeverFits (they will exist, and be freed, eventually)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +181,8 @@ class Assignment:
     new_node: NewNodeSlot | None = None
     domain: Mapping[str, str] = field(default_factory=dict)
     """The node's topology labels (levels of the snapshot it has)."""
+    requests: Resources = field(default_factory=dict)
+    """Requests of one pod of the pod set, so a plan can be booked (``apply_plan``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +203,9 @@ class PodSetPlacement:
     domain: str | None
     """That level's value when the pod set fits in one domain, else None."""
     domains_used: int
+    domain_labels: Mapping[str, str] = field(default_factory=dict)
+    """Labels of all levels from the top down to ``level`` identifying the chosen domain
+    (a rack value alone may repeat across blocks); empty when the pod set spans domains."""
 
 
 @dataclass(frozen=True, slots=True)

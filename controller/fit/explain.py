@@ -1,0 +1,247 @@
+"""NoFit reasons: which constraint failed and by how much, in words an operator can act on.
+
+Built after a pod set failed to place, from the same workspace the planner saw, e.g.
+"pod set workers needs 16 pods x 8 nvidia.com/gpu within one value of rack; the best rack
+(b1/r3) has room for 11; pool p5 can add 2 more nodes there (its domain limit is 8)".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from controller.fit.planner import Batch, PodSetPlanner
+from controller.fit.shapes import pods_that_fit, resource_fit, selector_matches, untolerated
+from controller.fit.types import (
+    GangRequest,
+    Mode,
+    NodeState,
+    PodSetRequest,
+    Reason,
+    ReasonCode,
+    Snapshot,
+    TopologyMode,
+)
+from controller.fit.workspace import Workspace
+
+_BASIC = ("cpu", "memory", "pods", "ephemeral-storage")
+
+
+def format_amount(resource: str, amount: int) -> str:
+    if resource == "cpu":
+        return f"{amount // 1000} cpu" if amount % 1000 == 0 else f"{amount}m cpu"
+    if resource in ("memory", "ephemeral-storage"):
+        for unit, size in (("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
+            if amount >= size and amount % size == 0:
+                return f"{amount // size}{unit} {resource}"
+        return f"{amount} {resource}"
+    return f"{amount} {resource}"
+
+
+def describe_shape(requests: Mapping[str, int]) -> str:
+    """The request that usually decides placement: an accelerator, else cpu, else memory."""
+    special = sorted(r for r, v in requests.items() if v > 0 and r not in _BASIC)
+    for res in (*special, "cpu", "memory"):
+        amount = requests.get(res, 0)
+        if amount > 0:
+            return format_amount(res, amount)
+    return "no resources"
+
+
+def _needs(ps: PodSetRequest) -> str:
+    pods = "pod" if ps.count == 1 else "pods"
+    return f"pod set {ps.name} needs {ps.count} {pods} x {describe_shape(ps.shape.requests)}"
+
+
+def _key_text(key: tuple[str, ...]) -> str:
+    return "/".join(key)
+
+
+def validate(request: GangRequest, snapshot: Snapshot) -> list[Reason]:
+    """Malformed requests: nothing to plan, retrying cannot help."""
+    reasons: list[Reason] = []
+    if not request.pod_sets:
+        reasons.append(Reason(ReasonCode.INVALID, None, "the request has no pod sets"))
+    seen: set[str] = set()
+    for ps in request.pod_sets:
+        if ps.name in seen:
+            reasons.append(Reason(ReasonCode.INVALID, ps.name, f"pod set name {ps.name} repeats"))
+        seen.add(ps.name)
+        if ps.count < 1:
+            reasons.append(
+                Reason(ReasonCode.INVALID, ps.name, f"pod set {ps.name}: count {ps.count} < 1")
+            )
+        negative = sorted(r for r, v in ps.shape.requests.items() if v < 0)
+        if negative:
+            reasons.append(
+                Reason(
+                    ReasonCode.INVALID,
+                    ps.name,
+                    f"pod set {ps.name}: negative request for {', '.join(negative)}",
+                )
+            )
+        topo = ps.topology
+        if topo.mode is not TopologyMode.NONE:
+            if topo.level is None:
+                reasons.append(
+                    Reason(
+                        ReasonCode.INVALID,
+                        ps.name,
+                        f"pod set {ps.name}: {topo.mode.value} topology without a level",
+                    )
+                )
+            elif topo.level not in snapshot.levels:
+                known = ", ".join(snapshot.levels) or "none configured"
+                reasons.append(
+                    Reason(
+                        ReasonCode.INVALID,
+                        ps.name,
+                        f"pod set {ps.name}: unknown topology level {topo.level} "
+                        f"(levels: {known})",
+                    )
+                )
+    return reasons
+
+
+def _exclusions(ps: PodSetRequest, nodes: tuple[NodeState, ...], ws: Workspace) -> str:
+    unschedulable = taint = selector = small = 0
+    taint_names: set[str] = set()
+    for node in nodes:
+        if not node.schedulable:
+            unschedulable += 1
+            continue
+        if not selector_matches(ps.shape, node.labels, node.name):
+            selector += 1
+            continue
+        blocking = untolerated(node.taints, ps.shape.tolerations)
+        if blocking:
+            taint += 1
+            taint_names.update(f"{t.key}={t.value}:{t.effect}" for t in blocking)
+            continue
+        if resource_fit(ps.shape.requests, node.allocatable) == 0:
+            small += 1
+    parts = []
+    if unschedulable:
+        parts.append(f"{unschedulable} unschedulable or NotReady")
+    if selector:
+        parts.append(f"{selector} outside its nodeSelector/affinity")
+    if taint:
+        parts.append(f"{taint} with untolerated taints ({', '.join(sorted(taint_names)[:3])})")
+    if small:
+        parts.append(f"{small} too small even when empty")
+    return "; ".join(parts) if parts else "the snapshot has no nodes"
+
+
+def _any_match(ps: PodSetRequest, snapshot: Snapshot, ws: Workspace) -> bool:
+    """Some usable node or pool template could run one pod if it were empty."""
+    for node in snapshot.nodes:
+        if node.schedulable and pods_that_fit(
+            ps.shape, node.allocatable, node.labels, node.taints, node_name=node.name
+        ):
+            return True
+    return any(
+        pods_that_fit(ps.shape, ref.pool.allocatable, ref.labels, ref.pool.taints)
+        for ref in ws.refs
+    )
+
+
+def _pool_room(batches: list[Batch], ws: Workspace) -> tuple[int, list[str]]:
+    """Pods the batches can add (pool-wide limits applied) and per-pool phrases."""
+    by_pool: dict[int, list[Batch]] = {}
+    for b in batches:
+        by_pool.setdefault(b.ref.pool_index, []).append(b)
+    room = 0
+    phrases: list[str] = []
+    for pi in sorted(by_pool, key=lambda i: ws.pools[i].name):
+        group = sorted(by_pool[pi], key=lambda b: -b.per_node)
+        left = ws.pool_headroom(pi)
+        nodes = 0
+        for b in group:
+            k = min(left, b.nodes)
+            room += k * b.per_node
+            left -= k
+            nodes += k
+        limits = sorted({b.ref.domain.max_nodes for b in group if b.ref.domain.max_nodes})
+        limit = f" (its domain limit is {limits[0]})" if len(limits) == 1 else ""
+        phrases.append(f"pool {ws.pools[pi].name} can add {nodes} more nodes there{limit}")
+    return room, phrases
+
+
+def explain(
+    ps: PodSetRequest, ws: Workspace, snapshot: Snapshot, mode: Mode
+) -> Reason:
+    """Why ``ps`` does not fit on ``ws``."""
+    planner = PodSetPlanner(ws, ps, mode)
+    existing = planner.existing_room()
+    suffix = "" if mode is Mode.PROVISION else " (check mode: existing nodes only)"
+    if not planner.cands and not planner.batches and not _any_match(ps, snapshot, ws):
+        pools = ""
+        if mode is Mode.PROVISION and ws.pools:
+            pools = "; no pool has a matching node template"
+        return Reason(
+            ReasonCode.NO_MATCHING_NODES,
+            ps.name,
+            f"{_needs(ps)}; no node has room for one: {_exclusions(ps, snapshot.nodes, ws)}"
+            f"{pools}{suffix}",
+            needed=ps.count,
+        )
+    topo = ps.topology
+    if topo.mode is TopologyMode.REQUIRED and topo.level is not None:
+        return _explain_required(planner, topo.level, suffix)
+    new_room, phrases = _pool_room(planner.batches, ws)
+    msg = f"{_needs(ps)}; existing nodes have room for {existing}"
+    code = ReasonCode.INSUFFICIENT_CAPACITY
+    if mode is Mode.PROVISION:
+        msg += "; " + ("; ".join(p.replace(" there", "") for p in phrases) if phrases
+                       else "no pool can add matching nodes")
+        if any(ws.pool_headroom(b.ref.pool_index) < b.ref.domain.max_new_nodes
+               for b in planner.batches):
+            code = ReasonCode.POOL_LIMIT
+    return Reason(code, ps.name, msg + suffix, needed=ps.count, best=existing + new_room)
+
+
+def _explain_required(planner: PodSetPlanner, level: str, suffix: str) -> Reason:
+    ps, ws, mode = planner.ps, planner.ws, planner.mode
+    depth = ws.levels.index(level)
+    if depth == len(ws.levels.domain):
+        best_node = max((c for _, c in planner.cands), default=0)  # per node
+        new = max((b.per_node for b in planner.batches), default=0)
+        tail = f"; a new node holds {new}" if planner.batches else ""
+        return Reason(
+            ReasonCode.TOPOLOGY,
+            ps.name,
+            f"{_needs(ps)} on one node; the best node has room for {best_node}{tail}{suffix}",
+            needed=ps.count,
+            best=max(best_node, new),
+        )
+    caps = planner.domain_caps(depth)
+    by_key: dict[tuple[str, ...], list[Batch]] = {}
+    for b in planner.batches:
+        if len(b.ref.path) > depth:
+            by_key.setdefault(b.ref.path[: depth + 1], []).append(b)
+    rooms: dict[tuple[str, ...], tuple[int, int, list[str]]] = {}
+    for key in set(caps) | set(by_key):
+        new_room, phrases = _pool_room(by_key.get(key, []), ws)
+        rooms[key] = (caps.get(key, 0), new_room, phrases)
+    name = level.rsplit("/", 1)[-1]
+    if not rooms:
+        return Reason(
+            ReasonCode.TOPOLOGY,
+            ps.name,
+            f"{_needs(ps)} within one value of {name}; no matching node carries the "
+            f"{level} label{suffix}",
+            needed=ps.count,
+        )
+    # The domain closest to fitting (existing + new), then the most existing, then by name.
+    key = min(rooms, key=lambda k: (-(rooms[k][0] + rooms[k][1]), -rooms[k][0], k))
+    have, new_room, phrases = rooms[key]
+    msg = (
+        f"{_needs(ps)} within one value of {name}; the best {name} ({_key_text(key)}) "
+        f"has room for {have}"
+    )
+    code = ReasonCode.TOPOLOGY
+    if mode is Mode.PROVISION:
+        msg += "; " + ("; ".join(phrases) if phrases else "no pool can add nodes there")
+        if any(ws.pool_headroom(b.ref.pool_index) < b.ref.domain.max_new_nodes
+               for b in by_key.get(key, [])):
+            code = ReasonCode.POOL_LIMIT
+    return Reason(code, ps.name, msg + suffix, needed=ps.count, best=have + new_room)

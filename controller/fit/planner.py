@@ -1,0 +1,310 @@
+"""Placement of one pod set on a :class:`Workspace`: the topology rules and the pool choice.
+
+Order of preference, for every topology mode:
+
+1. existing free capacity only (check mode stops here);
+2. existing capacity plus new nodes, the cheapest new capacity first.
+
+Within a pass: ``required`` keeps every pod in one domain of the level, choosing the tightest
+domain that fits (best fit, limits fragmentation) or, when new nodes are needed, the domain
+that needs the cheapest new capacity; ``preferred`` tries one domain at the level and climbs
+to wider levels, then spreads over the fewest top-level domains (Kueue TAS); ``none`` uses the
+fewest nodes anywhere. Inside a chosen domain the pods descend through the fewest child
+domains (:func:`controller.fit.topology.fill`).
+
+A pod set is placed only when all its pods fit; the workspace changes only on success.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from controller.fit.shapes import ShapeCounter, pods_that_fit
+from controller.fit.topology import fill
+from controller.fit.types import Mode, PodSetPlacement, PodSetRequest, TopologyMode
+from controller.fit.workspace import NodeClass, PoolRef, Workspace
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """New nodes a (pool, domain) can add for this pod set: ``per_node`` pods each."""
+
+    ref: PoolRef
+    per_node: int
+    nodes: int
+
+    @property
+    def price(self) -> float:
+        return self.ref.pool.price_per_node_hour
+
+
+@dataclass(frozen=True, slots=True)
+class Purchase:
+    takes: tuple[tuple[Batch, int, int], ...]
+    """(batch, nodes, pods)."""
+    cost: float
+    nodes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    pods: tuple[tuple[str, int], ...]
+    """(node or slot name, pods)."""
+    placement: PodSetPlacement
+
+
+def buy(batches: Sequence[Batch], need: int, pool_left: dict[int, int]) -> Purchase | None:
+    """Cheapest new nodes for ``need`` pods, or None if the batches cannot hold them.
+
+    Walks the batches by price per pod, taking each whole; before each step it prices
+    finishing with the single batch that covers the rest most cheaply (so one pod does not
+    buy an expensive 8-pod node when a 1-pod node is cheaper), and keeps the cheapest of
+    those finishes. ``pool_left`` (pool-wide headroom) is updated for the chosen purchase.
+    """
+    if need <= 0:
+        return Purchase((), 0.0, 0)
+    ordered = sorted(batches, key=lambda b: (b.price / b.per_node, b.price, b.ref.sort_name))
+    left = {id(b): b.nodes for b in ordered}
+    pools = dict(pool_left)
+    prefix: list[tuple[Batch, int, int]] = []
+    best: tuple[tuple[float, int], tuple[tuple[Batch, int, int], ...]] | None = None
+    spent, nodes_so_far, rem = 0.0, 0, need
+    while rem > 0:
+        room = {id(b): min(left[id(b)], pools.get(b.ref.pool_index, 0)) for b in ordered}
+        for b in ordered:
+            if room[id(b)] * b.per_node >= rem:
+                k = -(-rem // b.per_node)
+                rank = (spent + k * b.price, nodes_so_far + k)
+                if best is None or rank < best[0]:
+                    best = (rank, (*prefix, (b, k, rem)))
+        usable = [b for b in ordered if room[id(b)] > 0]
+        if not usable:
+            break
+        b = usable[0]
+        k = room[id(b)]
+        if k * b.per_node >= rem:
+            break  # finishing with this batch was priced above
+        prefix.append((b, k, k * b.per_node))
+        left[id(b)] -= k
+        pools[b.ref.pool_index] -= k
+        spent += k * b.price
+        nodes_so_far += k
+        rem -= k * b.per_node
+    if best is None:
+        return None
+    takes = best[1]
+    for b, k, _ in takes:
+        pool_left[b.ref.pool_index] = pool_left.get(b.ref.pool_index, 0) - k
+    return Purchase(takes, best[0][0], best[0][1])
+
+
+Take = tuple[NodeClass, int, int]
+"""(class, pods per node, nodes)."""
+
+
+class PodSetPlanner:
+    """Places one pod set on a workspace (see the module docstring for the rules)."""
+
+    def __init__(self, ws: Workspace, ps: PodSetRequest, mode: Mode) -> None:
+        self.ws = ws
+        self.ps = ps
+        self.mode = mode
+        self.counter = ShapeCounter(ps.shape)
+        count = self.counter.count
+        self.cands: list[tuple[NodeClass, int]] = []
+        shape = ps.shape
+        # Classes already agree on everything the shape reads except the topology path, so
+        # memoise on the class key without it (cheaper than the counter's own key).
+        memo: dict[tuple[object, ...], int] = {}
+        for cls in ws.classes.values():
+            k = cls.key
+            mkey = (k[0], k[1], k[2], k[4])
+            c = memo.get(mkey)
+            if c is None:
+                c = pods_that_fit(shape, cls.free, cls.labels, cls.taints, node_name=cls.node_name)
+                memo[mkey] = c
+            if c > 0:
+                self.cands.append((cls, c))
+        self.per_node = {cls.key: c for cls, c in self.cands}
+        self.batches: list[Batch] = []
+        if mode is Mode.PROVISION:
+            for ref in ws.refs:
+                nodes = ws.headroom(ref)
+                if nodes <= 0:
+                    continue
+                per_node = count(ref.pool.allocatable, ref.labels, ref.pool.taints, None)
+                if per_node > 0:
+                    self.batches.append(Batch(ref, per_node, nodes))
+
+    # ------------------------------------------------------------------ helpers
+
+    def pool_left(self) -> dict[int, int]:
+        return {i: self.ws.pool_headroom(i) for i in range(len(self.ws.pools))}
+
+    def existing_room(self) -> int:
+        return sum(c * len(cls.members) for cls, c in self.cands)
+
+    def domain_caps(self, depth: int) -> dict[tuple[str, ...], int]:
+        """Existing capacity per domain at domain-level index ``depth``."""
+        caps: dict[tuple[str, ...], int] = {}
+        for cls, c in self.cands:
+            if len(cls.path) > depth:
+                key = cls.path[: depth + 1]
+                caps[key] = caps.get(key, 0) + c * len(cls.members)
+        return caps
+
+    def members(self, key: tuple[str, ...]) -> list[NodeClass]:
+        n = len(key)
+        return [cls for cls, _ in self.cands if cls.path[:n] == key]
+
+    def _fill(self, classes: Sequence[NodeClass], need: int, depth: int) -> list[Take]:
+        return fill(
+            classes, need, depth, path=lambda x: x.path, per_node=lambda x: self.per_node[x.key],
+            nodes=lambda x: len(x.members), name=lambda x: x.first,
+        )
+
+    def _commit(self, existing: list[Take], purchase: Purchase | None) -> tuple[
+        tuple[str, int], ...
+    ]:
+        requests = self.ps.shape.requests
+        out: list[tuple[str, int]] = []
+        for cls, pods_each, nodes in existing:
+            for name in self.ws.take(cls.key, nodes, pods_each, requests):
+                out.append((name, pods_each))
+        if purchase is not None:
+            for batch, nodes, pods in purchase.takes:
+                spread = [batch.per_node] * (pods // batch.per_node)
+                if pods % batch.per_node:
+                    spread.append(pods % batch.per_node)
+                spread.extend([0] * (nodes - len(spread)))
+                for name, n in zip(
+                    self.ws.add_nodes(batch.ref, spread, requests), spread, strict=True
+                ):
+                    out.append((name, n))
+        return tuple(out)
+
+    def _placement(
+        self, level: str | None, key: tuple[str, ...] | None, used: Sequence[tuple[str, int]]
+    ) -> PodSetPlacement:
+        levels = self.ws.levels
+        if key is not None and level is not None:
+            return PodSetPlacement(
+                self.ps.name, level, key[-1], 1, domain_labels=levels.labels_of(key)
+            )
+        if level is None or level == levels.node_level:
+            return PodSetPlacement(self.ps.name, level, None, len(used))
+        depth = levels.index(level)
+        tops = {levels.path(self.ws.labels(name))[: depth + 1] for name, _ in used}
+        return PodSetPlacement(self.ps.name, level, None, len(tops))
+
+    # ------------------------------------------------------------------ strategies
+
+    def place(self) -> Outcome | None:
+        topo = self.ps.topology
+        if topo.mode is TopologyMode.NONE or topo.level is None:
+            return self._anywhere(fewest_nodes=True)
+        levels = self.ws.levels
+        depth = levels.index(topo.level)
+        if topo.mode is TopologyMode.REQUIRED:
+            return self._single_existing(depth) or self._single_with_new(depth)
+        # Preferred: one domain at the level, climbing; spread only as a last resort.
+        for d in range(depth, -1, -1):
+            got = self._single_existing(d)
+            if got is not None:
+                return got
+        got = self._anywhere(fewest_nodes=False, allow_new=False)
+        if got is not None:
+            return got
+        for d in range(depth, -1, -1):
+            got = self._single_with_new(d)
+            if got is not None:
+                return got
+        return self._anywhere(fewest_nodes=False)
+
+    def _single_existing(self, depth: int) -> Outcome | None:
+        need = self.ps.count
+        levels = self.ws.levels
+        if depth == len(levels.domain):  # node level: one node
+            fitting = [(c, cls.first, cls) for cls, c in self.cands if c >= need]
+            if not fitting:
+                return None
+            _, _, cls = min(fitting, key=lambda x: x[:2])
+            pods = self._commit([(cls, need, 1)], None)
+            return Outcome(pods, self._node_placement(pods[0][0]))
+        caps = self.domain_caps(depth)
+        fitting_keys = [(cap, key) for key, cap in caps.items() if cap >= need]
+        if not fitting_keys:
+            return None
+        _, key = min(fitting_keys)
+        pods = self._commit(self._fill(self.members(key), need, depth + 1), None)
+        return Outcome(pods, self._placement(levels.domain[depth], key, pods))
+
+    def _node_placement(self, name: str) -> PodSetPlacement:
+        level = self.ws.levels.node_level
+        node_labels = self.ws.labels(name)
+        value = node_labels.get(level) if level else None
+        labels = dict(self.ws.levels.labels_of(self.ws.levels.path(node_labels)))
+        if level and value is not None:
+            labels[level] = value
+        return PodSetPlacement(self.ps.name, level, value, 1, domain_labels=labels)
+
+    def _single_with_new(self, depth: int) -> Outcome | None:
+        if not self.batches:
+            return None
+        need = self.ps.count
+        levels = self.ws.levels
+        if depth == len(levels.domain):  # node level: one new node holding every pod
+            fitting = [b for b in self.batches if b.per_node >= need]
+            if not fitting:
+                return None
+            best = min(fitting, key=lambda b: (b.price, b.ref.sort_name))
+            pods = self._commit([], Purchase(((best, 1, need),), best.price, 1))
+            return Outcome(pods, self._node_placement(pods[0][0]))
+        caps = self.domain_caps(depth)
+        by_key: dict[tuple[str, ...], list[Batch]] = {}
+        for b in self.batches:
+            if len(b.ref.path) > depth:
+                by_key.setdefault(b.ref.path[: depth + 1], []).append(b)
+        best_choice: tuple[tuple[float, int, tuple[str, ...]], Purchase] | None = None
+        for key in sorted(by_key):
+            existing = caps.get(key, 0)
+            purchase = buy(by_key[key], need - existing, self.pool_left())
+            if purchase is None:
+                continue
+            rank = (purchase.cost, purchase.nodes, key)
+            if best_choice is None or rank < best_choice[0]:
+                best_choice = (rank, purchase)
+        if best_choice is None:
+            return None
+        (_, _, key), chosen = best_choice
+        existing = caps.get(key, 0)
+        taken = self._fill(self.members(key), existing, depth + 1) if existing else []
+        pods = self._commit(taken, chosen)
+        return Outcome(pods, self._placement(levels.domain[depth], key, pods))
+
+    def _anywhere(self, *, fewest_nodes: bool, allow_new: bool = True) -> Outcome | None:
+        need = self.ps.count
+        take = min(need, self.existing_room())
+        purchase: Purchase | None = None
+        if take < need:
+            if not allow_new or not self.batches:
+                return None
+            purchase = buy(self.batches, need - take, self.pool_left())
+            if purchase is None:
+                return None
+        classes = [cls for cls, _ in self.cands]
+        if take == 0:
+            existing: list[Take] = []
+        elif fewest_nodes:
+            # No topology: fewest nodes anywhere, ignoring domains.
+            existing = self._fill(classes, take, depth=1 << 20)
+        else:
+            existing = self._fill(classes, take, depth=0)
+        pods = self._commit(existing, purchase)
+        topo = self.ps.topology
+        if topo.mode is TopologyMode.NONE or topo.level is None:
+            return Outcome(pods, self._placement(None, None, pods))
+        levels = self.ws.levels
+        top = levels.domain[0] if levels.domain else levels.node_level
+        return Outcome(pods, self._placement(top, None, pods))

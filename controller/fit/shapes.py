@@ -1,0 +1,188 @@
+"""Per-node fit of one pod shape: "how many pods of this shape fit on this node".
+
+This is the single place that decides whether a node (existing, or a new node a pool would
+create) can run a pod and how many: resources, nodeSelector, required node affinity and
+taints. The DRA issue extends :func:`pods_that_fit`; everything else in the engine reasons
+over its results (per node, per equivalence class, per topology domain).
+
+Pure functions; :class:`ShapeCounter` only memoises them per equivalence class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from controller.fit.types import (
+    PodShape,
+    Resources,
+    SelectorRequirement,
+    SelectorTerm,
+    Taint,
+    Toleration,
+)
+
+UNBOUNDED = 1 << 30
+"""Pods per node when a shape requests no resource at all (no resource limits it). The
+snapshot builder adds a ``pods: 1`` request so real shapes are bounded by the node's pod
+limit."""
+
+BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+"""PreferNoSchedule is a preference of the scheduler, not a barrier."""
+
+NAME_FIELD = "metadata.name"
+
+
+def tolerates(toleration: Toleration, taint: Taint) -> bool:
+    """Kubernetes' ``Toleration.ToleratesTaint``."""
+    if toleration.effect and toleration.effect != taint.effect:
+        return False
+    if toleration.operator == "Exists":
+        # An empty key with Exists tolerates every taint (of the matching effect).
+        return not toleration.key or toleration.key == taint.key
+    # Equal (the default operator).
+    return toleration.key == taint.key and toleration.value == taint.value
+
+
+def untolerated(taints: tuple[Taint, ...], tolerations: tuple[Toleration, ...]) -> list[Taint]:
+    """Taints that keep a pod with ``tolerations`` off the node."""
+    return [
+        t
+        for t in taints
+        if t.effect in BLOCKING_EFFECTS and not any(tolerates(tol, t) for tol in tolerations)
+    ]
+
+
+def _as_int(value: str) -> int | None:
+    try:
+        return int(value)
+    except ValueError:
+        return None
+
+
+def requirement_matches(req: SelectorRequirement, value: str | None) -> bool:
+    """One matchExpressions/matchFields entry against the label value (None: label absent)."""
+    op = req.operator
+    if op == "In":
+        return value is not None and value in req.values
+    if op == "NotIn":
+        return value is None or value not in req.values
+    if op == "Exists":
+        return value is not None
+    if op == "DoesNotExist":
+        return value is None
+    if op in ("Gt", "Lt"):
+        if value is None or len(req.values) != 1:
+            return False
+        have, bound = _as_int(value), _as_int(req.values[0])
+        if have is None or bound is None:
+            return False
+        return have > bound if op == "Gt" else have < bound
+    return False  # unknown operators never match (validated at the API boundary)
+
+
+def term_matches(term: SelectorTerm, labels: Mapping[str, str], node_name: str | None) -> bool:
+    """A nodeSelectorTerm: all requirements ANDed; an empty term matches nothing (k8s)."""
+    if not term.match_expressions and not term.match_fields:
+        return False
+    for req in term.match_expressions:
+        if not requirement_matches(req, labels.get(req.key)):
+            return False
+    for req in term.match_fields:
+        value = node_name if req.key == NAME_FIELD else None
+        if not requirement_matches(req, value):
+            return False
+    return True
+
+
+def selector_matches(shape: PodShape, labels: Mapping[str, str], node_name: str | None) -> bool:
+    """nodeSelector (all pairs) and required node affinity (any term)."""
+    for key, value in shape.node_selector.items():
+        if labels.get(key) != value:
+            return False
+    if shape.affinity_terms:
+        return any(term_matches(t, labels, node_name) for t in shape.affinity_terms)
+    return True
+
+
+def resource_fit(requests: Resources, free: Resources) -> int:
+    """How many copies of ``requests`` fit into ``free`` (resources only)."""
+    fit = UNBOUNDED
+    for name, amount in requests.items():
+        if amount <= 0:
+            continue
+        have = free.get(name, 0)
+        if have < amount:
+            return 0
+        fit = min(fit, have // amount)
+    return fit
+
+
+def pods_that_fit(
+    shape: PodShape,
+    node_free: Resources,
+    node_labels: Mapping[str, str],
+    node_taints: tuple[Taint, ...],
+    *,
+    node_name: str | None = None,
+) -> int:
+    """How many pods of ``shape`` fit on one node with ``node_free`` left.
+
+    ``node_name`` is None for a node that does not exist yet (matchFields cannot match it).
+    Zero when a selector, the required node affinity or an untolerated NoSchedule/NoExecute
+    taint excludes the node.
+    """
+    if not selector_matches(shape, node_labels, node_name):
+        return 0
+    if untolerated(node_taints, shape.tolerations):
+        return 0
+    return resource_fit(shape.requests, node_free)
+
+
+def label_keys(shape: PodShape) -> tuple[str, ...]:
+    """Label keys the shape's selectors look at (sorted): nodes that agree on them, on their
+    free resources and on their taints are equivalent for this shape."""
+    keys = set(shape.node_selector)
+    for term in shape.affinity_terms:
+        keys.update(r.key for r in term.match_expressions)
+    return tuple(sorted(keys))
+
+
+def uses_node_name(shape: PodShape) -> bool:
+    return any(term.match_fields for term in shape.affinity_terms)
+
+
+class ShapeCounter:
+    """:func:`pods_that_fit` memoised per node equivalence class.
+
+    Two nodes with the same free amounts of the requested resources, the same values of the
+    labels the shape selects on and the same taints hold the same number of pods; a 10,000-
+    node cluster usually has a few dozen such classes.
+    """
+
+    __slots__ = ("_cache", "_keys", "_names", "_resources", "shape")
+
+    def __init__(self, shape: PodShape) -> None:
+        self.shape = shape
+        self._resources = tuple(sorted(r for r, v in shape.requests.items() if v > 0))
+        self._keys = label_keys(shape)
+        self._names = uses_node_name(shape)
+        self._cache: dict[tuple[object, ...], int] = {}
+
+    def count(
+        self,
+        free: Resources,
+        labels: Mapping[str, str],
+        taints: tuple[Taint, ...],
+        node_name: str | None,
+    ) -> int:
+        key = (
+            tuple(free.get(r, 0) for r in self._resources),
+            tuple(labels.get(k) for k in self._keys),
+            taints,
+            node_name if self._names else None,
+        )
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = pods_that_fit(self.shape, free, labels, taints, node_name=node_name)
+            self._cache[key] = hit
+        return hit
