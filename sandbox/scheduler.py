@@ -205,7 +205,10 @@ class SandboxScheduler:
         ]
         return sum(fractions) / len(fractions) if fractions else 0.0
 
-    def choose(self, pod: Obj, nodes: Sequence[Obj], usage: dict[str, dict[str, int]]) -> str | None:
+    def choose(
+        self, pod: Obj, nodes: Sequence[Obj], usage: dict[str, dict[str, int]],
+    ) -> str | None:
+        """The chosen node's name, or None when no node fits."""
         best: tuple[float, str] | None = None
         for node in nodes:
             name = node["metadata"]["name"]
