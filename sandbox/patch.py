@@ -180,7 +180,7 @@ def json_patch(doc: Any, ops: Any) -> Any:
 # ---------------------------------------------------------------------------- structural merges
 
 
-def _list_keys(name: str, schema: dict[str, Any] | None) -> tuple[str, tuple[str, ...]]:
+def list_merge_kind(name: str, schema: dict[str, Any] | None) -> tuple[str, tuple[str, ...]]:
     """How a list field merges: ("map", keys), ("set", ()) or ("atomic", ())."""
     if schema is not None:
         list_type = schema.get("x-kubernetes-list-type")
@@ -197,7 +197,7 @@ def _list_keys(name: str, schema: dict[str, Any] | None) -> tuple[str, tuple[str
     return "atomic", ()
 
 
-def _child_schema(schema: dict[str, Any] | None, key: str) -> dict[str, Any] | None:
+def child_schema(schema: dict[str, Any] | None, key: str) -> dict[str, Any] | None:
     if schema is None:
         return None
     props = schema.get("properties")
@@ -208,7 +208,7 @@ def _child_schema(schema: dict[str, Any] | None, key: str) -> dict[str, Any] | N
     return extra if isinstance(extra, dict) else None
 
 
-def _item_schema(schema: dict[str, Any] | None) -> dict[str, Any] | None:
+def item_schema(schema: dict[str, Any] | None) -> dict[str, Any] | None:
     if schema is None:
         return None
     items = schema.get("items")
@@ -248,7 +248,7 @@ def structural_merge(
         if value is None:
             result.pop(key, None)
             continue
-        sub = _child_schema(schema, key)
+        sub = child_schema(schema, key)
         if isinstance(value, dict):
             merged = structural_merge(result.get(key), value, sub, strategic=strategic)
             if merged is None:
@@ -281,7 +281,7 @@ def _is_directive(item: Any, which: str | None = None) -> bool:
 def _merge_list(
     name: str, current: Any, patch: list[Any], schema: dict[str, Any] | None, strategic: bool,
 ) -> list[Any]:
-    kind, keys = _list_keys(name, schema)
+    kind, keys = list_merge_kind(name, schema)
     replace = strategic and any(_is_directive(v, "replace") for v in patch)
     if not isinstance(current, list) or kind == "atomic" or replace:
         return [copy.deepcopy(v) for v in patch if not _is_directive(v)]
@@ -293,7 +293,7 @@ def _merge_list(
         mk = _merge_key_of(item, keys)
         if mk is not None:
             positions[mk] = i
-    item_schema = _item_schema(schema)
+    items_schema = item_schema(schema)
     deleted: set[int] = set()
     for item in patch:
         mk = _merge_key_of(item, keys)
@@ -305,10 +305,10 @@ def _merge_list(
             if strategic and _is_directive(item, "delete"):
                 deleted.add(idx)
                 continue
-            out[idx] = structural_merge(out[idx], item, item_schema, strategic=strategic)
+            out[idx] = structural_merge(out[idx], item, items_schema, strategic=strategic)
         elif not _is_directive(item, "delete"):
             positions[mk] = len(out)
-            out.append(structural_merge({}, item, item_schema, strategic=strategic))
+            out.append(structural_merge({}, item, items_schema, strategic=strategic))
     return [item for i, item in enumerate(out) if i not in deleted]
 
 

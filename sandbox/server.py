@@ -244,7 +244,10 @@ class SandboxServer:
             return await self._route(request)
         except ApiError as err:
             return _error_response(err)
-        except (ConnectionResetError, asyncio.CancelledError):
+        except ConnectionError:
+            # The client closed the connection mid-response; nothing can be sent any more.
+            return web.Response(status=499)
+        except asyncio.CancelledError:
             raise
         except Exception as exc:  # a server bug must answer 500, like the apiserver, not hang
             return _error_response(ApiError(500, "InternalError", f"internal error: {exc!r}"))
@@ -651,9 +654,10 @@ class SandboxServer:
             if err.code != 410:
                 raise
             # The apiserver reports an expired resourceVersion inside the stream.
-            await resp.prepare(request)
-            await resp.write(_dumps({"type": "ERROR", "object": err.status()}) + b"\n")
-            await resp.write_eof()
+            with contextlib.suppress(ConnectionError):
+                await resp.prepare(request)
+                await resp.write(_dumps({"type": "ERROR", "object": err.status()}) + b"\n")
+                await resp.write_eof()
             return resp
         self._watchers.add(watcher)
         try:
@@ -663,8 +667,8 @@ class SandboxServer:
                 watcher.queue.clear()
                 await resp.write(self._bookmark(t, initial_end=True))
             await self._pump(request, resp, t, watcher, timeout, bookmarks, table_mode)
-        except (ConnectionResetError, ConnectionError):
-            pass
+        except ConnectionError:
+            pass  # the client went away; its watcher is closed below
         finally:
             watcher.close()
             self._watchers.discard(watcher)

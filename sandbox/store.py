@@ -31,7 +31,9 @@ from sandbox import errors
 from sandbox.errors import ApiError, bad_request
 from sandbox.patch import apply_merge, json_patch, merge_patch, strategic_merge_patch
 from sandbox.resources import CRD_GROUP, Registry, ResourceType, types_from_crd
+from sandbox.schema import prune
 from sandbox.selectors import FieldSelector, LabelSelector, matcher
+from sandbox.ssa import field_paths, plan_apply, to_fields_v1
 from sandbox.watch import Watcher, WatchEvent
 
 Obj = dict[str, Any]
@@ -133,8 +135,10 @@ class Store:
         history: int = 10_000,
         watch_queue: int = 50_000,
         seed: int | None = None,
+        prune_unknown_fields: bool = True,
     ) -> None:
         self.registry = Registry()
+        self.prune_unknown_fields = prune_unknown_fields
         self.history = history
         self.watch_queue = watch_queue
         self._rng = random.Random(seed)
@@ -349,6 +353,7 @@ class Store:
         version: str | None = None,
         dry_run: bool = False,
         field_manager: str | None = None,
+        managed_fields: builtins.list[Obj] | None = None,
     ) -> Obj:
         if not isinstance(body, Mapping):
             raise bad_request("the request body must be a JSON object")
@@ -380,12 +385,17 @@ class Store:
         meta["uid"] = self._new_uid()
         meta["creationTimestamp"] = now_iso()
         meta["generation"] = 1
-        self._set_managed(meta, field_manager, "Update", None, rt.api_version(version))
+        if managed_fields is not None:
+            meta["managedFields"] = managed_fields
+        else:
+            meta.pop("managedFields", None)
+            self._set_managed(meta, field_manager, "Update", None, rt.api_version(version))
         if rt.status_subresource and rt.key != ("", "nodes"):
             # Create ignores status where a status subresource owns it (nodes excepted: the
             # kubelet registers a Node together with its status).
             obj.pop("status", None)
         self._defaults(rt, obj)
+        obj = self._pruned(rt, obj)
         if dry_run:
             return obj
         meta["resourceVersion"] = self._next_rv()
@@ -417,6 +427,12 @@ class Store:
                 "alphanumeric character",
             )
         return name
+
+    def _pruned(self, rt: ResourceType, obj: Obj) -> Obj:
+        if rt.builtin or not self.prune_unknown_fields:
+            return obj
+        schema = rt.schema_for(rt.storage_version)
+        return prune(obj, schema, root=True) if schema is not None else obj
 
     def _defaults(self, rt: ResourceType, obj: Obj) -> None:
         if rt.key == ("", "pods"):
@@ -569,14 +585,19 @@ class Store:
                 raise errors.not_found(rt.plural, rt.group, name)
             return self._create_by_apply(rt, name, patch, namespace, version, dry_run,
                                          field_manager)
-        new, expected_rv = self._patched(rt, old, patch, patch_type, version, field_manager)
+        if patch_type == "apply":
+            new, expected_rv, managed = self._applied(
+                rt, old, patch, version, field_manager, force, subresource)
+        else:
+            new, expected_rv = self._patched(old, patch, patch_type)
+            managed = None
         new = copy.deepcopy(new) if new is old else new
         if not isinstance(new, dict):
             raise ApiError(422, "Invalid", "the patched object is not a JSON object")
         return self._update(
             rt, old, new, subresource, expected_rv=expected_rv, version=version,
             dry_run=dry_run, field_manager=field_manager,
-            operation="Apply" if patch_type == "apply" else "Update",
+            operation="Apply" if patch_type == "apply" else "Update", managed=managed,
         )
 
     def _create_by_apply(
@@ -592,42 +613,65 @@ class Store:
             raise bad_request("an apply patch must be a YAML or JSON object")
         body = dict(patch)
         body["metadata"] = {**(body.get("metadata") or {}), "name": name}
+        entry = {
+            "manager": field_manager, "operation": "Apply", "apiVersion": rt.api_version(version),
+            "time": now_iso(), "fieldsType": "FieldsV1",
+            "fieldsV1": to_fields_v1(field_paths(
+                self._apply_scope(rt, body, None), rt.schema_for(version))),
+        }
         return self.create_raw(
-            rt, body, namespace, version=version, dry_run=dry_run, field_manager=field_manager,
+            rt, body, namespace, version=version, dry_run=dry_run, managed_fields=[entry],
         )
 
-    def _patched(
-        self, rt: ResourceType, old: Obj, patch: Any, patch_type: str, version: str | None,
-        field_manager: str | None,
-    ) -> tuple[Any, str | None]:
-        """The patched object and the resourceVersion the patch requires (if any)."""
+    @staticmethod
+    def _apply_scope(
+        rt: ResourceType, applied: Mapping[str, Any], subresource: str | None,
+    ) -> dict[str, Any]:
+        """The part of an applied configuration the endpoint may change (what it owns)."""
+        if subresource == "status":
+            return {"status": applied["status"]} if "status" in applied else {}
+        if rt.status_subresource:
+            return {k: v for k, v in applied.items() if k != "status"}
+        return dict(applied)
+
+    def _applied(
+        self, rt: ResourceType, old: Obj, patch: Any, version: str | None,
+        field_manager: str | None, force: bool, subresource: str | None,
+    ) -> tuple[Any, str | None, builtins.list[Obj]]:
+        """Server-side apply: (merged object, required resourceVersion, new managedFields)."""
         name = old["metadata"]["name"]
+        if not field_manager:
+            raise errors.invalid(
+                rt.kind, rt.group, name, "fieldManager",
+                "Required value: is required for apply patch",
+            )
+        if not isinstance(patch, Mapping):
+            raise bad_request("an apply patch must be a YAML or JSON object")
+        self._check_kind(rt, patch, version)
+        schema = rt.schema_for(version)
+        base, managed = plan_apply(
+            old, self._apply_scope(rt, patch, subresource), schema, field_manager,
+            force=force, subresource=subresource, api_version=rt.api_version(version),
+            now=now_iso(),
+        )
+        return apply_merge(base, patch, schema), _meta(patch).get("resourceVersion"), managed
+
+    def _patched(self, old: Obj, patch: Any, patch_type: str) -> tuple[Any, str | None]:
+        """The patched object and the resourceVersion the patch requires (if any)."""
         expected_rv: str | None = None
         if patch_type == "merge":
             if not isinstance(patch, Mapping):
                 raise bad_request("a merge patch must be a JSON object")
             expected_rv = _meta(patch).get("resourceVersion")
-            new = merge_patch(old, patch)
-        elif patch_type == "strategic":
-            expected_rv = _meta(patch).get("resourceVersion") if isinstance(patch, Mapping) \
-                else None
-            new = strategic_merge_patch(old, patch)
-        elif patch_type == "json":
-            new = json_patch(old, patch)
-            after_rv = _meta(new).get("resourceVersion")
-            if after_rv != _meta(old).get("resourceVersion"):
-                expected_rv = after_rv
-        else:
-            if not field_manager:
-                raise errors.invalid(
-                    rt.kind, rt.group, name, "fieldManager",
-                    "Required value: is required for apply patch",
-                )
-            if not isinstance(patch, Mapping):
-                raise bad_request("an apply patch must be a YAML or JSON object")
-            self._check_kind(rt, patch, version)
-            expected_rv = _meta(patch).get("resourceVersion")
-            new = apply_merge(old, patch, rt.schema_for(version))
+            return merge_patch(old, patch), expected_rv
+        if patch_type == "strategic":
+            if isinstance(patch, Mapping):
+                expected_rv = _meta(patch).get("resourceVersion")
+            return strategic_merge_patch(old, patch), expected_rv
+        new = json_patch(old, patch)
+        after_rv = _meta(new).get("resourceVersion")
+        if after_rv != _meta(old).get("resourceVersion"):
+            expected_rv = after_rv
         return new, expected_rv
 
     def _merged_for_endpoint(
@@ -686,6 +730,7 @@ class Store:
         dry_run: bool,
         field_manager: str | None,
         operation: str,
+        managed: builtins.list[Obj] | None = None,
     ) -> Obj:
         old_meta = old["metadata"]
         name = old_meta["name"]
@@ -695,12 +740,12 @@ class Store:
             raise errors.not_found(rt.plural, rt.group, f"{name}/{subresource}")
         if subresource == "status" and not rt.status_subresource:
             raise errors.not_found(rt.plural, rt.group, f"{name}/status")
-        result = self._merged_for_endpoint(rt, old, new, subresource)
+        result = self._pruned(rt, self._merged_for_endpoint(rt, old, new, subresource))
         result["apiVersion"] = old["apiVersion"]
         result["kind"] = rt.kind
         meta = result["metadata"]
         meta["resourceVersion"] = old_meta.get("resourceVersion")
-        meta["managedFields"] = old_meta.get("managedFields")
+        meta["managedFields"] = managed if managed is not None else old_meta.get("managedFields")
         if meta["managedFields"] is None:
             meta.pop("managedFields")
         if rt.key == (CRD_GROUP, "customresourcedefinitions") and subresource is None:
@@ -708,7 +753,9 @@ class Store:
         if result == old:
             # A no-op write keeps the resourceVersion and emits no event, like the apiserver.
             return old
-        self._set_managed(meta, field_manager, operation, subresource, rt.api_version(version))
+        if managed is None:
+            self._set_managed(
+                meta, field_manager, operation, subresource, rt.api_version(version))
         if dry_run:
             return result
         meta["resourceVersion"] = self._next_rv()
