@@ -69,6 +69,7 @@ async def test_apply_owns_list_map_items_by_key(server: SandboxServer, http: Htt
         'k:{"type":"A"}', 'k:{"type":"B"}'}
     # ctl stops applying B: its item goes, other's C stays.
     code, obj = await http.patch(f"{WIDGETS}/w/status", status("A"), "apply", fieldManager="ctl")
+    assert code == 200
     assert [c["type"] for c in obj["status"]["conditions"]] == ["A", "C"]
 
 
