@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
+from sandbox import yamlio
 from sandbox.errors import ApiError, bad_request
 from sandbox.faults import Faults
 from sandbox.resources import ResourceType
@@ -459,7 +460,7 @@ class SandboxServer:
             return None
         try:
             if yaml_ok:
-                return yaml.safe_load(raw)
+                return yamlio.load(raw)
             return json.loads(raw)
         except (ValueError, yaml.YAMLError) as exc:
             raise bad_request(f"the request body is not valid {'YAML' if yaml_ok else 'JSON'}: "

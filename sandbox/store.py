@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from sandbox import errors
+from sandbox import errors, yamlio
 from sandbox.errors import ApiError, bad_request
 from sandbox.patch import apply_merge, json_patch, merge_patch, strategic_merge_patch
 from sandbox.resources import CRD_GROUP, Registry, ResourceType, types_from_crd
@@ -1116,7 +1116,7 @@ class Store:
         """Register every CustomResourceDefinition document of a YAML file."""
         text = Path(path).read_text()
         try:
-            docs = [d for d in yaml.safe_load_all(text) if d]
+            docs = [d for d in yamlio.load_all(text) if d]
         except yaml.YAMLError as exc:
             raise bad_request(f"{path}: invalid YAML: {exc}") from exc
         registered = []

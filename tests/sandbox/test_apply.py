@@ -79,3 +79,15 @@ async def test_update_operations_do_not_block_apply(http: Http) -> None:
     assert code == 200
     code, obj = await http.patch(f"{WIDGETS}/w", _cfg(size=1), "apply", fieldManager="alice")
     assert code == 200 and obj["spec"]["size"] == 1
+
+
+async def test_apply_yaml_keeps_timestamps_as_strings(http: Http) -> None:
+    doc = ("apiVersion: example.muster.dev/v1\nkind: Widget\nmetadata:\n  name: w\n"
+           "spec:\n  since: 2026-01-01T00:00:00Z\n")
+    code, obj = await http.patch(f"{WIDGETS}/w", doc, "apply", fieldManager="alice")
+    assert code == 201 and obj["spec"]["since"] == "2026-01-01T00:00:00Z"
+
+
+async def test_apply_with_invalid_yaml_is_400(http: Http) -> None:
+    code, status = await http.patch(f"{WIDGETS}/w", "a: [b", "apply", fieldManager="alice")
+    assert code == 400 and status["reason"] == "BadRequest"
