@@ -9,10 +9,10 @@ is replaced whole, which is what a real server does for atomic lists.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from sandbox.errors import ApiError, bad_request
+from sandbox.jsoncopy import jcopy
 
 # Associative lists of core types: field name -> merge key (strategic merge "patchMergeKey").
 KNOWN_LIST_KEYS: dict[str, tuple[str, ...]] = {
@@ -48,7 +48,7 @@ def _unprocessable(message: str) -> ApiError:
 def merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7386: objects merge recursively, ``null`` deletes, anything else replaces."""
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
+        return jcopy(patch)
     result = dict(target) if isinstance(target, dict) else {}
     for key, value in patch.items():
         if value is None:
@@ -56,7 +56,7 @@ def merge_patch(target: Any, patch: Any) -> Any:
         elif isinstance(value, dict):
             result[key] = merge_patch(result.get(key), value)
         else:
-            result[key] = copy.deepcopy(value)
+            result[key] = jcopy(value)
     return result
 
 
@@ -146,7 +146,7 @@ def json_patch(doc: Any, ops: Any) -> Any:
     """RFC 6902 on a deep copy of ``doc``; a failed ``test`` or a bad path raises 422."""
     if not isinstance(ops, list):
         raise bad_request("a JSON patch must be a list of operations")
-    doc = copy.deepcopy(doc)
+    doc = jcopy(doc)
     for op in ops:
         if not isinstance(op, dict) or "op" not in op or "path" not in op:
             raise bad_request(f"invalid JSON patch operation: {op!r}")
@@ -154,18 +154,18 @@ def json_patch(doc: Any, ops: Any) -> Any:
         if kind in ("add", "replace", "test") and "value" not in op:
             raise bad_request(f"JSON patch operation {kind} at {path!r} needs a value")
         if kind == "add":
-            doc = _add(doc, path, copy.deepcopy(op["value"]))
+            doc = _add(doc, path, jcopy(op["value"]))
         elif kind == "remove":
             doc, _ = _remove(doc, path)
         elif kind == "replace":
             _get(doc, path)  # must exist
             doc, _ = _remove(doc, path) if _pointer(path) else (doc, None)
-            doc = _add(doc, path, copy.deepcopy(op["value"]))
+            doc = _add(doc, path, jcopy(op["value"]))
         elif kind == "move":
             doc, value = _remove(doc, op.get("from", ""))
             doc = _add(doc, path, value)
         elif kind == "copy":
-            doc = _add(doc, path, copy.deepcopy(_get(doc, op.get("from", ""))))
+            doc = _add(doc, path, jcopy(_get(doc, op.get("from", ""))))
         elif kind == "test":
             if _get(doc, path) != op["value"]:
                 raise _unprocessable(
@@ -233,9 +233,9 @@ def structural_merge(
     fields the applier explicitly nulls.
     """
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
+        return jcopy(patch)
     if strategic and patch.get("$patch") == "replace":
-        return {k: copy.deepcopy(v) for k, v in patch.items() if not k.startswith("$")}
+        return {k: jcopy(v) for k, v in patch.items() if not k.startswith("$")}
     if strategic and patch.get("$patch") == "delete":
         return None
     result = dict(target) if isinstance(target, dict) else {}
@@ -284,9 +284,9 @@ def _merge_list(
     kind, keys = list_merge_kind(name, schema)
     replace = strategic and any(_is_directive(v, "replace") for v in patch)
     if not isinstance(current, list) or kind == "atomic" or replace:
-        return [copy.deepcopy(v) for v in patch if not _is_directive(v)]
+        return [jcopy(v) for v in patch if not _is_directive(v)]
     if kind == "set":
-        return list(current) + [copy.deepcopy(v) for v in patch if v not in current]
+        return list(current) + [jcopy(v) for v in patch if v not in current]
     out = list(current)
     positions: dict[tuple[Any, ...], int] = {}
     for i, item in enumerate(out):
@@ -298,7 +298,7 @@ def _merge_list(
     for item in patch:
         mk = _merge_key_of(item, keys)
         if mk is None:
-            out.append(copy.deepcopy(item))
+            out.append(jcopy(item))
             continue
         if mk in positions:
             idx = positions[mk]

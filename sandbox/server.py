@@ -455,6 +455,14 @@ class SandboxServer:
                 raise errors.conflict(t.rt.plural, t.rt.group, t.name or "", "injected conflict")
 
     async def _body(self, request: web.Request, *, yaml_ok: bool = False) -> Any:
+        ctype = request.headers.get("Content-Type", "").split(";")[0].strip()
+        if "protobuf" in ctype or "cbor" in ctype:
+            # The sandbox speaks JSON only; client-go falls back to JSON on 415.
+            raise ApiError(
+                415, "UnsupportedMediaType",
+                f'the body of the request was in an unknown format - accepted media types '
+                f'include: application/json, application/yaml (got "{ctype}")',
+            )
         raw = await request.read()
         if not raw:
             return None

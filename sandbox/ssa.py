@@ -15,12 +15,12 @@ they never cause apply conflicts and never protect fields from removal.
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sandbox.errors import ApiError
+from sandbox.jsoncopy import copy_obj
 from sandbox.patch import child_schema, item_schema, list_merge_kind
 
 Path = tuple[str, ...]
@@ -125,7 +125,7 @@ def remove_at(obj: dict[str, Any], path: Path) -> dict[str, Any]:
     """A copy of ``obj`` without the field or list item at ``path`` (no-op when absent)."""
     if not value_at(obj, path)[0]:
         return obj
-    out = copy.deepcopy(obj)
+    out = copy_obj(obj)
     parent_found, parent = value_at(out, path[:-1])
     if not parent_found:
         return obj

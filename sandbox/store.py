@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import base64
 import builtins
-import copy
 import json
 import random
+import re
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -29,6 +30,7 @@ import yaml
 
 from sandbox import errors, yamlio
 from sandbox.errors import ApiError, bad_request
+from sandbox.jsoncopy import copy_obj, jcopy
 from sandbox.patch import apply_merge, json_patch, merge_patch, strategic_merge_patch
 from sandbox.resources import CRD_GROUP, Registry, ResourceType, types_from_crd
 from sandbox.schema import prune
@@ -52,8 +54,17 @@ _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"
 _TOP_LEVEL_NON_SPEC = frozenset({"metadata", "status", "kind", "apiVersion"})
 
 
+_clock: list[Any] = [0, ""]
+
+
 def now_iso() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """The current UTC time as RFC 3339 seconds (formatted once per second, writes are hot)."""
+    now = time.time()
+    second = int(now)
+    if _clock[0] != second:
+        _clock[0] = second
+        _clock[1] = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return str(_clock[1])
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -70,11 +81,11 @@ def _owner_uids(obj: Mapping[str, Any]) -> set[str]:
     return {r["uid"] for r in refs if isinstance(r, dict) and r.get("uid")}
 
 
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
 def _valid_name(name: str) -> bool:
-    if not name or len(name) > 253 or name in (".", ".."):
-        return False
-    return all(c.islower() or c.isdigit() or c in "-." for c in name) and name[0].isalnum() \
-        and name[-1].isalnum()
+    return len(name) <= 253 and _DNS_SUBDOMAIN.match(name) is not None
 
 
 class Table:
@@ -203,7 +214,7 @@ class Store:
     def get(self, resource: str | ResourceType, name: str, namespace: str | None = None) -> Obj:
         """A deep copy of one object; ``ApiError(404)`` when absent."""
         rt = self.resolve(resource)
-        return copy.deepcopy(self.get_raw(rt, name, namespace or self._default_ns(rt)))
+        return copy_obj(self.get_raw(rt, name, namespace or self._default_ns(rt)))
 
     def _default_ns(self, rt: ResourceType) -> str | None:
         return "default" if rt.namespaced else None
@@ -277,7 +288,7 @@ class Store:
         items, _, _ = self.list_raw(
             rt, namespace, LabelSelector.parse(label_selector), FieldSelector.parse(field_selector),
         )
-        return copy.deepcopy(items)
+        return [copy_obj(o) for o in items]
 
     def pods_on_node(self, node: str) -> builtins.list[Obj]:
         """Pods bound to ``node`` via the nodeName index (stored dicts: do not mutate)."""
@@ -300,7 +311,7 @@ class Store:
         rt = self.resolve(resource)
         if rt.namespaced and namespace is None:
             namespace = _meta(obj).get("namespace") or "default"
-        return copy.deepcopy(
+        return copy_obj(
             self.create_raw(rt, obj, namespace, dry_run=dry_run, field_manager=field_manager)
         )
 
@@ -358,7 +369,7 @@ class Store:
         if not isinstance(body, Mapping):
             raise bad_request("the request body must be a JSON object")
         self._check_kind(rt, body, version)
-        obj: Obj = copy.deepcopy(dict(body))
+        obj: Obj = jcopy(dict(body))
         meta = obj.get("metadata")
         if meta is None:
             meta = obj["metadata"] = {}
@@ -479,7 +490,7 @@ class Store:
         name = _meta(obj).get("name", "")
         if rt.namespaced and namespace is None:
             namespace = _meta(obj).get("namespace") or "default"
-        return copy.deepcopy(self.replace_raw(rt, name, obj, namespace, subresource=subresource))
+        return copy_obj(self.replace_raw(rt, name, obj, namespace, subresource=subresource))
 
     def replace_raw(
         self,
@@ -508,7 +519,7 @@ class Store:
                 "the request"
             )
         old = self.get_raw(rt, name, namespace)
-        new = copy.deepcopy(dict(body))
+        new = jcopy(dict(body))
         new.setdefault("metadata", {})
         return self._update(
             rt, old, new, subresource, expected_rv=_meta(body).get("resourceVersion"),
@@ -529,7 +540,7 @@ class Store:
     ) -> Obj:
         """PATCH semantics; ``patch_type`` is merge, json, strategic or apply."""
         rt = self.resolve(resource)
-        return copy.deepcopy(
+        return copy_obj(
             self.patch_raw(
                 rt, name, patch, namespace or self._default_ns(rt), patch_type=patch_type,
                 subresource=subresource, field_manager=field_manager, force=force,
@@ -591,7 +602,7 @@ class Store:
         else:
             new, expected_rv = self._patched(old, patch, patch_type)
             managed = None
-        new = copy.deepcopy(new) if new is old else new
+        new = jcopy(new) if new is old else new
         if not isinstance(new, dict):
             raise ApiError(422, "Invalid", "the patched object is not a JSON object")
         return self._update(
@@ -785,7 +796,7 @@ class Store:
     ) -> Obj:
         """DELETE semantics: finalizers defer removal by setting deletionTimestamp."""
         rt = self.resolve(resource)
-        return copy.deepcopy(
+        return copy_obj(
             self.delete_raw(
                 rt, name, namespace or self._default_ns(rt), propagation=propagation,
                 preconditions=preconditions,
@@ -957,7 +968,7 @@ class Store:
             )
         if _meta(pod).get("deletionTimestamp"):
             raise errors.conflict("pods", "", name, "pod is being deleted")
-        new = copy.deepcopy(pod)
+        new = jcopy(pod)
         new["spec"]["nodeName"] = node
         status = new.setdefault("status", {})
         conditions = [c for c in status.get("conditions") or [] if c.get("type") != "PodScheduled"]
@@ -973,7 +984,7 @@ class Store:
         new["metadata"]["resourceVersion"] = self._next_rv()
         table.put(key, new, pod)
         self._emit(table, WatchEvent("MODIFIED", new, self._rv, pod))
-        return copy.deepcopy(new)
+        return copy_obj(new)
 
     # ------------------------------------------------------------------ watch
 
@@ -1101,7 +1112,7 @@ class Store:
         assert crd_rt is not None
         if ("", name) in self._tables[crd_rt.key].objects:
             current = self._tables[crd_rt.key].objects[("", name)]
-            body = copy.deepcopy(dict(crd))
+            body = jcopy(dict(crd))
             body.setdefault("metadata", {})["resourceVersion"] = current["metadata"][
                 "resourceVersion"]
             self.replace_raw(crd_rt, name, body, None)

@@ -332,3 +332,9 @@ def test_in_process_store_reports_errors_as_api_errors(server: SandboxServer) ->
     copy_ = store.get("pods", "p")
     copy_["metadata"]["labels"]["mutated"] = "yes"
     assert "mutated" not in store.get("pods", "p")["metadata"]["labels"]
+
+
+async def test_protobuf_request_bodies_are_415_unsupported_media_type(http: Http) -> None:
+    code, status = await http.request(
+        "POST", PODS, b"k8s\x00...", content_type="application/vnd.kubernetes.protobuf")
+    assert code == 415 and status["reason"] == "UnsupportedMediaType"
