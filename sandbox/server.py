@@ -15,7 +15,6 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -29,6 +28,7 @@ from sandbox.faults import Faults
 from sandbox.resources import ResourceType
 from sandbox.selectors import FieldSelector, LabelSelector
 from sandbox.store import CONTENT_TYPES, Store
+from sandbox.tables import table as _table
 from sandbox.watch import Watcher, WatchEvent
 
 KUBE_VERSION = {
@@ -65,69 +65,6 @@ class Target:
     name: str | None
     subresource: str | None
     watch_path: bool
-
-
-def _age(ts: str | None) -> str:
-    if not ts:
-        return "<unknown>"
-    try:
-        then = datetime.strptime(ts, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-    except ValueError:
-        return "<unknown>"
-    secs = int((datetime.now(UTC) - then).total_seconds())
-    if secs < 120:
-        return f"{max(secs, 0)}s"
-    if secs < 7200:
-        return f"{secs // 60}m"
-    if secs < 172800:
-        return f"{secs // 3600}h"
-    return f"{secs // 86400}d"
-
-
-def _table_columns(rt: ResourceType) -> list[tuple[str, str]]:
-    if rt.key == ("", "pods"):
-        return [("Name", "string"), ("Status", "string"), ("Node", "string"), ("Age", "string")]
-    if rt.key == ("", "nodes"):
-        return [("Name", "string"), ("Status", "string"), ("Age", "string")]
-    if rt.key == ("", "namespaces"):
-        return [("Name", "string"), ("Status", "string"), ("Age", "string")]
-    return [("Name", "string"), ("Age", "string")]
-
-
-def _table_row(rt: ResourceType, obj: Mapping[str, Any]) -> dict[str, Any]:
-    meta = obj.get("metadata") or {}
-    age = _age(meta.get("creationTimestamp"))
-    cells: list[Any]
-    if rt.key == ("", "pods"):
-        cells = [meta.get("name"), (obj.get("status") or {}).get("phase", ""),
-                 (obj.get("spec") or {}).get("nodeName") or "<none>", age]
-    elif rt.key == ("", "nodes"):
-        conds = (obj.get("status") or {}).get("conditions") or []
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
-        status = "Ready" if ready else "NotReady"
-        if (obj.get("spec") or {}).get("unschedulable"):
-            status += ",SchedulingDisabled"
-        cells = [meta.get("name"), status, age]
-    elif rt.key == ("", "namespaces"):
-        cells = [meta.get("name"), (obj.get("status") or {}).get("phase", ""), age]
-    else:
-        cells = [meta.get("name"), age]
-    return {"cells": cells, "object": obj}
-
-
-def _table(rt: ResourceType, items: list[Any], rv: str, token: str | None = None) -> Any:
-    meta: dict[str, Any] = {"resourceVersion": rv}
-    if token:
-        meta["continue"] = token
-    return {
-        "kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": meta,
-        "columnDefinitions": [
-            {"name": n, "type": t, "format": "name" if n == "Name" else "", "description": "",
-             "priority": 0}
-            for n, t in _table_columns(rt)
-        ],
-        "rows": [_table_row(rt, o) for o in items],
-    }
 
 
 def _wants_table(request: web.Request) -> bool:
@@ -528,7 +465,8 @@ class SandboxServer:
         if obj.get("apiVersion") != t.rt.api_version(t.version):
             out = {**obj, "apiVersion": t.rt.api_version(t.version)}
         if _wants_table(request) and request.method == "GET":
-            out = _table(t.rt, [out], str(obj["metadata"].get("resourceVersion", "")))
+            out = _table(t.rt, [out], str(obj["metadata"].get("resourceVersion", "")),
+                         version=t.version)
         return _json_response(out, status)
 
     def _list(self, request: web.Request, t: Target) -> web.Response:
@@ -548,7 +486,7 @@ class SandboxServer:
             items = [o if o.get("apiVersion") == api_version else {**o, "apiVersion": api_version}
                      for o in items]
         if _wants_table(request):
-            return _json_response(_table(t.rt, items, rv, token))
+            return _json_response(_table(t.rt, items, rv, token, version=t.version))
         meta: dict[str, Any] = {"resourceVersion": rv}
         if token:
             meta["continue"] = token
@@ -703,7 +641,8 @@ class SandboxServer:
             for type_, ev in batch:
                 obj = ev.obj
                 chunks.append(_dumps({"type": type_, "object": _table(
-                    t.rt, [obj], str(obj["metadata"].get("resourceVersion", "")))}) + b"\n")
+                    t.rt, [obj], str(obj["metadata"].get("resourceVersion", "")),
+                    version=t.version)}) + b"\n")
             await resp.write(b"".join(chunks))
             return
         api_version = t.rt.api_version(t.version) if len(t.rt.versions) > 1 else None

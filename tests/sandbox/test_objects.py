@@ -338,3 +338,22 @@ async def test_protobuf_request_bodies_are_415_unsupported_media_type(http: Http
     code, status = await http.request(
         "POST", PODS, b"k8s\x00...", content_type="application/vnd.kubernetes.protobuf")
     assert code == 415 and status["reason"] == "UnsupportedMediaType"
+
+
+async def test_stale_resource_version_conflicts_for_every_patch_type(http: Http) -> None:
+    """Optimistic concurrency also holds for strategic merge, JSON patch (replacing
+    metadata.resourceVersion) and apply bodies that carry a resourceVersion."""
+    _, obj = await http.post(PODS, pod("p"))
+    stale = obj["metadata"]["resourceVersion"]
+    await http.patch(f"{PODS}/p", {"metadata": {"labels": {"bump": "1"}}})
+    code, _ = await http.patch(
+        f"{PODS}/p", {"metadata": {"resourceVersion": stale, "labels": {"a": "1"}}}, "strategic")
+    assert code == 409
+    code, _ = await http.patch(
+        f"{PODS}/p", [{"op": "replace", "path": "/metadata/resourceVersion", "value": stale}],
+        "json")
+    assert code == 409
+    applied = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": "p", "resourceVersion": stale, "labels": {"a": "1"}}}
+    code, _ = await http.patch(f"{PODS}/p", applied, "apply", fieldManager="m")
+    assert code == 409
