@@ -173,6 +173,14 @@ async def _watch_latency(
     return statistics.median(samples)
 
 
+async def _list_all(server: SandboxServer) -> float:
+    async with aiohttp.ClientSession() as session:
+        t0 = time.perf_counter()
+        async with session.get(f"{server.url}/api/v1/pods") as resp:
+            await resp.read()
+        return time.perf_counter() - t0
+
+
 async def main(args: argparse.Namespace) -> None:
     rss_before = rss_mb()
     empty = SandboxServer(crd_dir=ROOT / "crds")
@@ -188,12 +196,14 @@ async def main(args: argparse.Namespace) -> None:
         for r in range(args.rounds):
             for tag, server in (("empty", empty), ("loaded", loaded)):
                 rounds[tag].append(await measure(server, args.iterations, f"{tag}{r}"))
+        list_s = await _list_all(loaded)
     base = {op: statistics.median(m[op] for m in rounds["empty"]) for op in rounds["empty"][0]}
     full = {op: statistics.median(m[op] for m in rounds["loaded"]) for op in base}
     ratios = {op: full[op] / base[op] for op in base}
     print(f"{'operation':<10}{'empty_ms':>10}{'loaded_ms':>11}{'ratio':>8}")
     for op in base:
         print(f"{op:<10}{base[op] * 1e3:>10.3f}{full[op] * 1e3:>11.3f}{ratios[op]:>8.2f}")
+    print(f"LIST of all {loaded.store.count('pods')} pods over HTTP: {list_s:.2f}s (O(n))")
     print(
         f"sandbox_bench nodes={args.nodes} pods={args.pods} requests={args.requests} "
         f"get_ratio={ratios['get']:.2f} patch_ratio={ratios['patch']:.2f} "

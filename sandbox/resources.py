@@ -34,6 +34,8 @@ class ResourceType:
     # Per-version additionalPrinterColumns (CRDs only), for kubectl's Table output.
     printer_columns: dict[str, list[dict[str, Any]]] = field(
         default_factory=dict, compare=False, hash=False)
+    # Per-version deprecation warnings (CRDs only).
+    deprecations: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
     builtin: bool = True
 
     @property
@@ -94,6 +96,15 @@ BUILTIN_TYPES: tuple[ResourceType, ...] = (
         categories=("api-extensions",),
     ),
 )
+
+
+def _deprecations(group: str, kind: str, entries: list[Any]) -> dict[str, str]:
+    out = {}
+    for v in entries:
+        if isinstance(v, dict) and v.get("deprecated") and v.get("name"):
+            out[v["name"]] = str(v.get("deprecationWarning")
+                                 or f"{group}/{v['name']} {kind} is deprecated")
+    return out
 
 
 def _crd_versions(entries: list[Any]) -> tuple[
@@ -160,6 +171,7 @@ def types_from_crd(crd: dict[str, Any]) -> ResourceType:
         short_names=tuple(names.get("shortNames") or ()),
         categories=tuple(names.get("categories") or ()),
         schemas=schemas, printer_columns=printers, builtin=False,
+        deprecations=_deprecations(group, kind, spec.get("versions") or []),
     )
 
 

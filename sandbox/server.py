@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from sandbox import yamlio
+from sandbox import errors, yamlio
 from sandbox.errors import ApiError, bad_request
 from sandbox.faults import Faults
 from sandbox.resources import ResourceType
@@ -387,8 +387,6 @@ class SandboxServer:
                 reason = "ServiceUnavailable" if rule.status == 503 else "InternalError"
                 raise ApiError(rule.status, reason, f"injected fault: HTTP {rule.status}")
             elif rule.kind == "conflict":
-                from sandbox import errors
-
                 raise errors.conflict(t.rt.plural, t.rt.group, t.name or "", "injected conflict")
 
     async def _body(self, request: web.Request, *, yaml_ok: bool = False) -> Any:
@@ -418,6 +416,14 @@ class SandboxServer:
         verb = self._verb(request, t)
         self.requests[(verb, t.rt.plural)] += 1
         await self._apply_faults(verb, t)
+        resp = await self._serve(request, t, verb)
+        warning = t.rt.deprecations.get(t.version)
+        if warning and not resp.prepared:
+            # Deprecated CRD versions warn like the apiserver (kubectl prints "Warning: ...").
+            resp.headers["Warning"] = '299 - "' + warning.replace('"', "'") + '"'
+        return resp
+
+    async def _serve(self, request: web.Request, t: Target, verb: str) -> web.StreamResponse:
         q = request.query
         dry_run = q.get("dryRun") == "All"
         store = self.store

@@ -132,3 +132,19 @@ async def test_unknown_fields_are_pruned_by_the_structural_schema(
         "/apis/example.muster.dev/v1/namespaces/default/widgets",
         {"metadata": {"name": "w"}, "spec": {"free": {"form": True}}, "extra": "top"})
     assert obj["spec"] == {"free": {"form": True}} and "extra" not in obj
+
+
+async def test_deprecated_crd_version_answers_with_a_warning_header(
+    server: SandboxServer,
+) -> None:
+    import aiohttp
+
+    server.store.load_crd_dir(CRDS)
+    async with aiohttp.ClientSession() as session:
+        async with session.get(
+            f"{server.url}/apis/autoscaling.x-k8s.io/v1beta1/provisioningrequests") as resp:
+            assert resp.status == 200
+            assert resp.headers["Warning"].startswith('299 - "autoscaling.x-k8s.io/v1beta1')
+        async with session.get(
+            f"{server.url}/apis/autoscaling.x-k8s.io/v1/provisioningrequests") as resp:
+            assert "Warning" not in resp.headers
