@@ -89,6 +89,17 @@ BUILTIN_TYPES: tuple[ResourceType, ...] = (
         group="coordination.k8s.io", versions=("v1",), plural="leases", singular="lease",
         kind="Lease", namespaced=True,
     ),
+    # Dynamic Resource Allocation (resource.k8s.io/v1), for the DRA-aware fit tests.
+    ResourceType(group="resource.k8s.io", versions=("v1",), plural="deviceclasses",
+                 singular="deviceclass", kind="DeviceClass", namespaced=False),
+    ResourceType(group="resource.k8s.io", versions=("v1",), plural="resourceslices",
+                 singular="resourceslice", kind="ResourceSlice", namespaced=False),
+    ResourceType(group="resource.k8s.io", versions=("v1",), plural="resourceclaims",
+                 singular="resourceclaim", kind="ResourceClaim", namespaced=True,
+                 status_subresource=True),
+    ResourceType(group="resource.k8s.io", versions=("v1",), plural="resourceclaimtemplates",
+                 singular="resourceclaimtemplate", kind="ResourceClaimTemplate",
+                 namespaced=True),
     ResourceType(
         group=CRD_GROUP, versions=("v1",), plural="customresourcedefinitions",
         singular="customresourcedefinition", kind="CustomResourceDefinition",

@@ -1105,6 +1105,16 @@ class Store:
             for obj in table.objects.values():
                 self._uids.pop(_meta(obj).get("uid", ""), None)
 
+    def serve(self, rt: ResourceType) -> ResourceType:
+        """Serve a built-in-like resource type that has no CRD object (e.g. a core type the
+        sandbox lacks). Registering an existing type again is a no-op."""
+        existing = self.registry.get(rt.group, rt.plural)
+        if existing is not None:
+            return existing
+        self.registry.add(rt)
+        self._tables[rt.key] = Table(rt, self.history)
+        return rt
+
     def register_crd(self, crd: Mapping[str, Any]) -> ResourceType:
         """Create (or update) a CustomResourceDefinition; its resources are served at once."""
         name = _meta(crd).get("name", "")

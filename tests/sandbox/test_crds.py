@@ -148,3 +148,26 @@ async def test_deprecated_crd_version_answers_with_a_warning_header(
         async with session.get(
             f"{server.url}/apis/autoscaling.x-k8s.io/v1/provisioningrequests") as resp:
             assert "Warning" not in resp.headers
+
+
+async def test_dra_types_and_extra_builtin_types_are_served(
+    server: SandboxServer, http: Http,
+) -> None:
+    from sandbox import ResourceType
+
+    code, resources = await http.get("/apis/resource.k8s.io/v1")
+    assert code == 200
+    assert {r["name"] for r in resources["resources"]} >= {
+        "deviceclasses", "resourceslices", "resourceclaims", "resourceclaims/status",
+        "resourceclaimtemplates"}
+    code, _ = await http.post("/apis/resource.k8s.io/v1/resourceslices", {
+        "metadata": {"name": "node-1-gpus"},
+        "spec": {"nodeName": "node-1", "driver": "gpu.example.com", "devices": []}})
+    assert code == 201
+    jobs = ResourceType(group="batch", versions=("v1",), plural="jobs", singular="job",
+                        kind="Job", namespaced=True, status_subresource=True)
+    assert server.store.serve(jobs) is jobs
+    assert server.store.serve(jobs) is jobs
+    code, obj = await http.post("/apis/batch/v1/namespaces/default/jobs",
+                                {"metadata": {"name": "j"}, "spec": {}})
+    assert code == 201 and obj["kind"] == "Job"
