@@ -745,7 +745,7 @@ class Store:
     ) -> Obj:
         old_meta = old["metadata"]
         name = old_meta["name"]
-        if expected_rv is not None and str(expected_rv) != old_meta.get("resourceVersion"):
+        if expected_rv not in (None, "") and str(expected_rv) != old_meta.get("resourceVersion"):
             raise errors.conflict(rt.plural, rt.group, name)
         if subresource not in (None, "status"):
             raise errors.not_found(rt.plural, rt.group, f"{name}/{subresource}")

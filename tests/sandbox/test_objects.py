@@ -357,3 +357,13 @@ async def test_stale_resource_version_conflicts_for_every_patch_type(http: Http)
                "metadata": {"name": "p", "resourceVersion": stale, "labels": {"a": "1"}}}
     code, _ = await http.patch(f"{PODS}/p", applied, "apply", fieldManager="m")
     assert code == 409
+
+
+async def test_put_without_resource_version_is_an_unconditional_update(http: Http) -> None:
+    await http.post(WIDGETS, widget("w", size=1))
+    for rv in (None, ""):
+        body = widget("w", size=2)
+        if rv is not None:
+            body["metadata"]["resourceVersion"] = rv
+        code, obj = await http.put(f"{WIDGETS}/w", body)
+        assert code == 200 and obj["spec"] == {"size": 2}
