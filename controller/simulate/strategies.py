@@ -299,7 +299,9 @@ class GangFit(Simulation):
     def try_place(self, run: JobRun) -> bool:
         if not self._may_fit(run):
             return False
-        for topology in self._attempts:
+        # One pod is always inside one rack: the block fallback could not place it either.
+        attempts = self._attempts if run.pods > 1 else self._attempts[:1]
+        for topology in attempts:
             request = GangRequest(
                 name=f"job-{run.job.seq}",
                 pod_sets=(
@@ -330,10 +332,14 @@ class GangFit(Simulation):
         """
         g = self.gpus_per_node
         nodes: list[NodeState] = []
+        levels = range(gpus, g + 1)
         for rack, buckets in enumerate(self.rack_index):
             left = pods
-            for free in range(gpus, g + 1):
-                for node in buckets[free].values():
+            for free in levels:
+                bucket = buckets[free]
+                if not bucket:
+                    continue
+                for node in bucket.values():
                     state = node.state
                     if state is None:
                         state = node.state = NodeState(
