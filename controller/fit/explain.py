@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from controller.fit.planner import Batch, PodSetPlanner
-from controller.fit.shapes import resource_fit, selector_matches, untolerated
+from controller.fit.shapes import pods_that_fit, resource_fit, selector_matches, untolerated
 from controller.fit.types import (
     GangRequest,
     Mode,
@@ -48,7 +48,8 @@ def describe_shape(requests: Mapping[str, int]) -> str:
 
 
 def _needs(ps: PodSetRequest) -> str:
-    return f"pod set {ps.name} needs {ps.count} pods x {describe_shape(ps.shape.requests)}"
+    pods = "pod" if ps.count == 1 else "pods"
+    return f"pod set {ps.name} needs {ps.count} {pods} x {describe_shape(ps.shape.requests)}"
 
 
 def _key_text(key: tuple[str, ...]) -> str:
@@ -130,6 +131,19 @@ def _exclusions(ps: PodSetRequest, nodes: tuple[NodeState, ...], ws: Workspace) 
     return "; ".join(parts) if parts else "the snapshot has no nodes"
 
 
+def _any_match(ps: PodSetRequest, snapshot: Snapshot, ws: Workspace) -> bool:
+    """Some usable node or pool template could run one pod if it were empty."""
+    for node in snapshot.nodes:
+        if node.schedulable and pods_that_fit(
+            ps.shape, node.allocatable, node.labels, node.taints, node_name=node.name
+        ):
+            return True
+    return any(
+        pods_that_fit(ps.shape, ref.pool.allocatable, ref.labels, ref.pool.taints)
+        for ref in ws.refs
+    )
+
+
 def _pool_room(batches: list[Batch], ws: Workspace) -> tuple[int, list[str]]:
     """Pods the batches can add (pool-wide limits applied) and per-pool phrases."""
     by_pool: dict[int, list[Batch]] = {}
@@ -157,12 +171,12 @@ def explain(
 ) -> Reason:
     """Why ``ps`` does not fit on ``ws``."""
     planner = PodSetPlanner(ws, ps, mode)
-    existing = sum(c for _, c in planner.cands)
+    existing = planner.existing_room()
     suffix = "" if mode is Mode.PROVISION else " (check mode: existing nodes only)"
-    if not planner.cands and not planner.batches:
+    if not planner.cands and not planner.batches and not _any_match(ps, snapshot, ws):
         pools = ""
         if mode is Mode.PROVISION and ws.pools:
-            pools = "; no pool with headroom has a matching node template"
+            pools = "; no pool has a matching node template"
         return Reason(
             ReasonCode.NO_MATCHING_NODES,
             ps.name,
@@ -175,7 +189,7 @@ def explain(
     if topo.mode is TopologyMode.REQUIRED and topo.level is not None:
         depth = levels.index(topo.level)
         if depth == len(levels.domain):
-            best_node = max((c for _, c in planner.cands), default=0)
+            best_node = max((c for _, c in planner.cands), default=0)  # per node
             new = max((b.per_node for b in planner.batches), default=0)
             tail = f"; a new node holds {new}" if planner.batches else ""
             return Reason(
