@@ -65,6 +65,10 @@ def simulate_command(
         int | None,
         typer.Option(help="Keep at most this many (earliest) jobs.", rich_help_panel=_TRACE),
     ] = None,
+    min_gpus: Annotated[
+        int,
+        typer.Option(help="Keep only jobs of at least this many GPUs.", rich_help_panel=_TRACE),
+    ] = 1,
     quota_gpus: Annotated[
         int, typer.Option(help="Most GPUs the cluster may hold.", rich_help_panel=_CLOUD)
     ] = 512,
@@ -147,6 +151,7 @@ def simulate_command(
             clusters=frozenset(cluster or ()),
             sample=sample,
             limit=limit,
+            min_gpus=min_gpus,
             seed=seed,
         )
     except ValueError as exc:

@@ -59,6 +59,8 @@ class TraceFilter:
     """Keep each job with this probability (seeded)."""
     limit: int | None = None
     """Keep at most this many jobs (the earliest, after the other filters)."""
+    min_gpus: int = 1
+    """Keep only jobs of at least this many GPUs (e.g. 9: gangs only)."""
     seed: int = 0
 
 
@@ -120,6 +122,8 @@ def _keep(row: _Row, selection: TraceFilter) -> bool:
     if selection.start is not None and ts < selection.start:
         return False
     if selection.end is not None and ts >= selection.end:
+        return False
+    if row[2] < selection.min_gpus:
         return False
     return not selection.clusters or cluster in selection.clusters
 

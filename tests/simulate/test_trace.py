@@ -84,3 +84,8 @@ def test_bad_traces_name_the_problem(tmp_path: Path, text: str, message: str) ->
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match="cannot read"):
         load_trace(tmp_path / "nope.csv")
+
+
+def test_min_gpus_keeps_only_large_jobs(tmp_path: Path) -> None:
+    t = load_trace(write(tmp_path, CSV), TraceFilter(min_gpus=8))
+    assert [j.gpus for j in t.jobs] == [8, 16]
