@@ -104,15 +104,18 @@ def _build(
                     requests=requests,
                 )
             )
-    new_nodes: list[NewNodes] = []
-    for (pi, di), count in sorted(ws.domain_used.items()):
+    # One entry per (pool, domain labels), merging a pool's domains that share labels.
+    counts: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[int, float]] = {}
+    for (pi, di), count in ws.domain_used.items():
         pool = ws.pools[pi]
-        if count > 0:
-            new_nodes.append(
-                NewNodes(pool.name, dict(pool.domains[di].labels), count,
-                         count * pool.price_per_node_hour)
-            )
-    new_nodes.sort(key=lambda n: (n.pool, sorted(n.domain.items())))
+        key = (pool.name, tuple(sorted(pool.domains[di].labels.items())))
+        have, _ = counts.get(key, (0, 0.0))
+        counts[key] = (have + count, pool.price_per_node_hour)
+    new_nodes = [
+        NewNodes(name, dict(labels), count, count * price)
+        for (name, labels), (count, price) in sorted(counts.items())
+        if count > 0
+    ]
     return Plan(
         request=request.name,
         mode=mode,

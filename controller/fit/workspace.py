@@ -144,6 +144,7 @@ class Workspace:
         self.classes: dict[ClassKey, NodeClass] = {}
         self.pool_used: dict[int, int] = {}
         self.domain_used: dict[tuple[int, int], int] = {}
+        self.slot_count: dict[tuple[int, tuple[tuple[str, str], ...]], int] = {}
         self._build(nodes, empty)
         self.refs: list[PoolRef] = []
         for pi, pool in enumerate(self.pools):
@@ -224,6 +225,7 @@ class Workspace:
         other.classes = dict(self.classes)
         other.pool_used = dict(self.pool_used)
         other.domain_used = dict(self.domain_used)
+        other.slot_count = dict(self.slot_count)
         return other
 
     def labels(self, name: str) -> Mapping[str, str]:
@@ -269,8 +271,12 @@ class Workspace:
     ) -> list[str]:
         """Commit one new node of ``ref`` per entry of ``pods`` (pods placed on it)."""
         key = (ref.pool_index, ref.domain_index)
-        start = self.domain_used.get(key, 0)
-        self.domain_used[key] = start + len(pods)
+        self.domain_used[key] = self.domain_used.get(key, 0) + len(pods)
+        # Slots are numbered per (pool, domain labels): a pool listing the same labels
+        # twice must still give every new node a distinct identity.
+        ident = (ref.pool_index, tuple(sorted(ref.domain.labels.items())))
+        start = self.slot_count.get(ident, 0)
+        self.slot_count[ident] = start + len(pods)
         self.pool_used[ref.pool_index] = self.pool_used.get(ref.pool_index, 0) + len(pods)
         template = NodeClass(
             (None, tuple(ref.labels.get(k) for k in self.label_keys), ref.pool.taints,
