@@ -48,7 +48,10 @@ def rows(results: Sequence[StrategyResult]) -> list[tuple[str, list[str]]]:
             "GPU-hours stranded (share of paid)",
             each(lambda r: f"{r.stranded_gpu_h:,.0f} ({_pct(r.stranded_gpu_h, r.paid_gpu_h)})"),
         ),
-        ("  held by waiting/partial gangs", each(lambda r: f"{r.stranded_waiting_gpu_h:,.0f}")),
+        (
+            "  held by jobs not running yet (partial gangs)",
+            each(lambda r: f"{r.stranded_waiting_gpu_h:,.0f}"),
+        ),
         ("  idle on ready nodes", each(lambda r: f"{r.stranded_idle_gpu_h:,.0f}")),
         ("  booting", each(lambda r: f"{r.stranded_booting_gpu_h:,.0f}")),
         ("cost", each(lambda r: f"${r.cost:,.0f}")),
