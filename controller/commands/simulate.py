@@ -212,6 +212,8 @@ def _emit(
 
     # With --json, stdout carries only the JSON (and the summary line): the rest goes to stderr.
     console = Console(stderr=style == "json")
+    if not console.is_terminal:
+        console.width = 120  # piped to a file: keep one row per metric
     if style == "json":
         typer.echo(json.dumps(report.to_json(results, trace, config), indent=2))
     elif style == "markdown":

@@ -49,11 +49,11 @@ def rows(results: Sequence[StrategyResult]) -> list[tuple[str, list[str]]]:
             each(lambda r: f"{r.stranded_gpu_h:,.0f} ({_pct(r.stranded_gpu_h, r.paid_gpu_h)})"),
         ),
         (
-            "  held by jobs not running yet (partial gangs)",
+            "stranded: held by jobs not running yet",
             each(lambda r: f"{r.stranded_waiting_gpu_h:,.0f}"),
         ),
-        ("  idle on ready nodes", each(lambda r: f"{r.stranded_idle_gpu_h:,.0f}")),
-        ("  booting", each(lambda r: f"{r.stranded_booting_gpu_h:,.0f}")),
+        ("stranded: idle on ready nodes", each(lambda r: f"{r.stranded_idle_gpu_h:,.0f}")),
+        ("stranded: booting nodes", each(lambda r: f"{r.stranded_booting_gpu_h:,.0f}")),
         ("cost", each(lambda r: f"${r.cost:,.0f}")),
         (
             "job wait p50 / p95 / p99",
@@ -108,7 +108,7 @@ def markdown_table(results: Sequence[StrategyResult]) -> str:
     head = "| metric | " + " | ".join(r.strategy for r in results) + " |"
     rule = "| --- |" + " ---: |" * len(results)
     body = [
-        "| " + metric.strip() + " | " + " | ".join(cells) + " |" for metric, cells in rows(results)
+        "| " + metric + " | " + " | ".join(cells) + " |" for metric, cells in rows(results)
     ]
     return "\n".join([head, rule, *body])
 
