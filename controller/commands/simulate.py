@@ -79,7 +79,7 @@ def simulate_command(
     ] = 8,
     initial_stock_min: Annotated[
         int,
-        typer.Option(help="Each rack starts with a seeded stock in [this, nodes per rack].",
+        typer.Option(help="Each rack starts with a seeded stock between this and nodes per rack.",
                      rich_help_panel=_CLOUD),
     ] = 2,
     refill_interval: Annotated[
@@ -115,11 +115,13 @@ def simulate_command(
         typer.Option("--json", help="Print JSON instead of the table.", rich_help_panel=_OUTPUT),
     ] = False,
     markdown: Annotated[
-        bool, typer.Option(help="Print a Markdown table instead.", rich_help_panel=_OUTPUT)
+        bool,
+        typer.Option("--markdown", help="Print a Markdown table instead.", rich_help_panel=_OUTPUT),
     ] = False,
     summary: Annotated[
         bool,
-        typer.Option(help="End with one 'simulate jobs=...' line (needs muster and pod-by-pod).",
+        typer.Option("--summary",
+                     help="End with one 'simulate jobs=...' line (needs muster and pod-by-pod).",
                      rich_help_panel=_OUTPUT),
     ] = False,
     plot: Annotated[

@@ -21,6 +21,7 @@ finishing at ``t`` frees its GPUs before a job submitted at ``t`` looks for some
 
 from __future__ import annotations
 
+import abc
 import heapq
 import math
 import time
@@ -152,7 +153,7 @@ class JobRun:
         self.blocks = 0
 
 
-class Simulation:
+class Simulation(abc.ABC):
     """One replay of a trace under one strategy. Subclasses fill in the hooks."""
 
     name = "base"
@@ -199,23 +200,29 @@ class Simulation:
         ]
 
     # ------------------------------------------------------------------ hooks
+    @abc.abstractmethod
     def on_arrival(self, run: JobRun) -> None:
-        raise NotImplementedError
+        """``run`` was just submitted (its start timeout is already scheduled)."""
 
+    @abc.abstractmethod
     def on_capacity_freed(self) -> None:
         """GPUs on existing nodes became free (a job ended or was cancelled)."""
 
+    @abc.abstractmethod
     def on_node_ready(self, node: SimNode) -> None:
         """``node`` finished booting (waiting jobs were already told)."""
 
+    @abc.abstractmethod
     def on_room(self) -> None:
         """Stock or quota room grew (a node was released, other tenants freed stock)."""
 
+    @abc.abstractmethod
     def on_cancel(self, run: JobRun) -> None:
         """``run`` was cancelled while pending; forget its queued pods."""
 
     def on_scan(self, _: Any) -> None:
-        raise NotImplementedError(f"{self.name} schedules no scans")
+        """A periodic scan a strategy scheduled with ``push(at, SCAN, None)``."""
+        raise RuntimeError(f"{self.name} scheduled a scan it does not handle")
 
     # ------------------------------------------------------------------ loop
     def push(self, at: float, kind: int, obj: Any) -> None:

@@ -244,7 +244,11 @@ class GangFit(Simulation):
     def on_room(self) -> None:
         self.drain()
 
-    # on_cancel: a cancelled run stays in its queue and is skipped there.
+    def on_node_ready(self, node: SimNode) -> None:
+        """Nothing to do: a booting node's free GPUs were placeable already."""
+
+    def on_cancel(self, run: JobRun) -> None:
+        """Nothing to do: a cancelled run stays in its queue and is skipped there."""
 
     # ------------------------------------------------------------------ queue
     def drain(self) -> None:

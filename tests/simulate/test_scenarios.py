@@ -139,3 +139,30 @@ def test_small_jobs_share_a_node() -> None:
     for r in run_strategies(jobs, config()):
         assert r.nodes_acquired == 1, r.strategy
         assert r.used_gpu_h == pytest.approx(gpu_h(8, H))
+
+
+def test_gang_larger_than_the_quota_strands_partial_nodes_until_cancelled() -> None:
+    # A 32-GPU gang under a 16-GPU quota can never run.
+    jobs = trace((0, H, 32))
+    muster, pbp = run_strategies(jobs, config(quota_gpus=16), ["muster", "pod-by-pod"])
+    # muster never buys a node for it.
+    assert (muster.never_fits, muster.paid_gpu_h) == (1, 0)
+    # pod-by-pod gets 2 of 4 nodes (quota) at 10 s, binds 2 pods at 110 s, and holds them
+    # until the job is cancelled at 7200 s (+30 s grace); the nodes go at 7830 s.
+    assert (pbp.timed_out, pbp.never_fits) == (1, 0)
+    assert pbp.paid_gpu_h == pytest.approx(gpu_h(16, 7830 - 10))
+    assert pbp.stranded_waiting_gpu_h == pytest.approx(gpu_h(16, 7230 - 110))
+
+
+def test_small_jobs_backfill_while_a_gang_waits_for_room() -> None:
+    # Quota 4 nodes. A 2-node gang A runs 100..3700 s; a 4-node gang B (submitted at 10 s)
+    # has room for only 2 more nodes and waits; a 1-GPU job C submitted after B still starts
+    # at once on a third node (backfill: 120..3720 s).
+    jobs = trace((0, H, 16), (10, H, 32), (20, H, 1))
+    muster = run_strategies(jobs, config(quota_gpus=32), ["muster"])[0]
+    # At 3700 s B has A's 2 nodes and room for 1: not enough. At 3720 s C's node is empty
+    # too: 3 nodes plus 1 new one in the same rack, ready at 3820 s. B waited 3810 s.
+    assert muster.started == 3
+    assert muster.wait_p50_s == pytest.approx(100)
+    assert muster.wait_p99_s == pytest.approx(3820 - 10)
+    assert muster.gangs_one_rack == 2
