@@ -4,14 +4,15 @@ Pod sets are placed one after another on a forked :class:`Workspace` (usage accu
 so pod sets compete for nodes and pool headroom like real pods would). If one does not fit
 the fork is dropped and, for gangs of a few pod sets, other orders are tried: placing the
 pod set with the narrowest choice first often makes a gang fit that the given order does
-not. The search is bounded (:data:`MAX_ORDERS`), so for gangs of several competing pod sets
+not. The search is bounded (:data:`MAX_PLACEMENTS`), so for gangs of several competing pod sets
 the engine is a heuristic; for a single pod set it is exact.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from itertools import islice, permutations
+from dataclasses import dataclass, replace
+from itertools import chain, islice, permutations
 
 from controller.fit.explain import explain, validate
 from controller.fit.planner import Outcome, PodSetPlanner
@@ -22,6 +23,7 @@ from controller.fit.types import (
     Mode,
     NewNodes,
     NoFit,
+    Plan,
     PodSetRequest,
     Reason,
     ReasonCode,
@@ -31,11 +33,17 @@ from controller.fit.types import (
 )
 from controller.fit.workspace import Workspace
 
-MAX_ORDERS = 24
-"""Pod-set orders tried before giving up (all orders of up to four pod sets)."""
+MAX_PLACEMENTS = 96
+"""Budget of pod-set placements per gang attempt: all orders of up to four pod sets, at
+least two orders (given, narrowest first) for larger gangs."""
+
+
+def _budget(pod_sets: int) -> int:
+    return max(2, MAX_PLACEMENTS // max(1, pod_sets))
 
 
 def _orders(pod_sets: Sequence[PodSetRequest]) -> Iterator[tuple[PodSetRequest, ...]]:
+    """The given order, then narrowest choice first, then the other permutations (lazily)."""
     given = tuple(pod_sets)
     yield given
     if len(given) < 2:
@@ -46,21 +54,36 @@ def _orders(pod_sets: Sequence[PodSetRequest]) -> Iterator[tuple[PodSetRequest, 
         constrained = 0 if p.topology.mode is TopologyMode.REQUIRED else 1
         return (constrained, -p.count * max(p.shape.requests.values(), default=0), p.name)
 
-    candidates = [tuple(sorted(given, key=narrow_first))]
-    candidates.extend(permutations(given))
-    for order in islice(candidates, MAX_ORDERS + 1):
+    for order in chain((tuple(sorted(given, key=narrow_first)),), permutations(given)):
         names = tuple(p.name for p in order)
         if names not in seen:
             seen.add(names)
             yield order
 
 
+@dataclass(frozen=True, slots=True)
+class _Failure:
+    """Where the first tried order stopped: the workspace before ``pod_set``, and the pod
+    sets already placed on it (their usage is part of why ``pod_set`` did not fit)."""
+
+    ws: Workspace
+    pod_set: PodSetRequest
+    placed: tuple[str, ...]
+
+    def explain(self, snapshot: Snapshot, mode: Mode) -> Reason:
+        reason = explain(self.pod_set, self.ws, snapshot, mode)
+        if not self.placed:
+            return reason
+        return replace(reason, message=f"{reason.message} (after placing pod set"
+                       f"{'s' if len(self.placed) > 1 else ''} {', '.join(self.placed)})")
+
+
 def _attempt(
     request: GangRequest, base: Workspace, mode: Mode
-) -> tuple[Workspace, dict[str, Outcome]] | tuple[Workspace, PodSetRequest]:
+) -> tuple[Workspace, dict[str, Outcome]] | _Failure:
     """Place the gang on forks of ``base``; on failure return the first failure's state."""
-    first_failure: tuple[Workspace, PodSetRequest] | None = None
-    for order in islice(_orders(request.pod_sets), MAX_ORDERS):
+    first_failure: _Failure | None = None
+    for order in islice(_orders(request.pod_sets), _budget(len(request.pod_sets))):
         ws = base.fork()
         outcomes: dict[str, Outcome] = {}
         for ps in order:
@@ -68,7 +91,7 @@ def _attempt(
             got = PodSetPlanner(ws, ps, mode).place()
             if got is None:
                 if first_failure is None:
-                    first_failure = (before, ps)
+                    first_failure = _Failure(before, ps, tuple(outcomes))
                 break
             outcomes[ps.name] = got
         else:
@@ -80,8 +103,6 @@ def _attempt(
 def _build(
     request: GangRequest, ws: Workspace, outcomes: dict[str, Outcome], mode: Mode
 ) -> Result:
-    from controller.fit.types import Plan
-
     assignments: list[Assignment] = []
     levels = ws.levels.all
     for ps in request.pod_sets:
@@ -140,10 +161,9 @@ def plan(request: GangRequest, snapshot: Snapshot, mode: Mode) -> Result:
     shapes = [ps.shape for ps in request.pod_sets]
     base = Workspace(snapshot.nodes, pools, levels, shapes)
     got = _attempt(request, base, mode)
-    if isinstance(got[1], dict):
+    if not isinstance(got, _Failure):
         return _build(request, got[0], got[1], mode)
-    ws, failed = got
-    reasons: list[Reason] = [explain(failed, ws, snapshot, mode)]
+    reasons: list[Reason] = [got.explain(snapshot, mode)]
     # The best the cluster could ever offer: nothing running, every node usable, every pool
     # at its maximum. If even that cannot hold the gang, waiting will not help.
     best = _attempt(
@@ -151,14 +171,13 @@ def plan(request: GangRequest, snapshot: Snapshot, mode: Mode) -> Result:
         Workspace(snapshot.nodes, snapshot.pools, levels, shapes, empty=True),
         Mode.PROVISION,
     )
-    if not isinstance(best[1], dict):
-        empty_ws, never = best
-        why = explain(never, empty_ws, snapshot, Mode.PROVISION)
+    if isinstance(best, _Failure):
+        why = best.explain(snapshot, Mode.PROVISION)
         reasons.insert(
             0,
             Reason(
                 ReasonCode.NEVER_FITS,
-                never.name,
+                best.pod_set.name,
                 f"gang {request.name} can never fit, even with every node empty and usable and "
                 f"every pool at its maximum: {why.message}",
                 needed=why.needed,
