@@ -7,6 +7,7 @@ import typer
 
 from controller import __version__
 from controller.commands.fit import fit_command
+from controller.commands.simulate import simulate_command
 
 app = typer.Typer(
     name="muster",
@@ -23,6 +24,7 @@ def version() -> None:
 
 
 app.command("fit")(fit_command)
+app.command("simulate")(simulate_command)
 
 
 if __name__ == "__main__":  # pragma: no cover
