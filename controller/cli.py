@@ -6,6 +6,7 @@ from __future__ import annotations
 import typer
 
 from controller import __version__
+from controller.commands.fit import fit_command
 
 app = typer.Typer(
     name="muster",
@@ -19,6 +20,9 @@ app = typer.Typer(
 def version() -> None:
     """Print Muster's version."""
     typer.echo(__version__)
+
+
+app.command("fit")(fit_command)
 
 
 if __name__ == "__main__":  # pragma: no cover

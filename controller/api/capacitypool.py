@@ -10,6 +10,21 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from controller.api.meta import Condition, ObjectMeta
+
+__all__ = [
+    "KIND",
+    "CapacityPool",
+    "CapacityPoolSpec",
+    "CapacityPoolStatus",
+    "Condition",
+    "NodeTemplate",
+    "ObjectMeta",
+    "PoolDomainSpec",
+    "PoolTopology",
+    "TaintSpec",
+]
+
 GROUP = "muster.dev"
 VERSION = "v1alpha1"
 PLURAL = "capacitypools"
@@ -88,41 +103,12 @@ class CapacityPoolSpec(_Model):
         return self
 
 
-class Condition(BaseModel):
-    """metav1.Condition."""
-
-    model_config = ConfigDict(populate_by_name=True, extra="ignore")
-
-    type: str
-    status: Literal["True", "False", "Unknown"]
-    reason: str = ""
-    message: str = ""
-    last_transition_time: str | None = Field(default=None, alias="lastTransitionTime")
-    observed_generation: int | None = Field(default=None, alias="observedGeneration")
-
-
 class CapacityPoolStatus(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="ignore")
 
     nodes: int = 0
     booked_nodes: int = Field(default=0, alias="bookedNodes")
     conditions: list[Condition] = Field(default_factory=list)
-
-
-class ObjectMeta(BaseModel):
-    """The subset of metav1.ObjectMeta Muster reads; unknown fields are kept, not lost."""
-
-    model_config = ConfigDict(populate_by_name=True, extra="allow")
-
-    name: str = ""
-    namespace: str | None = None
-    uid: str | None = None
-    resource_version: str | None = Field(default=None, alias="resourceVersion")
-    generation: int | None = None
-    labels: dict[str, str] = Field(default_factory=dict)
-    annotations: dict[str, str] = Field(default_factory=dict)
-    deletion_timestamp: str | None = Field(default=None, alias="deletionTimestamp")
-    creation_timestamp: str | None = Field(default=None, alias="creationTimestamp")
 
 
 class CapacityPool(BaseModel):

@@ -1,0 +1,66 @@
+"""Node (core/v1): the fields that decide whether and how much a node can run."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from controller.api.meta import ObjectMeta
+from controller.api.pod import Quantity
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="allow")
+
+
+class Taint(_Open):
+    key: str = Field(min_length=1)
+    value: str = ""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+    time_added: str | None = Field(default=None, alias="timeAdded")
+
+
+class NodeSpec(_Open):
+    unschedulable: bool = False
+    taints: list[Taint] = Field(default_factory=list)
+    provider_id: str | None = Field(default=None, alias="providerID")
+
+
+class NodeCondition(_Open):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str = ""
+    message: str = ""
+
+
+class NodeStatus(_Open):
+    allocatable: dict[str, Quantity] = Field(default_factory=dict)
+    capacity: dict[str, Quantity] = Field(default_factory=dict)
+    conditions: list[NodeCondition] = Field(default_factory=list)
+
+
+class Node(_Open):
+    api_version: Literal["v1"] = Field(default="v1", alias="apiVersion")
+    kind: Literal["Node"] = "Node"
+    metadata: ObjectMeta
+    spec: NodeSpec = Field(default_factory=NodeSpec)
+    status: NodeStatus = Field(default_factory=NodeStatus)
+
+    @property
+    def ready(self) -> bool:
+        """Ready=True. A node that has not reported a Ready condition is not ready."""
+        return any(c.type == "Ready" and c.status == "True" for c in self.status.conditions)
+
+    @property
+    def schedulable(self) -> bool:
+        """Ready, not cordoned and not being deleted."""
+        return (
+            self.ready
+            and not self.spec.unschedulable
+            and self.metadata.deletion_timestamp is None
+        )
+
+    def allocatable(self) -> dict[str, Quantity]:
+        """status.allocatable, falling back to capacity when a node reports no allocatable."""
+        return self.status.allocatable or self.status.capacity

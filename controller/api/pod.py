@@ -1,0 +1,221 @@
+"""The pod-spec subset that decides placement, PodTemplate and (bound) Pod.
+
+Field names follow core/v1. Object-level models keep unknown fields (``extra="allow"``) so
+a PodTemplate read and written back loses nothing; the scheduling-relevant fields are typed
+and validated. :meth:`PodSpec.effective_requests` computes what the scheduler reserves for
+one pod (containers, sidecars, init containers, overhead).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+from controller.api.meta import ObjectMeta
+from controller.api.quantity import parse_quantity, to_resources
+
+
+def _quantity(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ValueError(f"invalid quantity {value!r}")
+    parse_quantity(value)
+    return str(value)
+
+
+Quantity = Annotated[str, BeforeValidator(_quantity)]
+"""A Kubernetes quantity string, checked at parse time ("500m", "2Gi", 8)."""
+
+
+class _Open(BaseModel):
+    """Unknown fields are kept (round-tripped), e.g. container image, env, volumes."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="allow")
+
+
+class _Closed(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+
+class ResourceRequirements(_Open):
+    requests: dict[str, Quantity] = Field(default_factory=dict)
+    limits: dict[str, Quantity] = Field(default_factory=dict)
+
+    def effective(self) -> dict[str, int]:
+        """Requests, with limits standing in for missing requests (API-server defaulting)."""
+        merged: dict[str, str] = {**self.limits, **self.requests}
+        return to_resources(merged)
+
+
+class Container(_Open):
+    name: str = ""
+    resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
+    restart_policy: str | None = Field(default=None, alias="restartPolicy")
+
+    @property
+    def is_sidecar(self) -> bool:
+        """An init container with restartPolicy Always runs for the pod's whole life."""
+        return self.restart_policy == "Always"
+
+
+class NodeSelectorRequirement(_Closed):
+    key: str = Field(min_length=1)
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
+    values: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _values_fit_operator(self) -> NodeSelectorRequirement:
+        op = self.operator
+        if op in ("In", "NotIn") and not self.values:
+            raise ValueError(f"operator {op} needs at least one value")
+        if op in ("Exists", "DoesNotExist") and self.values:
+            raise ValueError(f"operator {op} takes no values")
+        if op in ("Gt", "Lt"):
+            if len(self.values) != 1:
+                raise ValueError(f"operator {op} needs exactly one value")
+            try:
+                int(self.values[0])
+            except ValueError:
+                raise ValueError(f"operator {op} needs an integer value") from None
+        return self
+
+
+class NodeSelectorTerm(_Closed):
+    match_expressions: list[NodeSelectorRequirement] = Field(
+        default_factory=list, alias="matchExpressions"
+    )
+    match_fields: list[NodeSelectorRequirement] = Field(default_factory=list, alias="matchFields")
+
+
+class NodeSelector(_Closed):
+    node_selector_terms: list[NodeSelectorTerm] = Field(alias="nodeSelectorTerms", min_length=1)
+
+
+class NodeAffinity(_Open):
+    required: NodeSelector | None = Field(
+        default=None, alias="requiredDuringSchedulingIgnoredDuringExecution"
+    )
+
+
+class Affinity(_Open):
+    node_affinity: NodeAffinity | None = Field(default=None, alias="nodeAffinity")
+
+
+class Toleration(_Closed):
+    key: str = ""
+    operator: Literal["Exists", "Equal"] = "Equal"
+    value: str = ""
+    effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] = ""
+    toleration_seconds: int | None = Field(default=None, alias="tolerationSeconds")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _none_is_empty(cls, data: Any) -> Any:
+        # The API server serialises unset strings as null in some clients.
+        if isinstance(data, dict):
+            return {k: ("" if v is None and k in ("key", "value", "effect") else v)
+                    for k, v in data.items()}
+        return data
+
+    @model_validator(mode="after")
+    def _operator_rules(self) -> Toleration:
+        if self.operator == "Exists" and self.value:
+            raise ValueError("operator Exists takes no value")
+        if not self.key and self.operator != "Exists":
+            raise ValueError("an empty key needs operator Exists")
+        return self
+
+
+class PodResourceClaim(_Open):
+    """Reference to a DRA ResourceClaim (kept for the DRA work; not used by fit yet)."""
+
+    name: str
+    resource_claim_name: str | None = Field(default=None, alias="resourceClaimName")
+    resource_claim_template_name: str | None = Field(
+        default=None, alias="resourceClaimTemplateName"
+    )
+
+
+class PodSpec(_Open):
+    containers: list[Container] = Field(min_length=1)
+    init_containers: list[Container] = Field(default_factory=list, alias="initContainers")
+    overhead: dict[str, Quantity] = Field(default_factory=dict)
+    node_selector: dict[str, str] = Field(default_factory=dict, alias="nodeSelector")
+    affinity: Affinity | None = None
+    tolerations: list[Toleration] = Field(default_factory=list)
+    resource_claims: list[PodResourceClaim] = Field(default_factory=list, alias="resourceClaims")
+    node_name: str | None = Field(default=None, alias="nodeName")
+    restart_policy: str | None = Field(default=None, alias="restartPolicy")
+
+    def effective_requests(self) -> dict[str, int]:
+        """What the scheduler reserves for one pod (k8s ``resourcehelper.PodRequests``).
+
+        Regular containers and sidecars (init containers with restartPolicy Always) run
+        together; each ordinary init container runs alone next to the sidecars started
+        before it; the pod needs the larger of the two, plus its overhead.
+        """
+        total: dict[str, int] = {}
+        for c in self.containers:
+            _add(total, c.resources.effective())
+        sidecars: dict[str, int] = {}
+        init_peak: dict[str, int] = {}
+        for c in self.init_containers:
+            req = c.resources.effective()
+            if c.is_sidecar:
+                _add(sidecars, req)
+                _max(init_peak, sidecars)
+            else:
+                step = dict(sidecars)
+                _add(step, req)
+                _max(init_peak, step)
+        _add(total, sidecars)
+        _max(total, init_peak)
+        _add(total, to_resources(self.overhead))
+        return total
+
+    def required_terms(self) -> list[NodeSelectorTerm]:
+        aff = self.affinity
+        if aff is None or aff.node_affinity is None or aff.node_affinity.required is None:
+            return []
+        return aff.node_affinity.required.node_selector_terms
+
+
+def _add(into: dict[str, int], other: dict[str, int]) -> None:
+    for k, v in other.items():
+        into[k] = into.get(k, 0) + v
+
+
+def _max(into: dict[str, int], other: dict[str, int]) -> None:
+    for k, v in other.items():
+        into[k] = max(into.get(k, 0), v)
+
+
+class PodTemplateSpec(_Open):
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: PodSpec
+
+
+class PodTemplate(_Open):
+    api_version: Literal["v1"] = Field(default="v1", alias="apiVersion")
+    kind: Literal["PodTemplate"] = "PodTemplate"
+    metadata: ObjectMeta
+    template: PodTemplateSpec
+
+
+class PodStatus(_Open):
+    phase: str | None = None
+
+
+class Pod(_Open):
+    """A pod as far as capacity accounting goes: where it is bound and what it requests."""
+
+    api_version: Literal["v1"] = Field(default="v1", alias="apiVersion")
+    kind: Literal["Pod"] = "Pod"
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: PodSpec
+    status: PodStatus = Field(default_factory=PodStatus)
+
+    @property
+    def holds_capacity(self) -> bool:
+        """Bound and not finished: Succeeded/Failed pods free their node's resources."""
+        return bool(self.spec.node_name) and self.status.phase not in ("Succeeded", "Failed")

@@ -1,0 +1,1 @@
+"""``muster`` sub-commands, one module each (registered in ``controller.cli``)."""

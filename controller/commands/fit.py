@@ -1,0 +1,148 @@
+"""``muster fit``: ask the fit engine where a ProvisioningRequest's gang would go.
+
+Reads YAML files (request + its PodTemplates, cluster Nodes and bound Pods, CapacityPools),
+builds the same Snapshot the controller would, calls :func:`controller.fit.plan` and prints
+the plan or the NoFit reasons. Exit codes: 0 fits, 1 does not fit, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from controller.api.provisioningrequest import CLASS_CHECK_CAPACITY
+from controller.fit import Mode, NoFit, Plan, plan
+from controller.snapshot import (
+    SnapshotError,
+    load_documents,
+    request_from_documents,
+    snapshot_from_documents,
+)
+from controller.topology_defaults import DEFAULT_LEVELS
+
+EXIT_FIT, EXIT_NO_FIT, EXIT_BAD_INPUT = 0, 1, 2
+
+
+class ModeOption(enum.StrEnum):
+    AUTO = "auto"
+    CHECK = "check"
+    PROVISION = "provision"
+
+
+def _jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _labels(domain: Mapping[str, str]) -> str:
+    return ",".join(f"{k.rsplit('/', 1)[-1]}={v}" for k, v in domain.items()) or "-"
+
+
+def _print_plan(result: Plan, console: Console) -> None:
+    new = sum(n.count for n in result.new_nodes)
+    console.print(
+        f"[bold green]FITS[/] {result.request} (mode {result.mode.value}): "
+        f"{len(result.assignments)} placements, {new} new nodes, "
+        f"${result.cost_per_hour:.2f}/h"
+    )
+    sets = Table(title="Pod sets")
+    for col in ("Pod set", "Level", "Domain", "Domains used"):
+        sets.add_column(col)
+    for p in result.placements:
+        sets.add_row(p.pod_set, p.level or "-", _labels(p.domain_labels) if p.domain_labels
+                     else (p.domain or "-"), str(p.domains_used))
+    console.print(sets)
+    table = Table(title="Assignments")
+    for col in ("Pod set", "Node", "Pods", "Domain"):
+        table.add_column(col)
+    for a in result.assignments:
+        where = a.node if a.node else (
+            f"new {a.new_node.pool}#{a.new_node.index}" if a.new_node else "?"
+        )
+        table.add_row(a.pod_set, where, str(a.pods), _labels(a.domain))
+    console.print(table)
+    if result.new_nodes:
+        nodes = Table(title="New nodes")
+        for col in ("Pool", "Domain", "Nodes", "$/h"):
+            nodes.add_column(col)
+        for n in result.new_nodes:
+            nodes.add_row(n.pool, _labels(n.domain), str(n.count), f"{n.cost_per_hour:.2f}")
+        console.print(nodes)
+
+
+def _print_nofit(result: NoFit, console: Console) -> None:
+    verdict = "NEVER FITS" if result.permanent else "DOES NOT FIT"
+    console.print(f"[bold red]{verdict}[/] {result.request} (mode {result.mode.value})")
+    table = Table(title="Reasons")
+    for col in ("Reason", "Pod set", "Detail"):
+        table.add_column(col)
+    for r in result.reasons:
+        table.add_row(r.code.value, r.pod_set or "-", r.message)
+    console.print(table)
+
+
+def fit_command(
+    request: Annotated[Path, typer.Argument(help="ProvisioningRequest and its PodTemplates.")],
+    snapshot: Annotated[
+        Path, typer.Option("--snapshot", "-s", help="Nodes (and bound Pods) of the cluster.")
+    ],
+    pools: Annotated[
+        Path | None, typer.Option("--pools", "-p", help="CapacityPools Muster may grow.")
+    ] = None,
+    mode: Annotated[
+        ModeOption,
+        typer.Option(help="check: existing nodes only; provision: plus pools; auto: from the "
+                     "request's provisioningClassName."),
+    ] = ModeOption.AUTO,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    levels: Annotated[
+        str | None,
+        typer.Option(help="Topology level labels, top to bottom, comma separated."),
+    ] = None,
+) -> None:
+    """Plan where a ProvisioningRequest's whole gang fits, or say why it cannot."""
+    err = Console(stderr=True)
+    level_keys = tuple(x.strip() for x in levels.split(",") if x.strip()) if levels else (
+        DEFAULT_LEVELS
+    )
+    try:
+        pr, gang = request_from_documents(load_documents(request), level_keys)
+        snap = snapshot_from_documents(
+            load_documents(snapshot), load_documents(pools) if pools else (), level_keys
+        )
+    except SnapshotError as exc:
+        err.print(f"muster fit: {exc}", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_BAD_INPUT) from None
+    if mode is ModeOption.AUTO:
+        chosen = (
+            Mode.CHECK if pr.spec.provisioning_class_name == CLASS_CHECK_CAPACITY
+            else Mode.PROVISION
+        )
+    else:
+        chosen = Mode(mode.value)
+    result = plan(gang, snap, chosen)
+    if as_json:
+        payload = {"fits": isinstance(result, Plan), **_jsonable(result)}
+        typer.echo(json.dumps(payload, indent=2, sort_keys=True))
+    else:
+        console = Console(width=160)
+        if isinstance(result, Plan):
+            _print_plan(result, console)
+        else:
+            _print_nofit(result, console)
+    raise typer.Exit(EXIT_FIT if isinstance(result, Plan) else EXIT_NO_FIT)

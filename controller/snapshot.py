@@ -1,0 +1,381 @@
+"""From API objects to the fit engine's input: :class:`Snapshot` and :class:`GangRequest`.
+
+The one converter between the boundary (pydantic models, raw YAML/JSON dicts) and the pure
+engine (frozen dataclasses): quantities become integers, pod specs become
+:class:`PodShape`s, topology annotations become :class:`TopologyRequest`s, Nodes and bound
+Pods become free capacity, CapacityPools become :class:`PoolState`s with their headroom.
+Raw dicts never reach ``controller.fit``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from controller.api.capacitypool import CapacityPool
+from controller.api.node import Node
+from controller.api.pod import Pod, PodSpec, PodTemplate
+from controller.api.provisioningrequest import ProvisioningRequest
+from controller.api.quantity import to_resources
+from controller.fit.types import (
+    GangRequest,
+    NodeState,
+    PodSetRequest,
+    PodShape,
+    PoolDomain,
+    PoolState,
+    Resources,
+    SelectorRequirement,
+    SelectorTerm,
+    Taint,
+    Toleration,
+    TopologyMode,
+    TopologyRequest,
+)
+from controller.fit.types import Snapshot as FitSnapshot
+from controller.topology_defaults import (
+    DEFAULT_LEVELS,
+    DEFAULT_PODS_PER_NODE,
+    KUEUE_PREFERRED,
+    KUEUE_REQUIRED,
+    KUEUE_UNCONSTRAINED,
+    MUSTER_PREFERRED,
+    MUSTER_REQUIRED,
+    POOL_LABEL,
+)
+
+MAX_FRESH_DOMAINS = 64
+"""Placeholder domains synthesized per fresh-domain pool (enough for any single gang)."""
+
+FRESH_PREFIX = "muster-new"
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class SnapshotError(ValueError):
+    """Input that cannot be turned into a snapshot or request (names the object/field)."""
+
+
+# ---------------------------------------------------------------------------- requests
+
+
+def shape_of(spec: PodSpec) -> PodShape:
+    """The placement-relevant view of one pod; every pod also takes one ``pods`` slot."""
+    requests = spec.effective_requests()
+    requests["pods"] = requests.get("pods", 0) + 1
+    terms = tuple(
+        SelectorTerm(
+            match_expressions=tuple(
+                SelectorRequirement(r.key, r.operator, tuple(r.values))
+                for r in term.match_expressions
+            ),
+            match_fields=tuple(
+                SelectorRequirement(r.key, r.operator, tuple(r.values))
+                for r in term.match_fields
+            ),
+        )
+        for term in spec.required_terms()
+    )
+    tolerations = tuple(
+        Toleration(key=t.key, operator=t.operator, value=t.value, effect=t.effect)
+        for t in spec.tolerations
+    )
+    return PodShape(
+        requests=requests,
+        node_selector=dict(spec.node_selector),
+        affinity_terms=terms,
+        tolerations=tolerations,
+    )
+
+
+def resolve_level(value: str, levels: Sequence[str]) -> str:
+    """A level given as a full label key or as its last segment ("rack")."""
+    if value in levels:
+        return value
+    short = [lv for lv in levels if lv.rsplit("/", 1)[-1] == value]
+    return short[0] if len(short) == 1 else value
+
+
+def topology_of(annotations: Mapping[str, str], levels: Sequence[str]) -> TopologyRequest:
+    """Muster's annotations first, then Kueue's TAS pod-set annotations, else none.
+
+    An unknown level is passed through unchanged so the engine reports it as Invalid.
+    """
+    for key, mode in (
+        (MUSTER_REQUIRED, TopologyMode.REQUIRED),
+        (MUSTER_PREFERRED, TopologyMode.PREFERRED),
+    ):
+        if annotations.get(key):
+            return TopologyRequest(mode, resolve_level(annotations[key], levels))
+    if annotations.get(KUEUE_UNCONSTRAINED, "").lower() == "true":
+        return TopologyRequest()
+    for key, mode in (
+        (KUEUE_REQUIRED, TopologyMode.REQUIRED),
+        (KUEUE_PREFERRED, TopologyMode.PREFERRED),
+    ):
+        if annotations.get(key):
+            return TopologyRequest(mode, resolve_level(annotations[key], levels))
+    return TopologyRequest()
+
+
+def pod_set_name(template_name: str, request_name: str) -> str:
+    """Kueue names templates ``ppt-<pr>-<podset>``; recover the pod set name from that."""
+    prefix = f"ppt-{request_name}-"
+    return template_name[len(prefix):] if template_name.startswith(prefix) else template_name
+
+
+def gang_of(
+    request: ProvisioningRequest,
+    templates: Mapping[str, PodTemplate],
+    levels: Sequence[str] = DEFAULT_LEVELS,
+) -> GangRequest:
+    """One pod set per ``spec.podSets`` entry; SnapshotError names a missing template."""
+    name = request.metadata.name
+    pod_sets: list[PodSetRequest] = []
+    used: set[str] = set()
+    for i, ps in enumerate(request.spec.pod_sets):
+        ref = ps.pod_template_ref.name
+        template = templates.get(ref)
+        if template is None:
+            raise SnapshotError(
+                f"spec.podSets[{i}].podTemplateRef.name: PodTemplate {ref} not found"
+            )
+        set_name = pod_set_name(ref, name)
+        if set_name in used:
+            set_name = f"{set_name}-{i}"
+        used.add(set_name)
+        try:
+            shape = shape_of(template.template.spec)
+        except ValueError as exc:
+            raise SnapshotError(f"PodTemplate {ref}: {exc}") from exc
+        topology = topology_of(template.template.metadata.annotations, levels)
+        pod_sets.append(PodSetRequest(set_name, ps.count, shape, topology))
+    return GangRequest(f"{request.metadata.namespace or 'default'}/{name}", tuple(pod_sets))
+
+
+# ---------------------------------------------------------------------------- cluster
+
+
+def node_allocatable(node: Node) -> dict[str, int]:
+    values = to_resources(node.allocatable())
+    values.setdefault("pods", DEFAULT_PODS_PER_NODE)
+    return values
+
+
+def usage_by_node(pods: Iterable[Pod]) -> dict[str, dict[str, int]]:
+    """Requests of bound pods that still hold capacity, summed per node."""
+    usage: dict[str, dict[str, int]] = {}
+    for pod in pods:
+        if not pod.holds_capacity or pod.spec.node_name is None:
+            continue
+        slot = usage.setdefault(pod.spec.node_name, {})
+        requests = pod.spec.effective_requests()
+        requests["pods"] = requests.get("pods", 0) + 1
+        for res, amount in requests.items():
+            slot[res] = slot.get(res, 0) + amount
+    return usage
+
+
+def node_state(
+    node: Node, used: Mapping[str, int] | None = None, booked: Resources | None = None
+) -> NodeState:
+    """Free = allocatable - bound pods' requests - capacity booked by other requests."""
+    allocatable = node_allocatable(node)
+    free = dict(allocatable)
+    for taken in (used or {}, booked or {}):
+        for res, amount in taken.items():
+            free[res] = free.get(res, 0) - amount
+    taints = tuple(Taint(t.key, t.value, t.effect) for t in node.spec.taints)
+    labels = dict(node.metadata.labels)
+    return NodeState(
+        name=node.metadata.name,
+        labels=labels,
+        taints=taints,
+        allocatable=allocatable,
+        free=free,
+        schedulable=node.schedulable,
+        pool=labels.get(POOL_LABEL),
+    )
+
+
+def _in_domain(labels: Mapping[str, str], domain: Mapping[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in domain.items())
+
+
+def pool_state(
+    pool: CapacityPool,
+    nodes: Sequence[Node],
+    levels: Sequence[str] = DEFAULT_LEVELS,
+    *,
+    in_flight: int | None = None,
+) -> PoolState:
+    """Headroom of one pool given the nodes it already has.
+
+    ``in_flight``: nodes acquired but not registered yet (defaults to
+    ``status.bookedNodes``); they count against ``maxNodes`` like registered ones.
+    """
+    name = pool.metadata.name
+    spec = pool.spec
+    mine = [n for n in nodes if n.metadata.labels.get(POOL_LABEL) == name]
+    pending = pool.status.booked_nodes if in_flight is None else in_flight
+    max_new = max(0, spec.max_nodes - len(mine) - pending)
+    template = spec.node_template
+    try:
+        allocatable = to_resources(template.allocatable)
+    except ValueError as exc:
+        raise SnapshotError(f"CapacityPool {name}: spec.nodeTemplate.allocatable.{exc}") from exc
+    allocatable.setdefault("pods", DEFAULT_PODS_PER_NODE)
+    labels = {**template.labels, POOL_LABEL: name}
+    taints = tuple(Taint(t.key, t.value, t.effect) for t in template.taints)
+    topo = spec.topology
+    domains: list[PoolDomain] = []
+    if topo is None:
+        domains.append(PoolDomain(labels={}, max_new_nodes=max_new))
+    elif topo.domains:
+        for d in topo.domains:
+            limit = d.max_nodes if d.max_nodes is not None else topo.max_nodes_per_domain
+            have = sum(1 for n in mine if _in_domain(n.metadata.labels, d.labels))
+            domains.append(
+                PoolDomain(dict(d.labels), max(0, min(limit - have, max_new)), max_nodes=limit)
+            )
+    else:
+        # Every acquisition creates a fresh domain (e.g. a new placement group): offer
+        # placeholder domains labelled down to the acquisition level.
+        upto = list(levels[: levels.index(topo.level) + 1]) if topo.level in levels else [
+            topo.level
+        ]
+        count = min(MAX_FRESH_DOMAINS, math.ceil(max_new / topo.max_nodes_per_domain))
+        for k in range(count):
+            value = f"{FRESH_PREFIX}-{name}-{k}"
+            domains.append(
+                PoolDomain(
+                    {level: value for level in upto},
+                    min(topo.max_nodes_per_domain, max_new),
+                    max_nodes=topo.max_nodes_per_domain,
+                )
+            )
+    return PoolState(
+        name=name,
+        labels=labels,
+        taints=taints,
+        allocatable=allocatable,
+        domains=tuple(domains),
+        max_new_nodes=max_new,
+        price_per_node_hour=spec.price_per_node_hour,
+        acquisition_level=topo.level if topo else None,
+        ready_seconds=spec.expected_ready_seconds,
+    )
+
+
+def build_snapshot(
+    nodes: Sequence[Node],
+    pods: Iterable[Pod] = (),
+    pools: Sequence[CapacityPool] = (),
+    levels: Sequence[str] = DEFAULT_LEVELS,
+    *,
+    booked: Mapping[str, Resources] | None = None,
+) -> FitSnapshot:
+    """The engine's view of the cluster. ``booked``: per node, capacity other requests hold."""
+    usage = usage_by_node(pods)
+    booked = booked or {}
+    states = []
+    for node in sorted(nodes, key=lambda n: n.metadata.name):
+        try:
+            states.append(node_state(node, usage.get(node.metadata.name), booked.get(
+                node.metadata.name)))
+        except ValueError as exc:
+            raise SnapshotError(f"Node {node.metadata.name}: status.allocatable.{exc}") from exc
+    pool_states = tuple(
+        pool_state(p, nodes, levels) for p in sorted(pools, key=lambda p: p.metadata.name)
+    )
+    return FitSnapshot(nodes=tuple(states), pools=pool_states, levels=tuple(levels))
+
+
+# ---------------------------------------------------------------------------- YAML files
+
+
+def load_documents(path: Path) -> list[dict[str, Any]]:
+    """Every object in a (multi-document) YAML file; ``kind: List`` is flattened."""
+    try:
+        raw = list(yaml.safe_load_all(path.read_text()))
+    except OSError as exc:
+        raise SnapshotError(f"{path}: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise SnapshotError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from exc
+    out: list[dict[str, Any]] = []
+    for doc in raw:
+        if doc is None:
+            continue
+        if not isinstance(doc, dict):
+            raise SnapshotError(f"{path}: every document must be a Kubernetes object")
+        if doc.get("kind") == "List" or (doc.get("kind", "").endswith("List") and "items" in doc):
+            items = doc.get("items") or []
+            out.extend(i for i in items if isinstance(i, dict))
+        else:
+            out.append(doc)
+    return out
+
+
+def by_kind(docs: Iterable[Mapping[str, Any]], kind: str) -> list[Mapping[str, Any]]:
+    return [d for d in docs if d.get("kind") == kind]
+
+
+def error_location(loc: Sequence[int | str]) -> str:
+    """pydantic's ``('spec', 'podSets', 0, 'count')`` as ``spec.podSets[0].count``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def parse_object(model: type[M], doc: Mapping[str, Any]) -> M:
+    """Validate one object; SnapshotError with a one-line ``field: problem`` message."""
+    try:
+        return model.model_validate(doc)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        meta = doc.get("metadata")
+        name = meta.get("name") if isinstance(meta, Mapping) else None
+        what = f"{doc.get('kind', model.__name__)} {name}: " if name else (
+            f"{doc.get('kind', model.__name__)}: "
+        )
+        where = error_location(first["loc"])
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise SnapshotError(f"{what}{where}: {first['msg']}{more}") from exc
+
+
+def request_from_documents(
+    docs: Sequence[Mapping[str, Any]], levels: Sequence[str] = DEFAULT_LEVELS
+) -> tuple[ProvisioningRequest, GangRequest]:
+    """The ProvisioningRequest in ``docs`` and its gang (templates from the same docs)."""
+    requests = by_kind(docs, "ProvisioningRequest")
+    if len(requests) != 1:
+        raise SnapshotError(
+            f"expected exactly one ProvisioningRequest, found {len(requests)}"
+        )
+    request = parse_object(ProvisioningRequest, requests[0])
+    templates = {
+        t.metadata.name: t
+        for t in (parse_object(PodTemplate, d) for d in by_kind(docs, "PodTemplate"))
+    }
+    return request, gang_of(request, templates, levels)
+
+
+def snapshot_from_documents(
+    cluster: Sequence[Mapping[str, Any]],
+    pools: Sequence[Mapping[str, Any]] = (),
+    levels: Sequence[str] = DEFAULT_LEVELS,
+) -> FitSnapshot:
+    nodes = [parse_object(Node, d) for d in by_kind(cluster, "Node")]
+    pods = [parse_object(Pod, d) for d in by_kind(cluster, "Pod")]
+    pool_objs = [parse_object(CapacityPool, d) for d in by_kind([*cluster, *pools],
+                                                                  "CapacityPool")]
+    return build_snapshot(nodes, pods, pool_objs, levels)

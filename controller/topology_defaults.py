@@ -1,0 +1,28 @@
+"""Label and annotation keys Muster agrees on, and the default topology levels.
+
+One place, so the controller, the CLI, the simulator and the snapshot builder never disagree.
+"""
+
+from __future__ import annotations
+
+HOSTNAME = "kubernetes.io/hostname"
+
+DEFAULT_LEVELS: tuple[str, ...] = (
+    "topology.muster.dev/block",
+    "topology.muster.dev/rack",
+    HOSTNAME,
+)
+"""Top (widest) to bottom; override with configuration or ``muster fit --levels``."""
+
+POOL_LABEL = "muster.dev/pool"
+"""Label on every node a CapacityPool created: the pool's name."""
+
+# Pod-template annotations selecting a pod set's topology. Muster's own win over Kueue's.
+MUSTER_REQUIRED = "muster.dev/required-topology"
+MUSTER_PREFERRED = "muster.dev/preferred-topology"
+KUEUE_REQUIRED = "kueue.x-k8s.io/podset-required-topology"
+KUEUE_PREFERRED = "kueue.x-k8s.io/podset-preferred-topology"
+KUEUE_UNCONSTRAINED = "kueue.x-k8s.io/podset-unconstrained-topology"
+
+DEFAULT_PODS_PER_NODE = 110
+"""kubelet's default maxPods, for nodes that report no ``pods`` allocatable."""
