@@ -26,6 +26,7 @@ from pydantic_settings import (
 )
 
 from controller.fit.types import Mode
+from controller.topology_defaults import DEFAULT_LEVELS
 
 ENV_PREFIX = "MUSTER_"
 
@@ -34,11 +35,6 @@ ATOMIC_CLASS = "atomic-provisioning.muster.dev"
 UPSTREAM_CHECK_CAPACITY_CLASS = "check-capacity.autoscaling.x-k8s.io"
 UPSTREAM_ATOMIC_CLASS = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
 
-DEFAULT_TOPOLOGY_LEVELS = (
-    "topology.muster.dev/block",
-    "topology.muster.dev/rack",
-    "kubernetes.io/hostname",
-)
 
 
 class ConfigError(Exception):
@@ -87,7 +83,7 @@ class ClassesConfig(_Section):
 
 class TopologyConfig(_Section):
     levels: list[str] = Field(
-        default_factory=lambda: list(DEFAULT_TOPOLOGY_LEVELS),
+        default_factory=lambda: list(DEFAULT_LEVELS),
         min_length=1,
         description="Node label keys of the topology levels, widest first.",
     )

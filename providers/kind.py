@@ -29,6 +29,7 @@ from typing import Any
 from controller.api.capacitypool import CapacityPool
 from controller.kube import ApiError, Body, KubeClient
 from controller.kube.resources import LEASES, NAMESPACES, NODES
+from controller.topology_defaults import POOL_LABEL
 from providers.base import (
     AcquireRequest,
     CapacityUnavailable,
@@ -41,7 +42,6 @@ from providers.base import (
 log = logging.getLogger(__name__)
 
 PROVIDER_LABEL = "muster.dev/provider"
-POOL_LABEL = "muster.dev/pool"
 KEY_LABEL = "muster.dev/acquisition-key"
 OWNER_UID_LABEL = "muster.dev/owner-uid"
 OWNER_ANNOTATION = "muster.dev/owner"
@@ -49,6 +49,8 @@ NODE_LEASE_NAMESPACE = "kube-node-lease"
 KNOWN_PARAMETERS = frozenset({"stock", "defaultStock", "latencySeconds", "readyDelaySeconds"})
 
 Now = Callable[[], datetime]
+Nodes = list[ProvidedNode]
+"""Alias: inside the class, ``list`` names the Provider method."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +148,7 @@ class KindProvider:
                     "{labels: {...}, nodes: <int>}"
                 )
 
-    async def acquire(self, request: AcquireRequest) -> list[ProvidedNode]:
+    async def acquire(self, request: AcquireRequest) -> Nodes:
         pool = request.pool
         pool_name = pool.metadata.name
         async with self._key_locks[request.key]:
@@ -202,7 +204,7 @@ class KindProvider:
         self.calls.append(ProviderCall("release", pool.metadata.name, key, deleted))
         return deleted
 
-    async def list(self, pool: CapacityPool) -> list[ProvidedNode]:
+    async def list(self, pool: CapacityPool) -> Nodes:
         name = pool.metadata.name
         listing = await self._kube.list(
             NODES, label_selector=f"{PROVIDER_LABEL}={self.name},{POOL_LABEL}={name}"
@@ -219,7 +221,9 @@ class KindProvider:
         listing = await self._kube.list(NODES, label_selector=f"{PROVIDER_LABEL}={self.name}")
         self._owned.update(n["metadata"]["name"] for n in listing.get("items") or [])
         if self._heartbeat_task is None:
-            self._heartbeat_task = asyncio.create_task(self._heartbeat_loop(), name="kind-heartbeat")
+            self._heartbeat_task = asyncio.create_task(
+                self._heartbeat_loop(), name="kind-heartbeat"
+            )
 
     async def stop(self) -> None:
         task, self._heartbeat_task = self._heartbeat_task, None
@@ -257,7 +261,9 @@ class KindProvider:
     async def _renew_lease(self, node: str, now: str) -> None:
         spec = {"holderIdentity": node, "leaseDurationSeconds": 40, "renewTime": now}
         try:
-            await self._kube.merge_patch(LEASES, node, {"spec": spec}, namespace=NODE_LEASE_NAMESPACE)
+            await self._kube.merge_patch(
+                LEASES, node, {"spec": spec}, namespace=NODE_LEASE_NAMESPACE
+            )
         except ApiError as exc:
             if not exc.not_found:
                 raise
@@ -323,7 +329,7 @@ class KindProvider:
             return int(params["defaultStock"])
         return self.default_stock
 
-    async def _nodes_under_key(self, pool: str, key: str) -> list[ProvidedNode]:
+    async def _nodes_under_key(self, pool: str, key: str) -> Nodes:
         listing = await self._kube.list(
             NODES,
             label_selector=f"{PROVIDER_LABEL}={self.name},{POOL_LABEL}={pool},{KEY_LABEL}={key}",

@@ -14,8 +14,8 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
 
-from controller.state.bookings import Group
 from controller.api.capacitypool import CapacityPool
+from controller.state.bookings import Group
 from providers.base import AcquireRequest, Provider, ProviderError
 
 log = logging.getLogger(__name__)

@@ -108,9 +108,9 @@ class Collector:
                 phase = Phase.ENDED
             out[str(meta.get("uid"))] = (phase, keys)
         for key, booking in self._state.bookings().items():
-            body = self._state.request(key)
-            if body is not None:
-                uid = str(body["metadata"].get("uid"))
+            found = self._state.request(key)
+            if found is not None:
+                uid = str(found["metadata"].get("uid"))
                 phase, keys = out.get(uid, (Phase.ACQUIRING, frozenset()))
                 out[uid] = (phase, keys | {g.key for g in booking.groups})
         return out

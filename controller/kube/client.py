@@ -61,6 +61,10 @@ class WatchEvent:
     object: Body
 
 
+BodyList = list[Body]
+"""Alias: inside :class:`KubeClient`, ``list`` names the method."""
+
+
 class KubeClient:
     """Async access to one cluster. Create with :meth:`from_kubeconfig` or :meth:`in_cluster`;
     close with :meth:`close` (or ``async with``)."""
@@ -84,12 +88,32 @@ class KubeClient:
     @classmethod
     def in_cluster(cls) -> KubeClient:
         cfg = k8s_client.Configuration()
-        k8s_config.load_incluster_config(client_configuration=cfg)
+        k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
         return cls(k8s_client.ApiClient(configuration=cfg))
 
     @property
     def host(self) -> str:
         return str(self._api.configuration.host)
+
+    def connection(self) -> dict[str, Any]:
+        """Server, credentials and TLS settings, for clients Muster hands the cluster to
+        (kopf's login handler)."""
+        cfg = self._api.configuration
+        token = (cfg.api_key or {}).get("authorization") or (cfg.api_key or {}).get(
+            "BearerToken"
+        )
+        if token and token.lower().startswith("bearer "):
+            token = token[7:]
+        return {
+            "server": str(cfg.host),
+            "token": token or None,
+            "ca_path": cfg.ssl_ca_cert or None,
+            "insecure": not cfg.verify_ssl,
+            "certificate_path": cfg.cert_file or None,
+            "private_key_path": cfg.key_file or None,
+            "username": cfg.username or None,
+            "password": cfg.password or None,
+        }
 
     async def close(self) -> None:
         await self._api.close()
@@ -110,7 +134,7 @@ class KubeClient:
         query: Mapping[str, str | int] | None = None,
         body: Any = None,
         content_type: str = "application/json",
-        timeout: float | None = 60.0,
+        request_timeout: float | None = 60.0,
     ) -> Body:
         try:
             resp = await self._api.call_api(
@@ -121,11 +145,11 @@ class KubeClient:
                 body=body,
                 auth_settings=["BearerToken"],
                 _preload_content=False,
-                _request_timeout=timeout,
+                _request_timeout=request_timeout,
             )
         except ApiException as exc:  # raised for transport-level problems
             raise ApiError(exc.status or 0, str(exc.reason), str(exc.body or "")) from exc
-        except (OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError) as exc:
             raise ApiError(0, type(exc).__name__, str(exc)) from exc
         try:
             data = await resp.read()
@@ -192,7 +216,7 @@ class KubeClient:
         self,
         res: Resource,
         name: str,
-        ops: list[Body],
+        ops: BodyList,
         *,
         namespace: str | None = None,
     ) -> Body:
@@ -225,7 +249,7 @@ class KubeClient:
     async def watch(
         self,
         res: Resource,
-        on_sync: Callable[[list[Body]], Awaitable[None] | None],
+        on_sync: Callable[[BodyList], Awaitable[None] | None],
         on_event: Callable[[WatchEvent], Awaitable[None] | None],
         *,
         namespace: str | None = None,

@@ -47,7 +47,11 @@ NAMESPACES = Resource("", "v1", "namespaces", namespaced=False, kind="Namespace"
 EVENTS = Resource("", "v1", "events", namespaced=True, kind="Event")
 LEASES = Resource("coordination.k8s.io", "v1", "leases", namespaced=True, kind="Lease")
 PROVISIONING_REQUESTS = Resource(
-    "autoscaling.x-k8s.io", "v1", "provisioningrequests", namespaced=True, kind="ProvisioningRequest"
+    "autoscaling.x-k8s.io",
+    "v1",
+    "provisioningrequests",
+    namespaced=True,
+    kind="ProvisioningRequest",
 )
 CAPACITY_POOLS = Resource(
     "muster.dev", "v1alpha1", "capacitypools", namespaced=False, kind="CapacityPool"

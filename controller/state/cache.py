@@ -164,9 +164,9 @@ class ClusterState:
         return self._nodes
 
     async def wait_ready(
-        self, names: Sequence[str], *, timeout: float, sleep: Callable[[float], Any]
+        self, names: Sequence[str], *, within: float, sleep: Callable[[float], Any]
     ) -> list[str]:
-        """Wait until every node in ``names`` is Ready or ``timeout`` passes (injected
+        """Wait until every node in ``names`` is Ready or ``within`` seconds pass (injected
         ``sleep``); return the names still not Ready."""
         pending = [n for n in names if not self.node_ready(n)]
         if not pending:
@@ -178,7 +178,7 @@ class ClusterState:
             self._ready_waiters.setdefault(name, []).append(fut)
             futures.append(fut)
         everything = asyncio.ensure_future(asyncio.gather(*futures))
-        timer = asyncio.ensure_future(sleep(timeout))
+        timer = asyncio.ensure_future(sleep(within))
         try:
             await asyncio.wait({everything, timer}, return_when=asyncio.FIRST_COMPLETED)
         finally:

@@ -32,8 +32,13 @@ class Feeds:
 
     def start(self) -> None:
         s = self._state
-        specs: list[tuple[Resource, Callable[[list[Body]], None], Callable[[WatchEvent], None]]] = [
-            (NODES, s.replace_nodes, _events(s.upsert_node, lambda o: s.delete_node(object_key(o)))),
+        specs: list[tuple[Resource, Callable[[list[Body]], None], Callable[[WatchEvent], None]]]
+        specs = [
+            (
+                NODES,
+                s.replace_nodes,
+                _events(s.upsert_node, lambda o: s.delete_node(object_key(o))),
+            ),
             (PODS, s.replace_pods, _events(s.upsert_pod, lambda o: s.delete_pod(object_key(o)))),
             (
                 POD_TEMPLATES,
@@ -50,7 +55,7 @@ class Feeds:
             specs.append(
                 (
                     PROVISIONING_REQUESTS,
-                    s.replace_requests,
+                    lambda items: _sync_requests(s, items),
                     _events(
                         lambda o: _upsert_and_notify(s, o),
                         lambda o: s.delete_request(object_key(o)),
@@ -64,12 +69,12 @@ class Feeds:
                 )
             )
 
-    async def wait_synced(self, timeout: float = 30.0) -> None:
+    async def wait_synced(self, within: float = 30.0) -> None:
         kinds = ["nodes", "pods", "podtemplates", "pools"]
         if self._with_requests:
             kinds.append("requests")
         await asyncio.wait_for(
-            asyncio.gather(*(self._state.synced[k].wait() for k in kinds)), timeout
+            asyncio.gather(*(self._state.synced[k].wait() for k in kinds)), within
         )
 
     async def stop(self) -> None:
@@ -79,6 +84,12 @@ class Feeds:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+def _sync_requests(state: ClusterState, items: list[Body]) -> None:
+    state.replace_requests(items)
+    for key in list(state.requests()):
+        state.notify(key)
 
 
 def _upsert_and_notify(state: ClusterState, obj: Body) -> None:

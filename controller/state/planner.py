@@ -10,6 +10,7 @@ free capacity, and 1,000 requests arriving at once cost one snapshot build, not 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,10 +51,8 @@ class Planner:
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await task
-            except asyncio.CancelledError:
-                pass
 
     async def plan(self, key: str, gang: GangRequest, mode: Mode, book: BookFn) -> Result | str:
         """Plan ``gang``; a Plan returned has been reserved under ``key`` already.
