@@ -48,12 +48,14 @@ class Controller:
         providers: Mapping[str, Provider] | None = None,
         use_kopf: bool = True,
         collect_interval: float = 15.0,
+        liveness_endpoint: str | None = None,
     ) -> None:
         self.kube = kube
         self.config = config
         self.clock = clock or RealClock()
         self.use_kopf = use_kopf
         self.collect_interval = collect_interval
+        self.liveness_endpoint = liveness_endpoint
         self.state = ClusterState(levels=config.topology.levels, notify=self._enqueue)
         self.providers = ProviderSet(
             ProviderContext(kube=kube, now=self.clock.now),
@@ -123,6 +125,7 @@ class Controller:
                     kopf.operator(
                         registry=registry, clusterwide=True, standalone=True,
                         stop_flag=self._kopf_stop, ready_flag=ready,
+                        liveness_endpoint=self.liveness_endpoint,
                     ),
                     name="kopf",
                 )
