@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -337,7 +337,7 @@ class KubeClient:
         namespace: str | None,
         label_selector: str | None,
         server_timeout: int,
-    ) -> AsyncIterator[Body]:
+    ) -> AsyncGenerator[Body, None]:
         query: dict[str, str | int] = {
             "watch": "true",
             "allowWatchBookmarks": "true",
