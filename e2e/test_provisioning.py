@@ -72,7 +72,9 @@ async def test_two_requests_never_count_the_same_free_capacity(env: Env) -> None
         return sorted(reasons)
 
     reasons = await eventually(settled)
-    assert reasons == ["False/CapacityIsNotFound", "True/CapacityIsFound"]
+    # The loser keeps missing (and with e2e's short retry budget may already have failed).
+    assert reasons[1] == "True/CapacityIsFound"
+    assert reasons[0] in ("False/CapacityIsNotFound", "False/RetriesExhausted")
 
 
 async def test_stock_out_is_retried_then_failed_without_leaking_nodes(env: Env) -> None:
