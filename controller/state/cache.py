@@ -451,10 +451,12 @@ class ClusterState:
 
 
 def _count_domains(pool: CapacityPool, nodes: Iterable[Node]) -> tuple[int, dict[str, int]]:
-    """(nodes of the pool, nodes of the pool per declared domain) in one pass."""
+    """(nodes of the pool, nodes of the pool per declared domain) in one pass over nodes."""
     topo = pool.spec.topology
     domains = [dict(d.labels) for d in topo.domains] if topo else []
-    keys = [tuple(sorted(d.items())) for d in domains]
+    label_keys = sorted({k for d in domains for k in d})
+    index = {tuple(d.get(k) for k in label_keys): repr(tuple(sorted(d.items())))
+             for d in reversed(domains)}
     per: dict[str, int] = {}
     total = 0
     for node in nodes:
@@ -462,10 +464,11 @@ def _count_domains(pool: CapacityPool, nodes: Iterable[Node]) -> tuple[int, dict
         if labels.get(POOL_LABEL) != pool.metadata.name:
             continue
         total += 1
-        for domain, key in zip(domains, keys, strict=True):
-            if all(labels.get(k) == v for k, v in domain.items()):
-                per[repr(key)] = per.get(repr(key), 0) + 1
-                break
+        # Domains declare the same label keys in practice; a node matches the domain
+        # whose values it carries (nodes of other shapes count only towards the pool).
+        found = index.get(tuple(labels.get(k) for k in label_keys))
+        if found is not None:
+            per[found] = per.get(found, 0) + 1
     return total, per
 
 
