@@ -69,9 +69,9 @@ async def test_orphans_go_now_bookings_stay_idle_gangs_go_after_the_ttl(
     state.upsert_request(_request("b", "uid-b", Phase.BOOKED, "booked-1-0"))
     state.upsert_request(_request("u", "uid-u", Phase.ENDED, "used-1-0"))
     state.upsert_pod(_pod("p0", used, "u"))
+    providers = ProviderSet(ProviderContext(kube=kube), instances={"kind": provider})
     collector = Collector(
-        state=state, providers=ProviderSet(ProviderContext(kube=kube), instances={"kind": provider}),
-        idle_ttl=300, now=clock.now, in_flight=lambda: set(),
+        state=state, providers=providers, idle_ttl=300, now=clock.now, in_flight=lambda: set(),
     )
 
     first = await collector.run_once()
