@@ -140,7 +140,9 @@ class ProvisioningService:
             return await self.fail(req, Reason.OVER_BUDGET, result)
         if isinstance(result, NoFit):
             return await self.no_fit(req, mode, result, attempt)
-        booking = self.state.bookings()[req.key]
+        booking = self.state.bookings().get(req.key)
+        if booking is None:  # the request was deleted while it was being planned
+            return None
         if not booking.groups:
             return await self.confirm(req, booking, Reason.CAPACITY_IS_FOUND)
         try:
