@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -27,7 +27,7 @@ from controller.api.capacitypool import CapacityPool
 from controller.api.node import Node
 from controller.api.pod import Pod, PodTemplate
 from controller.fit import apply_plan
-from controller.fit.types import NodeState, PoolState, Snapshot
+from controller.fit.types import NodeState, Plan, PoolState, Snapshot
 from controller.snapshot import node_state, pool_state
 from controller.state.bookings import (
     PHASE_ANNOTATION,
@@ -101,6 +101,7 @@ class ClusterState:
         self._requests: dict[str, Body] = {}
         self._bookings: dict[str, Booking] = {}
         self._reserved: dict[str, Booking] = {}
+        self._held_cache: dict[str, tuple[Booking, tuple[Any, ...], Plan]] = {}
         self._pool_states: tuple[PoolState, ...] | None = None
         self._sorted_nodes: tuple[NodeState, ...] | None = None
         self._ready_waiters: dict[str, list[asyncio.Future[None]]] = {}
@@ -376,6 +377,7 @@ class ClusterState:
         return True
 
     def delete_request(self, key: str) -> None:
+        self._held_cache.pop(key, None)
         self._requests.pop(key, None)
         self._bookings.pop(key, None)
         self._reserved.pop(key, None)
@@ -398,6 +400,28 @@ class ClusterState:
         return {**self._bookings, **self._reserved}
 
     # ------------------------------------------------------------------ snapshot
+
+    def _held(self, key: str, booking: Booking) -> Plan:
+        """:func:`effective_plan` of one booking, memoised on exactly what it depends on
+        (the booking, its consumers, its keys' registered nodes, its named nodes), so a
+        planning pass costs O(changed bookings), not O(all bookings)."""
+        consumers = self.scheduled_consumers(key)
+        signature = (
+            tuple(sorted(consumers.items())),
+            tuple(len(self._nodes_by_key.get(g.key, ())) for g in booking.groups),
+            tuple(n in self._nodes for n in _nodes_named(booking)),
+        )
+        cached = self._held_cache.get(key)
+        if cached is not None and cached[0] is booking and cached[1] == signature:
+            return cached[2]
+        plan = effective_plan(
+            booking,
+            existing=_Present(self._nodes),
+            scheduled_on=consumers,
+            nodes_by_key=self._nodes_by_key,
+        )
+        self._held_cache[key] = (booking, signature, plan)
+        return plan
 
     def _pool_state(self, pool: CapacityPool) -> PoolState:
         """``controller.snapshot.pool_state`` with the node counting done in one pass.
@@ -435,19 +459,16 @@ class ClusterState:
                     log.warning("ignoring CapacityPool %s: %s", name, exc)
             self._pool_states = tuple(states)
         snap = Snapshot(nodes=self._sorted_nodes, pools=self._pool_states, levels=self.levels)
-        existing = {name: True for name in self._nodes}
-        plans = [
-            effective_plan(
-                b,
-                existing=existing,
-                scheduled_on=self.scheduled_consumers(key),
-                nodes_by_key=self._nodes_by_key,
-            )
-            for key, b in self.bookings().items()
-            if key != exclude
-        ]
+        bookings = self.bookings()
+        plans = [self._held(key, b) for key, b in bookings.items() if key != exclude]
+        if len(self._held_cache) > 2 * len(bookings) + 64:
+            self._held_cache = {k: v for k, v in self._held_cache.items() if k in bookings}
         merged = merge_plans(plans)
         return snap if merged is None else apply_plan(snap, merged)
+
+
+def _nodes_named(booking: Booking) -> tuple[str, ...]:
+    return (*booking.existing_nodes, *booking.acquired_nodes)
 
 
 def _count_domains(pool: CapacityPool, nodes: Iterable[Node]) -> tuple[int, dict[str, int]]:
@@ -470,6 +491,24 @@ def _count_domains(pool: CapacityPool, nodes: Iterable[Node]) -> tuple[int, dict
         if found is not None:
             per[found] = per.get(found, 0) + 1
     return total, per
+
+
+class _Present(Mapping[str, bool]):
+    """Node name -> True for every node in the cache, without copying the dict per pass."""
+
+    def __init__(self, nodes: Mapping[str, Any]) -> None:
+        self._nodes = nodes
+
+    def __getitem__(self, name: str) -> bool:
+        if name in self._nodes:
+            return True
+        raise KeyError(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._nodes)
+
+    def __len__(self) -> int:
+        return len(self._nodes)
 
 
 def _retrieve(fut: asyncio.Future[Any]) -> None:
