@@ -582,8 +582,11 @@ def _where(plan: Plan) -> str:
     for p in plan.placements:
         if p.level and p.domain:
             parts.append(f"pod set {p.pod_set} in {p.level.rsplit('/', 1)[-1]} {p.domain}")
+        elif p.level:
+            level = p.level.rsplit("/", 1)[-1]
+            parts.append(f"pod set {p.pod_set} across {p.domains_used} {level}(s)")
         else:
-            parts.append(f"pod set {p.pod_set} across {p.domains_used} domain(s)")
+            parts.append(f"pod set {p.pod_set} without topology constraint")
     return "; ".join(parts) or "no pods"
 
 
