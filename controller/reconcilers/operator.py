@@ -65,7 +65,7 @@ class Controller:
                       config.providers.kind.model_dump(), **config.providers.settings},
             instances=providers,
         )
-        self.planner = Planner(self.state)
+        self.planner = Planner(self.state, now=self.clock.now)
         self.service = ProvisioningService(
             kube=kube, state=self.state, planner=self.planner, providers=self.providers,
             config=config, clock=self.clock,

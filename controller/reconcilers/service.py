@@ -301,6 +301,9 @@ class ProvisioningService:
                     permanent=False,
                 )
         except AcquisitionFailed as exc:
+            until = self.clock.now() + timedelta(seconds=self.config.retry.max_backoff_seconds)
+            for group, available in exc.short:
+                self.state.mark_short(group.pool, group.domain, available=available, until=until)
             return await self.retry_or_fail(
                 req, attempt=booking.attempt, reason=Reason.ACQUISITION_FAILED,
                 detail=str(exc), permanent=not exc.retryable,

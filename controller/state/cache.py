@@ -19,6 +19,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -102,6 +103,7 @@ class ClusterState:
         self._bookings: dict[str, Booking] = {}
         self._reserved: dict[str, Booking] = {}
         self._held_cache: dict[str, tuple[Booking, tuple[Any, ...], Plan]] = {}
+        self._short: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[int, datetime]] = {}
         self._pool_states: tuple[PoolState, ...] | None = None
         self._sorted_nodes: tuple[NodeState, ...] | None = None
         self._ready_waiters: dict[str, list[asyncio.Future[None]]] = {}
@@ -423,6 +425,33 @@ class ClusterState:
         self._held_cache[key] = (booking, signature, plan)
         return plan
 
+    def mark_short(
+        self, pool: str, domain: Mapping[str, str], *, available: int, until: datetime
+    ) -> None:
+        """The provider ran out of stock in ``domain``: plan at most ``available`` new nodes
+        there until ``until``, so retries look elsewhere instead of failing the same way."""
+        self._short[(pool, tuple(sorted(domain.items())))] = (available, until)
+        self._pool_states = None
+
+    def _apply_shortages(self, states: tuple[PoolState, ...], now: datetime) -> tuple[
+        PoolState, ...
+    ]:
+        expired = [k for k, (_, until) in self._short.items() if until <= now]
+        for k in expired:
+            del self._short[k]
+        if not self._short:
+            return states
+        out = []
+        for pool in states:
+            domains = tuple(
+                replace(d, max_new_nodes=min(d.max_new_nodes, short[0]))
+                if (short := self._short.get((pool.name, tuple(sorted(d.labels.items())))))
+                else d
+                for d in pool.domains
+            )
+            out.append(replace(pool, domains=domains))
+        return tuple(out)
+
     def _pool_state(self, pool: CapacityPool) -> PoolState:
         """``controller.snapshot.pool_state`` with the node counting done in one pass.
 
@@ -444,8 +473,9 @@ class ClusterState:
             domains.append(replace(d, max_new_nodes=max(0, min(limit - have, max_new))))
         return replace(base, domains=tuple(domains), max_new_nodes=max_new)
 
-    def snapshot(self, *, exclude: str | None = None) -> Snapshot:
-        """The fit engine's view: free capacity minus every booking but ``exclude``'s."""
+    def snapshot(self, *, exclude: str | None = None, now: datetime | None = None) -> Snapshot:
+        """The fit engine's view: free capacity minus every booking but ``exclude``'s, and
+        pool headroom capped where the provider recently ran out of stock (as of ``now``)."""
         if self._sorted_nodes is None:
             self._sorted_nodes = tuple(
                 self._node_states[n] for n in sorted(self._node_states)
@@ -458,7 +488,10 @@ class ClusterState:
                 except ValueError as exc:
                     log.warning("ignoring CapacityPool %s: %s", name, exc)
             self._pool_states = tuple(states)
-        snap = Snapshot(nodes=self._sorted_nodes, pools=self._pool_states, levels=self.levels)
+        pools = self._pool_states
+        if self._short and now is not None:
+            pools = self._apply_shortages(pools, now)
+        snap = Snapshot(nodes=self._sorted_nodes, pools=pools, levels=self.levels)
         bookings = self.bookings()
         plans = [self._held(key, b) for key, b in bookings.items() if key != exclude]
         if len(self._held_cache) > 2 * len(bookings) + 64:
