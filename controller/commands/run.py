@@ -89,10 +89,6 @@ async def _run(cfg: Any, *, kubeconfig: Path | None, context: str | None, in_clu
     )
     controller = Controller(kube=kube, config=cfg)
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
 
     async def metrics(_: web.Request) -> web.Response:
         lines = [f"muster_{k} {v}" for k, v in controller.health().items()]
@@ -115,6 +111,12 @@ async def _run(cfg: Any, *, kubeconfig: Path | None, context: str | None, in_clu
         await runner.cleanup()
         await kube.close()
         raise
+    # After start: kopf installs its own SIGINT/SIGTERM handlers when it starts, which
+    # would stop kopf alone; these replace them and stop everything (kopf included).
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
     log.info("Muster is running against %s (cluster %s)", kube.host, cfg.cluster_name)
     try:
         await stop.wait()
