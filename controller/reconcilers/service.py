@@ -591,7 +591,3 @@ def _where(plan: Plan) -> str:
         else:
             parts.append(f"pod set {p.pod_set} without topology constraint")
     return "; ".join(parts) or "no pods"
-
-
-async def gather_quietly(*coros: Any) -> None:
-    await asyncio.gather(*coros, return_exceptions=True)
