@@ -392,3 +392,21 @@ async def test_samples_are_refused_before_the_crds_exist(tmp_path: Path) -> None
         docs = render(CONFIG / "samples")
         with pytest.raises(AssertionError, match="could not find the requested resource"):
             await kubectl_async(kc, "apply", "-f", "-", stdin=yaml_dump(docs))
+
+
+def test_kind_overlay_runs_muster_with_the_e2e_config(tmp_path: Path) -> None:
+    docs = render(ROOT / "e2e" / "kind", "--load-restrictor=LoadRestrictionsNone")
+    (cm,) = find(docs, "ConfigMap")
+    text = cm["data"]["config.yaml"]
+    assert text == (ROOT / "e2e" / "muster-e2e.yaml").read_text()
+    (tmp_path / "config.yaml").write_text(text)
+    load_config(tmp_path / "config.yaml")
+    volumes = one(docs, "Deployment", "muster")["spec"]["template"]["spec"]["volumes"]
+    assert {"name": cm["metadata"]["name"]} == next(
+        v["configMap"] for v in volumes if "configMap" in v
+    )
+    # Everything else is config/default, unchanged.
+    base = {(d["kind"], d["metadata"]["name"]) for d in render(CONFIG / "default")}
+    assert {(d["kind"], d["metadata"]["name"]) for d in docs if d["kind"] != "ConfigMap"} == {
+        k for k in base if k[0] != "ConfigMap"
+    }
