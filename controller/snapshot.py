@@ -182,15 +182,25 @@ def usage_by_node(pods: Iterable[Pod]) -> dict[str, dict[str, int]]:
 
 
 def node_state(
-    node: Node, used: Mapping[str, int] | None = None, booked: Resources | None = None
+    node: Node,
+    used: Mapping[str, int] | None = None,
+    booked: Resources | None = None,
+    *,
+    taint_cache: dict[tuple[Taint, ...], tuple[Taint, ...]] | None = None,
 ) -> NodeState:
-    """Free = allocatable - bound pods' requests - capacity booked by other requests."""
+    """Free = allocatable - bound pods' requests - capacity booked by other requests.
+
+    ``taint_cache`` shares equal taint tuples between nodes: the engine groups nodes by the
+    identity of their taint tuple first, which is much cheaper than hashing taints.
+    """
     allocatable = node_allocatable(node)
     free = dict(allocatable)
     for taken in (used or {}, booked or {}):
         for res, amount in taken.items():
             free[res] = free.get(res, 0) - amount
     taints = tuple(Taint(t.key, t.value, t.effect) for t in node.spec.taints)
+    if taint_cache is not None:
+        taints = taint_cache.setdefault(taints, taints)
     labels = dict(node.metadata.labels)
     return NodeState(
         name=node.metadata.name,
@@ -284,10 +294,13 @@ def build_snapshot(
     usage = usage_by_node(pods)
     booked = booked or {}
     states = []
+    taint_cache: dict[tuple[Taint, ...], tuple[Taint, ...]] = {}
     for node in sorted(nodes, key=lambda n: n.metadata.name):
+        name = node.metadata.name
         try:
-            states.append(node_state(node, usage.get(node.metadata.name), booked.get(
-                node.metadata.name)))
+            states.append(
+                node_state(node, usage.get(name), booked.get(name), taint_cache=taint_cache)
+            )
         except ValueError as exc:
             raise SnapshotError(f"Node {node.metadata.name}: status.allocatable.{exc}") from exc
     pool_states = tuple(

@@ -157,7 +157,7 @@ def explain(
 ) -> Reason:
     """Why ``ps`` does not fit on ``ws``."""
     planner = PodSetPlanner(ws, ps, mode)
-    existing = sum(c for _, c in planner.cands)
+    existing = planner.existing_room()
     suffix = "" if mode is Mode.PROVISION else " (check mode: existing nodes only)"
     if not planner.cands and not planner.batches:
         pools = ""
@@ -175,7 +175,7 @@ def explain(
     if topo.mode is TopologyMode.REQUIRED and topo.level is not None:
         depth = levels.index(topo.level)
         if depth == len(levels.domain):
-            best_node = max((c for _, c in planner.cands), default=0)
+            best_node = max((c for _, c in planner.cands), default=0)  # per node
             new = max((b.per_node for b in planner.batches), default=0)
             tail = f"; a new node holds {new}" if planner.batches else ""
             return Reason(

@@ -11,7 +11,6 @@ the engine is a heuristic; for a single pod set it is exact.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
 from itertools import islice, permutations
 
 from controller.fit.explain import explain, validate
@@ -88,20 +87,21 @@ def _build(
     for ps in request.pod_sets:
         got = outcomes[ps.name]
         merged: dict[str, int] = {}
-        leaves = {}
-        for leaf, pods in got.pods:
-            merged[leaf.name] = merged.get(leaf.name, 0) + pods
-            leaves[leaf.name] = leaf
+        for name, pods in got.pods:
+            if pods > 0:
+                merged[name] = merged.get(name, 0) + pods
+        requests = dict(ps.shape.requests)
         for name in sorted(merged):
-            leaf = leaves[name]
+            slot = ws.slots.get(name)
+            labels = ws.labels(name)
             assignments.append(
                 Assignment(
                     pod_set=ps.name,
                     pods=merged[name],
-                    node=leaf.node,
-                    new_node=leaf.slot,
-                    domain={k: leaf.labels[k] for k in levels if k in leaf.labels},
-                    requests=dict(ps.shape.requests),
+                    node=None if slot else name,
+                    new_node=slot,
+                    domain={k: labels[k] for k in levels if k in labels},
+                    requests=requests,
                 )
             )
     new_nodes: list[NewNodes] = []
@@ -123,12 +123,6 @@ def _build(
     )
 
 
-def _emptied(snapshot: Snapshot) -> Snapshot:
-    """The cluster with nothing running and every node usable: the best it could ever be."""
-    nodes = tuple(replace(n, free=n.allocatable, schedulable=True) for n in snapshot.nodes)
-    return replace(snapshot, nodes=nodes)
-
-
 def plan(request: GangRequest, snapshot: Snapshot, mode: Mode) -> Result:
     """Where the whole gang fits (a :class:`Plan`) or why it does not (a :class:`NoFit`).
 
@@ -140,14 +134,20 @@ def plan(request: GangRequest, snapshot: Snapshot, mode: Mode) -> Result:
         return NoFit(request.name, mode, tuple(invalid))
     levels = Levels.of(snapshot.levels)
     pools = snapshot.pools if mode is Mode.PROVISION else ()
-    base = Workspace(snapshot.nodes, pools, levels)
+    shapes = [ps.shape for ps in request.pod_sets]
+    base = Workspace(snapshot.nodes, pools, levels, shapes)
     got = _attempt(request, base, mode)
     if isinstance(got[1], dict):
         return _build(request, got[0], got[1], mode)
     ws, failed = got
     reasons: list[Reason] = [explain(failed, ws, snapshot, mode)]
-    best = _attempt(request, Workspace(_emptied(snapshot).nodes, snapshot.pools, levels),
-                    Mode.PROVISION)
+    # The best the cluster could ever offer: nothing running, every node usable, every pool
+    # at its maximum. If even that cannot hold the gang, waiting will not help.
+    best = _attempt(
+        request,
+        Workspace(snapshot.nodes, snapshot.pools, levels, shapes, empty=True),
+        Mode.PROVISION,
+    )
     if not isinstance(best[1], dict):
         reasons.insert(
             0,

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from controller.fit.shapes import ShapeCounter
 from controller.fit.topology import fill
 from controller.fit.types import Mode, PodSetPlacement, PodSetRequest, TopologyMode
-from controller.fit.workspace import Leaf, PoolRef, Workspace
+from controller.fit.workspace import NodeClass, PoolRef, Workspace
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +49,8 @@ class Purchase:
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    pods: tuple[tuple[Leaf, int], ...]
+    pods: tuple[tuple[str, int], ...]
+    """(node or slot name, pods)."""
     placement: PodSetPlacement
 
 
@@ -96,6 +97,10 @@ def buy(batches: Sequence[Batch], need: int, pool_left: dict[int, int]) -> Purch
     return Purchase(tuple(takes), cost, sum(k for _, k, _ in takes))
 
 
+Take = tuple[NodeClass, int, int]
+"""(class, pods per node, nodes)."""
+
+
 class PodSetPlanner:
     """Places one pod set on a workspace (see the module docstring for the rules)."""
 
@@ -104,21 +109,20 @@ class PodSetPlanner:
         self.ps = ps
         self.mode = mode
         self.counter = ShapeCounter(ps.shape)
-        self.cands: list[tuple[Leaf, int]] = []
-        for leaf in ws.leaves():
-            c = self.counter.count(ws.free(leaf), leaf.labels, leaf.taints, leaf.node)
+        count = self.counter.count
+        self.cands: list[tuple[NodeClass, int]] = []
+        for cls in ws.classes.values():
+            c = count(cls.free, cls.labels, cls.taints, cls.node_name)
             if c > 0:
-                self.cands.append((leaf, c))
-        self.cap = {leaf.name: c for leaf, c in self.cands}
+                self.cands.append((cls, c))
+        self.per_node = {cls.key: c for cls, c in self.cands}
         self.batches: list[Batch] = []
         if mode is Mode.PROVISION:
             for ref in ws.refs:
                 nodes = ws.headroom(ref)
                 if nodes <= 0:
                     continue
-                per_node = self.counter.count(
-                    ref.pool.allocatable, ref.labels, ref.pool.taints, None
-                )
+                per_node = count(ref.pool.allocatable, ref.labels, ref.pool.taints, None)
                 if per_node > 0:
                     self.batches.append(Batch(ref, per_node, nodes))
 
@@ -127,55 +131,60 @@ class PodSetPlanner:
     def pool_left(self) -> dict[int, int]:
         return {i: self.ws.pool_headroom(i) for i in range(len(self.ws.pools))}
 
+    def existing_room(self) -> int:
+        return sum(c * len(cls.members) for cls, c in self.cands)
+
     def domain_caps(self, depth: int) -> dict[tuple[str, ...], int]:
         """Existing capacity per domain at domain-level index ``depth``."""
         caps: dict[tuple[str, ...], int] = {}
-        for leaf, c in self.cands:
-            if len(leaf.path) > depth:
-                key = leaf.path[: depth + 1]
-                caps[key] = caps.get(key, 0) + c
+        for cls, c in self.cands:
+            if len(cls.path) > depth:
+                key = cls.path[: depth + 1]
+                caps[key] = caps.get(key, 0) + c * len(cls.members)
         return caps
 
-    def members(self, key: tuple[str, ...]) -> list[Leaf]:
+    def members(self, key: tuple[str, ...]) -> list[NodeClass]:
         n = len(key)
-        return [leaf for leaf, _ in self.cands if leaf.path[:n] == key]
+        return [cls for cls, _ in self.cands if cls.path[:n] == key]
 
-    def _fill(self, leaves: Sequence[Leaf], need: int, depth: int) -> list[tuple[Leaf, int]]:
+    def _fill(self, classes: Sequence[NodeClass], need: int, depth: int) -> list[Take]:
         return fill(
-            leaves, need, depth, path=lambda x: x.path, cap=lambda x: self.cap[x.name],
-            name=lambda x: x.name,
+            classes, need, depth, path=lambda x: x.path, per_node=lambda x: self.per_node[x.key],
+            nodes=lambda x: len(x.members), name=lambda x: x.first,
         )
 
-    def _commit(
-        self, existing: list[tuple[Leaf, int]], purchase: Purchase | None
-    ) -> tuple[tuple[Leaf, int], ...]:
-        out = list(existing)
+    def _commit(self, existing: list[Take], purchase: Purchase | None) -> tuple[
+        tuple[str, int], ...
+    ]:
+        requests = self.ps.shape.requests
+        out: list[tuple[str, int]] = []
+        for cls, pods_each, nodes in existing:
+            for name in self.ws.take(cls.key, nodes, pods_each, requests):
+                out.append((name, pods_each))
         if purchase is not None:
             for batch, nodes, pods in purchase.takes:
-                rem = pods
-                for leaf in self.ws.add_nodes(batch.ref, nodes):
-                    take = min(batch.per_node, rem)
-                    out.append((leaf, take))
-                    rem -= take
-        requests = self.ps.shape.requests
-        for leaf, pods in out:
-            self.ws.consume(leaf, requests, pods)
+                spread = [batch.per_node] * (pods // batch.per_node)
+                if pods % batch.per_node:
+                    spread.append(pods % batch.per_node)
+                spread.extend([0] * (nodes - len(spread)))
+                for name, n in zip(
+                    self.ws.add_nodes(batch.ref, spread, requests), spread, strict=True
+                ):
+                    out.append((name, n))
         return tuple(out)
 
     def _placement(
-        self, level: str | None, key: tuple[str, ...] | None, used: Sequence[tuple[Leaf, int]]
+        self, level: str | None, key: tuple[str, ...] | None, used: Sequence[tuple[str, int]]
     ) -> PodSetPlacement:
         levels = self.ws.levels
         if key is not None and level is not None:
             return PodSetPlacement(
                 self.ps.name, level, key[-1], 1, domain_labels=levels.labels_of(key)
             )
-        if level is None:
-            return PodSetPlacement(self.ps.name, None, None, len(used))
-        if level == levels.node_level:
+        if level is None or level == levels.node_level:
             return PodSetPlacement(self.ps.name, level, None, len(used))
         depth = levels.index(level)
-        tops = {leaf.path[: depth + 1] for leaf, _ in used}
+        tops = {levels.path(self.ws.labels(name))[: depth + 1] for name, _ in used}
         return PodSetPlacement(self.ps.name, level, None, len(tops))
 
     # ------------------------------------------------------------------ strategies
@@ -206,12 +215,12 @@ class PodSetPlanner:
         need = self.ps.count
         levels = self.ws.levels
         if depth == len(levels.domain):  # node level: one node
-            fitting = [(c, leaf.name, leaf) for leaf, c in self.cands if c >= need]
+            fitting = [(c, cls.first, cls) for cls, c in self.cands if c >= need]
             if not fitting:
                 return None
-            _, _, leaf = min(fitting, key=lambda x: x[:2])
-            pods = self._commit([(leaf, need)], None)
-            return Outcome(pods, self._node_placement(leaf))
+            _, _, cls = min(fitting, key=lambda x: x[:2])
+            pods = self._commit([(cls, need, 1)], None)
+            return Outcome(pods, self._node_placement(pods[0][0]))
         caps = self.domain_caps(depth)
         fitting_keys = [(cap, key) for key, cap in caps.items() if cap >= need]
         if not fitting_keys:
@@ -220,10 +229,11 @@ class PodSetPlanner:
         pods = self._commit(self._fill(self.members(key), need, depth + 1), None)
         return Outcome(pods, self._placement(levels.domain[depth], key, pods))
 
-    def _node_placement(self, leaf: Leaf) -> PodSetPlacement:
+    def _node_placement(self, name: str) -> PodSetPlacement:
         level = self.ws.levels.node_level
-        value = leaf.labels.get(level) if level else None
-        labels = dict(self.ws.levels.labels_of(leaf.path))
+        node_labels = self.ws.labels(name)
+        value = node_labels.get(level) if level else None
+        labels = dict(self.ws.levels.labels_of(self.ws.levels.path(node_labels)))
         if level and value is not None:
             labels[level] = value
         return PodSetPlacement(self.ps.name, level, value, 1, domain_labels=labels)
@@ -258,15 +268,13 @@ class PodSetPlanner:
             return None
         (_, _, key), chosen = best_choice
         existing = caps.get(key, 0)
-        members = self.members(key)
-        taken = self._fill(members, existing, depth + 1) if existing else []
+        taken = self._fill(self.members(key), existing, depth + 1) if existing else []
         pods = self._commit(taken, chosen)
         return Outcome(pods, self._placement(levels.domain[depth], key, pods))
 
     def _anywhere(self, *, fewest_nodes: bool, allow_new: bool = True) -> Outcome | None:
         need = self.ps.count
-        total = sum(c for _, c in self.cands)
-        take = min(need, total)
+        take = min(need, self.existing_room())
         purchase: Purchase | None = None
         if take < need:
             if not allow_new or not self.batches:
@@ -274,13 +282,14 @@ class PodSetPlanner:
             purchase = buy(self.batches, need - take, self.pool_left())
             if purchase is None:
                 return None
+        classes = [cls for cls, _ in self.cands]
         if take == 0:
-            existing: list[tuple[Leaf, int]] = []
+            existing: list[Take] = []
         elif fewest_nodes:
             # No topology: fewest nodes anywhere, ignoring domains.
-            existing = self._fill(self.cands_leaves(), take, depth=1 << 20)
+            existing = self._fill(classes, take, depth=1 << 20)
         else:
-            existing = self._fill(self.cands_leaves(), take, depth=0)
+            existing = self._fill(classes, take, depth=0)
         pods = self._commit(existing, purchase)
         topo = self.ps.topology
         if topo.mode is TopologyMode.NONE or topo.level is None:
@@ -288,6 +297,3 @@ class PodSetPlanner:
         levels = self.ws.levels
         top = levels.domain[0] if levels.domain else levels.node_level
         return Outcome(pods, self._placement(top, None, pods))
-
-    def cands_leaves(self) -> list[Leaf]:
-        return [leaf for leaf, _ in self.cands]

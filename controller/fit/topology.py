@@ -59,66 +59,80 @@ class Levels:
         return dict(zip(self.domain, key, strict=False))
 
 
-def choose(groups: Sequence[tuple[K, int]], need: int, sort_key: Callable[[K], str]) -> list[
-    tuple[K, int]
-]:
-    """Fewest groups covering ``need``, the last one the tightest that holds the remainder.
+def choose(
+    groups: Sequence[tuple[K, int, int]], need: int, sort_key: Callable[[K], str]
+) -> list[tuple[K, int, int]]:
+    """Fewest units covering ``need``; the last one the tightest that holds the remainder.
 
-    ``groups`` are (group, capacity); returns (group, amount taken). Ties break on
-    ``sort_key`` so the result never depends on input order. Requires enough total capacity.
+    ``groups`` are (group, capacity of one unit, number of identical units): a domain is one
+    unit, a node class has one unit per member node. Returns (group, amount per unit, units
+    taken). Ties break on ``sort_key`` so the result never depends on input order. The
+    caller guarantees enough total capacity.
     """
-    ordered = sorted(((cap, sort_key(g), g) for g, cap in groups if cap > 0), key=lambda x: x[:2])
-    caps = [cap for cap, _, _ in ordered]
-    chosen: list[tuple[K, int]] = []
+    ordered = sorted(
+        ((cap, sort_key(g), g, units) for g, cap, units in groups if cap > 0 and units > 0),
+        key=lambda x: (x[0], x[1]),
+    )
+    caps = [x[0] for x in ordered]
+    left = [x[3] for x in ordered]
+    chosen: list[tuple[K, int, int]] = []
     rem = need
     while rem > 0:
         if not ordered:
             raise ValueError("not enough capacity to choose from")
         i = bisect_left(caps, rem)
         if i < len(caps):
-            # Best fit: the smallest group (then the first by name) that holds the rest.
-            chosen.append((ordered[i][2], rem))
+            # Best fit: the smallest unit (then the first by name) that holds the rest.
+            chosen.append((ordered[i][2], rem, 1))
             return chosen
-        # No single group holds the rest: take a largest one (first by name among equals).
+        # No unit holds the rest: take whole units of a largest group (first by name).
         j = bisect_left(caps, caps[-1])
-        cap, _, group = ordered.pop(j)
-        caps.pop(j)
-        chosen.append((group, cap))
-        rem -= cap
+        cap, group, units = caps[j], ordered[j][2], left[j]
+        k = min(units, rem // cap)
+        chosen.append((group, cap, k))
+        rem -= k * cap
+        if k == units:
+            ordered.pop(j)
+            caps.pop(j)
+            left.pop(j)
+        else:
+            left[j] = units - k
     return chosen
 
 
 def fill(
-    leaves: Sequence[T],
+    items: Sequence[T],
     need: int,
     depth: int,
     *,
     path: Callable[[T], tuple[str, ...]],
-    cap: Callable[[T], int],
+    per_node: Callable[[T], int],
+    nodes: Callable[[T], int],
     name: Callable[[T], str],
-) -> list[tuple[T, int]]:
-    """Distribute ``need`` pods over ``leaves`` (all inside one domain at ``depth - 1``),
-    taking the fewest child domains at each level down to single leaves."""
+) -> list[tuple[T, int, int]]:
+    """Distribute ``need`` pods over node classes ``items`` (all inside one domain at
+    ``depth - 1``), taking the fewest child domains at each level and then the fewest
+    nodes. Returns (item, pods per node, nodes)."""
     subgroups: dict[str, list[T]] = {}
-    singles: list[T] = []
-    for leaf in leaves:
-        p = path(leaf)
+    groups: list[tuple[tuple[str, str], int, int]] = []
+    singles: dict[str, T] = {}
+    for item in items:
+        p = path(item)
         if len(p) > depth:
-            subgroups.setdefault(p[depth], []).append(leaf)
+            subgroups.setdefault(p[depth], []).append(item)
         else:
-            singles.append(leaf)
-    groups: list[tuple[tuple[str, str], int]] = []
+            n = name(item)
+            singles[n] = item
+            groups.append((("n", n), per_node(item), nodes(item)))
     for value, members in subgroups.items():
-        groups.append((("d", value), sum(cap(m) for m in members)))
-    by_name: dict[str, T] = {}
-    for leaf in singles:
-        n = name(leaf)
-        by_name[n] = leaf
-        groups.append((("n", n), cap(leaf)))
-    out: list[tuple[T, int]] = []
-    for (kind, value), amount in choose(groups, need, sort_key=lambda g: g[0] + g[1]):
+        groups.append((("d", value), sum(per_node(m) * nodes(m) for m in members), 1))
+    out: list[tuple[T, int, int]] = []
+    for (kind, value), amount, units in choose(groups, need, sort_key=lambda g: g[0] + g[1]):
         if kind == "n":
-            out.append((by_name[value], amount))
+            out.append((singles[value], amount, units))
         else:
-            out.extend(fill(subgroups[value], amount, depth + 1, path=path, cap=cap, name=name))
+            out.extend(
+                fill(subgroups[value], amount, depth + 1, path=path, per_node=per_node,
+                     nodes=nodes, name=name)
+            )
     return out

@@ -1,34 +1,88 @@
-"""The working copy a gang is planned on: free capacity and pool headroom, forkable.
+"""The working copy a gang is planned on: node equivalence classes and pool headroom.
 
-Pod sets of one gang compete for the same nodes and the same pool headroom, so each pod set
-is placed on a :class:`Workspace` that already carries the usage of the pod sets before it.
-A gang is planned on a fork; if any pod set does not fit the fork is dropped, so a gang
-lands whole or not at all (check, then commit). New nodes a pod set adds become *slots*:
-leaves like existing nodes, whose leftover capacity later pod sets may use.
+Nodes that agree on everything the gang can tell apart (free amounts of the resources it
+requests, the label values its selectors read, taints, topology path) are interchangeable,
+so the workspace keeps *classes* of nodes with their member names; a 10,000-node cluster
+collapses to about one class per rack and occupancy pattern. Pods taken from a node move it
+to the class of its new free vector.
+
+Pod sets of one gang compete for the same nodes and pool headroom, so each is placed on a
+workspace that already carries the usage of the pod sets before it. A gang is planned on a
+:meth:`Workspace.fork`; if a pod set does not fit the fork is dropped, so the gang lands
+whole or not at all (check, then commit). New nodes become slot classes whose leftover
+capacity later pod sets may use.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
+from typing import Any
 
+from controller.fit.shapes import label_keys, uses_node_name
 from controller.fit.topology import Levels
-from controller.fit.types import NewNodeSlot, NodeState, PoolDomain, PoolState, Resources, Taint
+from controller.fit.types import (
+    NewNodeSlot,
+    NodeState,
+    PodShape,
+    PoolDomain,
+    PoolState,
+    Resources,
+    Taint,
+)
 
 NEW_NODE_PREFIX = "~new"
-"""Sort key prefix of new-node slots: after every real node name, so existing nodes win ties."""
+"""Name prefix of new-node slots: sorts after every real node name, so existing nodes are
+taken first among equals."""
+
+ClassKey = tuple[object, ...]
+
+
+def _name(node: NodeState) -> str:
+    return node.name
+
+
+def _getter(keys: Sequence[str]) -> Callable[[Mapping[str, Any]], tuple[Any, ...]]:
+    """A C-level getter returning a tuple of the values at ``keys`` (KeyError if missing)."""
+    if not keys:
+        return lambda _: ()
+    if len(keys) == 1:
+        one = keys[0]
+        return lambda m: (m[one],)
+    return itemgetter(*keys)
+
+
+def _trimmed_path(labels: Mapping[str, str], levels: Sequence[str]) -> tuple[str, ...]:
+    out: list[str] = []
+    for level in levels:
+        value = labels.get(level)
+        if value is None:
+            break
+        out.append(value)
+    return tuple(out)
+
+
 
 
 @dataclass(frozen=True, slots=True)
-class Leaf:
-    """An existing node or a new-node slot: the unit pods are assigned to."""
+class NodeClass:
+    """Interchangeable nodes (or slots) for this gang; ``members`` sorted by name."""
 
-    name: str
+    key: ClassKey
+    free: Mapping[str, int]
+    """Free amounts of the gang's requested resources (identical for every member)."""
     labels: Mapping[str, str]
+    """A member's labels: every member has the same values for the keys that matter."""
     taints: tuple[Taint, ...]
     path: tuple[str, ...]
-    node: str | None = None
-    slot: NewNodeSlot | None = None
+    members: tuple[str, ...]
+    node_name: str | None
+    """The single member's name when the gang matches on ``metadata.name``."""
+
+    @property
+    def first(self) -> str:
+        return self.members[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,79 +101,192 @@ class PoolRef:
         return f"{self.pool.name}/{self.domain_index:06d}"
 
 
+class _NodeIndex:
+    """Node name -> labels, built on first use (only assigned nodes are ever looked up)."""
+
+    def __init__(self, nodes: Sequence[NodeState]) -> None:
+        self._nodes = nodes
+        self._labels: dict[str, Mapping[str, str]] | None = None
+
+    def labels(self, name: str) -> Mapping[str, str]:
+        if self._labels is None:
+            self._labels = {n.name: n.labels for n in self._nodes}
+        return self._labels[name]
+
+
 class Workspace:
     """Mutable planning state; :meth:`fork` gives an independent copy to try a gang on."""
 
-    def __init__(self, nodes: tuple[NodeState, ...], pools: tuple[PoolState, ...], levels: Levels):
+    def __init__(
+        self,
+        nodes: Sequence[NodeState],
+        pools: Sequence[PoolState],
+        levels: Levels,
+        shapes: Sequence[PodShape],
+        *,
+        empty: bool = False,
+    ) -> None:
+        """``empty``: every node as if nothing ran on it and it were schedulable (the
+        best the cluster could ever offer, for the NeverFits test)."""
         self.levels = levels
-        self.pools = pools
-        ordered = sorted((n for n in nodes if n.schedulable), key=lambda n: n.name)
-        self.nodes: list[Leaf] = [
-            Leaf(n.name, n.labels, n.taints, levels.path(n.labels), node=n.name) for n in ordered
-        ]
-        self._base_free: dict[str, Resources] = {n.name: n.free for n in ordered}
-        self._free: dict[str, dict[str, int]] = {}
-        self.slots: list[Leaf] = []
+        self.pools = tuple(pools)
+        resources: set[str] = set()
+        keys: set[str] = set()
+        for shape in shapes:
+            resources.update(r for r, v in shape.requests.items() if v > 0)
+            keys.update(label_keys(shape))
+        self.resources = tuple(sorted(resources))
+        self.label_keys = tuple(sorted(keys))
+        self.by_name = any(uses_node_name(s) for s in shapes)
+        self._index = _NodeIndex(nodes)
+        self.slots: dict[str, NewNodeSlot] = {}
+        self.slot_labels: dict[str, Mapping[str, str]] = {}
+        self.classes: dict[ClassKey, NodeClass] = {}
         self.pool_used: dict[int, int] = {}
         self.domain_used: dict[tuple[int, int], int] = {}
+        self._build(nodes, empty)
         self.refs: list[PoolRef] = []
-        for pi, pool in enumerate(pools):
+        for pi, pool in enumerate(self.pools):
             for di, dom in enumerate(pool.domains):
                 labels = {**pool.labels, **dom.labels}
                 self.refs.append(PoolRef(pi, di, pool, dom, labels, levels.path(labels)))
+
+    def _build(self, nodes: Sequence[NodeState], empty: bool) -> None:
+        # The hot loop of a plan over a large cluster. Keys are built with C-level
+        # itemgetters (a node missing a key takes the slow path), and taints are keyed by
+        # the identity of the node's taint tuple, merged by content afterwards: the
+        # snapshot builder shares equal taint tuples, so this avoids hashing dataclasses.
+        res = self.resources
+        free_of = _getter(res)
+        sel_of = _getter(self.label_keys)
+        path_of = _getter(self.levels.domain)
+        dlevels = self.levels.domain
+        by_name = self.by_name
+        groups: dict[
+            tuple[tuple[Any, ...], tuple[Any, ...], int, tuple[Any, ...], str | None],
+            list[NodeState],
+        ] = {}
+        for node in nodes:
+            if not (node.schedulable or empty):
+                continue
+            free = node.allocatable if empty else node.free
+            labels = node.labels
+            try:
+                fkey = free_of(free)
+            except KeyError:
+                fkey = tuple([free.get(r, 0) for r in res])
+            try:
+                lkey = sel_of(labels)
+            except KeyError:
+                lkey = tuple([labels.get(k) for k in self.label_keys])
+            try:
+                path = path_of(labels)
+            except KeyError:
+                path = _trimmed_path(labels, dlevels)
+            key = (fkey, lkey, id(node.taints), path, node.name if by_name else None)
+            members = groups.get(key)
+            if members is None:
+                groups[key] = [node]
+            else:
+                members.append(node)
+        merged: dict[ClassKey, tuple[tuple[Any, ...], tuple[str, ...], list[NodeState]]] = {}
+        for (fkey, lkey, _, path, name), members in groups.items():
+            ckey: ClassKey = (fkey, lkey, members[0].taints, path, name)
+            have = merged.get(ckey)
+            if have is None:
+                merged[ckey] = (fkey, path, members)
+            else:
+                have[2].extend(members)
+        for ckey, (fkey, path, members) in merged.items():
+            members.sort(key=_name)
+            node = members[0]
+            self.classes[ckey] = NodeClass(
+                ckey,
+                dict(zip(res, fkey, strict=True)),
+                node.labels,
+                node.taints,
+                path,
+                tuple(m.name for m in members),
+                node.name if by_name else None,
+            )
 
     def fork(self) -> Workspace:
         other = Workspace.__new__(Workspace)
         other.levels = self.levels
         other.pools = self.pools
-        other.nodes = self.nodes
-        other._base_free = self._base_free
-        other._free = {k: dict(v) for k, v in self._free.items()}
-        other.slots = list(self.slots)
+        other.resources = self.resources
+        other.label_keys = self.label_keys
+        other.by_name = self.by_name
+        other._index = self._index
+        other.refs = self.refs
+        other.slots = dict(self.slots)
+        other.slot_labels = dict(self.slot_labels)
+        other.classes = dict(self.classes)
         other.pool_used = dict(self.pool_used)
         other.domain_used = dict(self.domain_used)
-        other.refs = self.refs
         return other
 
-    def leaves(self) -> list[Leaf]:
-        return self.nodes + self.slots if self.slots else self.nodes
+    def labels(self, name: str) -> Mapping[str, str]:
+        """Labels of a node or slot (a slot carries its pool template's and domain's)."""
+        got = self.slot_labels.get(name)
+        return got if got is not None else self._index.labels(name)
 
-    def free(self, leaf: Leaf) -> Resources:
-        got = self._free.get(leaf.name)
-        return got if got is not None else self._base_free[leaf.name]
+    def _place(self, cls: NodeClass, names: Sequence[str], free: Mapping[str, int]) -> None:
+        key: ClassKey = (tuple(free[r] for r in self.resources), *cls.key[1:])
+        have = self.classes.get(key)
+        members = tuple(sorted((*have.members, *names))) if have else tuple(names)
+        self.classes[key] = NodeClass(
+            key, free, cls.labels, cls.taints, cls.path, members, cls.node_name
+        )
 
-    def consume(self, leaf: Leaf, requests: Resources, pods: int) -> None:
-        free = dict(self.free(leaf))
-        for res, amount in requests.items():
-            if amount > 0:
-                free[res] = free.get(res, 0) - amount * pods
-        self._free[leaf.name] = free
+    def take(self, key: ClassKey, nodes: int, pods_each: int, requests: Resources) -> list[str]:
+        """Put ``pods_each`` pods on each of the first ``nodes`` members of class ``key``."""
+        cls = self.classes[key]
+        names = list(cls.members[:nodes])
+        rest = cls.members[nodes:]
+        if rest:
+            self.classes[key] = NodeClass(
+                key, cls.free, cls.labels, cls.taints, cls.path, rest, cls.node_name
+            )
+        else:
+            del self.classes[key]
+        free = {r: v - requests.get(r, 0) * pods_each for r, v in cls.free.items()}
+        self._place(cls, names, free)
+        return names
 
     def headroom(self, ref: PoolRef) -> int:
         """New nodes this (pool, domain) may still add, honouring the pool-wide limit."""
         dom_left = ref.domain.max_new_nodes - self.domain_used.get(
             (ref.pool_index, ref.domain_index), 0
         )
-        pool_left = ref.pool.max_new_nodes - self.pool_used.get(ref.pool_index, 0)
-        return max(0, min(dom_left, pool_left))
+        return max(0, min(dom_left, self.pool_headroom(ref.pool_index)))
 
     def pool_headroom(self, pool_index: int) -> int:
         return max(0, self.pools[pool_index].max_new_nodes - self.pool_used.get(pool_index, 0))
 
-    def add_nodes(self, ref: PoolRef, count: int) -> list[Leaf]:
-        """Commit ``count`` new nodes of ``ref``; they become slots with empty capacity."""
+    def add_nodes(
+        self, ref: PoolRef, pods: Sequence[int], requests: Resources
+    ) -> list[str]:
+        """Commit one new node of ``ref`` per entry of ``pods`` (pods placed on it)."""
         key = (ref.pool_index, ref.domain_index)
         start = self.domain_used.get(key, 0)
-        self.domain_used[key] = start + count
-        self.pool_used[ref.pool_index] = self.pool_used.get(ref.pool_index, 0) + count
-        added: list[Leaf] = []
-        for index in range(start, start + count):
+        self.domain_used[key] = start + len(pods)
+        self.pool_used[ref.pool_index] = self.pool_used.get(ref.pool_index, 0) + len(pods)
+        template = NodeClass(
+            (None, tuple(ref.labels.get(k) for k in self.label_keys), ref.pool.taints,
+             ref.path, None),
+            {}, ref.labels, ref.pool.taints, ref.path, (), None,
+        )
+        names: list[str] = []
+        for offset, count in enumerate(pods):
+            index = start + offset
             name = f"{NEW_NODE_PREFIX}/{ref.sort_name}/{index:06d}"
-            slot = NewNodeSlot(pool=ref.pool.name, domain=dict(ref.domain.labels), index=index)
-            leaf = Leaf(name, ref.labels, ref.pool.taints, ref.path, slot=slot)
-            self._base_free[name] = ref.pool.allocatable
-            added.append(leaf)
-        # _base_free is shared between forks; slot names are unique per (pool, domain, index)
-        # and a slot's base is always the template's allocatable, so sharing is harmless.
-        self.slots.extend(added)
-        return added
+            self.slots[name] = NewNodeSlot(ref.pool.name, dict(ref.domain.labels), index)
+            self.slot_labels[name] = ref.labels
+            free = {
+                r: ref.pool.allocatable.get(r, 0) - requests.get(r, 0) * count
+                for r in self.resources
+            }
+            self._place(template, [name], free)
+            names.append(name)
+        return names

@@ -1,0 +1,168 @@
+"""Fit engine benchmark (run on demand: ``python3 -m benchmarks.fit_bench``).
+
+10,000 nodes x 8 GPUs in 10 blocks x 25 racks x 40 hosts; about 30% of the nodes are busy
+with 1-8 GPUs taken (fixed seed). 20 CapacityPools: 14 add up to 16 nodes to every other
+rack of one block, 6 create fresh placement groups. Gangs of 8, 64, 512 and 1,024 pods x 8
+GPUs with required rack, required block and preferred rack, in check and provision modes.
+Prints median and p95 plan time per case, pods/s against the ~1,300 pods/s of the published
+Karpenter simulation, tracemalloc peak memory, and as its last line the worst 1,024-pod
+case: ``fit_bench gang=1024 nodes=10000 median_ms=<x> peak_mb=<y>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+import tracemalloc
+from dataclasses import dataclass
+
+from controller.fit import (
+    GangRequest,
+    Mode,
+    NodeState,
+    Plan,
+    PodSetRequest,
+    PodShape,
+    PoolDomain,
+    PoolState,
+    Snapshot,
+    Taint,
+    Toleration,
+    TopologyMode,
+    TopologyRequest,
+    plan,
+)
+
+BLOCK, RACK = "topology.muster.dev/block", "topology.muster.dev/rack"
+HOST = "kubernetes.io/hostname"
+GPU = "nvidia.com/gpu"
+KARPENTER_PODS_PER_S = 1300.0
+BLOCKS, RACKS, HOSTS = 10, 25, 40
+NODE = {"cpu": 190_000, "memory": 2_000 * 2**30, GPU: 8, "pods": 110}
+TAINT = Taint(GPU, "present", "NoSchedule")
+TAINTS = (TAINT,)
+"""Shared like the snapshot builder shares equal taint tuples (controller.snapshot)."""
+
+
+def build_snapshot(seed: int = 7) -> Snapshot:
+    rng = random.Random(seed)
+    nodes: list[NodeState] = []
+    for b in range(BLOCKS):
+        for r in range(RACKS):
+            for h in range(HOSTS):
+                name = f"gpu-{b:02d}-{r:02d}-{h:02d}"
+                free = dict(NODE)
+                if rng.random() < 0.3:
+                    used = rng.randint(1, 8)
+                    free[GPU] -= used
+                    free["cpu"] -= used * 20_000
+                    free["memory"] -= used * 200 * 2**30
+                    free["pods"] -= 1
+                labels = {BLOCK: f"b{b:02d}", RACK: f"b{b:02d}-r{r:02d}", HOST: name,
+                          "node.kubernetes.io/instance-type": "p5.48xlarge"}
+                nodes.append(NodeState(name, labels, TAINTS, dict(NODE), free))
+    pools: list[PoolState] = []
+    for p in range(20):
+        name = f"pool-{p:02d}"
+        price = 90.0 + 3.0 * ((p * 7) % 11)
+        template = {"node.kubernetes.io/instance-type": "p5.48xlarge"}
+        if p < 14:
+            b = p % BLOCKS
+            domains = tuple(
+                PoolDomain({BLOCK: f"b{b:02d}", RACK: f"b{b:02d}-r{r:02d}"}, 16, max_nodes=16)
+                for r in range(rng.randrange(0, 2), RACKS, 2)
+            )
+            pools.append(PoolState(name, template, TAINTS, dict(NODE), domains, 256, price,
+                                   acquisition_level=RACK))
+        else:
+            domains = tuple(
+                PoolDomain({BLOCK: f"new-{name}-{k}", RACK: f"new-{name}-{k}"}, 64, max_nodes=64)
+                for k in range(8)
+            )
+            pools.append(PoolState(name, template, TAINTS, dict(NODE), domains, 512, price,
+                                   acquisition_level=RACK))
+    return Snapshot(tuple(nodes), tuple(pools), (BLOCK, RACK, HOST))
+
+
+def gang(count: int, mode: TopologyMode, level: str) -> GangRequest:
+    shape = PodShape(
+        {"cpu": 160_000, "memory": 1_600 * 2**30, GPU: 8, "pods": 1},
+        node_selector={"node.kubernetes.io/instance-type": "p5.48xlarge"},
+        tolerations=(Toleration(GPU, "Exists", effect="NoSchedule"),),
+    )
+    return GangRequest(f"bench/g{count}", (PodSetRequest("workers", count, shape,
+                                                          TopologyRequest(mode, level)),))
+
+
+@dataclass
+class Case:
+    count: int
+    topo: str
+    mode: Mode
+    median_ms: float
+    p95_ms: float
+    outcome: str
+
+
+def run_case(snap: Snapshot, count: int, topo: str, mode: Mode, repeats: int) -> Case:
+    tmode, level = {
+        "required-rack": (TopologyMode.REQUIRED, RACK),
+        "required-block": (TopologyMode.REQUIRED, BLOCK),
+        "preferred-rack": (TopologyMode.PREFERRED, RACK),
+    }[topo]
+    request = gang(count, tmode, level)
+    times: list[float] = []
+    result = plan(request, snap, mode)  # warm-up
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = plan(request, snap, mode)
+        times.append((time.perf_counter() - start) * 1000)
+    times.sort()
+    p95 = times[min(len(times) - 1, round(0.95 * (len(times) - 1)))]
+    if isinstance(result, Plan):
+        new = sum(n.count for n in result.new_nodes)
+        outcome = f"fit, {new} new nodes" if new else "fit"
+    else:
+        outcome = f"nofit {result.reasons[0].code.value}"
+    return Case(count, topo, mode, statistics.median(times), p95, outcome)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--repeats", type=int, default=15)
+    args = parser.parse_args()
+    t0 = time.perf_counter()
+    snap = build_snapshot()
+    print(f"snapshot: {len(snap.nodes)} nodes, {len(snap.pools)} pools, built in "
+          f"{(time.perf_counter() - t0) * 1000:.0f} ms")
+    cases: list[Case] = []
+    header = f"{'pods':>5} {'topology':<15} {'mode':<10} {'median_ms':>10} {'p95_ms':>8} " \
+             f"{'pods/s':>10} {'x karpenter':>11}  outcome"
+    print(header)
+    for count in (8, 64, 512, 1024):
+        for topo in ("required-rack", "required-block", "preferred-rack"):
+            for mode in (Mode.CHECK, Mode.PROVISION):
+                c = run_case(snap, count, topo, mode, args.repeats)
+                cases.append(c)
+                rate = count / (c.median_ms / 1000)
+                print(f"{count:>5} {topo:<15} {mode.value:<10} {c.median_ms:>10.2f} "
+                      f"{c.p95_ms:>8.2f} {rate:>10.0f} {rate / KARPENTER_PODS_PER_S:>10.1f}x  "
+                      f"{c.outcome}")
+    big = [c for c in cases if c.count == 1024]
+    worst = max(big, key=lambda c: c.median_ms)
+    tracemalloc.start()
+    tmode = TopologyMode.REQUIRED if worst.topo.startswith("required") else TopologyMode.PREFERRED
+    plan(gang(1024, tmode, RACK if worst.topo.endswith("rack") else BLOCK), snap, worst.mode)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    peak_mb = peak / 2**20
+    print(f"worst 1024-pod case: {worst.topo} {worst.mode.value}; plan peak memory "
+          f"{peak_mb:.1f} MB (tracemalloc, snapshot excluded)")
+    print(f"fit_bench gang=1024 nodes={len(snap.nodes)} median_ms={worst.median_ms:.1f} "
+          f"peak_mb={peak_mb:.1f}")
+
+
+if __name__ == "__main__":
+    main()
