@@ -31,6 +31,12 @@ TEMPLATE_PREFIX = "ppt"
 
 CONSUME_ANNOTATION = "autoscaling.x-k8s.io/consume-provisioning-request"
 CLASS_ANNOTATION = "autoscaling.x-k8s.io/provisioning-class-name"
+STALE_ANNOTATIONS = (
+    "autoscaling.x-k8s.io/consume-provisioning-request",
+    "autoscaling.x-k8s.io/provisioning-class-name",
+    "kueue.x-k8s.io/workload",
+    "kueue.x-k8s.io/workload-slice-name",
+)
 PODSET_DETAIL_PREFIX = "muster.dev/podset."
 """``provisioningClassDetails`` key prefix Muster's reconciler writes per placed pod set:
 ``muster.dev/podset.<pod set>`` = ``label=value,label=value`` (the chosen domain)."""
@@ -92,7 +98,13 @@ def merge_flavors(
     :class:`MergeConflict` (Kueue refuses it too).
     """
     out = copy.deepcopy(dict(template))
+    # Kueue's sanitizeProvisioningRequestPodTemplate: a template describes capacity to add;
+    # it must not consume an earlier request, and gated pods are never scheduled.
+    annotations = (out.get("metadata") or {}).get("annotations") or {}
+    for key in STALE_ANNOTATIONS:
+        annotations.pop(key, None)
     spec = out.setdefault("spec", {})
+    spec.pop("schedulingGates", None)
     selector: dict[str, str] = dict(spec.get("nodeSelector") or {})
     tolerations: list[dict[str, Any]] = [dict(t) for t in spec.get("tolerations") or []]
     for flavor in flavors:
