@@ -14,7 +14,8 @@ GPU = "nvidia.com/gpu"
 TAINT = {"key": GPU, "value": "present", "effect": "NoSchedule"}
 POOL = PoolTaints("h100", {"accel": "h100", "muster.dev/pool": "h100"}, [TAINT])
 FLAVORS = {
-    "h100": ResourceFlavor.model_validate(kq.resource_flavor("h100", node_labels={"accel": "h100"})),
+    "h100": ResourceFlavor.model_validate(
+        kq.resource_flavor("h100", node_labels={"accel": "h100"})),
     "cpu": ResourceFlavor.model_validate(kq.resource_flavor("cpu")),
 }
 
