@@ -12,25 +12,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from controller.clock import Clock
-from controller.kube import Body, KubeClient, WatchEvent
+from controller.kube import ApiError, Body, KubeClient, WatchEvent
 from controller.kube.resources import CAPACITY_POOLS, NODES, PROVISIONING_REQUESTS, Resource
+from controller.kueue.models import Topology
 from controller.kueue.planning import MANAGED_LABEL, PoolTaints
 from controller.kueue.resources import (
     ADMISSION_CHECKS,
     PROVISIONING_REQUEST_CONFIGS,
     RESOURCE_FLAVORS,
+    TOPOLOGIES,
     WORKLOADS,
 )
 from controller.kueue.settings import KueueConfig
 from controller.kueue.workloads import CheckReconciler, KueueView
 from controller.reconcilers.workqueue import WorkQueue
-from controller.topology_defaults import POOL_LABEL
+from controller.topology_defaults import DEFAULT_LEVELS, HOSTNAME, POOL_LABEL
 
 log = logging.getLogger(__name__)
+
+
+class KueueNotInstalled(RuntimeError):
+    """kueue.enabled is set on a cluster that does not serve Kueue's v1beta2 API."""
 
 
 def _key(obj: Body) -> str:
@@ -46,16 +52,22 @@ class KueueIntegration:
         kube: KubeClient,
         config: KueueConfig,
         clock: Clock,
+        levels: Sequence[str] = DEFAULT_LEVELS,
         concurrency: int = 32,
     ) -> None:
         self.kube = kube
         self.config = config
+        self.levels = tuple(levels)
+        self.topology_warnings: dict[str, str] = {}
+        """Topology name -> why nodes Muster provisions would not fit it (also logged)."""
+        self._topologies: dict[str, Body] = {}
         self.view = KueueView()
         self.reconciler = CheckReconciler(kube=kube, view=self.view, config=config, clock=clock)
         self.queue = WorkQueue(self._reconcile, clock=clock, concurrency=concurrency)
         self._tasks: list[asyncio.Task[None]] = []
         self._synced: dict[str, asyncio.Event] = {}
         self._pool_bodies: dict[str, Body] = {}
+        self._serves_topologies = False
 
     async def _reconcile(self, key: str) -> float | None:
         return await self.reconciler.reconcile_workload(key)
@@ -63,6 +75,7 @@ class KueueIntegration:
     # ------------------------------------------------------------------ life cycle
 
     async def start(self, *, sync_timeout: float = 30.0) -> None:
+        await self._preflight()
         v = self.view
         self._watch(ADMISSION_CHECKS, v.checks, self._checks_changed)
         self._watch(RESOURCE_FLAVORS, v.flavors, self._all_workloads)
@@ -72,11 +85,55 @@ class KueueIntegration:
         self._watch(PROVISIONING_REQUESTS, v.requests, self._request_changed,
                     label_selector=MANAGED_LABEL)
         self._watch(WORKLOADS, v.workloads, self._workload_changed)
+        if self._serves_topologies:
+            self._watch(TOPOLOGIES, self._topologies, self._topologies_changed)
         await asyncio.wait_for(
             asyncio.gather(*(e.wait() for e in self._synced.values())), timeout=sync_timeout
         )
         self.queue.start()
         await self._checks_changed(None)
+
+    async def _preflight(self) -> None:
+        """Fail fast, naming the fix, when the cluster does not serve Kueue's v1beta2 API
+        (otherwise the watches would retry forever and no Workload would ever move)."""
+        for res in (WORKLOADS, ADMISSION_CHECKS):
+            try:
+                await self.kube.list(res)
+            except ApiError as exc:
+                if exc.not_found:
+                    raise KueueNotInstalled(
+                        f"kueue.enabled is set but {res.plural}.{res.group}/{res.version} is "
+                        "not served: install Kueue v0.15 or later (v1beta2 API), or set "
+                        "kueue.enabled=false"
+                    ) from None
+                raise
+        try:
+            await self.kube.list(TOPOLOGIES)
+            self._serves_topologies = True
+        except ApiError as exc:
+            if not exc.not_found:
+                raise
+            self._serves_topologies = False
+
+    def _topologies_changed(self, _: Body | None) -> None:
+        warnings = {}
+        for name, body in self._topologies.items():
+            try:
+                topo = Topology.model_validate(body)
+            except ValueError:
+                continue
+            missing = [lv for lv in topo.level_labels
+                       if lv not in self.levels and lv != HOSTNAME]
+            if missing:
+                warnings[name] = (
+                    f"Topology {name}: level(s) {', '.join(missing)} are not in Muster's "
+                    f"topology.levels ({', '.join(self.levels)}); nodes Muster provisions "
+                    "will not carry them and Kueue TAS cannot place pods there"
+                )
+        for name, text in warnings.items():
+            if self.topology_warnings.get(name) != text:
+                log.warning("%s", text)
+        self.topology_warnings = warnings
 
     async def stop(self) -> None:
         for task in self._tasks:
