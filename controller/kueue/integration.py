@@ -130,10 +130,32 @@ class KueueIntegration:
                     f"topology.levels ({', '.join(self.levels)}); nodes Muster provisions "
                     "will not carry them and Kueue TAS cannot place pods there"
                 )
+                continue
+            unlabelled = self._pools_missing(topo.level_labels)
+            if unlabelled:
+                warnings[name] = (
+                    f"Topology {name}: CapacityPool domain(s) without a value for its "
+                    f"levels: {'; '.join(unlabelled[:5])}; nodes provisioned there lack those "
+                    "labels and Kueue TAS cannot place pods on them"
+                )
         for name, text in warnings.items():
             if self.topology_warnings.get(name) != text:
                 log.warning("%s", text)
         self.topology_warnings = warnings
+
+    def _pools_missing(self, levels: Sequence[str]) -> list[str]:
+        wanted = [lv for lv in levels if lv != HOSTNAME]
+        out = []
+        for name, body in sorted(self._pool_bodies.items()):
+            spec = body.get("spec") or {}
+            base = (spec.get("nodeTemplate") or {}).get("labels") or {}
+            topo = spec.get("topology") or {}
+            for i, domain in enumerate(topo.get("domains") or [{}]):
+                labels = {**base, **(domain.get("labels") or {})}
+                lacking = [lv for lv in wanted if lv not in labels]
+                if lacking and topo.get("domains"):
+                    out.append(f"{name} domain {i} lacks {', '.join(lacking)}")
+        return out
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -237,6 +259,7 @@ class KueueIntegration:
                 taints=[dict(t) for t in tpl.get("taints") or []],
             ))
         self.view.pools = pools
+        self._topologies_changed(None)
 
 
 async def _maybe(value: Any) -> None:

@@ -119,3 +119,24 @@ async def test_topology_levels_muster_does_not_label_are_reported(
         await asyncio.sleep(0.05)
     assert set(integration.topology_warnings) == {"odd"}
     assert "example.com/zone" in integration.topology_warnings["odd"]
+
+
+async def test_pool_domains_lacking_a_topology_level_are_reported(
+    running: tuple[KubeClient, KueueIntegration],
+) -> None:
+    from controller.commands import objects
+    from controller.kube.resources import CAPACITY_POOLS
+
+    kube, integration = running
+    pool = objects.gpu_pool("flat")
+    del pool["spec"]["topology"]["domains"][0]["labels"]["topology.muster.dev/block"]
+    await kube.create(CAPACITY_POOLS, pool)
+    await kube.create(TOPOLOGIES, kq.topology(
+        "full", ["topology.muster.dev/block", "topology.muster.dev/rack",
+                 "kubernetes.io/hostname"]))
+    for _ in range(100):
+        if "full" in integration.topology_warnings:
+            break
+        await asyncio.sleep(0.05)
+    assert "flat domain 0 lacks topology.muster.dev/block" in integration.topology_warnings[
+        "full"]
