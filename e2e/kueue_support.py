@@ -121,7 +121,7 @@ async def kueue_env() -> AsyncIterator[KueueEnv]:
                                    "metadata": {"name": namespace}})
     provider = KindProvider(kube, heartbeat_seconds=5)
     controller = Controller(kube=kube, config=muster_config(), providers={"kind": provider},
-                            use_kopf=False, collect_interval=1.0)
+                            use_kopf=False)
     scheduler = SandboxScheduler(server.store)
     await controller.start()
     await scheduler.start()
