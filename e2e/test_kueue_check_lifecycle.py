@@ -30,8 +30,11 @@ CPU_FLAVORS = {"cpu": "cpu", "memory": "cpu"}
 
 
 async def setup(env: KueueEnv, *, backoff_limit: int = 3, blocks: int = 2,
-                selector_details: dict[str, str] | None = None) -> None:
-    await env.kube.create(CAPACITY_POOLS, objects.gpu_pool("gpu-h100", blocks=blocks))
+                selector_details: dict[str, str] | None = None,
+                stock: int | None = None) -> None:
+    params = {"defaultStock": stock} if stock is not None else None
+    await env.kube.create(CAPACITY_POOLS, objects.gpu_pool("gpu-h100", blocks=blocks,
+                                                           parameters=params))
     await env.kube.create(RESOURCE_FLAVORS, kq.resource_flavor(
         "h100", node_labels={"muster.dev/accelerator": "h100"}))
     await env.kube.create(RESOURCE_FLAVORS, kq.resource_flavor("cpu"))
@@ -76,14 +79,15 @@ async def request_exists(env: KueueEnv, name: str) -> bool:
         PROVISIONING_REQUESTS, name, namespace=env.namespace) is not None
 
 
-async def test_never_fits_retries_with_backoff_then_is_rejected(kueue_env: KueueEnv) -> None:
+async def test_a_stock_out_retries_with_backoff_then_is_rejected(kueue_env: KueueEnv) -> None:
     env = kueue_env
-    await setup(env, backoff_limit=1)
-    # 20 nodes in one rack of at most 16: Muster fails the request, Kueue retries it.
-    await submit(env, "big", [workers(20, annotations={MUSTER_REQUIRED: objects.RACK})],
+    # The cloud has no stock: every acquisition fails, Muster's request ends Failed
+    # (RetriesExhausted) and Kueue's retry cycle takes over.
+    await setup(env, backoff_limit=1, stock=0)
+    await submit(env, "big", [workers(4, annotations={MUSTER_REQUIRED: objects.RACK})],
                  {"workers": GPU_FLAVORS})
     retry = await env.wait_check("big", CHECK, "Retry", within=30)
-    assert retry["message"].startswith("Retrying after failure: The request can never fit")
+    assert retry["message"].startswith("Retrying after failure: Capacity is not found after")
     assert retry["requeueAfterSeconds"] == 7, "backoff base x 2^0 for the first retry"
 
     await env.update_status("big", evict_and_reset)
@@ -98,9 +102,22 @@ async def test_never_fits_retries_with_backoff_then_is_rejected(kueue_env: Kueue
         cluster_queue="cq", flavors={"workers": GPU_FLAVORS}, checks=[CHECK], now=now()))
     rejected = await env.wait_check("big", CHECK, "Rejected", within=30)
     assert await request_exists(env, "big-muster-prov-2")
-    assert rejected["message"].startswith("The request can never fit"), (
+    assert rejected["message"].startswith("Capacity is not found after"), (
         "past backoffLimitCount the Failed message is the rejection reason")
     assert rejected["retryCount"] == 1, "Muster never touches Kueue's retryCount"
+
+
+async def test_a_gang_that_can_never_fit_is_rejected_without_retries(
+    kueue_env: KueueEnv,
+) -> None:
+    env = kueue_env
+    await setup(env)
+    # 20 nodes in one rack of at most 16: no retry can help.
+    await submit(env, "huge", [workers(20, annotations={MUSTER_REQUIRED: objects.RACK})],
+                 {"workers": GPU_FLAVORS})
+    rejected = await env.wait_check("huge", CHECK, "Rejected", within=30)
+    assert rejected["message"].startswith("The request can never fit")
+    assert "rack" in rejected["message"]
 
 
 async def test_a_podsetupdate_conflicting_with_the_workload_is_rejected(

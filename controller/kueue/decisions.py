@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +40,11 @@ STALE_ANNOTATIONS = (
 PODSET_DETAIL_PREFIX = "muster.dev/podset."
 """``provisioningClassDetails`` key prefix Muster's reconciler writes per placed pod set:
 ``muster.dev/podset.<pod set>`` = ``label=value,label=value`` (the chosen domain)."""
+
+PERMANENT_FAILURES = frozenset({"CapacityNeverFits", "InvalidParameters"})
+"""Failed reasons of Muster's request reconciler that mean waiting cannot help: the same
+request on the next attempt fails the same way, so Muster's check rejects at once instead of
+cycling the Workload through evictions."""
 
 PENDING: CheckStateValue = "Pending"
 READY: CheckStateValue = "Ready"
@@ -182,11 +187,17 @@ def verdict(
     admitted: bool,
     active: bool,
     finished: bool,
+    reject_at_once: Collection[str] = (),
 ) -> CheckVerdict:
     """The check state a request's conditions mean, in the order Kueue evaluates them
     (``syncCheckStates``): Failed, CapacityRevoked, BookingExpired (before admission only),
-    Provisioned, Accepted-with-Provisioned, otherwise Pending."""
+    Provisioned, Accepted-with-Provisioned, otherwise Pending.
+
+    ``reject_at_once``: Failed reasons that no retry can cure (Muster's own check passes
+    :data:`PERMANENT_FAILURES`; Kueue's controller retries every failure)."""
     failed = _true(conditions, "Failed")
+    if failed is not None and str(failed.get("reason")) in reject_at_once:
+        return CheckVerdict(REJECTED, str(failed.get("message") or failed.get("reason")))
     if failed is not None:
         return _retry_or_reject(
             "Retrying after failure", failed, attempt=attempt, retry_count=retry_count,

@@ -23,6 +23,7 @@ from controller.kube import ApiError, Body, KubeClient
 from controller.kube.resources import POD_TEMPLATES, PROVISIONING_REQUESTS
 from controller.kueue.decisions import (
     PENDING,
+    PERMANENT_FAILURES,
     PODSET_DETAIL_PREFIX,
     READY,
     REJECTED,
@@ -283,6 +284,7 @@ class CheckReconciler:
             attempt=attempt, retry_count=retry_count, backoff_limit=limit,
             backoff_base=base, backoff_max=maximum, admitted=wl.condition_true("Admitted"),
             active=wl.is_active, finished=wl.condition_true("Finished"),
+            reject_at_once=PERMANENT_FAILURES,
         )
 
     # ------------------------------------------------------------------ creating requests

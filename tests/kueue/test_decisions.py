@@ -122,6 +122,15 @@ def test_failed_after_the_backoff_limit_is_rejected_with_the_message() -> None:
     assert (v.state, v.message) == ("Rejected", "stock-out")
 
 
+def test_failures_no_retry_can_cure_reject_at_once_when_asked() -> None:
+    conds = [cond("Failed", message="The request can never fit", reason="CapacityNeverFits")]
+    assert judge(conds).state == "Retry", "Kueue's own controller retries every failure"
+    v = judge(conds, reject_at_once={"CapacityNeverFits"})
+    assert (v.state, v.message) == ("Rejected", "The request can never fit")
+    assert judge([cond("Failed", reason="RetriesExhausted")],
+                 reject_at_once={"CapacityNeverFits"}).state == "Retry"
+
+
 def test_a_failed_request_of_an_attempt_already_retried_is_ignored() -> None:
     assert judge([cond("Failed")], attempt=1, retry_count=1).state == "Pending"
 
