@@ -26,6 +26,7 @@ from pydantic_settings import (
 )
 
 from controller.fit.types import Mode
+from controller.kueue.settings import KueueConfig
 from controller.topology_defaults import DEFAULT_LEVELS
 
 ENV_PREFIX = "MUSTER_"
@@ -200,6 +201,7 @@ class MusterConfig(BaseSettings):
     budgets: BudgetsConfig = Field(default_factory=BudgetsConfig)
     providers: ProvidersConfig = Field(default_factory=ProvidersConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
+    kueue: KueueConfig = Field(default_factory=KueueConfig)
     log_format: Literal["text", "json"] = "text"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 

@@ -10,6 +10,7 @@ import signal
 import sys
 from pathlib import Path
 
+from sandbox.scheduler import SandboxScheduler
 from sandbox.server import SandboxServer
 
 
@@ -19,6 +20,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--kubeconfig", type=Path, help="write a kubeconfig for this server here")
     parser.add_argument("--crds", type=Path, action="append", default=[],
                         help="directory of CRD YAML files to serve (repeatable)")
+    parser.add_argument("--scheduler", action="store_true",
+                        help="also run the sandbox scheduler (binds pending pods to nodes)")
     parser.add_argument("--seed", type=int, default=None, help="seed for uids and faults")
     return parser.parse_args(argv)
 
@@ -32,6 +35,9 @@ async def _run(args: argparse.Namespace) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     await server.start()
+    scheduler = SandboxScheduler(server.store) if args.scheduler else None
+    if scheduler is not None:
+        await scheduler.start()
     if args.kubeconfig:
         server.write_kubeconfig(args.kubeconfig)
         print(f"kubeconfig written to {args.kubeconfig}", flush=True)
@@ -42,6 +48,8 @@ async def _run(args: argparse.Namespace) -> int:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    if scheduler is not None:
+        await scheduler.stop()
     await server.stop()
     return 0
 

@@ -206,12 +206,11 @@ async def run_demo(
     *, workers: int, time_limit: float, latency: float, ready_delay: float, console: Console,
     kubeconfig_out: Path | None,
 ) -> None:
-    from sandbox.scheduler import SandboxScheduler
-    from sandbox.server import SandboxServer
-
     from controller.config import MusterConfig
     from controller.reconcilers.operator import Controller
     from providers.kind import KindProvider
+    from sandbox.scheduler import SandboxScheduler
+    from sandbox.server import SandboxServer
 
     server = SandboxServer(crd_dir=CRD_DIR)
     await server.start()

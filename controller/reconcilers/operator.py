@@ -24,6 +24,7 @@ from controller.clock import Clock, RealClock
 from controller.config import MusterConfig
 from controller.kube import KubeClient
 from controller.kube.resources import PROVISIONING_REQUESTS
+from controller.kueue.integration import KueueIntegration
 from controller.reconcilers.handlers import build_registry
 from controller.reconcilers.service import ProvisioningService
 from controller.reconcilers.workqueue import WorkQueue
@@ -78,6 +79,11 @@ class Controller:
             in_flight=lambda: self.service.in_flight,
         )
         self.feeds = Feeds(kube, self.state, with_requests=not use_kopf)
+        self.kueue = (
+            KueueIntegration(kube=kube, config=config.kueue, clock=self.clock,
+                             levels=config.topology.levels)
+            if config.kueue.enabled else None
+        )
         self._tasks: list[asyncio.Task[None]] = []
         self._kopf_stop: asyncio.Event | None = None
         self._started = False
@@ -132,9 +138,13 @@ class Controller:
             )
             await asyncio.wait_for(ready.wait(), timeout=30)
         self._tasks.append(asyncio.create_task(self._collect_loop(), name="collector"))
+        if self.kueue is not None:
+            await self.kueue.start()
 
     async def stop(self) -> None:
         self._started = False
+        if self.kueue is not None:
+            await self.kueue.stop()
         if self._kopf_stop is not None:
             self._kopf_stop.set()
         for task in self._tasks:
