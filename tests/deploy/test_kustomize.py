@@ -69,7 +69,8 @@ def container(deployment: Doc) -> Doc:
 def test_the_tree_has_the_kustomizations_users_apply() -> None:
     found = {p.relative_to(CONFIG).as_posix() for p in kustomizations()}
     assert {
-        "crds", "crds/provisioningrequest", "rbac", "rbac/fake-provider", "manager", "default",
+        "crds", "crds/provisioningrequest", "rbac", "rbac/fake-provider", "rbac/kueue", "manager",
+        "default",
         "samples", "samples/kueue/path-a", "samples/kueue/path-b",
     } <= found
 
