@@ -10,7 +10,6 @@ import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 import pytest
 import yaml
@@ -19,7 +18,7 @@ from controller.api.capacitypool import CapacityPool
 from controller.api.provisioningrequest import ProvisioningRequest
 from controller.config import ATOMIC_CLASS, CHECK_CAPACITY_CLASS, load_config
 from providers.kind import KindProvider
-from sandbox import SandboxServer
+from sandbox import ResourceType, SandboxServer
 from tests.deploy import dockerfile
 from tests.deploy.manifests import (
     CONFIG,
@@ -284,40 +283,27 @@ def test_kueue_sample_jobs_target_the_sample_queues() -> None:
 
 # ---------------------------------------------------------------- kubectl apply
 
-def _stand_in_crd(group: str, plural: str, kind: str, namespaced: bool) -> dict[str, Any]:
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{plural}.{group}"},
-        "spec": {
-            "group": group,
-            "scope": "Namespaced" if namespaced else "Cluster",
-            "names": {"plural": plural, "singular": kind.lower(), "kind": kind},
-            "versions": [{
-                "name": "v1", "served": True, "storage": True,
-                "schema": {"openAPIV3Schema": {
-                    "type": "object", "x-kubernetes-preserve-unknown-fields": True}},
-            }],
-        },
-    }
+def _builtin(group: str, plural: str, kind: str, namespaced: bool) -> ResourceType:
+    return ResourceType(group=group, versions=("v1",), plural=plural, singular=kind.lower(),
+                        kind=kind, namespaced=namespaced)
 
 
-# The sandbox serves core/v1, coordination and CRDs, not apps/v1 or RBAC. These stand-ins let
-# kubectl apply the Deployment and the RBAC objects; their fields are checked against the
-# Kubernetes types by test_every_kustomization_renders_to_valid_objects instead.
-STAND_INS = [
-    _stand_in_crd("apps", "deployments", "Deployment", True),
-    _stand_in_crd("rbac.authorization.k8s.io", "clusterroles", "ClusterRole", False),
-    _stand_in_crd("rbac.authorization.k8s.io", "clusterrolebindings", "ClusterRoleBinding", False),
-    _stand_in_crd("rbac.authorization.k8s.io", "roles", "Role", True),
-    _stand_in_crd("rbac.authorization.k8s.io", "rolebindings", "RoleBinding", True),
+# The sandbox serves core/v1, coordination, DRA and CRDs, not apps/v1 or RBAC: serve those as
+# plain stored types so kubectl can apply the Deployment and the RBAC objects. Their fields
+# are checked against the Kubernetes types by test_every_kustomization_renders_to_valid_objects.
+EXTRA_TYPES = [
+    _builtin("apps", "deployments", "Deployment", True),
+    _builtin("rbac.authorization.k8s.io", "clusterroles", "ClusterRole", False),
+    _builtin("rbac.authorization.k8s.io", "clusterrolebindings", "ClusterRoleBinding", False),
+    _builtin("rbac.authorization.k8s.io", "roles", "Role", True),
+    _builtin("rbac.authorization.k8s.io", "rolebindings", "RoleBinding", True),
 ]
 
 
 async def test_kubectl_applies_install_and_samples_to_the_api_sandbox(tmp_path: Path) -> None:
     server = SandboxServer(seed=7)
-    for crd in STAND_INS:
-        server.store.register_crd(crd)
+    for rt in EXTRA_TYPES:
+        server.store.serve(rt)
     async with server:
         kc = server.write_kubeconfig(tmp_path / "kubeconfig")
         # The CRDs go in through the API, as on a real cluster: the sandbox starts without them.
