@@ -31,7 +31,7 @@ from controller.reconcilers.workqueue import WorkQueue
 from controller.state.cache import ClusterState, object_key
 from controller.state.feeds import Feeds
 from controller.state.planner import Planner
-from providers.base import Provider
+from providers.base import Provider, ProviderConfigError
 from providers.registry import ProviderContext
 
 log = logging.getLogger(__name__)
@@ -108,10 +108,18 @@ class Controller:
         if self.use_kopf:
             listing = await self.kube.list(PROVISIONING_REQUESTS)
             self.state.replace_requests(listing.get("items") or [])
+        # Every pool's provider, not only those already used: after a restart the kind
+        # provider must adopt and heartbeat the nodes it created before.
+        for pool in self.state.pools().values():
+            try:
+                self.providers.for_pool(pool)
+            except ProviderConfigError as exc:  # the reconcile reports it on the request
+                log.warning("pool %s: %s", pool.metadata.name, exc)
         for provider in self.providers.instances().values():
             start = getattr(provider, "start", None)
             if start is not None:
                 await start()
+        self.providers.running = True
         released = await self.collector.run_once()
         if released:
             log.info("start-up collection released %d group(s)", len(released))
@@ -143,6 +151,7 @@ class Controller:
 
     async def stop(self) -> None:
         self._started = False
+        self.providers.running = False
         if self.kueue is not None:
             await self.kueue.stop()
         if self._kopf_stop is not None:

@@ -24,7 +24,7 @@ import yaml
 from aiohttp import web
 
 from controller.commands import objects
-from controller.config import load_config
+from controller.config import AcquisitionConfig, load_config
 from controller.kube import ApiError, KubeClient
 from controller.kube.resources import (
     CAPACITY_POOLS,
@@ -35,7 +35,6 @@ from controller.kube.resources import (
     PROVISIONING_REQUESTS,
 )
 from controller.reconcilers.operator import Controller
-from providers.kind import KindProvider
 from sandbox import SandboxServer
 from sandbox.errors import ApiError as SandboxApiError
 from tests.deploy.manifests import CONFIG, ROOT, Doc, render
@@ -181,14 +180,17 @@ async def _controller(
     settings["booking"]["duration_seconds"] = 30
     settings["retry"].update(initial_backoff_seconds=0.2, max_backoff_seconds=1)
     settings["acquisition"].update(node_ready_timeout_seconds=10, idle_ttl_seconds=0.5)
+    settings.setdefault("providers", {}).setdefault("kind", {})["heartbeat_seconds"] = 0.2
+    controller_kwargs: dict[str, Any] = {}
+    if "collect_interval_seconds" in AcquisitionConfig.model_fields:
+        settings["acquisition"]["collect_interval_seconds"] = 0.3
+    else:  # the controller before the interval moved into the config
+        controller_kwargs["collect_interval"] = 0.3
     file = tmp_path / "muster.yaml"
     file.write_text(yaml.safe_dump(settings))
     config = load_config(file)
-    # Handed in (as the e2e suite does) so the heartbeat runs from the start; the registry
-    # would build the same KindProvider with the same client.
-    provider = KindProvider(kube, heartbeat_seconds=0.2)
-    controller = Controller(kube=kube, config=config, providers={"kind": provider},
-                            collect_interval=0.3)
+    # Providers come from the registry, as in `muster run`: nothing injected.
+    controller = Controller(kube=kube, config=config, **controller_kwargs)
     await controller.start()
     try:
         yield controller
