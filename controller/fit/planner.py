@@ -119,7 +119,7 @@ class PodSetPlanner:
         memo: dict[tuple[object, ...], int] = {}
         for cls in ws.classes.values():
             k = cls.key
-            mkey = (k[0], k[1], id(cls.taints), k[4])
+            mkey = (k[0], k[1], k[2], k[4])
             c = memo.get(mkey)
             if c is None:
                 c = pods_that_fit(shape, cls.free, cls.labels, cls.taints, node_name=cls.node_name)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from operator import itemgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 from controller.fit.shapes import label_keys, uses_node_name
 from controller.fit.topology import Levels
@@ -65,9 +65,12 @@ def _trimmed_path(labels: Mapping[str, str], levels: Sequence[str]) -> tuple[str
 
 
 
-@dataclass(frozen=True, slots=True)
-class NodeClass:
-    """Interchangeable nodes (or slots) for this gang; ``members`` sorted by name."""
+class NodeClass(NamedTuple):
+    """Interchangeable nodes (or slots) for this gang; ``members`` sorted by name.
+
+    A NamedTuple rather than a dataclass: a large cluster has thousands of classes and
+    tuples are the cheapest immutable records to build.
+    """
 
     key: ClassKey
     free: Mapping[str, int]
@@ -151,6 +154,13 @@ class Workspace:
         self.resources = tuple(sorted(resources))
         self.label_keys = tuple(sorted(keys))
         self.by_name = any(uses_node_name(s) for s in shapes)
+        # Resources every pod set requests, with the smallest such request: a node with less
+        # free than that of any of them cannot take a single pod of the gang.
+        self._floor = tuple(
+            (i, min(s.requests[r] for s in shapes))
+            for i, r in enumerate(self.resources)
+            if shapes and all(s.requests.get(r, 0) > 0 for s in shapes)
+        )
         self._index = _NodeIndex(nodes)
         self.slots: dict[str, NewNodeSlot] = {}
         self.slot_labels: dict[str, Mapping[str, str]] = {}
@@ -158,6 +168,9 @@ class Workspace:
         self.pool_used: dict[int, int] = {}
         self.domain_used: dict[tuple[int, int], int] = {}
         self.slot_count: dict[tuple[int, tuple[tuple[str, str], ...]], int] = {}
+        self._taint_ids: dict[int, int] = {}
+        self._taint_tokens: dict[tuple[Taint, ...], int] = {}
+        self._taint_keep: list[tuple[Taint, ...]] = []
         self._build(nodes, empty)
         self.refs: list[PoolRef] = []
         for pi, pool in enumerate(self.pools):
@@ -165,20 +178,30 @@ class Workspace:
                 labels = {**pool.labels, **dom.labels}
                 self.refs.append(PoolRef(pi, di, pool, dom, labels, levels.path(labels)))
 
+    def taint_token(self, taints: tuple[Taint, ...]) -> int:
+        """A small int equal for equal taint tuples; hashes a tuple's content only the first
+        time that tuple object is seen (the snapshot builder shares equal tuples)."""
+        token = self._taint_ids.get(id(taints))
+        if token is None:
+            token = self._taint_tokens.setdefault(taints, len(self._taint_tokens))
+            self._taint_ids[id(taints)] = token
+            self._taint_keep.append(taints)  # keeps the id valid while the token is cached
+        return token
+
     def _build(self, nodes: Sequence[NodeState], empty: bool) -> None:
-        # The hot loop of a plan over a large cluster. Keys are built with C-level
-        # itemgetters (a node missing a key takes the slow path), and taints are keyed by
-        # the identity of the node's taint tuple, merged by content afterwards: the
-        # snapshot builder shares equal taint tuples, so this avoids hashing dataclasses.
+        # The hot loop of a plan over a large cluster: keys from C-level itemgetters (a node
+        # missing a key takes the slow path), taints as tokens, member names sorted once.
         res = self.resources
         free_of = _getter(res)
         sel_of = _getter(self.label_keys)
         path_of = _getter(self.levels.domain)
         dlevels = self.levels.domain
         by_name = self.by_name
+        taint_ids = self._taint_ids
+        floor = self._floor
         groups: dict[
-            tuple[tuple[Any, ...], tuple[Any, ...], int, tuple[Any, ...], str | None],
-            list[NodeState],
+            tuple[tuple[Any, ...], tuple[Any, ...], int, tuple[str, ...], str | None],
+            tuple[NodeState, list[str]],
         ] = {}
         for node in nodes:
             if not (node.schedulable or empty):
@@ -189,6 +212,13 @@ class Workspace:
                 fkey = free_of(free)
             except KeyError:
                 fkey = tuple([free.get(r, 0) for r in res])
+            useless = False
+            for i, least in floor:
+                if fkey[i] < least:
+                    useless = True
+                    break
+            if useless:
+                continue
             try:
                 lkey = sel_of(labels)
             except KeyError:
@@ -197,30 +227,24 @@ class Workspace:
                 path = path_of(labels)
             except KeyError:
                 path = _trimmed_path(labels, dlevels)
-            key = (fkey, lkey, id(node.taints), path, node.name if by_name else None)
-            members = groups.get(key)
-            if members is None:
-                groups[key] = [node]
+            token = taint_ids.get(id(node.taints))
+            if token is None:
+                token = self.taint_token(node.taints)
+            key = (fkey, lkey, token, path, node.name if by_name else None)
+            group = groups.get(key)
+            if group is None:
+                groups[key] = (node, [node.name])
             else:
-                members.append(node)
-        merged: dict[ClassKey, tuple[tuple[Any, ...], tuple[str, ...], list[NodeState]]] = {}
-        for (fkey, lkey, _, path, name), members in groups.items():
-            ckey: ClassKey = (fkey, lkey, members[0].taints, path, name)
-            have = merged.get(ckey)
-            if have is None:
-                merged[ckey] = (fkey, path, members)
-            else:
-                have[2].extend(members)
-        for ckey, (fkey, path, members) in merged.items():
-            members.sort(key=_name)
-            node = members[0]
-            self.classes[ckey] = NodeClass(
-                ckey,
-                dict(zip(res, fkey, strict=True)),
+                group[1].append(node.name)
+        for gkey, (node, names) in groups.items():
+            names.sort()
+            self.classes[gkey] = NodeClass(
+                gkey,
+                dict(zip(res, gkey[0], strict=True)),
                 node.labels,
                 node.taints,
-                path,
-                tuple(m.name for m in members),
+                gkey[3],
+                tuple(names),
                 node.name if by_name else None,
             )
 
@@ -239,6 +263,10 @@ class Workspace:
         other.pool_used = dict(self.pool_used)
         other.domain_used = dict(self.domain_used)
         other.slot_count = dict(self.slot_count)
+        # Taint tokens are a cache of content -> small int, valid for every fork alike.
+        other._taint_ids = self._taint_ids
+        other._taint_tokens = self._taint_tokens
+        other._taint_keep = self._taint_keep
         return other
 
     def labels(self, name: str) -> Mapping[str, str]:
@@ -292,8 +320,8 @@ class Workspace:
         self.slot_count[ident] = start + len(pods)
         self.pool_used[ref.pool_index] = self.pool_used.get(ref.pool_index, 0) + len(pods)
         template = NodeClass(
-            (None, tuple(ref.labels.get(k) for k in self.label_keys), ref.pool.taints,
-             ref.path, None),
+            (None, tuple(ref.labels.get(k) for k in self.label_keys),
+             self.taint_token(ref.pool.taints), ref.path, None),
             {}, ref.labels, ref.pool.taints, ref.path, (), None,
         )
         names: list[str] = []

@@ -24,7 +24,7 @@ import yaml
 from aiohttp import web
 
 from controller.commands import objects
-from controller.config import AcquisitionConfig, load_config
+from controller.config import load_config
 from controller.kube import ApiError, KubeClient
 from controller.kube.resources import (
     CAPACITY_POOLS,
@@ -181,16 +181,12 @@ async def _controller(
     settings["retry"].update(initial_backoff_seconds=0.2, max_backoff_seconds=1)
     settings["acquisition"].update(node_ready_timeout_seconds=10, idle_ttl_seconds=0.5)
     settings.setdefault("providers", {}).setdefault("kind", {})["heartbeat_seconds"] = 0.2
-    controller_kwargs: dict[str, Any] = {}
-    if "collect_interval_seconds" in AcquisitionConfig.model_fields:
-        settings["acquisition"]["collect_interval_seconds"] = 0.3
-    else:  # the controller before the interval moved into the config
-        controller_kwargs["collect_interval"] = 0.3
+    settings["acquisition"]["collect_interval_seconds"] = 0.3
     file = tmp_path / "muster.yaml"
     file.write_text(yaml.safe_dump(settings))
     config = load_config(file)
     # Providers come from the registry, as in `muster run`: nothing injected.
-    controller = Controller(kube=kube, config=config, **controller_kwargs)
+    controller = Controller(kube=kube, config=config)
     await controller.start()
     try:
         yield controller
