@@ -39,6 +39,14 @@ class KueueConfig(BaseModel):
         "CapacityPool may use the pool's tainted nodes: its ProvisioningRequest templates "
         "tolerate the pool's taints and the Ready check adds those tolerations to the pods.",
     )
-    backoff_limit_count: int = Field(default=3, ge=0)
-    backoff_base_seconds: int = Field(default=60, ge=0)
-    backoff_max_seconds: int = Field(default=1800, ge=0)
+    backoff_limit_count: int = Field(
+        default=3, ge=0,
+        description="Path B retries of a failed request when the AdmissionCheck names no "
+        "ProvisioningRequestConfig (as Kueue's retryStrategy).",
+    )
+    backoff_base_seconds: int = Field(
+        default=60, ge=0, description="First retry delay of path B; doubles per retry."
+    )
+    backoff_max_seconds: int = Field(
+        default=1800, ge=0, description="Cap of path B's retry delay."
+    )
