@@ -54,6 +54,10 @@ def test_configuration_reference_lists_every_setting() -> None:
     )
     stale = listed - set(_settings(MusterConfig))
     assert not stale, f"README lists settings that no longer exist: {sorted(stale)}"
+    unexplained = re.findall(r"^\| `([a-z_.]+)` \|.*\|\s*\|$", table, re.M)
+    assert not unexplained, (
+        f"settings without a description (Field(description=...)): {unexplained}"
+    )
 
 
 def test_dependency_table_explains_every_dependency() -> None:
