@@ -101,6 +101,12 @@ async def _run(cfg: Any, *, kubeconfig: Path | None, context: str | None, in_clu
     await runner.setup()
     await web.TCPSite(runner, "0.0.0.0", cfg.server.metrics_port).start()
     await controller.start()
+    # kopf.operator() installs its own SIGINT/SIGTERM handlers when it starts, replacing the
+    # ones above: it would stop alone and leave Muster running until the kubelet's SIGKILL.
+    # Take them back, so a signal stops everything (kopf included) through controller.stop().
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
     log.info("Muster is running against %s (cluster %s)", kube.host, cfg.cluster_name)
     try:
         await stop.wait()
