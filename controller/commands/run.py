@@ -43,6 +43,8 @@ def setup_logging(fmt: str, level: str) -> None:
     root.setLevel(level)
     # kopf logs every event-handler call at INFO; Muster's own logs say what matters.
     logging.getLogger("kopf").setLevel(max(logging.WARNING, root.level))
+    # kopf's liveness server logs every probe request; the kubelet probes every few seconds.
+    logging.getLogger("aiohttp.access").setLevel(max(logging.WARNING, root.level))
 
 
 def run_command(

@@ -77,6 +77,7 @@ async def test_shipped_config_runs_probes_metrics_and_stops_on_sigterm(tmp_path:
         record = json.loads(line)  # log_format: json in the shipped config
         assert {"ts", "level", "msg"} <= record.keys()
     assert any("Muster is running" in json.loads(line)["msg"] for line in lines)
+    assert not any("GET /healthz" in line for line in lines), "probes must not flood the log"
 
 
 async def test_bad_config_stops_muster_at_start_up(tmp_path: Path) -> None:
