@@ -12,7 +12,7 @@ import asyncio
 import pytest
 
 from controller.commands import objects
-from controller.kube.resources import NODES, POD_TEMPLATES, PODS, PROVISIONING_REQUESTS
+from controller.kube.resources import NODES, PODS, PROVISIONING_REQUESTS
 from e2e.conftest import Env, eventually
 
 CHECK = "check-capacity.muster.dev"
@@ -85,7 +85,7 @@ async def test_stock_out_is_retried_then_failed_without_leaking_nodes(env: Env) 
     await env.request("stockout", [("workers", 4)], class_name=ATOMIC)
 
     retrying = await env.wait_condition("stockout", "Provisioned", "False")
-    assert retrying["reason"] in ("Provisioning", "AcquisitionFailed")
+    assert retrying["reason"] in ("Provisioning", "AcquisitionFailed", "RetriesExhausted")
     failed = await env.wait_condition("stockout", "Failed", within=30)
     assert failed["reason"] == "RetriesExhausted"
     assert "could only launch 2 of 4" in failed["message"]
@@ -244,4 +244,13 @@ async def _request_gone(env: Env, name: str) -> bool:
     ) is None
 
 
-__all__ = ["POD_TEMPLATES"]
+async def test_requests_of_other_classes_are_left_alone(env: Env) -> None:
+    await env.existing_gpu_nodes(2)
+    await env.worker_template()
+    await env.request("foreign", [("workers", 1)], class_name="queued-provisioning.gke.io")
+    await env.request("ours", [("workers", 1)], class_name=CHECK)
+
+    await env.wait_condition("ours", "Provisioned")
+    pr = await env.get("foreign")
+    assert not (pr.get("status") or {}).get("conditions")
+    assert "muster.dev/phase" not in (pr["metadata"].get("annotations") or {})

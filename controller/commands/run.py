@@ -2,8 +2,8 @@
 
 Reads the one config (``--config FILE`` plus ``MUSTER_*`` variables; a bad key stops it
 here with a message), sets up logging, and runs :class:`controller.reconcilers.operator.
-Controller` until SIGINT/SIGTERM. Liveness is served by kopf on ``server.probe_port``
-(``/healthz``); ``server.metrics_port`` serves Prometheus text at ``/metrics``.
+Controller` until SIGINT/SIGTERM. ``/healthz`` (JSON counters) is served on
+``server.probe_port`` and ``/metrics`` (Prometheus text) on ``server.metrics_port``.
 """
 
 from __future__ import annotations
@@ -43,8 +43,6 @@ def setup_logging(fmt: str, level: str) -> None:
     root.setLevel(level)
     # kopf logs every event-handler call at INFO; Muster's own logs say what matters.
     logging.getLogger("kopf").setLevel(max(logging.WARNING, root.level))
-    # kopf's liveness server logs every probe request; the kubelet probes every few seconds.
-    logging.getLogger("aiohttp.access").setLevel(max(logging.WARNING, root.level))
 
 
 def run_command(
@@ -68,9 +66,15 @@ def run_command(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     setup_logging(cfg.log_format, cfg.log_level)
+    from controller.reconcilers.operator import StartupError
+
     # Signal handlers stop the controller cleanly; a second Ctrl-C just exits.
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_run(cfg, kubeconfig=kubeconfig, context=context, in_cluster=in_cluster))
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(_run(cfg, kubeconfig=kubeconfig, context=context, in_cluster=in_cluster))
+    except StartupError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
 
 
 async def _run(cfg: Any, *, kubeconfig: Path | None, context: str | None, in_cluster: bool) -> None:
@@ -83,10 +87,7 @@ async def _run(cfg: Any, *, kubeconfig: Path | None, context: str | None, in_clu
     kube = KubeClient.in_cluster() if in_cluster else await KubeClient.from_kubeconfig(
         kubeconfig, context=context
     )
-    controller = Controller(
-        kube=kube, config=cfg,
-        liveness_endpoint=f"http://0.0.0.0:{cfg.server.probe_port}/healthz",
-    )
+    controller = Controller(kube=kube, config=cfg)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -97,12 +98,23 @@ async def _run(cfg: Any, *, kubeconfig: Path | None, context: str | None, in_clu
         lines = [f"muster_{k} {v}" for k, v in controller.health().items()]
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
+    async def healthz(_: web.Request) -> web.Response:
+        return web.json_response(controller.health())
+
     app = web.Application()
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "0.0.0.0", cfg.server.metrics_port).start()
-    await controller.start()
+    if cfg.server.probe_port != cfg.server.metrics_port:
+        await web.TCPSite(runner, "0.0.0.0", cfg.server.probe_port).start()
+    try:
+        await controller.start()
+    except BaseException:
+        await runner.cleanup()
+        await kube.close()
+        raise
     # kopf.operator() installs its own SIGINT/SIGTERM handlers when it starts, replacing the
     # ones above: it would stop alone and leave Muster running until the kubelet's SIGKILL.
     # Take them back, so a signal stops everything (kopf included) through controller.stop().

@@ -21,8 +21,8 @@ from controller.acquire.collector import Collector
 from controller.acquire.providers import ProviderSet
 from controller.clock import Clock, RealClock
 from controller.config import MusterConfig
-from controller.kube import KubeClient
-from controller.kube.resources import PROVISIONING_REQUESTS
+from controller.kube import ApiError, KubeClient
+from controller.kube.resources import CAPACITY_POOLS, PROVISIONING_REQUESTS
 from controller.kueue.integration import KueueIntegration
 from controller.reconcilers.handlers import build_registry
 from controller.reconcilers.service import ProvisioningService
@@ -36,6 +36,10 @@ from providers.registry import ProviderContext
 log = logging.getLogger(__name__)
 
 
+class StartupError(Exception):
+    """The controller cannot start; the message says why and what to do."""
+
+
 class Controller:
     """Muster's ProvisioningRequest controller, runnable in any asyncio program."""
 
@@ -46,13 +50,13 @@ class Controller:
         config: MusterConfig,
         clock: Clock | None = None,
         providers: Mapping[str, Provider] | None = None,
-        use_kopf: bool = True,
+        use_kopf: bool | None = None,
         liveness_endpoint: str | None = None,
     ) -> None:
         self.kube = kube
         self.config = config
         self.clock = clock or RealClock()
-        self.use_kopf = use_kopf
+        self.use_kopf = config.event_source == "kopf" if use_kopf is None else use_kopf
         self.collect_interval = config.acquisition.collect_interval_seconds
         self.liveness_endpoint = liveness_endpoint
         self.state = ClusterState(levels=config.topology.levels, notify=self._enqueue)
@@ -76,7 +80,7 @@ class Controller:
             idle_ttl=config.acquisition.idle_ttl_seconds, now=self.clock.now,
             in_flight=lambda: self.service.in_flight,
         )
-        self.feeds = Feeds(kube, self.state, with_requests=not use_kopf)
+        self.feeds = Feeds(kube, self.state, with_requests=not self.use_kopf)
         self.kueue = (
             KueueIntegration(kube=kube, config=config.kueue, clock=self.clock,
                              levels=config.topology.levels)
@@ -101,6 +105,7 @@ class Controller:
         self._enqueue(key)
 
     async def start(self) -> None:
+        await self._check_crds()
         self.feeds.start()
         await self.feeds.wait_synced()
         if self.use_kopf:
@@ -146,6 +151,20 @@ class Controller:
         self._tasks.append(asyncio.create_task(self._collect_loop(), name="collector"))
         if self.kueue is not None:
             await self.kueue.start()
+
+    async def _check_crds(self) -> None:
+        """Fail start-up with the fix when a CRD Muster serves or reads is not installed."""
+        for res, crd in ((PROVISIONING_REQUESTS, "provisioningrequests.autoscaling.x-k8s.io"),
+                         (CAPACITY_POOLS, "capacitypools.muster.dev")):
+            try:
+                await self.kube.list(res)
+            except ApiError as exc:
+                if exc.not_found:
+                    raise StartupError(
+                        f"the CRD {crd} is not installed in {self.kube.host}; "
+                        "install Muster's CRDs first: kubectl apply -f crds/"
+                    ) from None
+                raise StartupError(f"cannot reach the API server {self.kube.host}: {exc}") from None
 
     async def stop(self) -> None:
         self._started = False
