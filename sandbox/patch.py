@@ -83,7 +83,14 @@ def _index(container: list[Any], token: str, *, for_add: bool) -> int:
     return idx
 
 
-def _parent(doc: Any, tokens: list[str], path: str) -> Any:
+def _locate(doc: Any, path: str) -> tuple[Any, str] | None:
+    """The container that holds the target of ``path`` and the target's last token.
+
+    None when ``path`` is the whole document, which each operation treats its own way.
+    """
+    tokens = _pointer(path)
+    if not tokens:
+        return None
     cur = doc
     for token in tokens[:-1]:
         if isinstance(cur, dict):
@@ -94,15 +101,14 @@ def _parent(doc: Any, tokens: list[str], path: str) -> Any:
             cur = cur[_index(cur, token, for_add=False)]
         else:
             raise _unprocessable(f"doc is missing path: {path!r}")
-    return cur
+    return cur, tokens[-1]
 
 
 def _get(doc: Any, path: str) -> Any:
-    tokens = _pointer(path)
-    if not tokens:
+    located = _locate(doc, path)
+    if located is None:
         return doc
-    parent = _parent(doc, tokens, path)
-    last = tokens[-1]
+    parent, last = located
     if isinstance(parent, dict):
         if last not in parent:
             raise _unprocessable(f"doc is missing path: {path!r}")
@@ -113,11 +119,10 @@ def _get(doc: Any, path: str) -> Any:
 
 
 def _add(doc: Any, path: str, value: Any) -> Any:
-    tokens = _pointer(path)
-    if not tokens:
+    located = _locate(doc, path)
+    if located is None:
         return value
-    parent = _parent(doc, tokens, path)
-    last = tokens[-1]
+    parent, last = located
     if isinstance(parent, dict):
         parent[last] = value
     elif isinstance(parent, list):
@@ -128,11 +133,10 @@ def _add(doc: Any, path: str, value: Any) -> Any:
 
 
 def _remove(doc: Any, path: str) -> tuple[Any, Any]:
-    tokens = _pointer(path)
-    if not tokens:
+    located = _locate(doc, path)
+    if located is None:
         raise _unprocessable("cannot remove the whole document")
-    parent = _parent(doc, tokens, path)
-    last = tokens[-1]
+    parent, last = located
     if isinstance(parent, dict):
         if last not in parent:
             raise _unprocessable(f"unable to remove nonexistent key: {last}: missing value")

@@ -13,11 +13,11 @@ import json
 import socket
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from aiohttp import web
@@ -38,6 +38,7 @@ KUBE_VERSION = {
     "platform": "linux/amd64",
 }
 _TRUE = frozenset({"true", "True", "1", "yes"})
+_Number = TypeVar("_Number", int, float)
 
 
 def _dumps(obj: Any) -> bytes:
@@ -69,6 +70,20 @@ class Target:
 
 def _wants_table(request: web.Request) -> bool:
     return "as=Table" in request.headers.get("Accept", "")
+
+
+def _query_number(
+    query: Mapping[str, str], name: str, parse: Callable[[str], _Number],
+) -> _Number | None:
+    """The query parameter ``name`` parsed by ``parse``; None when absent or empty.
+
+    A malformed value is the client's fault, so it is a 400 rather than a 500.
+    """
+    raw = query.get(name)
+    try:
+        return parse(raw) if raw else None
+    except ValueError as exc:
+        raise bad_request(f"invalid {name} {raw!r}") from exc
 
 
 class SandboxServer:
@@ -477,11 +492,7 @@ class SandboxServer:
 
     def _list(self, request: web.Request, t: Target) -> web.Response:
         q = request.query
-        limit_raw = q.get("limit")
-        try:
-            limit = int(limit_raw) if limit_raw else None
-        except ValueError as exc:
-            raise bad_request(f"invalid limit {limit_raw!r}") from exc
+        limit = _query_number(q, "limit", int)
         items, rv, token = self.store.list_raw(
             t.rt, t.namespace, LabelSelector.parse(q.get("labelSelector")),
             FieldSelector.parse(q.get("fieldSelector")), limit=limit,
@@ -584,11 +595,7 @@ class SandboxServer:
 
     async def _watch(self, request: web.Request, t: Target) -> web.StreamResponse:
         q = request.query
-        timeout_raw = q.get("timeoutSeconds")
-        try:
-            timeout = float(timeout_raw) if timeout_raw else None
-        except ValueError as exc:
-            raise bad_request(f"invalid timeoutSeconds {timeout_raw!r}") from exc
+        timeout = _query_number(q, "timeoutSeconds", float)
         bookmarks = q.get("allowWatchBookmarks", "") in _TRUE
         initial_end = q.get("sendInitialEvents", "") in _TRUE
         labels = LabelSelector.parse(q.get("labelSelector"))

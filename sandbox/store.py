@@ -188,6 +188,19 @@ class Store:
             return resource
         return self.registry.resolve(resource)
 
+    def _resolve_for_obj(
+        self, resource: str | ResourceType, obj: Mapping[str, Any], namespace: str | None,
+    ) -> tuple[ResourceType, str | None]:
+        """The resource type, and the namespace an object without an explicit one goes to.
+
+        A namespaced object with no ``namespace`` argument lands in its own
+        ``metadata.namespace``, else in "default" (what kubectl does).
+        """
+        rt = self.resolve(resource)
+        if rt.namespaced and namespace is None:
+            namespace = _meta(obj).get("namespace") or "default"
+        return rt, namespace
+
     def _key(self, rt: ResourceType, name: str, namespace: str | None) -> Key:
         if rt.namespaced:
             if not namespace:
@@ -308,9 +321,7 @@ class Store:
         field_manager: str | None = None,
     ) -> Obj:
         """Create an object (POST semantics); returns a deep copy of what was stored."""
-        rt = self.resolve(resource)
-        if rt.namespaced and namespace is None:
-            namespace = _meta(obj).get("namespace") or "default"
+        rt, namespace = self._resolve_for_obj(resource, obj, namespace)
         return copy_obj(
             self.create_raw(rt, obj, namespace, dry_run=dry_run, field_manager=field_manager)
         )
@@ -486,10 +497,8 @@ class Store:
         subresource: str | None = None,
     ) -> Obj:
         """PUT semantics (optimistic concurrency when ``metadata.resourceVersion`` is set)."""
-        rt = self.resolve(resource)
+        rt, namespace = self._resolve_for_obj(resource, obj, namespace)
         name = _meta(obj).get("name", "")
-        if rt.namespaced and namespace is None:
-            namespace = _meta(obj).get("namespace") or "default"
         return copy_obj(self.replace_raw(rt, name, obj, namespace, subresource=subresource))
 
     def replace_raw(
@@ -558,9 +567,7 @@ class Store:
         subresource: str | None = None,
     ) -> Obj:
         """Server-side apply (creates the object when absent)."""
-        rt = self.resolve(resource)
-        if rt.namespaced and namespace is None:
-            namespace = _meta(obj).get("namespace") or "default"
+        rt, namespace = self._resolve_for_obj(resource, obj, namespace)
         return self.patch(
             rt, _meta(obj).get("name", ""), obj, namespace, patch_type="apply",
             subresource=subresource, field_manager=field_manager, force=force,

@@ -7,6 +7,7 @@ reads time only from its clock.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -25,6 +26,7 @@ from controller.kube.resources import (
 )
 from controller.reconcilers.operator import Controller
 from providers.kind import KindProvider
+from tests.helpers import eventually
 
 
 @pytest.fixture
@@ -52,15 +54,8 @@ async def _condition(kube: KubeClient, name: str, type_: str) -> dict[str, Any] 
                  if c["type"] == type_), None)
 
 
-async def _until(probe: Any, within: float = 10.0) -> Any:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while True:
-        value = await probe()
-        if value:
-            return value
-        assert loop.time() < deadline, "not reached"
-        await asyncio.sleep(0.02)
+# Virtual time makes every step here quick, so poll often and give up early.
+_until = functools.partial(eventually, within=10.0, step=0.02)
 
 
 async def test_booking_expires_after_ten_virtual_minutes(

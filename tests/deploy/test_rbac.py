@@ -38,6 +38,7 @@ from controller.reconcilers.operator import Controller
 from sandbox import SandboxServer
 from sandbox.errors import ApiError as SandboxApiError
 from tests.deploy.manifests import CONFIG, ROOT, Doc, render
+from tests.helpers import eventually
 
 MUSTER_TOKEN = "muster-service-account"
 NS = "team-a"
@@ -158,18 +159,6 @@ def _kubeconfig(server: SandboxServer, path: Path, token: str) -> Path:
     return path
 
 
-async def _eventually(probe: Callable[[], Any], within: float = 20.0) -> Any:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while True:
-        value = await probe()
-        if value:
-            return value
-        if loop.time() > deadline:
-            raise AssertionError(f"not reached within {within}s (last: {value!r})")
-        await asyncio.sleep(0.1)
-
-
 @contextlib.asynccontextmanager
 async def _controller(
     kube: KubeClient, tmp_path: Path, **extra: Any
@@ -224,7 +213,7 @@ async def test_controller_works_with_exactly_the_shipped_rbac(tmp_path: Path) ->
             async with _controller(muster, tmp_path):
                 await admin.create(PROVISIONING_REQUESTS, objects.provisioning_request(
                     "gang", pod_sets=[("workers", 3)], namespace=NS), namespace=NS)
-                await _eventually(lambda: _condition(admin, "gang", "Provisioned"))
+                await eventually(lambda: _condition(admin, "gang", "Provisioned"))
                 nodes = (await admin.list(NODES, label_selector="muster.dev/pool=gpu"))["items"]
                 assert len(nodes) == 3
                 # The gang's pods arrive on the new nodes (what the scheduler would do) ...
@@ -241,7 +230,7 @@ async def test_controller_works_with_exactly_the_shipped_rbac(tmp_path: Path) ->
                     listing = await admin.list(NODES, label_selector="muster.dev/pool=gpu")
                     return not listing["items"]
 
-                await _eventually(released, within=30)
+                await eventually(released, within=30)
         except AssertionError as exc:
             raise AssertionError(f"{exc}; requests refused by the RBAC: {server.denied}") from exc
         finally:
@@ -334,7 +323,7 @@ async def test_kueue_admission_check_works_with_exactly_its_rbac(tmp_path: Path)
                 await status("train", lambda wl: kq.reserve_quota(
                     wl, cluster_queue="gpu-cq", flavors=flavors, checks=["muster-check"],
                     now=_now()))
-                await _eventually(lambda: _is(check_state("train"), "Ready"), within=40)
+                await eventually(lambda: _is(check_state("train"), "Ready"), within=40)
                 await status("train", lambda wl: kq.set_condition(
                     wl["status"], "Admitted", True, "Admitted", _now()))
                 wl = await admin.get(WORKLOADS, "train", namespace=NS)
@@ -349,7 +338,7 @@ async def test_kueue_admission_check_works_with_exactly_its_rbac(tmp_path: Path)
                     listing = await admin.list(PROVISIONING_REQUESTS, namespace=NS)
                     return not listing["items"]
 
-                await _eventually(requests_gone, within=30)
+                await eventually(requests_gone, within=30)
         except AssertionError as exc:
             raise AssertionError(f"{exc}; requests refused by the RBAC: {server.denied}") from exc
         finally:
