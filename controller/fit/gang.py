@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from itertools import islice, permutations
 
+from controller.fit.cel import SelectorError
 from controller.fit.explain import explain, validate
 from controller.fit.planner import Outcome, PodSetPlanner
 from controller.fit.topology import Levels
@@ -102,6 +103,7 @@ def _build(
                     new_node=slot,
                     domain={k: labels[k] for k in levels if k in labels},
                     requests=requests,
+                    devices=tuple(ws.allocations.get((name, ps.name), ())),
                 )
             )
     new_nodes: list[NewNodes] = []
@@ -132,6 +134,14 @@ def plan(request: GangRequest, snapshot: Snapshot, mode: Mode) -> Result:
     invalid = validate(request, snapshot)
     if invalid:
         return NoFit(request.name, mode, tuple(invalid))
+    try:
+        return _plan(request, snapshot, mode)
+    except SelectorError as exc:
+        # A CEL selector that fails on a device fails the claim, as in the scheduler.
+        return NoFit(request.name, mode, (Reason(ReasonCode.INVALID, None, str(exc)),))
+
+
+def _plan(request: GangRequest, snapshot: Snapshot, mode: Mode) -> Result:
     levels = Levels.of(snapshot.levels)
     pools = snapshot.pools if mode is Mode.PROVISION else ()
     shapes = [ps.shape for ps in request.pod_sets]

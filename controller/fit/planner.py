@@ -110,11 +110,11 @@ class PodSetPlanner:
         self.ws = ws
         self.ps = ps
         self.mode = mode
-        self.counter = ShapeCounter(ps.shape)
+        self.counter = ShapeCounter(ps.shape, ps.name)
         count = self.counter.count
         self.cands: list[tuple[NodeClass, int]] = []
         for cls in ws.classes.values():
-            c = count(cls.free, cls.labels, cls.taints, cls.node_name)
+            c = count(cls.free, cls.labels, cls.taints, cls.node_name, cls.devices)
             if c > 0:
                 self.cands.append((cls, c))
         self.per_node = {cls.key: c for cls, c in self.cands}
@@ -124,7 +124,9 @@ class PodSetPlanner:
                 nodes = ws.headroom(ref)
                 if nodes <= 0:
                     continue
-                per_node = count(ref.pool.allocatable, ref.labels, ref.pool.taints, None)
+                per_node = count(
+                    ref.pool.allocatable, ref.labels, ref.pool.taints, None, ref.pool.devices
+                )
                 if per_node > 0:
                     self.batches.append(Batch(ref, per_node, nodes))
 
@@ -161,7 +163,7 @@ class PodSetPlanner:
         requests = self.ps.shape.requests
         out: list[tuple[str, int]] = []
         for cls, pods_each, nodes in existing:
-            for name in self.ws.take(cls.key, nodes, pods_each, requests):
+            for name in self.ws.take(cls.key, nodes, pods_each, requests, self.counter):
                 out.append((name, pods_each))
         if purchase is not None:
             for batch, nodes, pods in purchase.takes:
@@ -169,9 +171,8 @@ class PodSetPlanner:
                 if pods % batch.per_node:
                     spread.append(pods % batch.per_node)
                 spread.extend([0] * (nodes - len(spread)))
-                for name, n in zip(
-                    self.ws.add_nodes(batch.ref, spread, requests), spread, strict=True
-                ):
+                added = self.ws.add_nodes(batch.ref, spread, requests, self.counter)
+                for name, n in zip(added, spread, strict=True):
                     out.append((name, n))
         return tuple(out)
 

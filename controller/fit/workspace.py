@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
-from controller.fit.shapes import label_keys, uses_node_name
+from controller.fit.devices import ClaimFitter, PodPlan
+from controller.fit.dra_types import NodeDevices, PodDevices
+from controller.fit.shapes import ShapeCounter, label_keys, uses_node_name
 from controller.fit.topology import Levels
 from controller.fit.types import (
     NewNodeSlot,
@@ -79,6 +81,8 @@ class NodeClass:
     members: tuple[str, ...]
     node_name: str | None
     """The single member's name when the gang matches on ``metadata.name``."""
+    devices: NodeDevices | None = None
+    """A member's DRA devices (with what is allocated), when the gang claims devices."""
 
     @property
     def first(self) -> str:
@@ -107,11 +111,17 @@ class _NodeIndex:
     def __init__(self, nodes: Sequence[NodeState]) -> None:
         self._nodes = nodes
         self._labels: dict[str, Mapping[str, str]] | None = None
+        self._devices: dict[str, NodeDevices | None] | None = None
 
     def labels(self, name: str) -> Mapping[str, str]:
         if self._labels is None:
             self._labels = {n.name: n.labels for n in self._nodes}
         return self._labels[name]
+
+    def devices(self, name: str) -> NodeDevices | None:
+        if self._devices is None:
+            self._devices = {n.name: n.devices for n in self._nodes}
+        return self._devices[name]
 
 
 class Workspace:
@@ -138,6 +148,11 @@ class Workspace:
         self.resources = tuple(sorted(resources))
         self.label_keys = tuple(sorted(keys))
         self.by_name = any(uses_node_name(s) for s in shapes)
+        claims = [c for shape in shapes for c in shape.claims]
+        self.device_keys = ClaimFitter(claims) if claims else None
+        """Device equivalence (None: the gang claims no devices, devices are ignored)."""
+        self.allocations: dict[tuple[str, str], list[PodDevices]] = {}
+        """(node or slot name, pod set) -> device allocations of the pods placed there."""
         self._index = _NodeIndex(nodes)
         self.slots: dict[str, NewNodeSlot] = {}
         self.slot_labels: dict[str, Mapping[str, str]] = {}
@@ -145,6 +160,7 @@ class Workspace:
         self.pool_used: dict[int, int] = {}
         self.domain_used: dict[tuple[int, int], int] = {}
         self._build(nodes, empty)
+        self._pool_index = {p.name: i for i, p in enumerate(self.pools)}
         self.refs: list[PoolRef] = []
         for pi, pool in enumerate(self.pools):
             for di, dom in enumerate(pool.domains):
@@ -162,8 +178,9 @@ class Workspace:
         path_of = _getter(self.levels.domain)
         dlevels = self.levels.domain
         by_name = self.by_name
+        dev_key = self._fast_device_key() if self.device_keys else None
         groups: dict[
-            tuple[tuple[Any, ...], tuple[Any, ...], int, tuple[Any, ...], str | None],
+            tuple[tuple[Any, ...], tuple[Any, ...], int, tuple[Any, ...], str | None, object],
             list[NodeState],
         ] = {}
         for node in nodes:
@@ -183,15 +200,18 @@ class Workspace:
                 path = path_of(labels)
             except KeyError:
                 path = _trimmed_path(labels, dlevels)
-            key = (fkey, lkey, id(node.taints), path, node.name if by_name else None)
+            key = (fkey, lkey, id(node.taints), path, node.name if by_name else None,
+                   dev_key(node.devices) if dev_key else None)
             members = groups.get(key)
             if members is None:
                 groups[key] = [node]
             else:
                 members.append(node)
         merged: dict[ClassKey, tuple[tuple[Any, ...], tuple[str, ...], list[NodeState]]] = {}
-        for (fkey, lkey, _, path, name), members in groups.items():
-            ckey: ClassKey = (fkey, lkey, members[0].taints, path, name)
+        for (fkey, lkey, _, path, name, _d), members in groups.items():
+            devices = members[0].devices if self.device_keys else None
+            ckey: ClassKey = (fkey, lkey, members[0].taints, path, name,
+                              self.device_keys.key(devices) if self.device_keys else None)
             have = merged.get(ckey)
             if have is None:
                 merged[ckey] = (fkey, path, members)
@@ -208,7 +228,28 @@ class Workspace:
                 path,
                 tuple(m.name for m in members),
                 node.name if by_name else None,
+                node.devices if self.device_keys else None,
             )
+
+    def _fast_device_key(self) -> Callable[[NodeDevices | None], object]:
+        """Grouping key of a node's devices: the identity of its shared shape (the snapshot
+        builder interns shapes), plus the identity attributes the gang reads, if any."""
+        fitter = self.device_keys
+        assert fitter is not None
+        reads: dict[int, bool] = {}
+
+        def key(devices: NodeDevices | None) -> object:
+            if devices is None:
+                return None
+            shape = devices.shape
+            inv = id(shape.inventory)
+            needs = reads.get(inv)
+            if needs is None:
+                needs = fitter.key(devices)[2] is not None
+                reads[inv] = needs
+            return fitter.key(devices) if needs else id(shape)
+
+        return key
 
     def fork(self) -> Workspace:
         other = Workspace.__new__(Workspace)
@@ -218,7 +259,10 @@ class Workspace:
         other.label_keys = self.label_keys
         other.by_name = self.by_name
         other._index = self._index
+        other.device_keys = self.device_keys
+        other.allocations = {k: list(v) for k, v in self.allocations.items()}
         other.refs = self.refs
+        other._pool_index = self._pool_index
         other.slots = dict(self.slots)
         other.slot_labels = dict(self.slot_labels)
         other.classes = dict(self.classes)
@@ -231,28 +275,66 @@ class Workspace:
         got = self.slot_labels.get(name)
         return got if got is not None else self._index.labels(name)
 
-    def _place(self, cls: NodeClass, names: Sequence[str], free: Mapping[str, int]) -> None:
-        key: ClassKey = (tuple(free[r] for r in self.resources), *cls.key[1:])
+    def _place(
+        self,
+        cls: NodeClass,
+        names: Sequence[str],
+        free: Mapping[str, int],
+        devices: NodeDevices | None = None,
+    ) -> None:
+        dkey = self.device_keys.key(devices) if self.device_keys else None
+        key: ClassKey = (tuple(free[r] for r in self.resources), *cls.key[1:-1], dkey)
         have = self.classes.get(key)
         members = tuple(sorted((*have.members, *names))) if have else tuple(names)
         self.classes[key] = NodeClass(
-            key, free, cls.labels, cls.taints, cls.path, members, cls.node_name
+            key, free, cls.labels, cls.taints, cls.path, members, cls.node_name, devices
         )
 
-    def take(self, key: ClassKey, nodes: int, pods_each: int, requests: Resources) -> list[str]:
-        """Put ``pods_each`` pods on each of the first ``nodes`` members of class ``key``."""
+    def device_of(self, name: str) -> NodeDevices | None:
+        """The devices a node (or slot) had before this plan: pool names and identity."""
+        slot = self.slots.get(name)
+        if slot is not None:
+            return self.pools[self._pool_index[slot.pool]].devices
+        return self._index.devices(name)
+
+    def take(
+        self,
+        key: ClassKey,
+        nodes: int,
+        pods_each: int,
+        requests: Resources,
+        counter: ShapeCounter | None = None,
+    ) -> list[str]:
+        """Put ``pods_each`` pods on each of the first ``nodes`` members of class ``key``
+        (``counter``: the pod set's shape, to allocate its device claims)."""
         cls = self.classes[key]
         names = list(cls.members[:nodes])
         rest = cls.members[nodes:]
         if rest:
             self.classes[key] = NodeClass(
-                key, cls.free, cls.labels, cls.taints, cls.path, rest, cls.node_name
+                key, cls.free, cls.labels, cls.taints, cls.path, rest, cls.node_name,
+                cls.devices,
             )
         else:
             del self.classes[key]
         free = {r: v - requests.get(r, 0) * pods_each for r, v in cls.free.items()}
-        self._place(cls, names, free)
+        devices = cls.devices
+        if counter is not None and counter.fitter is not None:
+            devices, plans = counter.after(cls.devices, pods_each)
+            self._record(names, counter, plans)
+        self._place(cls, names, free, devices)
         return names
+
+    def _record(
+        self, names: Sequence[str], counter: ShapeCounter, plans: Sequence[PodPlan]
+    ) -> None:
+        for name in names:
+            own = self.device_of(name)
+            if own is None:
+                continue
+            self.allocations.setdefault((name, counter.owner), []).extend(
+                counter.resolve(own, plans)
+            )
 
     def headroom(self, ref: PoolRef) -> int:
         """New nodes this (pool, domain) may still add, honouring the pool-wide limit."""
@@ -265,7 +347,11 @@ class Workspace:
         return max(0, self.pools[pool_index].max_new_nodes - self.pool_used.get(pool_index, 0))
 
     def add_nodes(
-        self, ref: PoolRef, pods: Sequence[int], requests: Resources
+        self,
+        ref: PoolRef,
+        pods: Sequence[int],
+        requests: Resources,
+        counter: ShapeCounter | None = None,
     ) -> list[str]:
         """Commit one new node of ``ref`` per entry of ``pods`` (pods placed on it)."""
         key = (ref.pool_index, ref.domain_index)
@@ -274,8 +360,8 @@ class Workspace:
         self.pool_used[ref.pool_index] = self.pool_used.get(ref.pool_index, 0) + len(pods)
         template = NodeClass(
             (None, tuple(ref.labels.get(k) for k in self.label_keys), ref.pool.taints,
-             ref.path, None),
-            {}, ref.labels, ref.pool.taints, ref.path, (), None,
+             ref.path, None, None),
+            {}, ref.labels, ref.pool.taints, ref.path, (), None, ref.pool.devices,
         )
         names: list[str] = []
         for offset, count in enumerate(pods):
@@ -287,6 +373,10 @@ class Workspace:
                 r: ref.pool.allocatable.get(r, 0) - requests.get(r, 0) * count
                 for r in self.resources
             }
-            self._place(template, [name], free)
+            devices = ref.pool.devices if self.device_keys else None
+            if counter is not None and counter.fitter is not None and count > 0:
+                devices, plans = counter.after(ref.pool.devices, count)
+                self._record([name], counter, plans)
+            self._place(template, [name], free, devices)
             names.append(name)
         return names

@@ -1,0 +1,649 @@
+"""Device allocation: "how many pods with these ResourceClaims fit on this node's devices".
+
+Modelled on the scheduler's structured allocator (k8s.io/dynamic-resource-allocation
+``structured``): for one pod, a depth-first search over its claims, their requests (and
+``firstAvailable`` subrequests, in order) and the node's devices (in inventory order), with
+backtracking; a device must pass the DeviceClass's and the request's CEL selectors, have its
+NoSchedule/NoExecute taints tolerated, be free (or, with ``allowMultipleAllocations``, have
+the requested capacity left after applying its ``requestPolicy``), find its
+``consumesCounters`` available in the pool's ``sharedCounters``, and satisfy every
+``matchAttribute``/``distinctAttribute`` constraint of the claim. The first solution wins
+(no scoring), like the scheduler. ``allocationMode: All`` takes every matching device and
+fails if one of them is not available. The search is bounded by :data:`SEARCH_BUDGET` steps
+per pod; running out counts as "does not fit" and is said so in the reason.
+
+Pods are allocated one after another on a working copy of the node's :class:`DeviceState`
+until one does not fit: that is what the scheduler would do pod by pod. Results are
+memoised per (inventory, state, identity attributes the gang reads), so identical nodes cost
+one search.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from controller.fit.cel import Selector, SelectorError, device_value
+from controller.fit.dra_types import (
+    ALL,
+    EMPTY_STATE,
+    AttrValue,
+    ClaimAllocation,
+    ClaimShape,
+    CounterKey,
+    Device,
+    DeviceInventory,
+    DeviceRequest,
+    DeviceResult,
+    DeviceShape,
+    DeviceState,
+    DeviceToleration,
+    NodeDevices,
+    PodDevices,
+    RequestPolicy,
+)
+
+SEARCH_BUDGET = 200_000
+"""Device choices tried per pod before giving up (the scheduler bounds its search by a
+10 s filter timeout instead)."""
+
+BLOCKING = frozenset({"NoSchedule", "NoExecute"})
+
+Pick = tuple[int, int, int, tuple[tuple[str, int], ...]]
+"""(claim index, request index, device index, consumed capacity) of one allocated device;
+the alternative chosen is in :class:`PodPlan`."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodPlan:
+    """One pod's allocation in index form (resolved to names by :func:`resolve`)."""
+
+    picks: tuple[Pick, ...]
+    alternatives: tuple[tuple[int, int, int], ...]
+    """(claim, request, alternative chosen)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """Pods allocated one after another on one device state."""
+
+    pods: tuple[PodPlan, ...]
+    states: tuple[DeviceState, ...]
+    """State after 1, 2, ... pods."""
+    failure: str | None
+    """Why one more pod does not fit (None when stopped by ``limit``)."""
+    limit: int
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def _tolerates(tol: DeviceToleration, key: str, value: str, effect: str) -> bool:
+    if tol.effect and tol.effect != effect:
+        return False
+    if tol.operator == "Exists":
+        return not tol.key or tol.key == key
+    return tol.key == key and tol.value == value
+
+
+def tolerated(device: Device, tolerations: Sequence[DeviceToleration]) -> bool:
+    return all(
+        t.effect not in BLOCKING or any(_tolerates(x, t.key, t.value, t.effect)
+                                        for x in tolerations)
+        for t in device.taints
+    )
+
+
+def consumed_amount(requested: int | None, total: int, policy: RequestPolicy | None) -> int | None:
+    """Capacity one allocation of a shared device consumes (KEP-5075), None if the request
+    is not allowed by the policy.
+
+    No request: the policy's default, else the whole capacity. ``validValues``: the smallest
+    valid value at least the request. ``validRange``: at least ``min``, rounded up to
+    ``min + k*step``, at most ``max``.
+    """
+    if requested is None:
+        if policy is not None and policy.default is not None:
+            return policy.default
+        return total
+    if policy is None:
+        return requested
+    if policy.valid_values:
+        for v in policy.valid_values:
+            if v >= requested:
+                return v
+        return None
+    amount = requested
+    if policy.min is not None:
+        amount = max(amount, policy.min)
+        if policy.step:
+            over = amount - policy.min
+            amount = policy.min + -(-over // policy.step) * policy.step
+    if policy.max is not None and amount > policy.max:
+        return None
+    return amount
+
+
+def _typed(value: AttrValue) -> tuple[str, AttrValue]:
+    # 1 and True are different attribute values (int vs bool), as in the API.
+    return (type(value).__name__, value)
+
+
+# ---------------------------------------------------------------------------- preparation
+
+
+@dataclass(frozen=True, slots=True)
+class _Alt:
+    request: DeviceRequest
+    candidates: tuple[int, ...]
+    """Devices passing selectors, taints and static capacity checks, in inventory order."""
+    consume: tuple[tuple[tuple[str, int], ...] | None, ...]
+    """Per candidate: capacity consumed on a shared device (None for an exclusive one)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Req:
+    claim: int
+    index: int
+    name: str
+    alts: tuple[_Alt, ...]
+    constraints: tuple[int, ...]
+    """Indexes into the prepared constraint list."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Constraint:
+    attribute: str
+    match: bool
+
+
+class _Prepared:
+    """Candidates per request alternative for one inventory (and identity projection)."""
+
+    def __init__(self, claims: Sequence[ClaimShape], devices: NodeDevices) -> None:
+        self.devices = devices
+        inv = devices.shape.inventory
+        self.inventory = inv
+        self.attrs: list[Mapping[str, AttrValue]] = [
+            devices.attributes(i) for i in range(len(inv.devices))
+        ]
+        self._cel_cache: dict[tuple[int, int], bool] = {}
+        self.constraints: list[_Constraint] = []
+        reqs: list[_Req] = []
+        for ci, claim in enumerate(claims):
+            names = [r.name for r in claim.requests]
+            applies: dict[str, list[int]] = {n: [] for n in names}
+            for con in claim.constraints:
+                attr = con.match_attribute or con.distinct_attribute
+                if attr is None:
+                    continue
+                k = len(self.constraints)
+                self.constraints.append(_Constraint(attr, con.match_attribute is not None))
+                for n in con.requests or tuple(names):
+                    if n in applies:
+                        applies[n].append(k)
+            for ri, req in enumerate(claim.requests):
+                alts = tuple(self._alt(alt) for alt in req.alternatives)
+                reqs.append(_Req(ci, ri, req.name, alts, tuple(applies[req.name])))
+        self.requests = tuple(reqs)
+
+    def _selected(self, selectors: tuple[Selector, ...], index: int) -> bool:
+        value: dict[str, Any] | None = None
+        for sel in selectors:
+            key = (id(sel), index)
+            hit = self._cel_cache.get(key)
+            if hit is None:
+                if value is None:
+                    dev = self.inventory.devices[index]
+                    value = device_value(dev.driver, self.attrs[index], dev.capacity,
+                                         dev.allow_multiple)
+                hit = sel.matches(value)
+                self._cel_cache[key] = hit
+            if not hit:
+                return False
+        return True
+
+    def _alt(self, req: DeviceRequest) -> _Alt:
+        cands: list[int] = []
+        consume: list[tuple[tuple[str, int], ...] | None] = []
+        for i, dev in enumerate(self.inventory.devices):
+            if not self._selected(req.selectors, i) or not tolerated(dev, req.tolerations):
+                continue
+            if any(name not in dev.capacity for name in req.capacity):
+                continue
+            if dev.allow_multiple:
+                amounts: list[tuple[str, int]] = []
+                ok = True
+                for name, total in sorted(dev.capacity.items()):
+                    got = consumed_amount(req.capacity.get(name), total, dev.policies.get(name))
+                    if got is None or got > total:
+                        ok = False
+                        break
+                    amounts.append((name, got))
+                if not ok:
+                    continue
+                cands.append(i)
+                consume.append(tuple(amounts))
+            else:
+                if any(dev.capacity[n] < amount for n, amount in req.capacity.items()):
+                    continue
+                cands.append(i)
+                consume.append(None)
+        return _Alt(req, tuple(cands), tuple(consume))
+
+
+# ---------------------------------------------------------------------------- the search
+
+
+class _Search:
+    """One pod's depth-first search on a working copy of a device state."""
+
+    def __init__(self, prep: _Prepared, state: DeviceState, budget: int) -> None:
+        self.prep = prep
+        self.inv = prep.inventory
+        self.used = set(state.used)
+        self.shared = set(state.shared)
+        self.cap: dict[int, dict[str, int]] = {d: dict(v) for d, v in state.capacity}
+        self.counters: dict[CounterKey, dict[str, int]] = {k: dict(v) for k, v in
+                                                           state.counters}
+        self.pins: list[tuple[str, AttrValue] | None] = [None] * len(prep.constraints)
+        self.pin_count = [0] * len(prep.constraints)
+        self.seen: list[dict[tuple[str, AttrValue], int]] = [{} for _ in prep.constraints]
+        self.picks: list[Pick] = []
+        self.alts: list[tuple[int, int, int]] = []
+        self.budget = budget
+        self.exhausted = False
+        self.deepest = -1
+
+    # -- availability of one device for one alternative
+
+    def _counters_ok(self, dev: Device) -> bool:
+        for use in dev.consumes:
+            key = (dev.driver, dev.pool, use.counter_set)
+            have = self.inv.counters.get(key)
+            if have is None:
+                return False
+            taken = self.counters.get(key, {})
+            for name, amount in use.counters.items():
+                if taken.get(name, 0) + amount > have.get(name, 0):
+                    return False
+        return True
+
+    def _constraints_ok(self, req: _Req, index: int) -> bool:
+        attrs = self.prep.attrs[index]
+        for k in req.constraints:
+            con = self.prep.constraints[k]
+            value = attrs.get(con.attribute)
+            if value is None:
+                return False
+            typed = _typed(value)
+            if con.match:
+                pin = self.pins[k]
+                if pin is not None and pin != typed:
+                    return False
+            elif self.seen[k].get(typed, 0) > 0:
+                return False
+        return True
+
+    def _available(self, req: _Req, alt: _Alt, pos: int) -> bool:
+        index = alt.candidates[pos]
+        dev = self.inv.devices[index]
+        if index in self.used:
+            return False
+        amounts = alt.consume[pos]
+        if amounts is None:
+            if index in self.shared:
+                return False
+        else:
+            taken = self.cap.get(index, {})
+            for name, amount in amounts:
+                if taken.get(name, 0) + amount > dev.capacity[name]:
+                    return False
+        return self._counters_ok(dev) and self._constraints_ok(req, index)
+
+    # -- applying and undoing one device
+
+    def _apply(self, req: _Req, alt: _Alt, pos: int) -> None:
+        index = alt.candidates[pos]
+        dev = self.inv.devices[index]
+        amounts = alt.consume[pos]
+        if amounts is None:
+            self.used.add(index)
+        else:
+            slot = self.cap.setdefault(index, {})
+            for name, amount in amounts:
+                slot[name] = slot.get(name, 0) + amount
+        for use in dev.consumes:
+            cslot = self.counters.setdefault((dev.driver, dev.pool, use.counter_set), {})
+            for name, amount in use.counters.items():
+                cslot[name] = cslot.get(name, 0) + amount
+        attrs = self.prep.attrs[index]
+        for k in req.constraints:
+            con = self.prep.constraints[k]
+            typed = _typed(attrs[con.attribute])
+            if con.match:
+                if self.pin_count[k] == 0:
+                    self.pins[k] = typed
+                self.pin_count[k] += 1
+            else:
+                self.seen[k][typed] = self.seen[k].get(typed, 0) + 1
+        self.picks.append((req.claim, req.index, index, amounts or ()))
+
+    def _undo(self, req: _Req, alt: _Alt, pos: int) -> None:
+        index = alt.candidates[pos]
+        dev = self.inv.devices[index]
+        amounts = alt.consume[pos]
+        if amounts is None:
+            self.used.discard(index)
+        else:
+            slot = self.cap[index]
+            for name, amount in amounts:
+                slot[name] -= amount
+            if not any(slot.values()):
+                del self.cap[index]
+        for use in dev.consumes:
+            cslot = self.counters[(dev.driver, dev.pool, use.counter_set)]
+            for name, amount in use.counters.items():
+                cslot[name] -= amount
+        attrs = self.prep.attrs[index]
+        for k in req.constraints:
+            con = self.prep.constraints[k]
+            typed = _typed(attrs[con.attribute])
+            if con.match:
+                self.pin_count[k] -= 1
+                if self.pin_count[k] == 0:
+                    self.pins[k] = None
+            else:
+                self.seen[k][typed] -= 1
+        self.picks.pop()
+
+    # -- the depth-first search
+
+    def _step(self) -> bool:
+        self.budget -= 1
+        if self.budget < 0:
+            self.exhausted = True
+            return False
+        return True
+
+    def request(self, r: int) -> bool:
+        """Allocate requests ``r..`` (flattened over claims); True on the first solution."""
+        if r == len(self.prep.requests):
+            return True
+        self.deepest = max(self.deepest, r)
+        req = self.prep.requests[r]
+        for ai, alt in enumerate(req.alts):
+            self.alts.append((req.claim, req.index, ai))
+            if alt.request.mode == ALL:
+                ok = self._all(r, req, alt)
+            else:
+                ok = self._pick(r, req, alt, alt.request.count, 0)
+            if ok:
+                return True
+            self.alts.pop()
+            if self.exhausted:
+                return False
+        return False
+
+    def _all(self, r: int, req: _Req, alt: _Alt) -> bool:
+        if not alt.candidates:
+            return False  # All needs at least one matching device
+        done = 0
+        for pos in range(len(alt.candidates)):
+            if not self._step() or not self._available(req, alt, pos):
+                break
+            self._apply(req, alt, pos)
+            done += 1
+        if done == len(alt.candidates) and self.request(r + 1):
+            return True
+        for pos in range(done - 1, -1, -1):
+            self._undo(req, alt, pos)
+        return False
+
+    def _pick(self, r: int, req: _Req, alt: _Alt, left: int, start: int) -> bool:
+        if left == 0:
+            return self.request(r + 1)
+        n = len(alt.candidates)
+        for pos in range(start, n - left + 1):
+            if not self._step():
+                return False
+            if not self._available(req, alt, pos):
+                continue
+            self._apply(req, alt, pos)
+            if self._pick(r, req, alt, left - 1, pos + 1):
+                return True
+            self._undo(req, alt, pos)
+            if self.exhausted:
+                return False
+        return False
+
+    def state(self) -> DeviceState:
+        shared = set(self.shared)
+        shared.update(self.cap)
+        return DeviceState(
+            used=frozenset(self.used),
+            counters=tuple(sorted((k, tuple(sorted((n, a) for n, a in v.items() if a)))
+                                  for k, v in self.counters.items() if any(v.values()))),
+            capacity=tuple(sorted((d, tuple(sorted((n, a) for n, a in v.items() if a)))
+                                  for d, v in self.cap.items())),
+            shared=frozenset(shared),
+        )
+
+
+# ---------------------------------------------------------------------------- public
+
+
+def identity_names_read(claims: Sequence[ClaimShape]) -> frozenset[str] | None:
+    """Attribute ids (the part after the domain) the claims' selectors and constraints can
+    read; None if a selector may read any attribute."""
+    names: set[str] = set()
+    for claim in claims:
+        for con in claim.constraints:
+            attr = con.match_attribute or con.distinct_attribute
+            if attr:
+                names.add(attr.rsplit("/", 1)[-1])
+        for req in claim.requests:
+            for alt in req.alternatives:
+                for sel in alt.selectors:
+                    if sel.names is None:
+                        return None
+                    names.update(sel.names)
+    return frozenset(names)
+
+
+class ClaimFitter:
+    """Memoised device fit of one pod shape's claims (one per pod set and plan)."""
+
+    __slots__ = ("_prepared", "_read", "_runs", "budget", "claims")
+
+    def __init__(self, claims: Sequence[ClaimShape], budget: int = SEARCH_BUDGET) -> None:
+        self.claims = tuple(claims)
+        self.budget = budget
+        self._read = identity_names_read(self.claims)
+        self._prepared: dict[tuple[object, ...], _Prepared] = {}
+        self._runs: dict[tuple[object, ...], Run] = {}
+
+    def _projection(self, devices: NodeDevices) -> tuple[object, ...] | None:
+        inv = devices.shape.inventory
+        if not inv.identity_names or not devices.identity:
+            return None
+        if self._read is None:
+            wanted = inv.identity_names
+        else:
+            wanted = frozenset(n for n in inv.identity_names
+                               if n.rsplit("/", 1)[-1] in self._read)
+        if not wanted:
+            return None
+        return tuple(tuple(sorted((k, _typed(v)) for k, v in ident.items() if k in wanted))
+                     for ident in devices.identity)
+
+    def key(self, devices: NodeDevices | None) -> tuple[object, ...]:
+        """What makes two nodes' devices equivalent for these claims."""
+        if devices is None:
+            return ()
+        shape = devices.shape
+        return (id(shape.inventory), shape.state, self._projection(devices))
+
+    def run(self, devices: NodeDevices | None, limit: int) -> Run:
+        """Allocate up to ``limit`` pods one after another; memoised."""
+        if limit <= 0:
+            return Run((), (), None, limit)
+        if devices is None or not devices.shape.inventory.devices:
+            return Run((), (), "the node publishes no devices", limit)
+        key = self.key(devices)
+        hit = self._runs.get(key)
+        if hit is not None and (hit.failure is not None or hit.limit >= limit):
+            return hit
+        pkey = (key[0], key[2])
+        prep = self._prepared.get(pkey)
+        if prep is None:
+            prep = _Prepared(self.claims, devices)
+            self._prepared[pkey] = prep
+        pods: list[PodPlan] = []
+        states: list[DeviceState] = []
+        state = devices.shape.state
+        failure: str | None = None
+        while len(pods) < limit:
+            search = _Search(prep, state, self.budget)
+            if not search.request(0):
+                failure = self._why(prep, search)
+                break
+            pods.append(PodPlan(tuple(search.picks), tuple(search.alts)))
+            state = search.state()
+            states.append(state)
+        got = Run(tuple(pods), tuple(states), failure, limit)
+        self._runs[key] = got
+        return got
+
+    def count(self, devices: NodeDevices | None, limit: int) -> int:
+        return len(self.run(devices, limit).pods)
+
+    # -- explanations
+
+    def _why(self, prep: _Prepared, search: _Search) -> str:
+        if search.exhausted:
+            return (f"the device search gave up after {self.budget} steps "
+                    f"({self.describe_claims()})")
+        if not prep.requests:
+            return "the claims request no devices"
+        r = prep.requests[max(search.deepest, 0)]
+        return explain_request(self.claims, prep, r)
+
+    def describe_claims(self) -> str:
+        return "; ".join(describe_claim(c) for c in self.claims)
+
+
+def _alt_phrase(req: DeviceRequest) -> str:
+    if req.mode == ALL:
+        return f"all devices of class {req.device_class}"
+    noun = "device" if req.count == 1 else "devices"
+    return f"{req.count} {noun} of class {req.device_class}"
+
+
+def _request_phrase(alts: Sequence[DeviceRequest]) -> str:
+    return " or ".join(_alt_phrase(a) for a in alts)
+
+
+def describe_claim(claim: ClaimShape) -> str:
+    """``2 devices of class gpu.nvidia.com + 1 device of class nic ... (matching
+    resource.kubernetes.io/pcieRoot)``."""
+    parts = [_request_phrase(r.alternatives) for r in claim.requests]
+    cons = []
+    for c in claim.constraints:
+        which = "matching" if c.match_attribute else "distinct"
+        cons.append(f"{which} {c.match_attribute or c.distinct_attribute}")
+    tail = f" ({', '.join(cons)})" if cons else ""
+    return f"{claim.source}: {' + '.join(parts)}{tail}"
+
+
+def _source_phrase(claim: ClaimShape) -> str:
+    kind, _, name = claim.source.partition(" ")
+    short = name.rsplit("/", 1)[-1]
+    if kind == "ResourceClaimTemplate":
+        return f"claim template {short}"
+    if kind == "ResourceClaim":
+        return f"claim {short}"
+    return claim.source
+
+
+def explain_request(claims: Sequence[ClaimShape], prep: _Prepared, r: _Req) -> str:
+    """Why request ``r`` found no devices: too few match, too few are free, or the
+    constraints/counters cannot be met together with the other requests."""
+    claim = claims[r.claim]
+    head = f"request {r.name} of {_source_phrase(claim)}"
+    alts = [a.request for a in r.alts]
+    matching = max((len(a.candidates) for a in r.alts), default=0)
+    if all(a.request.mode != ALL and len(a.candidates) < a.request.count for a in r.alts):
+        need = min(a.request.count for a in r.alts)
+        return (f"{head}: no node offers {_request_phrase(alts)} "
+                f"({matching} devices match its class and selectors, {need} needed)")
+    if any(a.request.mode == ALL and not a.candidates for a in r.alts) and matching == 0:
+        return f"{head}: no device matches class {alts[0].device_class} and its selectors"
+    cons = [prep.constraints[k] for k in r.constraints]
+    if cons:
+        with_ = ", ".join(
+            f"{'matching' if c.match else 'distinct'} attribute {c.attribute}" for c in cons
+        )
+        others = [
+            _request_phrase([a.request for a in o.alts]).replace(" of class ", " ")
+            .replace("devices", "").replace("device", "").replace("  ", " ").strip()
+            for o in prep.requests
+            if o.claim == r.claim and o.index != r.index and set(o.constraints) & set(r.constraints)
+        ]
+        together = f" together with {' and '.join(others)}" if others else ""
+        return f"{head}: no node offers {_request_phrase(alts)} with {with_}{together}"
+    counters = any(prep.inventory.devices[i].consumes for a in r.alts for i in a.candidates)
+    if counters:
+        return (f"{head}: no node has {_request_phrase(alts)} free "
+                f"(in use, or their shared counters are used up)")
+    return f"{head}: no node has {_request_phrase(alts)} free (in use or capacity used up)"
+
+
+def resolve(devices: NodeDevices, claims: Sequence[ClaimShape], pod: PodPlan) -> PodDevices:
+    """A pod's allocation with device, pool and request names (``gpu/small`` for a
+    firstAvailable subrequest), like ``status.allocation.devices.results``."""
+    inv = devices.shape.inventory
+    chosen = {(c, r): a for c, r, a in pod.alternatives}
+    by_claim: list[list[DeviceResult]] = [[] for _ in claims]
+    for c, r, index, amounts in pod.picks:
+        dev = inv.devices[index]
+        req = claims[c].requests[r]
+        alt = req.alternatives[chosen[(c, r)]]
+        by_claim[c].append(
+            DeviceResult(
+                request=alt.name,
+                driver=dev.driver,
+                pool=devices.pools[dev.pool] if dev.pool < len(devices.pools) else "",
+                device=dev.name,
+                consumed_capacity=dict(amounts),
+            )
+        )
+    return tuple(ClaimAllocation(claims[i].name, tuple(res)) for i, res in enumerate(by_claim))
+
+
+def emptied(devices: NodeDevices) -> NodeDevices:
+    """``devices`` with nothing allocated (the best the node could ever offer)."""
+    if devices.shape.state == EMPTY_STATE:
+        return devices
+    return with_state(devices, EMPTY_STATE)
+
+
+def with_state(devices: NodeDevices, state: DeviceState) -> NodeDevices:
+    """``devices`` after allocations (a new shape object: shapes are shared by nodes)."""
+    return NodeDevices(DeviceShape(devices.shape.inventory, state), devices.pools,
+                       devices.identity)
+
+
+__all__ = [
+    "SEARCH_BUDGET",
+    "ClaimFitter",
+    "DeviceInventory",
+    "PodPlan",
+    "Run",
+    "SelectorError",
+    "consumed_amount",
+    "describe_claim",
+    "resolve",
+    "with_state",
+]
