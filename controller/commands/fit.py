@@ -121,9 +121,10 @@ def fit_command(
         DEFAULT_LEVELS
     )
     try:
-        pr, gang = request_from_documents(load_documents(request), level_keys)
+        cluster = load_documents(snapshot)
+        pr, gang = request_from_documents(load_documents(request), level_keys, cluster)
         snap = snapshot_from_documents(
-            load_documents(snapshot), load_documents(pools) if pools else (), level_keys
+            cluster, load_documents(pools) if pools else (), level_keys
         )
     except SnapshotError as exc:
         err.print(f"muster fit: {exc}", markup=False, highlight=False, soft_wrap=True)

@@ -210,13 +210,15 @@ class _Prepared:
         for i, dev in enumerate(self.inventory.devices):
             if not self._selected(req.selectors, i) or not tolerated(dev, req.tolerations):
                 continue
-            if any(name not in dev.capacity for name in req.capacity):
+            # An unqualified capacity name in a request means the device driver's domain.
+            wanted = {n if "/" in n else f"{dev.driver}/{n}": v for n, v in req.capacity.items()}
+            if any(name not in dev.capacity for name in wanted):
                 continue
             if dev.allow_multiple:
                 amounts: list[tuple[str, int]] = []
                 ok = True
                 for name, total in sorted(dev.capacity.items()):
-                    got = consumed_amount(req.capacity.get(name), total, dev.policies.get(name))
+                    got = consumed_amount(wanted.get(name), total, dev.policies.get(name))
                     if got is None or got > total:
                         ok = False
                         break
@@ -226,7 +228,7 @@ class _Prepared:
                 cands.append(i)
                 consume.append(tuple(amounts))
             else:
-                if any(dev.capacity[n] < amount for n, amount in req.capacity.items()):
+                if any(dev.capacity[n] < amount for n, amount in wanted.items()):
                     continue
                 cands.append(i)
                 consume.append(None)
