@@ -548,15 +548,15 @@ def _request_phrase(alts: Sequence[DeviceRequest]) -> str:
 
 
 def describe_claim(claim: ClaimShape) -> str:
-    """``2 devices of class gpu.nvidia.com + 1 device of class nic ... (matching
-    resource.kubernetes.io/pcieRoot)``."""
+    """``claim template train (2 devices of class gpu.nvidia.com + 1 device of class nic,
+    matching resource.kubernetes.io/pcieRoot)``."""
     parts = [_request_phrase(r.alternatives) for r in claim.requests]
     cons = []
     for c in claim.constraints:
         which = "matching" if c.match_attribute else "distinct"
         cons.append(f"{which} {c.match_attribute or c.distinct_attribute}")
-    tail = f" ({', '.join(cons)})" if cons else ""
-    return f"{claim.source}: {' + '.join(parts)}{tail}"
+    tail = f", {', '.join(cons)}" if cons else ""
+    return f"{_source_phrase(claim)} ({' + '.join(parts)}{tail})"
 
 
 def _source_phrase(claim: ClaimShape) -> str:
