@@ -39,6 +39,7 @@ from controller.api.dra import (
 from controller.api.pod import NodeSelector, PodSpec
 from controller.api.quantity import parse_quantity
 from controller.fit.cel import SelectorError, SemVer, compile_selector
+from controller.fit.devices import book
 from controller.fit.dra_types import (
     EMPTY_STATE,
     AttrValue,
@@ -50,6 +51,7 @@ from controller.fit.dra_types import (
     DeviceConstraint,
     DeviceInventory,
     DeviceRequest,
+    DeviceResult,
     DeviceShape,
     DeviceState,
     DeviceTaint,
@@ -316,60 +318,36 @@ def node_devices(
     built: dict[str, tuple[DeviceInventory, tuple[str, ...], tuple[dict[str, AttrValue], ...]]]
     built = {node: _build_node(parts, identity_names, interner)
              for node, parts in sorted(by_node.items())}
-    states = _usage(built, claims)
+    by_pool: dict[str, list[DeviceResult]] = {}
+    for r in _claim_results(claims):
+        by_pool.setdefault(r.pool, []).append(r)
     out: dict[str, NodeDevices] = {}
     for node, (inv, pools, ident) in built.items():
-        shape = interner.shape(inv, states.get(node, EMPTY_STATE))
-        out[node] = NodeDevices(shape, pools, ident if any(ident) else ())
+        devices = NodeDevices(interner.shape(inv, EMPTY_STATE), pools, ident if any(ident) else ())
+        mine = [r for p in pools for r in by_pool.get(p, ())]
+        if mine:
+            devices = book(devices, mine)
+            devices = NodeDevices(interner.shape(inv, devices.shape.state), pools,
+                                  devices.identity)
+        out[node] = devices
     return out
 
 
-def _usage(
-    built: Mapping[str, tuple[DeviceInventory, tuple[str, ...], Any]],
-    claims: Iterable[ResourceClaim],
-) -> dict[str, DeviceState]:
-    where: dict[tuple[str, str, str], tuple[str, int]] = {}
-    for node, (inv, pools, _) in built.items():
-        for i, dev in enumerate(inv.devices):
-            where[(dev.driver, pools[dev.pool], dev.name)] = (node, i)
-    used: dict[str, set[int]] = {}
-    shared: dict[str, set[int]] = {}
-    capacity: dict[str, dict[int, dict[str, int]]] = {}
-    counters: dict[str, dict[CounterKey, dict[str, int]]] = {}
+def _claim_results(claims: Iterable[ResourceClaim]) -> list[DeviceResult]:
+    """Devices held by allocated claims (capacity names qualified by the result's driver)."""
+    out: list[DeviceResult] = []
     for claim in claims:
         alloc = claim.status.allocation
         if alloc is None:
             continue
         for r in alloc.devices.results:
-            hit = where.get((r.driver, r.pool, r.device))
-            if hit is None:
-                continue  # the device is gone; nothing to subtract
-            node, i = hit
-            dev = built[node][0].devices[i]
-            if dev.allow_multiple:
-                shared.setdefault(node, set()).add(i)
-                slot = capacity.setdefault(node, {}).setdefault(i, {})
-                consumed = {qualify(k, dev.driver): _units(v)
-                            for k, v in r.consumed_capacity.items()} or dict(dev.capacity)
-                for k, v in consumed.items():
-                    slot[k] = slot.get(k, 0) + v
-            else:
-                used.setdefault(node, set()).add(i)
-            for use in dev.consumes:
-                cslot = counters.setdefault(node, {}).setdefault(
-                    (dev.driver, dev.pool, use.counter_set), {})
-                for k, v in use.counters.items():
-                    cslot[k] = cslot.get(k, 0) + v
-    out: dict[str, DeviceState] = {}
-    for node in set(used) | set(shared) | set(counters):
-        out[node] = DeviceState(
-            used=frozenset(used.get(node, set())),
-            counters=tuple(sorted((k, tuple(sorted(v.items())))
-                                  for k, v in counters.get(node, {}).items())),
-            capacity=tuple(sorted((i, tuple(sorted(v.items())))
-                                  for i, v in capacity.get(node, {}).items())),
-            shared=frozenset(shared.get(node, set())),
-        )
+            try:
+                consumed = {qualify(k, r.driver): _units(v)
+                            for k, v in r.consumed_capacity.items()}
+            except ValueError as exc:
+                raise DraError(f"ResourceClaim {claim.metadata.namespace}/"
+                               f"{claim.metadata.name}: consumedCapacity: {exc}") from exc
+            out.append(DeviceResult(r.request, r.driver, r.pool, r.device, consumed))
     return out
 
 

@@ -20,7 +20,7 @@ one search.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -622,6 +622,45 @@ def resolve(devices: NodeDevices, claims: Sequence[ClaimShape], pod: PodPlan) ->
             )
         )
     return tuple(ClaimAllocation(claims[i].name, tuple(res)) for i, res in enumerate(by_claim))
+
+
+def book(devices: NodeDevices, results: Iterable[DeviceResult]) -> NodeDevices:
+    """``devices`` with allocation results (a plan's, or allocated ResourceClaims') in use:
+    exclusive devices taken, shared devices' consumed capacity and counters added. Results
+    naming devices the node does not have are ignored (the device may be gone)."""
+    inv = devices.shape.inventory
+    index = {(d.driver, devices.pools[d.pool] if d.pool < len(devices.pools) else "", d.name): i
+             for i, d in enumerate(inv.devices)}
+    state = devices.shape.state
+    used = set(state.used)
+    shared = set(state.shared)
+    cap: dict[int, dict[str, int]] = {d: dict(v) for d, v in state.capacity}
+    counters: dict[CounterKey, dict[str, int]] = {k: dict(v) for k, v in state.counters}
+    for r in results:
+        i = index.get((r.driver, r.pool, r.device))
+        if i is None:
+            continue
+        dev = inv.devices[i]
+        if dev.allow_multiple:
+            shared.add(i)
+            slot = cap.setdefault(i, {})
+            for name, amount in (r.consumed_capacity or dev.capacity).items():
+                slot[name] = slot.get(name, 0) + amount
+        else:
+            used.add(i)
+        for use in dev.consumes:
+            cslot = counters.setdefault((dev.driver, dev.pool, use.counter_set), {})
+            for name, amount in use.counters.items():
+                cslot[name] = cslot.get(name, 0) + amount
+    new = DeviceState(
+        used=frozenset(used),
+        counters=tuple(sorted((k, tuple(sorted((n, a) for n, a in v.items() if a)))
+                              for k, v in counters.items() if any(v.values()))),
+        capacity=tuple(sorted((d, tuple(sorted((n, a) for n, a in v.items() if a)))
+                              for d, v in cap.items())),
+        shared=frozenset(shared),
+    )
+    return with_state(devices, new)
 
 
 def emptied(devices: NodeDevices) -> NodeDevices:
