@@ -29,6 +29,8 @@ from controller.snapshot import (
 from controller.topology_defaults import DEFAULT_LEVELS
 
 EXIT_FIT, EXIT_NO_FIT, EXIT_BAD_INPUT = 0, 1, 2
+MAX_ROWS = 40
+"""Assignment rows printed before the table is cut short (``--json`` has them all)."""
 
 
 class ModeOption(enum.StrEnum):
@@ -70,11 +72,14 @@ def _print_plan(result: Plan, console: Console) -> None:
     table = Table(title="Assignments")
     for col in ("Pod set", "Node", "Pods", "Domain"):
         table.add_column(col)
-    for a in result.assignments:
+    for a in result.assignments[:MAX_ROWS]:
         where = a.node if a.node else (
             f"new {a.new_node.pool}#{a.new_node.index}" if a.new_node else "?"
         )
         table.add_row(a.pod_set, where, str(a.pods), _labels(a.domain))
+    hidden = len(result.assignments) - MAX_ROWS
+    if hidden > 0:
+        table.caption = f"{hidden} more assignments not shown (use --json)"
     console.print(table)
     if result.new_nodes:
         nodes = Table(title="New nodes")

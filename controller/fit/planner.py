@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from controller.fit.shapes import ShapeCounter
+from controller.fit.shapes import ShapeCounter, pods_that_fit
 from controller.fit.topology import fill
 from controller.fit.types import Mode, PodSetPlacement, PodSetRequest, TopologyMode
 from controller.fit.workspace import NodeClass, PoolRef, Workspace
@@ -113,8 +113,19 @@ class PodSetPlanner:
         self.counter = ShapeCounter(ps.shape, ps.name)
         count = self.counter.count
         self.cands: list[tuple[NodeClass, int]] = []
+        shape = ps.shape
+        # Classes already agree on everything the shape reads except the topology path, so
+        # memoise on the class key without it (cheaper than the counter's own key).
+        memo: dict[tuple[object, ...], int] = {}
         for cls in ws.classes.values():
-            c = count(cls.free, cls.labels, cls.taints, cls.node_name, cls.devices)
+            k = cls.key
+            # k[5] is the device key (None when the gang claims no devices).
+            mkey = (k[0], k[1], id(cls.taints), k[4], k[5])
+            c = memo.get(mkey)
+            if c is None:
+                c = pods_that_fit(shape, cls.free, cls.labels, cls.taints, node_name=cls.node_name,
+                                  devices=cls.devices, fitter=self.counter.fitter)
+                memo[mkey] = c
             if c > 0:
                 self.cands.append((cls, c))
         self.per_node = {cls.key: c for cls, c in self.cands}

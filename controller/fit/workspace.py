@@ -16,11 +16,11 @@ capacity later pod sets may use.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from operator import itemgetter
 from typing import Any
 
-from controller.fit.devices import ClaimFitter, PodPlan
+from controller.fit.devices import ClaimFitter, PodPlan, emptied
 from controller.fit.dra_types import NodeDevices, PodDevices
 from controller.fit.shapes import ShapeCounter, label_keys, uses_node_name
 from controller.fit.topology import Levels
@@ -105,6 +105,19 @@ class PoolRef:
         return f"{self.pool.name}/{self.domain_index:06d}"
 
 
+def _at_maximum(pool: PoolState) -> PoolState:
+    """The pool as if nothing were booked: bookings end; a domain's total limit bounds it.
+
+    Errs on the generous side (a domain's pool nodes that exist are counted both as nodes
+    and within ``max_nodes``): NeverFits is permanent, so it must never be claimed wrongly.
+    """
+    domains = tuple(
+        replace(d, max_new_nodes=max(d.max_new_nodes + d.booked_nodes, d.max_nodes or 0))
+        for d in pool.domains
+    )
+    return replace(pool, domains=domains, max_new_nodes=pool.max_new_nodes + pool.booked_nodes)
+
+
 class _NodeIndex:
     """Node name -> labels, built on first use (only assigned nodes are ever looked up)."""
 
@@ -139,7 +152,7 @@ class Workspace:
         """``empty``: every node as if nothing ran on it and it were schedulable (the
         best the cluster could ever offer, for the NeverFits test)."""
         self.levels = levels
-        self.pools = tuple(pools)
+        self.pools = tuple(_at_maximum(p) for p in pools) if empty else tuple(pools)
         resources: set[str] = set()
         keys: set[str] = set()
         for shape in shapes:
@@ -159,6 +172,7 @@ class Workspace:
         self.classes: dict[ClassKey, NodeClass] = {}
         self.pool_used: dict[int, int] = {}
         self.domain_used: dict[tuple[int, int], int] = {}
+        self.slot_count: dict[tuple[int, tuple[tuple[str, str], ...]], int] = {}
         self._build(nodes, empty)
         self._pool_index = {p.name: i for i, p in enumerate(self.pools)}
         self.refs: list[PoolRef] = []
@@ -207,17 +221,20 @@ class Workspace:
                 groups[key] = [node]
             else:
                 members.append(node)
-        merged: dict[ClassKey, tuple[tuple[Any, ...], tuple[str, ...], list[NodeState]]] = {}
+        merged: dict[ClassKey, tuple[tuple[Any, ...], tuple[str, ...], list[NodeState],
+                                     NodeDevices | None]] = {}
         for (fkey, lkey, _, path, name, _d), members in groups.items():
             devices = members[0].devices if self.device_keys else None
+            if empty and devices is not None:
+                devices = emptied(devices)  # nothing allocated, like nothing running
             ckey: ClassKey = (fkey, lkey, members[0].taints, path, name,
                               self.device_keys.key(devices) if self.device_keys else None)
             have = merged.get(ckey)
             if have is None:
-                merged[ckey] = (fkey, path, members)
+                merged[ckey] = (fkey, path, members, devices)
             else:
                 have[2].extend(members)
-        for ckey, (fkey, path, members) in merged.items():
+        for ckey, (fkey, path, members, devices) in merged.items():
             members.sort(key=_name)
             node = members[0]
             self.classes[ckey] = NodeClass(
@@ -228,7 +245,7 @@ class Workspace:
                 path,
                 tuple(m.name for m in members),
                 node.name if by_name else None,
-                node.devices if self.device_keys else None,
+                devices,
             )
 
     def _fast_device_key(self) -> Callable[[NodeDevices | None], object]:
@@ -268,6 +285,7 @@ class Workspace:
         other.classes = dict(self.classes)
         other.pool_used = dict(self.pool_used)
         other.domain_used = dict(self.domain_used)
+        other.slot_count = dict(self.slot_count)
         return other
 
     def labels(self, name: str) -> Mapping[str, str]:
@@ -355,8 +373,12 @@ class Workspace:
     ) -> list[str]:
         """Commit one new node of ``ref`` per entry of ``pods`` (pods placed on it)."""
         key = (ref.pool_index, ref.domain_index)
-        start = self.domain_used.get(key, 0)
-        self.domain_used[key] = start + len(pods)
+        self.domain_used[key] = self.domain_used.get(key, 0) + len(pods)
+        # Slots are numbered per (pool, domain labels): a pool listing the same labels
+        # twice must still give every new node a distinct identity.
+        ident = (ref.pool_index, tuple(sorted(ref.domain.labels.items())))
+        start = self.slot_count.get(ident, 0)
+        self.slot_count[ident] = start + len(pods)
         self.pool_used[ref.pool_index] = self.pool_used.get(ref.pool_index, 0) + len(pods)
         template = NodeClass(
             (None, tuple(ref.labels.get(k) for k in self.label_keys), ref.pool.taints,
