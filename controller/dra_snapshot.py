@@ -351,15 +351,19 @@ def _claim_results(claims: Iterable[ResourceClaim]) -> list[DeviceResult]:
     return out
 
 
-def template_devices(pool_name: str, templates: Sequence[ResourceSliceTemplate]) -> NodeDevices:
-    """The devices a CapacityPool's new node will publish."""
+def template_devices(
+    pool_name: str, templates: Sequence[ResourceSliceTemplate], interner: _Interner | None = None
+) -> NodeDevices:
+    """The devices a CapacityPool's new node will publish (``interner``: share equal
+    inventories between pools, so the engine searches each kind of node once)."""
+    interner = interner or _Interner()
     parts = []
     for i, t in enumerate(templates):
         where = f"CapacityPool {pool_name} spec.nodeTemplate.resourceSlices[{i}]"
         parts.append(_SliceLike(t.driver, t.pool.name if t.pool else NEW_NODE_POOL,
                                 t.devices, _counters(t.shared_counters, where), where))
-    inv, pools, _ = _build_node(parts, frozenset(), _Interner())
-    return NodeDevices(DeviceShape(inv, EMPTY_STATE), pools, ())
+    inv, pools, _ = _build_node(parts, frozenset(), interner)
+    return NodeDevices(interner.shape(inv, EMPTY_STATE), pools, ())
 
 
 # ---------------------------------------------------------------------------- claims
@@ -504,8 +508,9 @@ def attach_devices(
         replace(n, devices=by_node[n.name]) if n.name in by_node else n for n in nodes
     ]
     templates = {p.metadata.name: p.spec.node_template.resource_slices for p in pools}
+    interner = _Interner()
     out_pools = tuple(
-        replace(p, devices=template_devices(p.name, templates[p.name]))
+        replace(p, devices=template_devices(p.name, templates[p.name], interner))
         if templates.get(p.name) else p
         for p in pool_states
     )

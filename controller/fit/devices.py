@@ -27,6 +27,7 @@ from typing import Any
 from controller.fit.cel import Selector, SelectorError, device_value
 from controller.fit.dra_types import (
     ALL,
+    EMPTY_CAPACITY,
     EMPTY_STATE,
     AttrValue,
     ClaimAllocation,
@@ -62,6 +63,9 @@ class PodPlan:
     picks: tuple[Pick, ...]
     alternatives: tuple[tuple[int, int, int], ...]
     """(claim, request, alternative chosen)."""
+    named: tuple[tuple[int, str, str, int, str, Mapping[str, int]], ...] = ()
+    """Per pick: (claim index, request name, driver, pool index, device name, consumed
+    capacity), so resolving for each node only looks up its pool names."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -511,12 +515,22 @@ class ClaimFitter:
             if not search.request(0):
                 failure = self._why(prep, search)
                 break
-            pods.append(PodPlan(tuple(search.picks), tuple(search.alts)))
+            pods.append(self._plan(prep, search))
             state = search.state()
             states.append(state)
         got = Run(tuple(pods), tuple(states), failure, limit)
         self._runs[key] = got
         return got
+
+    def _plan(self, prep: _Prepared, search: _Search) -> PodPlan:
+        chosen = {(c, r): a for c, r, a in search.alts}
+        named = []
+        for c, r, index, amounts in search.picks:
+            dev = prep.inventory.devices[index]
+            alt = self.claims[c].requests[r].alternatives[chosen[(c, r)]]
+            named.append((c, alt.name, dev.driver, dev.pool, dev.name,
+                          dict(amounts) if amounts else EMPTY_CAPACITY))
+        return PodPlan(tuple(search.picks), tuple(search.alts), tuple(named))
 
     def count(self, devices: NodeDevices | None, limit: int) -> int:
         return len(self.run(devices, limit).pods)
@@ -605,22 +619,16 @@ def explain_request(claims: Sequence[ClaimShape], prep: _Prepared, r: _Req) -> s
 def resolve(devices: NodeDevices, claims: Sequence[ClaimShape], pod: PodPlan) -> PodDevices:
     """A pod's allocation with device, pool and request names (``gpu/small`` for a
     firstAvailable subrequest), like ``status.allocation.devices.results``."""
-    inv = devices.shape.inventory
-    chosen = {(c, r): a for c, r, a in pod.alternatives}
+    pools = devices.pools
+    npools = len(pools)
+    if len(claims) == 1:
+        return (ClaimAllocation(claims[0].name, tuple(
+            DeviceResult(req, drv, pools[pi] if pi < npools else "", name, cap)
+            for _, req, drv, pi, name, cap in pod.named
+        )),)
     by_claim: list[list[DeviceResult]] = [[] for _ in claims]
-    for c, r, index, amounts in pod.picks:
-        dev = inv.devices[index]
-        req = claims[c].requests[r]
-        alt = req.alternatives[chosen[(c, r)]]
-        by_claim[c].append(
-            DeviceResult(
-                request=alt.name,
-                driver=dev.driver,
-                pool=devices.pools[dev.pool] if dev.pool < len(devices.pools) else "",
-                device=dev.name,
-                consumed_capacity=dict(amounts),
-            )
-        )
+    for c, req, drv, pi, name, cap in pod.named:
+        by_claim[c].append(DeviceResult(req, drv, pools[pi] if pi < npools else "", name, cap))
     return tuple(ClaimAllocation(claims[i].name, tuple(res)) for i, res in enumerate(by_claim))
 
 

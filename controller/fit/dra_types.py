@@ -20,11 +20,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import NamedTuple
 
 from controller.fit.cel import Selector, SemVer
 
 AttrValue = bool | int | str | SemVer
 
+EMPTY_CAPACITY: Mapping[str, int] = MappingProxyType({})
 EXACT_COUNT = "ExactCount"
 ALL = "All"
 
@@ -187,21 +190,21 @@ class ClaimShape:
 # ---------------------------------------------------------------------------- results
 
 
-@dataclass(frozen=True, slots=True)
-class DeviceResult:
-    """One entry of a claim's ``status.allocation.devices.results``."""
+class DeviceResult(NamedTuple):
+    """One entry of a claim's ``status.allocation.devices.results``.
+
+    Named tuples rather than dataclasses: a 1,024-pod plan creates thousands of these."""
 
     request: str
     """``gpu`` or ``gpu/small`` for a firstAvailable subrequest."""
     driver: str
     pool: str
     device: str
-    consumed_capacity: Mapping[str, int] = field(default_factory=dict)
+    consumed_capacity: Mapping[str, int] = EMPTY_CAPACITY
     """For devices that allow multiple allocations."""
 
 
-@dataclass(frozen=True, slots=True)
-class ClaimAllocation:
+class ClaimAllocation(NamedTuple):
     claim: str
     results: tuple[DeviceResult, ...]
 

@@ -119,22 +119,22 @@ def _at_maximum(pool: PoolState) -> PoolState:
 
 
 class _NodeIndex:
-    """Node name -> labels, built on first use (only assigned nodes are ever looked up)."""
+    """Node name -> node, built on first use (only assigned nodes are ever looked up)."""
 
     def __init__(self, nodes: Sequence[NodeState]) -> None:
         self._nodes = nodes
-        self._labels: dict[str, Mapping[str, str]] | None = None
-        self._devices: dict[str, NodeDevices | None] | None = None
+        self._by_name: dict[str, NodeState] | None = None
+
+    def _node(self, name: str) -> NodeState:
+        if self._by_name is None:
+            self._by_name = {n.name: n for n in self._nodes}
+        return self._by_name[name]
 
     def labels(self, name: str) -> Mapping[str, str]:
-        if self._labels is None:
-            self._labels = {n.name: n.labels for n in self._nodes}
-        return self._labels[name]
+        return self._node(name).labels
 
     def devices(self, name: str) -> NodeDevices | None:
-        if self._devices is None:
-            self._devices = {n.name: n.devices for n in self._nodes}
-        return self._devices[name]
+        return self._node(name).devices
 
 
 class Workspace:
@@ -193,6 +193,7 @@ class Workspace:
         dlevels = self.levels.domain
         by_name = self.by_name
         dev_key = self._fast_device_key() if self.device_keys else None
+        shape_keys: dict[int, int] = {}
         groups: dict[
             tuple[tuple[Any, ...], tuple[Any, ...], int, tuple[Any, ...], str | None, object],
             list[NodeState],
@@ -214,13 +215,32 @@ class Workspace:
                 path = path_of(labels)
             except KeyError:
                 path = _trimmed_path(labels, dlevels)
-            key = (fkey, lkey, id(node.taints), path, node.name if by_name else None,
-                   dev_key(node.devices) if dev_key else None)
+            dk: object = None
+            if dev_key is not None:
+                devs = node.devices
+                if devs is not None:
+                    # Inline fast path: shapes are interned, most nodes hit this cache.
+                    dk = shape_keys.get(id(devs.shape))
+                    if dk is None:
+                        dk = dev_key(devs)
+                        if isinstance(dk, int):
+                            shape_keys[id(devs.shape)] = dk
+            key = (fkey, lkey, id(node.taints), path, node.name if by_name else None, dk)
             members = groups.get(key)
             if members is None:
                 groups[key] = [node]
             else:
                 members.append(node)
+        self._merge(groups, empty)
+
+    def _merge(
+        self,
+        groups: Mapping[tuple[Any, ...], list[NodeState]],
+        empty: bool,
+    ) -> None:
+        """Groups keyed by object identities -> classes keyed by content."""
+        res = self.resources
+        by_name = self.by_name
         merged: dict[ClassKey, tuple[tuple[Any, ...], tuple[str, ...], list[NodeState],
                                      NodeDevices | None]] = {}
         for (fkey, lkey, _, path, name, _d), members in groups.items():
