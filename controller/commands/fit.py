@@ -46,6 +46,8 @@ def _jsonable(value: Any) -> Any:
         return value.value
     if isinstance(value, Mapping):
         return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, tuple) and hasattr(value, "_asdict"):  # NamedTuple (DRA results)
+        return {k: _jsonable(v) for k, v in value._asdict().items()}
     if isinstance(value, list | tuple):
         return [_jsonable(v) for v in value]
     return value
