@@ -492,7 +492,8 @@ class ClaimFitter:
         return (id(shape.inventory), shape.state, self._projection(devices))
 
     def run(self, devices: NodeDevices | None, limit: int) -> Run:
-        """Allocate up to ``limit`` pods one after another; memoised."""
+        """Allocate up to ``limit`` pods one after another; memoised (the run returned may
+        hold more pods than ``limit`` when an earlier call asked for more)."""
         if limit <= 0:
             return Run((), (), None, limit)
         if devices is None or not devices.shape.inventory.devices:
@@ -533,7 +534,8 @@ class ClaimFitter:
         return PodPlan(tuple(search.picks), tuple(search.alts), tuple(named))
 
     def count(self, devices: NodeDevices | None, limit: int) -> int:
-        return len(self.run(devices, limit).pods)
+        """Pods (at most ``limit``) whose claims can be allocated one after another."""
+        return min(len(self.run(devices, limit).pods), limit)
 
     # -- explanations
 

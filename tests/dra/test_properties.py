@@ -1,6 +1,7 @@
 """Property: every per-node device allocation the engine produces respects exclusivity,
-shared capacity, counters, selectors and constraints; and when it stops, an exhaustive
-search agrees that one more pod's claim cannot be allocated."""
+shared capacity, counters, selectors and constraints, in one node's search and across the
+whole plan of a gang; and when a search stops, an exhaustive search agrees that one more
+pod's claim cannot be allocated."""
 
 from __future__ import annotations
 
@@ -10,6 +11,16 @@ from itertools import combinations, product
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from controller.fit import (
+    GangRequest,
+    Mode,
+    NodeState,
+    Plan,
+    PodSetRequest,
+    PodShape,
+    Snapshot,
+    plan,
+)
 from controller.fit.cel import compile_selector
 from controller.fit.devices import ClaimFitter, consumed_amount, resolve
 from controller.fit.dra_types import (
@@ -191,3 +202,47 @@ def test_allocations_respect_devices_and_constraints(node: NodeDevices, claim: C
                 f"engine stopped at {len(run.pods)} pods but {cand} still fits")
 
 
+
+
+@st.composite
+def clusters(draw: st.DrawFn) -> list[NodeState]:
+    nodes = []
+    for i in range(draw(st.integers(1, 3))):
+        devs = draw(devices())
+        devs = NodeDevices(devs.shape, (f"pool-{i}",))
+        nodes.append(NodeState(f"n{i}", {"kubernetes.io/hostname": f"n{i}"}, (),
+                               {"cpu": 8000, "pods": 110},
+                               {"cpu": draw(st.sampled_from((2000, 8000))), "pods": 110},
+                               devices=devs))
+    return nodes
+
+
+@settings(max_examples=60, deadline=None)
+@given(clusters(), st.lists(st.tuples(claims(), st.integers(1, 4)), min_size=1, max_size=2))
+def test_plans_never_overcommit_devices(nodes: list[NodeState],
+                                        pod_sets: list[tuple[ClaimShape, int]]) -> None:
+    gang = GangRequest("ns/g", tuple(
+        PodSetRequest(f"s{i}", count, PodShape({"cpu": 1000, "pods": 1}, claims=(claim,)))
+        for i, (claim, count) in enumerate(pod_sets)))
+    got = plan(gang, Snapshot(tuple(nodes), (), ("kubernetes.io/hostname",)), Mode.CHECK)
+    if not isinstance(got, Plan):
+        return
+    ledgers = {n.name: Ledger(n.devices.shape.inventory) for n in nodes if n.devices}
+    claims_of = {f"s{i}": claim for i, (claim, _) in enumerate(pod_sets)}
+    placed: dict[str, int] = {}
+    for a in got.assignments:
+        assert a.node is not None and len(a.devices) == a.pods
+        placed[a.pod_set] = placed.get(a.pod_set, 0) + a.pods
+        claim = claims_of[a.pod_set]
+        ledger = ledgers[a.node]
+        for pod in a.devices:
+            (alloc,) = pod
+            assert {r.pool for r in alloc.results} <= {f"pool-{a.node[1:]}"}
+            picks = _by_name(alloc.results, ledger, claim)
+            for r in claim.requests:
+                assert len([1 for n, _, _ in picks if n == r.name]) == \
+                    r.alternatives[0].count
+            assert _constraints_hold(claim, [(n, d) for n, d, _ in picks])
+            assert ledger.ok([(d, req) for _, d, req in picks])
+            ledger.add([(d, req) for _, d, req in picks])
+    assert placed == {f"s{i}": count for i, (_, count) in enumerate(pod_sets)}

@@ -201,3 +201,13 @@ def test_selector_reading_a_uuid_tells_nodes_apart() -> None:
     assert a.node == "n2"
     assert [r.device for r in a.devices[0][0].results] == ["gpu-3"]
     assert isinstance(run(cluster, gang_docs("g", [("w", 2, ["pick"])])), NoFit)
+
+
+def test_cpu_bounds_each_node_even_when_devices_are_identical() -> None:
+    # Both nodes publish the same devices (one search), but the second has cpu for 2 pods.
+    cluster = [*CLASSES, *dra_node("big", GPU_NIC), *dra_node("small", GPU_NIC, cpu="16"),
+               PAIR]
+    fits = run(cluster, gang_docs("g", [("w", 10, ["pair"])], cpu="8"))
+    assert isinstance(fits, Plan)
+    assert {a.node: a.pods for a in fits.assignments} == {"big": 8, "small": 2}
+    assert isinstance(run(cluster, gang_docs("g", [("w", 11, ["pair"])], cpu="8")), NoFit)
