@@ -119,8 +119,8 @@ class PodSetPlanner:
         memo: dict[tuple[object, ...], int] = {}
         for cls in ws.classes.values():
             k = cls.key
-            # k[5] is the device key (None when the gang claims no devices).
-            mkey = (k[0], k[1], id(cls.taints), k[4], k[5])
+            # k[5] is the device token (None when the gang claims no devices).
+            mkey = (k[0], k[1], k[2], k[4], k[5])
             c = memo.get(mkey)
             if c is None:
                 c = pods_that_fit(shape, cls.free, cls.labels, cls.taints, node_name=cls.node_name,

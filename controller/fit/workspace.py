@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from operator import itemgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 from controller.fit.devices import ClaimFitter, PodPlan, emptied
 from controller.fit.dra_types import NodeDevices, PodDevices
@@ -67,9 +67,12 @@ def _trimmed_path(labels: Mapping[str, str], levels: Sequence[str]) -> tuple[str
 
 
 
-@dataclass(frozen=True, slots=True)
-class NodeClass:
-    """Interchangeable nodes (or slots) for this gang; ``members`` sorted by name."""
+class NodeClass(NamedTuple):
+    """Interchangeable nodes (or slots) for this gang; ``members`` sorted by name.
+
+    A NamedTuple rather than a dataclass: a large cluster has thousands of classes and
+    tuples are the cheapest immutable records to build.
+    """
 
     key: ClassKey
     free: Mapping[str, int]
@@ -166,6 +169,16 @@ class Workspace:
         """Device equivalence (None: the gang claims no devices, devices are ignored)."""
         self.allocations: dict[tuple[str, str], list[PodDevices]] = {}
         """(node or slot name, pod set) -> device allocations of the pods placed there."""
+        self._device_tokens: dict[object, int] = {}
+        self._shape_tokens: dict[int, tuple[int, NodeDevices]] = {}
+        self._pool_index = {p.name: i for i, p in enumerate(pools)}
+        # Resources every pod set requests, with the smallest such request: a node with less
+        # free than that of any of them cannot take a single pod of the gang.
+        self._floor = tuple(
+            (i, min(s.requests[r] for s in shapes))
+            for i, r in enumerate(self.resources)
+            if shapes and all(s.requests.get(r, 0) > 0 for s in shapes)
+        )
         self._index = _NodeIndex(nodes)
         self.slots: dict[str, NewNodeSlot] = {}
         self.slot_labels: dict[str, Mapping[str, str]] = {}
@@ -173,30 +186,66 @@ class Workspace:
         self.pool_used: dict[int, int] = {}
         self.domain_used: dict[tuple[int, int], int] = {}
         self.slot_count: dict[tuple[int, tuple[tuple[str, str], ...]], int] = {}
+        self._taint_ids: dict[int, int] = {}
+        self._taint_tokens: dict[tuple[Taint, ...], int] = {}
+        self._taint_keep: list[tuple[Taint, ...]] = []
         self._build(nodes, empty)
-        self._pool_index = {p.name: i for i, p in enumerate(self.pools)}
         self.refs: list[PoolRef] = []
         for pi, pool in enumerate(self.pools):
             for di, dom in enumerate(pool.domains):
                 labels = {**pool.labels, **dom.labels}
                 self.refs.append(PoolRef(pi, di, pool, dom, labels, levels.path(labels)))
 
+    def taint_token(self, taints: tuple[Taint, ...]) -> int:
+        """A small int equal for equal taint tuples; hashes a tuple's content only the first
+        time that tuple object is seen (the snapshot builder shares equal tuples)."""
+        token = self._taint_ids.get(id(taints))
+        if token is None:
+            token = self._taint_tokens.setdefault(taints, len(self._taint_tokens))
+            self._taint_ids[id(taints)] = token
+            self._taint_keep.append(taints)  # keeps the id valid while the token is cached
+        return token
+
+    def device_token(self, devices: NodeDevices | None) -> int | None:
+        """A small int equal for devices the gang cannot tell apart: same inventory, same
+        allocations, same identity attributes the gang reads (None without claims)."""
+        if self.device_keys is None or devices is None:
+            return None
+        key = self.device_keys.key(devices)
+        return self._device_tokens.setdefault(key, len(self._device_tokens))
+
+    def _node_devices(self, node: NodeState, empty: bool) -> tuple[int | None, NodeDevices | None]:
+        """(token, devices) of a node; per interned shape when the gang reads no identity
+        attribute of it (the usual case: one dict lookup per node)."""
+        devs = node.devices
+        if self.device_keys is None or devs is None:
+            return None, None
+        hit = self._shape_tokens.get(id(devs.shape))
+        if hit is not None:
+            return hit
+        use = emptied(devs) if empty else devs  # nothing allocated, like nothing running
+        token = self.device_token(use)
+        assert token is not None
+        if self.device_keys.key(use)[2] is None:
+            self._shape_tokens[id(devs.shape)] = (token, use)
+        return token, use
+
     def _build(self, nodes: Sequence[NodeState], empty: bool) -> None:
-        # The hot loop of a plan over a large cluster. Keys are built with C-level
-        # itemgetters (a node missing a key takes the slow path), and taints are keyed by
-        # the identity of the node's taint tuple, merged by content afterwards: the
-        # snapshot builder shares equal taint tuples, so this avoids hashing dataclasses.
+        # The hot loop of a plan over a large cluster: keys from C-level itemgetters (a node
+        # missing a key takes the slow path), taints as tokens, member names sorted once.
         res = self.resources
         free_of = _getter(res)
         sel_of = _getter(self.label_keys)
         path_of = _getter(self.levels.domain)
         dlevels = self.levels.domain
         by_name = self.by_name
-        dev_key = self._fast_device_key() if self.device_keys else None
-        shape_keys: dict[int, int] = {}
+        taint_ids = self._taint_ids
+        floor = self._floor
+        with_devices = self.device_keys is not None
         groups: dict[
-            tuple[tuple[Any, ...], tuple[Any, ...], int, tuple[Any, ...], str | None, object],
-            list[NodeState],
+            tuple[tuple[Any, ...], tuple[Any, ...], int, tuple[str, ...], str | None,
+                  int | None],
+            tuple[NodeState, list[str], NodeDevices | None],
         ] = {}
         for node in nodes:
             if not (node.schedulable or empty):
@@ -207,6 +256,13 @@ class Workspace:
                 fkey = free_of(free)
             except KeyError:
                 fkey = tuple([free.get(r, 0) for r in res])
+            useless = False
+            for i, least in floor:
+                if fkey[i] < least:
+                    useless = True
+                    break
+            if useless:
+                continue
             try:
                 lkey = sel_of(labels)
             except KeyError:
@@ -215,78 +271,28 @@ class Workspace:
                 path = path_of(labels)
             except KeyError:
                 path = _trimmed_path(labels, dlevels)
-            dk: object = None
-            if dev_key is not None:
-                devs = node.devices
-                if devs is not None:
-                    # Inline fast path: shapes are interned, most nodes hit this cache.
-                    dk = shape_keys.get(id(devs.shape))
-                    if dk is None:
-                        dk = dev_key(devs)
-                        if isinstance(dk, int):
-                            shape_keys[id(devs.shape)] = dk
-            key = (fkey, lkey, id(node.taints), path, node.name if by_name else None, dk)
-            members = groups.get(key)
-            if members is None:
-                groups[key] = [node]
+            token = taint_ids.get(id(node.taints))
+            if token is None:
+                token = self.taint_token(node.taints)
+            dtoken, devices = self._node_devices(node, empty) if with_devices else (None, None)
+            key = (fkey, lkey, token, path, node.name if by_name else None, dtoken)
+            group = groups.get(key)
+            if group is None:
+                groups[key] = (node, [node.name], devices)
             else:
-                members.append(node)
-        self._merge(groups, empty)
-
-    def _merge(
-        self,
-        groups: Mapping[tuple[Any, ...], list[NodeState]],
-        empty: bool,
-    ) -> None:
-        """Groups keyed by object identities -> classes keyed by content."""
-        res = self.resources
-        by_name = self.by_name
-        merged: dict[ClassKey, tuple[tuple[Any, ...], tuple[str, ...], list[NodeState],
-                                     NodeDevices | None]] = {}
-        for (fkey, lkey, _, path, name, _d), members in groups.items():
-            devices = members[0].devices if self.device_keys else None
-            if empty and devices is not None:
-                devices = emptied(devices)  # nothing allocated, like nothing running
-            ckey: ClassKey = (fkey, lkey, members[0].taints, path, name,
-                              self.device_keys.key(devices) if self.device_keys else None)
-            have = merged.get(ckey)
-            if have is None:
-                merged[ckey] = (fkey, path, members, devices)
-            else:
-                have[2].extend(members)
-        for ckey, (fkey, path, members, devices) in merged.items():
-            members.sort(key=_name)
-            node = members[0]
-            self.classes[ckey] = NodeClass(
-                ckey,
-                dict(zip(res, fkey, strict=True)),
+                group[1].append(node.name)
+        for gkey, (node, names, devices) in groups.items():
+            names.sort()
+            self.classes[gkey] = NodeClass(
+                gkey,
+                dict(zip(res, gkey[0], strict=True)),
                 node.labels,
                 node.taints,
-                path,
-                tuple(m.name for m in members),
+                gkey[3],
+                tuple(names),
                 node.name if by_name else None,
                 devices,
             )
-
-    def _fast_device_key(self) -> Callable[[NodeDevices | None], object]:
-        """Grouping key of a node's devices: the identity of its shared shape (the snapshot
-        builder interns shapes), plus the identity attributes the gang reads, if any."""
-        fitter = self.device_keys
-        assert fitter is not None
-        reads: dict[int, bool] = {}
-
-        def key(devices: NodeDevices | None) -> object:
-            if devices is None:
-                return None
-            shape = devices.shape
-            inv = id(shape.inventory)
-            needs = reads.get(inv)
-            if needs is None:
-                needs = fitter.key(devices)[2] is not None
-                reads[inv] = needs
-            return fitter.key(devices) if needs else id(shape)
-
-        return key
 
     def fork(self) -> Workspace:
         other = Workspace.__new__(Workspace)
@@ -296,16 +302,22 @@ class Workspace:
         other.label_keys = self.label_keys
         other.by_name = self.by_name
         other._index = self._index
-        other.device_keys = self.device_keys
-        other.allocations = {k: list(v) for k, v in self.allocations.items()}
         other.refs = self.refs
-        other._pool_index = self._pool_index
         other.slots = dict(self.slots)
         other.slot_labels = dict(self.slot_labels)
         other.classes = dict(self.classes)
         other.pool_used = dict(self.pool_used)
         other.domain_used = dict(self.domain_used)
         other.slot_count = dict(self.slot_count)
+        # Taint tokens are a cache of content -> small int, valid for every fork alike.
+        other._taint_ids = self._taint_ids
+        other._taint_tokens = self._taint_tokens
+        other._taint_keep = self._taint_keep
+        other.device_keys = self.device_keys
+        other.allocations = {k: list(v) for k, v in self.allocations.items()}
+        other._device_tokens = self._device_tokens
+        other._shape_tokens = self._shape_tokens
+        other._pool_index = self._pool_index
         return other
 
     def labels(self, name: str) -> Mapping[str, str]:
@@ -320,8 +332,8 @@ class Workspace:
         free: Mapping[str, int],
         devices: NodeDevices | None = None,
     ) -> None:
-        dkey = self.device_keys.key(devices) if self.device_keys else None
-        key: ClassKey = (tuple(free[r] for r in self.resources), *cls.key[1:-1], dkey)
+        key: ClassKey = (tuple(free[r] for r in self.resources), *cls.key[1:5],
+                         self.device_token(devices))
         have = self.classes.get(key)
         members = tuple(sorted((*have.members, *names))) if have else tuple(names)
         self.classes[key] = NodeClass(
@@ -349,10 +361,7 @@ class Workspace:
         names = list(cls.members[:nodes])
         rest = cls.members[nodes:]
         if rest:
-            self.classes[key] = NodeClass(
-                key, cls.free, cls.labels, cls.taints, cls.path, rest, cls.node_name,
-                cls.devices,
-            )
+            self.classes[key] = cls._replace(members=rest)
         else:
             del self.classes[key]
         free = {r: v - requests.get(r, 0) * pods_each for r, v in cls.free.items()}
@@ -401,8 +410,8 @@ class Workspace:
         self.slot_count[ident] = start + len(pods)
         self.pool_used[ref.pool_index] = self.pool_used.get(ref.pool_index, 0) + len(pods)
         template = NodeClass(
-            (None, tuple(ref.labels.get(k) for k in self.label_keys), ref.pool.taints,
-             ref.path, None, None),
+            (None, tuple(ref.labels.get(k) for k in self.label_keys),
+             self.taint_token(ref.pool.taints), ref.path, None, None),
             {}, ref.labels, ref.pool.taints, ref.path, (), None, ref.pool.devices,
         )
         names: list[str] = []

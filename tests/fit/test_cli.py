@@ -57,6 +57,7 @@ def test_nofit_json_reasons() -> None:
     data = json.loads(result.output)
     assert data["fits"] is False
     assert [r["code"] for r in data["reasons"]] == ["NeverFits", "TopologyConstraint"]
+    assert data["permanent"] is True
     assert "within one value of rack" in data["reasons"][1]["message"]
 
 
