@@ -242,6 +242,7 @@ class Workspace:
         taint_ids = self._taint_ids
         floor = self._floor
         with_devices = self.device_keys is not None
+        shape_tokens = self._shape_tokens
         groups: dict[
             tuple[tuple[Any, ...], tuple[Any, ...], int, tuple[str, ...], str | None,
                   int | None],
@@ -274,13 +275,24 @@ class Workspace:
             token = taint_ids.get(id(node.taints))
             if token is None:
                 token = self.taint_token(node.taints)
-            dtoken, devices = self._node_devices(node, empty) if with_devices else (None, None)
+            dtoken = devices = None
+            if with_devices and node.devices is not None:
+                # Inline fast path: interned shapes make this one dict lookup per node.
+                hit = shape_tokens.get(id(node.devices.shape))
+                dtoken, devices = hit if hit is not None else self._node_devices(node, empty)
             key = (fkey, lkey, token, path, node.name if by_name else None, dtoken)
             group = groups.get(key)
             if group is None:
                 groups[key] = (node, [node.name], devices)
             else:
                 group[1].append(node.name)
+        self._classes_of(groups)
+
+    def _classes_of(
+        self, groups: Mapping[tuple[Any, ...], tuple[NodeState, list[str], NodeDevices | None]]
+    ) -> None:
+        res = self.resources
+        by_name = self.by_name
         for gkey, (node, names, devices) in groups.items():
             names.sort()
             self.classes[gkey] = NodeClass(
