@@ -546,7 +546,7 @@ class ClaimFitter:
         if not prep.requests:
             return "the claims request no devices"
         r = prep.requests[max(search.deepest, 0)]
-        return explain_request(self.claims, prep, r)
+        return explain_request(self.claims, prep, r, search)
 
     def describe_claims(self) -> str:
         return "; ".join(describe_claim(c) for c in self.claims)
@@ -585,7 +585,9 @@ def _source_phrase(claim: ClaimShape) -> str:
     return claim.source
 
 
-def explain_request(claims: Sequence[ClaimShape], prep: _Prepared, r: _Req) -> str:
+def explain_request(
+    claims: Sequence[ClaimShape], prep: _Prepared, r: _Req, search: _Search
+) -> str:
     """Why request ``r`` found no devices: too few match, too few are free, or the
     constraints/counters cannot be met together with the other requests."""
     claim = claims[r.claim]
@@ -598,14 +600,26 @@ def explain_request(claims: Sequence[ClaimShape], prep: _Prepared, r: _Req) -> s
                 f"({matching} devices match its class and selectors, {need} needed)")
     if any(a.request.mode == ALL and not a.candidates for a in r.alts) and matching == 0:
         return f"{head}: no device matches class {alts[0].device_class} and its selectors"
+    # The search undid its own picks: its sets are the node's allocations before this pod.
+    free = [
+        sum(1 for pos, i in enumerate(a.candidates) if i not in search.used
+            and (a.consume[pos] is not None or i not in search.shared))
+        for a in r.alts
+    ]
+    if all((n < len(a.candidates)) if a.request.mode == ALL else (n < a.request.count)
+           for a, n in zip(r.alts, free, strict=True)):
+        return (f"{head}: only {max(free)} of the {matching} devices matching "
+                f"{_request_phrase(alts)} are free")
     cons = [prep.constraints[k] for k in r.constraints]
     if cons:
         with_ = ", ".join(
             f"{'matching' if c.match else 'distinct'} attribute {c.attribute}" for c in cons
         )
         others = [
-            _request_phrase([a.request for a in o.alts]).replace(" of class ", " ")
-            .replace("devices", "").replace("device", "").replace("  ", " ").strip()
+            " or ".join(
+                f"all {o.name}" if a.request.mode == ALL else f"{a.request.count} {o.name}"
+                for a in o.alts
+            )
             for o in prep.requests
             if o.claim == r.claim and o.index != r.index and set(o.constraints) & set(r.constraints)
         ]

@@ -211,3 +211,21 @@ def test_cpu_bounds_each_node_even_when_devices_are_identical() -> None:
     assert isinstance(fits, Plan)
     assert {a.node: a.pods for a in fits.assignments} == {"big": 8, "small": 2}
     assert isinstance(run(cluster, gang_docs("g", [("w", 11, ["pair"])], cpu="8")), NoFit)
+
+
+def test_failure_says_when_matching_devices_are_taken() -> None:
+    from controller.fit.devices import ClaimFitter
+
+    taken = {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "running", "namespace": "other"},
+        "status": {"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "n1", "device": f"gpu-{i}"}
+            for i in range(7)]}}},
+    }
+    two = claim_template("two", [exactly("gpu", "gpu.nvidia.com", 2)])
+    gang, snap = build([*CLASSES, *dra_node("n1", GPU_NIC), taken, two],
+                       gang_docs("g", [("w", 1, ["two"])]))
+    got = ClaimFitter(gang.pod_sets[0].shape.claims).run(snap.nodes[0].devices, 1)
+    assert got.failure == ("request gpu of claim template two: only 1 of the 8 devices "
+                           "matching 2 devices of class gpu.nvidia.com are free")
