@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from controller.fit.cel import Selector, SelectorError, device_value
+from controller.fit.cel import Selector, device_value
 from controller.fit.dra_types import (
     ALL,
     EMPTY_CAPACITY,
@@ -34,7 +34,6 @@ from controller.fit.dra_types import (
     ClaimShape,
     CounterKey,
     Device,
-    DeviceInventory,
     DeviceRequest,
     DeviceResult,
     DeviceShape,
@@ -698,17 +697,3 @@ def with_state(devices: NodeDevices, state: DeviceState) -> NodeDevices:
     """``devices`` after allocations (a new shape object: shapes are shared by nodes)."""
     return NodeDevices(DeviceShape(devices.shape.inventory, state), devices.pools,
                        devices.identity)
-
-
-__all__ = [
-    "SEARCH_BUDGET",
-    "ClaimFitter",
-    "DeviceInventory",
-    "PodPlan",
-    "Run",
-    "SelectorError",
-    "consumed_amount",
-    "describe_claim",
-    "resolve",
-    "with_state",
-]
