@@ -415,10 +415,7 @@ def claim_shape(name: str, source: str, devices: DeviceClaim, catalog: DraCatalo
                              for s in r.first_available)
             requests.append(ClaimRequest(r.name, alts))
         constraints = tuple(
-            DeviceConstraint(
-                tuple(dict.fromkeys(n.split("/", 1)[0] for n in c.requests)),
-                c.match_attribute, c.distinct_attribute,
-            )
+            DeviceConstraint(tuple(c.requests), c.match_attribute, c.distinct_attribute)
             for c in devices.constraints
         )
     except (DraError, SelectorError) as exc:

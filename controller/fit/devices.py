@@ -21,7 +21,7 @@ one search.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from controller.fit.cel import Selector, device_value
@@ -143,6 +143,9 @@ class _Alt:
     """Devices passing selectors, taints and static capacity checks, in inventory order."""
     consume: tuple[tuple[tuple[str, int], ...] | None, ...]
     """Per candidate: capacity consumed on a shared device (None for an exclusive one)."""
+    constraints: tuple[int, ...] = ()
+    """Constraints (indexes into the prepared list) the devices of this alternative obey:
+    those naming its request, or this very subrequest (``gpu/big``), or every request."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,8 +154,11 @@ class _Req:
     index: int
     name: str
     alts: tuple[_Alt, ...]
-    constraints: tuple[int, ...]
-    """Indexes into the prepared constraint list."""
+
+    @property
+    def constraints(self) -> tuple[int, ...]:
+        """Constraints any alternative of the request obeys."""
+        return tuple(sorted({k for a in self.alts for k in a.constraints}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,20 +181,21 @@ class _Prepared:
         self.constraints: list[_Constraint] = []
         reqs: list[_Req] = []
         for ci, claim in enumerate(claims):
-            names = [r.name for r in claim.requests]
-            applies: dict[str, list[int]] = {n: [] for n in names}
+            scoped: list[tuple[int, frozenset[str] | None]] = []
             for con in claim.constraints:
                 attr = con.match_attribute or con.distinct_attribute
                 if attr is None:
                     continue
-                k = len(self.constraints)
+                scoped.append((len(self.constraints), frozenset(con.requests) or None))
                 self.constraints.append(_Constraint(attr, con.match_attribute is not None))
-                for n in con.requests or tuple(names):
-                    if n in applies:
-                        applies[n].append(k)
             for ri, req in enumerate(claim.requests):
-                alts = tuple(self._alt(alt) for alt in req.alternatives)
-                reqs.append(_Req(ci, ri, req.name, alts, tuple(applies[req.name])))
+                alts = []
+                for alt in req.alternatives:
+                    # "gpu" covers every subrequest of gpu; "gpu/big" only that one.
+                    mine = tuple(k for k, names in scoped
+                                 if names is None or req.name in names or alt.name in names)
+                    alts.append(replace(self._alt(alt), constraints=mine))
+                reqs.append(_Req(ci, ri, req.name, tuple(alts)))
         self.requests = tuple(reqs)
 
     def _selected(self, selectors: tuple[Selector, ...], index: int) -> bool:
@@ -275,9 +282,9 @@ class _Search:
                     return False
         return True
 
-    def _constraints_ok(self, req: _Req, index: int) -> bool:
+    def _constraints_ok(self, alt: _Alt, index: int) -> bool:
         attrs = self.prep.attrs[index]
-        for k in req.constraints:
+        for k in alt.constraints:
             con = self.prep.constraints[k]
             value = attrs.get(con.attribute)
             if value is None:
@@ -305,7 +312,7 @@ class _Search:
             for name, amount in amounts:
                 if taken.get(name, 0) + amount > dev.capacity[name]:
                     return False
-        return self._counters_ok(dev) and self._constraints_ok(req, index)
+        return self._counters_ok(dev) and self._constraints_ok(alt, index)
 
     # -- applying and undoing one device
 
@@ -324,7 +331,7 @@ class _Search:
             for name, amount in use.counters.items():
                 cslot[name] = cslot.get(name, 0) + amount
         attrs = self.prep.attrs[index]
-        for k in req.constraints:
+        for k in alt.constraints:
             con = self.prep.constraints[k]
             typed = _typed(attrs[con.attribute])
             if con.match:
@@ -352,7 +359,7 @@ class _Search:
             for name, amount in use.counters.items():
                 cslot[name] -= amount
         attrs = self.prep.attrs[index]
-        for k in req.constraints:
+        for k in alt.constraints:
             con = self.prep.constraints[k]
             typed = _typed(attrs[con.attribute])
             if con.match:

@@ -167,7 +167,8 @@ class ClaimRequest:
 @dataclass(frozen=True, slots=True)
 class DeviceConstraint:
     requests: tuple[str, ...]
-    """Request names (empty: every request of the claim)."""
+    """Request names (empty: every request of the claim); ``gpu/big`` names one
+    firstAvailable subrequest, ``gpu`` all of them."""
     match_attribute: str | None = None
     distinct_attribute: str | None = None
 

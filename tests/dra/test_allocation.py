@@ -343,3 +343,25 @@ def test_the_search_budget_bounds_pathological_claims() -> None:
     # With the default budget the same search completes and says why it failed.
     full = ClaimFitter(gang.pod_sets[0].shape.claims).run(snap.nodes[0].devices, 1)
     assert full.failure is not None and "distinct attribute" in full.failure
+
+
+@pytest.mark.parametrize(("scope", "fits"), [("gpu/big", True), ("gpu", False)])
+def test_constraint_on_one_subrequest_leaves_the_others_free(scope: str, fits: bool) -> None:
+    # GPUs on one PCIe root, NICs on another: a constrained pairing never fits.
+    split = [
+        {"driver": NVIDIA_DRIVER, "devices": [
+            {"name": f"gpu-{i}", "attributes": {"type": {"string": "gpu"},
+                                               PCIE: {"string": "pci0000:10"}}}
+            for i in range(2)]},
+        {"driver": NIC_DRIVER, "devices": [
+            {"name": "nic-0", "attributes": {PCIE: {"string": "pci0000:20"}}}]},
+    ]
+    template = claim_template(
+        "t", [first_available("gpu", ("big", "gpu.nvidia.com", 2), ("small", "gpu.nvidia.com", 1)),
+              exactly("nic", "nic", 1)],
+        match=[(PCIE, [scope, "nic"])])
+    got = run([*CLASSES, *dra_node("n1", split), template], gang_docs("g", [("w", 1, ["t"])]))
+    assert isinstance(got, Plan) is fits
+    if isinstance(got, Plan):
+        results = got.assignments[0].devices[0][0].results
+        assert sorted(r.request for r in results) == ["gpu/small", "nic"]

@@ -173,4 +173,4 @@ def test_claim_template_requests_become_claim_shapes() -> None:
     assert [s.origin for s in gpu_req.alternatives[0].selectors] == [
         "DeviceClass gpu.nvidia.com"]
     assert nic_req.alternatives[0].capacity == {"bw": 10**10}
-    assert shape.constraints[0].requests == ("gpu", "nic")
+    assert shape.constraints[0].requests == ("gpu/big", "nic")
