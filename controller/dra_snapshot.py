@@ -138,14 +138,6 @@ class DraCatalog:
 # ---------------------------------------------------------------------------- devices
 
 
-@dataclass
-class _RawDevice:
-    device: Device
-    identity: dict[str, AttrValue]
-    pool_name: str
-    driver: str
-
-
 def _policy(cap: Any) -> RequestPolicy | None:
     pol = cap.request_policy
     if pol is None:
