@@ -152,8 +152,9 @@ def _policy(cap: Any) -> RequestPolicy | None:
     )
 
 
-def _device(dev: ApiDevice, driver: str, pool: int, where: str) -> tuple[Device, dict[str,
-                                                                                      AttrValue]]:
+def _device(
+    dev: ApiDevice, driver: str, pool: int, where: str
+) -> tuple[Device, dict[str, AttrValue]]:
     attrs = {qualify(k, driver): attribute_value(v, f"{where} attribute {k}")
              for k, v in dev.attributes.items()}
     try:
@@ -205,8 +206,12 @@ class _Interner:
         self.inventories: dict[tuple[object, ...], DeviceInventory] = {}
         self.shapes: dict[tuple[int, DeviceState], DeviceShape] = {}
 
-    def inventory(self, devices: tuple[Device, ...], counters: Mapping[CounterKey,
-                  Mapping[str, int]], identity: frozenset[str]) -> DeviceInventory:
+    def inventory(
+        self,
+        devices: tuple[Device, ...],
+        counters: Mapping[CounterKey, Mapping[str, int]],
+        identity: frozenset[str],
+    ) -> DeviceInventory:
         key = (
             tuple(
                 (d.name, d.driver, d.pool, tuple(sorted((k, type(v).__name__, str(v))
