@@ -70,13 +70,19 @@ def _print_plan(result: Plan, console: Console) -> None:
                      else (p.domain or "-"), str(p.domains_used))
     console.print(sets)
     table = Table(title="Assignments")
+    with_devices = any(a.devices for a in result.assignments)
     for col in ("Pod set", "Node", "Pods", "Domain"):
         table.add_column(col)
+    if with_devices:
+        table.add_column("Devices (per pod)", overflow="fold")
     for a in result.assignments[:MAX_ROWS]:
         where = a.node if a.node else (
             f"new {a.new_node.pool}#{a.new_node.index}" if a.new_node else "?"
         )
-        table.add_row(a.pod_set, where, str(a.pods), _labels(a.domain))
+        devices = (" ".join("+".join(r.device for c in pod for r in c.results)
+                            for pod in a.devices),)
+        table.add_row(a.pod_set, where, str(a.pods), _labels(a.domain),
+                      *(devices if with_devices else ()))
     hidden = len(result.assignments) - MAX_ROWS
     if hidden > 0:
         table.caption = f"{hidden} more assignments not shown (use --json)"
