@@ -44,6 +44,9 @@ from controller.fit.dra_types import (
     RequestPolicy,
 )
 
+MAX_DEVICES_PER_CLAIM = 32
+"""resource.k8s.io/v1: an allocation result holds at most 32 devices."""
+
 SEARCH_BUDGET = 200_000
 """Device choices tried per pod before giving up (the scheduler bounds its search by a
 10 s filter timeout instead)."""
@@ -263,6 +266,7 @@ class _Search:
         self.pin_count = [0] * len(prep.constraints)
         self.seen: list[dict[tuple[str, AttrValue], int]] = [{} for _ in prep.constraints]
         self.picks: list[Pick] = []
+        self.per_claim = [0] * (1 + max((r.claim for r in prep.requests), default=0))
         self.alts: list[tuple[int, int, int]] = []
         self.budget = budget
         self.exhausted = False
@@ -301,7 +305,7 @@ class _Search:
     def _available(self, req: _Req, alt: _Alt, pos: int) -> bool:
         index = alt.candidates[pos]
         dev = self.inv.devices[index]
-        if index in self.used:
+        if index in self.used or self.per_claim[req.claim] >= MAX_DEVICES_PER_CLAIM:
             return False
         amounts = alt.consume[pos]
         if amounts is None:
@@ -341,6 +345,7 @@ class _Search:
             else:
                 self.seen[k][typed] = self.seen[k].get(typed, 0) + 1
         self.picks.append((req.claim, req.index, index, amounts or ()))
+        self.per_claim[req.claim] += 1
 
     def _undo(self, req: _Req, alt: _Alt, pos: int) -> None:
         index = alt.candidates[pos]
@@ -369,6 +374,7 @@ class _Search:
             else:
                 self.seen[k][typed] -= 1
         self.picks.pop()
+        self.per_claim[req.claim] -= 1
 
     # -- the depth-first search
 
@@ -386,6 +392,9 @@ class _Search:
         self.deepest = max(self.deepest, r)
         req = self.prep.requests[r]
         for ai, alt in enumerate(req.alts):
+            if (alt.request.mode != ALL and self.per_claim[req.claim] + alt.request.count
+                    > MAX_DEVICES_PER_CLAIM):
+                continue  # cannot fit in one claim: no need to search for it
             self.alts.append((req.claim, req.index, ai))
             if alt.request.mode == ALL:
                 ok = self._all(r, req, alt)
@@ -600,12 +609,19 @@ def explain_request(
     head = f"request {r.name} of {_source_phrase(claim)}"
     alts = [a.request for a in r.alts]
     matching = max((len(a.candidates) for a in r.alts), default=0)
+    if all(a.request.mode != ALL and a.request.count > MAX_DEVICES_PER_CLAIM for a in r.alts):
+        return (f"{head}: asks for {min(a.request.count for a in r.alts)} devices, more than "
+                f"the {MAX_DEVICES_PER_CLAIM} one claim can hold")
     if all(a.request.mode != ALL and len(a.candidates) < a.request.count for a in r.alts):
         need = min(a.request.count for a in r.alts)
         return (f"{head}: no node offers {_request_phrase(alts)} "
                 f"({matching} devices match its class and selectors, {need} needed)")
     if any(a.request.mode == ALL and not a.candidates for a in r.alts) and matching == 0:
         return f"{head}: no device matches class {alts[0].device_class} and its selectors"
+    if all(len(a.candidates) > MAX_DEVICES_PER_CLAIM for a in r.alts if a.request.mode == ALL
+           ) and any(a.request.mode == ALL for a in r.alts):
+        return (f"{head}: allocationMode All matches {matching} devices, more than the "
+                f"{MAX_DEVICES_PER_CLAIM} one claim can hold")
     # The search undid its own picks: its sets are the node's allocations before this pod.
     free = [
         sum(1 for pos, i in enumerate(a.candidates) if i not in search.used

@@ -365,3 +365,24 @@ def test_constraint_on_one_subrequest_leaves_the_others_free(scope: str, fits: b
     if isinstance(got, Plan):
         results = got.assignments[0].devices[0][0].results
         assert sorted(r.request for r in results) == ["gpu/small", "nic"]
+
+
+def test_a_claim_holds_at_most_32_devices() -> None:
+    from controller.fit.devices import ClaimFitter
+    from tests.dra.world import build
+
+    many = nvidia_gpu_node(gpus=40, nics=0, roots=4)
+    cluster = [*CLASSES, *dra_node("n1", many),
+               claim_template("all", [exactly("gpu", "gpu.nvidia.com", mode="All")]),
+               claim_template("32", [exactly("gpu", "gpu.nvidia.com", 32)]),
+               claim_template("33", [exactly("gpu", "gpu.nvidia.com", 33)])]
+    assert pods_per_node(many, [cluster[-2]]) == 1
+    assert pods_per_node(many, [cluster[-1]]) == 0
+    gang, snap = build(cluster, gang_docs("g", [("w", 1, ["all"])]))
+    got = ClaimFitter(gang.pod_sets[0].shape.claims).run(snap.nodes[0].devices, 1)
+    assert got.failure == ("request gpu of claim template all: allocationMode All matches 40 "
+                           "devices, more than the 32 one claim can hold")
+    gang, snap = build(cluster, gang_docs("g", [("w", 1, ["33"])]))
+    got = ClaimFitter(gang.pod_sets[0].shape.claims).run(snap.nodes[0].devices, 1)
+    assert got.failure == ("request gpu of claim template 33: asks for 33 devices, more than "
+                           "the 32 one claim can hold")
