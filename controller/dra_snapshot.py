@@ -344,7 +344,8 @@ def _claim_results(claims: Iterable[ResourceClaim]) -> list[DeviceResult]:
             except ValueError as exc:
                 raise DraError(f"ResourceClaim {claim.metadata.namespace}/"
                                f"{claim.metadata.name}: consumedCapacity: {exc}") from exc
-            out.append(DeviceResult(r.request, r.driver, r.pool, r.device, consumed))
+            out.append(DeviceResult(r.request, r.driver, r.pool, r.device, consumed,
+                                    bool(r.admin_access)))
     return out
 
 
@@ -396,6 +397,7 @@ def _request(
         count=req.exact_count,
         capacity=capacity,
         tolerations=_tolerations(req.tolerations),
+        admin_access=isinstance(req, ExactDeviceRequest) and bool(req.admin_access),
     )
 
 

@@ -65,9 +65,9 @@ class PodPlan:
     picks: tuple[Pick, ...]
     alternatives: tuple[tuple[int, int, int], ...]
     """(claim, request, alternative chosen)."""
-    named: tuple[tuple[int, str, str, int, str, Mapping[str, int]], ...] = ()
+    named: tuple[tuple[int, str, str, int, str, Mapping[str, int], bool], ...] = ()
     """Per pick: (claim index, request name, driver, pool index, device name, consumed
-    capacity), so resolving for each node only looks up its pool names."""
+    capacity, adminAccess), so resolving for each node only looks up its pool names."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +266,9 @@ class _Search:
         self.pin_count = [0] * len(prep.constraints)
         self.seen: list[dict[tuple[str, AttrValue], int]] = [{} for _ in prep.constraints]
         self.picks: list[Pick] = []
+        self.here: set[int] = set()
+        """Devices this pod holds whole or through adminAccess: one such device never serves
+        two of its requests (a shared device may serve several, each its own share)."""
         self.per_claim = [0] * (1 + max((r.claim for r in prep.requests), default=0))
         self.alts: list[tuple[int, int, int]] = []
         self.budget = budget
@@ -305,7 +308,11 @@ class _Search:
     def _available(self, req: _Req, alt: _Alt, pos: int) -> bool:
         index = alt.candidates[pos]
         dev = self.inv.devices[index]
-        if index in self.used or self.per_claim[req.claim] >= MAX_DEVICES_PER_CLAIM:
+        if index in self.here or self.per_claim[req.claim] >= MAX_DEVICES_PER_CLAIM:
+            return False
+        if alt.request.admin_access:  # in use or not, and it stays available to others
+            return self._constraints_ok(alt, index)
+        if index in self.used:
             return False
         amounts = alt.consume[pos]
         if amounts is None:
@@ -323,14 +330,19 @@ class _Search:
     def _apply(self, req: _Req, alt: _Alt, pos: int) -> None:
         index = alt.candidates[pos]
         dev = self.inv.devices[index]
-        amounts = alt.consume[pos]
+        admin = alt.request.admin_access
+        amounts = None if admin else alt.consume[pos]
         if amounts is None:
+            self.here.add(index)
+        if admin:
+            pass
+        elif amounts is None:
             self.used.add(index)
         else:
             slot = self.cap.setdefault(index, {})
             for name, amount in amounts:
                 slot[name] = slot.get(name, 0) + amount
-        for use in dev.consumes:
+        for use in () if admin else dev.consumes:
             cslot = self.counters.setdefault((dev.driver, dev.pool, use.counter_set), {})
             for name, amount in use.counters.items():
                 cslot[name] = cslot.get(name, 0) + amount
@@ -350,8 +362,13 @@ class _Search:
     def _undo(self, req: _Req, alt: _Alt, pos: int) -> None:
         index = alt.candidates[pos]
         dev = self.inv.devices[index]
-        amounts = alt.consume[pos]
+        admin = alt.request.admin_access
+        amounts = None if admin else alt.consume[pos]
         if amounts is None:
+            self.here.discard(index)
+        if admin:
+            pass
+        elif amounts is None:
             self.used.discard(index)
         else:
             slot = self.cap[index]
@@ -359,7 +376,7 @@ class _Search:
                 slot[name] -= amount
             if not any(slot.values()):
                 del self.cap[index]
-        for use in dev.consumes:
+        for use in () if admin else dev.consumes:
             cslot = self.counters[(dev.driver, dev.pool, use.counter_set)]
             for name, amount in use.counters.items():
                 cslot[name] -= amount
@@ -545,7 +562,7 @@ class ClaimFitter:
             dev = prep.inventory.devices[index]
             alt = self.claims[c].requests[r].alternatives[chosen[(c, r)]]
             named.append((c, alt.name, dev.driver, dev.pool, dev.name,
-                          dict(amounts) if amounts else EMPTY_CAPACITY))
+                          dict(amounts) if amounts else EMPTY_CAPACITY, alt.admin_access))
         return PodPlan(tuple(search.picks), tuple(search.alts), tuple(named))
 
     def count(self, devices: NodeDevices | None, limit: int) -> int:
@@ -661,12 +678,14 @@ def resolve(devices: NodeDevices, claims: Sequence[ClaimShape], pod: PodPlan) ->
     npools = len(pools)
     if len(claims) == 1:
         return (ClaimAllocation(claims[0].name, tuple(
-            DeviceResult(req, drv, pools[pi] if pi < npools else "", name, cap)
-            for _, req, drv, pi, name, cap in pod.named
+            DeviceResult(req, drv, pools[pi] if pi < npools else "", name, cap, admin)
+            for _, req, drv, pi, name, cap, admin in pod.named
         )),)
     by_claim: list[list[DeviceResult]] = [[] for _ in claims]
-    for c, req, drv, pi, name, cap in pod.named:
-        by_claim[c].append(DeviceResult(req, drv, pools[pi] if pi < npools else "", name, cap))
+    for c, req, drv, pi, name, cap, admin in pod.named:
+        by_claim[c].append(
+            DeviceResult(req, drv, pools[pi] if pi < npools else "", name, cap, admin)
+        )
     return tuple(ClaimAllocation(claims[i].name, tuple(res)) for i, res in enumerate(by_claim))
 
 
@@ -684,8 +703,8 @@ def book(devices: NodeDevices, results: Iterable[DeviceResult]) -> NodeDevices:
     counters: dict[CounterKey, dict[str, int]] = {k: dict(v) for k, v in state.counters}
     for r in results:
         i = index.get((r.driver, r.pool, r.device))
-        if i is None:
-            continue
+        if i is None or r.admin_access:
+            continue  # gone, or held for administration without excluding others
         dev = inv.devices[i]
         if dev.allow_multiple:
             shared.add(i)

@@ -155,6 +155,8 @@ class DeviceRequest:
     capacity: Mapping[str, int] = field(default_factory=dict)
     """capacity.requests, fully qualified names -> base units."""
     tolerations: tuple[DeviceToleration, ...] = ()
+    admin_access: bool = False
+    """adminAccess: the devices may be in use and stay available to others."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -203,6 +205,8 @@ class DeviceResult(NamedTuple):
     device: str
     consumed_capacity: Mapping[str, int] = EMPTY_CAPACITY
     """For devices that allow multiple allocations."""
+    admin_access: bool = False
+    """Allocated with adminAccess: does not hold the device."""
 
 
 class ClaimAllocation(NamedTuple):

@@ -229,3 +229,29 @@ def test_failure_says_when_matching_devices_are_taken() -> None:
     got = ClaimFitter(gang.pod_sets[0].shape.claims).run(snap.nodes[0].devices, 1)
     assert got.failure == ("request gpu of claim template two: only 1 of the 8 devices "
                            "matching 2 devices of class gpu.nvidia.com are free")
+
+
+def test_admin_access_uses_busy_devices_without_holding_them() -> None:
+    busy = {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "running", "namespace": "other"},
+        "status": {"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "n1", "device": f"gpu-{i}"}
+            for i in range(8)] + [
+            {"request": "mon", "driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-0",
+             "adminAccess": True}]}}},
+    }
+    monitor = claim_template("monitor", [exactly("gpu", "gpu.nvidia.com", mode="All")])
+    monitor["spec"]["spec"]["devices"]["requests"][0]["exactly"]["adminAccess"] = True
+    plain = claim_template("plain", [exactly("gpu", "gpu.nvidia.com", 1)])
+    cluster = [*CLASSES, *dra_node("n1", GPU_NIC), busy, monitor, plain]
+    # Every GPU is taken, yet an admin claim for all of them fits, for several pods.
+    got = run(cluster, gang_docs("g", [("w", 2, ["monitor"])]))
+    assert isinstance(got, Plan)
+    results = [r for pod in got.assignments[0].devices for c in pod for r in c.results]
+    assert len(results) == 16 and all(r.admin_access for r in results)
+    assert isinstance(run(cluster, gang_docs("g", [("w", 1, ["plain"])])), NoFit)
+    # Without the running claim, admin pods and ordinary pods share the node.
+    free = [*CLASSES, *dra_node("n1", GPU_NIC), monitor, plain]
+    both = run(free, gang_docs("g", [("a", 1, ["monitor"]), ("b", 8, ["plain"])]))
+    assert isinstance(both, Plan)
