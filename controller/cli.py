@@ -6,7 +6,10 @@ from __future__ import annotations
 import typer
 
 from controller import __version__
+from controller.commands.demo import demo_command
 from controller.commands.fit import fit_command
+from controller.commands.run import run_command
+from controller.commands.simulate import simulate_command
 
 app = typer.Typer(
     name="muster",
@@ -23,6 +26,9 @@ def version() -> None:
 
 
 app.command("fit")(fit_command)
+app.command("demo")(demo_command)
+app.command("run")(run_command)
+app.command("simulate")(simulate_command)
 
 
 if __name__ == "__main__":  # pragma: no cover

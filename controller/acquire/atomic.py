@@ -1,0 +1,136 @@
+"""All-or-nothing acquisition across a plan's groups.
+
+Each (pool, domain) group is one provider call under its idempotency key; the groups run
+concurrently. If any group fails, or returns fewer nodes than asked, every group of the
+attempt is released (including the failed one: a provider's own rollback may have been cut
+short) before :class:`AcquisitionFailed` is raised. The caller must have persisted the keys
+on the request before calling :func:`acquire_all`, so a crash here leaves keys a restarted
+controller can find.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping, Sequence
+
+from controller.api.capacitypool import CapacityPool
+from controller.state.bookings import Group
+from providers.base import AcquireRequest, CapacityUnavailable, Provider, ProviderError
+
+log = logging.getLogger(__name__)
+
+ProviderFor = Callable[[CapacityPool], Provider]
+
+
+class AcquisitionFailed(Exception):
+    """The attempt acquired nothing it keeps; ``retryable`` says whether a later attempt may
+    succeed (stock-outs, throttling) or not (quota, bad pool parameters)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool,
+        reason: str,
+        short: Sequence[tuple[Group, int]] = (),
+    ) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.reason = reason
+        self.short = tuple(short)
+        """Groups the provider had no stock for, with how many nodes it could give there."""
+
+
+async def acquire_all(
+    groups: Sequence[Group],
+    *,
+    owner: str,
+    owner_uid: str,
+    pools: Mapping[str, CapacityPool],
+    provider_for: ProviderFor,
+) -> dict[str, list[str]]:
+    """Acquire every group or none; return node names by key."""
+    missing = sorted({g.pool for g in groups} - set(pools))
+    if missing:
+        raise AcquisitionFailed(
+            f"CapacityPool(s) {', '.join(missing)} no longer exist", retryable=True,
+            reason="PoolGone",
+        )
+    results = await asyncio.gather(
+        *(_acquire_group(g, pools[g.pool], provider_for, owner, owner_uid) for g in groups),
+        return_exceptions=True,
+    )
+    failures: list[BaseException] = []
+    short: list[tuple[Group, int]] = []
+    acquired: dict[str, list[str]] = {}
+    for group, result in zip(groups, results, strict=True):
+        if isinstance(result, BaseException):
+            failures.append(result)
+            if isinstance(result, CapacityUnavailable):
+                short.append((group, result.available or 0))
+        elif len(result) != group.count:
+            failures.append(
+                ProviderError(
+                    f"pool {group.pool} returned {len(result)} of {group.count} node(s)"
+                )
+            )
+        else:
+            acquired[group.key] = result
+    if not failures:
+        return acquired
+    await release_groups(groups, pools=pools, provider_for=provider_for)
+    first = failures[0]
+    if isinstance(first, asyncio.CancelledError):
+        raise first
+    retryable = all(getattr(f, "retryable", True) for f in failures)
+    reason = getattr(first, "reason", type(first).__name__)
+    raise AcquisitionFailed(
+        "; ".join(str(f) or type(f).__name__ for f in failures),
+        retryable=retryable,
+        reason=str(reason),
+        short=short,
+    )
+
+
+async def _acquire_group(
+    group: Group, pool: CapacityPool, provider_for: ProviderFor, owner: str, owner_uid: str
+) -> list[str]:
+    provider = provider_for(pool)
+    nodes = await provider.acquire(
+        AcquireRequest(
+            key=group.key,
+            pool=pool,
+            count=group.count,
+            domain=dict(group.domain),
+            owner=owner,
+            owner_uid=owner_uid,
+        )
+    )
+    return sorted(n.name for n in nodes)
+
+
+async def release_groups(
+    groups: Sequence[Group],
+    *,
+    pools: Mapping[str, CapacityPool],
+    provider_for: ProviderFor,
+) -> int:
+    """Release every group (idempotent); return how many nodes were deleted.
+
+    Errors are logged and the remaining groups still released; the orphan collector retries
+    whatever is left.
+    """
+    async def one(group: Group) -> int:
+        pool = pools.get(group.pool)
+        if pool is None:
+            log.warning("cannot release %s: CapacityPool %s is gone", group.key, group.pool)
+            return 0
+        try:
+            return await provider_for(pool).release(pool, group.key)
+        except ProviderError as exc:
+            log.warning("releasing %s in pool %s failed: %s", group.key, group.pool, exc)
+            return 0
+
+    counts: Sequence[int] = await asyncio.gather(*(one(g) for g in groups))
+    return sum(counts)

@@ -1,0 +1,232 @@
+"""``muster simulate``: replay a GPU job trace under muster, pod-by-pod and
+gang-no-topology provisioning and compare what each pays, uses and strands.
+
+Exit codes: 0 done, 2 bad input (unreadable or malformed trace, nonsensical option).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+if TYPE_CHECKING:
+    from controller.simulate.engine import SimConfig
+    from controller.simulate.metrics import StrategyResult
+    from controller.simulate.trace import Trace
+
+EXIT_BAD_INPUT = 2
+
+_TRACE = "Trace selection"
+_CLOUD = "Simulated cloud"
+_POLICY = "Policies"
+_OUTPUT = "Output"
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(EXIT_BAD_INPUT)
+
+
+def simulate_command(
+    trace: Annotated[
+        Path,
+        typer.Option(
+            "--trace", "-t", help="CSV with timestamp, duration, num_gpus, cluster columns."
+        ),
+    ],
+    strategy: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--strategy",
+            help="muster, pod-by-pod or gang-no-topology; repeat for several (default: all).",
+        ),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of every random draw.")] = 0,
+    start: Annotated[
+        str | None,
+        typer.Option(help="Keep jobs submitted at or after this UTC time.", rich_help_panel=_TRACE),
+    ] = None,
+    end: Annotated[
+        str | None,
+        typer.Option(help="Keep jobs submitted before this UTC time.", rich_help_panel=_TRACE),
+    ] = None,
+    cluster: Annotated[
+        list[str] | None,
+        typer.Option(help="Keep this virtual cluster (repeatable).", rich_help_panel=_TRACE),
+    ] = None,
+    sample: Annotated[
+        float,
+        typer.Option(help="Keep each job with this probability (seeded).", rich_help_panel=_TRACE),
+    ] = 1.0,
+    limit: Annotated[
+        int | None,
+        typer.Option(help="Keep at most this many (earliest) jobs.", rich_help_panel=_TRACE),
+    ] = None,
+    min_gpus: Annotated[
+        int,
+        typer.Option(help="Keep only jobs of at least this many GPUs.", rich_help_panel=_TRACE),
+    ] = 1,
+    quota_gpus: Annotated[
+        int, typer.Option(help="Most GPUs the cluster may hold.", rich_help_panel=_CLOUD)
+    ] = 512,
+    blocks: Annotated[int, typer.Option(rich_help_panel=_CLOUD)] = 4,
+    racks_per_block: Annotated[int, typer.Option(rich_help_panel=_CLOUD)] = 4,
+    nodes_per_rack: Annotated[
+        int, typer.Option(help="Node slots per rack (8 GPUs each).", rich_help_panel=_CLOUD)
+    ] = 8,
+    initial_stock_min: Annotated[
+        int,
+        typer.Option(help="Each rack starts with a seeded stock between this and nodes per rack.",
+                     rich_help_panel=_CLOUD),
+    ] = 2,
+    refill_interval: Annotated[
+        float, typer.Option(help="Seconds between stock changes.", rich_help_panel=_CLOUD)
+    ] = 1800.0,
+    refill_prob: Annotated[
+        float,
+        typer.Option(help="Per rack and interval: another tenant frees a node.",
+                     rich_help_panel=_CLOUD),
+    ] = 0.5,
+    drain_prob: Annotated[
+        float,
+        typer.Option(help="Per rack and interval: another tenant takes a node.",
+                     rich_help_panel=_CLOUD),
+    ] = 0.3,
+    boot_min: Annotated[float, typer.Option(help="Seconds.", rich_help_panel=_CLOUD)] = 90.0,
+    boot_max: Annotated[float, typer.Option(help="Seconds.", rich_help_panel=_CLOUD)] = 120.0,
+    idle_timeout: Annotated[
+        float, typer.Option(help="Empty nodes go after this many seconds.", rich_help_panel=_POLICY)
+    ] = 600.0,
+    start_timeout: Annotated[
+        float,
+        typer.Option(help="Jobs not running this many seconds after submit are cancelled.",
+                     rich_help_panel=_POLICY),
+    ] = 6 * 3600.0,
+    cross_block_slowdown: Annotated[
+        float,
+        typer.Option(help="Run-time factor of a gang spread over blocks.", rich_help_panel=_POLICY),
+    ] = 1.3,
+    price_per_gpu_hour: Annotated[float, typer.Option(rich_help_panel=_POLICY)] = 2.5,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", help="Print JSON instead of the table.", rich_help_panel=_OUTPUT),
+    ] = False,
+    markdown: Annotated[
+        bool,
+        typer.Option("--markdown", help="Print a Markdown table instead.", rich_help_panel=_OUTPUT),
+    ] = False,
+    summary: Annotated[
+        bool,
+        typer.Option("--summary",
+                     help="End with one 'simulate jobs=...' line (needs muster and pod-by-pod).",
+                     rich_help_panel=_OUTPUT),
+    ] = False,
+    plot: Annotated[
+        Path | None,
+        typer.Option(help="PNG of paid vs used GPUs over time.", rich_help_panel=_OUTPUT),
+    ] = Path("muster-simulate.png"),
+    no_plot: Annotated[
+        bool, typer.Option("--no-plot", help="Do not write the PNG.", rich_help_panel=_OUTPUT)
+    ] = False,
+) -> None:
+    """Replay a GPU job trace and compare gang-atomic, topology-aware provisioning (muster)
+    with pod-by-pod autoscaling and gang-atomic provisioning blind to topology."""
+    from controller.simulate.cloud import CloudConfig
+    from controller.simulate.engine import SimConfig
+    from controller.simulate.runner import run_strategies
+    from controller.simulate.strategies import STRATEGIES
+    from controller.simulate.trace import TraceError, TraceFilter, load_trace, parse_time
+
+    strategies = list(dict.fromkeys(strategy)) if strategy else list(STRATEGIES)
+    unknown = [s for s in strategies if s not in STRATEGIES]
+    if unknown:
+        raise _fail(f"unknown strategy {', '.join(unknown)}; choose from {', '.join(STRATEGIES)}")
+    if summary and not {"muster", "pod-by-pod"} <= set(strategies):
+        raise _fail("--summary compares muster with pod-by-pod: run both strategies")
+    try:
+        selection = TraceFilter(
+            start=parse_time(start) if start else None,
+            end=parse_time(end) if end else None,
+            clusters=frozenset(cluster or ()),
+            sample=sample,
+            limit=limit,
+            min_gpus=min_gpus,
+            seed=seed,
+        )
+    except ValueError as exc:
+        raise _fail(f"--start/--end: {exc}") from None
+    config = SimConfig(
+        cloud=CloudConfig(
+            blocks=blocks,
+            racks_per_block=racks_per_block,
+            nodes_per_rack=nodes_per_rack,
+            quota_gpus=quota_gpus,
+            initial_stock_min=initial_stock_min,
+            refill_interval_s=refill_interval,
+            refill_prob=refill_prob,
+            drain_prob=drain_prob,
+            boot_min_s=boot_min,
+            boot_max_s=boot_max,
+        ),
+        seed=seed,
+        idle_timeout_s=idle_timeout,
+        start_timeout_s=start_timeout,
+        cross_block_slowdown=cross_block_slowdown,
+        price_per_gpu_hour=price_per_gpu_hour,
+    )
+    try:
+        config.validate()
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    try:
+        loaded = load_trace(trace, selection)
+    except TraceError as exc:
+        raise _fail(str(exc)) from None
+    if not loaded.jobs:
+        raise _fail(f"{trace}: no job left after the trace selection")
+
+    results = run_strategies(loaded, config, strategies)
+    _emit(
+        results,
+        loaded,
+        config,
+        style="json" if as_json else "markdown" if markdown else "table",
+        plot=None if no_plot else plot,
+        summary=summary,
+    )
+
+
+def _emit(
+    results: list[StrategyResult],
+    trace: Trace,
+    config: SimConfig,
+    *,
+    style: str,
+    plot: Path | None,
+    summary: bool,
+) -> None:
+    from rich.console import Console
+
+    from controller.simulate import report
+
+    # With --json, stdout carries only the JSON (and the summary line): the rest goes to stderr.
+    console = Console(stderr=style == "json")
+    if not console.is_terminal:
+        console.width = 120  # piped to a file: keep one row per metric
+    if style == "json":
+        typer.echo(json.dumps(report.to_json(results, trace, config), indent=2))
+    elif style == "markdown":
+        typer.echo(report.markdown_table(results))
+    else:
+        console.print(report.rich_table(results, trace, config))
+    if plot is not None:
+        try:
+            report.plot(results, trace, config, plot)
+        except OSError as exc:
+            raise _fail(f"cannot write the plot {plot}: {exc.strerror or exc}") from None
+        console.print(f"plot: {plot}")
+    if summary:
+        typer.echo(report.summary_line(results))

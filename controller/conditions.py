@@ -1,0 +1,170 @@
+"""Condition types and reasons Muster writes on ProvisioningRequests, in one place.
+
+Reasons reuse cluster-autoscaler's names where the meaning is the same (Kueue and dashboards
+already know them); Muster-only reasons are added for failures CA never reports (invalid
+input, acquisition rollback, revoked capacity). Every message says what happened and what to
+do about it. :func:`set_condition` is pure: it returns the new conditions list for a
+``/status`` merge patch.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+
+class ConditionType(enum.StrEnum):
+    ACCEPTED = "Accepted"
+    PROVISIONED = "Provisioned"
+    FAILED = "Failed"
+    BOOKING_EXPIRED = "BookingExpired"
+    CAPACITY_REVOKED = "CapacityRevoked"
+
+
+class Reason(enum.StrEnum):
+    # upstream (cluster-autoscaler provisioningrequest/conditions/conditions.go)
+    ACCEPTED = "Accepted"
+    CAPACITY_IS_FOUND = "CapacityIsFound"
+    CAPACITY_IS_NOT_FOUND = "CapacityIsNotFound"
+    CAPACITY_IS_PROVISIONED = "CapacityIsProvisioned"
+    FAILED_TO_CREATE_PODS = "FailedToCreatePods"
+    FAILED_TO_BOOK_CAPACITY = "FailedToBookCapacity"
+    RESERVATION_TIME_EXPIRED = "CapacityReservationTimeExpired"
+    BOOKING_CONSUMED = "CapacityBookingConsumed"
+    # Muster's own
+    INVALID_PARAMETERS = "InvalidParameters"
+    NEVER_FITS = "CapacityNeverFits"
+    RETRIES_EXHAUSTED = "RetriesExhausted"
+    PROVISIONING = "Provisioning"
+    ACQUISITION_FAILED = "AcquisitionFailed"
+    NODES_NOT_READY = "NodesNotReady"
+    NODES_VANISHED = "BookedNodesVanished"
+    OVER_BUDGET = "OverBudget"
+
+
+MESSAGES: Mapping[Reason, str] = {
+    Reason.ACCEPTED: "ProvisioningRequest is accepted by Muster.",
+    Reason.CAPACITY_IS_FOUND: "Capacity is found in the cluster and booked: {where}.",
+    Reason.CAPACITY_IS_NOT_FOUND: (
+        "Capacity is not found: {detail}. Muster retries (attempt {attempt} of {max_attempts}, "
+        "next in {delay:.0f}s); free capacity, raise the pool's limits or stock, or delete "
+        "the request."
+    ),
+    Reason.CAPACITY_IS_PROVISIONED: (
+        "Capacity is provisioned and booked: {where} ({new_nodes} new node(s))."
+    ),
+    Reason.FAILED_TO_CREATE_PODS: (
+        "Cannot build the pods of this request: {detail}. Create the PodTemplate(s) in the "
+        "request's namespace, then recreate the request (its spec is immutable)."
+    ),
+    Reason.FAILED_TO_BOOK_CAPACITY: (
+        "Lost the PodTemplate(s) while booking: {detail}. Recreate them and the request."
+    ),
+    Reason.RESERVATION_TIME_EXPIRED: (
+        "Capacity reservation time is expired: {booked} of {total} pod(s) were scheduled "
+        "within {seconds:.0f}s; unused new nodes are released. Create the pods sooner or "
+        "raise booking.duration_seconds."
+    ),
+    Reason.BOOKING_CONSUMED: "Capacity booking consumed: all {total} pod(s) scheduled.",
+    Reason.INVALID_PARAMETERS: (
+        "Invalid request: {detail}. Fix it and recreate the request (its spec is immutable)."
+    ),
+    Reason.NEVER_FITS: (
+        "The request can never fit: {detail}. No amount of waiting helps; make the gang "
+        "smaller, relax its topology, or add a CapacityPool that can hold it."
+    ),
+    Reason.RETRIES_EXHAUSTED: (
+        "Capacity is not found after {attempts} attempt(s): {detail}. Free capacity or add "
+        "stock, then recreate the request."
+    ),
+    Reason.PROVISIONING: "Acquiring {new_nodes} node(s) all or nothing (attempt {attempt}).",
+    Reason.ACQUISITION_FAILED: (
+        "Acquisition attempt {attempt} failed and was rolled back: {detail}. Muster retries "
+        "(next in {delay:.0f}s)."
+    ),
+    Reason.NODES_NOT_READY: (
+        "Acquired nodes were not Ready within {seconds:.0f}s: {detail}. They were released; "
+        "check the provider, or raise acquisition.node_ready_timeout_seconds."
+    ),
+    Reason.NODES_VANISHED: (
+        "Booked node(s) disappeared before the pods used them: {detail}. Create a new "
+        "request to book capacity again."
+    ),
+    Reason.OVER_BUDGET: (
+        "The plan exceeds the budget: {detail}. Raise budgets.* in Muster's config or make "
+        "the gang smaller."
+    ),
+}
+
+
+def message(reason: Reason, **fields: Any) -> str:
+    """The reason's message with ``fields`` filled in."""
+    return MESSAGES[reason].format(**fields)
+
+
+def rfc3339(when: datetime) -> str:
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def find(conditions: Sequence[Mapping[str, Any]], type_: ConditionType) -> Mapping[str, Any] | None:
+    for cond in conditions:
+        if cond.get("type") == type_:
+            return cond
+    return None
+
+
+def is_true(conditions: Sequence[Mapping[str, Any]], type_: ConditionType) -> bool:
+    cond = find(conditions, type_)
+    return cond is not None and cond.get("status") == "True"
+
+
+def set_condition(
+    conditions: Sequence[Mapping[str, Any]],
+    *,
+    type_: ConditionType,
+    status: bool,
+    reason: Reason,
+    message: str,
+    now: datetime,
+    generation: int | None,
+) -> list[dict[str, Any]]:
+    """Return ``conditions`` with ``type_`` set (metav1.Condition semantics).
+
+    ``lastTransitionTime`` only moves when the status flips, as the API conventions require;
+    a new reason or message alone keeps the old time.
+    """
+    new_status = "True" if status else "False"
+    out: list[dict[str, Any]] = []
+    replaced = False
+    for cond in conditions:
+        if cond.get("type") != type_:
+            out.append(dict(cond))
+            continue
+        replaced = True
+        ltt = cond.get("lastTransitionTime") if cond.get("status") == new_status else None
+        out.append(_condition(type_, new_status, reason, message, ltt or rfc3339(now), generation))
+    if not replaced:
+        out.append(_condition(type_, new_status, reason, message, rfc3339(now), generation))
+    return out
+
+
+def _condition(
+    type_: ConditionType,
+    status: str,
+    reason: Reason,
+    msg: str,
+    ltt: str,
+    generation: int | None,
+) -> dict[str, Any]:
+    cond: dict[str, Any] = {
+        "type": str(type_),
+        "status": status,
+        "reason": str(reason),
+        "message": msg[:32768],
+        "lastTransitionTime": ltt,
+    }
+    if generation is not None:
+        cond["observedGeneration"] = generation
+    return cond

@@ -1,0 +1,296 @@
+"""Muster's one typed configuration.
+
+Read once at start-up from a YAML file (``muster run --config FILE``) and ``MUSTER_*``
+environment variables (nested keys joined with ``__``, e.g. ``MUSTER_BOOKING__DURATION_SECONDS``);
+the environment wins over the file. Unknown keys and bad values stop the controller at
+start-up with a message naming the key, instead of being silently ignored at run time.
+Everything else in the controller receives a :class:`MusterConfig` (or a part of it); nothing
+reads the environment on its own.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+from controller.fit.types import Mode
+from controller.topology_defaults import DEFAULT_LEVELS
+
+ENV_PREFIX = "MUSTER_"
+
+CHECK_CAPACITY_CLASS = "check-capacity.muster.dev"
+ATOMIC_CLASS = "atomic-provisioning.muster.dev"
+UPSTREAM_CHECK_CAPACITY_CLASS = "check-capacity.autoscaling.x-k8s.io"
+UPSTREAM_ATOMIC_CLASS = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
+
+
+
+class ConfigError(Exception):
+    """The configuration is unusable; the message names each bad key and why."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ClassesConfig(_Section):
+    check_capacity: list[str] = Field(
+        default_factory=lambda: [CHECK_CAPACITY_CLASS],
+        description="Class names served as check-capacity: existing nodes only.",
+    )
+    atomic: list[str] = Field(
+        default_factory=lambda: [ATOMIC_CLASS],
+        description="Class names served as atomic provisioning: existing plus new nodes.",
+    )
+    serve_upstream: bool = Field(
+        default=False,
+        description="Also serve check-capacity.autoscaling.x-k8s.io and "
+        "best-effort-atomic-scale-up.autoscaling.x-k8s.io. Only for clusters whose "
+        "cluster-autoscaler does not serve them, or both would act on the same requests.",
+    )
+
+    @model_validator(mode="after")
+    def _disjoint(self) -> ClassesConfig:
+        both = set(self.check_capacity) & set(self.atomic)
+        if both:
+            raise ValueError(f"class names served both as check-capacity and atomic: {both}")
+        return self
+
+    def mode_for(self, class_name: str) -> Mode | None:
+        """The fit mode serving ``class_name``, or None when Muster must ignore the request."""
+        if class_name in self.check_capacity or (
+            self.serve_upstream and class_name == UPSTREAM_CHECK_CAPACITY_CLASS
+        ):
+            return Mode.CHECK
+        if class_name in self.atomic or (
+            self.serve_upstream and class_name == UPSTREAM_ATOMIC_CLASS
+        ):
+            return Mode.PROVISION
+        return None
+
+
+class TopologyConfig(_Section):
+    levels: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_LEVELS),
+        min_length=1,
+        description="Node label keys of the topology levels, widest first.",
+    )
+
+    @model_validator(mode="after")
+    def _unique(self) -> TopologyConfig:
+        if len(set(self.levels)) != len(self.levels):
+            raise ValueError(f"topology levels repeat a label: {self.levels}")
+        return self
+
+
+class BookingConfig(_Section):
+    duration_seconds: float = Field(
+        default=600.0,
+        gt=0,
+        description="How long capacity stays booked after Provisioned=True when the pods "
+        "do not all arrive (cluster-autoscaler hard-codes 10 minutes).",
+    )
+
+
+class RetryConfig(_Section):
+    initial_backoff_seconds: float = Field(default=10.0, gt=0)
+    max_backoff_seconds: float = Field(default=300.0, gt=0)
+    max_attempts: int = Field(
+        default=6,
+        ge=1,
+        description="Planning or acquisition attempts before a request that keeps missing "
+        "capacity is marked Failed.",
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> RetryConfig:
+        if self.initial_backoff_seconds > self.max_backoff_seconds:
+            raise ValueError(
+                f"initial_backoff_seconds ({self.initial_backoff_seconds}) exceeds "
+                f"max_backoff_seconds ({self.max_backoff_seconds})"
+            )
+        return self
+
+    def backoff(self, attempt: int) -> float:
+        """Delay before attempt ``attempt + 1`` (attempt counts from 1), doubling up to the cap."""
+        return float(
+            min(self.max_backoff_seconds, self.initial_backoff_seconds * 2 ** max(0, attempt - 1))
+        )
+
+
+class AcquisitionConfig(_Section):
+    node_ready_timeout_seconds: float = Field(
+        default=900.0, gt=0, description="How long acquired nodes may take to become Ready."
+    )
+    idle_ttl_seconds: float = Field(
+        default=300.0,
+        ge=0,
+        description="How long a gang's nodes stay after its last pod is gone before they "
+        "are released together.",
+    )
+    collect_interval_seconds: float = Field(
+        default=15.0,
+        gt=0,
+        description="How often the collector looks for orphaned and idle nodes.",
+    )
+    max_concurrent_reconciles: int = Field(default=256, ge=1)
+
+
+class BudgetsConfig(_Section):
+    max_new_nodes_per_request: int | None = Field(
+        default=None, ge=1, description="Refuse plans adding more nodes than this."
+    )
+    max_cost_per_hour_per_request: float | None = Field(
+        default=None, gt=0, description="Refuse plans whose new nodes cost more per hour."
+    )
+
+
+class KindProviderConfig(_Section):
+    acquire_latency_seconds: float = Field(default=0.0, ge=0)
+    heartbeat_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="Lease renewal and Ready heartbeat period, like kwok's (the node "
+        "lifecycle controller marks nodes NotReady after 40 s without one).",
+    )
+    default_stock: int | None = Field(
+        default=None,
+        ge=0,
+        description="Nodes each domain can deliver; None: as many as the pool allows.",
+    )
+
+
+class ProvidersConfig(_Section):
+    kind: KindProviderConfig = Field(default_factory=KindProviderConfig)
+    settings: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Settings of other providers by name (aws, gcp), validated by the "
+        "provider factory at start-up.",
+    )
+
+
+class ServerConfig(_Section):
+    metrics_port: int = Field(default=9090, ge=0, le=65535)
+    probe_port: int = Field(default=8080, ge=0, le=65535)
+
+
+class MusterConfig(BaseSettings):
+    """Everything an operator may set. See ``config/muster.yaml`` for a commented example."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+    )
+
+    cluster_name: str = Field(default="muster", min_length=1, max_length=63)
+    classes: ClassesConfig = Field(default_factory=ClassesConfig)
+    topology: TopologyConfig = Field(default_factory=TopologyConfig)
+    booking: BookingConfig = Field(default_factory=BookingConfig)
+    retry: RetryConfig = Field(default_factory=RetryConfig)
+    acquisition: AcquisitionConfig = Field(default_factory=AcquisitionConfig)
+    budgets: BudgetsConfig = Field(default_factory=BudgetsConfig)
+    providers: ProvidersConfig = Field(default_factory=ProvidersConfig)
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    event_source: Literal["kopf", "watch"] = Field(
+        default="kopf",
+        description="Who watches ProvisioningRequests: kopf's event handlers, or Muster's own "
+        "list-then-watch loop (about 1.7x the throughput at 1,000 requests, see "
+        "benchmarks/controller_bench.py).",
+    )
+    log_format: Literal["text", "json"] = "text"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        path = _YAML_FILE.get()
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if path is not None:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
+        return tuple(sources)
+
+
+_YAML_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
+    "muster_config_yaml", default=None
+)
+
+
+def load_config(path: Path | None = None, **overrides: Any) -> MusterConfig:
+    """Read the YAML file (optional) and ``MUSTER_*`` variables; raise :class:`ConfigError`.
+
+    ``overrides`` are field values that win over both (the CLI flags of ``muster run``).
+    """
+    problems = _unknown_env_keys(os.environ)
+    if path is not None:
+        problems += _check_yaml(path)
+    if problems:
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
+    token = _YAML_FILE.set(path)
+    try:
+        return MusterConfig(**overrides)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, path)) from None
+    finally:
+        _YAML_FILE.reset(token)
+
+
+def _unknown_env_keys(env: Mapping[str, str]) -> list[str]:
+    # pydantic-settings silently skips MUSTER_* variables that match no field; a typo there
+    # would otherwise leave a default in force without anyone noticing.
+    fields = {name.upper() for name in MusterConfig.model_fields}
+    problems = []
+    for key in env:
+        if not key.startswith(ENV_PREFIX):
+            continue
+        top = key[len(ENV_PREFIX) :].split("__", 1)[0]
+        if top not in fields:
+            problems.append(
+                f"{key}: unknown setting (known: "
+                + ", ".join(sorted(f"{ENV_PREFIX}{f}" for f in fields))
+                + ")"
+            )
+    return problems
+
+
+def _check_yaml(path: Path) -> list[str]:
+    if not path.is_file():
+        return [f"{path}: config file not found"]
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        return [f"{path}: not valid YAML: {exc}"]
+    if data is not None and not isinstance(data, dict):
+        return [f"{path}: must hold a mapping of settings, got {type(data).__name__}"]
+    return []
+
+
+def _describe(exc: ValidationError, path: Path | None) -> str:
+    where = f" (file {path} and MUSTER_* variables)" if path else " (MUSTER_* variables)"
+    lines = [f"invalid configuration{where}:"]
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "<root>"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown setting"
+        lines.append(f"  {key}: {msg} (got {err.get('input')!r})")
+    return "\n".join(lines)

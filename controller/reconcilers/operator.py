@@ -1,0 +1,199 @@
+"""Wiring: one :class:`Controller` owns the cache, its watches, the planner, the work queue,
+the service, the collector and (optionally) the kopf operator, and starts and stops them in
+the right order.
+
+Start-up order matters for correctness after a crash: the cache syncs (nodes, pods,
+templates, pools and requests) before the orphan collector runs, and the collector runs
+before any reconcile, so it sees every persisted key and a resumed acquisition is never
+mistaken for an orphan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from controller.acquire.collector import Collector
+from controller.acquire.providers import ProviderSet
+from controller.clock import Clock, RealClock
+from controller.config import MusterConfig
+from controller.kube import ApiError, KubeClient
+from controller.kube.resources import CAPACITY_POOLS, PROVISIONING_REQUESTS
+from controller.reconcilers.handlers import build_registry
+from controller.reconcilers.service import ProvisioningService
+from controller.reconcilers.workqueue import WorkQueue
+from controller.state.cache import ClusterState, object_key
+from controller.state.feeds import Feeds
+from controller.state.planner import Planner
+from providers.base import Provider
+from providers.registry import ProviderContext
+
+log = logging.getLogger(__name__)
+
+
+class StartupError(Exception):
+    """The controller cannot start; the message says why and what to do."""
+
+
+class Controller:
+    """Muster's ProvisioningRequest controller, runnable in any asyncio program."""
+
+    def __init__(
+        self,
+        *,
+        kube: KubeClient,
+        config: MusterConfig,
+        clock: Clock | None = None,
+        providers: Mapping[str, Provider] | None = None,
+        use_kopf: bool | None = None,
+        liveness_endpoint: str | None = None,
+    ) -> None:
+        self.kube = kube
+        self.config = config
+        self.clock = clock or RealClock()
+        self.use_kopf = config.event_source == "kopf" if use_kopf is None else use_kopf
+        self.collect_interval = config.acquisition.collect_interval_seconds
+        self.liveness_endpoint = liveness_endpoint
+        self.state = ClusterState(levels=config.topology.levels, notify=self._enqueue)
+        self.providers = ProviderSet(
+            ProviderContext(kube=kube, now=self.clock.now),
+            settings={"kind": config.providers.kind.model_dump(), "fake":
+                      config.providers.kind.model_dump(), **config.providers.settings},
+            instances=providers,
+        )
+        self.planner = Planner(self.state, now=self.clock.now)
+        self.service = ProvisioningService(
+            kube=kube, state=self.state, planner=self.planner, providers=self.providers,
+            config=config, clock=self.clock,
+        )
+        self.queue = WorkQueue(
+            self.service.reconcile, clock=self.clock,
+            concurrency=config.acquisition.max_concurrent_reconciles,
+        )
+        self.collector = Collector(
+            state=self.state, providers=self.providers,
+            idle_ttl=config.acquisition.idle_ttl_seconds, now=self.clock.now,
+            in_flight=lambda: self.service.in_flight,
+        )
+        self.feeds = Feeds(kube, self.state, with_requests=not self.use_kopf)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._kopf_stop: asyncio.Event | None = None
+        self._started = False
+
+    def _enqueue(self, key: str) -> None:
+        if self._started:
+            self.queue.add(key)
+
+    def observe(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        """A ProvisioningRequest event (from kopf): update the cache, reconcile the key."""
+        key = object_key(body)
+        if event_type == "DELETED":
+            self.state.delete_request(key)
+            self.queue.forget(key)
+            return
+        self.state.upsert_request(dict(body))
+        self._enqueue(key)
+
+    async def start(self) -> None:
+        await self._check_crds()
+        self.feeds.start()
+        await self.feeds.wait_synced()
+        if self.use_kopf:
+            listing = await self.kube.list(PROVISIONING_REQUESTS)
+            self.state.replace_requests(listing.get("items") or [])
+        for provider in self.providers.instances().values():
+            start = getattr(provider, "start", None)
+            if start is not None:
+                await start()
+        released = await self.collector.run_once()
+        if released:
+            log.info("start-up collection released %d group(s)", len(released))
+        self.planner.start()
+        self.queue.start()
+        self._started = True
+        for key in list(self.state.requests()):
+            self.queue.add(key)
+        if self.use_kopf:
+            self._kopf_stop = asyncio.Event()
+            ready = asyncio.Event()
+            registry = build_registry(
+                observe=self.observe, connection=self._connection, probe=self.health
+            )
+            self._tasks.append(
+                asyncio.create_task(
+                    kopf.operator(
+                        registry=registry, clusterwide=True, standalone=True,
+                        stop_flag=self._kopf_stop, ready_flag=ready,
+                        liveness_endpoint=self.liveness_endpoint,
+                    ),
+                    name="kopf",
+                )
+            )
+            await asyncio.wait_for(ready.wait(), timeout=30)
+        self._tasks.append(asyncio.create_task(self._collect_loop(), name="collector"))
+
+    async def _check_crds(self) -> None:
+        """Fail start-up with the fix when a CRD Muster serves or reads is not installed."""
+        for res, crd in ((PROVISIONING_REQUESTS, "provisioningrequests.autoscaling.x-k8s.io"),
+                         (CAPACITY_POOLS, "capacitypools.muster.dev")):
+            try:
+                await self.kube.list(res)
+            except ApiError as exc:
+                if exc.not_found:
+                    raise StartupError(
+                        f"the CRD {crd} is not installed in {self.kube.host}; "
+                        "install Muster's CRDs first: kubectl apply -f crds/"
+                    ) from None
+                raise StartupError(f"cannot reach the API server {self.kube.host}: {exc}") from None
+
+    async def stop(self) -> None:
+        self._started = False
+        if self._kopf_stop is not None:
+            self._kopf_stop.set()
+        for task in self._tasks:
+            if task.get_name() != "kopf":
+                task.cancel()
+        for task in self._tasks:
+            # kopf finishes its own shutdown when it can, but its discovery retries can
+            # keep it for seconds after the stop flag; nothing of Muster's state is in it.
+            try:
+                await asyncio.wait_for(task, timeout=1.0)
+            except (TimeoutError, asyncio.CancelledError):
+                pass
+            except Exception:
+                log.exception("task %s failed while stopping", task.get_name())
+        self._tasks = []
+        await self.queue.stop()
+        await self.planner.stop()
+        await self.feeds.stop()
+        for provider in self.providers.instances().values():
+            stop = getattr(provider, "stop", None)
+            if stop is not None:
+                await stop()
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "requests": len(self.state.requests()),
+            "bookings": len(self.state.bookings()),
+            "nodes": len(self.state.nodes()),
+            "reconciling": self.queue.busy,
+            "planner_passes": self.planner.passes,
+        }
+
+    def _connection(self) -> kopf.ConnectionInfo:
+        params = {k: v for k, v in self.kube.connection().items() if v is not None}
+        if params.get("server", "").startswith("http://"):
+            params.pop("insecure", None)
+        return kopf.ConnectionInfo(**params)
+
+    async def _collect_loop(self) -> None:
+        while True:
+            await self.clock.sleep(self.collect_interval)
+            try:
+                await self.collector.run_once()
+            except Exception:
+                log.exception("orphan collection failed; trying again later")

@@ -1,0 +1,154 @@
+"""A read-only view of one ProvisioningRequest body, as the service needs it. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from controller.conditions import ConditionType, find, is_true
+from controller.state.bookings import (
+    ATTEMPT_ANNOTATION,
+    BOOKED_AT_ANNOTATION,
+    FINALIZER,
+    PHASE_ANNOTATION,
+    PLAN_ANNOTATION,
+    RETRY_AT_ANNOTATION,
+    Booking,
+    Phase,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestView:
+    body: Mapping[str, Any]
+
+    @property
+    def meta(self) -> Mapping[str, Any]:
+        return self.body.get("metadata") or {}
+
+    @property
+    def name(self) -> str:
+        return str(self.meta.get("name"))
+
+    @property
+    def namespace(self) -> str:
+        return str(self.meta.get("namespace") or "default")
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def uid(self) -> str:
+        return str(self.meta.get("uid") or "")
+
+    @property
+    def generation(self) -> int | None:
+        gen = self.meta.get("generation")
+        return int(gen) if gen is not None else None
+
+    @property
+    def resource_version(self) -> str | None:
+        rv = self.meta.get("resourceVersion")
+        return str(rv) if rv is not None else None
+
+    @property
+    def annotations(self) -> Mapping[str, str]:
+        return self.meta.get("annotations") or {}
+
+    @property
+    def finalizers(self) -> list[str]:
+        return list(self.meta.get("finalizers") or [])
+
+    @property
+    def has_finalizer(self) -> bool:
+        return FINALIZER in self.finalizers
+
+    @property
+    def deleting(self) -> bool:
+        return bool(self.meta.get("deletionTimestamp"))
+
+    @property
+    def spec(self) -> Mapping[str, Any]:
+        return self.body.get("spec") or {}
+
+    @property
+    def class_name(self) -> str:
+        return str(self.spec.get("provisioningClassName") or "")
+
+    @property
+    def parameters(self) -> Mapping[str, str]:
+        return self.spec.get("parameters") or {}
+
+    @property
+    def total_pods(self) -> int:
+        total = 0
+        for ps in self.spec.get("podSets") or []:
+            try:
+                total += int(ps.get("count", 0))
+            except (TypeError, ValueError):
+                continue
+        return total
+
+    @property
+    def conditions(self) -> Sequence[Mapping[str, Any]]:
+        return list((self.body.get("status") or {}).get("conditions") or [])
+
+    def condition_true(self, type_: ConditionType) -> bool:
+        return is_true(self.conditions, type_)
+
+    def condition(self, type_: ConditionType) -> Mapping[str, Any] | None:
+        return find(self.conditions, type_)
+
+    @property
+    def phase(self) -> Phase:
+        try:
+            phase = Phase(self.annotations.get(PHASE_ANNOTATION, ""))
+        except ValueError:
+            return Phase.NEW
+        if phase is Phase.ACQUIRING and self.condition_true(ConditionType.PROVISIONED):
+            return Phase.BOOKED
+        return phase
+
+    @property
+    def attempt(self) -> int:
+        try:
+            return int(self.annotations.get(ATTEMPT_ANNOTATION, "0"))
+        except ValueError:
+            return 0
+
+    @property
+    def booking(self) -> Booking | None:
+        text = self.annotations.get(PLAN_ANNOTATION)
+        if not text:
+            return None
+        try:
+            return Booking.from_annotation(text)
+        except ValueError:
+            return None
+
+    @property
+    def retry_at(self) -> datetime | None:
+        return _parse_time(self.annotations.get(RETRY_AT_ANNOTATION))
+
+    @property
+    def booked_at(self) -> datetime | None:
+        """When Provisioned became True (the booking's start)."""
+        stamp = _parse_time(self.annotations.get(BOOKED_AT_ANNOTATION))
+        if stamp is not None:
+            return stamp
+        cond = self.condition(ConditionType.PROVISIONED)
+        if cond is not None and cond.get("status") == "True":
+            return _parse_time(cond.get("lastTransitionTime"))
+        return None
+
+
+def _parse_time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None

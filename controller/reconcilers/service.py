@@ -1,0 +1,593 @@
+"""The ProvisioningRequest service: one level-triggered reconcile per request key.
+
+:meth:`ProvisioningService.reconcile` reads the request from the cache and takes the next
+step for its phase (``muster.dev/phase``):
+
+* new: validate, plan and book (through the single :class:`Planner`), persist the plan and
+  the idempotency keys, then either Provisioned=True (fits existing nodes) or acquire;
+* Acquiring: acquire every group all or nothing, wait bounded for Ready, Provisioned=True;
+  resumed with the same keys after a restart, so nothing is acquired twice;
+* Booked: end the booking when the pods are all scheduled, the booking time passed, or
+  booked nodes vanished; release what the gang never used;
+* deleting: release unused nodes, drop the finalizer.
+
+Failures retry with exponential backoff up to ``retry.max_attempts``, then Failed. Muster's
+own state lives in annotations; conditions are written with ``/status`` merge patches. All
+time comes from the injected clock. The kopf handlers (:mod:`controller.reconcilers.handlers`)
+only feed the cache and enqueue keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from controller.acquire.atomic import AcquisitionFailed, acquire_all, release_groups
+from controller.acquire.keys import groups_for
+from controller.acquire.providers import ProviderSet
+from controller.api.provisioningrequest import ProvisioningRequest
+from controller.clock import Clock
+from controller.conditions import ConditionType, Reason, message, rfc3339, set_condition
+from controller.config import MusterConfig
+from controller.fit.types import GangRequest, Mode, NoFit, Plan
+from controller.kube import ApiError, Body, KubeClient
+from controller.kube.resources import PROVISIONING_REQUESTS
+from controller.reconcilers.requests import RequestView
+from controller.snapshot import SnapshotError, gang_of, parse_object
+from controller.state.bookings import (
+    ATTEMPT_ANNOTATION,
+    BOOKED_AT_ANNOTATION,
+    FINALIZER,
+    PHASE_ANNOTATION,
+    PLAN_ANNOTATION,
+    RETRY_AT_ANNOTATION,
+    Booking,
+    Group,
+    Phase,
+)
+from controller.state.cache import ClusterState
+from controller.state.planner import Planner
+
+log = logging.getLogger(__name__)
+
+Delay = float | None
+
+PARAMETERS: Mapping[Mode, frozenset[str]] = {
+    Mode.CHECK: frozenset({"processorInstance", "noRetry"}),
+    Mode.PROVISION: frozenset({"ValidUntilSeconds"}),
+}
+"""Class parameters Muster understands; anything else is an invalid request."""
+
+TOPOLOGY_LEVEL_DETAIL = "muster.dev/topology-level"
+TOPOLOGY_DOMAIN_DETAIL = "muster.dev/topology-domain"
+NEW_NODES_DETAIL = "muster.dev/new-nodes"
+
+
+@dataclass(frozen=True, slots=True)
+class Invalid(Exception):
+    reason: Reason
+    detail: str
+
+
+class ProvisioningService:
+    def __init__(
+        self,
+        *,
+        kube: KubeClient,
+        state: ClusterState,
+        planner: Planner,
+        providers: ProviderSet,
+        config: MusterConfig,
+        clock: Clock,
+    ) -> None:
+        self.kube = kube
+        self.state = state
+        self.planner = planner
+        self.providers = providers
+        self.config = config
+        self.clock = clock
+        self.in_flight: set[str] = set()
+        """Acquisition keys with provider calls running in this process."""
+
+    # ------------------------------------------------------------------ entry point
+
+    async def reconcile(self, key: str) -> Delay:
+        """Take the next step for ``key``; a write that lost a race (409) or hit a deleted
+        object (404) refreshes the cached object and tries again at once."""
+        try:
+            return await self._reconcile(key)
+        except ApiError as exc:
+            # A plan reserved in memory but not persisted must not hold capacity meanwhile;
+            # a persisted one is still booked through its annotation.
+            self.state.unreserve(key)
+            if not (exc.conflict or exc.not_found):
+                raise
+            namespace, _, name = key.partition("/")
+            fresh = await self.kube.get_or_none(
+                PROVISIONING_REQUESTS, name, namespace=namespace
+            )
+            if fresh is None:
+                self.state.delete_request(key)
+                return None
+            self.state.upsert_request(fresh)
+            return 0.05
+
+    async def _reconcile(self, key: str) -> Delay:
+        body = self.state.request(key)
+        if body is None:
+            self.state.unreserve(key)
+            return None
+        req = RequestView(body)
+        mode = self.config.classes.mode_for(req.class_name)
+        if mode is None:
+            return None
+        if req.deleting:
+            return await self.finalize(req)
+        phase = req.phase
+        if phase in (Phase.FAILED, Phase.ENDED):
+            return None
+        if phase is Phase.BOOKED:
+            return await self.check_booking(req)
+        if phase is Phase.ACQUIRING:
+            booking = req.booking
+            if booking is None:
+                return await self.retry_or_fail(
+                    req, attempt=req.attempt, reason=Reason.ACQUISITION_FAILED,
+                    detail=f"the {PLAN_ANNOTATION} annotation is unreadable",
+                )
+            return await self.acquire(req, booking)
+        return await self.provision(req, mode)
+
+    # ------------------------------------------------------------------ new requests
+
+    async def provision(self, req: RequestView, mode: Mode) -> Delay:
+        now = self.clock.now()
+        retry_at = req.retry_at
+        if retry_at is not None and retry_at > now:
+            return (retry_at - now).total_seconds()
+        try:
+            gang = self.gang(req, mode)
+        except Invalid as exc:
+            return await self.fail(req, exc.reason, message(exc.reason, detail=exc.detail))
+        attempt = req.attempt + 1
+        result = await self.planner.plan(
+            req.key, gang, mode, lambda plan: self.book(req, plan, attempt)
+        )
+        if isinstance(result, str):
+            return await self.fail(req, Reason.OVER_BUDGET, result)
+        if isinstance(result, NoFit):
+            return await self.no_fit(req, mode, result, attempt)
+        booking = self.state.bookings().get(req.key)
+        if booking is None:  # the request was deleted while it was being planned
+            return None
+        if not booking.groups:
+            return await self.confirm(req, booking, Reason.CAPACITY_IS_FOUND)
+        req = await self.persist(
+            req,
+            annotations={
+                PLAN_ANNOTATION: booking.to_annotation(),
+                ATTEMPT_ANNOTATION: str(attempt),
+                PHASE_ANNOTATION: Phase.ACQUIRING,
+                RETRY_AT_ANNOTATION: None,
+            },
+            finalizer=True,
+        )
+        return await self.acquire(req, booking, announce=True)
+
+    def gang(self, req: RequestView, mode: Mode) -> GangRequest:
+        """The request as the fit engine sees it; :class:`Invalid` names what is wrong."""
+        unknown = sorted(set(req.parameters) - PARAMETERS[mode])
+        if unknown:
+            raise Invalid(
+                Reason.INVALID_PARAMETERS,
+                f"unknown parameter(s) {', '.join(unknown)} for class {req.class_name} "
+                f"(known: {', '.join(sorted(PARAMETERS[mode])) or 'none'})",
+            )
+        try:
+            pr = parse_object(ProvisioningRequest, dict(req.body))
+        except SnapshotError as exc:
+            raise Invalid(Reason.INVALID_PARAMETERS, str(exc)) from None
+        templates = {}
+        for i, ps in enumerate(pr.spec.pod_sets):
+            ref = ps.pod_template_ref.name
+            found = self.state.template(req.namespace, ref)
+            if found is None:
+                raise Invalid(
+                    Reason.FAILED_TO_CREATE_PODS,
+                    f"spec.podSets[{i}]: PodTemplate {req.namespace}/{ref} not found",
+                )
+            if isinstance(found, str):
+                raise Invalid(
+                    Reason.FAILED_TO_CREATE_PODS,
+                    f"spec.podSets[{i}]: PodTemplate {req.namespace}/{ref} is invalid: {found}",
+                )
+            templates[ref] = found
+        try:
+            gang = gang_of(pr, templates, self.state.levels)
+        except SnapshotError as exc:
+            raise Invalid(Reason.FAILED_TO_CREATE_PODS, str(exc)) from None
+        for pod_set in gang.pod_sets:
+            level = pod_set.topology.level
+            if level is not None and level not in self.state.levels:
+                raise Invalid(
+                    Reason.INVALID_PARAMETERS,
+                    f"pod set {pod_set.name} asks for topology level {level!r}, which is not "
+                    f"configured (levels: {', '.join(self.state.levels)})",
+                )
+        return gang
+
+    def book(self, req: RequestView, plan: Plan, attempt: int) -> Booking | str:
+        """The booking to reserve for ``plan``, or why the budget refuses it."""
+        budgets = self.config.budgets
+        new_nodes = sum(n.count for n in plan.new_nodes)
+        if budgets.max_new_nodes_per_request is not None and (
+            new_nodes > budgets.max_new_nodes_per_request
+        ):
+            return message(
+                Reason.OVER_BUDGET,
+                detail=f"{new_nodes} new nodes > budgets.max_new_nodes_per_request "
+                f"({budgets.max_new_nodes_per_request})",
+            )
+        limit = budgets.max_cost_per_hour_per_request
+        if limit is not None and plan.cost_per_hour > limit:
+            return message(
+                Reason.OVER_BUDGET,
+                detail=f"new nodes cost {plan.cost_per_hour:.2f}/h > "
+                f"budgets.max_cost_per_hour_per_request ({limit:.2f})",
+            )
+        return Booking(plan=plan, attempt=attempt,
+                       groups=groups_for(plan, owner_uid=req.uid, attempt=attempt))
+
+    async def no_fit(self, req: RequestView, mode: Mode, result: NoFit, attempt: int) -> Delay:
+        detail = "; ".join(r.message for r in result.reasons) or "no capacity"
+        if result.permanent:
+            reason = (
+                Reason.INVALID_PARAMETERS
+                if any(r.code == "Invalid" for r in result.reasons)
+                else Reason.NEVER_FITS
+            )
+            return await self.fail(req, reason, message(reason, detail=detail))
+        if mode is Mode.CHECK and req.parameters.get("noRetry", "").lower() == "true":
+            return await self.fail(
+                req, Reason.CAPACITY_IS_NOT_FOUND,
+                f"Capacity is not found: {detail}. noRetry is set, so Muster does not retry.",
+            )
+        return await self.retry_or_fail(
+            req, attempt=attempt, reason=Reason.CAPACITY_IS_NOT_FOUND, detail=detail
+        )
+
+    # ------------------------------------------------------------------ acquisition
+
+    async def acquire(self, req: RequestView, booking: Booking, *, announce: bool = False) -> Delay:
+        """All groups or none, then bounded wait for Ready, then Provisioned=True.
+
+        ``announce``: also set Provisioned=False/Provisioning, concurrently with the provider
+        calls (the plan and keys are already persisted; the condition is for humans).
+        """
+        self.state.reserve(req.key, booking)
+        keys = {g.key for g in booking.groups}
+        self.in_flight |= keys
+        announcing = asyncio.create_task(self._announce(req, booking)) if announce else None
+        try:
+            try:
+                nodes = await acquire_all(
+                    booking.groups,
+                    owner=req.key,
+                    owner_uid=req.uid,
+                    pools=self.state.pools(),
+                    provider_for=self.providers.for_pool,
+                )
+            finally:
+                # Later status writes start from this one's conditions, never race it.
+                if announcing is not None:
+                    req = await announcing
+            booking = booking.with_nodes(nodes)
+            self.state.reserve(req.key, booking)
+            timeout = self.config.acquisition.node_ready_timeout_seconds
+            not_ready = await self.state.wait_ready(
+                booking.acquired_nodes, within=timeout, sleep=self.clock.sleep
+            )
+            if not_ready:
+                await release_groups(
+                    booking.groups, pools=self.state.pools(), provider_for=self.providers.for_pool
+                )
+                return await self.retry_or_fail(
+                    req, attempt=booking.attempt, reason=Reason.NODES_NOT_READY,
+                    detail=f"{len(not_ready)} node(s) not Ready: {', '.join(not_ready[:5])}",
+                    permanent=False,
+                )
+        except AcquisitionFailed as exc:
+            until = self.clock.now() + timedelta(seconds=self.config.retry.max_backoff_seconds)
+            for group, available in exc.short:
+                self.state.mark_short(group.pool, group.domain, available=available, until=until)
+            return await self.retry_or_fail(
+                req, attempt=booking.attempt, reason=Reason.ACQUISITION_FAILED,
+                detail=str(exc), permanent=not exc.retryable,
+            )
+        finally:
+            self.in_flight -= keys
+        return await self.confirm(req, booking, Reason.CAPACITY_IS_PROVISIONED)
+
+    async def _announce(self, req: RequestView, booking: Booking) -> RequestView:
+        new_nodes = sum(g.count for g in booking.groups)
+        text = message(Reason.PROVISIONING, new_nodes=new_nodes, attempt=booking.attempt)
+        return await self.write_status(
+            req, [_accepted(), (ConditionType.PROVISIONED, False, Reason.PROVISIONING, text)]
+        )
+
+    async def confirm(self, req: RequestView, booking: Booking, reason: Reason) -> Delay:
+        """Persist the booking as Booked and set Provisioned=True with the placement."""
+        now = self.clock.now()
+        try:
+            if req.phase is not Phase.ACQUIRING:
+                # Fits existing nodes: nothing persisted yet. After an acquisition the plan
+                # and keys are on the object already and Provisioned=True marks it Booked.
+                req = await self.persist(
+                    req,
+                    annotations={
+                        PLAN_ANNOTATION: booking.to_annotation(),
+                        ATTEMPT_ANNOTATION: str(booking.attempt),
+                        PHASE_ANNOTATION: Phase.BOOKED,
+                        BOOKED_AT_ANNOTATION: rfc3339(now),
+                        RETRY_AT_ANNOTATION: None,
+                    },
+                )
+            details = class_details(booking.plan)
+            where = _where(booking.plan)
+            text = (
+                message(reason, where=where)
+                if reason is Reason.CAPACITY_IS_FOUND
+                else message(reason, where=where, new_nodes=len(booking.acquired_nodes))
+            )
+            await self.write_status(
+                req, [_accepted(), (ConditionType.PROVISIONED, True, reason, text)],
+                details=details,
+            )
+        finally:
+            self.state.unreserve(req.key)
+        return self.config.booking.duration_seconds
+
+
+    # ------------------------------------------------------------------ booked requests
+
+    async def check_booking(self, req: RequestView) -> Delay:
+        booking = req.booking
+        if booking is None:
+            return None
+        scheduled = sum(self.state.scheduled_consumers(req.key).values())
+        total = req.total_pods
+        if scheduled >= total:
+            return await self.end_booking(
+                req, booking, ConditionType.BOOKING_EXPIRED, Reason.BOOKING_CONSUMED,
+                message(Reason.BOOKING_CONSUMED, total=total),
+            )
+        vanished = [n for n in booking.existing_nodes if not self.state.node_exists(n)]
+        for g in booking.groups:
+            have = len(self.group_nodes(g))
+            if have < g.count:
+                names = ", ".join(self.state.vanished(g.key)) or "unknown names"
+                vanished.append(f"{g.count - have} of {g.count} new node(s) of pool {g.pool} "
+                                f"({names})")
+        if vanished and self.state.synced["nodes"].is_set():
+            return await self.end_booking(
+                req, booking, ConditionType.CAPACITY_REVOKED, Reason.NODES_VANISHED,
+                message(Reason.NODES_VANISHED, detail=", ".join(vanished[:10])),
+            )
+        booked_at = req.booked_at or self.clock.now()
+        duration = self.config.booking.duration_seconds
+        left = (booked_at + timedelta(seconds=duration) - self.clock.now()).total_seconds()
+        if left <= 0:
+            return await self.end_booking(
+                req, booking, ConditionType.BOOKING_EXPIRED, Reason.RESERVATION_TIME_EXPIRED,
+                message(Reason.RESERVATION_TIME_EXPIRED, booked=scheduled, total=total,
+                        seconds=duration),
+            )
+        return left
+
+    async def end_booking(
+        self,
+        req: RequestView,
+        booking: Booking,
+        type_: ConditionType,
+        reason: Reason,
+        text: str,
+    ) -> Delay:
+        req = await self.persist(req, annotations={PHASE_ANNOTATION: Phase.ENDED})
+        await self.write_status(req, [(type_, True, reason, text)])
+        if reason is not Reason.BOOKING_CONSUMED:
+            await self.release_unused(booking)
+        return None
+
+    async def release_unused(self, booking: Booking) -> int:
+        """Release groups none of whose nodes runs a pod; the collector handles the rest."""
+        unused = [
+            g for g in booking.groups
+            if self.group_nodes(g)
+            and not any(self.state.pods_on(n) for n in self.group_nodes(g))
+        ]
+        if not unused:
+            return 0
+        return await release_groups(
+            unused, pools=self.state.pools(), provider_for=self.providers.for_pool
+        )
+
+    def group_nodes(self, group: Group) -> tuple[str, ...]:
+        """The group's registered nodes (names recorded on the booking, else found by the
+        acquisition-key label)."""
+        if group.nodes:
+            return tuple(n for n in group.nodes if self.state.node_exists(n))
+        return tuple(sorted(self.state.nodes_by_key().get(group.key, ())))
+
+    # ------------------------------------------------------------------ deletion
+
+    async def finalize(self, req: RequestView) -> Delay:
+        self.state.unreserve(req.key)
+        booking = req.booking
+        if booking is not None and req.phase is not Phase.FAILED:
+            await self.release_unused(booking)
+        if req.has_finalizer:
+            await self.persist(req, annotations={}, finalizer=False)
+        return None
+
+    # ------------------------------------------------------------------ failure paths
+
+    async def retry_or_fail(
+        self,
+        req: RequestView,
+        *,
+        attempt: int,
+        reason: Reason,
+        detail: str,
+        permanent: bool = False,
+    ) -> Delay:
+        self.state.unreserve(req.key)
+        max_attempts = self.config.retry.max_attempts
+        if permanent or attempt >= max_attempts:
+            final = Reason.RETRIES_EXHAUSTED if not permanent else reason
+            text = (
+                message(Reason.RETRIES_EXHAUSTED, attempts=attempt, detail=detail)
+                if not permanent
+                else f"{reason.value}: {detail}. Not retryable; fix the pool or provider."
+            )
+            return await self.fail(req, final, text, attempt=attempt)
+        delay = self.config.retry.backoff(attempt)
+        retry_at = self.clock.now() + timedelta(seconds=delay)
+        req = await self.persist(
+            req,
+            annotations={
+                ATTEMPT_ANNOTATION: str(attempt),
+                RETRY_AT_ANNOTATION: rfc3339(retry_at),
+                PHASE_ANNOTATION: None,
+                PLAN_ANNOTATION: None,
+            },
+        )
+        fields = {"detail": detail, "attempt": attempt, "max_attempts": max_attempts,
+                  "delay": delay}
+        text = (
+            message(Reason.ACQUISITION_FAILED, **fields)
+            if reason is Reason.ACQUISITION_FAILED
+            else message(Reason.CAPACITY_IS_NOT_FOUND, **fields)
+            if reason is Reason.CAPACITY_IS_NOT_FOUND
+            else message(reason, seconds=self.config.acquisition.node_ready_timeout_seconds,
+                         detail=detail)
+        )
+        await self.write_status(
+            req, [_accepted(), (ConditionType.PROVISIONED, False, reason, text)]
+        )
+        return delay
+
+    async def fail(
+        self, req: RequestView, reason: Reason, text: str, *, attempt: int | None = None
+    ) -> Delay:
+        self.state.unreserve(req.key)
+        annotations: dict[str, str | None] = {
+            PHASE_ANNOTATION: Phase.FAILED,
+            PLAN_ANNOTATION: None,
+            RETRY_AT_ANNOTATION: None,
+        }
+        if attempt is not None:
+            annotations[ATTEMPT_ANNOTATION] = str(attempt)
+        req = await self.persist(req, annotations=annotations)
+        await self.write_status(
+            req,
+            [_accepted(), (ConditionType.PROVISIONED, False, reason, text),
+             (ConditionType.FAILED, True, reason, text)],
+        )
+        return None
+
+    # ------------------------------------------------------------------ writes
+
+    async def persist(
+        self,
+        req: RequestView,
+        *,
+        annotations: Mapping[str, str | None],
+        finalizer: bool | None = None,
+    ) -> RequestView:
+        """Merge-patch annotations (None deletes) and add/remove Muster's finalizer.
+
+        Changing finalizers carries the resourceVersion, so a concurrent writer's
+        finalizer is never dropped (409 -> the key is reconciled again).
+        """
+        meta: dict[str, Any] = {"annotations": {k: (None if v is None else str(v))
+                                                for k, v in annotations.items()}}
+        if finalizer is not None and finalizer != req.has_finalizer:
+            current = req.finalizers
+            meta["finalizers"] = (
+                [*current, FINALIZER] if finalizer else [f for f in current if f != FINALIZER]
+            )
+            meta["resourceVersion"] = req.resource_version
+        body = await self.kube.merge_patch(
+            PROVISIONING_REQUESTS, req.name, {"metadata": meta}, namespace=req.namespace
+        )
+        self._store(body)
+        return RequestView(body)
+
+    async def write_status(
+        self,
+        req: RequestView,
+        changes: list[tuple[ConditionType, bool, Reason, str]],
+        *,
+        details: Mapping[str, str] | None = None,
+    ) -> RequestView:
+        now = self.clock.now()
+        conditions = [dict(c) for c in req.conditions]
+        for type_, status, reason, text in changes:
+            conditions = set_condition(
+                conditions, type_=type_, status=status, reason=reason, message=text, now=now,
+                generation=req.generation,
+            )
+        patch: Body = {"conditions": conditions}
+        if details is not None:
+            patch["provisioningClassDetails"] = dict(details)
+        body = await self.kube.patch_status(
+            PROVISIONING_REQUESTS, req.name, patch, namespace=req.namespace
+        )
+        self._store(body)
+        return RequestView(body)
+
+    def _store(self, body: Body) -> None:
+        if body.get("metadata"):
+            self.state.upsert_request(body)
+
+
+def _accepted() -> tuple[ConditionType, bool, Reason, str]:
+    return (ConditionType.ACCEPTED, True, Reason.ACCEPTED, message(Reason.ACCEPTED))
+
+
+def class_details(plan: Plan) -> dict[str, str]:
+    """``provisioningClassDetails``: where the gang goes, in keys Kueue can copy into
+    nodeSelectors (``valueFromProvisioningClassDetail``): the chosen domain of the widest
+    constrained pod set under ``muster.dev/topology-level``/``-domain`` and, per level, the
+    level's node label -> value."""
+    details: dict[str, str] = {}
+    placed = [p for p in plan.placements if p.level and p.domain_labels]
+    if placed:
+        main = placed[0]
+        details[TOPOLOGY_LEVEL_DETAIL] = str(main.level)
+        details[TOPOLOGY_DOMAIN_DETAIL] = str(main.domain)
+        details.update({k: str(v) for k, v in main.domain_labels.items()})
+    for p in placed:
+        details[f"muster.dev/podset.{p.pod_set}"] = ",".join(
+            f"{k}={v}" for k, v in p.domain_labels.items()
+        )
+    new_nodes = sum(n.count for n in plan.new_nodes)
+    details[NEW_NODES_DETAIL] = str(new_nodes)
+    return dict(list(details.items())[:64])
+
+
+def _where(plan: Plan) -> str:
+    parts = []
+    for p in plan.placements:
+        if p.level and p.domain:
+            parts.append(f"pod set {p.pod_set} in {p.level.rsplit('/', 1)[-1]} {p.domain}")
+        elif p.level:
+            level = p.level.rsplit("/", 1)[-1]
+            parts.append(f"pod set {p.pod_set} across {p.domains_used} {level}(s)")
+        else:
+            parts.append(f"pod set {p.pod_set} without topology constraint")
+    return "; ".join(parts) or "no pods"

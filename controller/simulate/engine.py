@@ -1,0 +1,480 @@
+"""The discrete-event core every strategy shares: simulated time, nodes, jobs, scale-down,
+start timeouts, the other tenants' clock, and the accounting of paid versus used GPUs.
+
+A strategy (``strategies.py``) decides only two things: when and how nodes are requested,
+and which job or pod gets which free GPUs. Everything else (boot, idle removal after
+``idle_timeout_s``, cancellation of a job not running ``start_timeout_s`` after submit, the
+slowdown of a gang spread over blocks) is the same for all, so the numbers differ only by
+strategy.
+
+Jobs map to pods like this: a job of ``g <= gpus_per_node`` GPUs is one pod of ``g`` GPUs on
+one node (several small pods may share a node); a job of more GPUs is a gang of
+``ceil(g / gpus_per_node)`` pods of ``gpus_per_node`` GPUs each, one per node (a 12-GPU job
+holds two whole nodes, as a real data-parallel job of 8-GPU workers would). A job runs only
+when every pod has its GPUs on a ready node, and then for its trace duration (times
+``cross_block_slowdown`` when its pods span more than one block).
+
+Time is a float of seconds since the first submit. Events at equal times run in the order
+they were scheduled; arrivals at time ``t`` run after every other event at ``t`` (a job
+finishing at ``t`` frees its GPUs before a job submitted at ``t`` looks for some).
+"""
+
+from __future__ import annotations
+
+import abc
+import heapq
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.simulate.cloud import Cloud, CloudConfig
+from controller.simulate.metrics import Meter, StrategyResult, percentile
+from controller.simulate.trace import Job, Trace
+
+# Event kinds (indices into the handler table).
+NODE_READY = 0
+FINISH = 1
+IDLE_CHECK = 2
+TIMEOUT = 3
+TICK = 4
+SCAN = 5
+RELEASE_PODS = 6
+
+# Job status.
+PENDING = 0
+"""Waiting for capacity (under pod-by-pod, possibly with some pods bound)."""
+PLACED = 1
+"""Every pod has its GPUs; some nodes still boot."""
+RUNNING = 2
+DONE = 3
+TIMED_OUT = 4
+NEVER_FITS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    cloud: CloudConfig = field(default_factory=CloudConfig)
+    seed: int = 0
+    idle_timeout_s: float = 600.0
+    """cluster-autoscaler's scale-down-unneeded-time: an empty node is removed after this."""
+    start_timeout_s: float = 6 * 3600.0
+    """A job not running this long after submit is cancelled (its owner gives up)."""
+    cancel_grace_s: float = 30.0
+    """A cancelled job's bound pods hold their GPUs this long (terminationGracePeriodSeconds)."""
+    cross_block_slowdown: float = 1.3
+    """Run-time factor of a gang whose pods span more than one block."""
+    price_per_gpu_hour: float = 2.5
+    scan_interval_s: float = 10.0
+    """cluster-autoscaler's scan interval (pod-by-pod only)."""
+    bin_seconds: float | None = None
+    """Width of the plot's time bins; default: the trace span / 500, at least 60 s."""
+
+    def validate(self) -> None:
+        self.cloud.validate()
+        checks: list[tuple[bool, str]] = [
+            (self.idle_timeout_s >= 0, "idle timeout must be >= 0 seconds"),
+            (self.start_timeout_s > 0, "start timeout must be > 0 seconds"),
+            (self.cancel_grace_s >= 0, "cancel grace must be >= 0 seconds"),
+            (self.cross_block_slowdown >= 1.0, "cross-block slowdown must be >= 1"),
+            (self.price_per_gpu_hour >= 0, "price per GPU-hour must be >= 0"),
+            (self.scan_interval_s > 0, "scan interval must be > 0 seconds"),
+            (self.bin_seconds is None or self.bin_seconds > 0, "bin width must be > 0 seconds"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+
+def pods_for(gpus: int, gpus_per_node: int) -> tuple[int, int]:
+    """(pods, GPUs per pod) of a job of ``gpus`` GPUs (see the module docstring)."""
+    if gpus <= gpus_per_node:
+        return 1, gpus
+    return -(-gpus // gpus_per_node), gpus_per_node
+
+
+class SimNode:
+    __slots__ = (
+        "alive",
+        "block",
+        "free",
+        "id",
+        "idle_token",
+        "indexed",
+        "name",
+        "rack",
+        "ready",
+        "state",
+        "waiters",
+    )
+
+    def __init__(self, node_id: int, rack: int, block: int, gpus: int) -> None:
+        self.id = node_id
+        self.name = f"node-{node_id:06d}"
+        self.rack = rack
+        self.block = block
+        self.free = gpus
+        self.ready = False
+        self.alive = True
+        self.indexed = False
+        self.idle_token = 0
+        self.waiters: list[JobRun] = []
+        self.state: Any = None
+        """Cached fit-engine view of the node (strategies own it); None when stale."""
+
+
+class JobRun:
+    __slots__ = (
+        "allocs",
+        "blocks",
+        "bound",
+        "job",
+        "nodes_waiting",
+        "pod_gpus",
+        "pods",
+        "racks",
+        "start",
+        "status",
+        "total_gpus",
+    )
+
+    def __init__(self, job: Job, gpus_per_node: int) -> None:
+        self.job = job
+        self.pods, self.pod_gpus = pods_for(job.gpus, gpus_per_node)
+        self.total_gpus = self.pods * self.pod_gpus
+        self.status = PENDING
+        self.start = -1.0
+        self.allocs: list[tuple[SimNode, int]] = []
+        self.bound = 0
+        self.nodes_waiting = 0
+        self.racks = 0
+        """Distinct racks (and blocks) the job's pods ran in; set when it starts."""
+        self.blocks = 0
+
+
+class Simulation(abc.ABC):
+    """One replay of a trace under one strategy. Subclasses fill in the hooks."""
+
+    name = "base"
+    index_booting = False
+    """Whether a booting node's free GPUs can be handed out (a strategy that plans onto
+    nodes it has just requested) or only a ready node's (the kube-scheduler binds to ready
+    nodes only)."""
+
+    def __init__(self, trace: Trace, config: SimConfig) -> None:
+        config.validate()
+        self.config = config
+        self.trace = trace
+        self.cloud = Cloud(config.cloud, config.seed)
+        cc = config.cloud
+        self.gpus_per_node = cc.gpus_per_node
+        span = trace.span_seconds
+        bin_s = config.bin_seconds or max(60.0, span / 500.0)
+        self.meter = Meter(bin_s)
+        self.heap: list[tuple[float, int, int, Any]] = []
+        self.seq = 0
+        self.now = 0.0
+        self.next_node_id = 0
+        self.nodes: dict[str, SimNode] = {}
+        g = cc.gpus_per_node
+        # Nodes whose free GPUs may be handed out, by free count: globally and per rack.
+        self.free_index: list[dict[int, SimNode]] = [{} for _ in range(g + 1)]
+        self.rack_index: list[list[dict[int, SimNode]]] = [
+            [{} for _ in range(g + 1)] for _ in range(cc.racks)
+        ]
+        self.runs = [JobRun(job, g) for job in trace.jobs]
+        self.open_jobs = 0
+        self.booting_nodes = 0
+        self.nodes_acquired = 0
+        self.events = 0
+        self.fit_calls = 0
+        self.handlers: list[Callable[[Any], None]] = [
+            self._on_node_ready,
+            self._on_finish,
+            self._on_idle_check,
+            self._on_timeout,
+            self._on_tick,
+            self.on_scan,
+            self._on_release_pods,
+        ]
+
+    # ------------------------------------------------------------------ hooks
+    @abc.abstractmethod
+    def on_arrival(self, run: JobRun) -> None:
+        """``run`` was just submitted (its start timeout is already scheduled)."""
+
+    @abc.abstractmethod
+    def on_capacity_freed(self) -> None:
+        """GPUs on existing nodes became free (a job ended or was cancelled)."""
+
+    @abc.abstractmethod
+    def on_node_ready(self, node: SimNode) -> None:
+        """``node`` finished booting (waiting jobs were already told)."""
+
+    @abc.abstractmethod
+    def on_room(self) -> None:
+        """Stock or quota room grew (a node was released, other tenants freed stock)."""
+
+    @abc.abstractmethod
+    def on_cancel(self, run: JobRun) -> None:
+        """``run`` was cancelled while pending; forget its queued pods."""
+
+    def on_scan(self, _: Any) -> None:
+        """A periodic scan a strategy scheduled with ``push(at, SCAN, None)``."""
+        raise RuntimeError(f"{self.name} scheduled a scan it does not handle")
+
+    # ------------------------------------------------------------------ loop
+    def push(self, at: float, kind: int, obj: Any) -> None:
+        heapq.heappush(self.heap, (at, self.seq, kind, obj))
+        self.seq += 1
+
+    def run(self) -> StrategyResult:
+        wall0 = time.perf_counter()
+        runs = self.runs
+        n = len(runs)
+        heap = self.heap
+        handlers = self.handlers
+        meter = self.meter
+        cloud = self.cloud
+        heappop = heapq.heappop
+        self.push(self.config.cloud.refill_interval_s, TICK, None)
+        i = 0
+        events = 0
+        while True:
+            if i < n:
+                t_arrival = runs[i].job.submit
+            elif self.open_jobs == 0 and cloud.held_nodes == 0:
+                break
+            else:
+                t_arrival = math.inf
+            if heap and heap[0][0] <= t_arrival:
+                at, _, kind, obj = heappop(heap)
+                if at > meter.t:
+                    meter.advance(at)
+                self.now = at
+                handlers[kind](obj)
+            elif i < n:
+                if t_arrival > meter.t:
+                    meter.advance(t_arrival)
+                self.now = t_arrival
+                run = runs[i]
+                i += 1
+                self.open_jobs += 1
+                self.push(t_arrival + self.config.start_timeout_s, TIMEOUT, run)
+                self.on_arrival(run)
+            else:
+                break
+            events += 1
+        self.events = events
+        return self._result(time.perf_counter() - wall0)
+
+    # ------------------------------------------------------------------ nodes
+    def add_node(self, rack: int, boot_s: float) -> SimNode:
+        """A node the cloud granted: paid from now, ready after ``boot_s``."""
+        g = self.gpus_per_node
+        node = SimNode(self.next_node_id, rack, self.cloud.rack_block[rack], g)
+        self.next_node_id += 1
+        self.nodes[node.name] = node
+        self.nodes_acquired += 1
+        self.booting_nodes += 1
+        meter = self.meter
+        meter.paid += g
+        meter.booting += g
+        meter.note_peak()
+        if self.index_booting:
+            self._index_add(node)
+        self.push(self.now + boot_s, NODE_READY, node)
+        return node
+
+    def _on_node_ready(self, node: SimNode) -> None:
+        node.ready = True
+        self.booting_nodes -= 1
+        g = self.gpus_per_node
+        meter = self.meter
+        meter.booting -= g
+        # Whatever is allocated on a node that was booting belongs to jobs not running yet.
+        meter.waiting += g - node.free
+        if not node.indexed:
+            self._index_add(node)
+        waiters = node.waiters
+        node.waiters = []
+        for run in waiters:
+            run.nodes_waiting -= 1
+            if run.nodes_waiting == 0 and run.status == PLACED:
+                self.start(run)
+        if node.free == g:
+            self._arm_idle(node)
+        self.on_node_ready(node)
+
+    def _arm_idle(self, node: SimNode) -> None:
+        node.idle_token += 1
+        self.push(self.now + self.config.idle_timeout_s, IDLE_CHECK, (node, node.idle_token))
+
+    def _on_idle_check(self, obj: tuple[SimNode, int]) -> None:
+        node, token = obj
+        if not node.alive or node.idle_token != token or node.free != self.gpus_per_node:
+            return
+        if not node.ready:
+            return  # a booting node is never idle; it is armed again once ready
+        self._index_remove(node)
+        node.alive = False
+        del self.nodes[node.name]
+        self.meter.paid -= self.gpus_per_node
+        self.cloud.release(node.rack)
+        self.on_room()
+
+    def _index_add(self, node: SimNode) -> None:
+        node.indexed = True
+        self.free_index[node.free][node.id] = node
+        self.rack_index[node.rack][node.free][node.id] = node
+
+    def _index_remove(self, node: SimNode) -> None:
+        if node.indexed:
+            node.indexed = False
+            del self.free_index[node.free][node.id]
+            del self.rack_index[node.rack][node.free][node.id]
+
+    def _set_free(self, node: SimNode, free: int) -> None:
+        if node.indexed:
+            old = node.free
+            del self.free_index[old][node.id]
+            del self.rack_index[node.rack][old][node.id]
+            self.free_index[free][node.id] = node
+            self.rack_index[node.rack][free][node.id] = node
+        node.free = free
+        node.state = None
+
+    # ------------------------------------------------------------------ jobs
+    def allocate(self, run: JobRun, node: SimNode, gpus: int) -> None:
+        """Give ``gpus`` of ``node`` to ``run`` (not running yet)."""
+        if gpus > node.free:
+            raise RuntimeError(f"{node.name}: {gpus} GPUs asked, {node.free} free")
+        self._set_free(node, node.free - gpus)
+        node.idle_token += 1  # no longer empty: disarm a pending idle check
+        run.allocs.append((node, gpus))
+        if node.ready:
+            self.meter.waiting += gpus
+
+    def _free_allocs(self, run: JobRun) -> None:
+        g = self.gpus_per_node
+        for node, gpus in run.allocs:
+            self._set_free(node, node.free + gpus)
+            if node.free == g and node.ready:
+                self._arm_idle(node)
+        run.allocs = []
+
+    def start(self, run: JobRun) -> None:
+        """Every pod of ``run`` has its GPUs on a ready node: it runs from now."""
+        run.status = RUNNING
+        run.start = self.now
+        meter = self.meter
+        meter.waiting -= run.total_gpus
+        meter.used += run.total_gpus
+        duration = run.job.duration
+        if run.pods > 1:
+            run.racks = len({node.rack for node, _ in run.allocs})
+            run.blocks = len({node.block for node, _ in run.allocs})
+            if run.blocks > 1:
+                duration *= self.config.cross_block_slowdown
+        else:
+            run.racks = run.blocks = 1
+        self.push(self.now + duration, FINISH, run)
+
+    def _on_finish(self, run: JobRun) -> None:
+        run.status = DONE
+        self.meter.used -= run.total_gpus
+        self.open_jobs -= 1
+        self._free_allocs(run)
+        self.on_capacity_freed()
+
+    def _on_timeout(self, run: JobRun) -> None:
+        if run.status != PENDING:
+            return  # running, done, rejected, or placed and about to start
+        run.status = TIMED_OUT
+        self.open_jobs -= 1
+        self.on_cancel(run)
+        if run.allocs:
+            self.push(self.now + self.config.cancel_grace_s, RELEASE_PODS, run)
+
+    def _on_release_pods(self, run: JobRun) -> None:
+        meter = self.meter
+        for node, gpus in run.allocs:
+            if node.ready:
+                meter.waiting -= gpus
+        self._free_allocs(run)
+        self.on_capacity_freed()
+
+    def reject(self, run: JobRun) -> None:
+        """``run`` can never fit: it is counted as never started, at once."""
+        run.status = NEVER_FITS
+        self.open_jobs -= 1
+
+    def _on_tick(self, _: Any) -> None:
+        if self.cloud.tick():
+            self.on_room()
+        self.push(self.now + self.config.cloud.refill_interval_s, TICK, None)
+
+    # ------------------------------------------------------------------ result
+    def _result(self, wall_s: float) -> StrategyResult:
+        runs = self.runs
+        waits: list[float] = []
+        gang_waits: list[float] = []
+        gangs = gangs_started = one_rack = cross_block = 0
+        timed_out = never_fits = 0
+        for run in runs:
+            if run.status == TIMED_OUT:
+                timed_out += 1
+            elif run.status == NEVER_FITS:
+                never_fits += 1
+            if run.pods > 1:
+                gangs += 1
+            if run.start < 0:
+                continue
+            wait = run.start - run.job.submit
+            waits.append(wait)
+            if run.pods > 1:
+                gang_waits.append(wait)
+                gangs_started += 1
+                one_rack += run.racks == 1
+                cross_block += run.blocks > 1
+        waits.sort()
+        gang_waits.sort()
+        m = self.meter
+        hour = 3600.0
+        paid = m.paid_s / hour
+        used = m.used_s / hour
+        return StrategyResult(
+            strategy=self.name,
+            jobs=len(runs),
+            started=len(waits),
+            never_started=timed_out + never_fits,
+            timed_out=timed_out,
+            never_fits=never_fits,
+            gangs=gangs,
+            gangs_started=gangs_started,
+            gangs_one_rack=one_rack,
+            gangs_cross_block=cross_block,
+            paid_gpu_h=paid,
+            used_gpu_h=used,
+            stranded_gpu_h=paid - used,
+            stranded_waiting_gpu_h=m.waiting_s / hour,
+            stranded_idle_gpu_h=(m.paid_s - m.used_s - m.waiting_s - m.booting_s) / hour,
+            stranded_booting_gpu_h=m.booting_s / hour,
+            cost=paid * self.config.price_per_gpu_hour,
+            wait_p50_s=percentile(waits, 50),
+            wait_p95_s=percentile(waits, 95),
+            wait_p99_s=percentile(waits, 99),
+            gang_wait_p50_s=percentile(gang_waits, 50),
+            gang_wait_p95_s=percentile(gang_waits, 95),
+            gang_wait_p99_s=percentile(gang_waits, 99),
+            nodes_acquired=self.nodes_acquired,
+            peak_paid_gpus=m.peak_paid,
+            end_s=self.now,
+            events=self.events,
+            fit_calls=self.fit_calls,
+            wall_s=wall_s,
+            series_bin_s=m.bin_seconds,
+            series_paid=tuple(v / m.bin_seconds for v in m.paid_bins),
+            series_used=tuple(v / m.bin_seconds for v in m.used_bins),
+        )

@@ -1,0 +1,253 @@
+"""Bookings: a request's Plan plus its acquisition groups, and how they survive a restart.
+
+A booking is persisted on its ProvisioningRequest as JSON annotations (kopf would prune
+unknown status fields of a CRD Muster does not own), and held in memory by
+:class:`controller.state.cache.ClusterState`, which subtracts every other request's booking
+from the snapshot it hands the fit engine. Pure: encoding, decoding and the "effective plan"
+a booking still holds once some of its nodes exist and some of its pods run.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from controller.fit.types import (
+    Assignment,
+    Mode,
+    NewNodes,
+    NewNodeSlot,
+    Plan,
+    PodSetPlacement,
+)
+
+PLAN_ANNOTATION = "muster.dev/plan"
+ATTEMPT_ANNOTATION = "muster.dev/attempt"
+PHASE_ANNOTATION = "muster.dev/phase"
+RETRY_AT_ANNOTATION = "muster.dev/retry-at"
+BOOKED_AT_ANNOTATION = "muster.dev/booked-at"
+FINALIZER = "muster.dev/release-nodes"
+
+
+class Phase(enum.StrEnum):
+    """Where a request is in Muster's life cycle (``muster.dev/phase``)."""
+
+    NEW = ""
+    ACQUIRING = "Acquiring"
+    """Plan and keys persisted; provider calls may be in flight (resumed after a restart)."""
+    BOOKED = "Booked"
+    """Provisioned=True; capacity held for the request's pods. Not written as such when the
+    request went through Acquiring: Acquiring plus Provisioned=True means Booked (one API
+    write less per request)."""
+    ENDED = "Ended"
+    """Booking consumed, expired or revoked; nodes in use stay until idle."""
+    FAILED = "Failed"
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """New nodes of one pool in one domain, acquired as one unit under ``key``."""
+
+    key: str
+    pool: str
+    domain: Mapping[str, str]
+    count: int
+    nodes: tuple[str, ...] = ()
+    """Node names once acquired (sorted), empty before."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "pool": self.pool,
+            "domain": dict(self.domain),
+            "count": self.count,
+            "nodes": list(self.nodes),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Group:
+        return cls(
+            key=str(data["key"]),
+            pool=str(data["pool"]),
+            domain={str(k): str(v) for k, v in (data.get("domain") or {}).items()},
+            count=int(data["count"]),
+            nodes=tuple(str(n) for n in data.get("nodes") or ()),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Booking:
+    plan: Plan
+    attempt: int
+    groups: tuple[Group, ...] = field(default_factory=tuple)
+
+    @property
+    def acquired_nodes(self) -> tuple[str, ...]:
+        return tuple(n for g in self.groups for n in g.nodes)
+
+    @property
+    def existing_nodes(self) -> tuple[str, ...]:
+        """Nodes that already existed when the plan was made."""
+        return tuple(sorted({a.node for a in self.plan.assignments if a.node is not None}))
+
+    def with_nodes(self, nodes: Mapping[str, Sequence[str]]) -> Booking:
+        groups = tuple(
+            replace(g, nodes=tuple(sorted(nodes.get(g.key, g.nodes)))) for g in self.groups
+        )
+        return replace(self, groups=groups)
+
+    def to_annotation(self) -> str:
+        return json.dumps(
+            {"attempt": self.attempt, "plan": plan_to_json(self.plan),
+             "groups": [g.to_json() for g in self.groups]},
+            separators=(",", ":"),
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_annotation(cls, text: str) -> Booking:
+        """Raise ValueError on anything malformed (a hand-edited annotation)."""
+        try:
+            data = json.loads(text)
+            return cls(
+                plan=plan_from_json(data["plan"]),
+                attempt=int(data["attempt"]),
+                groups=tuple(Group.from_json(g) for g in data.get("groups") or ()),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"malformed {PLAN_ANNOTATION} annotation: {exc}") from exc
+
+
+def plan_to_json(plan: Plan) -> dict[str, Any]:
+    return {
+        "request": plan.request,
+        "mode": str(plan.mode),
+        "cost": plan.cost_per_hour,
+        "assignments": [
+            {
+                "podSet": a.pod_set,
+                "pods": a.pods,
+                "node": a.node,
+                "slot": None
+                if a.new_node is None
+                else [a.new_node.pool, dict(a.new_node.domain), a.new_node.index],
+                "domain": dict(a.domain),
+                "requests": dict(a.requests),
+            }
+            for a in plan.assignments
+        ],
+        "newNodes": [
+            {"pool": n.pool, "domain": dict(n.domain), "count": n.count, "cost": n.cost_per_hour}
+            for n in plan.new_nodes
+        ],
+        "placements": [
+            {
+                "podSet": p.pod_set,
+                "level": p.level,
+                "domain": p.domain,
+                "domainsUsed": p.domains_used,
+                "labels": dict(p.domain_labels),
+            }
+            for p in plan.placements
+        ],
+    }
+
+
+def plan_from_json(data: Mapping[str, Any]) -> Plan:
+    return Plan(
+        request=str(data["request"]),
+        mode=Mode(data["mode"]),
+        assignments=tuple(
+            Assignment(
+                pod_set=a["podSet"],
+                pods=int(a["pods"]),
+                node=a.get("node"),
+                new_node=None
+                if a.get("slot") is None
+                else NewNodeSlot(a["slot"][0], dict(a["slot"][1]), int(a["slot"][2])),
+                domain=dict(a.get("domain") or {}),
+                requests={k: int(v) for k, v in (a.get("requests") or {}).items()},
+            )
+            for a in data["assignments"]
+        ),
+        new_nodes=tuple(
+            NewNodes(n["pool"], dict(n["domain"]), int(n["count"]), float(n.get("cost", 0.0)))
+            for n in data["newNodes"]
+        ),
+        placements=tuple(
+            PodSetPlacement(
+                pod_set=p["podSet"],
+                level=p.get("level"),
+                domain=p.get("domain"),
+                domains_used=int(p.get("domainsUsed", 1)),
+                domain_labels=dict(p.get("labels") or {}),
+            )
+            for p in data.get("placements") or ()
+        ),
+        cost_per_hour=float(data.get("cost", 0.0)),
+    )
+
+
+def effective_plan(
+    booking: Booking,
+    *,
+    existing: Mapping[str, bool],
+    scheduled_on: Mapping[str, int],
+    nodes_by_key: Mapping[str, Collection[str]] | None = None,
+) -> Plan:
+    """What ``booking`` still holds: the part of its plan other requests must not count.
+
+    New-node slots whose nodes now exist become assignments to those nodes (the pool's
+    headroom already counts them as existing nodes); groups not yet materialised stay new
+    nodes. Pods of the request already bound to a node (``scheduled_on``: node -> pods
+    consuming this request) are taken off that node's booking, because the node's free
+    capacity already counts them (the double count of autoscaler#9805).
+    ``existing`` tells which node names are currently in the cluster; ``nodes_by_key``
+    (acquisition key -> registered node names, from the nodes' labels) covers nodes that
+    registered before the acquisition returned and the booking learnt their names; without
+    it they would look like free capacity for a moment.
+    """
+    slot_nodes: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[str, ...]] = {}
+    for g in booking.groups:
+        names = g.nodes or tuple(sorted((nodes_by_key or {}).get(g.key, ())))
+        slot_nodes[(g.pool, tuple(sorted(g.domain.items())))] = names
+    remaining = dict(scheduled_on)
+    assignments: list[Assignment] = []
+    for a in booking.plan.assignments:
+        node = a.node
+        if node is None and a.new_node is not None:
+            names = slot_nodes.get((a.new_node.pool, tuple(sorted(a.new_node.domain.items()))), ())
+            if a.new_node.index < len(names) and existing.get(names[a.new_node.index], False):
+                node = names[a.new_node.index]
+            else:
+                continue  # still a new node: booked through new_nodes below
+        if node is None:
+            continue
+        used = min(a.pods, remaining.get(node, 0))
+        remaining[node] = remaining.get(node, 0) - used
+        if a.pods - used > 0:
+            assignments.append(replace(a, node=node, new_node=None, pods=a.pods - used))
+    new_nodes = []
+    for nn in booking.plan.new_nodes:
+        names = slot_nodes.get((nn.pool, tuple(sorted(nn.domain.items()))), ())
+        left = nn.count - sum(1 for n in names if existing.get(n, False))
+        if left > 0:
+            new_nodes.append(replace(nn, count=left))
+    return replace(booking.plan, assignments=tuple(assignments), new_nodes=tuple(new_nodes))
+
+
+def merge_plans(plans: Sequence[Plan]) -> Plan | None:
+    """One Plan holding every assignment and new node of ``plans`` (booked all at once)."""
+    if not plans:
+        return None
+    return Plan(
+        request="bookings",
+        mode=Mode.PROVISION,
+        assignments=tuple(a for p in plans for a in p.assignments),
+        new_nodes=tuple(n for p in plans for n in p.new_nodes),
+        placements=(),
+        cost_per_hour=0.0,
+    )

@@ -1,0 +1,578 @@
+"""The watch-fed cluster cache and the one Snapshot per planning pass built from it.
+
+:class:`ClusterState` holds what the planner needs, fed by list-then-watch loops
+(:mod:`controller.state.feeds`) and by the reconciler's own writes: Nodes, the requests of
+bound Pods summed per node (kept incrementally, so 100,000 pods cost nothing per pass),
+PodTemplates, CapacityPools, ProvisioningRequests and every request's booking. It owns no
+I/O and no clock; it is single-threaded asyncio state, so no lock is needed between the
+watch callbacks and :meth:`ClusterState.snapshot`.
+
+Bookings come from two places: the ``muster.dev/plan`` annotation of requests in phase
+Acquiring/Booked (survives restarts), and :meth:`ClusterState.reserve` for a plan the
+planner just made and is about to persist, so that the next request planned a millisecond
+later already sees the capacity as taken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from controller.api.capacitypool import CapacityPool
+from controller.api.node import Node
+from controller.api.pod import Pod, PodTemplate
+from controller.fit import apply_plan
+from controller.fit.types import NodeState, Plan, PoolState, Snapshot
+from controller.snapshot import node_state, pool_state
+from controller.state.bookings import (
+    PHASE_ANNOTATION,
+    PLAN_ANNOTATION,
+    Booking,
+    Phase,
+    effective_plan,
+    merge_plans,
+)
+from controller.topology_defaults import POOL_LABEL
+
+log = logging.getLogger(__name__)
+
+Body = dict[str, Any]
+
+CONSUME_ANNOTATION = "autoscaling.x-k8s.io/consume-provisioning-request"
+DEPRECATED_CONSUME_ANNOTATION = "cluster-autoscaler.kubernetes.io/consume-provisioning-request"
+
+ACTIVE_PHASES = frozenset({Phase.ACQUIRING, Phase.BOOKED})
+KEY_LABEL = "muster.dev/acquisition-key"
+"""Set by every provider on the nodes it acquires (see ``providers.kind``)."""
+
+
+def object_key(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    ns = meta.get("namespace")
+    return f"{ns}/{meta.get('name')}" if ns else str(meta.get("name"))
+
+
+def _rv(obj: Mapping[str, Any]) -> int | None:
+    text = (obj.get("metadata") or {}).get("resourceVersion")
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class PodRecord:
+    node: str | None
+    requests: Mapping[str, int]
+    holds: bool
+    """Bound and not finished: counts against its node."""
+    consumer: str | None
+    """``<namespace>/<request>`` the pod consumes, if any."""
+
+
+class ClusterState:
+    """In-memory view of the cluster. ``notify`` is called with request keys to reconcile."""
+
+    def __init__(
+        self,
+        *,
+        levels: Sequence[str],
+        notify: Callable[[str], None] | None = None,
+    ) -> None:
+        self.levels = tuple(levels)
+        self.notify: Callable[[str], None] = notify or (lambda key: None)
+        self._nodes: dict[str, Node] = {}
+        self._nodes_by_key: dict[str, set[str]] = {}
+        self._gone_by_key: dict[str, set[str]] = {}
+        self._node_states: dict[str, NodeState] = {}
+        self._usage: dict[str, dict[str, int]] = {}
+        self._pods: dict[str, PodRecord] = {}
+        self._consumed: dict[str, dict[str, int]] = {}
+        self._pods_on: dict[str, int] = {}
+        self._templates: dict[str, PodTemplate] = {}
+        self._template_errors: dict[str, str] = {}
+        self._pools: dict[str, CapacityPool] = {}
+        self._pool_errors: dict[str, str] = {}
+        self._requests: dict[str, Body] = {}
+        self._bookings: dict[str, Booking] = {}
+        self._reserved: dict[str, Booking] = {}
+        self._held_cache: dict[str, tuple[Booking, tuple[Any, ...], Plan]] = {}
+        self._short: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[int, datetime]] = {}
+        self._pool_states: tuple[PoolState, ...] | None = None
+        self._sorted_nodes: tuple[NodeState, ...] | None = None
+        self._ready_waiters: dict[str, list[asyncio.Future[None]]] = {}
+        self.synced: dict[str, asyncio.Event] = {
+            kind: asyncio.Event() for kind in ("nodes", "pods", "podtemplates", "pools", "requests")
+        }
+
+    # ------------------------------------------------------------------ nodes
+
+    def replace_nodes(self, items: Iterable[Body]) -> None:
+        gone = set(self._nodes)
+        for item in items:
+            gone.discard(item["metadata"]["name"])
+            self.upsert_node(item)
+        for name in gone:
+            self.delete_node(name)
+        self.synced["nodes"].set()
+
+    def upsert_node(self, body: Body) -> None:
+        try:
+            node = Node.model_validate(body)
+        except ValidationError as exc:
+            log.warning("ignoring malformed Node %s: %s", object_key(body), exc)
+            return
+        name = node.metadata.name
+        self._unindex(name)
+        self._nodes[name] = node
+        key = node.metadata.labels.get(KEY_LABEL)
+        if key:
+            self._nodes_by_key.setdefault(key, set()).add(name)
+        self._refresh_node(name)
+        self._pool_states = None
+        if node.ready:
+            for fut in self._ready_waiters.pop(name, []):
+                if not fut.done():
+                    fut.set_result(None)
+
+    def delete_node(self, name: str) -> None:
+        self._unindex(name, gone=True)
+        if self._nodes.pop(name, None) is None:
+            return
+        self._node_states.pop(name, None)
+        self._sorted_nodes = None
+        self._pool_states = None
+        for key, booking in self.bookings().items():
+            if name in booking.acquired_nodes or name in booking.existing_nodes:
+                self.notify(key)
+
+    def _unindex(self, name: str, *, gone: bool = False) -> None:
+        old = self._nodes.get(name)
+        key = old.metadata.labels.get(KEY_LABEL) if old is not None else None
+        if gone and key:
+            self._gone_by_key.setdefault(key, set()).add(name)
+        if key and key in self._nodes_by_key:
+            self._nodes_by_key[key].discard(name)
+            if not self._nodes_by_key[key]:
+                del self._nodes_by_key[key]
+
+    def vanished(self, key: str) -> list[str]:
+        """Nodes of acquisition ``key`` seen deleted since this process started."""
+        return sorted(self._gone_by_key.get(key, ()))
+
+    def prune_vanished(self) -> None:
+        """Forget deleted-node records of keys no active booking holds (keeps memory flat)."""
+        live = {g.key for b in self.bookings().values() for g in b.groups}
+        for key in [k for k in self._gone_by_key if k not in live]:
+            del self._gone_by_key[key]
+
+    def nodes_by_key(self) -> Mapping[str, set[str]]:
+        """Acquisition key -> names of the registered nodes carrying it."""
+        return self._nodes_by_key
+
+    def _refresh_node(self, name: str) -> None:
+        node = self._nodes.get(name)
+        self._sorted_nodes = None
+        if node is None:
+            return
+        try:
+            self._node_states[name] = node_state(node, self._usage.get(name))
+        except ValueError as exc:
+            log.warning("ignoring Node %s with bad allocatable: %s", name, exc)
+            self._node_states.pop(name, None)
+
+    def node(self, name: str) -> Node | None:
+        return self._nodes.get(name)
+
+    def node_exists(self, name: str) -> bool:
+        return name in self._nodes
+
+    def node_ready(self, name: str) -> bool:
+        node = self._nodes.get(name)
+        return node is not None and node.ready
+
+    def nodes(self) -> Mapping[str, Node]:
+        return self._nodes
+
+    async def wait_ready(
+        self, names: Sequence[str], *, within: float, sleep: Callable[[float], Any]
+    ) -> list[str]:
+        """Wait until every node in ``names`` is Ready or ``within`` seconds pass (injected
+        ``sleep``); return the names still not Ready."""
+        pending = [n for n in names if not self.node_ready(n)]
+        if not pending:
+            return []
+        loop = asyncio.get_running_loop()
+        futures = []
+        for name in pending:
+            fut: asyncio.Future[None] = loop.create_future()
+            self._ready_waiters.setdefault(name, []).append(fut)
+            futures.append(fut)
+        everything = asyncio.ensure_future(asyncio.gather(*futures))
+        everything.add_done_callback(_retrieve)
+        timer = asyncio.ensure_future(sleep(within))
+        try:
+            await asyncio.wait({everything, timer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            timer.cancel()
+            everything.cancel()
+            for name, fut in zip(pending, futures, strict=True):
+                waiters = self._ready_waiters.get(name)
+                if waiters and fut in waiters:
+                    waiters.remove(fut)
+                    if not waiters:
+                        del self._ready_waiters[name]
+        return [n for n in names if not self.node_ready(n)]
+
+    # ------------------------------------------------------------------ pods
+
+    def replace_pods(self, items: Iterable[Body]) -> None:
+        gone = set(self._pods)
+        for item in items:
+            gone.discard(object_key(item))
+            self.upsert_pod(item)
+        for key in gone:
+            self.delete_pod(key)
+        self.synced["pods"].set()
+
+    def upsert_pod(self, body: Body) -> None:
+        key = object_key(body)
+        record = _pod_record(body)
+        self._forget_pod(key)
+        if record is None:
+            return
+        self._pods[key] = record
+        if record.holds and record.node:
+            usage = self._usage.setdefault(record.node, {})
+            for res, amount in record.requests.items():
+                usage[res] = usage.get(res, 0) + amount
+            self._pods_on[record.node] = self._pods_on.get(record.node, 0) + 1
+            self._refresh_node(record.node)
+            if record.consumer:
+                per_node = self._consumed.setdefault(record.consumer, {})
+                per_node[record.node] = per_node.get(record.node, 0) + 1
+        if record.consumer:
+            self.notify(record.consumer)
+
+    def delete_pod(self, key: str) -> None:
+        record = self._forget_pod(key)
+        if record is not None and record.consumer:
+            self.notify(record.consumer)
+
+    def _forget_pod(self, key: str) -> PodRecord | None:
+        record = self._pods.pop(key, None)
+        if record is None:
+            return None
+        if record.holds and record.node:
+            usage = self._usage.get(record.node, {})
+            for res, amount in record.requests.items():
+                usage[res] = usage.get(res, 0) - amount
+            self._pods_on[record.node] = self._pods_on.get(record.node, 1) - 1
+            self._refresh_node(record.node)
+            if record.consumer:
+                per_node = self._consumed.get(record.consumer, {})
+                per_node[record.node] = per_node.get(record.node, 1) - 1
+                if per_node[record.node] <= 0:
+                    del per_node[record.node]
+        return record
+
+    def scheduled_consumers(self, request_key: str) -> Mapping[str, int]:
+        """Node -> bound pods consuming ``request_key`` (``<ns>/<name>``)."""
+        return self._consumed.get(request_key, {})
+
+    def pods_on(self, node: str) -> int:
+        """Bound pods still holding capacity on ``node``."""
+        return self._pods_on.get(node, 0)
+
+    # ------------------------------------------------------------------ templates, pools
+
+    def replace_templates(self, items: Iterable[Body]) -> None:
+        self._templates.clear()
+        self._template_errors.clear()
+        for item in items:
+            self.upsert_template(item)
+        self.synced["podtemplates"].set()
+
+    def upsert_template(self, body: Body) -> None:
+        key = object_key(body)
+        try:
+            self._templates[key] = PodTemplate.model_validate(body)
+            self._template_errors.pop(key, None)
+        except ValidationError as exc:
+            self._templates.pop(key, None)
+            self._template_errors[key] = _first_error(exc)
+
+    def delete_template(self, key: str) -> None:
+        self._templates.pop(key, None)
+        self._template_errors.pop(key, None)
+
+    def template(self, namespace: str, name: str) -> PodTemplate | str | None:
+        """The parsed template, the reason it is malformed, or None when missing."""
+        key = f"{namespace}/{name}"
+        return self._templates.get(key) or self._template_errors.get(key)
+
+    def replace_pools(self, items: Iterable[Body]) -> None:
+        self._pools.clear()
+        self._pool_errors.clear()
+        for item in items:
+            self.upsert_pool(item)
+        self.synced["pools"].set()
+
+    def upsert_pool(self, body: Body) -> None:
+        name = str((body.get("metadata") or {}).get("name"))
+        self._pool_states = None
+        try:
+            self._pools[name] = CapacityPool.model_validate(body)
+            self._pool_errors.pop(name, None)
+        except ValidationError as exc:
+            self._pools.pop(name, None)
+            self._pool_errors[name] = _first_error(exc)
+            log.warning("ignoring invalid CapacityPool %s: %s", name, self._pool_errors[name])
+
+    def delete_pool(self, name: str) -> None:
+        self._pools.pop(name, None)
+        self._pool_errors.pop(name, None)
+        self._pool_states = None
+
+    def pools(self) -> Mapping[str, CapacityPool]:
+        return self._pools
+
+    # ------------------------------------------------------------------ requests, bookings
+
+    def replace_requests(self, items: Iterable[Body]) -> None:
+        gone = set(self._requests)
+        for item in items:
+            gone.discard(object_key(item))
+            self.upsert_request(item)
+        for key in gone:
+            self.delete_request(key)
+        self.synced["requests"].set()
+
+    def upsert_request(self, body: Body) -> bool:
+        """Store ``body`` unless an equal or newer version is held; True when stored."""
+        key = object_key(body)
+        old = self._requests.get(key)
+        if old is not None:
+            old_rv, new_rv = _rv(old), _rv(body)
+            if old_rv is not None and new_rv is not None and new_rv < old_rv:
+                return False
+        self._requests[key] = body
+        annotations = (body.get("metadata") or {}).get("annotations") or {}
+        phase = annotations.get(PHASE_ANNOTATION, "")
+        text = annotations.get(PLAN_ANNOTATION)
+        if phase in ACTIVE_PHASES and text and not (body.get("metadata") or {}).get(
+            "deletionTimestamp"
+        ):
+            try:
+                self._bookings[key] = Booking.from_annotation(text)
+            except ValueError as exc:
+                log.warning("request %s: %s", key, exc)
+                self._bookings.pop(key, None)
+        else:
+            self._bookings.pop(key, None)
+        return True
+
+    def delete_request(self, key: str) -> None:
+        self._held_cache.pop(key, None)
+        self._requests.pop(key, None)
+        self._bookings.pop(key, None)
+        self._reserved.pop(key, None)
+
+    def request(self, key: str) -> Body | None:
+        return self._requests.get(key)
+
+    def requests(self) -> Mapping[str, Body]:
+        return self._requests
+
+    def reserve(self, key: str, booking: Booking) -> None:
+        """Hold ``booking`` in memory until :meth:`unreserve` (the plan is being persisted)."""
+        self._reserved[key] = booking
+
+    def unreserve(self, key: str) -> None:
+        self._reserved.pop(key, None)
+
+    def bookings(self) -> dict[str, Booking]:
+        """Every active booking by request key (in-memory reservations win)."""
+        return {**self._bookings, **self._reserved}
+
+    # ------------------------------------------------------------------ snapshot
+
+    def _held(self, key: str, booking: Booking) -> Plan:
+        """:func:`effective_plan` of one booking, memoised on exactly what it depends on
+        (the booking, its consumers, its keys' registered nodes, its named nodes), so a
+        planning pass costs O(changed bookings), not O(all bookings)."""
+        consumers = self.scheduled_consumers(key)
+        signature = (
+            tuple(sorted(consumers.items())),
+            tuple(len(self._nodes_by_key.get(g.key, ())) for g in booking.groups),
+            tuple(n in self._nodes for n in _nodes_named(booking)),
+        )
+        cached = self._held_cache.get(key)
+        if cached is not None and cached[0] is booking and cached[1] == signature:
+            return cached[2]
+        plan = effective_plan(
+            booking,
+            existing=_Present(self._nodes),
+            scheduled_on=consumers,
+            nodes_by_key=self._nodes_by_key,
+        )
+        self._held_cache[key] = (booking, signature, plan)
+        return plan
+
+    def mark_short(
+        self, pool: str, domain: Mapping[str, str], *, available: int, until: datetime
+    ) -> None:
+        """The provider ran out of stock in ``domain``: plan at most ``available`` new nodes
+        there until ``until``, so retries look elsewhere instead of failing the same way."""
+        self._short[(pool, tuple(sorted(domain.items())))] = (available, until)
+        self._pool_states = None
+
+    def _apply_shortages(self, states: tuple[PoolState, ...], now: datetime) -> tuple[
+        PoolState, ...
+    ]:
+        expired = [k for k, (_, until) in self._short.items() if until <= now]
+        for k in expired:
+            del self._short[k]
+        if not self._short:
+            return states
+        out = []
+        for pool in states:
+            domains = tuple(
+                replace(d, max_new_nodes=min(d.max_new_nodes, short[0]))
+                if (short := self._short.get((pool.name, tuple(sorted(d.labels.items())))))
+                else d
+                for d in pool.domains
+            )
+            out.append(replace(pool, domains=domains))
+        return tuple(out)
+
+    def _pool_state(self, pool: CapacityPool) -> PoolState:
+        """``controller.snapshot.pool_state`` with the node counting done in one pass.
+
+        The shared builder counts each declared domain over all the pool's nodes
+        (domains x nodes); with 1,000 requests adding nodes, the controller would spend most
+        of its time there. Headroom rules are the builder's: pool-wide ``maxNodes`` minus
+        the pool's nodes, each domain's limit minus its nodes, capped by the pool's headroom.
+        """
+        topo = pool.spec.topology
+        if topo is None or not topo.domains:
+            return pool_state(pool, list(self._nodes.values()), self.levels, in_flight=0)
+        base = pool_state(pool, [], self.levels, in_flight=0)
+        total, per = _count_domains(pool, self._nodes.values())
+        max_new = max(0, pool.spec.max_nodes - total)
+        domains = []
+        for spec, d in zip(topo.domains, base.domains, strict=True):
+            limit = spec.max_nodes if spec.max_nodes is not None else topo.max_nodes_per_domain
+            have = per.get(repr(tuple(sorted(spec.labels.items()))), 0)
+            domains.append(replace(d, max_new_nodes=max(0, min(limit - have, max_new))))
+        return replace(base, domains=tuple(domains), max_new_nodes=max_new)
+
+    def snapshot(self, *, exclude: str | None = None, now: datetime | None = None) -> Snapshot:
+        """The fit engine's view: free capacity minus every booking but ``exclude``'s, and
+        pool headroom capped where the provider recently ran out of stock (as of ``now``)."""
+        if self._sorted_nodes is None:
+            self._sorted_nodes = tuple(
+                self._node_states[n] for n in sorted(self._node_states)
+            )
+        if self._pool_states is None:
+            states = []
+            for name in sorted(self._pools):
+                try:
+                    states.append(self._pool_state(self._pools[name]))
+                except ValueError as exc:
+                    log.warning("ignoring CapacityPool %s: %s", name, exc)
+            self._pool_states = tuple(states)
+        pools = self._pool_states
+        if self._short and now is not None:
+            pools = self._apply_shortages(pools, now)
+        snap = Snapshot(nodes=self._sorted_nodes, pools=pools, levels=self.levels)
+        bookings = self.bookings()
+        plans = [self._held(key, b) for key, b in bookings.items() if key != exclude]
+        if len(self._held_cache) > 2 * len(bookings) + 64:
+            self._held_cache = {k: v for k, v in self._held_cache.items() if k in bookings}
+        merged = merge_plans(plans)
+        return snap if merged is None else apply_plan(snap, merged)
+
+
+def _nodes_named(booking: Booking) -> tuple[str, ...]:
+    return (*booking.existing_nodes, *booking.acquired_nodes)
+
+
+def _count_domains(pool: CapacityPool, nodes: Iterable[Node]) -> tuple[int, dict[str, int]]:
+    """(nodes of the pool, nodes of the pool per declared domain) in one pass over nodes."""
+    topo = pool.spec.topology
+    domains = [dict(d.labels) for d in topo.domains] if topo else []
+    label_keys = sorted({k for d in domains for k in d})
+    index = {tuple(d.get(k) for k in label_keys): repr(tuple(sorted(d.items())))
+             for d in reversed(domains)}
+    per: dict[str, int] = {}
+    total = 0
+    for node in nodes:
+        labels = node.metadata.labels
+        if labels.get(POOL_LABEL) != pool.metadata.name:
+            continue
+        total += 1
+        # Domains declare the same label keys in practice; a node matches the domain
+        # whose values it carries (nodes of other shapes count only towards the pool).
+        found = index.get(tuple(labels.get(k) for k in label_keys))
+        if found is not None:
+            per[found] = per.get(found, 0) + 1
+    return total, per
+
+
+class _Present(Mapping[str, bool]):
+    """Node name -> True for every node in the cache, without copying the dict per pass."""
+
+    def __init__(self, nodes: Mapping[str, Any]) -> None:
+        self._nodes = nodes
+
+    def __getitem__(self, name: str) -> bool:
+        if name in self._nodes:
+            return True
+        raise KeyError(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._nodes)
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+
+def _retrieve(fut: asyncio.Future[Any]) -> None:
+    # Waiters are cancelled on timeout; fetch the outcome so asyncio does not log it.
+    if not fut.cancelled():
+        fut.exception()
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"])
+    return f"{where}: {err['msg']}"
+
+
+def _pod_record(body: Body) -> PodRecord | None:
+    meta = body.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    consumer_name = annotations.get(CONSUME_ANNOTATION) or annotations.get(
+        DEPRECATED_CONSUME_ANNOTATION
+    )
+    consumer = f"{meta.get('namespace')}/{consumer_name}" if consumer_name else None
+    try:
+        pod = Pod.model_validate(body)
+        requests = pod.spec.effective_requests()
+    except (ValidationError, ValueError) as exc:
+        log.warning("ignoring malformed Pod %s: %s", object_key(body), exc)
+        return None
+    requests["pods"] = requests.get("pods", 0) + 1
+    return PodRecord(
+        node=pod.spec.node_name or None,
+        requests=requests,
+        holds=pod.holds_capacity,
+        consumer=consumer,
+    )

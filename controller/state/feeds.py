@@ -1,0 +1,109 @@
+"""List-then-watch loops that keep :class:`ClusterState` current.
+
+One task per resource, each re-listing after a 410 Gone or a dropped stream (see
+:meth:`controller.kube.KubeClient.watch`). ProvisioningRequests are fed by the reconciler's
+kopf handler instead (kopf already watches them), unless ``with_requests`` is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+from controller.kube import KubeClient, WatchEvent
+from controller.kube.resources import (
+    CAPACITY_POOLS,
+    NODES,
+    POD_TEMPLATES,
+    PODS,
+    PROVISIONING_REQUESTS,
+    Resource,
+)
+from controller.state.cache import Body, ClusterState, object_key
+
+
+class Feeds:
+    def __init__(self, kube: KubeClient, state: ClusterState, *, with_requests: bool = False):
+        self._kube = kube
+        self._state = state
+        self._with_requests = with_requests
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        s = self._state
+        specs: list[tuple[Resource, Callable[[list[Body]], None], Callable[[WatchEvent], None]]]
+        specs = [
+            (
+                NODES,
+                s.replace_nodes,
+                _events(s.upsert_node, lambda o: s.delete_node(object_key(o))),
+            ),
+            (PODS, s.replace_pods, _events(s.upsert_pod, lambda o: s.delete_pod(object_key(o)))),
+            (
+                POD_TEMPLATES,
+                s.replace_templates,
+                _events(s.upsert_template, lambda o: s.delete_template(object_key(o))),
+            ),
+            (
+                CAPACITY_POOLS,
+                s.replace_pools,
+                _events(s.upsert_pool, lambda o: s.delete_pool(object_key(o))),
+            ),
+        ]
+        if self._with_requests:
+            specs.append(
+                (
+                    PROVISIONING_REQUESTS,
+                    lambda items: _sync_requests(s, items),
+                    _events(
+                        lambda o: _upsert_and_notify(s, o),
+                        lambda o: s.delete_request(object_key(o)),
+                    ),
+                )
+            )
+        for res, on_sync, on_event in specs:
+            self._tasks.append(
+                asyncio.create_task(
+                    self._kube.watch(res, on_sync, on_event), name=f"watch-{res.plural}"
+                )
+            )
+
+    async def wait_synced(self, within: float = 30.0) -> None:
+        kinds = ["nodes", "pods", "podtemplates", "pools"]
+        if self._with_requests:
+            kinds.append("requests")
+        await asyncio.wait_for(
+            asyncio.gather(*(self._state.synced[k].wait() for k in kinds)), within
+        )
+
+    async def stop(self) -> None:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def _sync_requests(state: ClusterState, items: list[Body]) -> None:
+    state.replace_requests(items)
+    for key in list(state.requests()):
+        state.notify(key)
+
+
+def _upsert_and_notify(state: ClusterState, obj: Body) -> None:
+    state.upsert_request(obj)
+    state.notify(object_key(obj))
+
+
+def _events(
+    upsert: Callable[[Body], object], delete: Callable[[Body], None]
+) -> Callable[[WatchEvent], None]:
+    def handle(event: WatchEvent) -> None:
+        if event.type == "DELETED":
+            delete(event.object)
+        else:
+            upsert(event.object)
+
+    return handle

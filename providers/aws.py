@@ -1,0 +1,788 @@
+"""AWS EC2 provider: N instances all or nothing with one instant EC2 Fleet.
+
+How it keeps the Protocol's promises:
+
+* **All or nothing.** ``CreateFleet Type=instant`` with ``OnDemandOptions.MinTargetCapacity
+  = N`` plus ``SingleInstanceType``/``SingleAvailabilityZone`` asks EC2 itself for N or
+  nothing. Muster still counts: any response with fewer than N live instances is a failure,
+  and everything launched under the key is terminated before the error is raised
+  (compensation), together with the per-acquisition placement group.
+* **Idempotent.** The fleet's ``ClientToken`` is derived from the acquisition key, and
+  ``acquire`` first looks for instances already tagged with the key. A retry (throttling,
+  or a controller restart) creates nothing new.
+* **Recoverable.** Every instance and fleet is tagged with pool, key, owner and cluster;
+  :meth:`AwsProvider.list` finds them by tag so :mod:`providers.recovery` can adopt or
+  release them.
+
+Credentials come only from the standard AWS chain (IRSA web identity, EKS Pod Identity,
+instance profile, environment); never from a CapacityPool.
+
+Node names: an instance is assumed to register as its private DNS name (the EKS default,
+``ip-10-0-1-5.ec2.internal`` or, with resource-based hostnames, ``i-0abc.ec2.internal``).
+Set ``nodeNameFrom: instanceId`` in the pool when kubelet uses the bare instance id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from controller.api.capacitypool import CapacityPool
+from providers.base import (
+    AcquireRequest,
+    CapacityUnavailable,
+    ProvidedNode,
+    ProviderConfigError,
+    ProviderError,
+    QuotaExceeded,
+    TransientProviderError,
+)
+from providers.naming import aws_client_token, aws_placement_group_name
+from providers.retry import BlockingCalls, RetryPolicy, call_with_retry
+
+log = logging.getLogger(__name__)
+
+TAG_POOL = "muster.dev/pool"
+TAG_KEY = "muster.dev/key"
+TAG_OWNER = "muster.dev/owner"
+TAG_OWNER_UID = "muster.dev/owner-uid"
+TAG_CLUSTER = "muster.dev/cluster"
+RESERVED_TAG_PREFIX = "muster.dev/"
+
+TOPOLOGY_LABEL_PREFIX = "topology.k8s.aws/network-node-layer-"
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+
+LIVE_STATES = ("pending", "running", "stopping", "stopped")
+GONE_STATES = frozenset({"shutting-down", "terminated"})
+
+CAPACITY_CODES = frozenset({
+    "InsufficientInstanceCapacity",
+    "InsufficientCapacity",
+    "UnfulfillableCapacity",
+    "InsufficientHostCapacity",
+    "InsufficientReservedInstanceCapacity",
+    "InsufficientCapacityOnOutpost",
+    "InsufficientFreeAddressesInSubnet",
+})
+QUOTA_CODES = frozenset({
+    "InstanceLimitExceeded",
+    "VcpuLimitExceeded",
+    "MaxSpotInstanceCountExceeded",
+    "PlacementGroupLimitExceeded",
+    "FleetLimitExceeded",
+})
+THROTTLE_CODES = frozenset({
+    "RequestLimitExceeded",
+    "Throttling",
+    "ThrottlingException",
+    "RequestThrottled",
+    "RequestThrottledException",
+    "TooManyRequestsException",
+    "InternalError",
+    "InternalFailure",
+    "ServiceUnavailable",
+    "Unavailable",
+})
+_TERMINATE_CHUNK = 1000
+_TOPOLOGY_CHUNK = 100
+
+
+class _Params(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=True)
+
+
+class LaunchTemplateRef(_Params):
+    id: str | None = Field(default=None, pattern=r"^lt-[0-9a-f]+$")
+    name: str | None = Field(default=None, min_length=3, max_length=128)
+    version: str = Field(default="$Default", pattern=r"^(\$Default|\$Latest|[0-9]+)$")
+
+    @model_validator(mode="after")
+    def _one_of(self) -> LaunchTemplateRef:
+        if (self.id is None) == (self.name is None):
+            raise ValueError("set exactly one of id or name")
+        return self
+
+
+class PlacementGroupParams(_Params):
+    strategy: Literal["cluster", "partition", "spread"] = "cluster"
+    per_acquisition: bool = Field(
+        default=True,
+        alias="perAcquisition",
+        description="Create one group per acquisition (tagged, deleted on release).",
+    )
+    name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=255,
+        description="An existing group shared by every acquisition (perAcquisition: false).",
+    )
+
+    @model_validator(mode="after")
+    def _name_xor_per_acquisition(self) -> PlacementGroupParams:
+        if self.per_acquisition and self.name is not None:
+            raise ValueError("name is only allowed with perAcquisition: false")
+        if not self.per_acquisition and self.name is None:
+            raise ValueError("name is required with perAcquisition: false")
+        return self
+
+
+class AwsPoolParameters(_Params):
+    """``spec.parameters`` of a CapacityPool with ``provider: aws``."""
+
+    region: str | None = Field(default=None, pattern=r"^[a-z]{2}(-[a-z]+)+-[0-9]+$")
+    launch_template: LaunchTemplateRef = Field(alias="launchTemplate")
+    image_id: str | None = Field(default=None, alias="imageId", pattern=r"^ami-[0-9a-f]+$")
+    instance_type: str = Field(alias="instanceType", pattern=r"^[a-z0-9-]+\.[a-z0-9-]+$")
+    subnets: dict[str, str] = Field(
+        min_length=1, description="Availability zone -> subnet id new instances launch into."
+    )
+    zone_label: str = Field(default="topology.kubernetes.io/zone", alias="zoneLabel")
+    placement_group: PlacementGroupParams | None = Field(default=None, alias="placementGroup")
+    capacity_reservation_usage: Literal["none", "use-capacity-reservations-first"] = Field(
+        default="none", alias="capacityReservationUsage"
+    )
+    tags: dict[str, str] = Field(default_factory=dict)
+    node_name_from: Literal["privateDnsName", "instanceId"] = Field(
+        default="privateDnsName", alias="nodeNameFrom"
+    )
+    record_network_topology: bool = Field(default=True, alias="recordNetworkTopology")
+
+    @field_validator("subnets")
+    @classmethod
+    def _subnet_ids(cls, value: dict[str, str]) -> dict[str, str]:
+        for zone, subnet in value.items():
+            if not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-[0-9]+[a-z]", zone):
+                raise ValueError(f"{zone!r} is not an availability zone name")
+            if not re.fullmatch(r"subnet-[0-9a-f]+", subnet):
+                raise ValueError(f"{subnet!r} (zone {zone}) is not a subnet id")
+        return value
+
+    @field_validator("tags")
+    @classmethod
+    def _no_reserved_tags(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, tag_value in value.items():
+            if key.startswith(RESERVED_TAG_PREFIX) or key.startswith("aws:"):
+                raise ValueError(f"tag {key!r} uses a reserved prefix")
+            if not 1 <= len(key) <= 128 or len(tag_value) > 256:
+                raise ValueError(f"tag {key!r}: keys are 1-128 and values 0-256 characters")
+        return value
+
+
+def parse_parameters(pool: CapacityPool) -> AwsPoolParameters:
+    """The pool's parameters, or :class:`ProviderConfigError` naming the bad field."""
+    try:
+        return AwsPoolParameters.model_validate(pool.spec.parameters)
+    except ValidationError as exc:
+        raise ProviderConfigError(_describe_validation(pool.metadata.name, exc)) from exc
+
+
+def _describe_validation(pool: str, exc: ValidationError) -> str:
+    problems = []
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error["loc"]) or "parameters"
+        problems.append(f"spec.parameters.{where}: {error['msg']}")
+    return f"CapacityPool {pool}: " + "; ".join(problems)
+
+
+class AwsProviderSettings(BaseSettings):
+    """Process-wide settings (environment ``MUSTER_AWS_*``); credentials are not settings."""
+
+    model_config = SettingsConfigDict(env_prefix="MUSTER_AWS_", extra="ignore")
+
+    region: str | None = None
+    """Default region for pools without ``parameters.region`` (else the AWS chain's)."""
+    endpoint_url: str | None = None
+    """Custom EC2 endpoint (VPC endpoint, or a local emulator in tests)."""
+    cluster_name: str = Field(default="muster", min_length=1, max_length=256)
+    max_concurrency: int = Field(default=8, ge=1)
+    retry_attempts: int = Field(default=6, ge=1)
+    retry_initial_backoff: float = Field(default=0.5, ge=0)
+    retry_max_backoff: float = Field(default=20.0, ge=0)
+    retry_deadline_seconds: float = Field(default=120.0, ge=0)
+    describe_attempts: int = Field(default=10, ge=1)
+    """Tries to see freshly launched instances (DescribeInstances is eventually consistent)."""
+    describe_interval_seconds: float = Field(default=1.0, ge=0)
+    placement_group_delete_timeout_seconds: float = Field(default=300.0, ge=0)
+    placement_group_poll_seconds: float = Field(default=5.0, ge=0)
+
+    def retry_policy(self) -> RetryPolicy:
+        return RetryPolicy(
+            attempts=self.retry_attempts,
+            initial_backoff=self.retry_initial_backoff,
+            max_backoff=self.retry_max_backoff,
+            deadline_seconds=self.retry_deadline_seconds,
+        )
+
+
+ClientFactory = Callable[[str | None], Any]
+"""region -> a boto3 EC2 client (tests inject stubbed or moto-backed clients)."""
+
+
+def default_client_factory(settings: AwsProviderSettings) -> ClientFactory:
+    def make(region: str | None) -> Any:
+        import boto3
+        from botocore.config import Config
+
+        # Retries are ours (tenacity, with jitter, same token); botocore must not add its own.
+        config = Config(retries={"total_max_attempts": 1, "mode": "standard"})
+        return boto3.client(
+            "ec2",
+            region_name=region or settings.region,
+            endpoint_url=settings.endpoint_url,
+            config=config,
+        )
+
+    return make
+
+
+def _error_code(exc: BaseException) -> str:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        return str(response.get("Error", {}).get("Code", ""))
+    return ""
+
+
+def _http_status(exc: BaseException) -> int:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        return int(status or 0)
+    return 0
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Throttling, 5xx and connection trouble: worth retrying with the same token."""
+    from botocore.exceptions import ClientError, ConnectionError, HTTPClientError
+
+    if isinstance(exc, ClientError):
+        return _error_code(exc) in THROTTLE_CODES or _http_status(exc) >= 500
+    return isinstance(exc, ConnectionError | HTTPClientError)
+
+
+def map_error(exc: BaseException, what: str) -> ProviderError:
+    """A botocore exception as a provider error (after retries were spent or skipped)."""
+    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError
+
+    if isinstance(exc, ProviderError):
+        return exc
+    if isinstance(exc, ClientError):
+        code = _error_code(exc)
+        message = f"{what}: {code}: {exc}"
+        return _error_for_codes([code], message, status=_http_status(exc))
+    if isinstance(exc, NoCredentialsError | NoRegionError):
+        return ProviderConfigError(
+            f"{what}: {exc} (credentials come from IRSA, Pod Identity or the instance "
+            "profile; the region from the pool, MUSTER_AWS_REGION or AWS_REGION)"
+        )
+    if is_transient(exc):
+        return TransientProviderError(f"{what}: {exc}")
+    if isinstance(exc, BotoCoreError):
+        return ProviderConfigError(f"{what}: {exc}")
+    return TransientProviderError(f"{what}: unexpected {type(exc).__name__}: {exc}")
+
+
+def _error_for_codes(
+    codes: Iterable[str], message: str, *, status: int = 0, available: int | None = None
+) -> ProviderError:
+    """Most specific class wins: quota, then capacity, then transient, then configuration."""
+    found = [code for code in codes if code]
+    if any(code in QUOTA_CODES for code in found):
+        return QuotaExceeded(message)
+    if any(code in CAPACITY_CODES or code.startswith("Insufficient") for code in found):
+        return CapacityUnavailable(message, available=available)
+    if not found:
+        if status >= 500:
+            return TransientProviderError(message)
+        # A short fleet without an explanation: treat it as a stock-out in this domain.
+        return CapacityUnavailable(message, available=available)
+    if status >= 500 or all(code in THROTTLE_CODES for code in found):
+        return TransientProviderError(message)
+    return ProviderConfigError(message)
+
+
+@dataclass(frozen=True, slots=True)
+class ExpectedError:
+    """An EC2 error code the caller asked to handle itself (see ``AwsProvider._call``)."""
+
+    code: str
+
+
+Instance = dict[str, Any]
+Instances = list[Instance]
+Nodes = list[ProvidedNode]
+Ids = list[str]
+TagList = list[dict[str, str]]
+
+
+def _tags_dict(instance: Mapping[str, Any]) -> dict[str, str]:
+    return {t["Key"]: t.get("Value", "") for t in instance.get("Tags", []) or []}
+
+
+class AwsProvider:
+    """The ``aws`` provider. Safe to share between concurrent reconcilers."""
+
+    name = "aws"
+
+    def __init__(
+        self,
+        settings: AwsProviderSettings | None = None,
+        *,
+        client_factory: ClientFactory | None = None,
+    ) -> None:
+        self.settings = settings or AwsProviderSettings()
+        self._factory = client_factory or default_client_factory(self.settings)
+        self._clients: dict[str | None, Any] = {}
+        self._client_lock = asyncio.Lock()
+        self._calls = BlockingCalls(self.settings.max_concurrency)
+        self._policy = self.settings.retry_policy()
+
+    # ---- Protocol ---------------------------------------------------------------------
+
+    async def validate(self, pool: CapacityPool) -> None:
+        parse_parameters(pool)
+
+    async def acquire(self, request: AcquireRequest) -> Nodes:
+        params = parse_parameters(request.pool)
+        if request.count < 1:
+            raise ProviderConfigError(f"acquire {request.key}: count must be >= 1")
+        zone, subnet = self._zone_for(params, request)
+        ec2 = await self._client(params.region)
+        pool = request.pool.metadata.name
+
+        existing = await self._describe_by_tags(ec2, pool, key=request.key)
+        if len(existing) == request.count:
+            log.info("acquire %s: %d instances already exist, adopting", request.key, len(existing))
+            if params.node_name_from == "privateDnsName" and not all(
+                i.get("PrivateDnsName") for i in existing
+            ):
+                existing = await self._describe_launched(
+                    ec2, params, [i["InstanceId"] for i in existing]
+                )
+            return await self._nodes(ec2, params, request, existing)
+
+        group = await self._ensure_placement_group(ec2, params, request)
+        try:
+            response = await self._call(
+                ec2.create_fleet,
+                what="CreateFleet",
+                **self._fleet_request(params, request, zone, subnet, group),
+            )
+        except ProviderError:
+            await self._compensate(ec2, params, request, [i["InstanceId"] for i in existing])
+            raise
+
+        launched = [
+            instance_id
+            for entry in response.get("Instances", []) or []
+            for instance_id in entry.get("InstanceIds", []) or []
+        ]
+        ids = sorted(set(launched) | {i["InstanceId"] for i in existing})
+        errors = response.get("Errors", []) or []
+        if len(ids) != request.count:
+            await self._compensate(ec2, params, request, ids)
+            raise self._fleet_failure(request, len(ids), errors)
+
+        instances = await self._describe_launched(ec2, params, ids)
+        alive = [i for i in instances if i["State"]["Name"] not in GONE_STATES]
+        if len(alive) != request.count:
+            await self._compensate(ec2, params, request, ids)
+            raise CapacityUnavailable(
+                f"acquire {request.key}: only {len(alive)} of {request.count} instances are "
+                "alive (terminated while launching); all were released",
+                available=len(alive),
+            )
+        if errors:
+            log.info("acquire %s: fleet complete despite errors %s", request.key, errors)
+        return await self._nodes(ec2, params, request, alive)
+
+    async def release(self, pool: CapacityPool, key: str) -> int:
+        params = parse_parameters(pool)
+        ec2 = await self._client(params.region)
+        instances = await self._describe_by_tags(ec2, pool.metadata.name, key=key)
+        ids = [i["InstanceId"] for i in instances]
+        await self._terminate(ec2, ids, what=f"release {key}")
+        if params.placement_group is not None and params.placement_group.per_acquisition:
+            await self._delete_placement_group(ec2, aws_placement_group_name(key))
+        log.info("release %s: terminated %d instances", key, len(ids))
+        return len(ids)
+
+    async def list(self, pool: CapacityPool) -> Nodes:
+        params = parse_parameters(pool)
+        ec2 = await self._client(params.region)
+        instances = await self._describe_by_tags(ec2, pool.metadata.name, key=None)
+        return [self._node(params, pool.metadata.name, i, {}) for i in instances]
+
+    # ---- requests ---------------------------------------------------------------------
+
+    def _zone_for(self, params: AwsPoolParameters, request: AcquireRequest) -> tuple[str, str]:
+        zone = request.domain.get(params.zone_label)
+        if zone is None:
+            if len(params.subnets) != 1:
+                raise ProviderConfigError(
+                    f"acquire {request.key}: the domain has no {params.zone_label} label and "
+                    f"pool {request.pool.metadata.name} spans zones {sorted(params.subnets)}"
+                )
+            zone = next(iter(params.subnets))
+        subnet = params.subnets.get(zone)
+        if subnet is None:
+            raise ProviderConfigError(
+                f"acquire {request.key}: pool {request.pool.metadata.name} has no subnet in "
+                f"zone {zone} (spec.parameters.subnets has {sorted(params.subnets)})"
+            )
+        return zone, subnet
+
+    def _tags(self, params: AwsPoolParameters, request: AcquireRequest) -> TagList:
+        tags = dict(params.tags)
+        tags.update({
+            TAG_POOL: request.pool.metadata.name,
+            TAG_KEY: request.key,
+            TAG_OWNER: request.owner,
+            TAG_CLUSTER: self.settings.cluster_name,
+        })
+        if request.owner_uid:
+            tags[TAG_OWNER_UID] = request.owner_uid
+        return [{"Key": k, "Value": v} for k, v in sorted(tags.items())]
+
+    def _fleet_request(
+        self,
+        params: AwsPoolParameters,
+        request: AcquireRequest,
+        zone: str,
+        subnet: str,
+        group: str | None,
+    ) -> dict[str, Any]:
+        template: dict[str, Any] = {"Version": params.launch_template.version}
+        if params.launch_template.id is not None:
+            template["LaunchTemplateId"] = params.launch_template.id
+        else:
+            template["LaunchTemplateName"] = params.launch_template.name
+        override: dict[str, Any] = {
+            "InstanceType": params.instance_type,
+            "SubnetId": subnet,
+            "AvailabilityZone": zone,
+        }
+        if params.image_id is not None:
+            override["ImageId"] = params.image_id
+        if group is not None:
+            override["Placement"] = {"GroupName": group}
+        on_demand: dict[str, Any] = {
+            "MinTargetCapacity": request.count,
+            "SingleInstanceType": True,
+            "SingleAvailabilityZone": True,
+        }
+        if params.capacity_reservation_usage != "none":
+            on_demand["CapacityReservationOptions"] = {
+                "UsageStrategy": params.capacity_reservation_usage
+            }
+        tags = self._tags(params, request)
+        return {
+            "Type": "instant",
+            "ClientToken": aws_client_token(request.key),
+            "LaunchTemplateConfigs": [
+                {"LaunchTemplateSpecification": template, "Overrides": [override]}
+            ],
+            "TargetCapacitySpecification": {
+                "TotalTargetCapacity": request.count,
+                "DefaultTargetCapacityType": "on-demand",
+            },
+            "OnDemandOptions": on_demand,
+            "TagSpecifications": [
+                {"ResourceType": "instance", "Tags": tags},
+                {"ResourceType": "fleet", "Tags": tags},
+            ],
+        }
+
+    def _fleet_failure(
+        self, request: AcquireRequest, got: int, errors: Sequence[Mapping[str, Any]]
+    ) -> ProviderError:
+        codes = [str(e.get("ErrorCode", "")) for e in errors]
+        detail = "; ".join(
+            f"{e.get('ErrorCode', '?')}: {e.get('ErrorMessage', '')}" for e in errors
+        ) or "no error given"
+        message = (
+            f"acquire {request.key}: EC2 Fleet launched {got} of {request.count} instances "
+            f"({detail}); everything launched was terminated"
+        )
+        return _error_for_codes(codes, message, available=got)
+
+    # ---- cloud calls ------------------------------------------------------------------
+
+    async def _client(self, region: str | None) -> Any:
+        async with self._client_lock:
+            client = self._clients.get(region)
+            if client is None:
+                try:
+                    client = await self._calls.run(self._factory, region)
+                except Exception as exc:
+                    raise map_error(exc, "create EC2 client") from exc
+                self._clients[region] = client
+            return client
+
+    async def _call(
+        self,
+        fn: Callable[..., Any],
+        *,
+        what: str,
+        expect: Collection[str] = (),
+        **kwargs: Any,
+    ) -> Any:
+        """Call ``fn(**kwargs)`` in a worker thread with retries; map failures to provider
+        errors, except error codes in ``expect``, returned as :class:`ExpectedError`."""
+        from botocore.exceptions import ClientError
+
+        async def once() -> Any:
+            return await self._calls.run(fn, **kwargs)
+
+        try:
+            return await call_with_retry(
+                once, is_transient=is_transient, policy=self._policy, what=what
+            )
+        except ProviderError:
+            raise
+        except ClientError as exc:
+            if _error_code(exc) in expect:
+                return ExpectedError(_error_code(exc))
+            raise map_error(exc, what) from exc
+        except Exception as exc:
+            raise map_error(exc, what) from exc
+
+    async def _describe(
+        self, ec2: Any, *, expect: Collection[str] = (), **kwargs: Any
+    ) -> Instances | ExpectedError:
+        def pages() -> Instances:
+            paginator = ec2.get_paginator("describe_instances")
+            return [
+                instance
+                for page in paginator.paginate(**kwargs)
+                for reservation in page.get("Reservations", [])
+                for instance in reservation.get("Instances", [])
+            ]
+
+        result: Instances | ExpectedError = await self._call(
+            pages, what="DescribeInstances", expect=expect
+        )
+        return result
+
+    async def _describe_by_tags(
+        self, ec2: Any, pool: str, *, key: str | None
+    ) -> Instances:
+        filters = [
+            {"Name": f"tag:{TAG_CLUSTER}", "Values": [self.settings.cluster_name]},
+            {"Name": f"tag:{TAG_POOL}", "Values": [pool]},
+            {"Name": "instance-state-name", "Values": list(LIVE_STATES)},
+        ]
+        if key is not None:
+            filters.insert(2, {"Name": f"tag:{TAG_KEY}", "Values": [key]})
+        instances = await self._describe(ec2, Filters=filters)
+        assert not isinstance(instances, ExpectedError)
+        # Filtering is the server's job, but a terminated instance must never be adopted.
+        return [i for i in instances if i.get("State", {}).get("Name") not in GONE_STATES]
+
+    async def _describe_launched(
+        self, ec2: Any, params: AwsPoolParameters, ids: Sequence[str]
+    ) -> Instances:
+        """Describe fresh instances, waiting out EC2's eventual consistency: they may be
+        unknown (``InvalidInstanceID.NotFound``) or lack a private DNS name at first."""
+        instances: Instances = []
+        for attempt in range(1, self.settings.describe_attempts + 1):
+            found = await self._describe(
+                ec2, expect={"InvalidInstanceID.NotFound"}, InstanceIds=list(ids)
+            )
+            instances = [] if isinstance(found, ExpectedError) else found
+            named = all(
+                i.get("PrivateDnsName") or params.node_name_from == "instanceId"
+                for i in instances
+            )
+            if len(instances) == len(ids) and named:
+                return instances
+            if attempt < self.settings.describe_attempts:
+                await asyncio.sleep(self.settings.describe_interval_seconds)
+        if len(instances) == len(ids):
+            unnamed = [i["InstanceId"] for i in instances if not i.get("PrivateDnsName")]
+            raise TransientProviderError(
+                f"instances {unnamed} have no private DNS name yet; acquire again with the "
+                "same key to pick them up"
+            )
+        raise TransientProviderError(
+            f"only {len(instances)} of {len(ids)} launched instances are visible yet; "
+            "acquire again with the same key to pick them up"
+        )
+
+    async def _terminate(self, ec2: Any, ids: Sequence[str], *, what: str) -> None:
+        for start in range(0, len(ids), _TERMINATE_CHUNK):
+            chunk = list(ids[start : start + _TERMINATE_CHUNK])
+            result = await self._call(
+                ec2.terminate_instances,
+                what=f"{what}: TerminateInstances",
+                expect={"InvalidInstanceID.NotFound"},
+                InstanceIds=chunk,
+            )
+            if isinstance(result, ExpectedError):
+                # One unknown id fails the whole call: retry with the ids EC2 still knows.
+                known = await self._describe_known(ec2, chunk)
+                if known:
+                    await self._call(ec2.terminate_instances,
+                                     what=f"{what}: TerminateInstances", InstanceIds=known)
+
+    async def _describe_known(self, ec2: Any, ids: Sequence[str]) -> Ids:
+        known: Ids = []
+        for instance_id in ids:
+            found = await self._describe(
+                ec2, expect={"InvalidInstanceID.NotFound"}, InstanceIds=[instance_id]
+            )
+            if isinstance(found, ExpectedError):
+                continue
+            known.extend(
+                i["InstanceId"] for i in found if i["State"]["Name"] not in GONE_STATES
+            )
+        return known
+
+    async def _compensate(
+        self,
+        ec2: Any,
+        params: AwsPoolParameters,
+        request: AcquireRequest,
+        ids: Sequence[str],
+    ) -> None:
+        """Undo a failed acquisition: terminate what launched (by id and by tag, since a
+        freshly launched instance may not be listed yet) and delete the key's group."""
+        try:
+            tagged = await self._describe_by_tags(ec2, request.pool.metadata.name,
+                                                  key=request.key)
+            all_ids = sorted(set(ids) | {i["InstanceId"] for i in tagged})
+            if all_ids:
+                log.warning("acquire %s failed: terminating %d launched instances",
+                            request.key, len(all_ids))
+            await self._terminate(ec2, all_ids, what=f"compensate {request.key}")
+            if params.placement_group is not None and params.placement_group.per_acquisition:
+                await self._delete_placement_group(ec2, aws_placement_group_name(request.key))
+        except ProviderError as exc:
+            # The original failure matters more; recovery releases the rest later.
+            log.error("acquire %s: compensation incomplete, recovery will retry: %s",
+                      request.key, exc)
+
+    async def _ensure_placement_group(
+        self, ec2: Any, params: AwsPoolParameters, request: AcquireRequest
+    ) -> str | None:
+        group = params.placement_group
+        if group is None:
+            return None
+        if not group.per_acquisition:
+            return group.name
+        name = aws_placement_group_name(request.key)
+        # A duplicate is ours: same key, same name, from an earlier try of this attempt.
+        await self._call(
+            ec2.create_placement_group,
+            what="CreatePlacementGroup",
+            expect={"InvalidPlacementGroup.Duplicate"},
+            GroupName=name,
+            Strategy=group.strategy,
+            TagSpecifications=[
+                {"ResourceType": "placement-group", "Tags": self._tags(params, request)}
+            ],
+        )
+        return name
+
+    async def _delete_placement_group(self, ec2: Any, name: str) -> None:
+        """Delete a group once its instances are gone (EC2 refuses while they terminate)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.placement_group_delete_timeout_seconds
+        while True:
+            result = await self._call(
+                ec2.delete_placement_group,
+                what="DeletePlacementGroup",
+                expect={"InvalidPlacementGroup.Unknown", "InvalidPlacementGroup.InUse"},
+                GroupName=name,
+            )
+            if not isinstance(result, ExpectedError) or result.code.endswith("Unknown"):
+                return
+            if loop.time() >= deadline:
+                raise TransientProviderError(
+                    f"placement group {name} still in use after "
+                    f"{self.settings.placement_group_delete_timeout_seconds:.0f}s; "
+                    "release again later"
+                )
+            await asyncio.sleep(self.settings.placement_group_poll_seconds)
+
+    async def _topology(self, ec2: Any, ids: Sequence[str]) -> dict[str, dict[str, str]]:
+        """Network-node labels per instance; empty when unsupported or not yet known."""
+        labels: dict[str, dict[str, str]] = {}
+        for start in range(0, len(ids), _TOPOLOGY_CHUNK):
+            chunk = list(ids[start : start + _TOPOLOGY_CHUNK])
+            try:
+                response = await self._call(
+                    ec2.describe_instance_topology, what="DescribeInstanceTopology",
+                    InstanceIds=chunk,
+                )
+            except (ProviderError, NotImplementedError) as exc:
+                # Older instance types, missing permission or an emulator: labels are a
+                # bonus for the fit engine, never a reason to fail an acquisition.
+                log.info("DescribeInstanceTopology unavailable: %s", exc)
+                return labels
+            for entry in response.get("Instances", []) or []:
+                nodes = entry.get("NetworkNodes") or []
+                labels[entry["InstanceId"]] = {
+                    f"{TOPOLOGY_LABEL_PREFIX}{level}": node
+                    for level, node in enumerate(nodes, start=1)
+                }
+        return labels
+
+    # ---- results ----------------------------------------------------------------------
+
+    async def _nodes(
+        self,
+        ec2: Any,
+        params: AwsPoolParameters,
+        request: AcquireRequest,
+        instances: Sequence[Mapping[str, Any]],
+    ) -> Nodes:
+        topology: dict[str, dict[str, str]] = {}
+        if params.record_network_topology:
+            topology = await self._topology(ec2, [i["InstanceId"] for i in instances])
+        nodes = []
+        for instance in instances:
+            extra = dict(topology.get(instance["InstanceId"], {}))
+            extra.update(request.domain)
+            nodes.append(self._node(params, request.pool.metadata.name, instance, extra))
+        return sorted(nodes, key=lambda n: n.name)
+
+    def _node(
+        self,
+        params: AwsPoolParameters,
+        pool: str,
+        instance: Mapping[str, Any],
+        extra_labels: Mapping[str, str],
+    ) -> ProvidedNode:
+        tags = _tags_dict(instance)
+        instance_id = instance["InstanceId"]
+        zone = instance.get("Placement", {}).get("AvailabilityZone", "")
+        name = instance_id
+        if params.node_name_from == "privateDnsName" and instance.get("PrivateDnsName"):
+            name = instance["PrivateDnsName"]
+        labels = {params.zone_label: zone, INSTANCE_TYPE_LABEL: instance.get("InstanceType", "")}
+        labels.update(extra_labels)
+        return ProvidedNode(
+            name=name,
+            provider_id=f"aws:///{zone}/{instance_id}",
+            pool=pool,
+            key=tags.get(TAG_KEY, ""),
+            owner=tags.get(TAG_OWNER, ""),
+            owner_uid=tags.get(TAG_OWNER_UID, ""),
+            labels=labels,
+        )
+
+
+def make_aws_provider(
+    settings: AwsProviderSettings | None = None,
+    *,
+    client_factory: ClientFactory | None = None,
+) -> AwsProvider:
+    """Factory for the provider registry: settings from ``MUSTER_AWS_*`` when omitted."""
+    return AwsProvider(settings, client_factory=client_factory)

@@ -1,0 +1,777 @@
+"""GCP Compute Engine provider: N VMs all or nothing with one zonal bulkInsert.
+
+How it keeps the Protocol's promises:
+
+* **All or nothing.** ``instances.bulkInsert`` with ``count = minCount = N``: Compute
+  creates N VMs or rolls back. Muster still counts what exists under the key afterwards
+  and deletes everything (plus the per-acquisition placement policy) on any shortfall.
+* **Idempotent.** ``requestId`` is a UUID5 of the acquisition key, so a repeated call
+  joins the original operation; ``acquire`` first looks for VMs labelled with the key.
+* **Recoverable.** VMs carry labels ``muster-pool``, ``muster-key``, ``muster-cluster``
+  (values made label-safe) and the exact key and owner in metadata;
+  :meth:`GcpProvider.list` finds them with a label filter.
+
+The google-cloud-compute client is synchronous: calls run in worker threads, at most
+``max_concurrency`` at a time. Operations are awaited with our own
+``ZoneOperationsClient``/``RegionOperationsClient`` built with the same endpoint,
+credentials and transport, never through ``ExtendedOperation.result()`` (whose internal
+client ignores ``client_options``).
+
+Credentials come only from Application Default Credentials (GKE Workload Identity, the
+metadata server, ``GOOGLE_APPLICATION_CREDENTIALS``); never from a CapacityPool.
+Nodes are assumed to register under their instance name (GCE's kubelet default).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from controller.api.capacitypool import CapacityPool
+from providers.base import (
+    AcquireRequest,
+    CapacityUnavailable,
+    ProvidedNode,
+    ProviderConfigError,
+    ProviderError,
+    QuotaExceeded,
+    TransientProviderError,
+)
+from providers.naming import gcp_label_value, gcp_name_prefix, gcp_policy_name, gcp_request_id
+from providers.retry import BlockingCalls, RetryPolicy, call_with_retry
+
+log = logging.getLogger(__name__)
+
+LABEL_POOL = "muster-pool"
+LABEL_KEY = "muster-key"
+LABEL_CLUSTER = "muster-cluster"
+META_KEY = "muster-key"
+META_OWNER = "muster-owner"
+META_OWNER_UID = "muster-owner-uid"
+META_POOL = "muster-pool"
+RESERVED_PREFIX = "muster-"
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+
+CAPACITY_CODES = frozenset({
+    "ZONE_RESOURCE_POOL_EXHAUSTED",
+    "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
+    "RESOURCE_POOL_EXHAUSTED",
+    "INSUFFICIENT_CAPACITY",
+    "insufficientCapacity",
+    "resourcePoolExhausted",
+    "zoneResourcePoolExhausted",
+})
+QUOTA_CODES = frozenset({"QUOTA_EXCEEDED", "quotaExceeded", "limitExceeded"})
+THROTTLE_CODES = frozenset({
+    "RATE_LIMIT_EXCEEDED",
+    "rateLimitExceeded",
+    "userRateLimitExceeded",
+    "backendError",
+    "internalError",
+    "INTERNAL_ERROR",
+    "SERVICE_UNAVAILABLE",
+})
+
+_LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+_LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
+
+
+class _Params(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=True)
+
+
+class Accelerator(_Params):
+    type: str = Field(min_length=1, description="Accelerator type, e.g. nvidia-h100-80gb.")
+    count: int = Field(ge=1)
+
+
+class ServiceAccountParams(_Params):
+    email: str = Field(min_length=3)
+    scopes: list[str] = Field(
+        default_factory=lambda: ["https://www.googleapis.com/auth/cloud-platform"]
+    )
+
+
+class ReservationParams(_Params):
+    consume: Literal["ANY_RESERVATION", "NO_RESERVATION", "SPECIFIC_RESERVATION"] = (
+        "ANY_RESERVATION"
+    )
+    key: str | None = None
+    values: list[str] = Field(default_factory=list)
+
+
+class GcpPoolParameters(_Params):
+    """``spec.parameters`` of a CapacityPool with ``provider: gcp``."""
+
+    project: str = Field(pattern=r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
+    zone: str = Field(pattern=r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
+    machine_type: str = Field(alias="machineType", pattern=r"^[a-z0-9-]+$")
+    accelerators: list[Accelerator] = Field(
+        default_factory=list,
+        description="Only for machine types without built-in GPUs (A3/A4 have them).",
+    )
+    image: str = Field(
+        min_length=1,
+        description="Boot image, e.g. projects/cos-cloud/global/images/family/cos-stable",
+    )
+    boot_disk_size_gb: int = Field(default=200, alias="bootDiskSizeGb", ge=10)
+    boot_disk_type: str | None = Field(default=None, alias="bootDiskType")
+    network: str | None = None
+    subnetwork: str | None = None
+    network_tags: list[str] = Field(default_factory=list, alias="networkTags")
+    metadata: dict[str, str] = Field(
+        default_factory=dict, description="Instance metadata, e.g. the kubelet bootstrap script."
+    )
+    labels: dict[str, str] = Field(default_factory=dict)
+    service_account: ServiceAccountParams | None = Field(default=None, alias="serviceAccount")
+    compact_placement: bool = Field(
+        default=False,
+        alias="compactPlacement",
+        description="Create a COLLOCATED placement policy per acquisition, deleted on release.",
+    )
+    provisioning_model: Literal["STANDARD", "SPOT"] = Field(
+        default="STANDARD", alias="provisioningModel"
+    )
+    reservation: ReservationParams | None = None
+    zone_label: str = Field(default="topology.kubernetes.io/zone", alias="zoneLabel")
+
+    @property
+    def region(self) -> str:
+        return self.zone.rsplit("-", 1)[0]
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, label_value in value.items():
+            if key.startswith(RESERVED_PREFIX):
+                raise ValueError(f"label {key!r} uses the reserved prefix {RESERVED_PREFIX!r}")
+            if not _LABEL_KEY.match(key) or not _LABEL_VALUE.match(label_value):
+                raise ValueError(
+                    f"label {key}={label_value!r}: keys start with a lowercase letter; keys "
+                    "and values use lowercase letters, digits, '-' and '_' (<= 63)"
+                )
+        return value
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if key.startswith(RESERVED_PREFIX):
+                raise ValueError(f"metadata key {key!r} uses the reserved prefix")
+            if not re.fullmatch(r"[a-zA-Z0-9_-]{1,128}", key):
+                raise ValueError(f"metadata key {key!r} must match [a-zA-Z0-9_-]{{1,128}}")
+        return value
+
+
+def parse_parameters(pool: CapacityPool) -> GcpPoolParameters:
+    """The pool's parameters, or :class:`ProviderConfigError` naming the bad field."""
+    try:
+        return GcpPoolParameters.model_validate(pool.spec.parameters)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            where = ".".join(str(part) for part in error["loc"]) or "parameters"
+            problems.append(f"spec.parameters.{where}: {error['msg']}")
+        raise ProviderConfigError(
+            f"CapacityPool {pool.metadata.name}: " + "; ".join(problems)
+        ) from exc
+
+
+class GcpProviderSettings(BaseSettings):
+    """Process-wide settings (environment ``MUSTER_GCP_*``); credentials are not settings."""
+
+    model_config = SettingsConfigDict(env_prefix="MUSTER_GCP_", extra="ignore")
+
+    api_endpoint: str | None = None
+    """Custom Compute endpoint (Private Service Connect, or a local fake in tests)."""
+    cluster_name: str = Field(default="muster", min_length=1)
+    max_concurrency: int = Field(default=8, ge=1)
+    retry_attempts: int = Field(default=6, ge=1)
+    retry_initial_backoff: float = Field(default=0.5, ge=0)
+    retry_max_backoff: float = Field(default=20.0, ge=0)
+    retry_deadline_seconds: float = Field(default=120.0, ge=0)
+    operation_timeout_seconds: float = Field(default=900.0, gt=0)
+    """How long to wait for a bulkInsert/delete operation before reporting it transient."""
+    request_timeout_seconds: float = Field(default=60.0, gt=0)
+    """Per HTTP call; a hung call would otherwise hold a worker thread forever."""
+    wait_timeout_seconds: float = Field(default=150.0, gt=0)
+    """Per ``operations.wait`` call (the server answers within about two minutes)."""
+    policy_delete_attempts: int = Field(default=10, ge=1)
+    policy_delete_interval_seconds: float = Field(default=5.0, ge=0)
+
+    def retry_policy(self) -> RetryPolicy:
+        return RetryPolicy(
+            attempts=self.retry_attempts,
+            initial_backoff=self.retry_initial_backoff,
+            max_backoff=self.retry_max_backoff,
+            deadline_seconds=self.retry_deadline_seconds,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class GcpClients:
+    """Every client the provider uses, all with the same endpoint/credentials/transport."""
+
+    instances: Any
+    zone_operations: Any
+    resource_policies: Any
+    region_operations: Any
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        api_endpoint: str | None = None,
+        credentials: Any = None,
+        transport: str = "rest",
+    ) -> GcpClients:
+        """``credentials=None`` means Application Default Credentials."""
+        from google.api_core.client_options import ClientOptions
+        from google.cloud import compute_v1
+
+        options = ClientOptions(api_endpoint=api_endpoint) if api_endpoint else None
+        kwargs: dict[str, Any] = {"transport": transport, "client_options": options}
+        if credentials is not None:
+            kwargs["credentials"] = credentials
+        return cls(
+            instances=compute_v1.InstancesClient(**kwargs),
+            zone_operations=compute_v1.ZoneOperationsClient(**kwargs),
+            resource_policies=compute_v1.ResourcePoliciesClient(**kwargs),
+            region_operations=compute_v1.RegionOperationsClient(**kwargs),
+        )
+
+
+ClientsFactory = Callable[[], GcpClients]
+
+
+def _reasons(exc: BaseException) -> list[str]:
+    reasons = []
+    for item in getattr(exc, "errors", None) or []:
+        if isinstance(item, Mapping) and item.get("reason"):
+            reasons.append(str(item["reason"]))
+    reason = getattr(exc, "reason", None)
+    if isinstance(reason, str) and reason:
+        reasons.append(reason)
+    return reasons
+
+
+def _status(exc: BaseException) -> int:
+    code = getattr(exc, "code", None)
+    return code if isinstance(code, int) else 0
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Rate limits, 5xx (except a capacity 503) and connection trouble."""
+    from google.api_core import exceptions as gexc
+
+    if isinstance(exc, gexc.GoogleAPICallError):
+        reasons = _reasons(exc)
+        if any(r in CAPACITY_CODES or r in QUOTA_CODES for r in reasons):
+            return False
+        return any(r in THROTTLE_CODES for r in reasons) or _status(exc) in (429,) or (
+            _status(exc) >= 500
+        )
+    import requests
+
+    return isinstance(exc, requests.ConnectionError | requests.Timeout | ConnectionError)
+
+
+def map_error(exc: BaseException, what: str) -> ProviderError:
+    from google.api_core import exceptions as gexc
+    from google.auth import exceptions as auth_exc
+
+    if isinstance(exc, ProviderError):
+        return exc
+    if isinstance(exc, gexc.GoogleAPICallError):
+        return _error_for_codes(_reasons(exc), f"{what}: {exc}", status=_status(exc))
+    if isinstance(exc, auth_exc.DefaultCredentialsError | auth_exc.RefreshError):
+        return ProviderConfigError(
+            f"{what}: {exc} (credentials come from Workload Identity or Application Default "
+            "Credentials)"
+        )
+    if is_transient(exc):
+        return TransientProviderError(f"{what}: {exc}")
+    return TransientProviderError(f"{what}: unexpected {type(exc).__name__}: {exc}")
+
+
+def _error_for_codes(
+    codes: Iterable[str], message: str, *, status: int = 0, available: int | None = None
+) -> ProviderError:
+    found = [c for c in codes if c]
+    if any(c in QUOTA_CODES for c in found):
+        return QuotaExceeded(message)
+    if any(c in CAPACITY_CODES or "RESOURCE_POOL_EXHAUSTED" in c for c in found):
+        return CapacityUnavailable(message, available=available)
+    if any(c in THROTTLE_CODES for c in found) or status == 429 or status >= 500:
+        return TransientProviderError(message)
+    return ProviderConfigError(message)
+
+
+@dataclass(frozen=True, slots=True)
+class ExpectedError:
+    """An HTTP status the caller asked to handle itself (see ``GcpProvider._call``)."""
+
+    status: int
+    message: str
+
+
+Instances = list[Any]
+Nodes = list[ProvidedNode]
+
+
+class GcpProvider:
+    """The ``gcp`` provider. Safe to share between concurrent reconcilers."""
+
+    name = "gcp"
+
+    def __init__(
+        self,
+        settings: GcpProviderSettings | None = None,
+        *,
+        clients_factory: ClientsFactory | None = None,
+    ) -> None:
+        self.settings = settings or GcpProviderSettings()
+        self._factory = clients_factory or (
+            lambda: GcpClients.create(api_endpoint=self.settings.api_endpoint)
+        )
+        self._clients: GcpClients | None = None
+        self._client_lock = asyncio.Lock()
+        self._calls = BlockingCalls(self.settings.max_concurrency)
+        self._policy = self.settings.retry_policy()
+
+    # ---- Protocol ---------------------------------------------------------------------
+
+    async def validate(self, pool: CapacityPool) -> None:
+        parse_parameters(pool)
+
+    async def acquire(self, request: AcquireRequest) -> Nodes:
+        from google.cloud import compute_v1
+
+        params = parse_parameters(request.pool)
+        if request.count < 1:
+            raise ProviderConfigError(f"acquire {request.key}: count must be >= 1")
+        self._check_zone(params, request)
+        clients = await self._get_clients()
+        pool = request.pool.metadata.name
+
+        existing = await self._list(clients, params, pool, key=request.key)
+        if len(existing) == request.count:
+            log.info("acquire %s: %d VMs already exist, adopting", request.key, len(existing))
+            return self._nodes(params, pool, existing, request.domain)
+
+        try:
+            policy = await self._ensure_policy(clients, params, request)
+            body = compute_v1.BulkInsertInstanceResource(
+                count=request.count,
+                min_count=request.count,
+                name_pattern=self._name_pattern(pool, request),
+                instance_properties=self._instance_properties(params, request, policy),
+            )
+            operation = await self._call(
+                clients.instances.bulk_insert_unary,
+                what="instances.bulkInsert",
+                timeout=self.settings.request_timeout_seconds,
+                request=compute_v1.BulkInsertInstanceRequest(
+                    project=params.project,
+                    zone=params.zone,
+                    request_id=gcp_request_id(request.key),
+                    bulk_insert_instance_resource_resource=body,
+                ),
+            )
+            await self._wait_zone(clients, params, operation, what="bulkInsert",
+                                  count=request.count)
+        except TransientProviderError:
+            # The operation may still be running: deleting now could race its creations.
+            # The same key joins it on the next try; recovery handles an abandoned key.
+            raise
+        except ProviderError:
+            await self._cleanup(clients, params, request)
+            raise
+
+        created = await self._list(clients, params, pool, key=request.key)
+        if len(created) != request.count:
+            await self._cleanup(clients, params, request)
+            raise CapacityUnavailable(
+                f"acquire {request.key}: bulkInsert finished with {len(created)} of "
+                f"{request.count} VMs under the key; all were deleted",
+                available=len(created),
+            )
+        return self._nodes(params, pool, created, request.domain)
+
+    async def release(self, pool: CapacityPool, key: str) -> int:
+        params = parse_parameters(pool)
+        clients = await self._get_clients()
+        deleted = await self._delete_instances(clients, params, pool.metadata.name, key)
+        if params.compact_placement:
+            await self._delete_policy(clients, params, gcp_policy_name(pool.metadata.name, key))
+        log.info("release %s: deleted %d VMs", key, deleted)
+        return deleted
+
+    async def list(self, pool: CapacityPool) -> Nodes:
+        params = parse_parameters(pool)
+        clients = await self._get_clients()
+        found = await self._list(clients, params, pool.metadata.name, key=None)
+        return self._nodes(params, pool.metadata.name, found, {})
+
+    # ---- request building ------------------------------------------------------------
+
+    def _check_zone(self, params: GcpPoolParameters, request: AcquireRequest) -> None:
+        zone = request.domain.get(params.zone_label)
+        if zone is not None and zone != params.zone:
+            raise ProviderConfigError(
+                f"acquire {request.key}: domain zone {zone} is not pool "
+                f"{request.pool.metadata.name}'s zone {params.zone}"
+            )
+
+    @staticmethod
+    def _name_pattern(pool: str, request: AcquireRequest) -> str:
+        width = max(4, len(str(request.count)))
+        return f"{gcp_name_prefix(pool, request.key)}-{'#' * width}"
+
+    def _labels(self, params: GcpPoolParameters, pool: str, key: str) -> dict[str, str]:
+        labels = dict(params.labels)
+        labels.update({
+            LABEL_POOL: gcp_label_value(pool),
+            LABEL_KEY: gcp_label_value(key),
+            LABEL_CLUSTER: gcp_label_value(self.settings.cluster_name),
+        })
+        return labels
+
+    def _instance_properties(
+        self, params: GcpPoolParameters, request: AcquireRequest, policy: str | None
+    ) -> Any:
+        from google.cloud import compute_v1
+
+        pool = request.pool.metadata.name
+        metadata = dict(params.metadata)
+        metadata.update({
+            META_KEY: request.key,
+            META_POOL: pool,
+            META_OWNER: request.owner,
+            META_OWNER_UID: request.owner_uid,
+        })
+        disk_params = compute_v1.AttachedDiskInitializeParams(
+            source_image=params.image, disk_size_gb=params.boot_disk_size_gb
+        )
+        if params.boot_disk_type:
+            disk_params.disk_type = params.boot_disk_type
+        scheduling = compute_v1.Scheduling(provisioning_model=params.provisioning_model)
+        if params.accelerators or params.machine_type.startswith(("a2-", "a3-", "a4", "g2-")):
+            # GPU VMs cannot live-migrate.
+            scheduling.on_host_maintenance = "TERMINATE"
+        if params.provisioning_model == "SPOT":
+            scheduling.instance_termination_action = "DELETE"
+        network_interface = compute_v1.NetworkInterface()
+        if params.network:
+            network_interface.network = params.network
+        if params.subnetwork:
+            network_interface.subnetwork = params.subnetwork
+        props = compute_v1.InstanceProperties(
+            machine_type=params.machine_type,
+            disks=[compute_v1.AttachedDisk(boot=True, auto_delete=True,
+                                           initialize_params=disk_params)],
+            network_interfaces=[network_interface],
+            metadata=compute_v1.Metadata(
+                items=[compute_v1.Items(key=k, value=v) for k, v in sorted(metadata.items())]
+            ),
+            labels=self._labels(params, pool, request.key),
+            scheduling=scheduling,
+        )
+        if params.accelerators:
+            props.guest_accelerators = [
+                compute_v1.AcceleratorConfig(accelerator_type=a.type, accelerator_count=a.count)
+                for a in params.accelerators
+            ]
+        if params.network_tags:
+            props.tags = compute_v1.Tags(items=params.network_tags)
+        if params.service_account is not None:
+            props.service_accounts = [
+                compute_v1.ServiceAccount(email=params.service_account.email,
+                                          scopes=params.service_account.scopes)
+            ]
+        if params.reservation is not None:
+            affinity = compute_v1.ReservationAffinity(
+                consume_reservation_type=params.reservation.consume
+            )
+            if params.reservation.key:
+                affinity.key = params.reservation.key
+                affinity.values = params.reservation.values
+            props.reservation_affinity = affinity
+        if policy is not None:
+            props.resource_policies = [policy]
+        return props
+
+    # ---- cloud calls ------------------------------------------------------------------
+
+    async def _get_clients(self) -> GcpClients:
+        async with self._client_lock:
+            if self._clients is None:
+                try:
+                    self._clients = await self._calls.run(self._factory)
+                except Exception as exc:
+                    raise map_error(exc, "create Compute clients") from exc
+            return self._clients
+
+    async def _call(
+        self,
+        fn: Callable[..., Any],
+        *,
+        what: str,
+        expect: Collection[int] = (),
+        **kwargs: Any,
+    ) -> Any:
+        """Call ``fn(**kwargs)`` in a worker thread with retries; map failures to provider
+        errors, except HTTP statuses in ``expect``, returned as :class:`ExpectedError`."""
+        from google.api_core import exceptions as gexc
+
+        async def once() -> Any:
+            return await self._calls.run(fn, **kwargs)
+
+        try:
+            return await call_with_retry(
+                once, is_transient=is_transient, policy=self._policy, what=what
+            )
+        except ProviderError:
+            raise
+        except gexc.GoogleAPICallError as exc:
+            if _status(exc) in expect:
+                return ExpectedError(_status(exc), str(exc))
+            raise map_error(exc, what) from exc
+        except Exception as exc:
+            raise map_error(exc, what) from exc
+
+    async def _list(
+        self, clients: GcpClients, params: GcpPoolParameters, pool: str, *, key: str | None
+    ) -> Instances:
+        from google.cloud import compute_v1
+
+        labels = {
+            LABEL_CLUSTER: gcp_label_value(self.settings.cluster_name),
+            LABEL_POOL: gcp_label_value(pool),
+        }
+        if key is not None:
+            labels[LABEL_KEY] = gcp_label_value(key)
+        filter_ = " AND ".join(f'(labels.{k} = "{v}")' for k, v in labels.items())
+        request = compute_v1.ListInstancesRequest(
+            project=params.project, zone=params.zone, filter=filter_
+        )
+
+        def pages() -> Instances:
+            return list(clients.instances.list(
+                request=request, timeout=self.settings.request_timeout_seconds
+            ))
+
+        found: Instances = await self._call(pages, what="instances.list")
+        # A hashed label could collide in theory; the metadata holds the exact key.
+        return [
+            i for i in found
+            if key is None or _metadata(i).get(META_KEY, key) == key
+        ]
+
+    async def _wait_zone(
+        self, clients: GcpClients, params: GcpPoolParameters, operation: Any, *, what: str,
+        count: int | None = None,
+    ) -> Any:
+        return await self._wait(
+            lambda: clients.zone_operations.wait(
+                project=params.project, zone=params.zone, operation=operation.name,
+                timeout=self.settings.wait_timeout_seconds,
+            ),
+            operation, what=what, count=count,
+        )
+
+    async def _wait_region(
+        self, clients: GcpClients, params: GcpPoolParameters, operation: Any, *, what: str
+    ) -> Any:
+        return await self._wait(
+            lambda: clients.region_operations.wait(
+                project=params.project, region=params.region, operation=operation.name,
+                timeout=self.settings.wait_timeout_seconds,
+            ),
+            operation, what=what,
+        )
+
+    async def _wait(
+        self, wait: Callable[[], Any], operation: Any, *, what: str, count: int | None = None
+    ) -> Any:
+        """Poll until the operation is DONE (``wait`` may return early), then raise its
+        error, if any, as a provider error."""
+        from google.cloud import compute_v1
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.operation_timeout_seconds
+        while operation.status != compute_v1.Operation.Status.DONE:
+            if loop.time() >= deadline:
+                raise TransientProviderError(
+                    f"{what}: operation {operation.name} not done after "
+                    f"{self.settings.operation_timeout_seconds:.0f}s"
+                )
+            operation = await self._call(wait, what=f"{what}: operations.wait")
+        errors = list(operation.error.errors) if operation.error else []
+        if errors:
+            codes = [e.code for e in errors]
+            detail = "; ".join(f"{e.code}: {e.message}" for e in errors)
+            raise _error_for_codes(
+                codes,
+                f"{what}: operation {operation.name} failed ({detail})"
+                + ("; nothing was kept" if count is not None else ""),
+                status=int(operation.http_error_status_code or 0),
+                available=0 if count is not None else None,
+            )
+        return operation
+
+    async def _ensure_policy(
+        self, clients: GcpClients, params: GcpPoolParameters, request: AcquireRequest
+    ) -> str | None:
+        from google.cloud import compute_v1
+
+        if not params.compact_placement:
+            return None
+        name = gcp_policy_name(request.pool.metadata.name, request.key)
+        policy = compute_v1.ResourcePolicy(
+            name=name,
+            description=f"muster acquisition {request.key} for {request.owner}",
+            group_placement_policy=compute_v1.ResourcePolicyGroupPlacementPolicy(
+                collocation="COLLOCATED"
+            ),
+        )
+        operation = await self._call(
+            clients.resource_policies.insert_unary,
+            what="resourcePolicies.insert",
+            timeout=self.settings.request_timeout_seconds,
+            expect={409},  # ours already, from an earlier try of this key
+            request=compute_v1.InsertResourcePolicyRequest(
+                project=params.project,
+                region=params.region,
+                request_id=gcp_request_id(request.key, "placement-policy"),
+                resource_policy_resource=policy,
+            ),
+        )
+        if not isinstance(operation, ExpectedError):
+            await self._wait_region(clients, params, operation, what="resourcePolicies.insert")
+        return f"projects/{params.project}/regions/{params.region}/resourcePolicies/{name}"
+
+    async def _delete_policy(
+        self, clients: GcpClients, params: GcpPoolParameters, name: str
+    ) -> None:
+        from google.cloud import compute_v1
+
+        for attempt in range(1, self.settings.policy_delete_attempts + 1):
+            operation = await self._call(
+                clients.resource_policies.delete_unary,
+                what="resourcePolicies.delete",
+                timeout=self.settings.request_timeout_seconds,
+                expect={400, 404},
+                request=compute_v1.DeleteResourcePolicyRequest(
+                    project=params.project, region=params.region, resource_policy=name
+                ),
+            )
+            if isinstance(operation, ExpectedError):
+                if operation.status == 404:
+                    return
+                # 400 resourceInUseByAnotherResource: VMs are still being deleted.
+                if attempt == self.settings.policy_delete_attempts:
+                    raise TransientProviderError(
+                        f"placement policy {name} still in use: {operation.message}"
+                    )
+                await asyncio.sleep(self.settings.policy_delete_interval_seconds)
+                continue
+            await self._wait_region(clients, params, operation, what="resourcePolicies.delete")
+            return
+
+    async def _delete_instances(
+        self, clients: GcpClients, params: GcpPoolParameters, pool: str, key: str
+    ) -> int:
+        from google.cloud import compute_v1
+
+        instances = await self._list(clients, params, pool, key=key)
+
+        async def delete(name: str) -> int:
+            operation = await self._call(
+                clients.instances.delete_unary,
+                what=f"instances.delete {name}",
+                timeout=self.settings.request_timeout_seconds,
+                expect={404},
+                # Flattened arguments do not accept request_id: pass the request object.
+                request=compute_v1.DeleteInstanceRequest(
+                    project=params.project,
+                    zone=params.zone,
+                    instance=name,
+                    request_id=gcp_request_id(f"{key}/{name}", "delete"),
+                ),
+            )
+            if isinstance(operation, ExpectedError):
+                return 0
+            await self._wait_zone(clients, params, operation, what=f"delete {name}")
+            return 1
+
+        results = await asyncio.gather(
+            *(delete(i.name) for i in instances), return_exceptions=True
+        )
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:
+            raise map_error(failures[0], f"release {key}") from failures[0]
+        return sum(r for r in results if isinstance(r, int))
+
+    async def _cleanup(
+        self, clients: GcpClients, params: GcpPoolParameters, request: AcquireRequest
+    ) -> None:
+        """Undo a failed acquisition; failures are logged (recovery finishes the job)."""
+        pool = request.pool.metadata.name
+        try:
+            deleted = await self._delete_instances(clients, params, pool, request.key)
+            if deleted:
+                log.warning("acquire %s failed: deleted %d VMs", request.key, deleted)
+            if params.compact_placement:
+                await self._delete_policy(clients, params, gcp_policy_name(pool, request.key))
+        except ProviderError as exc:
+            log.error("acquire %s: cleanup incomplete, recovery will retry: %s",
+                      request.key, exc)
+
+    # ---- results ----------------------------------------------------------------------
+
+    def _nodes(
+        self,
+        params: GcpPoolParameters,
+        pool: str,
+        instances: Sequence[Any],
+        domain: Mapping[str, str],
+    ) -> Nodes:
+        nodes = []
+        for instance in instances:
+            meta = _metadata(instance)
+            labels = {
+                params.zone_label: params.zone,
+                INSTANCE_TYPE_LABEL: str(instance.machine_type).rsplit("/", 1)[-1],
+            }
+            labels.update(domain)
+            nodes.append(ProvidedNode(
+                name=instance.name,
+                provider_id=f"gce://{params.project}/{params.zone}/{instance.name}",
+                pool=pool,
+                key=meta.get(META_KEY) or dict(instance.labels).get(LABEL_KEY, ""),
+                owner=meta.get(META_OWNER, ""),
+                owner_uid=meta.get(META_OWNER_UID, ""),
+                labels=labels,
+            ))
+        return sorted(nodes, key=lambda n: n.name)
+
+
+def _metadata(instance: Any) -> dict[str, str]:
+    return {item.key: item.value for item in instance.metadata.items}
+
+
+def make_gcp_provider(
+    settings: GcpProviderSettings | None = None,
+    *,
+    clients_factory: ClientsFactory | None = None,
+) -> GcpProvider:
+    """Factory for the provider registry: settings from ``MUSTER_GCP_*`` when omitted."""
+    return GcpProvider(settings, clients_factory=clients_factory)

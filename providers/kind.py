@@ -1,0 +1,485 @@
+"""The fake provider: "acquires" nodes by creating Node objects, as kwok does.
+
+It is a real :class:`providers.base.Provider`, used by ``muster demo``, the e2e tests, the
+benchmark and a kind cluster alike. Nodes are built from the pool's template (labels plus the
+chosen domain's topology labels, taints, capacity and allocatable), carry
+``spec.providerID = kind://<pool>/<key>/<i>`` and labels naming pool, acquisition key and
+owner, so :meth:`KindProvider.list` finds them after a restart. A heartbeat task renews each
+node's Lease in ``kube-node-lease`` and its Ready condition, so a real node lifecycle
+controller keeps them Ready.
+
+For tests it keeps the things a cloud has and a cluster lacks: stock per domain, acquisition
+latency, injected failures (next error, grant k of n); a partial creation is always rolled
+back before the error is raised, so all-or-nothing holds. Every call is recorded in
+:attr:`KindProvider.calls`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from controller.api.capacitypool import CapacityPool
+from controller.kube import ApiError, Body, KubeClient
+from controller.kube.resources import LEASES, NAMESPACES, NODES
+from controller.state.cache import KEY_LABEL
+from controller.topology_defaults import POOL_LABEL
+from providers.base import (
+    AcquireRequest,
+    CapacityUnavailable,
+    ProvidedNode,
+    ProviderConfigError,
+    ProviderError,
+    TransientProviderError,
+)
+
+log = logging.getLogger(__name__)
+
+PROVIDER_LABEL = "muster.dev/provider"
+OWNER_UID_LABEL = "muster.dev/owner-uid"
+OWNER_ANNOTATION = "muster.dev/owner"
+NODE_LEASE_NAMESPACE = "kube-node-lease"
+KNOWN_PARAMETERS = frozenset({"stock", "defaultStock", "latencySeconds", "readyDelaySeconds"})
+
+Now = Callable[[], datetime]
+Nodes = list[ProvidedNode]
+"""Alias: inside the class, ``list`` names the Provider method."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderCall:
+    op: str
+    """acquire | release | list"""
+    pool: str
+    key: str = ""
+    count: int = 0
+    domain: Mapping[str, str] = field(default_factory=dict)
+    outcome: str = "ok"
+    """ok | the error's reason"""
+
+
+@dataclass(slots=True)
+class _Injected:
+    errors: list[ProviderError] = field(default_factory=list)
+    grants: list[int] = field(default_factory=list)
+
+
+def domain_key(domain: Mapping[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(domain.items()))
+
+
+class KindProvider:
+    """Nodes as Node objects. Safe to call concurrently; one lock per acquisition key."""
+
+    name = "kind"
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        *,
+        acquire_latency_seconds: float = 0.0,
+        heartbeat_seconds: float = 10.0,
+        default_stock: int | None = None,
+        now: Now | None = None,
+    ) -> None:
+        self._kube = kube
+        self.acquire_latency_seconds = acquire_latency_seconds
+        self.heartbeat_seconds = heartbeat_seconds
+        self.default_stock = default_stock
+        self._now = now or (lambda: datetime.now(UTC))
+        self.calls: list[ProviderCall] = []
+        self._stock: dict[tuple[str, str], int] = {}
+        self._injected: dict[str, _Injected] = defaultdict(_Injected)
+        self._key_locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._owned: set[str] = set()
+        self._since: dict[str, str] = {}
+        self._heartbeat_task: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ test controls
+
+    def set_stock(self, pool: str, domain: Mapping[str, str], nodes: int) -> None:
+        """Limit how many nodes of ``pool`` may exist in ``domain`` (a cloud's stock)."""
+        self._stock[(pool, domain_key(domain))] = nodes
+
+    def fail_next(self, error: ProviderError, *, pool: str = "*") -> None:
+        """The next acquire (of ``pool``, or of any pool) raises ``error`` without creating."""
+        self._injected[pool].errors.append(error)
+
+    def grant_next(self, nodes: int, *, pool: str = "*") -> None:
+        """The next acquire creates only ``nodes`` nodes, then must roll them back and fail."""
+        self._injected[pool].grants.append(nodes)
+
+    def reset(self) -> None:
+        self.calls.clear()
+        self._stock.clear()
+        self._injected.clear()
+
+    # ------------------------------------------------------------------ Provider
+
+    async def validate(self, pool: CapacityPool) -> None:
+        params = pool.spec.parameters
+        unknown = set(params) - KNOWN_PARAMETERS
+        if unknown:
+            raise ProviderConfigError(
+                f"pool {pool.metadata.name}: unknown kind provider parameter(s) "
+                f"{sorted(unknown)}; known: {sorted(KNOWN_PARAMETERS)}"
+            )
+        for name in ("defaultStock", "latencySeconds", "readyDelaySeconds"):
+            value = params.get(name)
+            if value is not None and (not isinstance(value, int | float) or value < 0):
+                raise ProviderConfigError(
+                    f"pool {pool.metadata.name}: parameters.{name} must be a number >= 0, "
+                    f"got {value!r}"
+                )
+        for i, entry in enumerate(params.get("stock") or []):
+            if (
+                not isinstance(entry, dict)
+                or not isinstance(entry.get("labels"), dict)
+                or not isinstance(entry.get("nodes"), int)
+            ):
+                raise ProviderConfigError(
+                    f"pool {pool.metadata.name}: parameters.stock[{i}] must be "
+                    "{labels: {...}, nodes: <int>}"
+                )
+
+    async def acquire(self, request: AcquireRequest) -> Nodes:
+        pool = request.pool
+        pool_name = pool.metadata.name
+        names = [_node_name(pool_name, request.key, i) for i in range(request.count)]
+        async with self._key_locks[request.key]:
+            try:
+                error = self._take_injected_error(pool_name)
+                if error is not None:
+                    raise error
+                latency = float(pool.spec.parameters.get("latencySeconds", 0.0))
+                latency = latency or self.acquire_latency_seconds
+                if latency:
+                    await asyncio.sleep(latency)
+                grant = self._take_grant(pool_name)
+                allowed = await self._allowed(pool, request, grant)
+                # Node names are deterministic per key, so creating them is idempotent: a
+                # retry after a crash finds the ones already made (409) and adds the rest.
+                results = await asyncio.gather(
+                    *(self._create_node(pool, request, name) for name in names[:allowed])
+                )
+                if allowed < request.count:
+                    await self._delete_key(pool_name, request.key)
+                    raise CapacityUnavailable(
+                        f"pool {pool_name} could only launch {allowed} of {request.count} "
+                        f"node(s) in {domain_key(request.domain) or 'any domain'}; the partial "
+                        "launch was rolled back",
+                        available=allowed,
+                    )
+            except ProviderError as exc:
+                self._record("acquire", request, exc.reason)
+                raise
+            except ApiError as exc:
+                await self._delete_key(pool_name, request.key)
+                self._record("acquire", request, "ProviderUnavailable")
+                raise TransientProviderError(
+                    f"pool {pool_name}: creating nodes failed and was rolled back: {exc}"
+                ) from exc
+            fresh = sum(1 for _, created in results if created)
+            # "reused": the cloud already did this work (a retry after a crash or timeout).
+            self._record("acquire", request, "ok" if fresh else "reused")
+            return [node for node, _ in results]
+
+    async def _allowed(self, pool: CapacityPool, request: AcquireRequest, grant: int | None) -> int:
+        """How many of the request's nodes may exist: stock and injected grants permitting."""
+        stock = self._stock_for(pool, request.domain)
+        allowed = request.count if grant is None else min(grant, request.count)
+        if stock is None:
+            return allowed
+        selector = f"{PROVIDER_LABEL}={self.name},{POOL_LABEL}={pool.metadata.name}"
+        listing = await self._kube.list(NODES, label_selector=selector)
+        others = sum(
+            1
+            for n in listing.get("items") or []
+            if all(n["metadata"].get("labels", {}).get(k) == v for k, v in request.domain.items())
+            and n["metadata"].get("labels", {}).get(KEY_LABEL) != request.key
+        )
+        return max(0, min(allowed, stock - others))
+
+    async def release(self, pool: CapacityPool, key: str) -> int:
+        async with self._key_locks[key]:
+            deleted = await self._delete_key(pool.metadata.name, key)
+        self.calls.append(ProviderCall("release", pool.metadata.name, key, deleted))
+        return deleted
+
+    async def list(self, pool: CapacityPool) -> Nodes:
+        name = pool.metadata.name
+        listing = await self._kube.list(
+            NODES, label_selector=f"{PROVIDER_LABEL}={self.name},{POOL_LABEL}={name}"
+        )
+        self.calls.append(ProviderCall("list", name))
+        return sorted(
+            (_provided(n) for n in listing.get("items") or []), key=lambda n: n.name
+        )
+
+    # ------------------------------------------------------------------ keep-alive
+
+    async def start(self) -> None:
+        """Adopt nodes left by an earlier process and start the heartbeat task."""
+        listing = await self._kube.list(NODES, label_selector=f"{PROVIDER_LABEL}={self.name}")
+        self._owned.update(n["metadata"]["name"] for n in listing.get("items") or [])
+        if self._heartbeat_task is None:
+            self._heartbeat_task = asyncio.create_task(
+                self._heartbeat_loop(), name="kind-heartbeat"
+            )
+
+    async def stop(self) -> None:
+        task, self._heartbeat_task = self._heartbeat_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _heartbeat_loop(self) -> None:
+        ticks = 0
+        with contextlib.suppress(ApiError):
+            await self._kube.create(NAMESPACES, {"metadata": {"name": NODE_LEASE_NAMESPACE}})
+        while True:
+            # Node status every 4th tick, leases every tick: the cadence kwok and the kubelet
+            # use (status updates are heavier and the node controller tolerates 40 s).
+            await self._heartbeat(with_status=ticks % 4 == 0)
+            ticks += 1
+            await asyncio.sleep(self.heartbeat_seconds)
+
+    async def _heartbeat(self, *, with_status: bool) -> None:
+        now = _rfc3339_micro(self._now())
+        for name in list(self._owned):
+            try:
+                await self._renew_lease(name, now)
+                if with_status:
+                    ready = _ready_condition(True, now, since=self._ready_since(name))
+                    await self._kube.patch_status(NODES, name, {"conditions": [ready]})
+            except ApiError as exc:
+                if exc.not_found:
+                    self._owned.discard(name)
+                else:
+                    log.warning("heartbeat of node %s failed: %s", name, exc)
+
+    def _ready_since(self, node: str) -> str | None:
+        """When the node became Ready, as first heartbeated by this process."""
+        return self._since.setdefault(node, _rfc3339_micro(self._now()))
+
+    async def _renew_lease(self, node: str, now: str) -> None:
+        spec = {"holderIdentity": node, "leaseDurationSeconds": 40, "renewTime": now}
+        try:
+            await self._kube.merge_patch(
+                LEASES, node, {"spec": spec}, namespace=NODE_LEASE_NAMESPACE
+            )
+        except ApiError as exc:
+            if not exc.not_found:
+                raise
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": node, "namespace": NODE_LEASE_NAMESPACE},
+                "spec": spec,
+            }
+            with contextlib.suppress(ApiError):
+                await self._kube.create(LEASES, body, namespace=NODE_LEASE_NAMESPACE)
+
+    # ------------------------------------------------------------------ internals
+
+    def _record(self, op: str, request: AcquireRequest, outcome: str) -> None:
+        self.calls.append(
+            ProviderCall(
+                op, request.pool.metadata.name, request.key, request.count,
+                dict(request.domain), outcome,
+            )
+        )
+
+    def _take_injected_error(self, pool: str) -> ProviderError | None:
+        for scope in (pool, "*"):
+            errors = self._injected[scope].errors
+            if errors:
+                return errors.pop(0)
+        return None
+
+    def _take_grant(self, pool: str) -> int | None:
+        for scope in (pool, "*"):
+            grants = self._injected[scope].grants
+            if grants:
+                return grants.pop(0)
+        return None
+
+    def _stock_for(self, pool: CapacityPool, domain: Mapping[str, str]) -> int | None:
+        name = pool.metadata.name
+        override = self._stock.get((name, domain_key(domain)))
+        if override is not None:
+            return override
+        params: Mapping[str, Any] = pool.spec.parameters
+        for entry in params.get("stock") or []:
+            if dict(entry.get("labels", {})) == dict(domain):
+                return int(entry["nodes"])
+        if "defaultStock" in params:
+            return int(params["defaultStock"])
+        return self.default_stock
+
+    async def _nodes_under_key(self, pool: str, key: str) -> Nodes:
+        listing = await self._kube.list(
+            NODES,
+            label_selector=f"{PROVIDER_LABEL}={self.name},{POOL_LABEL}={pool},{KEY_LABEL}={key}",
+        )
+        return sorted((_provided(n) for n in listing.get("items") or []), key=lambda n: n.name)
+
+    async def _delete_key(self, pool: str, key: str) -> int:
+        nodes = await self._nodes_under_key(pool, key)
+        results = await asyncio.gather(*(self._delete_node(n.name) for n in nodes))
+        return sum(results)
+
+    async def _delete_node(self, name: str) -> bool:
+        self._owned.discard(name)
+        deleted = await self._kube.delete(NODES, name)
+        with contextlib.suppress(ApiError):
+            await self._kube.delete(LEASES, name, namespace=NODE_LEASE_NAMESPACE)
+        return deleted
+
+    async def _create_node(
+        self, pool: CapacityPool, request: AcquireRequest, name: str
+    ) -> tuple[ProvidedNode, bool]:
+        """Create one node (or find it made by an earlier call); True when created now."""
+        body = node_body(pool, request, name, now=self._now(), provider=self.name)
+        ready_delay = float(pool.spec.parameters.get("readyDelaySeconds", 0.0))
+        if ready_delay:
+            body["status"]["conditions"] = [_ready_condition(False, _rfc3339_micro(self._now()))]
+        fresh = True
+        try:
+            created = await self._kube.create(NODES, body)
+        except ApiError as exc:
+            if not exc.conflict:
+                raise
+            created, fresh = await self._kube.get(NODES, name), False
+        self._owned.add(name)
+        if fresh and (not created.get("status", {}).get("allocatable") or ready_delay):
+            # API servers that drop status on create (or a simulated boot) get it from the
+            # "kubelet" afterwards, as a real node does.
+            if ready_delay:
+                _later(self._set_ready(name, body["status"], ready_delay))
+            else:
+                await self._kube.patch_status(NODES, name, body["status"])
+        return _provided(created), fresh
+
+    async def _set_ready(self, name: str, status: Body, delay: float) -> None:
+        await asyncio.sleep(delay)
+        status = dict(status)
+        status["conditions"] = [_ready_condition(True, _rfc3339_micro(self._now()))]
+        with contextlib.suppress(ApiError):
+            await self._kube.patch_status(NODES, name, status)
+
+
+_background: set[asyncio.Task[None]] = set()
+
+
+def _later(coro: Awaitable[None]) -> None:
+    async def run() -> None:
+        await coro
+
+    task = asyncio.create_task(run())
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+
+
+def _node_name(pool: str, key: str, index: int) -> str:
+    digest = hashlib.sha256(f"{pool}/{key}".encode()).hexdigest()[:10]
+    return f"{pool[:40]}-{digest}-{index}"
+
+
+def node_body(
+    pool: CapacityPool,
+    request: AcquireRequest,
+    name: str,
+    *,
+    now: datetime,
+    provider: str = "kind",
+) -> Body:
+    """The Node a new machine of ``pool`` registers as, in ``request.domain``."""
+    tpl = pool.spec.node_template
+    index = name.rsplit("-", 1)[-1]
+    labels = {
+        **tpl.labels,
+        **request.domain,
+        "kubernetes.io/hostname": name,
+        "kubernetes.io/os": "linux",
+        "type": "kwok",
+        PROVIDER_LABEL: provider,
+        POOL_LABEL: pool.metadata.name,
+        KEY_LABEL: request.key,
+    }
+    if request.owner_uid:
+        labels[OWNER_UID_LABEL] = request.owner_uid
+    allocatable = dict(tpl.allocatable)
+    allocatable.setdefault("pods", "110")
+    capacity = dict(tpl.capacity or allocatable)
+    capacity.setdefault("pods", allocatable["pods"])
+    stamp = _rfc3339_micro(now)
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": labels,
+            "annotations": {
+                OWNER_ANNOTATION: request.owner,
+                "kwok.x-k8s.io/node": "fake",
+                "node.alpha.kubernetes.io/ttl": "0",
+            },
+        },
+        "spec": {
+            "providerID": f"kind://{pool.metadata.name}/{request.key}/{index}",
+            "taints": [
+                {"key": t.key, "value": t.value, "effect": t.effect} for t in tpl.taints
+            ],
+        },
+        "status": {
+            "capacity": capacity,
+            "allocatable": allocatable,
+            "conditions": [_ready_condition(True, stamp)],
+            "addresses": [{"type": "Hostname", "address": name}],
+            "nodeInfo": {
+                "kubeletVersion": "fake",
+                "architecture": "amd64",
+                "operatingSystem": "linux",
+            },
+            "phase": "Running",
+        },
+    }
+
+
+def _ready_condition(ready: bool, now: str, *, since: str | None = None) -> Body:
+    """The kubelet's Ready condition; ``since`` keeps lastTransitionTime on heartbeats."""
+    return {
+        "type": "Ready",
+        "status": "True" if ready else "False",
+        "reason": "KubeletReady" if ready else "KubeletNotReady",
+        "message": "fake node kept alive by Muster's kind provider",
+        "lastHeartbeatTime": now[:19] + "Z",
+        "lastTransitionTime": (since or now)[:19] + "Z",
+    }
+
+
+def _rfc3339_micro(when: datetime) -> str:
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _provided(node: Body) -> ProvidedNode:
+    meta = node.get("metadata", {})
+    labels: dict[str, str] = meta.get("labels") or {}
+    return ProvidedNode(
+        name=meta.get("name", ""),
+        provider_id=node.get("spec", {}).get("providerID", ""),
+        pool=labels.get(POOL_LABEL, ""),
+        key=labels.get(KEY_LABEL, ""),
+        owner=(meta.get("annotations") or {}).get(OWNER_ANNOTATION, ""),
+        owner_uid=labels.get(OWNER_UID_LABEL, ""),
+        labels=labels,
+    )

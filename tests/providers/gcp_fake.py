@@ -1,0 +1,292 @@
+"""A small Compute Engine REST fake on 127.0.0.1 for the GCP provider tests.
+
+It speaks the wire format the google-cloud-compute REST transport uses (camelCase JSON,
+int64 as strings, errors as ``{"error": {"code", "message", "errors": [{"reason"}]}}``)
+and models what the provider relies on: bulkInsert all-or-nothing against a per-zone
+stock, ``requestId`` deduplication, name patterns, label filters with paging, operations
+that stay RUNNING for a configurable number of polls, deletes, and resource policies that
+cannot be deleted while a VM uses them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+BASE = "/compute/v1/projects/"
+_FILTER = re.compile(r'labels\.([a-z0-9_-]+)\s*=\s*"?([^"\s)]*)"?')
+
+
+@dataclass
+class Recorded:
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    body: Any
+
+
+@dataclass
+class Injected:
+    """A synchronous HTTP error returned by the next request matching ``action``."""
+
+    action: str
+    status: int
+    reason: str
+    times: int = 1
+
+
+@dataclass
+class FakeCompute:
+    stock: dict[str, int] = field(default_factory=dict)
+    """zone -> how many VMs may exist there; absent = unlimited."""
+    polls_before_done: int = 0
+    """Each new operation reports RUNNING for this many polls."""
+    page_size: int = 500
+    operation_error: str | None = None
+    """Error code the next bulkInsert operation ends with (e.g. QUOTA_EXCEEDED)."""
+    instances: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    """zone -> name -> instance JSON."""
+    policies: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    operations: dict[str, dict[str, Any]] = field(default_factory=dict)
+    requests: list[Recorded] = field(default_factory=list)
+    injected: list[Injected] = field(default_factory=list)
+    _request_ids: dict[str, str] = field(default_factory=dict)
+    _pending_polls: dict[str, int] = field(default_factory=dict)
+    _ids: Iterator[int] = field(default_factory=lambda: itertools.count(1000))
+    lock: threading.Condition = field(default_factory=threading.Condition)
+
+    # ---- helpers for tests ------------------------------------------------------------
+
+    def calls(self, action: str) -> list[Recorded]:
+        return [r for r in self.requests if _action(r.method, r.path) == action]
+
+    def wait_for_calls(self, action: str, count: int, timeout: float = 10.0) -> bool:
+        """Block until ``count`` requests of ``action`` arrived (for tests that must act
+        while a call is in flight)."""
+        with self.lock:
+            return self.lock.wait_for(lambda: len(self.calls(action)) >= count, timeout)
+
+    def all_instances(self) -> list[dict[str, Any]]:
+        return [i for zone in self.instances.values() for i in zone.values()]
+
+    def inject(self, action: str, status: int, reason: str, times: int = 1) -> None:
+        self.injected.append(Injected(action, status, reason, times))
+
+    # ---- request handling (called with the lock held) ---------------------------------
+
+    def handle(self, method: str, url: str, body: Any) -> tuple[int, Any]:
+        parts = urlsplit(url)
+        query = parse_qs(parts.query)
+        self.requests.append(Recorded(method, parts.path, query, body))
+        action = _action(method, parts.path)
+        for injected in self.injected:
+            if injected.action == action and injected.times > 0:
+                injected.times -= 1
+                return _error(injected.status, injected.reason)
+        if not parts.path.startswith(BASE):
+            return _error(404, "notFound")
+        segments = parts.path[len(BASE):].split("/")
+        project, _scope, where, *rest = segments
+        handler = getattr(self, f"_{action}", None)
+        if handler is None:
+            return _error(404, "notFound")
+        result: tuple[int, Any] = handler(project, where, rest, query, body)
+        return result
+
+    def _operation(self, project: str, scope: str, where: str, kind: str,
+                   target: str, error: dict[str, Any] | None = None,
+                   http_status: int = 0) -> dict[str, Any]:
+        name = f"operation-{next(self._ids)}"
+        op: dict[str, Any] = {
+            "kind": "compute#operation",
+            "name": name,
+            "id": str(next(self._ids)),
+            "operationType": kind,
+            "targetLink": target,
+            "status": "RUNNING" if self.polls_before_done else "DONE",
+            scope: f"https://compute.googleapis.com/compute/v1/projects/{project}/"
+                   f"{scope}s/{where}",
+        }
+        if error is not None:
+            op["error"] = error
+            op["httpErrorStatusCode"] = http_status
+        self.operations[name] = op
+        self._pending_polls[name] = self.polls_before_done
+        return op
+
+    def _bulk_insert(self, project: str, zone: str, rest: list[str],
+                     query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
+        request_id = query.get("requestId", [""])[0]
+        if request_id in self._request_ids:
+            return 200, self.operations[self._request_ids[request_id]]
+        count = int(body.get("count", 0))
+        min_count = int(body.get("minCount", count))
+        pattern = body.get("namePattern", "")
+        props = body.get("instanceProperties", {})
+        if not pattern or "#" not in pattern or count < 1 or min_count > count:
+            return _error(400, "invalid")
+        existing = self.instances.setdefault(zone, {})
+        available = self.stock.get(zone, 10**9) - len(existing)
+        error = None
+        if self.operation_error is not None:
+            error = {"errors": [{"code": self.operation_error, "message": "injected"}]}
+            self.operation_error = None
+        elif available < min_count:
+            error = {"errors": [{
+                "code": "ZONE_RESOURCE_POOL_EXHAUSTED",
+                "message": f"The zone '{zone}' does not have enough resources available.",
+            }]}
+        if error is None:
+            for name in _names(pattern, min(count, available), existing):
+                existing[name] = {
+                    "kind": "compute#instance",
+                    "id": str(next(self._ids)),
+                    "name": name,
+                    "zone": f"https://compute.googleapis.com/compute/v1/projects/{project}"
+                            f"/zones/{zone}",
+                    "machineType": f"https://compute.googleapis.com/compute/v1/projects/"
+                                   f"{project}/zones/{zone}/machineTypes/"
+                                   f"{props.get('machineType', '')}",
+                    "status": "PROVISIONING",
+                    "labels": dict(props.get("labels", {})),
+                    "metadata": props.get("metadata", {"items": []}),
+                    "resourcePolicies": list(props.get("resourcePolicies", [])),
+                }
+        op = self._operation(project, "zone", zone, "bulkInsert", pattern, error,
+                             503 if error else 0)
+        if request_id:
+            self._request_ids[request_id] = op["name"]
+        return 200, op
+
+    def _list_instances(self, project: str, zone: str, rest: list[str],
+                        query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
+        wanted = dict(_FILTER.findall(query.get("filter", [""])[0]))
+        matches = [
+            i for _, i in sorted(self.instances.get(zone, {}).items())
+            if all(i["labels"].get(k) == v for k, v in wanted.items())
+        ]
+        start = int(query.get("pageToken", ["0"])[0] or 0)
+        page = matches[start : start + self.page_size]
+        reply: dict[str, Any] = {"kind": "compute#instanceList", "items": page}
+        if start + self.page_size < len(matches):
+            reply["nextPageToken"] = str(start + self.page_size)
+        return 200, reply
+
+    def _delete_instance(self, project: str, zone: str, rest: list[str],
+                         query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
+        name = rest[1]
+        if name not in self.instances.get(zone, {}):
+            return _error(404, "notFound")
+        del self.instances[zone][name]
+        return 200, self._operation(project, "zone", zone, "delete", name)
+
+    def _wait_operation(self, project: str, where: str, rest: list[str],
+                        query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
+        name = rest[1]
+        op = self.operations.get(name)
+        if op is None:
+            return _error(404, "notFound")
+        if self._pending_polls.get(name, 0) > 0:
+            self._pending_polls[name] -= 1
+        else:
+            op["status"] = "DONE"
+        return 200, op
+
+    _get_operation = _wait_operation
+
+    def _insert_policy(self, project: str, region: str, rest: list[str],
+                       query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
+        policies = self.policies.setdefault(region, {})
+        if body["name"] in policies:
+            return _error(409, "alreadyExists")
+        policies[body["name"]] = body
+        return 200, self._operation(project, "region", region, "insert", body["name"])
+
+    def _delete_policy(self, project: str, region: str, rest: list[str],
+                       query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
+        name = rest[1]
+        if name not in self.policies.get(region, {}):
+            return _error(404, "notFound")
+        users = [i for i in self.all_instances()
+                 if any(p.endswith(f"/{name}") for p in i["resourcePolicies"])]
+        if users:
+            return _error(400, "resourceInUseByAnotherResource")
+        del self.policies[region][name]
+        return 200, self._operation(project, "region", region, "delete", name)
+
+
+def _action(method: str, path: str) -> str:
+    if path.endswith("/instances/bulkInsert"):
+        return "bulk_insert"
+    if path.endswith("/instances") and method == "GET":
+        return "list_instances"
+    if "/instances/" in path and method == "DELETE":
+        return "delete_instance"
+    if "/operations/" in path:
+        return "wait_operation" if path.endswith("/wait") else "get_operation"
+    if path.endswith("/resourcePolicies") and method == "POST":
+        return "insert_policy"
+    if "/resourcePolicies/" in path and method == "DELETE":
+        return "delete_policy"
+    return "unknown"
+
+
+def _names(pattern: str, count: int, existing: dict[str, Any]) -> list[str]:
+    """Numbering continues after the highest existing name matching the pattern."""
+    match = re.search(r"#+", pattern)
+    assert match is not None
+    width = len(match.group())
+    head, tail = pattern[: match.start()], pattern[match.end():]
+    taken = re.compile(re.escape(head) + r"(\d+)" + re.escape(tail) + "$")
+    highest = max((int(m.group(1)) for n in existing if (m := taken.match(n))), default=0)
+    return [f"{head}{str(highest + i).zfill(width)}{tail}" for i in range(1, count + 1)]
+
+
+def _error(status: int, reason: str) -> tuple[int, Any]:
+    message = f"fake compute: {reason}"
+    return status, {"error": {"code": status, "message": message,
+                              "errors": [{"reason": reason, "domain": "global",
+                                          "message": message}]}}
+
+
+@contextmanager
+def serve(fake: FakeCompute) -> Iterator[str]:
+    """Serve ``fake`` on an ephemeral loopback port; yields ``http://127.0.0.1:<port>``."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def _reply(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            body = json.loads(raw) if raw else None
+            with fake.lock:
+                status, reply = fake.handle(self.command, self.path, body)
+                fake.lock.notify_all()
+            data = json.dumps(reply).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = do_DELETE = _reply
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)

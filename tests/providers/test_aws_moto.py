@@ -1,0 +1,131 @@
+"""AWS provider against moto (with Fleet semantics): tags, list/release, compensation, and
+the crash test: the controller dies after the cloud call and before its status write."""
+
+from __future__ import annotations
+
+import pytest
+
+from providers.base import AcquireRequest, CapacityUnavailable
+from providers.naming import acquisition_key
+from providers.recovery import RecoveryRunner
+from tests.providers.aws_fake import ControllerCrash
+from tests.providers.conftest import AWS_ZONE, ZONE_LABEL, MotoEc2
+
+DOMAIN = {ZONE_LABEL: AWS_ZONE}
+
+
+def req(
+    moto_ec2: MotoEc2, uid: str, count: int, attempt: int = 0, **pool: object
+) -> AcquireRequest:
+    p = moto_ec2.pool(**pool)  # type: ignore[arg-type]
+    return AcquireRequest(
+        key=acquisition_key(uid, attempt, p.metadata.name, DOMAIN), pool=p, count=count,
+        domain=DOMAIN, owner=f"ml/{uid}", owner_uid=uid,
+    )
+
+
+async def test_instances_carry_every_muster_tag(moto_ec2: MotoEc2) -> None:
+    provider = moto_ec2.provider()
+    r = req(moto_ec2, "uid-a", 2)
+    nodes = await provider.acquire(r)
+    tags = [{t["Key"]: t["Value"] for t in i["Tags"]} for i in moto_ec2.live_instances()]
+    assert len(tags) == 2
+    for t in tags:
+        assert t["muster.dev/pool"] == "gpu-pool"
+        assert t["muster.dev/key"] == r.key
+        assert t["muster.dev/owner"] == "ml/uid-a"
+        assert t["muster.dev/owner-uid"] == "uid-a"
+        assert t["muster.dev/cluster"] == "test-cluster"
+        assert t["team"] == "ml"
+    assert all(n.name.endswith(".ec2.internal") for n in nodes)
+    assert nodes[0].labels["topology.k8s.aws/network-node-layer-1"] == "nn-spine-1"
+
+
+async def test_list_sees_only_this_pool_and_cluster(moto_ec2: MotoEc2) -> None:
+    ours = moto_ec2.provider()
+    other_cluster = moto_ec2.provider(cluster_name="other-cluster")
+    await ours.acquire(req(moto_ec2, "uid-a", 2))
+    other = moto_ec2.pool(name="other-pool")
+    await ours.acquire(AcquireRequest(key="other-key", pool=other, count=1, domain=DOMAIN,
+                                      owner="ml/x"))
+    assert len(await ours.list(moto_ec2.pool())) == 2
+    assert len(await ours.list(other)) == 1
+    assert await other_cluster.list(moto_ec2.pool()) == []
+
+
+async def test_partial_launch_is_rolled_back_by_the_provider(moto_ec2: MotoEc2) -> None:
+    # Capacity-Block-like behaviour: the fleet launches what it can and returns it.
+    moto_ec2.client.partial = True
+    moto_ec2.client.stock[AWS_ZONE] = 3
+    provider = moto_ec2.provider()
+    with pytest.raises(CapacityUnavailable) as caught:
+        await provider.acquire(req(moto_ec2, "uid-a", 5))
+    assert caught.value.available == 3
+    assert moto_ec2.live_instances() == []
+    assert await provider.list(moto_ec2.pool()) == []
+
+
+async def test_release_terminates_by_tag_and_is_idempotent(moto_ec2: MotoEc2) -> None:
+    provider = moto_ec2.provider()
+    a, b = req(moto_ec2, "uid-a", 2), req(moto_ec2, "uid-b", 3)
+    await provider.acquire(a)
+    await provider.acquire(b)
+    assert await provider.release(a.pool, a.key) == 2
+    assert await provider.release(a.pool, a.key) == 0
+    assert {n.key for n in await provider.list(a.pool)} == {b.key}
+    assert len(moto_ec2.live_instances()) == 3
+
+
+async def test_per_acquisition_placement_group_lives_as_long_as_its_nodes(
+    moto_ec2: MotoEc2,
+) -> None:
+    provider = moto_ec2.provider()
+    r = req(moto_ec2, "uid-a", 2, placementGroup={"strategy": "cluster"})
+    await provider.acquire(r)
+    assert list(moto_ec2.client.placement_groups) == [f"muster-{r.key}"]
+    tags = moto_ec2.client.placement_groups[f"muster-{r.key}"]["TagSpecifications"][0]["Tags"]
+    assert {"Key": "muster.dev/key", "Value": r.key} in tags
+    await provider.release(r.pool, r.key)
+    assert moto_ec2.client.placement_groups == {}
+
+
+@pytest.mark.parametrize("crash_during_call", [False, True],
+                         ids=["result-forgotten", "killed-inside-the-call"])
+async def test_crash_after_the_cloud_call_leaks_nothing_and_duplicates_nothing(
+    moto_ec2: MotoEc2, crash_during_call: bool,
+) -> None:
+    live = req(moto_ec2, "uid-live", 2)
+    dead = req(moto_ec2, "uid-dead", 3)
+
+    before = moto_ec2.provider()
+    moto_ec2.client.crash_after_launch = crash_during_call
+    for r in (live, dead):
+        if crash_during_call:
+            with pytest.raises(ControllerCrash):
+                await before.acquire(r)
+        else:
+            await before.acquire(r)  # the status write never happens: result dropped
+    moto_ec2.client.crash_after_launch = False
+    assert len(moto_ec2.live_instances()) == 5
+
+    # Restart: a new process, new provider, nothing in memory. Only `live` still exists.
+    after = moto_ec2.provider()
+    now = [0.0]
+    runner = RecoveryRunner(after, grace_seconds=300, clock=lambda: now[0])
+    first = await runner.sweep(live.pool, {live.key: live.count})
+    assert set(first.plan.adopt) == {live.key}
+    assert first.plan.waiting.keys() == {dead.key}
+    assert first.released == {}
+
+    fleets_before = moto_ec2.client.calls["create_fleet"]
+    adopted = await after.acquire(live)  # the reconciler resumes the live request
+    assert [n.provider_id for n in adopted] == [n.provider_id for n in first.plan.adopt[live.key]]
+    assert moto_ec2.client.calls["create_fleet"] == fleets_before  # nothing new launched
+
+    now[0] = 301.0
+    second = await runner.sweep(live.pool, {live.key: live.count})
+    assert second.released == {dead.key: 3}
+    remaining = moto_ec2.live_instances()
+    assert len(remaining) == 2  # zero leaked, zero duplicated
+    assert {t["Value"] for i in remaining for t in i["Tags"] if t["Key"] == "muster.dev/key"} == {
+        live.key}

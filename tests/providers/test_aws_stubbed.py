@@ -1,0 +1,397 @@
+"""AWS provider against botocore's Stubber: exact request shapes and every failure path."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+from botocore.stub import ANY, Stubber
+
+from providers.aws import AwsProvider, parse_parameters
+from providers.base import (
+    AcquireRequest,
+    CapacityUnavailable,
+    ProviderConfigError,
+    QuotaExceeded,
+    TransientProviderError,
+)
+from providers.naming import aws_client_token, aws_placement_group_name
+from tests.providers.conftest import (
+    AWS_ZONE,
+    ZONE_LABEL,
+    aws_parameters,
+    fast_aws_settings,
+    make_pool,
+)
+
+KEY = "gpu-pool-a0-0123456789abcdef"
+OWNER = "ml/train-llama"
+
+
+@pytest.fixture
+def stubbed() -> Iterator[tuple[AwsProvider, Stubber]]:
+    client = boto3.client(
+        "ec2", region_name="us-east-1",
+        aws_access_key_id="testing", aws_secret_access_key="testing",
+    )
+    with Stubber(client) as stubber:
+        yield AwsProvider(fast_aws_settings(), client_factory=lambda _r: client), stubber
+        stubber.assert_no_pending_responses()
+
+
+def request(count: int = 4, **params: Any) -> AcquireRequest:
+    pool = make_pool("aws", aws_parameters(**params))
+    return AcquireRequest(key=KEY, pool=pool, count=count, domain={ZONE_LABEL: AWS_ZONE},
+                          owner=OWNER, owner_uid="uid-1")
+
+
+TAGS = [
+    {"Key": "muster.dev/cluster", "Value": "test-cluster"},
+    {"Key": "muster.dev/key", "Value": KEY},
+    {"Key": "muster.dev/owner", "Value": OWNER},
+    {"Key": "muster.dev/owner-uid", "Value": "uid-1"},
+    {"Key": "muster.dev/pool", "Value": "gpu-pool"},
+    {"Key": "team", "Value": "ml"},
+]
+KEY_FILTERS = [
+    {"Name": "tag:muster.dev/cluster", "Values": ["test-cluster"]},
+    {"Name": "tag:muster.dev/pool", "Values": ["gpu-pool"]},
+    {"Name": "tag:muster.dev/key", "Values": [KEY]},
+    {"Name": "instance-state-name", "Values": ["pending", "running", "stopping", "stopped"]},
+]
+
+
+def fleet_params(count: int = 4, placement: str | None = None) -> dict[str, Any]:
+    override: dict[str, Any] = {
+        "InstanceType": "p5.48xlarge", "SubnetId": "subnet-0aaa1111", "AvailabilityZone": AWS_ZONE,
+    }
+    if placement:
+        override["Placement"] = {"GroupName": placement}
+    return {
+        "Type": "instant",
+        "ClientToken": aws_client_token(KEY),
+        "LaunchTemplateConfigs": [{
+            "LaunchTemplateSpecification": {"LaunchTemplateId": "lt-0123456789abcdef0",
+                                            "Version": "3"},
+            "Overrides": [override],
+        }],
+        "TargetCapacitySpecification": {"TotalTargetCapacity": count,
+                                        "DefaultTargetCapacityType": "on-demand"},
+        "OnDemandOptions": {"MinTargetCapacity": count, "SingleInstanceType": True,
+                            "SingleAvailabilityZone": True},
+        "TagSpecifications": [{"ResourceType": "instance", "Tags": TAGS},
+                              {"ResourceType": "fleet", "Tags": TAGS}],
+    }
+
+
+def ids(n: int) -> list[str]:
+    return [f"i-{k:017x}" for k in range(1, n + 1)]
+
+
+def instance(instance_id: str, state: str = "running", dns: bool = True) -> dict[str, Any]:
+    return {
+        "InstanceId": instance_id,
+        "InstanceType": "p5.48xlarge",
+        "State": {"Code": 16, "Name": state},
+        "PrivateDnsName": f"ip-10-0-1-{int(instance_id[-2:], 16)}.ec2.internal" if dns else "",
+        "Placement": {"AvailabilityZone": AWS_ZONE},
+        "Tags": TAGS,
+    }
+
+
+def describe(instances: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"Reservations": [{"ReservationId": "r-1", "Instances": instances}]} if instances else {
+        "Reservations": []}
+
+
+def fleet_response(
+    launched: list[str], errors: list[dict[str, str]] | None = None
+) -> dict[str, Any]:
+    response: dict[str, Any] = {"FleetId": "fleet-1", "Errors": errors or []}
+    response["Instances"] = [{"InstanceIds": launched, "InstanceType": "p5.48xlarge",
+                              "Lifecycle": "on-demand"}] if launched else []
+    return response
+
+
+def add_happy_launch(stubber: Stubber, count: int = 4, placement: str | None = None) -> None:
+    launched = ids(count)
+    stubber.add_response("describe_instances", describe([]), {"Filters": KEY_FILTERS})
+    stubber.add_response("create_fleet", fleet_response(launched), fleet_params(count, placement))
+    stubber.add_response("describe_instances", describe([instance(i) for i in launched]),
+                         {"InstanceIds": launched})
+
+
+async def test_acquire_sends_an_all_or_nothing_instant_fleet(stubbed: Any) -> None:
+    provider, stubber = stubbed
+    add_happy_launch(stubber)
+    stubber.add_response("describe_instance_topology", {"Instances": [
+        {"InstanceId": i, "NetworkNodes": ["nn-a", "nn-b", f"nn-c{n % 2}"]}
+        for n, i in enumerate(ids(4))
+    ]}, {"InstanceIds": ids(4)})
+
+    nodes = await provider.acquire(request())
+
+    assert [n.provider_id for n in nodes] == [f"aws:///{AWS_ZONE}/{i}" for i in ids(4)]
+    assert nodes[0].name == "ip-10-0-1-1.ec2.internal"
+    assert {n.key for n in nodes} == {KEY} and {n.owner for n in nodes} == {OWNER}
+    assert nodes[0].labels["topology.k8s.aws/network-node-layer-1"] == "nn-a"
+    assert nodes[1].labels["topology.k8s.aws/network-node-layer-3"] == "nn-c1"
+    assert nodes[0].labels[ZONE_LABEL] == AWS_ZONE
+
+
+async def test_partial_fleet_terminates_what_launched_then_reports_capacity(stubbed: Any) -> None:
+    provider, stubber = stubbed
+    launched = ids(2)
+    stubber.add_response("describe_instances", describe([]), {"Filters": KEY_FILTERS})
+    stubber.add_response("create_fleet", fleet_response(launched, [
+        {"ErrorCode": "InsufficientInstanceCapacity", "ErrorMessage": "no p5 left",
+         "Lifecycle": "on-demand"}]), fleet_params())
+    stubber.add_response("describe_instances", describe([instance(i) for i in launched]),
+                         {"Filters": KEY_FILTERS})
+    stubber.add_response("terminate_instances", {"TerminatingInstances": []},
+                         {"InstanceIds": launched})
+
+    with pytest.raises(CapacityUnavailable) as caught:
+        await provider.acquire(request())
+    assert caught.value.available == 2
+    assert "2 of 4" in str(caught.value) and "InsufficientInstanceCapacity" in str(caught.value)
+
+
+async def test_empty_fleet_with_insufficient_capacity_launches_and_terminates_nothing(
+    stubbed: Any,
+) -> None:
+    provider, stubber = stubbed
+    stubber.add_response("describe_instances", describe([]), {"Filters": KEY_FILTERS})
+    stubber.add_response("create_fleet", fleet_response([], [
+        {"ErrorCode": "InsufficientInstanceCapacity", "ErrorMessage": "none"}]), fleet_params())
+    stubber.add_response("describe_instances", describe([]), {"Filters": KEY_FILTERS})
+    with pytest.raises(CapacityUnavailable):
+        await provider.acquire(request())
+
+
+async def test_throttling_is_retried_with_the_same_client_token(stubbed: Any) -> None:
+    provider, stubber = stubbed
+    stubber.add_response("describe_instances", describe([]), {"Filters": KEY_FILTERS})
+    for _ in range(2):
+        stubber.add_client_error("create_fleet", service_error_code="RequestLimitExceeded",
+                                 http_status_code=503, expected_params=fleet_params())
+    stubber.add_response("create_fleet", fleet_response(ids(4)), fleet_params())
+    stubber.add_response("describe_instances", describe([instance(i) for i in ids(4)]),
+                         {"InstanceIds": ids(4)})
+    stubber.add_client_error("describe_instance_topology",
+                             service_error_code="UnsupportedOperation", http_status_code=400)
+
+    nodes = await provider.acquire(request())
+    assert len(nodes) == 4
+    # Topology is optional: an unsupported type still yields usable nodes.
+    assert not any(k.startswith("topology.k8s.aws/") for k in nodes[0].labels)
+
+
+async def test_throttling_that_never_ends_becomes_transient_and_launches_nothing(
+    stubbed: Any,
+) -> None:
+    provider, stubber = stubbed
+    stubber.add_response("describe_instances", describe([]), {"Filters": KEY_FILTERS})
+    for _ in range(4):  # fast_aws_settings: 4 tries
+        stubber.add_client_error("create_fleet", service_error_code="RequestLimitExceeded",
+                                 http_status_code=503, expected_params=fleet_params())
+    stubber.add_response("describe_instances", describe([]), {"Filters": KEY_FILTERS})
+    with pytest.raises(TransientProviderError, match="RequestLimitExceeded"):
+        await provider.acquire(request())
+
+
+@pytest.mark.parametrize("code", ["VcpuLimitExceeded", "InstanceLimitExceeded"])
+async def test_account_limits_in_the_fleet_body_are_quota_errors(stubbed: Any, code: str) -> None:
+    provider, stubber = stubbed
+    stubber.add_response("describe_instances", describe([]), {"Filters": KEY_FILTERS})
+    stubber.add_response("create_fleet", fleet_response([], [
+        {"ErrorCode": code, "ErrorMessage": "You have requested more vCPU capacity"}]),
+        fleet_params())
+    stubber.add_response("describe_instances", describe([]), {"Filters": KEY_FILTERS})
+    with pytest.raises(QuotaExceeded) as caught:
+        await provider.acquire(request())
+    assert caught.value.retryable is False
+
+
+async def test_a_limit_raised_by_the_call_is_a_quota_error(stubbed: Any) -> None:
+    provider, stubber = stubbed
+    stubber.add_response("describe_instances", describe([]), {"Filters": KEY_FILTERS})
+    stubber.add_client_error("create_fleet", service_error_code="InstanceLimitExceeded",
+                             http_status_code=400)
+    stubber.add_response("describe_instances", describe([]), {"Filters": KEY_FILTERS})
+    with pytest.raises(QuotaExceeded):
+        await provider.acquire(request())
+
+
+@pytest.mark.parametrize("code", [
+    "InvalidParameterValue", "IdempotentParameterMismatch", "UnauthorizedOperation",
+    "InvalidLaunchTemplateId.NotFound",
+])
+async def test_bad_parameters_and_auth_are_configuration_errors(stubbed: Any, code: str) -> None:
+    provider, stubber = stubbed
+    stubber.add_response("describe_instances", describe([]), {"Filters": KEY_FILTERS})
+    stubber.add_client_error("create_fleet", service_error_code=code, http_status_code=400)
+    stubber.add_response("describe_instances", describe([]), {"Filters": KEY_FILTERS})
+    with pytest.raises(ProviderConfigError, match=code):
+        await provider.acquire(request())
+
+
+async def test_acquire_again_with_the_same_key_adopts_and_calls_no_fleet(stubbed: Any) -> None:
+    provider, stubber = stubbed
+    existing = [instance(i) for i in ids(4)]
+    stubber.add_response("describe_instances", describe(existing), {"Filters": KEY_FILTERS})
+    stubber.add_response("describe_instance_topology", {"Instances": []}, {"InstanceIds": ids(4)})
+    nodes = await provider.acquire(request())
+    assert [n.provider_id.rsplit("/", 1)[1] for n in nodes] == ids(4)
+
+
+async def test_fresh_instances_without_dns_name_are_described_again(stubbed: Any) -> None:
+    provider, stubber = stubbed
+    stubber.add_response("describe_instances", describe([]), {"Filters": KEY_FILTERS})
+    stubber.add_response("create_fleet", fleet_response(ids(2)), fleet_params(2))
+    stubber.add_client_error("describe_instances", service_error_code="InvalidInstanceID.NotFound",
+                             http_status_code=400, expected_params={"InstanceIds": ids(2)})
+    stubber.add_response("describe_instances",
+                         describe([instance(i, state="pending", dns=False) for i in ids(2)]),
+                         {"InstanceIds": ids(2)})
+    stubber.add_response("describe_instances",
+                         describe([instance(i, state="pending") for i in ids(2)]),
+                         {"InstanceIds": ids(2)})
+    stubber.add_response("describe_instance_topology", {"Instances": []}, {"InstanceIds": ids(2)})
+    nodes = await provider.acquire(request(count=2))
+    assert [n.name for n in nodes] == ["ip-10-0-1-1.ec2.internal", "ip-10-0-1-2.ec2.internal"]
+
+
+async def test_placement_group_is_created_tagged_used_and_deleted_on_release(stubbed: Any) -> None:
+    provider, stubber = stubbed
+    group = aws_placement_group_name(KEY)
+    req = request(placementGroup={"strategy": "cluster"}, recordNetworkTopology=False)
+    stubber.add_response("describe_instances", describe([]), {"Filters": KEY_FILTERS})
+    stubber.add_response("create_placement_group", {}, {
+        "GroupName": group, "Strategy": "cluster",
+        "TagSpecifications": [{"ResourceType": "placement-group", "Tags": TAGS}]})
+    stubber.add_response("create_fleet", fleet_response(ids(4)), fleet_params(4, group))
+    stubber.add_response("describe_instances", describe([instance(i) for i in ids(4)]),
+                         {"InstanceIds": ids(4)})
+    assert len(await provider.acquire(req)) == 4
+
+    release_filters = KEY_FILTERS
+    stubber.add_response("describe_instances", describe([instance(i) for i in ids(4)]),
+                         {"Filters": release_filters})
+    stubber.add_response("terminate_instances", {}, {"InstanceIds": ids(4)})
+    # EC2 refuses while the instances shut down; the provider waits and tries again.
+    stubber.add_client_error("delete_placement_group", "InvalidPlacementGroup.InUse",
+                             http_status_code=400, expected_params={"GroupName": group})
+    stubber.add_response("delete_placement_group", {}, {"GroupName": group})
+    assert await provider.release(req.pool, KEY) == 4
+
+
+async def test_failed_acquire_deletes_its_placement_group(stubbed: Any) -> None:
+    provider, stubber = stubbed
+    group = aws_placement_group_name(KEY)
+    req = request(placementGroup={"strategy": "cluster"})
+    stubber.add_response("describe_instances", describe([]), {"Filters": KEY_FILTERS})
+    stubber.add_client_error("create_placement_group", "InvalidPlacementGroup.Duplicate",
+                             http_status_code=400)
+    stubber.add_response("create_fleet", fleet_response([], [
+        {"ErrorCode": "InsufficientInstanceCapacity", "ErrorMessage": "none"}]),
+        fleet_params(4, group))
+    stubber.add_response("describe_instances", describe([]), {"Filters": KEY_FILTERS})
+    stubber.add_response("delete_placement_group", {}, {"GroupName": group})
+    with pytest.raises(CapacityUnavailable):
+        await provider.acquire(req)
+
+
+async def test_release_of_an_unknown_key_returns_zero(stubbed: Any) -> None:
+    provider, stubber = stubbed
+    stubber.add_response("describe_instances", describe([]), {"Filters": KEY_FILTERS})
+    assert await provider.release(request().pool, KEY) == 0
+
+
+async def test_list_filters_by_cluster_and_pool_and_follows_pages(stubbed: Any) -> None:
+    provider, stubber = stubbed
+    filters = [f for f in KEY_FILTERS if f["Name"] != "tag:muster.dev/key"]
+    first = describe([instance(i) for i in ids(2)])
+    first["NextToken"] = "page-2"
+    stubber.add_response("describe_instances", first, {"Filters": filters})
+    stubber.add_response("describe_instances", describe([instance("i-00000000000000009")]),
+                         {"Filters": filters, "NextToken": "page-2"})
+    nodes = await provider.list(request().pool)
+    assert len(nodes) == 3 and {n.key for n in nodes} == {KEY}
+
+
+async def test_node_name_can_be_the_instance_id(stubbed: Any) -> None:
+    provider, stubber = stubbed
+    stubber.add_response("describe_instances", describe([instance(i) for i in ids(1)]),
+                         {"Filters": ANY})
+    nodes = await provider.list(request(nodeNameFrom="instanceId").pool)
+    assert nodes[0].name == ids(1)[0]
+
+
+@pytest.mark.parametrize(("params", "field"), [
+    ({"subnets": {}}, "subnets"),
+    ({"subnets": {"us-east-1a": "sg-123"}}, "subnets"),
+    ({"launchTemplate": {"id": "lt-0123", "name": "both"}}, "launchTemplate"),
+    ({"instanceType": "p5"}, "instanceType"),
+    ({"tags": {"muster.dev/key": "x"}}, "tags"),
+    ({"placementGroup": {"perAcquisition": False}}, "placementGroup"),
+    ({"capacityReservationUsage": "sometimes"}, "capacityReservationUsage"),
+    ({"accessKeyId": "AKIA..."}, "accessKeyId"),
+])
+async def test_validate_names_the_bad_field(params: dict[str, Any], field: str) -> None:
+    provider = AwsProvider(fast_aws_settings(), client_factory=lambda _r: None)
+    pool = make_pool("aws", aws_parameters(**params))
+    with pytest.raises(ProviderConfigError, match=rf"spec\.parameters\.{field}"):
+        await provider.validate(pool)
+
+
+async def test_domain_zone_without_subnet_is_a_configuration_error(stubbed: Any) -> None:
+    provider, _ = stubbed
+    req = request()
+    bad = AcquireRequest(key=KEY, pool=req.pool, count=1, domain={ZONE_LABEL: "us-east-1f"},
+                         owner=OWNER)
+    with pytest.raises(ProviderConfigError, match="no subnet in zone us-east-1f"):
+        await provider.acquire(bad)
+
+
+def test_capacity_reservation_preference_reaches_the_fleet_request() -> None:
+    provider = AwsProvider(fast_aws_settings(), client_factory=lambda _r: None)
+    req = request(capacityReservationUsage="use-capacity-reservations-first",
+                  imageId="ami-0abc")
+    built = provider._fleet_request(parse_parameters(req.pool), req, AWS_ZONE,
+                                    "subnet-0aaa1111", None)
+    assert built["OnDemandOptions"]["CapacityReservationOptions"] == {
+        "UsageStrategy": "use-capacity-reservations-first"}
+    assert built["LaunchTemplateConfigs"][0]["Overrides"][0]["ImageId"] == "ami-0abc"
+    assert len(built["ClientToken"]) <= 64
+
+
+async def test_partially_visible_instances_are_completed_by_replaying_the_same_token(
+    stubbed: Any,
+) -> None:
+    # After a crash, DescribeInstances (eventually consistent) shows 2 of the 4 instances the
+    # first call launched. Replaying CreateFleet with the same ClientToken returns the
+    # original fleet's 4 ids and launches nothing: the union is complete.
+    provider, stubber = stubbed
+    stubber.add_response("describe_instances", describe([instance(i) for i in ids(2)]),
+                         {"Filters": KEY_FILTERS})
+    stubber.add_response("create_fleet", fleet_response(ids(4)), fleet_params())
+    stubber.add_response("describe_instances", describe([instance(i) for i in ids(4)]),
+                         {"InstanceIds": ids(4)})
+    stubber.add_response("describe_instance_topology", {"Instances": []}, {"InstanceIds": ids(4)})
+    assert len(await provider.acquire(request())) == 4
+
+
+async def test_instances_terminated_behind_our_back_fail_the_acquisition(stubbed: Any) -> None:
+    provider, stubber = stubbed
+    stubber.add_response("describe_instances", describe([]), {"Filters": KEY_FILTERS})
+    stubber.add_response("create_fleet", fleet_response(ids(2)), fleet_params(2))
+    stubber.add_response("describe_instances", describe(
+        [instance(ids(2)[0]), instance(ids(2)[1], state="terminated")]), {"InstanceIds": ids(2)})
+    stubber.add_response("describe_instances", describe([instance(ids(2)[0])]),
+                         {"Filters": KEY_FILTERS})
+    stubber.add_response("terminate_instances", {}, {"InstanceIds": ids(2)})
+    with pytest.raises(CapacityUnavailable, match="only 1 of 2"):
+        await provider.acquire(request(count=2))

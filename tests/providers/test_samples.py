@@ -1,0 +1,56 @@
+"""The sample pools validate with their provider, and the sample IAM policy/role grant
+every call the providers make, scoped to Muster's tags."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from controller.api.capacitypool import CapacityPool
+from providers import aws
+from providers.aws import AwsProvider
+from providers.gcp import GcpProvider
+
+SAMPLES = Path(__file__).resolve().parents[2] / "config" / "samples"
+
+
+def load_pool(name: str) -> CapacityPool:
+    return CapacityPool.model_validate(yaml.safe_load((SAMPLES / name).read_text()))
+
+
+async def test_sample_pools_are_valid_for_their_provider() -> None:
+    aws_pool, gcp_pool = load_pool("aws-pool.yaml"), load_pool("gcp-pool.yaml")
+    assert aws_pool.spec.provider == "aws" and gcp_pool.spec.provider == "gcp"
+    assert aws_pool.spec.node_template.allocatable["nvidia.com/gpu"] == "8"
+    assert gcp_pool.spec.node_template.allocatable["nvidia.com/gpu"] == "8"
+    await AwsProvider(client_factory=lambda _r: None).validate(aws_pool)
+    await GcpProvider(clients_factory=lambda: None).validate(gcp_pool)
+
+
+def test_aws_policy_grants_every_call_and_scopes_deletes_to_our_tag() -> None:
+    policy = json.loads((SAMPLES / "aws-iam-policy.json").read_text())
+    granted = set()
+    for statement in policy["Statement"]:
+        actions = statement["Action"]
+        granted.update([actions] if isinstance(actions, str) else actions)
+    assert not any("*" in action for action in granted)
+    assert {
+        "ec2:CreateFleet", "ec2:RunInstances", "ec2:CreateTags", "ec2:DescribeInstances",
+        "ec2:DescribeInstanceTopology", "ec2:TerminateInstances", "ec2:CreatePlacementGroup",
+        "ec2:DeletePlacementGroup", "iam:PassRole",
+    } <= granted
+    deletes = [s for s in policy["Statement"] if "ec2:TerminateInstances" in s["Action"]]
+    assert deletes and all(
+        f"aws:ResourceTag/{aws.TAG_CLUSTER}" in s["Condition"]["StringEquals"] for s in deletes)
+
+
+def test_gcp_role_grants_every_call() -> None:
+    role = yaml.safe_load((SAMPLES / "gcp-role.yaml").read_text())
+    assert {
+        "compute.instances.create", "compute.instances.list", "compute.instances.delete",
+        "compute.zoneOperations.get", "compute.regionOperations.get",
+        "compute.resourcePolicies.create", "compute.resourcePolicies.delete",
+        "compute.resourcePolicies.use",
+    } <= set(role["includedPermissions"])

@@ -1,0 +1,1 @@
+"""Tests of the trace simulator (``muster simulate``)."""

@@ -1,0 +1,168 @@
+"""Hand-made traces whose outcome under each strategy is computed by hand in the comments.
+
+Shared mechanics (see ``controller.simulate.engine``): nodes boot in exactly 100 s, are paid
+from the request on, and an empty node is released 600 s after it empties; pod-by-pod asks
+for nodes at the next 10-second scan; a job not running 2 h after submit is cancelled and its
+bound pods hold their GPUs 30 s more.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from controller.simulate.runner import run_strategies
+from controller.simulate.strategies import make
+from tests.simulate.helpers import H, config, trace
+
+
+def gpu_h(gpus: float, seconds: float) -> float:
+    return gpus * seconds / H
+
+
+def test_two_gangs_deadlock_pod_by_pod_but_run_one_after_the_other_under_muster() -> None:
+    # Two 32-GPU gangs (4 pods of 8 GPUs) arrive together; the quota holds 6 nodes.
+    jobs = trace((0, H, 32), (0, H, 32))
+    cfg = config(quota_gpus=48)
+    muster, pbp = run_strategies(jobs, cfg, ["muster", "pod-by-pod"])
+
+    # pod-by-pod: the scan at 10 s asks for 8 nodes and gets 6 (quota); they are ready at 110 s
+    # and the interleaved pods bind A0 B0 A1 B1 A2 B2: each gang has 3 of 4 pods and never
+    # runs. Both are cancelled at 7200 s, their pods go at 7230 s, the 6 nodes at 7830 s.
+    assert (pbp.started, pbp.timed_out, pbp.never_started) == (0, 2, 2)
+    assert pbp.paid_gpu_h == pytest.approx(gpu_h(48, 7830 - 10))
+    assert pbp.used_gpu_h == 0
+    assert pbp.stranded_waiting_gpu_h == pytest.approx(gpu_h(48, 7230 - 110))
+    assert pbp.stranded_booting_gpu_h == pytest.approx(gpu_h(48, 100))
+    assert pbp.stranded_idle_gpu_h == pytest.approx(gpu_h(48, 600))
+
+    # muster: gang A gets 4 nodes at once (ready at 100 s, runs to 3700 s); gang B fits only
+    # when A is done and starts at 3700 s on A's nodes; they are released at 7300 + 600 s.
+    assert (muster.started, muster.never_started) == (2, 0)
+    assert muster.paid_gpu_h == pytest.approx(gpu_h(32, 7900))
+    assert muster.used_gpu_h == pytest.approx(gpu_h(32, 2 * H))
+    assert muster.stranded_gpu_h == pytest.approx(gpu_h(32, 100 + 600))
+    assert muster.stranded_waiting_gpu_h == 0
+    assert (muster.wait_p50_s, muster.wait_p99_s) == (100, 3700)
+    assert muster.gangs_one_rack == 2
+
+
+def test_stock_out_partial_nodes_under_pod_by_pod_muster_waits_for_refill() -> None:
+    # One 32-GPU gang; rack 0 has 3 nodes in stock, rack 1 none. Every 1800 s other tenants
+    # free one node per rack (refill_prob 1).
+    jobs = trace((0, H, 32))
+    cfg = config(initial_stock=(3, 0), refill_prob=1.0, refill_interval_s=1800.0)
+    muster, pbp = run_strategies(jobs, cfg, ["muster", "pod-by-pod"])
+
+    # pod-by-pod asks for 4 at 10 s and gets the 3 in stock (ready 110 s, 3 pods bound);
+    # after the refill at 1800 s the scan at 1810 s gets the 4th (ready 1910 s). The gang runs
+    # 1910..5510 s; all four nodes go at 6110 s.
+    assert pbp.nodes_acquired == 4
+    assert pbp.wait_p50_s == pytest.approx(1910)
+    assert pbp.paid_gpu_h == pytest.approx(gpu_h(24, 6110 - 10) + gpu_h(8, 6110 - 1810))
+    assert pbp.stranded_waiting_gpu_h == pytest.approx(gpu_h(24, 1910 - 110))
+    assert pbp.stranded_booting_gpu_h == pytest.approx(gpu_h(32, 100))
+    assert pbp.stranded_idle_gpu_h == pytest.approx(gpu_h(32, 600))
+
+    # muster buys nothing while no rack or block holds 4; at 1800 s rack 0 has 4 and the
+    # gang gets them at once (ready 1900 s, runs to 5500 s, released at 6100 s).
+    assert muster.nodes_acquired == 4
+    assert muster.wait_p50_s == pytest.approx(1900)
+    assert muster.paid_gpu_h == pytest.approx(gpu_h(32, 6100 - 1800))
+    assert muster.stranded_gpu_h == pytest.approx(gpu_h(32, 100 + 600))
+    assert muster.gangs_one_rack == 1
+
+
+def test_a_job_needing_exactly_one_rack_lands_in_the_one_rack_that_holds_it() -> None:
+    # 64 GPUs = 8 nodes = one full rack. Rack 0 has 5 nodes in stock, rack 1 all 8.
+    jobs = trace((0, H, 64))
+    sim = make("muster", jobs, config(initial_stock=(5, 8)))
+    placed: list[set[str]] = []
+    commit = sim._commit  # type: ignore[attr-defined]
+
+    def spy(run, plan):  # type: ignore[no-untyped-def]
+        placed.append({dict(nn.domain)["topology.muster.dev/rack"] for nn in plan.new_nodes})
+        commit(run, plan)
+
+    sim._commit = spy  # type: ignore[attr-defined]
+    result = sim.run()
+    assert placed == [{"b0-r1"}]
+    assert (result.gangs_started, result.gangs_one_rack, result.gangs_cross_block) == (1, 1, 0)
+    assert result.wait_p50_s == 100
+
+
+def test_muster_falls_back_to_one_block_when_no_rack_holds_the_gang() -> None:
+    jobs = trace((0, H, 64))
+    result = make("muster", jobs, config(initial_stock=(7, 7))).run()
+    assert (result.gangs_started, result.gangs_one_rack, result.gangs_cross_block) == (1, 0, 0)
+    # Same block: no slowdown, so it runs 100..3700 s and the nodes go at 4300 s.
+    assert result.used_gpu_h == pytest.approx(gpu_h(64, H))
+    assert result.paid_gpu_h == pytest.approx(gpu_h(64, 4300))
+
+
+def test_gang_spread_over_blocks_runs_slower_and_muster_refuses_it() -> None:
+    # Two blocks of one 4-node rack: an 8-node gang cannot stay in one block.
+    jobs = trace((0, H, 64))
+    cfg = config(blocks=2, racks_per_block=1, nodes_per_rack=4, initial_stock=(4, 4))
+    cfg = replace(cfg, cross_block_slowdown=1.5)
+    muster, blind = run_strategies(jobs, cfg, ["muster", "gang-no-topology"])
+    assert (muster.never_fits, muster.started, muster.paid_gpu_h) == (1, 0, 0)
+    assert blind.gangs_cross_block == 1
+    assert blind.used_gpu_h == pytest.approx(gpu_h(64, 1.5 * H))
+
+
+def test_metric_definitions_on_one_small_job() -> None:
+    # One 2-GPU job of 1 h: one pod on one 8-GPU node.
+    jobs = trace((0, H, 2))
+    muster, pbp, blind = run_strategies(
+        jobs, config(), ["muster", "pod-by-pod", "gang-no-topology"]
+    )
+    # muster: node requested at 0, ready at 100, job 100..3700, node released at 4300.
+    # paid 8 GPUs x 4300 s; used 2 x 3600; idle = 6 GPUs while it runs + 8 for 600 s.
+    for r, t0 in ((muster, 0.0), (blind, 0.0), (pbp, 10.0)):
+        assert r.paid_gpu_h == pytest.approx(gpu_h(8, 4300)), r.strategy
+        assert r.used_gpu_h == pytest.approx(gpu_h(2, H))
+        assert r.stranded_gpu_h == pytest.approx(r.paid_gpu_h - r.used_gpu_h)
+        assert r.stranded_booting_gpu_h == pytest.approx(gpu_h(8, 100))
+        assert r.stranded_idle_gpu_h == pytest.approx(gpu_h(6, H) + gpu_h(8, 600))
+        assert r.stranded_waiting_gpu_h == 0
+        assert r.wait_p50_s == pytest.approx(t0 + 100)
+        assert r.cost == pytest.approx(r.paid_gpu_h * 2.5)
+        assert r.end_s == pytest.approx(t0 + 4300)
+    assert pbp.gangs == 0 and pbp.one_rack_fraction is None
+
+
+def test_small_jobs_share_a_node() -> None:
+    # Four 2-GPU jobs submitted 1 s apart fill one node under every strategy.
+    jobs = trace((0, H, 2), (1, H, 2), (2, H, 2), (3, H, 2))
+    for r in run_strategies(jobs, config()):
+        assert r.nodes_acquired == 1, r.strategy
+        assert r.used_gpu_h == pytest.approx(gpu_h(8, H))
+
+
+def test_gang_larger_than_the_quota_strands_partial_nodes_until_cancelled() -> None:
+    # A 32-GPU gang under a 16-GPU quota can never run.
+    jobs = trace((0, H, 32))
+    muster, pbp = run_strategies(jobs, config(quota_gpus=16), ["muster", "pod-by-pod"])
+    # muster never buys a node for it.
+    assert (muster.never_fits, muster.paid_gpu_h) == (1, 0)
+    # pod-by-pod gets 2 of 4 nodes (quota) at 10 s, binds 2 pods at 110 s, and holds them
+    # until the job is cancelled at 7200 s (+30 s grace); the nodes go at 7830 s.
+    assert (pbp.timed_out, pbp.never_fits) == (1, 0)
+    assert pbp.paid_gpu_h == pytest.approx(gpu_h(16, 7830 - 10))
+    assert pbp.stranded_waiting_gpu_h == pytest.approx(gpu_h(16, 7230 - 110))
+
+
+def test_small_jobs_backfill_while_a_gang_waits_for_room() -> None:
+    # Quota 4 nodes. A 2-node gang A runs 100..3700 s; a 4-node gang B (submitted at 10 s)
+    # has room for only 2 more nodes and waits; a 1-GPU job C submitted after B still starts
+    # at once on a third node (backfill: 120..3720 s).
+    jobs = trace((0, H, 16), (10, H, 32), (20, H, 1))
+    muster = run_strategies(jobs, config(quota_gpus=32), ["muster"])[0]
+    # At 3700 s B has A's 2 nodes and room for 1: not enough. At 3720 s C's node is empty
+    # too: 3 nodes plus 1 new one in the same rack, ready at 3820 s. B waited 3810 s.
+    assert muster.started == 3
+    assert muster.wait_p50_s == pytest.approx(100)
+    assert muster.wait_p99_s == pytest.approx(3820 - 10)
+    assert muster.gangs_one_rack == 2
