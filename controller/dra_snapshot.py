@@ -201,7 +201,10 @@ class _SliceLike:
     name: str
 
 
-class _Interner:
+class Interner:
+    """Equal inventories (and inventory + state pairs) as one shared object, so the engine
+    tells identical nodes apart by identity."""
+
     def __init__(self) -> None:
         self.inventories: dict[tuple[object, ...], DeviceInventory] = {}
         self.shapes: dict[tuple[int, DeviceState], DeviceShape] = {}
@@ -240,7 +243,7 @@ class _Interner:
 
 
 def _build_node(
-    parts: Sequence[_SliceLike], identity_names: frozenset[str], interner: _Interner,
+    parts: Sequence[_SliceLike], identity_names: frozenset[str], interner: Interner,
 ) -> tuple[DeviceInventory, tuple[str, ...], tuple[dict[str, AttrValue], ...]]:
     pools: list[str] = []
     devices: list[Device] = []
@@ -311,7 +314,7 @@ def node_devices(
             _SliceLike(s.spec.driver, s.spec.pool.name, s.spec.devices,
                        _counters(s.spec.shared_counters, where), s.metadata.name)
         )
-    interner = _Interner()
+    interner = Interner()
     built: dict[str, tuple[DeviceInventory, tuple[str, ...], tuple[dict[str, AttrValue], ...]]]
     built = {node: _build_node(parts, identity_names, interner)
              for node, parts in sorted(by_node.items())}
@@ -350,11 +353,11 @@ def _claim_results(claims: Iterable[ResourceClaim]) -> list[DeviceResult]:
 
 
 def template_devices(
-    pool_name: str, templates: Sequence[ResourceSliceTemplate], interner: _Interner | None = None
+    pool_name: str, templates: Sequence[ResourceSliceTemplate], interner: Interner | None = None
 ) -> NodeDevices:
     """The devices a CapacityPool's new node will publish (``interner``: share equal
     inventories between pools, so the engine searches each kind of node once)."""
-    interner = interner or _Interner()
+    interner = interner or Interner()
     parts = []
     for i, t in enumerate(templates):
         where = f"CapacityPool {pool_name} spec.nodeTemplate.resourceSlices[{i}]"
@@ -504,7 +507,7 @@ def attach_devices(
         replace(n, devices=by_node[n.name]) if n.name in by_node else n for n in nodes
     ]
     templates = {p.metadata.name: p.spec.node_template.resource_slices for p in pools}
-    interner = _Interner()
+    interner = Interner()
     out_pools = tuple(
         replace(p, devices=template_devices(p.name, templates[p.name], interner))
         if templates.get(p.name) else p

@@ -14,10 +14,14 @@ from collections.abc import Callable
 from controller.kube import KubeClient, WatchEvent
 from controller.kube.resources import (
     CAPACITY_POOLS,
+    DEVICE_CLASSES,
     NODES,
     POD_TEMPLATES,
     PODS,
     PROVISIONING_REQUESTS,
+    RESOURCE_CLAIM_TEMPLATES,
+    RESOURCE_CLAIMS,
+    RESOURCE_SLICES,
     Resource,
 )
 from controller.state.cache import Body, ClusterState, object_key
@@ -51,6 +55,15 @@ class Feeds:
                 _events(s.upsert_pool, lambda o: s.delete_pool(object_key(o))),
             ),
         ]
+        dra = s.dra
+        for res in (RESOURCE_SLICES, RESOURCE_CLAIMS, RESOURCE_CLAIM_TEMPLATES, DEVICE_CLASSES):
+            kind = res.plural
+            specs.append((
+                res,
+                lambda items, k=kind: dra.replace(k, items),  # type: ignore[misc]
+                _events(lambda o, k=kind: dra.upsert(k, o),  # type: ignore[misc]
+                        lambda o, k=kind: dra.delete(k, object_key(o))),  # type: ignore[misc]
+            ))
         if self._with_requests:
             specs.append(
                 (
