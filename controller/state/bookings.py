@@ -163,7 +163,8 @@ def _pod_devices_to_json(pod: PodDevices) -> list[dict[str, Any]]:
     return [
         {"claim": c.claim, "results": [
             {"request": r.request, "driver": r.driver, "pool": r.pool, "device": r.device,
-             **({"consumedCapacity": dict(r.consumed_capacity)} if r.consumed_capacity else {})}
+             **({"consumedCapacity": dict(r.consumed_capacity)} if r.consumed_capacity else {}),
+             **({"adminAccess": True} if r.admin_access else {})}
             for r in c.results
         ]}
         for c in pod
@@ -174,7 +175,8 @@ def _pod_devices_from_json(data: Sequence[Mapping[str, Any]]) -> PodDevices:
     return tuple(
         ClaimAllocation(str(c["claim"]), tuple(
             DeviceResult(str(r["request"]), str(r["driver"]), str(r["pool"]), str(r["device"]),
-                         {k: int(v) for k, v in (r.get("consumedCapacity") or {}).items()})
+                         {k: int(v) for k, v in (r.get("consumedCapacity") or {}).items()},
+                         bool(r.get("adminAccess", False)))
             for r in c.get("results") or ()
         ))
         for c in data
