@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Callable
 
-from controller.kube import KubeClient, WatchEvent
+from controller.kube import ApiError, KubeClient, WatchEvent
 from controller.kube.resources import (
     CAPACITY_POOLS,
     DEVICE_CLASSES,
@@ -26,6 +27,7 @@ from controller.kube.resources import (
 )
 from controller.state.cache import Body, ClusterState, object_key
 
+log = logging.getLogger(__name__)
 
 class Feeds:
     def __init__(self, kube: KubeClient, state: ClusterState, *, with_requests: bool = False):
@@ -55,15 +57,6 @@ class Feeds:
                 _events(s.upsert_pool, lambda o: s.delete_pool(object_key(o))),
             ),
         ]
-        dra = s.dra
-        for res in (RESOURCE_SLICES, RESOURCE_CLAIMS, RESOURCE_CLAIM_TEMPLATES, DEVICE_CLASSES):
-            kind = res.plural
-            specs.append((
-                res,
-                lambda items, k=kind: dra.replace(k, items),  # type: ignore[misc]
-                _events(lambda o, k=kind: dra.upsert(k, o),  # type: ignore[misc]
-                        lambda o, k=kind: dra.delete(k, object_key(o))),  # type: ignore[misc]
-            ))
         if self._with_requests:
             specs.append(
                 (
@@ -81,6 +74,26 @@ class Feeds:
                     self._kube.watch(res, on_sync, on_event), name=f"watch-{res.plural}"
                 )
             )
+        for res in (RESOURCE_SLICES, RESOURCE_CLAIMS, RESOURCE_CLAIM_TEMPLATES, DEVICE_CLASSES):
+            self._tasks.append(
+                asyncio.create_task(self._watch_dra(res), name=f"watch-{res.plural}")
+            )
+
+    async def _watch_dra(self, res: Resource) -> None:
+        """Watch one DRA kind; an API server that does not serve resource.k8s.io/v1
+        (Kubernetes < 1.34) means no devices, said once rather than retried forever."""
+        try:
+            await self._kube.list(res)
+        except ApiError as exc:
+            if exc.not_found:
+                log.info("%s not served (%s): planning without DRA devices", res.plural, exc)
+                return
+        dra, kind = self._state.dra, res.plural
+        await self._kube.watch(
+            res,
+            lambda items: dra.replace(kind, items),
+            _events(lambda o: dra.upsert(kind, o), lambda o: dra.delete(kind, object_key(o))),
+        )
 
     async def wait_synced(self, within: float = 30.0) -> None:
         kinds = ["nodes", "pods", "podtemplates", "pools"]
