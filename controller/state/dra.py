@@ -8,6 +8,7 @@ dictionary lookup when nothing changed. No I/O (fed by :mod:`controller.state.fe
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -54,12 +55,16 @@ class DraState:
         self._interner = Interner()
         """Shares equal pool-template inventories between passes (one search per kind)."""
         self.version = 0
+        self.synced: dict[str, asyncio.Event] = {kind: asyncio.Event() for kind in KINDS}
+        """Set once a kind was listed (or found not served): until then a claim template
+        may only seem missing."""
 
     def replace(self, kind: str, items: Iterable[Body]) -> None:
         self._objects[kind] = {}
         for item in items:
             self.upsert(kind, item)
         self._changed()
+        self.synced[kind].set()
 
     def upsert(self, kind: str, body: Body) -> None:
         try:

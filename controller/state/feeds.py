@@ -81,12 +81,16 @@ class Feeds:
 
     async def _watch_dra(self, res: Resource) -> None:
         """Watch one DRA kind; an API server that does not serve resource.k8s.io/v1
-        (Kubernetes < 1.34) means no devices, said once rather than retried forever."""
+        (Kubernetes < 1.34), or forbids reading it, means no devices: said once rather than
+        retried forever."""
         try:
             await self._kube.list(res)
         except ApiError as exc:
-            if exc.not_found:
-                log.info("%s not served (%s): planning without DRA devices", res.plural, exc)
+            if exc.not_found or exc.status == 403:
+                # Not served, or no RBAC rule for it: plan as if no node had devices.
+                log.warning("cannot list %s (%s): planning without DRA devices", res.plural,
+                            exc)
+                self._state.dra.synced[res.plural].set()
                 return
         dra, kind = self._state.dra, res.plural
         await self._kube.watch(
@@ -99,9 +103,9 @@ class Feeds:
         kinds = ["nodes", "pods", "podtemplates", "pools"]
         if self._with_requests:
             kinds.append("requests")
-        await asyncio.wait_for(
-            asyncio.gather(*(self._state.synced[k].wait() for k in kinds)), within
-        )
+        events = [self._state.synced[k] for k in kinds]
+        events.extend(self._state.dra.synced.values())
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), within)
 
     async def stop(self) -> None:
         tasks, self._tasks = self._tasks, []

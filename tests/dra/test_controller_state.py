@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
 from controller.dra_templates import nvidia_gpu_node
 from controller.fit import Mode, Plan, plan
 from controller.fit.dra_types import ClaimAllocation, DeviceResult
 from controller.fit.types import Assignment, NewNodeSlot
+from controller.kube import ApiError
+from controller.kube.resources import (
+    DEVICE_CLASSES,
+    RESOURCE_CLAIM_TEMPLATES,
+    RESOURCE_CLAIMS,
+    RESOURCE_SLICES,
+)
 from controller.state.bookings import (
     Booking,
     Group,
@@ -13,7 +24,9 @@ from controller.state.bookings import (
     plan_from_json,
     plan_to_json,
 )
+from controller.state.cache import ClusterState
 from controller.state.dra import DraState
+from controller.state.feeds import Feeds
 from tests.dra.world import CLASSES, PCIE, build, claim_template, dra_node, exactly, gang_docs
 
 PAIR = claim_template("pair", [exactly("gpu", "gpu.nvidia.com", 1), exactly("nic", "nic", 1)],
@@ -63,3 +76,28 @@ def test_a_new_nodes_allocations_take_its_name_once_it_exists() -> None:
     # One pod is bound (its claim holds gpu-0 now); the booking keeps the other's device.
     assert [r.device for pod in a.devices for c in pod for r in c.results] == ["gpu-1"]
     assert {r.pool for pod in a.devices for c in pod for r in c.results} == {"node-a"}
+
+
+class _NoDra:
+    """A KubeClient stand-in for an API server without resource.k8s.io/v1."""
+
+    def __init__(self, status: int) -> None:
+        self.status = status
+        self.watched: list[str] = []
+
+    async def list(self, res: Any, **_: Any) -> dict[str, Any]:
+        raise ApiError(self.status, "NotFound" if self.status == 404 else "Forbidden")
+
+    async def watch(self, res: Any, *_: Any) -> None:
+        self.watched.append(res.plural)
+
+
+@pytest.mark.parametrize("status", [404, 403])
+async def test_missing_dra_api_means_no_devices_not_a_stuck_start(status: int) -> None:
+    state = ClusterState(levels=("kubernetes.io/hostname",))
+    kube = _NoDra(status)
+    feeds = Feeds(kube, state)  # type: ignore[arg-type]
+    for res in (RESOURCE_SLICES, RESOURCE_CLAIMS, RESOURCE_CLAIM_TEMPLATES, DEVICE_CLASSES):
+        await feeds._watch_dra(res)
+    assert kube.watched == []
+    assert all(event.is_set() for event in state.dra.synced.values())
