@@ -26,6 +26,7 @@ from pydantic_settings import (
 )
 
 from controller.fit.types import Mode
+from controller.kueue.settings import KueueConfig
 from controller.topology_defaults import DEFAULT_LEVELS
 
 ENV_PREFIX = "MUSTER_"
@@ -105,8 +106,12 @@ class BookingConfig(_Section):
 
 
 class RetryConfig(_Section):
-    initial_backoff_seconds: float = Field(default=10.0, gt=0)
-    max_backoff_seconds: float = Field(default=300.0, gt=0)
+    initial_backoff_seconds: float = Field(
+        default=10.0, gt=0, description="Delay before the first retry; doubles per attempt."
+    )
+    max_backoff_seconds: float = Field(
+        default=300.0, gt=0, description="Cap of the doubling retry delay."
+    )
     max_attempts: int = Field(
         default=6,
         ge=1,
@@ -145,7 +150,9 @@ class AcquisitionConfig(_Section):
         gt=0,
         description="How often the collector looks for orphaned and idle nodes.",
     )
-    max_concurrent_reconciles: int = Field(default=256, ge=1)
+    max_concurrent_reconciles: int = Field(
+        default=256, ge=1, description="Requests reconciled at the same time."
+    )
 
 
 class BudgetsConfig(_Section):
@@ -158,7 +165,9 @@ class BudgetsConfig(_Section):
 
 
 class KindProviderConfig(_Section):
-    acquire_latency_seconds: float = Field(default=0.0, ge=0)
+    acquire_latency_seconds: float = Field(
+        default=0.0, ge=0, description="Simulated time one acquisition of the fake provider takes."
+    )
     heartbeat_seconds: float = Field(
         default=10.0,
         gt=0,
@@ -182,8 +191,13 @@ class ProvidersConfig(_Section):
 
 
 class ServerConfig(_Section):
-    metrics_port: int = Field(default=9090, ge=0, le=65535)
-    probe_port: int = Field(default=8080, ge=0, le=65535)
+    metrics_port: int = Field(
+        default=9090, ge=0, le=65535, description="Port of the Prometheus text at /metrics."
+    )
+    probe_port: int = Field(
+        default=8080, ge=0, le=65535,
+        description="Port of /healthz (JSON counters; liveness and readiness probes).",
+    )
 
 
 class MusterConfig(BaseSettings):
@@ -196,7 +210,10 @@ class MusterConfig(BaseSettings):
         frozen=True,
     )
 
-    cluster_name: str = Field(default="muster", min_length=1, max_length=63)
+    cluster_name: str = Field(
+        default="muster", min_length=1, max_length=63,
+        description="Name of this cluster in Muster's logs.",
+    )
     classes: ClassesConfig = Field(default_factory=ClassesConfig)
     topology: TopologyConfig = Field(default_factory=TopologyConfig)
     booking: BookingConfig = Field(default_factory=BookingConfig)
@@ -211,8 +228,13 @@ class MusterConfig(BaseSettings):
         "list-then-watch loop (about 1.7x the throughput at 1,000 requests, see "
         "benchmarks/controller_bench.py).",
     )
-    log_format: Literal["text", "json"] = "text"
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    kueue: KueueConfig = Field(default_factory=KueueConfig)
+    log_format: Literal["text", "json"] = Field(
+        default="text", description="json: one JSON object per line, for log collectors."
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        default="INFO", description="Threshold of Muster's own logs (kopf's stay at WARNING+)."
+    )
 
     @classmethod
     def settings_customise_sources(

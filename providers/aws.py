@@ -31,8 +31,8 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import SettingsConfigDict
 
 from controller.api.capacitypool import CapacityPool
 from providers.base import (
@@ -44,8 +44,9 @@ from providers.base import (
     QuotaExceeded,
     TransientProviderError,
 )
+from providers.common import CloudProviderSettings, PoolParameters, parse_pool_parameters
 from providers.naming import aws_client_token, aws_placement_group_name
-from providers.retry import BlockingCalls, RetryPolicy, call_with_retry
+from providers.retry import CloudCalls
 
 log = logging.getLogger(__name__)
 
@@ -94,11 +95,7 @@ _TERMINATE_CHUNK = 1000
 _TOPOLOGY_CHUNK = 100
 
 
-class _Params(BaseModel):
-    model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=True)
-
-
-class LaunchTemplateRef(_Params):
+class LaunchTemplateRef(PoolParameters):
     id: str | None = Field(default=None, pattern=r"^lt-[0-9a-f]+$")
     name: str | None = Field(default=None, min_length=3, max_length=128)
     version: str = Field(default="$Default", pattern=r"^(\$Default|\$Latest|[0-9]+)$")
@@ -110,7 +107,7 @@ class LaunchTemplateRef(_Params):
         return self
 
 
-class PlacementGroupParams(_Params):
+class PlacementGroupParams(PoolParameters):
     strategy: Literal["cluster", "partition", "spread"] = "cluster"
     per_acquisition: bool = Field(
         default=True,
@@ -133,7 +130,7 @@ class PlacementGroupParams(_Params):
         return self
 
 
-class AwsPoolParameters(_Params):
+class AwsPoolParameters(PoolParameters):
     """``spec.parameters`` of a CapacityPool with ``provider: aws``."""
 
     region: str | None = Field(default=None, pattern=r"^[a-z]{2}(-[a-z]+)+-[0-9]+$")
@@ -177,21 +174,10 @@ class AwsPoolParameters(_Params):
 
 def parse_parameters(pool: CapacityPool) -> AwsPoolParameters:
     """The pool's parameters, or :class:`ProviderConfigError` naming the bad field."""
-    try:
-        return AwsPoolParameters.model_validate(pool.spec.parameters)
-    except ValidationError as exc:
-        raise ProviderConfigError(_describe_validation(pool.metadata.name, exc)) from exc
+    return parse_pool_parameters(AwsPoolParameters, pool)
 
 
-def _describe_validation(pool: str, exc: ValidationError) -> str:
-    problems = []
-    for error in exc.errors():
-        where = ".".join(str(part) for part in error["loc"]) or "parameters"
-        problems.append(f"spec.parameters.{where}: {error['msg']}")
-    return f"CapacityPool {pool}: " + "; ".join(problems)
-
-
-class AwsProviderSettings(BaseSettings):
+class AwsProviderSettings(CloudProviderSettings):
     """Process-wide settings (environment ``MUSTER_AWS_*``); credentials are not settings."""
 
     model_config = SettingsConfigDict(env_prefix="MUSTER_AWS_", extra="ignore")
@@ -201,24 +187,11 @@ class AwsProviderSettings(BaseSettings):
     endpoint_url: str | None = None
     """Custom EC2 endpoint (VPC endpoint, or a local emulator in tests)."""
     cluster_name: str = Field(default="muster", min_length=1, max_length=256)
-    max_concurrency: int = Field(default=8, ge=1)
-    retry_attempts: int = Field(default=6, ge=1)
-    retry_initial_backoff: float = Field(default=0.5, ge=0)
-    retry_max_backoff: float = Field(default=20.0, ge=0)
-    retry_deadline_seconds: float = Field(default=120.0, ge=0)
     describe_attempts: int = Field(default=10, ge=1)
     """Tries to see freshly launched instances (DescribeInstances is eventually consistent)."""
     describe_interval_seconds: float = Field(default=1.0, ge=0)
     placement_group_delete_timeout_seconds: float = Field(default=300.0, ge=0)
     placement_group_poll_seconds: float = Field(default=5.0, ge=0)
-
-    def retry_policy(self) -> RetryPolicy:
-        return RetryPolicy(
-            attempts=self.retry_attempts,
-            initial_backoff=self.retry_initial_backoff,
-            max_backoff=self.retry_max_backoff,
-            deadline_seconds=self.retry_deadline_seconds,
-        )
 
 
 ClientFactory = Callable[[str | None], Any]
@@ -309,9 +282,17 @@ def _error_for_codes(
 
 @dataclass(frozen=True, slots=True)
 class ExpectedError:
-    """An EC2 error code the caller asked to handle itself (see ``AwsProvider._call``)."""
+    """An EC2 error code the caller asked to handle itself (``expect`` of ``CloudCalls.call``)."""
 
     code: str
+
+
+def _expected(exc: BaseException, expect: Collection[str]) -> ExpectedError | None:
+    from botocore.exceptions import ClientError
+
+    if isinstance(exc, ClientError) and _error_code(exc) in expect:
+        return ExpectedError(_error_code(exc))
+    return None
 
 
 Instance = dict[str, Any]
@@ -340,8 +321,13 @@ class AwsProvider:
         self._factory = client_factory or default_client_factory(self.settings)
         self._clients: dict[str | None, Any] = {}
         self._client_lock = asyncio.Lock()
-        self._calls = BlockingCalls(self.settings.max_concurrency)
-        self._policy = self.settings.retry_policy()
+        self._calls: CloudCalls[str] = CloudCalls(
+            max_concurrency=self.settings.max_concurrency,
+            policy=self.settings.retry_policy(),
+            is_transient=is_transient,
+            map_error=map_error,
+            expected=_expected,
+        )
 
     # ---- Protocol ---------------------------------------------------------------------
 
@@ -369,7 +355,7 @@ class AwsProvider:
 
         group = await self._ensure_placement_group(ec2, params, request)
         try:
-            response = await self._call(
+            response = await self._calls.call(
                 ec2.create_fleet,
                 what="CreateFleet",
                 **self._fleet_request(params, request, zone, subnet, group),
@@ -518,40 +504,9 @@ class AwsProvider:
         async with self._client_lock:
             client = self._clients.get(region)
             if client is None:
-                try:
-                    client = await self._calls.run(self._factory, region)
-                except Exception as exc:
-                    raise map_error(exc, "create EC2 client") from exc
+                client = await self._calls.once(self._factory, region, what="create EC2 client")
                 self._clients[region] = client
             return client
-
-    async def _call(
-        self,
-        fn: Callable[..., Any],
-        *,
-        what: str,
-        expect: Collection[str] = (),
-        **kwargs: Any,
-    ) -> Any:
-        """Call ``fn(**kwargs)`` in a worker thread with retries; map failures to provider
-        errors, except error codes in ``expect``, returned as :class:`ExpectedError`."""
-        from botocore.exceptions import ClientError
-
-        async def once() -> Any:
-            return await self._calls.run(fn, **kwargs)
-
-        try:
-            return await call_with_retry(
-                once, is_transient=is_transient, policy=self._policy, what=what
-            )
-        except ProviderError:
-            raise
-        except ClientError as exc:
-            if _error_code(exc) in expect:
-                return ExpectedError(_error_code(exc))
-            raise map_error(exc, what) from exc
-        except Exception as exc:
-            raise map_error(exc, what) from exc
 
     async def _describe(
         self, ec2: Any, *, expect: Collection[str] = (), **kwargs: Any
@@ -565,7 +520,7 @@ class AwsProvider:
                 for instance in reservation.get("Instances", [])
             ]
 
-        result: Instances | ExpectedError = await self._call(
+        result: Instances | ExpectedError = await self._calls.call(
             pages, what="DescribeInstances", expect=expect
         )
         return result
@@ -618,7 +573,7 @@ class AwsProvider:
     async def _terminate(self, ec2: Any, ids: Sequence[str], *, what: str) -> None:
         for start in range(0, len(ids), _TERMINATE_CHUNK):
             chunk = list(ids[start : start + _TERMINATE_CHUNK])
-            result = await self._call(
+            result = await self._calls.call(
                 ec2.terminate_instances,
                 what=f"{what}: TerminateInstances",
                 expect={"InvalidInstanceID.NotFound"},
@@ -628,7 +583,7 @@ class AwsProvider:
                 # One unknown id fails the whole call: retry with the ids EC2 still knows.
                 known = await self._describe_known(ec2, chunk)
                 if known:
-                    await self._call(ec2.terminate_instances,
+                    await self._calls.call(ec2.terminate_instances,
                                      what=f"{what}: TerminateInstances", InstanceIds=known)
 
     async def _describe_known(self, ec2: Any, ids: Sequence[str]) -> Ids:
@@ -678,7 +633,7 @@ class AwsProvider:
             return group.name
         name = aws_placement_group_name(request.key)
         # A duplicate is ours: same key, same name, from an earlier try of this attempt.
-        await self._call(
+        await self._calls.call(
             ec2.create_placement_group,
             what="CreatePlacementGroup",
             expect={"InvalidPlacementGroup.Duplicate"},
@@ -695,7 +650,7 @@ class AwsProvider:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.placement_group_delete_timeout_seconds
         while True:
-            result = await self._call(
+            result = await self._calls.call(
                 ec2.delete_placement_group,
                 what="DeletePlacementGroup",
                 expect={"InvalidPlacementGroup.Unknown", "InvalidPlacementGroup.InUse"},
@@ -717,7 +672,7 @@ class AwsProvider:
         for start in range(0, len(ids), _TOPOLOGY_CHUNK):
             chunk = list(ids[start : start + _TOPOLOGY_CHUNK])
             try:
-                response = await self._call(
+                response = await self._calls.call(
                     ec2.describe_instance_topology, what="DescribeInstanceTopology",
                     InstanceIds=chunk,
                 )

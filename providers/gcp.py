@@ -31,8 +31,8 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import SettingsConfigDict
 
 from controller.api.capacitypool import CapacityPool
 from providers.base import (
@@ -44,8 +44,9 @@ from providers.base import (
     QuotaExceeded,
     TransientProviderError,
 )
+from providers.common import CloudProviderSettings, PoolParameters, parse_pool_parameters
 from providers.naming import gcp_label_value, gcp_name_prefix, gcp_policy_name, gcp_request_id
-from providers.retry import BlockingCalls, RetryPolicy, call_with_retry
+from providers.retry import CloudCalls
 
 log = logging.getLogger(__name__)
 
@@ -83,23 +84,19 @@ _LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
 
 
-class _Params(BaseModel):
-    model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=True)
-
-
-class Accelerator(_Params):
+class Accelerator(PoolParameters):
     type: str = Field(min_length=1, description="Accelerator type, e.g. nvidia-h100-80gb.")
     count: int = Field(ge=1)
 
 
-class ServiceAccountParams(_Params):
+class ServiceAccountParams(PoolParameters):
     email: str = Field(min_length=3)
     scopes: list[str] = Field(
         default_factory=lambda: ["https://www.googleapis.com/auth/cloud-platform"]
     )
 
 
-class ReservationParams(_Params):
+class ReservationParams(PoolParameters):
     consume: Literal["ANY_RESERVATION", "NO_RESERVATION", "SPECIFIC_RESERVATION"] = (
         "ANY_RESERVATION"
     )
@@ -107,7 +104,7 @@ class ReservationParams(_Params):
     values: list[str] = Field(default_factory=list)
 
 
-class GcpPoolParameters(_Params):
+class GcpPoolParameters(PoolParameters):
     """``spec.parameters`` of a CapacityPool with ``provider: gcp``."""
 
     project: str = Field(pattern=r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
@@ -172,19 +169,10 @@ class GcpPoolParameters(_Params):
 
 def parse_parameters(pool: CapacityPool) -> GcpPoolParameters:
     """The pool's parameters, or :class:`ProviderConfigError` naming the bad field."""
-    try:
-        return GcpPoolParameters.model_validate(pool.spec.parameters)
-    except ValidationError as exc:
-        problems = []
-        for error in exc.errors():
-            where = ".".join(str(part) for part in error["loc"]) or "parameters"
-            problems.append(f"spec.parameters.{where}: {error['msg']}")
-        raise ProviderConfigError(
-            f"CapacityPool {pool.metadata.name}: " + "; ".join(problems)
-        ) from exc
+    return parse_pool_parameters(GcpPoolParameters, pool)
 
 
-class GcpProviderSettings(BaseSettings):
+class GcpProviderSettings(CloudProviderSettings):
     """Process-wide settings (environment ``MUSTER_GCP_*``); credentials are not settings."""
 
     model_config = SettingsConfigDict(env_prefix="MUSTER_GCP_", extra="ignore")
@@ -192,11 +180,6 @@ class GcpProviderSettings(BaseSettings):
     api_endpoint: str | None = None
     """Custom Compute endpoint (Private Service Connect, or a local fake in tests)."""
     cluster_name: str = Field(default="muster", min_length=1)
-    max_concurrency: int = Field(default=8, ge=1)
-    retry_attempts: int = Field(default=6, ge=1)
-    retry_initial_backoff: float = Field(default=0.5, ge=0)
-    retry_max_backoff: float = Field(default=20.0, ge=0)
-    retry_deadline_seconds: float = Field(default=120.0, ge=0)
     operation_timeout_seconds: float = Field(default=900.0, gt=0)
     """How long to wait for a bulkInsert/delete operation before reporting it transient."""
     request_timeout_seconds: float = Field(default=60.0, gt=0)
@@ -205,14 +188,6 @@ class GcpProviderSettings(BaseSettings):
     """Per ``operations.wait`` call (the server answers within about two minutes)."""
     policy_delete_attempts: int = Field(default=10, ge=1)
     policy_delete_interval_seconds: float = Field(default=5.0, ge=0)
-
-    def retry_policy(self) -> RetryPolicy:
-        return RetryPolicy(
-            attempts=self.retry_attempts,
-            initial_backoff=self.retry_initial_backoff,
-            max_backoff=self.retry_max_backoff,
-            deadline_seconds=self.retry_deadline_seconds,
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,10 +291,18 @@ def _error_for_codes(
 
 @dataclass(frozen=True, slots=True)
 class ExpectedError:
-    """An HTTP status the caller asked to handle itself (see ``GcpProvider._call``)."""
+    """An HTTP status the caller asked to handle itself (``expect`` of ``CloudCalls.call``)."""
 
     status: int
     message: str
+
+
+def _expected(exc: BaseException, expect: Collection[int]) -> ExpectedError | None:
+    from google.api_core import exceptions as gexc
+
+    if isinstance(exc, gexc.GoogleAPICallError) and _status(exc) in expect:
+        return ExpectedError(_status(exc), str(exc))
+    return None
 
 
 Instances = list[Any]
@@ -343,8 +326,13 @@ class GcpProvider:
         )
         self._clients: GcpClients | None = None
         self._client_lock = asyncio.Lock()
-        self._calls = BlockingCalls(self.settings.max_concurrency)
-        self._policy = self.settings.retry_policy()
+        self._calls: CloudCalls[int] = CloudCalls(
+            max_concurrency=self.settings.max_concurrency,
+            policy=self.settings.retry_policy(),
+            is_transient=is_transient,
+            map_error=map_error,
+            expected=_expected,
+        )
 
     # ---- Protocol ---------------------------------------------------------------------
 
@@ -374,7 +362,7 @@ class GcpProvider:
                 name_pattern=self._name_pattern(pool, request),
                 instance_properties=self._instance_properties(params, request, policy),
             )
-            operation = await self._call(
+            operation = await self._calls.call(
                 clients.instances.bulk_insert_unary,
                 what="instances.bulkInsert",
                 timeout=self.settings.request_timeout_seconds,
@@ -513,39 +501,10 @@ class GcpProvider:
     async def _get_clients(self) -> GcpClients:
         async with self._client_lock:
             if self._clients is None:
-                try:
-                    self._clients = await self._calls.run(self._factory)
-                except Exception as exc:
-                    raise map_error(exc, "create Compute clients") from exc
+                self._clients = await self._calls.once(
+                    self._factory, what="create Compute clients"
+                )
             return self._clients
-
-    async def _call(
-        self,
-        fn: Callable[..., Any],
-        *,
-        what: str,
-        expect: Collection[int] = (),
-        **kwargs: Any,
-    ) -> Any:
-        """Call ``fn(**kwargs)`` in a worker thread with retries; map failures to provider
-        errors, except HTTP statuses in ``expect``, returned as :class:`ExpectedError`."""
-        from google.api_core import exceptions as gexc
-
-        async def once() -> Any:
-            return await self._calls.run(fn, **kwargs)
-
-        try:
-            return await call_with_retry(
-                once, is_transient=is_transient, policy=self._policy, what=what
-            )
-        except ProviderError:
-            raise
-        except gexc.GoogleAPICallError as exc:
-            if _status(exc) in expect:
-                return ExpectedError(_status(exc), str(exc))
-            raise map_error(exc, what) from exc
-        except Exception as exc:
-            raise map_error(exc, what) from exc
 
     async def _list(
         self, clients: GcpClients, params: GcpPoolParameters, pool: str, *, key: str | None
@@ -568,7 +527,7 @@ class GcpProvider:
                 request=request, timeout=self.settings.request_timeout_seconds
             ))
 
-        found: Instances = await self._call(pages, what="instances.list")
+        found: Instances = await self._calls.call(pages, what="instances.list")
         # A hashed label could collide in theory; the metadata holds the exact key.
         return [
             i for i in found
@@ -613,7 +572,7 @@ class GcpProvider:
                     f"{what}: operation {operation.name} not done after "
                     f"{self.settings.operation_timeout_seconds:.0f}s"
                 )
-            operation = await self._call(wait, what=f"{what}: operations.wait")
+            operation = await self._calls.call(wait, what=f"{what}: operations.wait")
         errors = list(operation.error.errors) if operation.error else []
         if errors:
             codes = [e.code for e in errors]
@@ -642,7 +601,7 @@ class GcpProvider:
                 collocation="COLLOCATED"
             ),
         )
-        operation = await self._call(
+        operation = await self._calls.call(
             clients.resource_policies.insert_unary,
             what="resourcePolicies.insert",
             timeout=self.settings.request_timeout_seconds,
@@ -664,7 +623,7 @@ class GcpProvider:
         from google.cloud import compute_v1
 
         for attempt in range(1, self.settings.policy_delete_attempts + 1):
-            operation = await self._call(
+            operation = await self._calls.call(
                 clients.resource_policies.delete_unary,
                 what="resourcePolicies.delete",
                 timeout=self.settings.request_timeout_seconds,
@@ -694,7 +653,7 @@ class GcpProvider:
         instances = await self._list(clients, params, pool, key=key)
 
         async def delete(name: str) -> int:
-            operation = await self._call(
+            operation = await self._calls.call(
                 clients.instances.delete_unary,
                 what=f"instances.delete {name}",
                 timeout=self.settings.request_timeout_seconds,

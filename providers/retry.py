@@ -7,7 +7,8 @@ how long to keep trying. When the budget is spent the last error is wrapped in
 
 Blocking SDKs (boto3, google-cloud-compute) run in worker threads through
 :class:`BlockingCalls`, which bounds how many calls are in flight at once so a burst of
-gangs cannot exhaust the API rate limit or the default thread pool.
+gangs cannot exhaust the API rate limit or the default thread pool. :class:`CloudCalls`
+puts the two together with the provider's error mapping: the one way a provider calls its SDK.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
-from typing import ParamSpec, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar
 
 from tenacity import (
     AsyncRetrying,
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 P = ParamSpec("P")
+K = TypeVar("K")
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,3 +112,65 @@ class BlockingCalls:
     async def run(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         async with self._semaphore:
             return await asyncio.to_thread(functools.partial(fn, *args, **kwargs))
+
+
+class CloudCalls(Generic[K]):
+    """Blocking SDK calls in bounded worker threads, retried while transient, with every
+    other failure mapped to a provider error.
+
+    The provider supplies its SDK's rules: ``is_transient`` (worth retrying),
+    ``map_error`` (SDK exception -> :class:`~providers.base.ProviderError`) and
+    ``expected`` (the value to return instead of raising when a call's error code, of type
+    ``K``, is one the caller listed in ``expect``; ``None`` when it is not).
+    """
+
+    def __init__(
+        self,
+        *,
+        max_concurrency: int,
+        policy: RetryPolicy,
+        is_transient: Callable[[BaseException], bool],
+        map_error: Callable[[BaseException, str], ProviderError],
+        expected: Callable[[BaseException, Collection[K]], object | None],
+    ) -> None:
+        self._blocking = BlockingCalls(max_concurrency)
+        self._policy = policy
+        self._is_transient = is_transient
+        self._map_error = map_error
+        self._expected = expected
+
+    async def once(self, fn: Callable[..., T], /, *args: Any, what: str) -> T:
+        """One try in a worker thread, any failure mapped to a provider error (building a
+        client: a retry would not help, a bad region or endpoint is a config error)."""
+        try:
+            return await self._blocking.run(fn, *args)
+        except Exception as exc:
+            raise self._map_error(exc, what) from exc
+
+    async def call(
+        self,
+        fn: Callable[..., Any],
+        /,
+        *,
+        what: str,
+        expect: Collection[K] = (),
+        **kwargs: Any,
+    ) -> Any:
+        """Call ``fn(**kwargs)`` in a worker thread with retries; map failures to provider
+        errors, except error codes in ``expect``, returned as the provider's ``expected``
+        value for the caller to handle."""
+
+        async def try_once() -> Any:
+            return await self._blocking.run(fn, **kwargs)
+
+        try:
+            return await call_with_retry(
+                try_once, is_transient=self._is_transient, policy=self._policy, what=what
+            )
+        except ProviderError:
+            raise
+        except Exception as exc:
+            handled = self._expected(exc, expect)
+            if handled is not None:
+                return handled
+            raise self._map_error(exc, what) from exc

@@ -35,6 +35,10 @@ def demo_command(
     verbose: Annotated[
         bool, typer.Option("--verbose", "-v", help="Show the controller's logs.")
     ] = False,
+    kueue: Annotated[
+        bool, typer.Option("--kueue", help="Show path B: the gang as a Kueue Workload admitted "
+                           "through Muster's own admission check.")
+    ] = False,
 ) -> None:
     """Run Muster end to end in one process and watch a gang get capacity and run.
 
@@ -53,6 +57,9 @@ def demo_command(
 
     console = Console()
     started = time.monotonic()
+    if kueue:
+        _run_kueue(workers, timeout, latency, ready_delay, kubeconfig, console, started)
+        return
     try:
         asyncio.run(run_demo(
             workers=workers, time_limit=timeout, latency=latency, ready_delay=ready_delay,
@@ -62,6 +69,24 @@ def demo_command(
         console.print(f"[red bold]demo failed:[/] {exc}")
         raise typer.Exit(1) from None
     except (ApiError, OSError) as exc:
+        console.print(f"[red bold]demo failed:[/] {exc}")
+        raise typer.Exit(1) from None
+    console.print(f"[green]demo finished in {time.monotonic() - started:.1f}s[/]")
+
+
+def _run_kueue(
+    workers: int, timeout: float, latency: float, ready_delay: float, kubeconfig: Path | None,
+    console: Console, started: float,
+) -> None:
+    from controller.kube import ApiError
+    from controller.kueue.demo import KueueDemoFailed, run_kueue_demo
+
+    try:
+        asyncio.run(run_kueue_demo(
+            workers=workers, time_limit=timeout, latency=latency, ready_delay=ready_delay,
+            console=console, kubeconfig_out=kubeconfig,
+        ))
+    except (KueueDemoFailed, ApiError, OSError) as exc:
         console.print(f"[red bold]demo failed:[/] {exc}")
         raise typer.Exit(1) from None
     console.print(f"[green]demo finished in {time.monotonic() - started:.1f}s[/]")

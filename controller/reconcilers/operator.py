@@ -23,13 +23,14 @@ from controller.clock import Clock, RealClock
 from controller.config import MusterConfig
 from controller.kube import ApiError, KubeClient
 from controller.kube.resources import CAPACITY_POOLS, PROVISIONING_REQUESTS
+from controller.kueue.integration import KueueIntegration
 from controller.reconcilers.handlers import build_registry
 from controller.reconcilers.service import ProvisioningService
 from controller.reconcilers.workqueue import WorkQueue
 from controller.state.cache import ClusterState, object_key
 from controller.state.feeds import Feeds
 from controller.state.planner import Planner
-from providers.base import Provider
+from providers.base import Provider, ProviderConfigError
 from providers.registry import ProviderContext
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,11 @@ class Controller:
             in_flight=lambda: self.service.in_flight,
         )
         self.feeds = Feeds(kube, self.state, with_requests=not self.use_kopf)
+        self.kueue = (
+            KueueIntegration(kube=kube, config=config.kueue, clock=self.clock,
+                             levels=config.topology.levels)
+            if config.kueue.enabled else None
+        )
         self._tasks: list[asyncio.Task[None]] = []
         self._kopf_stop: asyncio.Event | None = None
         self._started = False
@@ -105,10 +111,18 @@ class Controller:
         if self.use_kopf:
             listing = await self.kube.list(PROVISIONING_REQUESTS)
             self.state.replace_requests(listing.get("items") or [])
+        # Every pool's provider, not only those already used: after a restart the kind
+        # provider must adopt and heartbeat the nodes it created before.
+        for pool in self.state.pools().values():
+            try:
+                self.providers.for_pool(pool)
+            except ProviderConfigError as exc:  # the reconcile reports it on the request
+                log.warning("pool %s: %s", pool.metadata.name, exc)
         for provider in self.providers.instances().values():
             start = getattr(provider, "start", None)
             if start is not None:
                 await start()
+        self.providers.running = True
         released = await self.collector.run_once()
         if released:
             log.info("start-up collection released %d group(s)", len(released))
@@ -135,6 +149,8 @@ class Controller:
             )
             await asyncio.wait_for(ready.wait(), timeout=30)
         self._tasks.append(asyncio.create_task(self._collect_loop(), name="collector"))
+        if self.kueue is not None:
+            await self.kueue.start()
 
     async def _check_crds(self) -> None:
         """Fail start-up with the fix when a CRD Muster serves or reads is not installed."""
@@ -152,6 +168,9 @@ class Controller:
 
     async def stop(self) -> None:
         self._started = False
+        self.providers.running = False
+        if self.kueue is not None:
+            await self.kueue.stop()
         if self._kopf_stop is not None:
             self._kopf_stop.set()
         for task in self._tasks:

@@ -1,0 +1,267 @@
+"""Runs Muster's admission check: list-then-watch loops over the Kueue objects it needs,
+its own ProvisioningRequests and the CapacityPools, and a keyed work queue of Workloads.
+
+Started by :class:`controller.reconcilers.operator.Controller` when ``kueue.enabled`` is set.
+A Workload is reconciled when it changes, when one of its requests changes, and when an
+AdmissionCheck, ResourceFlavor or ProvisioningRequestConfig changes (all Workloads then,
+since which check a Workload uses is in its status).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from controller.clock import Clock
+from controller.kube import ApiError, Body, KubeClient, WatchEvent
+from controller.kube.resources import CAPACITY_POOLS, NODES, PROVISIONING_REQUESTS, Resource
+from controller.kueue.models import Topology
+from controller.kueue.planning import MANAGED_LABEL, PoolTaints
+from controller.kueue.resources import (
+    ADMISSION_CHECKS,
+    PROVISIONING_REQUEST_CONFIGS,
+    RESOURCE_FLAVORS,
+    TOPOLOGIES,
+    WORKLOADS,
+)
+from controller.kueue.settings import KueueConfig
+from controller.kueue.workloads import CheckReconciler, KueueView
+from controller.reconcilers.workqueue import WorkQueue
+from controller.topology_defaults import DEFAULT_LEVELS, HOSTNAME, POOL_LABEL
+
+log = logging.getLogger(__name__)
+
+
+class KueueNotInstalled(RuntimeError):
+    """kueue.enabled is set on a cluster that does not serve Kueue's v1beta2 API."""
+
+
+def _key(obj: Body) -> str:
+    meta = obj.get("metadata") or {}
+    ns = meta.get("namespace")
+    return f"{ns}/{meta.get('name')}" if ns else str(meta.get("name"))
+
+
+class KueueIntegration:
+    def __init__(
+        self,
+        *,
+        kube: KubeClient,
+        config: KueueConfig,
+        clock: Clock,
+        levels: Sequence[str] = DEFAULT_LEVELS,
+        concurrency: int = 32,
+    ) -> None:
+        self.kube = kube
+        self.config = config
+        self.levels = tuple(levels)
+        self.topology_warnings: dict[str, str] = {}
+        """Topology name -> why nodes Muster provisions would not fit it (also logged)."""
+        self._topologies: dict[str, Body] = {}
+        self.view = KueueView()
+        self.reconciler = CheckReconciler(kube=kube, view=self.view, config=config, clock=clock)
+        self.queue = WorkQueue(self._reconcile, clock=clock, concurrency=concurrency)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._synced: dict[str, asyncio.Event] = {}
+        self._pool_bodies: dict[str, Body] = {}
+        self._serves_topologies = False
+
+    async def _reconcile(self, key: str) -> float | None:
+        return await self.reconciler.reconcile_workload(key)
+
+    # ------------------------------------------------------------------ life cycle
+
+    async def start(self, *, sync_timeout: float = 30.0) -> None:
+        await self._preflight()
+        v = self.view
+        self._watch(ADMISSION_CHECKS, v.checks, self._checks_changed)
+        self._watch(RESOURCE_FLAVORS, v.flavors, self._all_workloads)
+        self._watch(PROVISIONING_REQUEST_CONFIGS, v.configs, self._checks_changed)
+        self._watch(CAPACITY_POOLS, self._pool_bodies, self._pools_changed)
+        self._watch(NODES, {}, None, on_node=True)
+        self._watch(PROVISIONING_REQUESTS, v.requests, self._request_changed,
+                    label_selector=MANAGED_LABEL)
+        self._watch(WORKLOADS, v.workloads, self._workload_changed)
+        if self._serves_topologies:
+            self._watch(TOPOLOGIES, self._topologies, self._topologies_changed)
+        await asyncio.wait_for(
+            asyncio.gather(*(e.wait() for e in self._synced.values())), timeout=sync_timeout
+        )
+        self.queue.start()
+        await self._checks_changed(None)
+
+    async def _preflight(self) -> None:
+        """Fail fast, naming the fix, when the cluster does not serve Kueue's v1beta2 API
+        (otherwise the watches would retry forever and no Workload would ever move)."""
+        for res in (WORKLOADS, ADMISSION_CHECKS):
+            try:
+                await self.kube.list(res)
+            except ApiError as exc:
+                if exc.not_found:
+                    raise KueueNotInstalled(
+                        f"kueue.enabled is set but {res.plural}.{res.group}/{res.version} is "
+                        "not served: install Kueue v0.15 or later (v1beta2 API), or set "
+                        "kueue.enabled=false"
+                    ) from None
+                raise
+        try:
+            await self.kube.list(TOPOLOGIES)
+            self._serves_topologies = True
+        except ApiError as exc:
+            if not exc.not_found:
+                raise
+            self._serves_topologies = False
+
+    def _topologies_changed(self, _: Body | None) -> None:
+        warnings = {}
+        for name, body in self._topologies.items():
+            try:
+                topo = Topology.model_validate(body)
+            except ValueError:
+                continue
+            missing = [lv for lv in topo.level_labels
+                       if lv not in self.levels and lv != HOSTNAME]
+            if missing:
+                warnings[name] = (
+                    f"Topology {name}: level(s) {', '.join(missing)} are not in Muster's "
+                    f"topology.levels ({', '.join(self.levels)}); nodes Muster provisions "
+                    "will not carry them and Kueue TAS cannot place pods there"
+                )
+                continue
+            unlabelled = self._pools_missing(topo.level_labels)
+            if unlabelled:
+                warnings[name] = (
+                    f"Topology {name}: CapacityPool domain(s) without a value for its "
+                    f"levels: {'; '.join(unlabelled[:5])}; nodes provisioned there lack those "
+                    "labels and Kueue TAS cannot place pods on them"
+                )
+        for name, text in warnings.items():
+            if self.topology_warnings.get(name) != text:
+                log.warning("%s", text)
+        self.topology_warnings = warnings
+
+    def _pools_missing(self, levels: Sequence[str]) -> list[str]:
+        wanted = [lv for lv in levels if lv != HOSTNAME]
+        out = []
+        for name, body in sorted(self._pool_bodies.items()):
+            spec = body.get("spec") or {}
+            base = (spec.get("nodeTemplate") or {}).get("labels") or {}
+            topo = spec.get("topology") or {}
+            for i, domain in enumerate(topo.get("domains") or [{}]):
+                labels = {**base, **(domain.get("labels") or {})}
+                lacking = [lv for lv in wanted if lv not in labels]
+                if lacking and topo.get("domains"):
+                    out.append(f"{name} domain {i} lacks {', '.join(lacking)}")
+        return out
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        await self.queue.stop()
+
+    def _watch(
+        self,
+        res: Resource,
+        store: dict[str, Body],
+        changed: Callable[[Body | None], Any] | None,
+        *,
+        label_selector: str | None = None,
+        on_node: bool = False,
+    ) -> None:
+        synced = self._synced.setdefault(res.plural, asyncio.Event())
+
+        async def on_sync(items: list[Body]) -> None:
+            if on_node:
+                self.view.node_pools = {
+                    n["metadata"]["name"]: n["metadata"]["labels"][POOL_LABEL]
+                    for n in items if (n["metadata"].get("labels") or {}).get(POOL_LABEL)
+                }
+            else:
+                store.clear()
+                store.update({_key(i): i for i in items})
+            synced.set()
+            if changed is not None and synced.is_set():
+                await _maybe(changed(None))
+
+        async def on_event(ev: WatchEvent) -> None:
+            obj = ev.object
+            if on_node:
+                name = obj["metadata"]["name"]
+                pool = (obj["metadata"].get("labels") or {}).get(POOL_LABEL)
+                if ev.type == "DELETED" or not pool:
+                    self.view.node_pools.pop(name, None)
+                else:
+                    self.view.node_pools[name] = pool
+                return
+            if ev.type == "DELETED":
+                store.pop(_key(obj), None)
+            else:
+                store[_key(obj)] = obj
+            if changed is not None:
+                await _maybe(changed(obj))
+
+        self._tasks.append(asyncio.create_task(
+            self.kube.watch(res, on_sync, on_event, label_selector=label_selector),
+            name=f"kueue-watch-{res.plural}",
+        ))
+
+    # ------------------------------------------------------------------ change fan-out
+
+    def _ready(self) -> bool:
+        return all(e.is_set() for e in self._synced.values())
+
+    def _workload_changed(self, obj: Body | None) -> None:
+        if obj is None:
+            self._all_workloads(None)
+        elif self._ready():
+            self.queue.add(_key(obj))
+
+    def _all_workloads(self, _: Body | None) -> None:
+        if self._ready():
+            for key in list(self.view.workloads):
+                self.queue.add(key)
+
+    async def _checks_changed(self, _: Body | None) -> None:
+        if not self._ready():
+            return
+        for name, body in list(self.view.checks.items()):
+            if self.reconciler.ours(body):
+                try:
+                    await self.reconciler.reconcile_check(name)
+                except Exception:
+                    log.exception("AdmissionCheck %s: setting Active failed", name)
+        self._all_workloads(None)
+
+    def _request_changed(self, obj: Body | None) -> None:
+        if obj is None:
+            self._all_workloads(None)
+            return
+        ns = obj["metadata"].get("namespace")
+        for ref in obj["metadata"].get("ownerReferences") or []:
+            if ref.get("kind") == "Workload" and self._ready():
+                self.queue.add(f"{ns}/{ref.get('name')}")
+
+    def _pools_changed(self, _: Body | None) -> None:
+        pools = []
+        for body in self._pool_bodies.values():
+            tpl = (body.get("spec") or {}).get("nodeTemplate") or {}
+            name = body["metadata"]["name"]
+            pools.append(PoolTaints(
+                name=name,
+                labels={**(tpl.get("labels") or {}), POOL_LABEL: name},
+                taints=[dict(t) for t in tpl.get("taints") or []],
+            ))
+        self.view.pools = pools
+        self._topologies_changed(None)
+
+
+async def _maybe(value: Any) -> None:
+    if asyncio.iscoroutine(value):
+        await value

@@ -1,0 +1,227 @@
+"""From a Workload with reserved quota to the ProvisioningRequest and PodTemplates Muster
+creates for it (pure).
+
+Mirrors Kueue's ``syncOwnedProvisionRequest``: one request pod set per Workload pod set that
+uses a managed resource and has an assigned count above zero, the count from the pod set
+assignment, the template merged with the assigned flavors' nodeLabels and tolerations.
+Muster's additions: pod sets Kueue TAS already placed (``topologyAssignment``) become one
+pod set per assigned domain pinned there and are booked with the check-capacity class, and,
+with ``tolerate_pool_taints``, a pod set whose selector picks a CapacityPool tolerates that
+pool's taints.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.kueue.decisions import (
+    expand_topology_assignment,
+    merge_flavors,
+    taint_tolerations,
+    template_name,
+    tolerates,
+    uses_managed_resource,
+)
+from controller.kueue.models import ResourceFlavor, TopologyAssignment, Workload
+
+MANAGED_LABEL = "muster.dev/kueue-check"
+"""On every ProvisioningRequest and PodTemplate Muster creates for a Workload."""
+POD_SET_ANNOTATION = "muster.dev/kueue-podset"
+"""On a PodTemplate: the Workload pod set it was built from."""
+
+
+class PlanningError(ValueError):
+    """The Workload cannot be turned into a request (the check is Rejected with this)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestPodSet:
+    pod_set: str
+    """The Workload pod set."""
+    template_name: str
+    template: dict[str, Any]
+    count: int
+    pinned: bool = False
+    """Placed by Kueue TAS: pinned to one assigned domain, not re-planned."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestPlan:
+    class_name: str
+    parameters: dict[str, str]
+    pod_sets: list[RequestPodSet] = field(default_factory=list)
+
+    @property
+    def needed(self) -> bool:
+        return bool(self.pod_sets)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolTaints:
+    """A CapacityPool's node template labels and taints, as the planner needs them."""
+
+    name: str
+    labels: Mapping[str, str]
+    taints: Sequence[Mapping[str, Any]]
+
+
+def pools_selected(selector: Mapping[str, str], pools: Sequence[PoolTaints]) -> list[PoolTaints]:
+    """Pools every one of whose new nodes matches ``selector`` (an empty selector selects no
+    pool: tolerating a taint must be an explicit choice of the flavor or the user)."""
+    if not selector:
+        return []
+    return [p for p in pools if all(p.labels.get(k) == v for k, v in selector.items())]
+
+
+def plan_request(
+    wl: Workload,
+    request: str,
+    *,
+    flavors: Mapping[str, ResourceFlavor],
+    class_name: str,
+    check_capacity_class: str,
+    parameters: Mapping[str, str],
+    managed_resources: Sequence[str],
+    pools: Sequence[PoolTaints] = (),
+    tolerate_pool_taints: bool = True,
+) -> RequestPlan:
+    admission = wl.status.admission
+    if admission is None:
+        raise PlanningError("the Workload has no status.admission (quota not reserved)")
+    assigned = {a.name: a for a in admission.pod_set_assignments}
+    out: list[RequestPodSet] = []
+    all_pinned = True
+    any_set = False
+    for ps in wl.spec.pod_sets:
+        a = assigned.get(ps.name)
+        count = a.count if a is not None and a.count is not None else ps.count
+        if count <= 0 or not uses_managed_resource(ps.template, managed_resources):
+            continue
+        any_set = True
+        flavor_objs = []
+        for flavor_name in sorted(set((a.flavors if a else {}).values())):
+            flavor = flavors.get(flavor_name)
+            if flavor is None:
+                raise PlanningError(
+                    f"pod set {ps.name}: ResourceFlavor {flavor_name} not found"
+                )
+            flavor_objs.append(flavor)
+        try:
+            base = merge_flavors(ps.template, flavor_objs, pod_set=ps.name)
+        except ValueError as exc:
+            raise PlanningError(str(exc)) from None
+        if tolerate_pool_taints:
+            base = _tolerate_selected_pools(base, pools)
+        base.setdefault("metadata", {}).setdefault("annotations", {})[
+            POD_SET_ANNOTATION] = ps.name
+        ta = a.topology_assignment if a is not None else None
+        if ta is not None and ta.slices:
+            out.extend(_pinned_pod_sets(ps.name, request, base, ta))
+        else:
+            all_pinned = False
+            out.append(RequestPodSet(ps.name, template_name(request, ps.name), base, count))
+    chosen = check_capacity_class if any_set and all_pinned else class_name
+    params = dict(parameters)
+    if chosen == check_capacity_class and all_pinned and any_set:
+        # A TAS placement that no longer fits must come back as Retry at once.
+        params["noRetry"] = "true"
+    return RequestPlan(chosen, params, out)
+
+
+def _pinned_pod_sets(
+    pod_set: str, request: str, base: dict[str, Any], ta: TopologyAssignment
+) -> list[RequestPodSet]:
+    """One request pod set per domain Kueue TAS assigned, pinned there by nodeSelector."""
+    try:
+        domains = expand_topology_assignment(ta)
+    except ValueError as exc:
+        raise PlanningError(f"pod set {pod_set}: topologyAssignment: {exc}") from None
+    out = []
+    for i, (labels, n) in enumerate(domains):
+        pinned = copy.deepcopy(base)
+        spec = pinned.setdefault("spec", {})
+        spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), **labels}
+        # Kueue TAS already chose these nodes: no second topology plan.
+        anns = pinned["metadata"]["annotations"]
+        for key in [k for k in anns if k.endswith("-topology")]:
+            anns.pop(key)
+        sub = f"{pod_set}-{i}" if len(domains) > 1 else pod_set
+        out.append(RequestPodSet(pod_set, template_name(request, sub), pinned, n, pinned=True))
+    return out
+
+
+def _tolerate_selected_pools(
+    template: dict[str, Any], pools: Sequence[PoolTaints]
+) -> dict[str, Any]:
+    spec = template.setdefault("spec", {})
+    selected = pools_selected(spec.get("nodeSelector") or {}, pools)
+    have = list(spec.get("tolerations") or [])
+    for pool in selected:
+        for tol in taint_tolerations(
+            t for t in pool.taints if not tolerates(have, t)
+        ):
+            have.append(tol)
+    if have:
+        spec["tolerations"] = have
+    return template
+
+
+def pod_template_body(
+    name: str, namespace: str, template: Mapping[str, Any], owner: Mapping[str, Any]
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "PodTemplate",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {MANAGED_LABEL: "true"},
+            "ownerReferences": [dict(owner)],
+        },
+        "template": dict(template),
+    }
+
+
+def request_body(
+    name: str,
+    namespace: str,
+    plan: RequestPlan,
+    owner: Mapping[str, Any],
+    check: str,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "provisioningClassName": plan.class_name,
+        "podSets": [
+            {"podTemplateRef": {"name": ps.template_name}, "count": ps.count}
+            for ps in plan.pod_sets
+        ],
+    }
+    if plan.parameters:
+        spec["parameters"] = dict(plan.parameters)
+    return {
+        "apiVersion": "autoscaling.x-k8s.io/v1",
+        "kind": "ProvisioningRequest",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {MANAGED_LABEL: "true"},
+            "annotations": {"muster.dev/admission-check": check},
+            "ownerReferences": [dict(owner)],
+        },
+        "spec": spec,
+    }
+
+
+def owner_reference(obj: Mapping[str, Any], *, controller: bool = True) -> dict[str, Any]:
+    meta = obj.get("metadata") or {}
+    return {
+        "apiVersion": obj.get("apiVersion"),
+        "kind": obj.get("kind"),
+        "name": meta.get("name"),
+        "uid": meta.get("uid"),
+        "controller": controller,
+        "blockOwnerDeletion": True,
+    }

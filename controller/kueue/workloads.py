@@ -1,0 +1,510 @@
+"""Muster's admission check (path B): the Workload reconciler and the AdmissionCheck
+reconciler.
+
+For every Workload with reserved quota whose check (an AdmissionCheck with Muster's
+controllerName) is Pending, Muster creates and owns a ProvisioningRequest named like
+Kueue's (``<workload>-<check>-<attempt>``) plus its PodTemplates, then maps the request's
+conditions to the check state exactly as Kueue's built-in controller does
+(:func:`controller.kueue.decisions.verdict`), adding on Ready the podSetUpdates that pin
+each constrained pod set to the domain Muster booked. ``status.admissionChecks`` is written
+read-modify-write with the Workload's resourceVersion (a 409 re-reads and retries), so
+other checks' entries are never clobbered: a merge patch would replace the whole list.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from controller.clock import Clock
+from controller.conditions import rfc3339
+from controller.kube import ApiError, Body, KubeClient
+from controller.kube.resources import POD_TEMPLATES, PROVISIONING_REQUESTS
+from controller.kueue.decisions import (
+    PENDING,
+    PERMANENT_FAILURES,
+    PODSET_DETAIL_PREFIX,
+    READY,
+    REJECTED,
+    CheckVerdict,
+    MergeConflict,
+    PodSetTarget,
+    attempt_of,
+    parse_domain_detail,
+    pod_set_updates,
+    request_name,
+    same_state,
+    set_check_state,
+    taint_tolerations,
+    tolerates,
+    verdict,
+)
+from controller.kueue.models import (
+    GROUP,
+    AdmissionCheck,
+    AdmissionCheckState,
+    PodSetUpdate,
+    ProvisioningRequestConfig,
+    ResourceFlavor,
+    Workload,
+)
+from controller.kueue.planning import (
+    POD_SET_ANNOTATION,
+    PlanningError,
+    PoolTaints,
+    RequestPlan,
+    owner_reference,
+    plan_request,
+    pod_template_body,
+    request_body,
+)
+from controller.kueue.resources import ADMISSION_CHECKS, WORKLOADS
+from controller.kueue.settings import KueueConfig
+from controller.state.bookings import PLAN_ANNOTATION, Booking
+from controller.topology_defaults import POOL_LABEL
+
+log = logging.getLogger(__name__)
+
+CONFLICT_RETRIES = 5
+
+
+class KueueView:
+    """What the reconcilers read: the watched Kueue objects and Muster's requests, nodes
+    and pools. Filled by :class:`controller.kueue.integration.KueueIntegration`."""
+
+    def __init__(self) -> None:
+        self.workloads: dict[str, Body] = {}
+        self.checks: dict[str, Body] = {}
+        self.flavors: dict[str, Body] = {}
+        self.configs: dict[str, Body] = {}
+        self.requests: dict[str, Body] = {}
+        """Muster-created requests by ``namespace/name``."""
+        self.pools: list[PoolTaints] = []
+        self.node_pools: dict[str, str] = {}
+        """Node name -> CapacityPool that created it."""
+
+
+class CheckReconciler:
+    def __init__(
+        self, *, kube: KubeClient, view: KueueView, config: KueueConfig, clock: Clock
+    ) -> None:
+        self.kube = kube
+        self.view = view
+        self.config = config
+        self.clock = clock
+
+    # ------------------------------------------------------------------ AdmissionChecks
+
+    def ours(self, ac: Mapping[str, Any]) -> bool:
+        return (ac.get("spec") or {}).get("controllerName") == self.config.controller_name
+
+    def parameters_problem(self, ac: AdmissionCheck) -> str | None:
+        ref = ac.spec.parameters
+        if ref is None:
+            return None
+        if ref.api_group != GROUP or ref.kind != "ProvisioningRequestConfig":
+            return (
+                f"spec.parameters must reference a {GROUP} ProvisioningRequestConfig, "
+                f"got {ref.api_group}/{ref.kind}"
+            )
+        if ref.name not in self.view.configs:
+            return f"ProvisioningRequestConfig {ref.name} not found"
+        return None
+
+    async def reconcile_check(self, name: str) -> None:
+        """Set ``Active`` on one of Muster's AdmissionChecks (a ClusterQueue with an
+        inactive check admits nothing)."""
+        body = self.view.checks.get(name)
+        if body is None or not self.ours(body):
+            return
+        try:
+            ac = AdmissionCheck.model_validate(body)
+            problem = self.parameters_problem(ac)
+        except ValueError as exc:
+            problem = f"invalid AdmissionCheck: {str(exc).splitlines()[0]}"
+        status, reason, text = (
+            ("True", "Active", "Muster serves this admission check.")
+            if problem is None else ("False", "BadParametersRef", problem)
+        )
+        conditions = [dict(c) for c in (body.get("status") or {}).get("conditions") or []]
+        old = next((c for c in conditions if c.get("type") == "Active"), None)
+        if old and (old.get("status"), old.get("reason"), old.get("message")) == (
+            status, reason, text
+        ):
+            return
+        ltt = old.get("lastTransitionTime") if old and old.get("status") == status else None
+        new = {
+            "type": "Active", "status": status, "reason": reason, "message": text,
+            "lastTransitionTime": ltt or rfc3339(self.clock.now()),
+            "observedGeneration": (body.get("metadata") or {}).get("generation") or 1,
+        }
+        conditions = [c for c in conditions if c.get("type") != "Active"] + [new]
+        patch = {"metadata": {"resourceVersion": body["metadata"].get("resourceVersion")},
+                 "status": {"conditions": conditions}}
+        try:
+            updated = await self.kube.merge_patch(
+                ADMISSION_CHECKS, name, patch, subresource="status"
+            )
+        except ApiError as exc:
+            if exc.conflict or exc.not_found:
+                return  # the watch delivers the newer object and we run again
+            raise
+        self.view.checks[name] = updated
+
+    # ------------------------------------------------------------------ Workloads
+
+    def our_checks(self, wl: Workload) -> list[str]:
+        return [
+            s.name for s in wl.status.admission_checks
+            if s.name in self.view.checks and self.ours(self.view.checks[s.name])
+        ]
+
+    def owned_requests(self, wl: Workload) -> list[Body]:
+        uid = wl.metadata.uid
+        ns = wl.metadata.namespace or "default"
+        return [
+            r for r in self.view.requests.values()
+            if (r.get("metadata") or {}).get("namespace") == ns
+            and any(o.get("uid") == uid for o in (r["metadata"].get("ownerReferences") or []))
+        ]
+
+    async def reconcile_workload(self, key: str) -> float | None:
+        body = self.view.workloads.get(key)
+        if body is None:
+            return None  # owned requests go with it (ownerReferences)
+        try:
+            wl = Workload.model_validate(body)
+        except ValueError as exc:
+            log.warning("Workload %s is unreadable, skipping: %s", key, exc)
+            return None
+        checks = self.our_checks(wl)
+        if not checks:
+            return None
+        if (
+            wl.metadata.deletion_timestamp
+            or wl.condition_true("Finished")
+            or wl.condition_true("Evicted")
+            or not wl.condition_true("QuotaReserved")
+        ):
+            # Kueue's CleanupProvisioningRequestsOnEviction: requests of a Workload that
+            # lost its quota, finished or is going away release their booking now.
+            if wl.metadata.deletion_timestamp or wl.condition_true("Finished") or (
+                wl.condition_true("Evicted")
+            ):
+                await self.delete_requests(self.owned_requests(wl))
+            return None
+        for check in checks:
+            await self.reconcile_one(wl, check)
+        return None
+
+    async def delete_requests(self, requests: Sequence[Body]) -> None:
+        for r in requests:
+            meta = r["metadata"]
+            await self.kube.delete(PROVISIONING_REQUESTS, meta["name"],
+                                   namespace=meta.get("namespace"))
+
+    def prc_for(self, check: str) -> ProvisioningRequestConfig | str | None:
+        """The check's ProvisioningRequestConfig, None when it has none, or a problem."""
+        ac = AdmissionCheck.model_validate(self.view.checks[check])
+        problem = self.parameters_problem(ac)
+        if problem is not None:
+            return problem
+        if ac.spec.parameters is None:
+            return None
+        try:
+            return ProvisioningRequestConfig.model_validate(
+                self.view.configs[ac.spec.parameters.name]
+            )
+        except ValueError as exc:
+            return f"ProvisioningRequestConfig {ac.spec.parameters.name} is invalid: {exc}"
+
+    async def reconcile_one(self, wl: Workload, check: str) -> None:
+        state = wl.check(check)
+        if state is None:
+            return
+        prc = self.prc_for(check)
+        if isinstance(prc, str):
+            await self.write_state(wl, AdmissionCheckState(
+                name=check, state=PENDING, message=f"the check is not active: {prc}"))
+            return
+        attempt = (state.retry_count or 0) + 1
+        name = request_name(wl.metadata.name, check, attempt)
+        ns = wl.metadata.namespace or "default"
+        owned = [r for r in self.owned_requests(wl)
+                 if attempt_of(r["metadata"]["name"], wl.metadata.name, check) is not None]
+        current = self.view.requests.get(f"{ns}/{name}")
+        if state.state == READY:
+            # Kueue's rule: a Ready check is never re-synced, except that revoked capacity
+            # rejects the Workload even after admission.
+            if current is not None:
+                v = self._verdict(wl, current, attempt, state.retry_count or 0, prc)
+                if v.state == REJECTED and _cond_true(current, "CapacityRevoked"):
+                    await self.write_state(wl, AdmissionCheckState(
+                        name=check, state=REJECTED, message=v.message))
+            return
+        if state.state != PENDING:
+            return  # Retry / Rejected: Kueue evicts or deactivates; nothing to do until reset
+        stale = [r for r in owned if r["metadata"]["name"] != name]
+        if stale:
+            await self.delete_requests(stale)
+        if current is not None and (current.get("metadata") or {}).get("deletionTimestamp"):
+            # The same attempt's request from before an eviction is still releasing its
+            # nodes; its conditions describe the old booking. Its DELETED event requeues us.
+            return
+        if current is None:
+            await self.create_request(wl, check, name, prc)
+            return
+        v = self._verdict(wl, current, attempt, state.retry_count or 0, prc)
+        updates: list[PodSetUpdate] = []
+        if v.ready:
+            try:
+                updates = self.ready_updates(wl, current, prc)
+            except MergeConflict as exc:
+                v = CheckVerdict(REJECTED, f"podSetUpdates conflict: {exc}")
+        await self.write_state(wl, AdmissionCheckState(
+            name=check, state=v.state, message=v.message,
+            requeueAfterSeconds=v.requeue_after_seconds, podSetUpdates=updates,
+        ))
+
+    def _verdict(
+        self, wl: Workload, request: Body, attempt: int, retry_count: int,
+        prc: ProvisioningRequestConfig | None,
+    ) -> CheckVerdict:
+        cfg = self.config
+        limit, base, maximum = (
+            (prc.spec.retry_strategy.backoff_limit_count,
+             prc.spec.retry_strategy.backoff_base_seconds,
+             prc.spec.retry_strategy.backoff_max_seconds)
+            if prc is not None
+            else (cfg.backoff_limit_count, cfg.backoff_base_seconds, cfg.backoff_max_seconds)
+        )
+        return verdict(
+            (request.get("status") or {}).get("conditions") or [],
+            attempt=attempt, retry_count=retry_count, backoff_limit=limit,
+            backoff_base=base, backoff_max=maximum, admitted=wl.condition_true("Admitted"),
+            active=wl.is_active, finished=wl.condition_true("Finished"),
+            reject_at_once=PERMANENT_FAILURES,
+        )
+
+    # ------------------------------------------------------------------ creating requests
+
+    def plan_for(
+        self, wl: Workload, name: str, prc: ProvisioningRequestConfig | None
+    ) -> RequestPlan:
+        flavors = {}
+        for fname, body in self.view.flavors.items():
+            try:
+                flavors[fname] = ResourceFlavor.model_validate(body)
+            except ValueError:
+                continue
+        parameters = dict(prc.spec.parameters) if prc is not None else {}
+        prefix = "provreq.kueue.x-k8s.io/"
+        for k, v in wl.metadata.annotations.items():
+            if k.startswith(prefix):
+                parameters[k[len(prefix):]] = v
+        return plan_request(
+            wl, name, flavors=flavors,
+            class_name=prc.spec.provisioning_class_name if prc else self.config.provisioning_class,
+            check_capacity_class=self.config.check_capacity_class,
+            parameters=parameters,
+            managed_resources=prc.spec.managed_resources if prc else (),
+            pools=self.view.pools, tolerate_pool_taints=self.config.tolerate_pool_taints,
+        )
+
+    async def create_request(
+        self, wl: Workload, check: str, name: str, prc: ProvisioningRequestConfig | None
+    ) -> None:
+        ns = wl.metadata.namespace or "default"
+        try:
+            plan = self.plan_for(wl, name, prc)
+        except PlanningError as exc:
+            await self.write_state(wl, AdmissionCheckState(
+                name=check, state=REJECTED, message=f"cannot build the request: {exc}"))
+            return
+        if not plan.needed:
+            await self.write_state(wl, AdmissionCheckState(
+                name=check, state=READY, message="the provisioning request is not needed"))
+            return
+        wl_body = self.view.workloads[f"{ns}/{wl.metadata.name}"]
+        wl_owner = owner_reference(wl_body)
+        # Templates first: Muster's request reconciler fails a request whose templates are
+        # missing, so they must exist before the request does.
+        for ps in plan.pod_sets:
+            try:
+                await self.kube.create(
+                    POD_TEMPLATES, pod_template_body(ps.template_name, ns, ps.template, wl_owner),
+                    namespace=ns,
+                )
+            except ApiError as exc:
+                if not exc.conflict:
+                    raise
+        try:
+            created = await self.kube.create(
+                PROVISIONING_REQUESTS, request_body(name, ns, plan, wl_owner, check),
+                namespace=ns,
+            )
+        except ApiError as exc:
+            if not exc.conflict:
+                await self.write_state(wl, AdmissionCheckState(
+                    name=check, state=PENDING,
+                    message=f"failed to create ProvisioningRequest {name}: {exc.reason}"))
+                raise
+            return
+        self.view.requests[f"{ns}/{name}"] = created
+        # The GC chain Kueue builds: Workload -> request -> templates.
+        pr_owner = owner_reference(created)
+        for ps in plan.pod_sets:
+            await self.kube.merge_patch(
+                POD_TEMPLATES, ps.template_name,
+                {"metadata": {"ownerReferences": [pr_owner]}}, namespace=ns,
+            )
+        await self.write_state(wl, AdmissionCheckState(
+            name=check, state=PENDING,
+            message=f"ProvisioningRequest {name} created ({plan.class_name})"))
+
+    # ------------------------------------------------------------------ Ready
+
+    def ready_updates(
+        self, wl: Workload, request: Body, prc: ProvisioningRequestConfig | None
+    ) -> list[PodSetUpdate]:
+        status = request.get("status") or {}
+        details: Mapping[str, str] = status.get("provisioningClassDetails") or {}
+        spec = request.get("spec") or {}
+        class_name = str(spec.get("provisioningClassName") or "")
+        booking = _booking(request)
+        pools_by_name = {p.name: p for p in self.view.pools}
+        assignments = {a.name: a for a in (wl.status.admission.pod_set_assignments
+                                           if wl.status.admission else [])}
+        flavors = self.view.flavors
+        targets: dict[str, PodSetTarget] = {}
+        for ps in spec.get("podSets") or []:
+            tname = (ps.get("podTemplateRef") or {}).get("name", "")
+            pod_set = _pod_set_of(tname, request["metadata"]["name"], wl)
+            if pod_set is None or pod_set in targets:
+                continue
+            wps = next(p for p in wl.spec.pod_sets if p.name == pod_set)
+            tspec = (wps.template.get("spec") or {})
+            existing_selector = dict(tspec.get("nodeSelector") or {})
+            existing_tols = [dict(t) for t in tspec.get("tolerations") or []]
+            a = assignments.get(pod_set)
+            for fname in set((a.flavors if a else {}).values()):
+                fspec = ((flavors.get(fname) or {}).get("spec") or {})
+                existing_selector.update(fspec.get("nodeLabels") or {})
+                existing_tols.extend(dict(t) for t in fspec.get("tolerations") or [])
+            selector: dict[str, str] = {}
+            pinned = a is not None and a.topology_assignment is not None and bool(
+                a.topology_assignment.slices)
+            if not pinned:
+                selector.update(parse_domain_detail(details.get(
+                    f"{PODSET_DETAIL_PREFIX}{pod_set}", "")))
+            if prc is not None:
+                for entry in prc.spec.pod_set_updates.node_selector:
+                    value = details.get(entry.value_from_provisioning_class_detail)
+                    if value is not None:
+                        selector[entry.key] = value
+            tolerations: list[dict[str, Any]] = []
+            if self.config.tolerate_pool_taints and booking is not None:
+                for pool_name in _pools_used(booking, pod_set, self.view.node_pools):
+                    pool = pools_by_name.get(pool_name)
+                    if pool is None:
+                        continue
+                    tolerations.extend(taint_tolerations(
+                        t for t in pool.taints if not tolerates(existing_tols, t)))
+            targets[pod_set] = PodSetTarget(
+                name=pod_set, request=request["metadata"]["name"], node_selector=selector,
+                tolerations=_dedupe(tolerations), existing_selector=existing_selector,
+                existing_annotations=(wps.template.get("metadata") or {}).get("annotations")
+                or {},
+                existing_tolerations=existing_tols,
+            )
+        return pod_set_updates(list(targets.values()), class_name)
+
+    # ------------------------------------------------------------------ status writes
+
+    async def write_state(self, wl: Workload, new: AdmissionCheckState) -> None:
+        """Read-modify-write of ``status.admissionChecks`` under the Workload's
+        resourceVersion; on 409 re-read and redo, so another controller's concurrent write
+        to its own entry survives."""
+        ns = wl.metadata.namespace or "default"
+        key = f"{ns}/{wl.metadata.name}"
+        body: Body | None = self.view.workloads.get(key)
+        for _ in range(CONFLICT_RETRIES):
+            if body is None:
+                return
+            states = list((body.get("status") or {}).get("admissionChecks") or [])
+            entry = next((s for s in states if s.get("name") == new.name), None)
+            if same_state(entry, new):
+                return
+            patch = {
+                "metadata": {"resourceVersion": body["metadata"]["resourceVersion"]},
+                "status": {"admissionChecks": set_check_state(
+                    states, new, now=rfc3339(self.clock.now()))},
+            }
+            try:
+                updated = await self.kube.merge_patch(
+                    WORKLOADS, wl.metadata.name, patch, namespace=ns, subresource="status"
+                )
+            except ApiError as exc:
+                if exc.not_found:
+                    return
+                if not exc.conflict:
+                    raise
+                body = await self.kube.get_or_none(WORKLOADS, wl.metadata.name, namespace=ns)
+                continue
+            self.view.workloads[key] = updated
+            log.info("Workload %s: check %s is %s: %s", key, new.name, new.state, new.message)
+            return
+        raise ApiError(409, "Conflict", f"Workload {key}: gave up after {CONFLICT_RETRIES} "
+                       "conflicting writes")
+
+
+def _cond_true(body: Mapping[str, Any], type_: str) -> bool:
+    return any(c.get("type") == type_ and c.get("status") == "True"
+               for c in (body.get("status") or {}).get("conditions") or [])
+
+
+def _booking(request: Mapping[str, Any]) -> Booking | None:
+    text = ((request.get("metadata") or {}).get("annotations") or {}).get(PLAN_ANNOTATION)
+    if not text:
+        return None
+    try:
+        return Booking.from_annotation(text)
+    except ValueError:
+        return None
+
+
+def _pools_used(booking: Booking, pod_set: str, node_pools: Mapping[str, str]) -> list[str]:
+    """Pools whose nodes (new or existing) the booking puts ``pod_set``'s pods on."""
+    pools: list[str] = []
+    for a in booking.plan.assignments:
+        if a.pod_set != pod_set and not a.pod_set.startswith(f"{pod_set}-"):
+            continue
+        pool = a.new_node.pool if a.new_node is not None else (
+            node_pools.get(a.node or "") if a.node else None)
+        if pool and pool not in pools:
+            pools.append(pool)
+    return pools
+
+
+def _pod_set_of(template: str, request: str, wl: Workload) -> str | None:
+    names = {p.name for p in wl.spec.pod_sets}
+    prefix = f"ppt-{request}-"
+    rest = template[len(prefix):] if template.startswith(prefix) else template
+    if rest in names:
+        return rest
+    base, _, idx = rest.rpartition("-")
+    if base in names and idx.isdigit():
+        return base
+    return None
+
+
+def _dedupe(items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for item in items:
+        if item not in out:
+            out.append(item)
+    return out
+
+
+__all__ = ["POD_SET_ANNOTATION", "POOL_LABEL", "CheckReconciler", "KueueView"]

@@ -1,0 +1,135 @@
+"""Fixtures and helpers of the Kueue e2e tests: the sandbox with Muster's and the stand-in
+Kueue CRDs, Muster's controller with the Kueue admission check enabled and the kind
+provider, and the sandbox scheduler. No Kueue runs here: the tests play Kueue's part with
+:mod:`controller.kueue.objects` (the kind suite runs real Kueue instead, see the README).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from controller.config import MusterConfig
+from controller.kube import ApiError, Body, KubeClient
+from controller.kube.resources import NAMESPACES
+from controller.kueue.resources import WORKLOADS
+from controller.reconcilers.operator import Controller
+from providers.kind import KindProvider
+from sandbox.scheduler import SandboxScheduler
+from sandbox.server import SandboxServer
+
+ROOT = Path(__file__).resolve().parents[1]
+CRD_DIRS = (ROOT / "crds", ROOT / "e2e" / "kueue-crds")
+
+T = TypeVar("T")
+
+
+def now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T | None]], *, within: float = 20.0, what: str = "condition"
+) -> T:
+    deadline = time.monotonic() + within
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = await probe()
+        if last:
+            return last
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out after {within:.0f}s waiting for {what}; last: {last!r}")
+
+
+@dataclass
+class KueueEnv:
+    kube: KubeClient
+    server: SandboxServer
+    controller: Controller
+    scheduler: SandboxScheduler
+    namespace: str
+
+    async def workload(self, name: str) -> Body:
+        return await self.kube.get(WORKLOADS, name, namespace=self.namespace)
+
+    async def update_status(
+        self, name: str, change: Callable[[Body], Body], *, retries: int = 10
+    ) -> Body:
+        """Kueue's way of writing a Workload status: read, change, write with the
+        resourceVersion, again on 409."""
+        for _ in range(retries):
+            wl = await self.workload(name)
+            status = change(wl)
+            try:
+                return await self.kube.merge_patch(
+                    WORKLOADS, name,
+                    {"metadata": {"resourceVersion": wl["metadata"]["resourceVersion"]},
+                     "status": status},
+                    namespace=self.namespace, subresource="status",
+                )
+            except ApiError as exc:
+                if not exc.conflict:
+                    raise
+        raise AssertionError(f"Workload {name}: status write kept conflicting")
+
+    async def check_state(self, workload: str, check: str) -> Body | None:
+        wl = await self.workload(workload)
+        for entry in (wl.get("status") or {}).get("admissionChecks") or []:
+            if entry.get("name") == check:
+                return dict(entry)
+        return None
+
+    async def wait_check(self, workload: str, check: str, state: str, *,
+                         within: float = 30.0) -> Body:
+        async def probe() -> Body | None:
+            entry = await self.check_state(workload, check)
+            return entry if entry is not None and entry.get("state") == state else None
+        return await eventually(probe, within=within, what=f"{workload}: {check} {state}")
+
+
+def muster_config(**overrides: Any) -> MusterConfig:
+    settings: dict[str, Any] = {
+        "retry": {"initial_backoff_seconds": 0.5, "max_backoff_seconds": 2, "max_attempts": 3},
+        "acquisition": {"node_ready_timeout_seconds": 20, "idle_ttl_seconds": 5},
+        "kueue": {"enabled": True},
+    }
+    settings.update(overrides)
+    return MusterConfig(**settings)
+
+
+@pytest.fixture
+async def kueue_env() -> AsyncIterator[KueueEnv]:
+    server = SandboxServer()
+    for directory in CRD_DIRS:
+        server.store.load_crd_dir(directory)
+    await server.start()
+    tmp = tempfile.TemporaryDirectory(prefix="muster-kueue-e2e-")
+    path = Path(tmp.name) / "kubeconfig"
+    server.write_kubeconfig(path)
+    kube = await KubeClient.from_kubeconfig(path)
+    namespace = f"kueue-{uuid.uuid4().hex[:6]}"
+    await kube.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
+                                   "metadata": {"name": namespace}})
+    provider = KindProvider(kube, heartbeat_seconds=5)
+    controller = Controller(kube=kube, config=muster_config(), providers={"kind": provider},
+                            use_kopf=False)
+    scheduler = SandboxScheduler(server.store)
+    await controller.start()
+    await scheduler.start()
+    try:
+        yield KueueEnv(kube, server, controller, scheduler, namespace)
+    finally:
+        await scheduler.stop()
+        await controller.stop()
+        await kube.close()
+        await server.stop()
+        tmp.cleanup()

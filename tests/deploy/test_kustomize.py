@@ -1,0 +1,362 @@
+"""The kustomize tree under config/: every kustomization renders with the real
+``kubectl kustomize``, the rendered objects use only fields the Kubernetes types have, the
+install is internally consistent (config file valid for Muster, ports and probes agree, the
+Deployment is locked down), and ``kubectl apply`` puts it into the API sandbox.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import yaml
+
+from controller.api.capacitypool import CapacityPool
+from controller.api.provisioningrequest import ProvisioningRequest
+from controller.config import ATOMIC_CLASS, CHECK_CAPACITY_CLASS, load_config
+from providers.kind import KindProvider
+from sandbox import ResourceType, SandboxServer
+from tests.deploy import dockerfile
+from tests.deploy.manifests import (
+    CONFIG,
+    ROOT,
+    Doc,
+    builtin_model,
+    find,
+    kubectl_async,
+    kustomizations,
+    one,
+    render,
+    schema_errors,
+    yaml_dump,
+)
+
+NAMESPACE = "muster-system"
+
+
+def _load_sync_crds() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("sync_crds", ROOT / "hack" / "sync_crds.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sync_crds"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def default() -> list[Doc]:
+    return render(CONFIG / "default")
+
+
+@pytest.fixture(scope="module")
+def deployment(default: list[Doc]) -> Doc:
+    return one(default, "Deployment", "muster")
+
+
+@pytest.fixture(scope="module")
+def container(deployment: Doc) -> Doc:
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return dict(containers[0])
+
+
+# ---------------------------------------------------------------- rendering
+
+def test_the_tree_has_the_kustomizations_users_apply() -> None:
+    found = {p.relative_to(CONFIG).as_posix() for p in kustomizations()}
+    assert {
+        "crds", "crds/provisioningrequest", "rbac", "rbac/fake-provider", "rbac/kueue", "manager",
+        "default",
+        "samples", "samples/kueue/path-a", "samples/kueue/path-b",
+    } <= found
+
+
+@pytest.mark.parametrize(
+    "directory", kustomizations(), ids=lambda p: p.relative_to(CONFIG).as_posix()
+)
+def test_every_kustomization_renders_to_valid_objects(directory: Path) -> None:
+    docs = render(directory)
+    assert docs, "renders to nothing"
+    problems = []
+    for doc in docs:
+        where = f"{doc.get('kind')}/{doc.get('metadata', {}).get('name')}"
+        if not doc.get("apiVersion") or not doc.get("kind") or not doc["metadata"].get("name"):
+            problems.append(f"{where}: apiVersion, kind and metadata.name are required")
+        model = builtin_model(doc)
+        if model is not None:
+            problems += [f"{where}{e}" for e in schema_errors(doc, model)]
+    assert not problems, "\n".join(problems)
+
+
+def test_crd_copies_in_config_equal_crds_dir() -> None:
+    sync = _load_sync_crds()
+    problems = sync.differences(sync.plan())
+    assert not problems, "config/crds is out of date; run python3 hack/sync_crds.py: " + str(
+        problems
+    )
+    names = {d["metadata"]["name"] for d in render(CONFIG / "crds")}
+    assert "capacitypools.muster.dev" in names
+    assert "provisioningrequests.autoscaling.x-k8s.io" not in names, (
+        "config/default must never install the autoscaler's CRD"
+    )
+    provreq = render(CONFIG / "crds" / "provisioningrequest")
+    assert [d["metadata"]["name"] for d in provreq] == ["provisioningrequests.autoscaling.x-k8s.io"]
+
+
+def test_sync_refuses_a_crd_defined_twice(tmp_path: Path) -> None:
+    sync = _load_sync_crds()
+    crd = (ROOT / "crds").glob("*capacitypool*.yaml").__next__().read_text()
+    (tmp_path / "a.yaml").write_text(crd)
+    (tmp_path / "b.yaml").write_text(crd)
+    with pytest.raises(sync.SyncError, match="defined twice"):
+        sync.plan(tmp_path)
+
+
+# ---------------------------------------------------------------- the install
+
+def test_default_install_contents(default: list[Doc]) -> None:
+    kinds = sorted({d["kind"] for d in default})
+    assert kinds == sorted({
+        "Namespace", "CustomResourceDefinition", "ServiceAccount", "ClusterRole",
+        "ClusterRoleBinding", "Role", "RoleBinding", "ConfigMap", "Service", "Deployment",
+    })
+    ns = one(default, "Namespace", NAMESPACE)
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    for doc in default:
+        if doc["kind"] in ("ServiceAccount", "ConfigMap", "Service", "Deployment"):
+            assert doc["metadata"]["namespace"] == NAMESPACE, doc["metadata"]
+    # Leases of the fake provider's nodes live where the node lifecycle controller reads them.
+    assert one(default, "Role")["metadata"]["namespace"] == "kube-node-lease"
+
+
+def test_shipped_config_is_valid_for_muster(
+    default: list[Doc], deployment: Doc, container: Doc, tmp_path: Path
+) -> None:
+    cm_name = next(
+        v["configMap"]["name"] for v in deployment["spec"]["template"]["spec"]["volumes"]
+        if "configMap" in v
+    )
+    cm = one(default, "ConfigMap", cm_name)  # kustomize rewrote the hashed name consistently
+    args = container["args"]
+    config_path = args[args.index("--config") + 1]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "config")
+    assert Path(config_path).parent.as_posix() == mount["mountPath"]
+    assert Path(config_path).name in cm["data"]
+    assert "--in-cluster" in args
+    file = tmp_path / "config.yaml"
+    file.write_text(cm["data"][Path(config_path).name])
+    cfg = load_config(file)  # unknown keys or bad values raise ConfigError
+    assert cfg.log_format == "json", "the cluster config logs JSON for log collectors"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"metrics": cfg.server.metrics_port, "probes": cfg.server.probe_port}
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        get = container[probe]["httpGet"]
+        assert get["port"] in ("probes", cfg.server.probe_port), probe
+        assert get["path"] == "/healthz", probe
+    svc = one(default, "Service", "muster-metrics")
+    assert svc["spec"]["ports"][0]["targetPort"] in ("metrics", cfg.server.metrics_port)
+    assert svc["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"][
+        "labels"].items()
+
+
+def test_deployment_is_locked_down(deployment: Doc, container: Doc) -> None:
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"]["type"] == "Recreate"
+    pod = spec["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    image_user = dockerfile.parse(ROOT / "Dockerfile").final.all("USER")[-1].args
+    assert str(pod["securityContext"]["runAsUser"]) == image_user.split(":")[0]
+    sc = container["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"]["drop"] == ["ALL"] and "add" not in sc["capabilities"]
+    assert sc["seccompProfile"]["type"] == "RuntimeDefault"
+    res = container["resources"]
+    assert {"cpu", "memory"} <= res["requests"].keys() and {"cpu", "memory"} <= res[
+        "limits"].keys()
+    # The only writable place is an emptyDir at /tmp, where the image points HOME and caches.
+    tmp = next(m for m in container["volumeMounts"] if m["mountPath"] == "/tmp")
+    volume = next(v for v in pod["volumes"] if v["name"] == tmp["name"])
+    assert "emptyDir" in volume
+    assert container["image"] == "muster:dev"
+    assert pod["serviceAccountName"] == "muster"
+
+
+def test_rbac_binds_the_deployment_account_without_wildcards_or_secrets(
+    default: list[Doc], deployment: Doc
+) -> None:
+    account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    one(default, "ServiceAccount", account)
+    bound_roles = set()
+    for binding in find(default, "ClusterRoleBinding") + find(default, "RoleBinding"):
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}
+        ]
+        ref = binding["roleRef"]
+        role = one(default, ref["kind"], ref["name"])
+        if binding["kind"] == "RoleBinding" and ref["kind"] == "Role":
+            assert role["metadata"]["namespace"] == binding["metadata"]["namespace"]
+        bound_roles.add((ref["kind"], ref["name"]))
+    roles = find(default, "ClusterRole") + find(default, "Role")
+    assert {(r["kind"], r["metadata"]["name"]) for r in roles} == bound_roles
+    for role in roles:
+        for rule in role["rules"]:
+            for key in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule[key], f"{role['metadata']['name']}: wildcard in {key}"
+            assert "secrets" not in rule["resources"]
+            assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
+            assert "resourceNames" not in rule or rule["resourceNames"]
+
+
+# ---------------------------------------------------------------- samples
+
+async def test_sample_pools_and_request_are_valid_for_muster() -> None:
+    docs = render(CONFIG / "samples")
+    pools = [CapacityPool.model_validate(d) for d in find(docs, "CapacityPool")]
+    assert {p.spec.provider for p in pools} <= {"kind", "fake"}
+    provider = KindProvider.__new__(KindProvider)  # validate() only reads the pool
+    for pool in pools:
+        await KindProvider.validate(provider, pool)
+    requests = [ProvisioningRequest.model_validate(d) for d in find(docs, "ProvisioningRequest")]
+    assert requests
+    templates = {(d["metadata"]["namespace"], d["metadata"]["name"])
+                 for d in find(docs, "PodTemplate")}
+    namespaces = {d["metadata"]["name"] for d in find(docs, "Namespace")}
+    for pr in requests:
+        assert pr.spec.provisioning_class_name in (ATOMIC_CLASS, CHECK_CAPACITY_CLASS)
+        assert pr.metadata.namespace in namespaces
+        for pod_set in pr.spec.pod_sets:
+            assert (pr.metadata.namespace, pod_set.pod_template_ref.name) in templates
+
+
+KUEUE_CRDS = ROOT / "e2e" / "kueue-crds"
+"""Stand-in Kueue CRDs (the Kueue integration's, for the sandbox only): Kueue's real CRDs come
+with its release, which cannot be downloaded here."""
+
+
+def _by_kind(docs: list[Doc]) -> dict[str, dict[str, Doc]]:
+    out: dict[str, dict[str, Doc]] = {}
+    for d in docs:
+        out.setdefault(d["kind"], {})[d["metadata"]["name"]] = d
+    return out
+
+
+def test_kueue_path_a_uses_the_builtin_check_with_a_muster_class() -> None:
+    objs = _by_kind(render(CONFIG / "samples" / "kueue" / "path-a"))
+    (check,) = objs["AdmissionCheck"].values()
+    assert check["spec"]["controllerName"] == "kueue.x-k8s.io/provisioning-request"
+    prc = objs["ProvisioningRequestConfig"][check["spec"]["parameters"]["name"]]
+    cfg = load_config()
+    assert prc["spec"]["provisioningClassName"] in cfg.classes.atomic + cfg.classes.check_capacity
+    # Kueue copies these detail keys into the pods' nodeSelector: Muster writes one per level.
+    for entry in prc["spec"]["podSetUpdates"]["nodeSelector"]:
+        assert entry["key"] in cfg.topology.levels
+        assert entry["valueFromProvisioningClassDetail"] == entry["key"]
+    # TAS flavors belong on this path (Kueue delays topology only for its own check).
+    assert any(rf["spec"].get("topologyName") for rf in objs["ResourceFlavor"].values())
+
+
+def test_kueue_path_b_uses_musters_admission_check_without_tas() -> None:
+    objs = _by_kind(render(CONFIG / "samples" / "kueue" / "path-b"))
+    checks = list(objs["AdmissionCheck"].values())
+    assert [c["spec"]["controllerName"] for c in checks] == [
+        load_config(CONFIG / "samples" / "kueue" / "muster-kueue.yaml").kueue.controller_name]
+    assert not any(rf["spec"].get("topologyName") for rf in objs["ResourceFlavor"].values())
+    assert "Topology" not in objs
+
+
+def test_kueue_sample_jobs_target_the_sample_queues() -> None:
+    for path in ("path-a", "path-b"):
+        directory = CONFIG / "samples" / "kueue" / path
+        job = yaml.safe_load((directory / "job.yaml").read_text())
+        assert not schema_errors(job, "V1Job")
+        objs = _by_kind(render(directory))
+        queue = job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"]
+        assert queue in objs["LocalQueue"], path
+        assert objs["LocalQueue"][queue]["metadata"]["namespace"] == job["metadata"]["namespace"]
+        assert job["spec"]["suspend"] is True
+
+
+# ---------------------------------------------------------------- kubectl apply
+
+def _builtin(group: str, plural: str, kind: str, namespaced: bool) -> ResourceType:
+    return ResourceType(group=group, versions=("v1",), plural=plural, singular=kind.lower(),
+                        kind=kind, namespaced=namespaced)
+
+
+# The sandbox serves core/v1, coordination, DRA and CRDs, not apps/v1 or RBAC: serve those as
+# plain stored types so kubectl can apply the Deployment and the RBAC objects. Their fields
+# are checked against the Kubernetes types by test_every_kustomization_renders_to_valid_objects.
+EXTRA_TYPES = [
+    _builtin("apps", "deployments", "Deployment", True),
+    _builtin("rbac.authorization.k8s.io", "clusterroles", "ClusterRole", False),
+    _builtin("rbac.authorization.k8s.io", "clusterrolebindings", "ClusterRoleBinding", False),
+    _builtin("rbac.authorization.k8s.io", "roles", "Role", True),
+    _builtin("rbac.authorization.k8s.io", "rolebindings", "RoleBinding", True),
+]
+
+
+async def test_kubectl_applies_install_and_samples_to_the_api_sandbox(tmp_path: Path) -> None:
+    server = SandboxServer(seed=7)
+    for rt in EXTRA_TYPES:
+        server.store.serve(rt)
+    async with server:
+        kc = server.write_kubeconfig(tmp_path / "kubeconfig")
+        # The CRDs go in through the API, as on a real cluster: the sandbox starts without them.
+        await kubectl_async(kc, "apply", "-k", str(CONFIG / "crds" / "provisioningrequest"))
+        out = await kubectl_async(kc, "apply", "-k", str(CONFIG / "default"))
+        assert "deployment.apps/muster created" in out
+        assert "customresourcedefinition.apiextensions.k8s.io/capacitypools.muster.dev created" \
+            in out
+        out = await kubectl_async(kc, "apply", "-k", str(CONFIG / "samples"))
+        assert "provisioningrequest.autoscaling.x-k8s.io/llm-train created" in out
+        # Re-applying changes nothing: the manifests round-trip through the server unchanged.
+        out = await kubectl_async(kc, "apply", "-k", str(CONFIG / "default"))
+        assert "created" not in out and "configured" not in out, out
+        pools = yaml.safe_load(await kubectl_async(kc, "get", "capacitypools", "-o", "yaml"))
+        assert sorted(p["metadata"]["name"] for p in pools["items"]) == ["fake-cpu", "fake-h100"]
+        pr = yaml.safe_load(await kubectl_async(
+            kc, "get", "provreq", "llm-train", "-n", "muster-demo", "-o", "yaml"))
+        assert pr["spec"]["podSets"][0]["count"] == 12
+        cm = yaml.safe_load(await kubectl_async(
+            kc, "get", "configmaps", "-n", NAMESPACE, "-o", "yaml"))
+        assert len(cm["items"]) == 1
+        # Kueue's wiring, against the stand-in Kueue CRDs (real Kueue: e2e/kind/run.sh).
+        await kubectl_async(kc, "apply", "-f", str(KUEUE_CRDS))
+        for sample in ("path-a", "path-b"):
+            out = await kubectl_async(kc, "apply", "-k", str(CONFIG / "samples" / "kueue" / sample))
+            assert "admissioncheck.kueue.x-k8s.io/" in out and "created" in out
+        checks = yaml.safe_load(await kubectl_async(kc, "get", "admissionchecks", "-o", "yaml"))
+        assert len(checks["items"]) == 2
+
+
+async def test_samples_are_refused_before_the_crds_exist(tmp_path: Path) -> None:
+    # The apply test above proves something only if the sandbox, like a cluster, refuses
+    # custom objects whose CRD was not installed through the API first.
+    async with SandboxServer(seed=7) as server:
+        kc = server.write_kubeconfig(tmp_path / "kubeconfig")
+        docs = render(CONFIG / "samples")
+        with pytest.raises(AssertionError, match="could not find the requested resource"):
+            await kubectl_async(kc, "apply", "-f", "-", stdin=yaml_dump(docs))
+
+
+def test_kind_overlay_runs_muster_with_the_e2e_config(tmp_path: Path) -> None:
+    docs = render(ROOT / "e2e" / "kind", "--load-restrictor=LoadRestrictionsNone")
+    (cm,) = find(docs, "ConfigMap")
+    text = cm["data"]["config.yaml"]
+    assert text == (ROOT / "e2e" / "muster-e2e.yaml").read_text()
+    (tmp_path / "config.yaml").write_text(text)
+    load_config(tmp_path / "config.yaml")
+    volumes = one(docs, "Deployment", "muster")["spec"]["template"]["spec"]["volumes"]
+    assert {"name": cm["metadata"]["name"]} == next(
+        v["configMap"] for v in volumes if "configMap" in v
+    )
+    # Everything else is config/default, unchanged.
+    base = {(d["kind"], d["metadata"]["name"]) for d in render(CONFIG / "default")}
+    assert {(d["kind"], d["metadata"]["name"]) for d in docs if d["kind"] != "ConfigMap"} == {
+        k for k in base if k[0] != "ConfigMap"
+    }

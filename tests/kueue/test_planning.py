@@ -1,0 +1,100 @@
+"""How a Workload with reserved quota becomes Muster's ProvisioningRequest and templates."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from controller.kueue import objects as kq
+from controller.kueue.models import ResourceFlavor, Workload
+from controller.kueue.planning import PlanningError, PoolTaints, plan_request
+
+GPU = "nvidia.com/gpu"
+TAINT = {"key": GPU, "value": "present", "effect": "NoSchedule"}
+POOL = PoolTaints("h100", {"accel": "h100", "muster.dev/pool": "h100"}, [TAINT])
+FLAVORS = {
+    "h100": ResourceFlavor.model_validate(
+        kq.resource_flavor("h100", node_labels={"accel": "h100"})),
+    "cpu": ResourceFlavor.model_validate(kq.resource_flavor("cpu")),
+}
+
+
+def reserved(pod_sets: list[dict[str, Any]], flavors: dict[str, dict[str, str]],
+             **kw: Any) -> Workload:
+    body = kq.workload("job", "ns", queue="q", pod_sets=pod_sets)
+    body["metadata"]["uid"] = "u1"
+    body["status"] = kq.reserve_quota(body, cluster_queue="cq", flavors=flavors,
+                                      checks=["c"], now="t", **kw)
+    return Workload.model_validate(body)
+
+
+def plan(wl: Workload, **kw: Any) -> Any:
+    args: dict[str, Any] = {"flavors": FLAVORS, "class_name": "atomic",
+                            "check_capacity_class": "check", "parameters": {},
+                            "managed_resources": (), "pools": [POOL]}
+    args.update(kw)
+    return plan_request(wl, "job-c-1", **args)
+
+
+def gang() -> list[dict[str, Any]]:
+    return [
+        kq.pod_set("workers", 16, requests={GPU: "8"},
+                   annotations={"muster.dev/required-topology": "rack",
+                                "autoscaling.x-k8s.io/consume-provisioning-request": "old"}),
+        kq.pod_set("launcher", 1, requests={"cpu": "1"}),
+    ]
+
+
+def test_pod_sets_become_templates_with_flavor_labels_and_pool_tolerations() -> None:
+    wl = reserved(gang(), {"workers": {GPU: "h100"}, "launcher": {"cpu": "cpu"}})
+    p = plan(wl)
+    assert p.class_name == "atomic"
+    workers, launcher = p.pod_sets
+    assert (workers.template_name, workers.count) == ("ppt-job-c-1-workers", 16)
+    spec = workers.template["spec"]
+    assert spec["nodeSelector"] == {"accel": "h100"}
+    assert spec["tolerations"] == [{"key": GPU, "operator": "Equal", "value": "present",
+                                    "effect": "NoSchedule"}]
+    anns = workers.template["metadata"]["annotations"]
+    assert anns["muster.dev/required-topology"] == "rack", "Muster's topology is carried over"
+    assert "autoscaling.x-k8s.io/consume-provisioning-request" not in anns, "stale key dropped"
+    assert "tolerations" not in launcher.template["spec"], "no selector, no pool, no toleration"
+
+
+def test_pool_tolerations_can_be_switched_off() -> None:
+    wl = reserved(gang(), {"workers": {GPU: "h100"}, "launcher": {"cpu": "cpu"}})
+    workers = plan(wl, tolerate_pool_taints=False).pod_sets[0]
+    assert "tolerations" not in workers.template["spec"]
+
+
+def test_managed_resources_filter_pod_sets_and_counts_come_from_the_assignment() -> None:
+    wl = reserved(gang(), {"workers": {GPU: "h100"}, "launcher": {"cpu": "cpu"}})
+    wl.status.admission.pod_set_assignments[0].count = 12  # type: ignore[union-attr]
+    p = plan(wl, managed_resources=[GPU])
+    assert [(ps.pod_set, ps.count) for ps in p.pod_sets] == [("workers", 12)]
+    assert not plan(wl, managed_resources=["example.com/fpga"]).needed
+
+
+def test_a_missing_flavor_is_a_planning_error() -> None:
+    wl = reserved(gang(), {"workers": {GPU: "a100"}, "launcher": {"cpu": "cpu"}})
+    with pytest.raises(PlanningError, match="ResourceFlavor a100 not found"):
+        plan(wl)
+
+
+def test_tas_placed_pod_sets_are_pinned_per_domain_and_checked_not_planned() -> None:
+    ta = {"levels": ["rack", "kubernetes.io/hostname"],
+          "slices": [{"domainCount": 2,
+                      "valuesPerLevel": [{"universal": "r1"},
+                                         {"individual": {"prefix": "n", "roots": ["1", "2"]}}],
+                      "podCounts": {"individual": [3, 1]}}]}
+    wl = reserved([gang()[0]], {"workers": {GPU: "h100"}},
+                  topology_assignments={"workers": ta})
+    p = plan(wl)
+    assert p.class_name == "check" and p.parameters == {"noRetry": "true"}
+    assert [(ps.template_name, ps.count, ps.pinned) for ps in p.pod_sets] == [
+        ("ppt-job-c-1-workers-0", 3, True), ("ppt-job-c-1-workers-1", 1, True)]
+    assert p.pod_sets[1].template["spec"]["nodeSelector"] == {
+        "accel": "h100", "rack": "r1", "kubernetes.io/hostname": "n2"}
+    assert "muster.dev/required-topology" not in p.pod_sets[0].template["metadata"][
+        "annotations"], "no second topology plan"
