@@ -17,6 +17,7 @@ import statistics
 import time
 import tracemalloc
 from dataclasses import dataclass
+from typing import Any
 
 from controller.fit import (
     GangRequest,
@@ -174,5 +175,160 @@ def main() -> None:
           f"peak_mb={peak_mb:.1f}")
 
 
+# ============================================================================ DRA case
+# Dynamic Resource Allocation (issue 3), run with ``python3 -m benchmarks.fit_bench --dra``:
+# 10,000 nodes, each publishing 8 GPUs (gpu.nvidia.com, NVIDIA driver attributes with a
+# per-GPU uuid) and 8 NICs over 4 PCIe roots through real ResourceSlice objects; about 30% of
+# the nodes already hold 1-4 GPU+NIC pairs through allocated ResourceClaims. 6 pools whose
+# node template publishes the same devices. A 1,024-pod gang whose ResourceClaimTemplate
+# pairs 1 GPU and 1 NIC by matchAttribute resource.kubernetes.io/pcieRoot. The snapshot is
+# built by controller.snapshot/controller.dra_snapshot from API objects (timed separately);
+# plan() is timed per case. Last line: ``fit_bench_dra gang=1024 nodes=10000 median_ms=<x>``
+# for the slowest case.
+
+DRA_PCIE = "resource.kubernetes.io/pcieRoot"
+DRA_NODE = {"cpu": 190_000, "memory": 2_000 * 2**30, "pods": 110}
+
+
+def dra_catalog_docs(seed: int = 11) -> tuple[list[Any], list[Any], list[NodeState]]:
+    """(ResourceSlices, ResourceClaims, node states without devices) for 10,000 nodes."""
+    from controller.api.capacitypool import CapacityPool
+    from controller.api.dra import ResourceClaim, ResourceSlice
+    from controller.dra_templates import nvidia_gpu_node, render_resource_slices
+
+    rng = random.Random(seed)
+    template = CapacityPool.model_validate({
+        "metadata": {"name": "bench"},
+        "spec": {"provider": "fake", "maxNodes": 1,
+                 "nodeTemplate": {"allocatable": {"cpu": "190"},
+                                  "resourceSlices": nvidia_gpu_node()}},
+    })
+    slices: list[Any] = []
+    claims: list[Any] = []
+    nodes: list[NodeState] = []
+    for b in range(BLOCKS):
+        for r in range(RACKS):
+            for h in range(HOSTS):
+                name = f"gpu-{b:02d}-{r:02d}-{h:02d}"
+                slices.extend(ResourceSlice.model_validate(d)
+                              for d in render_resource_slices(template, name))
+                free = dict(DRA_NODE)
+                if rng.random() < 0.3:
+                    pairs = rng.randint(1, 4)
+                    results = []
+                    for k in range(pairs):  # one GPU+NIC pair per root, roots in order
+                        results.append({"request": "gpu", "driver": "gpu.nvidia.com",
+                                        "pool": name, "device": f"gpu-{2 * k}"})
+                        results.append({"request": "nic", "driver": "nic.example.com",
+                                        "pool": name, "device": f"nic-{2 * k}"})
+                    claims.append(ResourceClaim.model_validate({
+                        "metadata": {"name": f"busy-{name}", "namespace": "other"},
+                        "status": {"allocation": {"devices": {"results": results}}},
+                    }))
+                    free["cpu"] -= pairs * 20_000
+                    free["memory"] -= pairs * 200 * 2**30
+                    free["pods"] -= pairs
+                labels = {BLOCK: f"b{b:02d}", RACK: f"b{b:02d}-r{r:02d}", HOST: name}
+                nodes.append(NodeState(name, labels, (), dict(DRA_NODE), free))
+    return slices, claims, nodes
+
+
+def dra_snapshot() -> tuple[Snapshot, dict[str, float]]:
+    from controller.api.capacitypool import CapacityPool
+    from controller.dra_snapshot import DraCatalog, attach_devices
+    from controller.dra_templates import nvidia_gpu_node
+
+    timings: dict[str, float] = {}
+    t = time.perf_counter()
+    slices, claims, nodes = dra_catalog_docs()
+    timings["objects"] = time.perf_counter() - t
+    pools: list[PoolState] = []
+    pool_objs: list[Any] = []
+    for p in range(6):
+        name = f"dra-pool-{p}"
+        pool_objs.append(CapacityPool.model_validate({
+            "metadata": {"name": name},
+            "spec": {"provider": "fake", "maxNodes": 256, "pricePerNodeHour": 90.0 + p,
+                     "nodeTemplate": {"allocatable": {"cpu": "190"},
+                                      "resourceSlices": nvidia_gpu_node()}},
+        }))
+        domains = tuple(PoolDomain({BLOCK: f"new-{name}-{k}", RACK: f"new-{name}-{k}"}, 64,
+                                   max_nodes=64) for k in range(4))
+        pools.append(PoolState(name, {}, (), dict(DRA_NODE), domains, 256, 90.0 + p,
+                               acquisition_level=RACK))
+    t = time.perf_counter()
+    with_devices, pool_states = attach_devices(nodes, pools, pool_objs,
+                                               DraCatalog.of(slices=slices, claims=claims))
+    timings["devices"] = time.perf_counter() - t
+    return Snapshot(tuple(with_devices), pool_states, (BLOCK, RACK, HOST)), timings
+
+
+def dra_gang(count: int, mode: TopologyMode, level: str) -> GangRequest:
+    from controller.api.dra import DeviceClaim, DeviceClass
+    from controller.dra_snapshot import DraCatalog, claim_shape
+
+    classes = [
+        DeviceClass.model_validate({"metadata": {"name": "gpu.nvidia.com"}, "spec": {
+            "selectors": [{"cel": {"expression":
+                'device.driver == "gpu.nvidia.com" && '
+                'device.attributes["gpu.nvidia.com"].type == "gpu"'}}]}}),
+        DeviceClass.model_validate({"metadata": {"name": "nic"}, "spec": {
+            "selectors": [{"cel": {"expression": 'device.driver == "nic.example.com"'}}]}}),
+    ]
+    claim = claim_shape("pair", "ResourceClaimTemplate bench/gpu-nic", DeviceClaim.model_validate({
+        "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}},
+                     {"name": "nic", "exactly": {"deviceClassName": "nic"}}],
+        "constraints": [{"requests": ["gpu", "nic"], "matchAttribute": DRA_PCIE}],
+    }), DraCatalog.of(classes=classes))
+    assert claim.error is None, claim.error
+    shape = PodShape({"cpu": 20_000, "memory": 200 * 2**30, "pods": 1}, claims=(claim,))
+    return GangRequest(f"bench/dra{count}", (PodSetRequest("workers", count, shape,
+                                                            TopologyRequest(mode, level)),))
+
+
+def dra_main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="DRA case of the fit benchmark")
+    parser.add_argument("--dra", action="store_true")
+    parser.add_argument("--repeats", type=int, default=15)
+    args = parser.parse_args(argv)
+    snap, timings = dra_snapshot()
+    devices = sum(len(n.devices.shape.inventory.devices) for n in snap.nodes if n.devices)
+    shapes = len({id(n.devices.shape) for n in snap.nodes if n.devices})
+    print(f"snapshot: {len(snap.nodes)} nodes, {devices} devices, {shapes} distinct device "
+          f"shapes; API objects {timings['objects']:.1f} s, devices built in "
+          f"{timings['devices']:.1f} s")
+    print(f"{'pods':>5} {'topology':<15} {'mode':<10} {'median_ms':>10} {'p95_ms':>8}  outcome")
+    cases: list[tuple[str, Mode, float]] = []
+    for topo, tmode, level in (("required-block", TopologyMode.REQUIRED, BLOCK),
+                               ("preferred-rack", TopologyMode.PREFERRED, RACK),
+                               ("required-rack", TopologyMode.REQUIRED, RACK)):
+        for mode in (Mode.CHECK, Mode.PROVISION):
+            request = dra_gang(1024, tmode, level)
+            result = plan(request, snap, mode)  # warm-up (compiles the CEL once)
+            times: list[float] = []
+            for _ in range(args.repeats):
+                start = time.perf_counter()
+                result = plan(request, snap, mode)
+                times.append((time.perf_counter() - start) * 1000)
+            times.sort()
+            p95 = times[min(len(times) - 1, round(0.95 * (len(times) - 1)))]
+            med = statistics.median(times)
+            if isinstance(result, Plan):
+                new = sum(n.count for n in result.new_nodes)
+                outcome = f"fit, {new} new nodes" if new else "fit"
+            else:
+                outcome = f"nofit {result.reasons[-1].code.value}"
+            cases.append((topo, mode, med))
+            print(f"{1024:>5} {topo:<15} {mode.value:<10} {med:>10.2f} {p95:>8.2f}  {outcome}")
+    worst = max(cases, key=lambda c: c[2])
+    print(f"worst case: {worst[0]} {worst[1].value}")
+    print(f"fit_bench_dra gang=1024 nodes={len(snap.nodes)} median_ms={worst[2]:.1f}")
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    if "--dra" in sys.argv[1:]:
+        dra_main(sys.argv[1:])
+    else:
+        main()

@@ -22,6 +22,13 @@ from controller.api.node import Node
 from controller.api.pod import Pod, PodSpec, PodTemplate
 from controller.api.provisioningrequest import ProvisioningRequest
 from controller.api.quantity import to_resources
+from controller.dra_snapshot import (
+    DraCatalog,
+    DraError,
+    attach_devices,
+    catalog_from_documents,
+    with_claims,
+)
 from controller.fit.types import (
     GangRequest,
     NodeState,
@@ -133,8 +140,10 @@ def gang_of(
     request: ProvisioningRequest,
     templates: Mapping[str, PodTemplate],
     levels: Sequence[str] = DEFAULT_LEVELS,
+    dra: DraCatalog | None = None,
 ) -> GangRequest:
-    """One pod set per ``spec.podSets`` entry; SnapshotError names a missing template."""
+    """One pod set per ``spec.podSets`` entry; SnapshotError names a missing template.
+    ``dra``: DeviceClasses, ResourceClaimTemplates and ResourceClaims the pods' claims use."""
     name = request.metadata.name
     pod_sets: list[PodSetRequest] = []
     used: set[str] = set()
@@ -150,7 +159,8 @@ def gang_of(
             set_name = f"{set_name}-{i}"
         used.add(set_name)
         try:
-            shape = shape_of(template.template.spec)
+            shape = with_claims(shape_of(template.template.spec), template.template.spec,
+                                request.metadata.namespace or "default", dra or DraCatalog())
         except ValueError as exc:
             raise SnapshotError(f"PodTemplate {ref}: {exc}") from exc
         topology = topology_of(template.template.metadata.annotations, levels)
@@ -290,8 +300,10 @@ def build_snapshot(
     levels: Sequence[str] = DEFAULT_LEVELS,
     *,
     booked: Mapping[str, Resources] | None = None,
+    dra: DraCatalog | None = None,
 ) -> FitSnapshot:
-    """The engine's view of the cluster. ``booked``: per node, capacity other requests hold."""
+    """The engine's view of the cluster. ``booked``: per node, capacity other requests hold.
+    ``dra``: ResourceSlices (devices per node) and ResourceClaims (allocated devices)."""
     usage = usage_by_node(pods)
     booked = booked or {}
     states = []
@@ -307,6 +319,10 @@ def build_snapshot(
     pool_states = tuple(
         pool_state(p, nodes, levels) for p in sorted(pools, key=lambda p: p.metadata.name)
     )
+    try:
+        states, pool_states = attach_devices(states, pool_states, pools, dra)
+    except DraError as exc:
+        raise SnapshotError(str(exc)) from exc
     return FitSnapshot(nodes=tuple(states), pools=pool_states, levels=tuple(levels))
 
 
@@ -367,9 +383,12 @@ def parse_object(model: type[M], doc: Mapping[str, Any]) -> M:
 
 
 def request_from_documents(
-    docs: Sequence[Mapping[str, Any]], levels: Sequence[str] = DEFAULT_LEVELS
+    docs: Sequence[Mapping[str, Any]],
+    levels: Sequence[str] = DEFAULT_LEVELS,
+    cluster: Sequence[Mapping[str, Any]] = (),
 ) -> tuple[ProvisioningRequest, GangRequest]:
-    """The ProvisioningRequest in ``docs`` and its gang (templates from the same docs)."""
+    """The ProvisioningRequest in ``docs`` and its gang (templates from the same docs; DRA
+    objects from ``docs`` and ``cluster``)."""
     requests = by_kind(docs, "ProvisioningRequest")
     if len(requests) != 1:
         raise SnapshotError(
@@ -380,7 +399,8 @@ def request_from_documents(
         t.metadata.name: t
         for t in (parse_object(PodTemplate, d) for d in by_kind(docs, "PodTemplate"))
     }
-    return request, gang_of(request, templates, levels)
+    dra = catalog_from_documents([*docs, *cluster], parse_object)
+    return request, gang_of(request, templates, levels, dra)
 
 
 def snapshot_from_documents(
@@ -392,4 +412,5 @@ def snapshot_from_documents(
     pods = [parse_object(Pod, d) for d in by_kind(cluster, "Pod")]
     pool_objs = [parse_object(CapacityPool, d) for d in by_kind([*cluster, *pools],
                                                                   "CapacityPool")]
-    return build_snapshot(nodes, pods, pool_objs, levels)
+    dra = catalog_from_documents(cluster, parse_object)
+    return build_snapshot(nodes, pods, pool_objs, levels, dra=dra)

@@ -27,8 +27,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from controller.api.capacitypool import CapacityPool
+from controller.dra_templates import render_resource_slices
 from controller.kube import ApiError, Body, KubeClient
-from controller.kube.resources import LEASES, NAMESPACES, NODES
+from controller.kube.resources import LEASES, NAMESPACES, NODES, RESOURCE_SLICES
 from controller.state.cache import KEY_LABEL
 from controller.topology_defaults import POOL_LABEL
 from providers.base import (
@@ -360,6 +361,7 @@ class KindProvider:
                 raise
             created, fresh = await self._kube.get(NODES, name), False
         self._owned.add(name)
+        await self._publish_devices(pool, created)
         if fresh and (not created.get("status", {}).get("allocatable") or ready_delay):
             # API servers that drop status on create (or a simulated boot) get it from the
             # "kubelet" afterwards, as a real node does.
@@ -368,6 +370,21 @@ class KindProvider:
             else:
                 await self._kube.patch_status(NODES, name, body["status"])
         return _provided(created), fresh
+
+    async def _publish_devices(self, pool: CapacityPool, node: Body) -> None:
+        """The ResourceSlices a DRA driver on the node would publish (pool template), owned
+        by the Node so they go away with it."""
+        meta = node["metadata"]
+        for body in render_resource_slices(pool, meta["name"]):
+            if meta.get("uid"):
+                body["metadata"]["ownerReferences"] = [
+                    {"apiVersion": "v1", "kind": "Node", "name": meta["name"], "uid": meta["uid"]}
+                ]
+            try:
+                await self._kube.create(RESOURCE_SLICES, body)
+            except ApiError as exc:
+                if not exc.conflict:
+                    raise
 
     async def _set_ready(self, name: str, status: Body, delay: float) -> None:
         await asyncio.sleep(delay)

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from controller.api.dra import ResourceSliceTemplate
 from controller.api.meta import Condition, ObjectMeta
 
 __all__ = [
@@ -52,6 +53,12 @@ class NodeTemplate(_Model):
     )
     capacity: dict[str, str] | None = Field(
         default=None, description="Node capacity; defaults to allocatable."
+    )
+    resource_slices: list[ResourceSliceTemplate] = Field(
+        default_factory=list,
+        alias="resourceSlices",
+        description="DRA devices every new node will publish: ResourceSlice specs "
+        "(resource.k8s.io/v1) without node scope; pool.name defaults to the node name.",
     )
 
 

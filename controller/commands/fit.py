@@ -42,6 +42,8 @@ def _jsonable(value: Any) -> Any:
         return value.value
     if isinstance(value, Mapping):
         return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, tuple) and hasattr(value, "_asdict"):  # NamedTuple (DRA results)
+        return {k: _jsonable(v) for k, v in value._asdict().items()}
     if isinstance(value, list | tuple):
         return [_jsonable(v) for v in value]
     return value
@@ -68,13 +70,19 @@ def _print_plan(result: Plan, console: Console) -> None:
                      else (p.domain or "-"), str(p.domains_used))
     console.print(sets)
     table = Table(title="Assignments")
+    with_devices = any(a.devices for a in result.assignments)
     for col in ("Pod set", "Node", "Pods", "Domain"):
         table.add_column(col)
+    if with_devices:
+        table.add_column("Devices (per pod)", overflow="fold")
     for a in result.assignments[:MAX_ROWS]:
         where = a.node if a.node else (
             f"new {a.new_node.pool}#{a.new_node.index}" if a.new_node else "?"
         )
-        table.add_row(a.pod_set, where, str(a.pods), _labels(a.domain))
+        devices = (" ".join("+".join(r.device for c in pod for r in c.results)
+                            for pod in a.devices),)
+        table.add_row(a.pod_set, where, str(a.pods), _labels(a.domain),
+                      *(devices if with_devices else ()))
     hidden = len(result.assignments) - MAX_ROWS
     if hidden > 0:
         table.caption = f"{hidden} more assignments not shown (use --json)"
@@ -138,9 +146,10 @@ def fit_command(
         DEFAULT_LEVELS
     )
     try:
-        pr, gang = request_from_documents(load_documents(request), level_keys)
+        cluster = load_documents(snapshot)
+        pr, gang = request_from_documents(load_documents(request), level_keys, cluster)
         snap = snapshot_from_documents(
-            load_documents(snapshot), load_documents(pools) if pools else (), level_keys
+            cluster, load_documents(pools) if pools else (), level_keys
         )
     except SnapshotError as exc:
         err.print(f"muster fit: {exc}", markup=False, highlight=False, soft_wrap=True)

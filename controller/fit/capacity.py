@@ -5,21 +5,28 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from controller.fit.devices import book
+from controller.fit.dra_types import DeviceResult
 from controller.fit.types import Plan, PoolDomain, PoolState, Snapshot
 
 
 def apply_plan(snapshot: Snapshot, plan: Plan) -> Snapshot:
     """``snapshot`` with the plan's pods taken from their nodes' free capacity and the
-    plan's new nodes taken from their pools' headroom (per domain and pool-wide).
+    plan's new nodes taken from their pools' headroom (per domain and pool-wide), and the
+    plan's DRA device allocations marked as used on their nodes.
 
     New-node slots are not added as nodes: their leftover capacity stays unbooked until the
     nodes register and show up in the next snapshot. Unknown node or pool names are ignored
     (the object may have gone away since the plan was made).
     """
     used: dict[str, dict[str, int]] = {}
+    devices: dict[str, list[DeviceResult]] = {}
     for a in plan.assignments:
         if a.node is None:
             continue
+        for pod in a.devices:
+            for claim in pod:
+                devices.setdefault(a.node, []).extend(claim.results)
         slot = used.setdefault(a.node, {})
         for res, amount in a.requests.items():
             slot[res] = slot.get(res, 0) + amount * a.pods
@@ -30,6 +37,12 @@ def apply_plan(snapshot: Snapshot, plan: Plan) -> Snapshot:
         else n
         for n in snapshot.nodes
     )
+    if devices:
+        nodes = tuple(
+            replace(n, devices=book(n.devices, devices[n.name]))
+            if n.devices is not None and n.name in devices else n
+            for n in nodes
+        )
     added: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
     per_pool: dict[str, int] = {}
     for nn in plan.new_nodes:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from controller.fit.devices import ClaimFitter, describe_claim, emptied
+from controller.fit.dra_types import NodeDevices
 from controller.fit.planner import Batch, PodSetPlanner
 from controller.fit.shapes import pods_that_fit, resource_fit, selector_matches, untolerated
 from controller.fit.types import (
@@ -49,7 +51,19 @@ def describe_shape(requests: Mapping[str, int]) -> str:
 
 def _needs(ps: PodSetRequest) -> str:
     pods = "pod" if ps.count == 1 else "pods"
-    return f"pod set {ps.name} needs {ps.count} {pods} x {describe_shape(ps.shape.requests)}"
+    devices = "".join(f" + {describe_claim(c)}" for c in ps.shape.claims)
+    return (f"pod set {ps.name} needs {ps.count} {pods} x "
+            f"{describe_shape(ps.shape.requests)}{devices}")
+
+
+def _device_failure(
+    fitter: ClaimFitter | None, devices: NodeDevices | None
+) -> str | None:
+    """Why not even one pod's claims can be allocated on ``devices`` when all are free."""
+    if fitter is None:
+        return None
+    run = fitter.run(emptied(devices) if devices else None, 1)
+    return run.failure if not run.pods else None
 
 
 def _key_text(key: tuple[str, ...]) -> str:
@@ -99,12 +113,21 @@ def validate(request: GangRequest, snapshot: Snapshot) -> list[Reason]:
                         f"(levels: {known})",
                     )
                 )
+        reasons.extend(
+            Reason(ReasonCode.INVALID, ps.name, f"pod set {ps.name}: {claim.error}")
+            for claim in ps.shape.claims
+            if claim.error
+        )
     return reasons
 
 
-def _exclusions(ps: PodSetRequest, nodes: tuple[NodeState, ...], ws: Workspace) -> str:
-    unschedulable = taint = selector = small = 0
+def _exclusions(
+    ps: PodSetRequest, nodes: tuple[NodeState, ...], ws: Workspace,
+    fitter: ClaimFitter | None = None,
+) -> str:
+    unschedulable = taint = selector = small = no_devices = 0
     taint_names: set[str] = set()
+    device_why: dict[str, int] = {}
     for node in nodes:
         if not node.schedulable:
             unschedulable += 1
@@ -119,6 +142,11 @@ def _exclusions(ps: PodSetRequest, nodes: tuple[NodeState, ...], ws: Workspace) 
             continue
         if resource_fit(ps.shape.requests, node.allocatable) == 0:
             small += 1
+            continue
+        why = _device_failure(fitter, node.devices)
+        if why is not None:
+            no_devices += 1
+            device_why[why] = device_why.get(why, 0) + 1
     parts = []
     if unschedulable:
         parts.append(f"{unschedulable} unschedulable or NotReady")
@@ -128,20 +156,39 @@ def _exclusions(ps: PodSetRequest, nodes: tuple[NodeState, ...], ws: Workspace) 
         parts.append(f"{taint} with untolerated taints ({', '.join(sorted(taint_names)[:3])})")
     if small:
         parts.append(f"{small} too small even when empty")
+    if no_devices:
+        # The most common device failure: the one an operator should look at first.
+        why = min(device_why, key=lambda w: (-device_why[w], w))
+        parts.append(f"{no_devices} without the devices its claims need ({why})")
     return "; ".join(parts) if parts else "the snapshot has no nodes"
 
 
-def _any_match(ps: PodSetRequest, snapshot: Snapshot, ws: Workspace) -> bool:
+def _any_match(
+    ps: PodSetRequest, snapshot: Snapshot, ws: Workspace, fitter: ClaimFitter | None = None
+) -> bool:
     """Some usable node or pool template could run one pod if it were empty."""
     for node in snapshot.nodes:
         if node.schedulable and pods_that_fit(
-            ps.shape, node.allocatable, node.labels, node.taints, node_name=node.name
+            ps.shape, node.allocatable, node.labels, node.taints, node_name=node.name,
+            devices=emptied(node.devices) if node.devices else None, fitter=fitter,
         ):
             return True
     return any(
-        pods_that_fit(ps.shape, ref.pool.allocatable, ref.labels, ref.pool.taints)
+        pods_that_fit(ps.shape, ref.pool.allocatable, ref.labels, ref.pool.taints,
+                      devices=ref.pool.devices, fitter=fitter)
         for ref in ws.refs
     )
+
+
+def _pool_device_failures(ws: Workspace, fitter: ClaimFitter | None) -> str:
+    if fitter is None:
+        return ""
+    seen: dict[str, str] = {}
+    for ref in ws.refs:
+        why = _device_failure(fitter, ref.pool.devices)
+        if why is not None and ref.pool.name not in seen:
+            seen[ref.pool.name] = why
+    return "".join(f"; pool {name}: {why}" for name, why in sorted(seen.items()))
 
 
 def _pool_room(batches: list[Batch], ws: Workspace) -> tuple[int, list[str]]:
@@ -173,15 +220,16 @@ def explain(
     planner = PodSetPlanner(ws, ps, mode)
     existing = planner.existing_room()
     suffix = "" if mode is Mode.PROVISION else " (check mode: existing nodes only)"
-    if not planner.cands and not planner.batches and not _any_match(ps, snapshot, ws):
+    fitter = ClaimFitter(ps.shape.claims) if ps.shape.claims else None
+    if not planner.cands and not planner.batches and not _any_match(ps, snapshot, ws, fitter):
         pools = ""
         if mode is Mode.PROVISION and ws.pools:
-            pools = "; no pool has a matching node template"
+            pools = "; no pool has a matching node template" + _pool_device_failures(ws, fitter)
         return Reason(
             ReasonCode.NO_MATCHING_NODES,
             ps.name,
-            f"{_needs(ps)}; no node has room for one: {_exclusions(ps, snapshot.nodes, ws)}"
-            f"{pools}{suffix}",
+            f"{_needs(ps)}; no node has room for one: "
+            f"{_exclusions(ps, snapshot.nodes, ws, fitter)}{pools}{suffix}",
             needed=ps.count,
         )
     topo = ps.topology

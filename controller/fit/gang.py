@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from itertools import chain, islice, permutations
 
+from controller.fit.cel import SelectorError
 from controller.fit.explain import explain, validate
 from controller.fit.planner import Outcome, PodSetPlanner
 from controller.fit.topology import Levels
@@ -123,6 +124,7 @@ def _build(
                     new_node=slot,
                     domain={k: labels[k] for k in levels if k in labels},
                     requests=requests,
+                    devices=tuple(ws.allocations.get((name, ps.name), ())),
                 )
             )
     # One entry per (pool, domain labels), merging a pool's domains that share labels.
@@ -156,6 +158,14 @@ def plan(request: GangRequest, snapshot: Snapshot, mode: Mode) -> Result:
     invalid = validate(request, snapshot)
     if invalid:
         return NoFit(request.name, mode, tuple(invalid))
+    try:
+        return _plan(request, snapshot, mode)
+    except SelectorError as exc:
+        # A CEL selector that fails on a device fails the claim, as in the scheduler.
+        return NoFit(request.name, mode, (Reason(ReasonCode.INVALID, None, str(exc)),))
+
+
+def _plan(request: GangRequest, snapshot: Snapshot, mode: Mode) -> Result:
     levels = Levels.of(snapshot.levels)
     pools = snapshot.pools if mode is Mode.PROVISION else ()
     shapes = [ps.shape for ps in request.pod_sets]

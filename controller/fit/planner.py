@@ -110,7 +110,7 @@ class PodSetPlanner:
         self.ws = ws
         self.ps = ps
         self.mode = mode
-        self.counter = ShapeCounter(ps.shape)
+        self.counter = ShapeCounter(ps.shape, ps.name)
         count = self.counter.count
         self.cands: list[tuple[NodeClass, int]] = []
         shape = ps.shape
@@ -119,10 +119,12 @@ class PodSetPlanner:
         memo: dict[tuple[object, ...], int] = {}
         for cls in ws.classes.values():
             k = cls.key
-            mkey = (k[0], k[1], k[2], k[4])
+            # k[5] is the device token (None when the gang claims no devices).
+            mkey = (k[0], k[1], k[2], k[4], k[5])
             c = memo.get(mkey)
             if c is None:
-                c = pods_that_fit(shape, cls.free, cls.labels, cls.taints, node_name=cls.node_name)
+                c = pods_that_fit(shape, cls.free, cls.labels, cls.taints, node_name=cls.node_name,
+                                  devices=cls.devices, fitter=self.counter.fitter)
                 memo[mkey] = c
             if c > 0:
                 self.cands.append((cls, c))
@@ -133,7 +135,9 @@ class PodSetPlanner:
                 nodes = ws.headroom(ref)
                 if nodes <= 0:
                     continue
-                per_node = count(ref.pool.allocatable, ref.labels, ref.pool.taints, None)
+                per_node = count(
+                    ref.pool.allocatable, ref.labels, ref.pool.taints, None, ref.pool.devices
+                )
                 if per_node > 0:
                     self.batches.append(Batch(ref, per_node, nodes))
 
@@ -170,7 +174,7 @@ class PodSetPlanner:
         requests = self.ps.shape.requests
         out: list[tuple[str, int]] = []
         for cls, pods_each, nodes in existing:
-            for name in self.ws.take(cls.key, nodes, pods_each, requests):
+            for name in self.ws.take(cls.key, nodes, pods_each, requests, self.counter):
                 out.append((name, pods_each))
         if purchase is not None:
             for batch, nodes, pods in purchase.takes:
@@ -178,9 +182,8 @@ class PodSetPlanner:
                 if pods % batch.per_node:
                     spread.append(pods % batch.per_node)
                 spread.extend([0] * (nodes - len(spread)))
-                for name, n in zip(
-                    self.ws.add_nodes(batch.ref, spread, requests), spread, strict=True
-                ):
+                added = self.ws.add_nodes(batch.ref, spread, requests, self.counter)
+                for name, n in zip(added, spread, strict=True):
                     out.append((name, n))
         return tuple(out)
 

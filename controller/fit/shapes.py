@@ -10,8 +10,10 @@ Pure functions; :class:`ShapeCounter` only memoises them per equivalence class.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
+from controller.fit.devices import ClaimFitter, PodPlan, resolve, with_state
+from controller.fit.dra_types import NodeDevices, PodDevices
 from controller.fit.types import (
     PodShape,
     Resources,
@@ -124,18 +126,25 @@ def pods_that_fit(
     node_taints: tuple[Taint, ...],
     *,
     node_name: str | None = None,
+    devices: NodeDevices | None = None,
+    fitter: ClaimFitter | None = None,
 ) -> int:
     """How many pods of ``shape`` fit on one node with ``node_free`` left.
 
     ``node_name`` is None for a node that does not exist yet (matchFields cannot match it).
     Zero when a selector, the required node affinity or an untolerated NoSchedule/NoExecute
-    taint excludes the node.
+    taint excludes the node. With DRA claims, also bounded by how many pods get their claims
+    allocated on ``devices`` one after another (``fitter`` memoises that search).
+    Raises :class:`controller.fit.cel.SelectorError` when a CEL selector fails.
     """
     if not selector_matches(shape, node_labels, node_name):
         return 0
     if untolerated(node_taints, shape.tolerations):
         return 0
-    return resource_fit(shape.requests, node_free)
+    fit = resource_fit(shape.requests, node_free)
+    if shape.claims and fit > 0:
+        fit = (fitter or ClaimFitter(shape.claims)).count(devices, fit)
+    return fit
 
 
 def label_keys(shape: PodShape) -> tuple[str, ...]:
@@ -159,14 +168,17 @@ class ShapeCounter:
     node cluster usually has a few dozen such classes.
     """
 
-    __slots__ = ("_cache", "_keys", "_names", "_resources", "shape")
+    __slots__ = ("_cache", "_keys", "_names", "_resources", "fitter", "owner", "shape")
 
-    def __init__(self, shape: PodShape) -> None:
+    def __init__(self, shape: PodShape, owner: str = "") -> None:
         self.shape = shape
+        self.owner = owner
+        """The pod set, to file device allocations under."""
         self._resources = tuple(sorted(r for r, v in shape.requests.items() if v > 0))
         self._keys = label_keys(shape)
         self._names = uses_node_name(shape)
         self._cache: dict[tuple[object, ...], int] = {}
+        self.fitter = ClaimFitter(shape.claims) if shape.claims else None
 
     def count(
         self,
@@ -174,15 +186,34 @@ class ShapeCounter:
         labels: Mapping[str, str],
         taints: tuple[Taint, ...],
         node_name: str | None,
+        devices: NodeDevices | None = None,
     ) -> int:
         key = (
             tuple(free.get(r, 0) for r in self._resources),
             tuple(labels.get(k) for k in self._keys),
             taints,
             node_name if self._names else None,
+            self.fitter.key(devices) if self.fitter else None,
         )
         hit = self._cache.get(key)
         if hit is None:
-            hit = pods_that_fit(self.shape, free, labels, taints, node_name=node_name)
+            hit = pods_that_fit(self.shape, free, labels, taints, node_name=node_name,
+                                devices=devices, fitter=self.fitter)
             self._cache[key] = hit
         return hit
+
+    def after(
+        self, devices: NodeDevices | None, pods: int
+    ) -> tuple[NodeDevices | None, tuple[PodPlan, ...]]:
+        """The node's devices once ``pods`` more pods of this shape hold their claims, and
+        each pod's allocation in index form (nothing changes for a shape without claims)."""
+        if self.fitter is None or devices is None or pods <= 0:
+            return devices, ()
+        run = self.fitter.run(devices, pods)
+        if len(run.pods) < pods:  # the planner only places pods that were counted as fitting
+            raise AssertionError(f"{pods} pods placed where {len(run.pods)} fit")
+        return with_state(devices, run.states[pods - 1]), run.pods[:pods]
+
+    def resolve(self, devices: NodeDevices, plans: Sequence[PodPlan]) -> list[PodDevices]:
+        """Index-form allocations with the device and pool names of one node."""
+        return [resolve(devices, self.shape.claims, p) for p in plans]

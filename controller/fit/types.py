@@ -14,6 +14,8 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from controller.fit.dra_types import ClaimShape, NodeDevices, PodDevices
+
 Resources = Mapping[str, int]
 """Resource name -> amount in canonical units (cpu in millicores)."""
 
@@ -77,6 +79,8 @@ class PodShape:
     affinity_terms: tuple[SelectorTerm, ...] = ()
     """Required node affinity; empty means unconstrained."""
     tolerations: tuple[Toleration, ...] = ()
+    claims: tuple[ClaimShape, ...] = ()
+    """DRA ResourceClaims each pod needs allocated on its node (see controller.fit.devices)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +118,8 @@ class NodeState:
     """False for NotReady or spec.unschedulable nodes: never used."""
     pool: str | None = None
     """CapacityPool that created the node, if any (counts against the pool's limits)."""
+    devices: NodeDevices | None = None
+    """DRA devices the node publishes (ResourceSlices) and what is allocated of them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +155,8 @@ class PoolState:
     booked_nodes: int = 0
     """Nodes acquired or booked but not registered yet: excluded from ``max_new_nodes`` now,
     counted back when judging NeverFits (they will exist, and be freed, eventually)."""
+    devices: NodeDevices | None = None
+    """DRA devices every new node will publish (the node template's ResourceSlices)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +191,8 @@ class Assignment:
     """The node's topology labels (levels of the snapshot it has)."""
     requests: Resources = field(default_factory=dict)
     """Requests of one pod of the pod set, so a plan can be booked (``apply_plan``)."""
+    devices: tuple[PodDevices, ...] = ()
+    """With DRA claims: the device allocation of each of the ``pods`` pods."""
 
 
 @dataclass(frozen=True, slots=True)

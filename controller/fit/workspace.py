@@ -20,7 +20,9 @@ from dataclasses import dataclass, replace
 from operator import itemgetter
 from typing import Any, NamedTuple
 
-from controller.fit.shapes import label_keys, uses_node_name
+from controller.fit.devices import ClaimFitter, PodPlan, emptied
+from controller.fit.dra_types import NodeDevices, PodDevices
+from controller.fit.shapes import ShapeCounter, label_keys, uses_node_name
 from controller.fit.topology import Levels
 from controller.fit.types import (
     NewNodeSlot,
@@ -82,6 +84,8 @@ class NodeClass(NamedTuple):
     members: tuple[str, ...]
     node_name: str | None
     """The single member's name when the gang matches on ``metadata.name``."""
+    devices: NodeDevices | None = None
+    """A member's DRA devices (with what is allocated), when the gang claims devices."""
 
     @property
     def first(self) -> str:
@@ -118,16 +122,22 @@ def _at_maximum(pool: PoolState) -> PoolState:
 
 
 class _NodeIndex:
-    """Node name -> labels, built on first use (only assigned nodes are ever looked up)."""
+    """Node name -> node, built on first use (only assigned nodes are ever looked up)."""
 
     def __init__(self, nodes: Sequence[NodeState]) -> None:
         self._nodes = nodes
-        self._labels: dict[str, Mapping[str, str]] | None = None
+        self._by_name: dict[str, NodeState] | None = None
+
+    def _node(self, name: str) -> NodeState:
+        if self._by_name is None:
+            self._by_name = {n.name: n for n in self._nodes}
+        return self._by_name[name]
 
     def labels(self, name: str) -> Mapping[str, str]:
-        if self._labels is None:
-            self._labels = {n.name: n.labels for n in self._nodes}
-        return self._labels[name]
+        return self._node(name).labels
+
+    def devices(self, name: str) -> NodeDevices | None:
+        return self._node(name).devices
 
 
 class Workspace:
@@ -154,6 +164,14 @@ class Workspace:
         self.resources = tuple(sorted(resources))
         self.label_keys = tuple(sorted(keys))
         self.by_name = any(uses_node_name(s) for s in shapes)
+        claims = [c for shape in shapes for c in shape.claims]
+        self.device_keys = ClaimFitter(claims) if claims else None
+        """Device equivalence (None: the gang claims no devices, devices are ignored)."""
+        self.allocations: dict[tuple[str, str], list[PodDevices]] = {}
+        """(node or slot name, pod set) -> device allocations of the pods placed there."""
+        self._device_tokens: dict[object, int] = {}
+        self._shape_tokens: dict[int, tuple[int, NodeDevices]] = {}
+        self._pool_index = {p.name: i for i, p in enumerate(pools)}
         # Resources every pod set requests, with the smallest such request: a node with less
         # free than that of any of them cannot take a single pod of the gang.
         self._floor = tuple(
@@ -188,6 +206,30 @@ class Workspace:
             self._taint_keep.append(taints)  # keeps the id valid while the token is cached
         return token
 
+    def device_token(self, devices: NodeDevices | None) -> int | None:
+        """A small int equal for devices the gang cannot tell apart: same inventory, same
+        allocations, same identity attributes the gang reads (None without claims)."""
+        if self.device_keys is None or devices is None:
+            return None
+        key = self.device_keys.key(devices)
+        return self._device_tokens.setdefault(key, len(self._device_tokens))
+
+    def _node_devices(self, node: NodeState, empty: bool) -> tuple[int | None, NodeDevices | None]:
+        """(token, devices) of a node; per interned shape when the gang reads no identity
+        attribute of it (the usual case: one dict lookup per node)."""
+        devs = node.devices
+        if self.device_keys is None or devs is None:
+            return None, None
+        hit = self._shape_tokens.get(id(devs.shape))
+        if hit is not None:
+            return hit
+        use = emptied(devs) if empty else devs  # nothing allocated, like nothing running
+        token = self.device_token(use)
+        assert token is not None
+        if self.device_keys.key(use)[2] is None:
+            self._shape_tokens[id(devs.shape)] = (token, use)
+        return token, use
+
     def _build(self, nodes: Sequence[NodeState], empty: bool) -> None:
         # The hot loop of a plan over a large cluster: keys from C-level itemgetters (a node
         # missing a key takes the slow path), taints as tokens, member names sorted once.
@@ -199,9 +241,12 @@ class Workspace:
         by_name = self.by_name
         taint_ids = self._taint_ids
         floor = self._floor
+        with_devices = self.device_keys is not None
+        shape_tokens = self._shape_tokens
         groups: dict[
-            tuple[tuple[Any, ...], tuple[Any, ...], int, tuple[str, ...], str | None],
-            tuple[NodeState, list[str]],
+            tuple[tuple[Any, ...], tuple[Any, ...], int, tuple[str, ...], str | None,
+                  int | None],
+            tuple[NodeState, list[str], NodeDevices | None],
         ] = {}
         for node in nodes:
             if not (node.schedulable or empty):
@@ -230,13 +275,25 @@ class Workspace:
             token = taint_ids.get(id(node.taints))
             if token is None:
                 token = self.taint_token(node.taints)
-            key = (fkey, lkey, token, path, node.name if by_name else None)
+            dtoken = devices = None
+            if with_devices and node.devices is not None:
+                # Inline fast path: interned shapes make this one dict lookup per node.
+                hit = shape_tokens.get(id(node.devices.shape))
+                dtoken, devices = hit if hit is not None else self._node_devices(node, empty)
+            key = (fkey, lkey, token, path, node.name if by_name else None, dtoken)
             group = groups.get(key)
             if group is None:
-                groups[key] = (node, [node.name])
+                groups[key] = (node, [node.name], devices)
             else:
                 group[1].append(node.name)
-        for gkey, (node, names) in groups.items():
+        self._classes_of(groups)
+
+    def _classes_of(
+        self, groups: Mapping[tuple[Any, ...], tuple[NodeState, list[str], NodeDevices | None]]
+    ) -> None:
+        res = self.resources
+        by_name = self.by_name
+        for gkey, (node, names, devices) in groups.items():
             names.sort()
             self.classes[gkey] = NodeClass(
                 gkey,
@@ -246,6 +303,7 @@ class Workspace:
                 gkey[3],
                 tuple(names),
                 node.name if by_name else None,
+                devices,
             )
 
     def fork(self) -> Workspace:
@@ -267,6 +325,11 @@ class Workspace:
         other._taint_ids = self._taint_ids
         other._taint_tokens = self._taint_tokens
         other._taint_keep = self._taint_keep
+        other.device_keys = self.device_keys
+        other.allocations = {k: list(v) for k, v in self.allocations.items()}
+        other._device_tokens = self._device_tokens
+        other._shape_tokens = self._shape_tokens
+        other._pool_index = self._pool_index
         return other
 
     def labels(self, name: str) -> Mapping[str, str]:
@@ -274,28 +337,63 @@ class Workspace:
         got = self.slot_labels.get(name)
         return got if got is not None else self._index.labels(name)
 
-    def _place(self, cls: NodeClass, names: Sequence[str], free: Mapping[str, int]) -> None:
-        key: ClassKey = (tuple(free[r] for r in self.resources), *cls.key[1:])
+    def _place(
+        self,
+        cls: NodeClass,
+        names: Sequence[str],
+        free: Mapping[str, int],
+        devices: NodeDevices | None = None,
+    ) -> None:
+        key: ClassKey = (tuple(free[r] for r in self.resources), *cls.key[1:5],
+                         self.device_token(devices))
         have = self.classes.get(key)
         members = tuple(sorted((*have.members, *names))) if have else tuple(names)
         self.classes[key] = NodeClass(
-            key, free, cls.labels, cls.taints, cls.path, members, cls.node_name
+            key, free, cls.labels, cls.taints, cls.path, members, cls.node_name, devices
         )
 
-    def take(self, key: ClassKey, nodes: int, pods_each: int, requests: Resources) -> list[str]:
-        """Put ``pods_each`` pods on each of the first ``nodes`` members of class ``key``."""
+    def device_of(self, name: str) -> NodeDevices | None:
+        """The devices a node (or slot) had before this plan: pool names and identity."""
+        slot = self.slots.get(name)
+        if slot is not None:
+            return self.pools[self._pool_index[slot.pool]].devices
+        return self._index.devices(name)
+
+    def take(
+        self,
+        key: ClassKey,
+        nodes: int,
+        pods_each: int,
+        requests: Resources,
+        counter: ShapeCounter | None = None,
+    ) -> list[str]:
+        """Put ``pods_each`` pods on each of the first ``nodes`` members of class ``key``
+        (``counter``: the pod set's shape, to allocate its device claims)."""
         cls = self.classes[key]
         names = list(cls.members[:nodes])
         rest = cls.members[nodes:]
         if rest:
-            self.classes[key] = NodeClass(
-                key, cls.free, cls.labels, cls.taints, cls.path, rest, cls.node_name
-            )
+            self.classes[key] = cls._replace(members=rest)
         else:
             del self.classes[key]
         free = {r: v - requests.get(r, 0) * pods_each for r, v in cls.free.items()}
-        self._place(cls, names, free)
+        devices = cls.devices
+        if counter is not None and counter.fitter is not None:
+            devices, plans = counter.after(cls.devices, pods_each)
+            self._record(names, counter, plans)
+        self._place(cls, names, free, devices)
         return names
+
+    def _record(
+        self, names: Sequence[str], counter: ShapeCounter, plans: Sequence[PodPlan]
+    ) -> None:
+        for name in names:
+            own = self.device_of(name)
+            if own is None:
+                continue
+            self.allocations.setdefault((name, counter.owner), []).extend(
+                counter.resolve(own, plans)
+            )
 
     def headroom(self, ref: PoolRef) -> int:
         """New nodes this (pool, domain) may still add, honouring the pool-wide limit."""
@@ -308,7 +406,11 @@ class Workspace:
         return max(0, self.pools[pool_index].max_new_nodes - self.pool_used.get(pool_index, 0))
 
     def add_nodes(
-        self, ref: PoolRef, pods: Sequence[int], requests: Resources
+        self,
+        ref: PoolRef,
+        pods: Sequence[int],
+        requests: Resources,
+        counter: ShapeCounter | None = None,
     ) -> list[str]:
         """Commit one new node of ``ref`` per entry of ``pods`` (pods placed on it)."""
         key = (ref.pool_index, ref.domain_index)
@@ -321,8 +423,8 @@ class Workspace:
         self.pool_used[ref.pool_index] = self.pool_used.get(ref.pool_index, 0) + len(pods)
         template = NodeClass(
             (None, tuple(ref.labels.get(k) for k in self.label_keys),
-             self.taint_token(ref.pool.taints), ref.path, None),
-            {}, ref.labels, ref.pool.taints, ref.path, (), None,
+             self.taint_token(ref.pool.taints), ref.path, None, None),
+            {}, ref.labels, ref.pool.taints, ref.path, (), None, ref.pool.devices,
         )
         names: list[str] = []
         for offset, count in enumerate(pods):
@@ -334,6 +436,10 @@ class Workspace:
                 r: ref.pool.allocatable.get(r, 0) - requests.get(r, 0) * count
                 for r in self.resources
             }
-            self._place(template, [name], free)
+            devices = ref.pool.devices if self.device_keys else None
+            if counter is not None and counter.fitter is not None and count > 0:
+                devices, plans = counter.after(ref.pool.devices, count)
+                self._record([name], counter, plans)
+            self._place(template, [name], free, devices)
             names.append(name)
         return names

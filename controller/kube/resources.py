@@ -56,6 +56,19 @@ PROVISIONING_REQUESTS = Resource(
 CAPACITY_POOLS = Resource(
     "muster.dev", "v1alpha1", "capacitypools", namespaced=False, kind="CapacityPool"
 )
+RESOURCE_SLICES = Resource(
+    "resource.k8s.io", "v1", "resourceslices", namespaced=False, kind="ResourceSlice"
+)
+RESOURCE_CLAIMS = Resource(
+    "resource.k8s.io", "v1", "resourceclaims", namespaced=True, kind="ResourceClaim"
+)
+RESOURCE_CLAIM_TEMPLATES = Resource(
+    "resource.k8s.io", "v1", "resourceclaimtemplates", namespaced=True,
+    kind="ResourceClaimTemplate",
+)
+DEVICE_CLASSES = Resource(
+    "resource.k8s.io", "v1", "deviceclasses", namespaced=False, kind="DeviceClass"
+)
 CRDS = Resource(
     "apiextensions.k8s.io",
     "v1",

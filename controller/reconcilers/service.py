@@ -207,7 +207,7 @@ class ProvisioningService:
                 )
             templates[ref] = found
         try:
-            gang = gang_of(pr, templates, self.state.levels)
+            gang = gang_of(pr, templates, self.state.levels, self.state.dra.catalog())
         except SnapshotError as exc:
             raise Invalid(Reason.FAILED_TO_CREATE_PODS, str(exc)) from None
         for pod_set in gang.pod_sets:

@@ -15,6 +15,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from controller.fit.dra_types import ClaimAllocation, DeviceResult, PodDevices
 from controller.fit.types import (
     Assignment,
     Mode,
@@ -136,6 +137,8 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
                 else [a.new_node.pool, dict(a.new_node.domain), a.new_node.index],
                 "domain": dict(a.domain),
                 "requests": dict(a.requests),
+                **({"devices": [_pod_devices_to_json(p) for p in a.devices]}
+                   if a.devices else {}),
             }
             for a in plan.assignments
         ],
@@ -156,6 +159,40 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
     }
 
 
+def _pod_devices_to_json(pod: PodDevices) -> list[dict[str, Any]]:
+    return [
+        {"claim": c.claim, "results": [
+            {"request": r.request, "driver": r.driver, "pool": r.pool, "device": r.device,
+             **({"consumedCapacity": dict(r.consumed_capacity)} if r.consumed_capacity else {}),
+             **({"adminAccess": True} if r.admin_access else {})}
+            for r in c.results
+        ]}
+        for c in pod
+    ]
+
+
+def _pod_devices_from_json(data: Sequence[Mapping[str, Any]]) -> PodDevices:
+    return tuple(
+        ClaimAllocation(str(c["claim"]), tuple(
+            DeviceResult(str(r["request"]), str(r["driver"]), str(r["pool"]), str(r["device"]),
+                         {k: int(v) for k, v in (r.get("consumedCapacity") or {}).items()},
+                         bool(r.get("adminAccess", False)))
+            for r in c.get("results") or ()
+        ))
+        for c in data
+    )
+
+
+def _on_node(pods: Sequence[PodDevices], node: str) -> tuple[PodDevices, ...]:
+    """Allocations planned on a new node (pool names unknown then, left empty) as they are
+    once the node exists: the NVIDIA-style pool is named after the node."""
+    return tuple(
+        tuple(c._replace(results=tuple(r._replace(pool=r.pool or node) for r in c.results))
+              for c in pod)
+        for pod in pods
+    )
+
+
 def plan_from_json(data: Mapping[str, Any]) -> Plan:
     return Plan(
         request=str(data["request"]),
@@ -170,6 +207,7 @@ def plan_from_json(data: Mapping[str, Any]) -> Plan:
                 else NewNodeSlot(a["slot"][0], dict(a["slot"][1]), int(a["slot"][2])),
                 domain=dict(a.get("domain") or {}),
                 requests={k: int(v) for k, v in (a.get("requests") or {}).items()},
+                devices=tuple(_pod_devices_from_json(p) for p in a.get("devices") or ()),
             )
             for a in data["assignments"]
         ),
@@ -229,7 +267,11 @@ def effective_plan(
         used = min(a.pods, remaining.get(node, 0))
         remaining[node] = remaining.get(node, 0) - used
         if a.pods - used > 0:
-            assignments.append(replace(a, node=node, new_node=None, pods=a.pods - used))
+            # Bound pods hold their devices through their own ResourceClaims now.
+            devices = _on_node(a.devices[used:], node)
+            assignments.append(
+                replace(a, node=node, new_node=None, pods=a.pods - used, devices=devices)
+            )
     new_nodes = []
     for nn in booking.plan.new_nodes:
         names = slot_nodes.get((nn.pool, tuple(sorted(nn.domain.items()))), ())

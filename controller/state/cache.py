@@ -38,6 +38,7 @@ from controller.state.bookings import (
     effective_plan,
     merge_plans,
 )
+from controller.state.dra import DraState
 from controller.topology_defaults import POOL_LABEL
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,8 @@ class ClusterState:
         self._held_cache: dict[str, tuple[Booking, tuple[Any, ...], Plan]] = {}
         self._short: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[int, datetime]] = {}
         self._pool_states: tuple[PoolState, ...] | None = None
+        self.dra = DraState()
+        """DRA objects (ResourceSlices, claims, classes, claim templates)."""
         self._sorted_nodes: tuple[NodeState, ...] | None = None
         self._ready_waiters: dict[str, list[asyncio.Future[None]]] = {}
         self.synced: dict[str, asyncio.Event] = {
@@ -491,7 +494,10 @@ class ClusterState:
         pools = self._pool_states
         if self._short and now is not None:
             pools = self._apply_shortages(pools, now)
-        snap = Snapshot(nodes=self._sorted_nodes, pools=pools, levels=self.levels)
+        nodes_now, pools_now = self.dra.attach(
+            self._sorted_nodes, pools, list(self._pools.values())
+        )
+        snap = Snapshot(nodes=nodes_now, pools=pools_now, levels=self.levels)
         bookings = self.bookings()
         plans = [self._held(key, b) for key, b in bookings.items() if key != exclude]
         if len(self._held_cache) > 2 * len(bookings) + 64:

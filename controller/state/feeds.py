@@ -9,19 +9,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Callable
 
-from controller.kube import KubeClient, WatchEvent
+from controller.kube import ApiError, KubeClient, WatchEvent
 from controller.kube.resources import (
     CAPACITY_POOLS,
+    DEVICE_CLASSES,
     NODES,
     POD_TEMPLATES,
     PODS,
     PROVISIONING_REQUESTS,
+    RESOURCE_CLAIM_TEMPLATES,
+    RESOURCE_CLAIMS,
+    RESOURCE_SLICES,
     Resource,
 )
 from controller.state.cache import Body, ClusterState, object_key
 
+log = logging.getLogger(__name__)
 
 class Feeds:
     def __init__(self, kube: KubeClient, state: ClusterState, *, with_requests: bool = False):
@@ -68,14 +74,38 @@ class Feeds:
                     self._kube.watch(res, on_sync, on_event), name=f"watch-{res.plural}"
                 )
             )
+        for res in (RESOURCE_SLICES, RESOURCE_CLAIMS, RESOURCE_CLAIM_TEMPLATES, DEVICE_CLASSES):
+            self._tasks.append(
+                asyncio.create_task(self._watch_dra(res), name=f"watch-{res.plural}")
+            )
+
+    async def _watch_dra(self, res: Resource) -> None:
+        """Watch one DRA kind; an API server that does not serve resource.k8s.io/v1
+        (Kubernetes < 1.34), or forbids reading it, means no devices: said once rather than
+        retried forever."""
+        try:
+            await self._kube.list(res)
+        except ApiError as exc:
+            if exc.not_found or exc.status == 403:
+                # Not served, or no RBAC rule for it: plan as if no node had devices.
+                log.warning("cannot list %s (%s): planning without DRA devices", res.plural,
+                            exc)
+                self._state.dra.synced[res.plural].set()
+                return
+        dra, kind = self._state.dra, res.plural
+        await self._kube.watch(
+            res,
+            lambda items: dra.replace(kind, items),
+            _events(lambda o: dra.upsert(kind, o), lambda o: dra.delete(kind, object_key(o))),
+        )
 
     async def wait_synced(self, within: float = 30.0) -> None:
         kinds = ["nodes", "pods", "podtemplates", "pools"]
         if self._with_requests:
             kinds.append("requests")
-        await asyncio.wait_for(
-            asyncio.gather(*(self._state.synced[k].wait() for k in kinds)), within
-        )
+        events = [self._state.synced[k] for k in kinds]
+        events.extend(self._state.dra.synced.values())
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), within)
 
     async def stop(self) -> None:
         tasks, self._tasks = self._tasks, []

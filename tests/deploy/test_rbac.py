@@ -49,6 +49,8 @@ UNEXERCISED: dict[tuple[str, str, str], str] = {
     "after a crash re-creates a node that already exists)",
     ("kueue.x-k8s.io", "workloads", "get"): "controller/kueue/workloads.py re-reads a Workload "
     "after a 409 on its status write (Kueue and other check controllers write it too)",
+    ("resource.k8s.io", "resourceslices", "create"): "providers/kind.py publishes ResourceSlices "
+    "only for pools whose nodeTemplate lists resourceSlices (DRA); e2e/test_dra.py covers it",
 }
 # Requests Muster makes knowing they may be refused, each with why that is fine.
 TOLERATED_DENIALS: dict[tuple[str, str, str], str] = {
