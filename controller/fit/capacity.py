@@ -30,7 +30,9 @@ def apply_plan(snapshot: Snapshot, plan: Plan) -> Snapshot:
         slot = used.setdefault(a.node, {})
         for res, amount in a.requests.items():
             slot[res] = slot.get(res, 0) + amount * a.pods
-    nodes = tuple(
+    # A plan of new nodes only leaves existing nodes as they are; skipping the walk over
+    # every node keeps a planning pass of N such requests O(N), not O(N x nodes).
+    nodes = snapshot.nodes if not used else tuple(
         replace(n, free={r: v - used[n.name].get(r, 0) for r, v in
                          {**{k: 0 for k in used[n.name]}, **n.free}.items()})
         if n.name in used

@@ -41,7 +41,10 @@ def build_registry(
         configure_settings(settings)
 
     @kopf.on.event(res.group, res.version, res.plural, registry=registry)
-    def on_request(event: Mapping[str, Any], **_: Any) -> None:
+    async def on_request(event: Mapping[str, Any], **_: Any) -> None:
+        # Async so kopf calls it on the event loop: kopf runs sync handlers in a thread
+        # pool, and ``observe`` touches the cache and the asyncio work queue, which are
+        # not thread-safe (and the thread hop cost more than the handler itself).
         observe(event.get("type"), event.get("object") or {})
 
     @kopf.on.probe(id="muster", registry=registry)

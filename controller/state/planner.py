@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -22,6 +23,9 @@ from controller.state.bookings import Booking
 from controller.state.cache import ClusterState
 
 log = logging.getLogger(__name__)
+
+MAX_COALESCE_SECONDS = 0.2
+"""Upper bound of the adaptive batching window: the most a request waits for its pass."""
 
 BookFn = Callable[[Plan], Booking | str]
 """Turns a plan into the booking to reserve, or returns why it must be refused (budget)."""
@@ -51,6 +55,7 @@ class Planner:
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.passes = 0
+        self._last_pass_seconds = 0.0
 
     def start(self) -> None:
         if self._task is None:
@@ -79,11 +84,19 @@ class Planner:
             # Requests arriving within a few milliseconds share one pass: a snapshot with
             # every booking subtracted costs O(nodes + bookings), so one pass per request
             # would make a burst of N requests cost O(N^2).
-            await asyncio.sleep(self.coalesce_seconds)
+            # The window also grows with the last pass's cost (capped): when requests trickle
+            # in one by one under load, back-to-back passes would each pay the snapshot for
+            # a handful of requests and starve the event loop; this keeps planning to about
+            # a third of the loop's time.
+            await asyncio.sleep(
+                min(max(self.coalesce_seconds, 2 * self._last_pass_seconds), MAX_COALESCE_SECONDS)
+            )
             self._wakeup.clear()
             batch, self._pending = self._pending, []
             if batch:
+                started = time.monotonic()
                 self._pass(batch)
+                self._last_pass_seconds = time.monotonic() - started
 
     def _pass(self, batch: list[_Item]) -> None:
         self.passes += 1
