@@ -221,8 +221,13 @@ async def test_crash_after_the_cloud_call_leaks_nothing_and_duplicates_nothing(
         gcp_fake.fake.polls_before_done = 10**6  # operations never finish for this process
         for inserts, r in enumerate((live, dead), start=1):
             task = asyncio.create_task(before.acquire(r))
+            # Wait for this acquisition's own insert, then for a poll after it: counting polls
+            # alone races with the previous (cancelled) acquisition's thread, which keeps
+            # polling its operation.
+            assert await asyncio.to_thread(gcp_fake.fake.wait_for_calls, "bulk_insert", inserts)
+            polls = len(gcp_fake.fake.calls("wait_operation"))
             assert await asyncio.to_thread(gcp_fake.fake.wait_for_calls, "wait_operation",
-                                           inserts)
+                                           polls + 1)
             task.cancel()  # the process is killed while waiting on the operation
             with pytest.raises(asyncio.CancelledError):
                 await task
