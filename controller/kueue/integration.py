@@ -75,7 +75,7 @@ class KueueIntegration:
     # ------------------------------------------------------------------ life cycle
 
     async def start(self, *, sync_timeout: float = 30.0) -> None:
-        await self._preflight()
+        await self.preflight()
         v = self.view
         self._watch(ADMISSION_CHECKS, v.checks, self._checks_changed)
         self._watch(RESOURCE_FLAVORS, v.flavors, self._all_workloads)
@@ -93,7 +93,7 @@ class KueueIntegration:
         self.queue.start()
         await self._checks_changed(None)
 
-    async def _preflight(self) -> None:
+    async def preflight(self) -> None:
         """Fail fast, naming the fix, when the cluster does not serve Kueue's v1beta2 API
         (otherwise the watches would retry forever and no Workload would ever move)."""
         for res in (WORKLOADS, ADMISSION_CHECKS):

@@ -103,6 +103,8 @@ class Controller:
         self._enqueue(key)
 
     async def start(self) -> None:
+        if self.kueue is not None:
+            await self.kueue.preflight()  # before anything runs: a missing Kueue is fatal
         self.feeds.start()
         await self.feeds.wait_synced()
         if self.use_kopf:
