@@ -14,6 +14,7 @@ from typing import Any
 from controller.commands import objects
 from controller.kube.resources import (
     CAPACITY_POOLS,
+    EVENTS,
     NODES,
     POD_TEMPLATES,
     PODS,
@@ -158,6 +159,10 @@ async def test_path_b_pins_the_gang_to_one_provisioned_rack(kueue_env: KueueEnv)
     other = next(c for c in wl["status"]["admissionChecks"] if c["name"] == OTHER_CHECK)
     assert other["state"] == "Ready" and other["podSetUpdates"][0]["labels"] == {
         "example.com/ok": "yes"}, "Muster's writes kept the other check's entry"
+
+    events = (await env.kube.list(EVENTS, namespace=env.namespace)).get("items") or []
+    reasons = {(e["involvedObject"]["name"], e["reason"]) for e in events}
+    assert {("train", "ProvisioningRequestCreated"), ("train", "AdmissionCheckUpdated")} <= reasons
 
     rack_nodes = (await env.kube.list(
         NODES, label_selector=f"{objects.RACK}={rack},{POOL_LABEL}=gpu-h100")).get("items")
