@@ -176,6 +176,13 @@ async def test_path_b_pins_the_gang_to_one_provisioned_rack(kueue_env: KueueEnv)
         "nodeSelector"][objects.RACK]
     assert other_rack != rack, "the booked rack is not offered to another Workload"
 
+    # A GPU pod of a Workload admitted without Muster's check (the flavor's nodeLabels, no
+    # toleration for the pool's taint): it must not take a booked node.
+    intruder = kq.admitted_pod(gang("plain", env.namespace, 1) | {"status": {
+        "admission": {"clusterQueue": "x", "podSetAssignments": [
+            {"name": "workers", "flavors": GPU_FLAVORS, "count": 1}]}}},
+        "workers", 0, flavors=FLAVORS)
+    await env.kube.create(PODS, intruder, namespace=env.namespace)
     await run_pods(env, "other", 8)
     await run_pods(env, "train", 16)
     train_pods = await eventually(lambda: all_bound(env, "train", 17), within=30,
@@ -189,6 +196,8 @@ async def test_path_b_pins_the_gang_to_one_provisioned_rack(kueue_env: KueueEnv)
     assert len({p["spec"]["nodeName"] for p in workers}) == 16
     assert not names & {p["spec"]["nodeName"] for p in other_pods}, (
         "no pod of another Workload runs on train's booked nodes")
+    plain = await env.kube.get(PODS, intruder["metadata"]["name"], namespace=env.namespace)
+    assert not plain["spec"].get("nodeName"), "a pod without the check's updates stays off"
 
     # Finished: Muster deletes its request (Kueue's CleanupProvisioningRequestsOnEviction).
     await env.update_status("train", lambda wl: kq.set_condition(
