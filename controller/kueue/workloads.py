@@ -248,9 +248,14 @@ class CheckReconciler:
         stale = [r for r in owned if r["metadata"]["name"] != name]
         if stale:
             await self.delete_requests(stale)
-        if current is not None and (current.get("metadata") or {}).get("deletionTimestamp"):
-            # The same attempt's request from before an eviction is still releasing its
-            # nodes; its conditions describe the old booking. Its DELETED event requeues us.
+        if current is not None and (
+            (current.get("metadata") or {}).get("deletionTimestamp")
+            or not any(o.get("uid") == wl.metadata.uid
+                       for o in current["metadata"].get("ownerReferences") or [])
+        ):
+            # The same name from before an eviction (still releasing its nodes) or from an
+            # earlier Workload of the same name (awaiting garbage collection): its
+            # conditions describe another booking. Its DELETED event requeues us.
             return
         if current is None:
             await self.create_request(wl, check, name, prc)
