@@ -9,10 +9,10 @@ is replaced whole, which is what a real server does for atomic lists.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from sandbox.errors import ApiError, bad_request
+from sandbox.jsoncopy import jcopy
 
 # Associative lists of core types: field name -> merge key (strategic merge "patchMergeKey").
 KNOWN_LIST_KEYS: dict[str, tuple[str, ...]] = {
@@ -48,7 +48,7 @@ def _unprocessable(message: str) -> ApiError:
 def merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7386: objects merge recursively, ``null`` deletes, anything else replaces."""
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
+        return jcopy(patch)
     result = dict(target) if isinstance(target, dict) else {}
     for key, value in patch.items():
         if value is None:
@@ -56,7 +56,7 @@ def merge_patch(target: Any, patch: Any) -> Any:
         elif isinstance(value, dict):
             result[key] = merge_patch(result.get(key), value)
         else:
-            result[key] = copy.deepcopy(value)
+            result[key] = jcopy(value)
     return result
 
 
@@ -146,7 +146,7 @@ def json_patch(doc: Any, ops: Any) -> Any:
     """RFC 6902 on a deep copy of ``doc``; a failed ``test`` or a bad path raises 422."""
     if not isinstance(ops, list):
         raise bad_request("a JSON patch must be a list of operations")
-    doc = copy.deepcopy(doc)
+    doc = jcopy(doc)
     for op in ops:
         if not isinstance(op, dict) or "op" not in op or "path" not in op:
             raise bad_request(f"invalid JSON patch operation: {op!r}")
@@ -154,18 +154,18 @@ def json_patch(doc: Any, ops: Any) -> Any:
         if kind in ("add", "replace", "test") and "value" not in op:
             raise bad_request(f"JSON patch operation {kind} at {path!r} needs a value")
         if kind == "add":
-            doc = _add(doc, path, copy.deepcopy(op["value"]))
+            doc = _add(doc, path, jcopy(op["value"]))
         elif kind == "remove":
             doc, _ = _remove(doc, path)
         elif kind == "replace":
             _get(doc, path)  # must exist
             doc, _ = _remove(doc, path) if _pointer(path) else (doc, None)
-            doc = _add(doc, path, copy.deepcopy(op["value"]))
+            doc = _add(doc, path, jcopy(op["value"]))
         elif kind == "move":
             doc, value = _remove(doc, op.get("from", ""))
             doc = _add(doc, path, value)
         elif kind == "copy":
-            doc = _add(doc, path, copy.deepcopy(_get(doc, op.get("from", ""))))
+            doc = _add(doc, path, jcopy(_get(doc, op.get("from", ""))))
         elif kind == "test":
             if _get(doc, path) != op["value"]:
                 raise _unprocessable(
@@ -180,7 +180,7 @@ def json_patch(doc: Any, ops: Any) -> Any:
 # ---------------------------------------------------------------------------- structural merges
 
 
-def _list_keys(name: str, schema: dict[str, Any] | None) -> tuple[str, tuple[str, ...]]:
+def list_merge_kind(name: str, schema: dict[str, Any] | None) -> tuple[str, tuple[str, ...]]:
     """How a list field merges: ("map", keys), ("set", ()) or ("atomic", ())."""
     if schema is not None:
         list_type = schema.get("x-kubernetes-list-type")
@@ -197,7 +197,7 @@ def _list_keys(name: str, schema: dict[str, Any] | None) -> tuple[str, tuple[str
     return "atomic", ()
 
 
-def _child_schema(schema: dict[str, Any] | None, key: str) -> dict[str, Any] | None:
+def child_schema(schema: dict[str, Any] | None, key: str) -> dict[str, Any] | None:
     if schema is None:
         return None
     props = schema.get("properties")
@@ -208,7 +208,7 @@ def _child_schema(schema: dict[str, Any] | None, key: str) -> dict[str, Any] | N
     return extra if isinstance(extra, dict) else None
 
 
-def _item_schema(schema: dict[str, Any] | None) -> dict[str, Any] | None:
+def item_schema(schema: dict[str, Any] | None) -> dict[str, Any] | None:
     if schema is None:
         return None
     items = schema.get("items")
@@ -233,9 +233,9 @@ def structural_merge(
     fields the applier explicitly nulls.
     """
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
+        return jcopy(patch)
     if strategic and patch.get("$patch") == "replace":
-        return {k: copy.deepcopy(v) for k, v in patch.items() if not k.startswith("$")}
+        return {k: jcopy(v) for k, v in patch.items() if not k.startswith("$")}
     if strategic and patch.get("$patch") == "delete":
         return None
     result = dict(target) if isinstance(target, dict) else {}
@@ -248,7 +248,7 @@ def structural_merge(
         if value is None:
             result.pop(key, None)
             continue
-        sub = _child_schema(schema, key)
+        sub = child_schema(schema, key)
         if isinstance(value, dict):
             merged = structural_merge(result.get(key), value, sub, strategic=strategic)
             if merged is None:
@@ -281,34 +281,34 @@ def _is_directive(item: Any, which: str | None = None) -> bool:
 def _merge_list(
     name: str, current: Any, patch: list[Any], schema: dict[str, Any] | None, strategic: bool,
 ) -> list[Any]:
-    kind, keys = _list_keys(name, schema)
+    kind, keys = list_merge_kind(name, schema)
     replace = strategic and any(_is_directive(v, "replace") for v in patch)
     if not isinstance(current, list) or kind == "atomic" or replace:
-        return [copy.deepcopy(v) for v in patch if not _is_directive(v)]
+        return [jcopy(v) for v in patch if not _is_directive(v)]
     if kind == "set":
-        return list(current) + [copy.deepcopy(v) for v in patch if v not in current]
+        return list(current) + [jcopy(v) for v in patch if v not in current]
     out = list(current)
     positions: dict[tuple[Any, ...], int] = {}
     for i, item in enumerate(out):
         mk = _merge_key_of(item, keys)
         if mk is not None:
             positions[mk] = i
-    item_schema = _item_schema(schema)
+    items_schema = item_schema(schema)
     deleted: set[int] = set()
     for item in patch:
         mk = _merge_key_of(item, keys)
         if mk is None:
-            out.append(copy.deepcopy(item))
+            out.append(jcopy(item))
             continue
         if mk in positions:
             idx = positions[mk]
             if strategic and _is_directive(item, "delete"):
                 deleted.add(idx)
                 continue
-            out[idx] = structural_merge(out[idx], item, item_schema, strategic=strategic)
+            out[idx] = structural_merge(out[idx], item, items_schema, strategic=strategic)
         elif not _is_directive(item, "delete"):
             positions[mk] = len(out)
-            out.append(structural_merge({}, item, item_schema, strategic=strategic))
+            out.append(structural_merge({}, item, items_schema, strategic=strategic))
     return [item for i, item in enumerate(out) if i not in deleted]
 
 

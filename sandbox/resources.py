@@ -31,6 +31,11 @@ class ResourceType:
     extra_subresources: tuple[str, ...] = ()
     # Per-version openAPIV3Schema (CRDs only), used for listType=map merging in server-side apply.
     schemas: dict[str, dict[str, Any]] = field(default_factory=dict, compare=False, hash=False)
+    # Per-version additionalPrinterColumns (CRDs only), for kubectl's Table output.
+    printer_columns: dict[str, list[dict[str, Any]]] = field(
+        default_factory=dict, compare=False, hash=False)
+    # Per-version deprecation warnings (CRDs only).
+    deprecations: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
     builtin: bool = True
 
     @property
@@ -84,6 +89,17 @@ BUILTIN_TYPES: tuple[ResourceType, ...] = (
         group="coordination.k8s.io", versions=("v1",), plural="leases", singular="lease",
         kind="Lease", namespaced=True,
     ),
+    # Dynamic Resource Allocation (resource.k8s.io/v1), for the DRA-aware fit tests.
+    ResourceType(group="resource.k8s.io", versions=("v1",), plural="deviceclasses",
+                 singular="deviceclass", kind="DeviceClass", namespaced=False),
+    ResourceType(group="resource.k8s.io", versions=("v1",), plural="resourceslices",
+                 singular="resourceslice", kind="ResourceSlice", namespaced=False),
+    ResourceType(group="resource.k8s.io", versions=("v1",), plural="resourceclaims",
+                 singular="resourceclaim", kind="ResourceClaim", namespaced=True,
+                 status_subresource=True),
+    ResourceType(group="resource.k8s.io", versions=("v1",), plural="resourceclaimtemplates",
+                 singular="resourceclaimtemplate", kind="ResourceClaimTemplate",
+                 namespaced=True),
     ResourceType(
         group=CRD_GROUP, versions=("v1",), plural="customresourcedefinitions",
         singular="customresourcedefinition", kind="CustomResourceDefinition",
@@ -91,6 +107,42 @@ BUILTIN_TYPES: tuple[ResourceType, ...] = (
         categories=("api-extensions",),
     ),
 )
+
+
+def _deprecations(group: str, kind: str, entries: list[Any]) -> dict[str, str]:
+    out = {}
+    for v in entries:
+        if isinstance(v, dict) and v.get("deprecated") and v.get("name"):
+            out[v["name"]] = str(v.get("deprecationWarning")
+                                 or f"{group}/{v['name']} {kind} is deprecated")
+    return out
+
+
+def _crd_versions(entries: list[Any]) -> tuple[
+    list[str], str | None, bool, dict[str, dict[str, Any]], dict[str, list[dict[str, Any]]],
+]:
+    """(served versions, storage version, has status subresource, schemas, printer columns)."""
+    versions: list[str] = []
+    storage: str | None = None
+    status = False
+    schemas: dict[str, dict[str, Any]] = {}
+    printers: dict[str, list[dict[str, Any]]] = {}
+    for v in entries:
+        if not isinstance(v, dict) or not v.get("name"):
+            raise bad_request("CustomResourceDefinition version entries need a name")
+        if v.get("served", True):
+            versions.append(v["name"])
+        if v.get("storage"):
+            storage = v["name"]
+        if "status" in (v.get("subresources") or {}):
+            status = True
+        schema = (v.get("schema") or {}).get("openAPIV3Schema")
+        if isinstance(schema, dict):
+            schemas[v["name"]] = schema
+        columns = v.get("additionalPrinterColumns")
+        if isinstance(columns, list):
+            printers[v["name"]] = [c for c in columns if isinstance(c, dict)]
+    return versions, storage, status, schemas, printers
 
 
 def types_from_crd(crd: dict[str, Any]) -> ResourceType:
@@ -115,22 +167,7 @@ def types_from_crd(crd: dict[str, Any]) -> ResourceType:
             f'CustomResourceDefinition.apiextensions.k8s.io "{name}" is invalid: '
             f'metadata.name: Invalid value: "{name}": must be spec.names.plural+"."+spec.group',
         )
-    versions: list[str] = []
-    storage: str | None = None
-    status = False
-    schemas: dict[str, dict[str, Any]] = {}
-    for v in spec.get("versions") or []:
-        if not isinstance(v, dict) or not v.get("name"):
-            raise bad_request("CustomResourceDefinition version entries need a name")
-        if v.get("served", True):
-            versions.append(v["name"])
-        if v.get("storage"):
-            storage = v["name"]
-        if "status" in (v.get("subresources") or {}):
-            status = True
-        schema = (v.get("schema") or {}).get("openAPIV3Schema")
-        if isinstance(schema, dict):
-            schemas[v["name"]] = schema
+    versions, storage, status, schemas, printers = _crd_versions(spec.get("versions") or [])
     if not versions:
         raise ApiError(422, "Invalid", f"CustomResourceDefinition {name} serves no version")
     # Storage (or first served) version first: that is the preferred version in discovery.
@@ -144,7 +181,8 @@ def types_from_crd(crd: dict[str, Any]) -> ResourceType:
         namespaced=scope == "Namespaced", status_subresource=status,
         short_names=tuple(names.get("shortNames") or ()),
         categories=tuple(names.get("categories") or ()),
-        schemas=schemas, builtin=False,
+        schemas=schemas, printer_columns=printers, builtin=False,
+        deprecations=_deprecations(group, kind, spec.get("versions") or []),
     )
 
 

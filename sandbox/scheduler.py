@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,7 +148,6 @@ class SandboxScheduler:
         self.placements: list[Placement] = []
         self._task: asyncio.Task[None] | None = None
         self._watchers: list[Watcher] = []
-        self._wakeup = asyncio.Event()
 
     # ------------------------------------------------------------------ decisions
 
@@ -223,11 +222,18 @@ class SandboxScheduler:
         return best[1] if best else None
 
     def schedule_once(self) -> list[Placement]:
-        """One pass over pending pods, in creation order; returns the bindings it made."""
+        """One pass over every pending pod, in creation order; returns the bindings made."""
+        table = self.store.table(self.store.resolve("pods"))
+        assert table.by_node is not None
+        bound = [k for keys in table.by_node.values() for k in keys]
+        return self._pass(list(table.objects), bound)
+
+    def _pass(self, candidates: Iterable[Key], bound: Iterable[Key]) -> list[Placement]:
+        table = self.store.table(self.store.resolve("pods"))
         nodes = sorted(self.store.list_raw(self.store.resolve("nodes"))[0],
                        key=lambda n: n["metadata"]["name"])
-        pods = [p for p in self.store.list_raw(self.store.resolve("pods"),
-                                               field_selector=None)[0] if self._wants(p)]
+        pods = [table.objects[k] for k in candidates
+                if k in table.objects and self._wants(table.objects[k])]
         pods.sort(key=lambda p: (p["metadata"].get("creationTimestamp", ""),
                                  int(p["metadata"].get("resourceVersion", 0))))
         usage: dict[str, dict[str, int]] = {}
@@ -246,26 +252,26 @@ class SandboxScheduler:
             for k, v in pod_requests(pod).items():
                 usage[node][k] = usage[node].get(k, 0) + v
             made.append(Placement(meta["namespace"], meta["name"], node))
-        self._start_bound_pods()
+        self._start_bound_pods(bound)
         self.placements.extend(made)
         return made
 
-    def _start_bound_pods(self) -> None:
+    def _start_bound_pods(self, keys: Iterable[Key]) -> None:
         # The kubelet's part: pods created with spec.nodeName go Running too.
         if not self.running_phase:
             return
         table = self.store.table(self.store.resolve("pods"))
-        assert table.by_node is not None
-        for keys in list(table.by_node.values()):
-            for key in list(keys):
-                pod = table.objects.get(key)
-                if pod is None or (pod.get("status") or {}).get("phase", "Pending") != "Pending":
-                    continue
-                if (pod.get("metadata") or {}).get("deletionTimestamp"):
-                    continue
-                with contextlib.suppress(ApiError):
-                    self.store.patch("pods", key[1], {"status": {"phase": self.running_phase}},
-                                     key[0], subresource="status")
+        for key in list(keys):
+            pod = table.objects.get(key)
+            if pod is None or not (pod.get("spec") or {}).get("nodeName"):
+                continue
+            if (pod.get("status") or {}).get("phase", "Pending") != "Pending":
+                continue
+            if (pod.get("metadata") or {}).get("deletionTimestamp"):
+                continue
+            with contextlib.suppress(ApiError):
+                self.store.patch("pods", key[1], {"status": {"phase": self.running_phase}},
+                                 key[0], subresource="status")
 
     def _mark_unschedulable(self, pod: Obj, node_count: int) -> None:
         message = f"0/{node_count} nodes are available for this pod"
@@ -286,14 +292,11 @@ class SandboxScheduler:
     # ------------------------------------------------------------------ background loop
 
     async def start(self) -> None:
+        """Schedule in the background, driven by pod and node watch events."""
         if self._task is not None:
             return
-        rv = str(self.store.resource_version)
-        self._watchers = [
-            self.store.watch("pods", resource_version=rv),
-            self.store.watch("nodes", resource_version=rv),
-        ]
-        self._wakeup.set()
+        # Without a resourceVersion the watches begin with every current object (ADDED).
+        self._watchers = [self.store.watch("pods"), self.store.watch("nodes")]
         self._task = asyncio.create_task(self._run(), name="sandbox-scheduler")
 
     async def stop(self) -> None:
@@ -306,23 +309,45 @@ class SandboxScheduler:
             self._task = None
 
     async def _run(self) -> None:
-        waiters = [asyncio.create_task(self._forward(w)) for w in self._watchers]
-        try:
-            while True:
-                await self._wakeup.wait()
-                self._wakeup.clear()
+        pods, nodes = self._watchers
+        # Pending pods and bound-but-not-started pods, tracked from events so that a pass costs
+        # O(pending + nodes), not O(all pods).
+        pending: set[Key] = set()
+        starting: set[Key] = set()
+        while True:
+            await self._either(pods, nodes)
+            changed = False
+            for type_, ev in await pods.next_batch(0):
+                meta = ev.obj["metadata"]
+                key = (meta.get("namespace", ""), meta["name"])
+                pending.discard(key)
+                starting.discard(key)
+                if type_ != "DELETED" and self._wants(ev.obj):
+                    pending.add(key)
+                elif type_ != "DELETED" and (ev.obj.get("spec") or {}).get("nodeName"):
+                    starting.add(key)
+                changed = True
+            if await nodes.next_batch(0):
+                changed = True
+            if pods.closed or nodes.closed:
+                return
+            if changed and (pending or starting):
                 try:
-                    self.schedule_once()
+                    self._pass(sorted(pending), sorted(starting))
                 except Exception:  # keep scheduling after a bad pod; log it loudly
                     log.exception("sandbox scheduler pass failed")
-                # Coalesce bursts of events into one pass.
-                await asyncio.sleep(0.01)
-        finally:
-            for t in waiters:
-                t.cancel()
+                starting.clear()
 
-    async def _forward(self, watcher: Watcher) -> None:
-        while not watcher.closed:
-            batch = await watcher.next_batch(None)
-            if batch:
-                self._wakeup.set()
+    @staticmethod
+    async def _either(a: Watcher, b: Watcher) -> None:
+        """Wait until either watcher has events or is closed."""
+        if a.queue or b.queue or a.closed or b.closed:
+            return
+        a.wakeup.clear()
+        b.wakeup.clear()
+        waits = [asyncio.create_task(a.wakeup.wait()), asyncio.create_task(b.wakeup.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in waits:
+                t.cancel()

@@ -15,7 +15,6 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -23,11 +22,13 @@ from typing import Any
 import yaml
 from aiohttp import web
 
+from sandbox import errors, yamlio
 from sandbox.errors import ApiError, bad_request
 from sandbox.faults import Faults
 from sandbox.resources import ResourceType
 from sandbox.selectors import FieldSelector, LabelSelector
 from sandbox.store import CONTENT_TYPES, Store
+from sandbox.tables import table as _table
 from sandbox.watch import Watcher, WatchEvent
 
 KUBE_VERSION = {
@@ -64,69 +65,6 @@ class Target:
     name: str | None
     subresource: str | None
     watch_path: bool
-
-
-def _age(ts: str | None) -> str:
-    if not ts:
-        return "<unknown>"
-    try:
-        then = datetime.strptime(ts, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-    except ValueError:
-        return "<unknown>"
-    secs = int((datetime.now(UTC) - then).total_seconds())
-    if secs < 120:
-        return f"{max(secs, 0)}s"
-    if secs < 7200:
-        return f"{secs // 60}m"
-    if secs < 172800:
-        return f"{secs // 3600}h"
-    return f"{secs // 86400}d"
-
-
-def _table_columns(rt: ResourceType) -> list[tuple[str, str]]:
-    if rt.key == ("", "pods"):
-        return [("Name", "string"), ("Status", "string"), ("Node", "string"), ("Age", "string")]
-    if rt.key == ("", "nodes"):
-        return [("Name", "string"), ("Status", "string"), ("Age", "string")]
-    if rt.key == ("", "namespaces"):
-        return [("Name", "string"), ("Status", "string"), ("Age", "string")]
-    return [("Name", "string"), ("Age", "string")]
-
-
-def _table_row(rt: ResourceType, obj: Mapping[str, Any]) -> dict[str, Any]:
-    meta = obj.get("metadata") or {}
-    age = _age(meta.get("creationTimestamp"))
-    cells: list[Any]
-    if rt.key == ("", "pods"):
-        cells = [meta.get("name"), (obj.get("status") or {}).get("phase", ""),
-                 (obj.get("spec") or {}).get("nodeName") or "<none>", age]
-    elif rt.key == ("", "nodes"):
-        conds = (obj.get("status") or {}).get("conditions") or []
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
-        status = "Ready" if ready else "NotReady"
-        if (obj.get("spec") or {}).get("unschedulable"):
-            status += ",SchedulingDisabled"
-        cells = [meta.get("name"), status, age]
-    elif rt.key == ("", "namespaces"):
-        cells = [meta.get("name"), (obj.get("status") or {}).get("phase", ""), age]
-    else:
-        cells = [meta.get("name"), age]
-    return {"cells": cells, "object": obj}
-
-
-def _table(rt: ResourceType, items: list[Any], rv: str, token: str | None = None) -> Any:
-    meta: dict[str, Any] = {"resourceVersion": rv}
-    if token:
-        meta["continue"] = token
-    return {
-        "kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": meta,
-        "columnDefinitions": [
-            {"name": n, "type": t, "format": "name" if n == "Name" else "", "description": "",
-             "priority": 0}
-            for n, t in _table_columns(rt)
-        ],
-        "rows": [_table_row(rt, o) for o in items],
-    }
 
 
 def _wants_table(request: web.Request) -> bool:
@@ -244,7 +182,10 @@ class SandboxServer:
             return await self._route(request)
         except ApiError as err:
             return _error_response(err)
-        except (ConnectionResetError, asyncio.CancelledError):
+        except ConnectionError:
+            # The client closed the connection mid-response; nothing can be sent any more.
+            return web.Response(status=499)
+        except asyncio.CancelledError:
             raise
         except Exception as exc:  # a server bug must answer 500, like the apiserver, not hang
             return _error_response(ApiError(500, "InternalError", f"internal error: {exc!r}"))
@@ -446,17 +387,23 @@ class SandboxServer:
                 reason = "ServiceUnavailable" if rule.status == 503 else "InternalError"
                 raise ApiError(rule.status, reason, f"injected fault: HTTP {rule.status}")
             elif rule.kind == "conflict":
-                from sandbox import errors
-
                 raise errors.conflict(t.rt.plural, t.rt.group, t.name or "", "injected conflict")
 
     async def _body(self, request: web.Request, *, yaml_ok: bool = False) -> Any:
+        ctype = request.headers.get("Content-Type", "").split(";")[0].strip()
+        if "protobuf" in ctype or "cbor" in ctype:
+            # The sandbox speaks JSON only; client-go falls back to JSON on 415.
+            raise ApiError(
+                415, "UnsupportedMediaType",
+                f'the body of the request was in an unknown format - accepted media types '
+                f'include: application/json, application/yaml (got "{ctype}")',
+            )
         raw = await request.read()
         if not raw:
             return None
         try:
             if yaml_ok:
-                return yaml.safe_load(raw)
+                return yamlio.load(raw)
             return json.loads(raw)
         except (ValueError, yaml.YAMLError) as exc:
             raise bad_request(f"the request body is not valid {'YAML' if yaml_ok else 'JSON'}: "
@@ -469,6 +416,14 @@ class SandboxServer:
         verb = self._verb(request, t)
         self.requests[(verb, t.rt.plural)] += 1
         await self._apply_faults(verb, t)
+        resp = await self._serve(request, t, verb)
+        warning = t.rt.deprecations.get(t.version)
+        if warning and not resp.prepared:
+            # Deprecated CRD versions warn like the apiserver (kubectl prints "Warning: ...").
+            resp.headers["Warning"] = '299 - "' + warning.replace('"', "'") + '"'
+        return resp
+
+    async def _serve(self, request: web.Request, t: Target, verb: str) -> web.StreamResponse:
         q = request.query
         dry_run = q.get("dryRun") == "All"
         store = self.store
@@ -516,7 +471,8 @@ class SandboxServer:
         if obj.get("apiVersion") != t.rt.api_version(t.version):
             out = {**obj, "apiVersion": t.rt.api_version(t.version)}
         if _wants_table(request) and request.method == "GET":
-            out = _table(t.rt, [out], str(obj["metadata"].get("resourceVersion", "")))
+            out = _table(t.rt, [out], str(obj["metadata"].get("resourceVersion", "")),
+                         version=t.version)
         return _json_response(out, status)
 
     def _list(self, request: web.Request, t: Target) -> web.Response:
@@ -536,7 +492,7 @@ class SandboxServer:
             items = [o if o.get("apiVersion") == api_version else {**o, "apiVersion": api_version}
                      for o in items]
         if _wants_table(request):
-            return _json_response(_table(t.rt, items, rv, token))
+            return _json_response(_table(t.rt, items, rv, token, version=t.version))
         meta: dict[str, Any] = {"resourceVersion": rv}
         if token:
             meta["continue"] = token
@@ -651,9 +607,10 @@ class SandboxServer:
             if err.code != 410:
                 raise
             # The apiserver reports an expired resourceVersion inside the stream.
-            await resp.prepare(request)
-            await resp.write(_dumps({"type": "ERROR", "object": err.status()}) + b"\n")
-            await resp.write_eof()
+            with contextlib.suppress(ConnectionError):
+                await resp.prepare(request)
+                await resp.write(_dumps({"type": "ERROR", "object": err.status()}) + b"\n")
+                await resp.write_eof()
             return resp
         self._watchers.add(watcher)
         try:
@@ -663,8 +620,8 @@ class SandboxServer:
                 watcher.queue.clear()
                 await resp.write(self._bookmark(t, initial_end=True))
             await self._pump(request, resp, t, watcher, timeout, bookmarks, table_mode)
-        except (ConnectionResetError, ConnectionError):
-            pass
+        except ConnectionError:
+            pass  # the client went away; its watcher is closed below
         finally:
             watcher.close()
             self._watchers.discard(watcher)
@@ -690,7 +647,8 @@ class SandboxServer:
             for type_, ev in batch:
                 obj = ev.obj
                 chunks.append(_dumps({"type": type_, "object": _table(
-                    t.rt, [obj], str(obj["metadata"].get("resourceVersion", "")))}) + b"\n")
+                    t.rt, [obj], str(obj["metadata"].get("resourceVersion", "")),
+                    version=t.version)}) + b"\n")
             await resp.write(b"".join(chunks))
             return
         api_version = t.rt.api_version(t.version) if len(t.rt.versions) > 1 else None

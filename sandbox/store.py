@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import base64
 import builtins
-import copy
 import json
 import random
+import re
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -27,11 +28,14 @@ from typing import Any
 
 import yaml
 
-from sandbox import errors
+from sandbox import errors, yamlio
 from sandbox.errors import ApiError, bad_request
+from sandbox.jsoncopy import copy_obj, jcopy
 from sandbox.patch import apply_merge, json_patch, merge_patch, strategic_merge_patch
 from sandbox.resources import CRD_GROUP, Registry, ResourceType, types_from_crd
+from sandbox.schema import prune
 from sandbox.selectors import FieldSelector, LabelSelector, matcher
+from sandbox.ssa import field_paths, plan_apply, to_fields_v1
 from sandbox.watch import Watcher, WatchEvent
 
 Obj = dict[str, Any]
@@ -50,8 +54,17 @@ _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"
 _TOP_LEVEL_NON_SPEC = frozenset({"metadata", "status", "kind", "apiVersion"})
 
 
+_clock: list[Any] = [0, ""]
+
+
 def now_iso() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """The current UTC time as RFC 3339 seconds (formatted once per second, writes are hot)."""
+    now = time.time()
+    second = int(now)
+    if _clock[0] != second:
+        _clock[0] = second
+        _clock[1] = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return str(_clock[1])
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -68,11 +81,11 @@ def _owner_uids(obj: Mapping[str, Any]) -> set[str]:
     return {r["uid"] for r in refs if isinstance(r, dict) and r.get("uid")}
 
 
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
 def _valid_name(name: str) -> bool:
-    if not name or len(name) > 253 or name in (".", ".."):
-        return False
-    return all(c.islower() or c.isdigit() or c in "-." for c in name) and name[0].isalnum() \
-        and name[-1].isalnum()
+    return len(name) <= 253 and _DNS_SUBDOMAIN.match(name) is not None
 
 
 class Table:
@@ -133,8 +146,10 @@ class Store:
         history: int = 10_000,
         watch_queue: int = 50_000,
         seed: int | None = None,
+        prune_unknown_fields: bool = True,
     ) -> None:
         self.registry = Registry()
+        self.prune_unknown_fields = prune_unknown_fields
         self.history = history
         self.watch_queue = watch_queue
         self._rng = random.Random(seed)
@@ -199,7 +214,7 @@ class Store:
     def get(self, resource: str | ResourceType, name: str, namespace: str | None = None) -> Obj:
         """A deep copy of one object; ``ApiError(404)`` when absent."""
         rt = self.resolve(resource)
-        return copy.deepcopy(self.get_raw(rt, name, namespace or self._default_ns(rt)))
+        return copy_obj(self.get_raw(rt, name, namespace or self._default_ns(rt)))
 
     def _default_ns(self, rt: ResourceType) -> str | None:
         return "default" if rt.namespaced else None
@@ -273,7 +288,7 @@ class Store:
         items, _, _ = self.list_raw(
             rt, namespace, LabelSelector.parse(label_selector), FieldSelector.parse(field_selector),
         )
-        return copy.deepcopy(items)
+        return [copy_obj(o) for o in items]
 
     def pods_on_node(self, node: str) -> builtins.list[Obj]:
         """Pods bound to ``node`` via the nodeName index (stored dicts: do not mutate)."""
@@ -296,7 +311,7 @@ class Store:
         rt = self.resolve(resource)
         if rt.namespaced and namespace is None:
             namespace = _meta(obj).get("namespace") or "default"
-        return copy.deepcopy(
+        return copy_obj(
             self.create_raw(rt, obj, namespace, dry_run=dry_run, field_manager=field_manager)
         )
 
@@ -349,11 +364,12 @@ class Store:
         version: str | None = None,
         dry_run: bool = False,
         field_manager: str | None = None,
+        managed_fields: builtins.list[Obj] | None = None,
     ) -> Obj:
         if not isinstance(body, Mapping):
             raise bad_request("the request body must be a JSON object")
         self._check_kind(rt, body, version)
-        obj: Obj = copy.deepcopy(dict(body))
+        obj: Obj = jcopy(dict(body))
         meta = obj.get("metadata")
         if meta is None:
             meta = obj["metadata"] = {}
@@ -380,12 +396,17 @@ class Store:
         meta["uid"] = self._new_uid()
         meta["creationTimestamp"] = now_iso()
         meta["generation"] = 1
-        self._set_managed(meta, field_manager, "Update", None, rt.api_version(version))
+        if managed_fields is not None:
+            meta["managedFields"] = managed_fields
+        else:
+            meta.pop("managedFields", None)
+            self._set_managed(meta, field_manager, "Update", None, rt.api_version(version))
         if rt.status_subresource and rt.key != ("", "nodes"):
             # Create ignores status where a status subresource owns it (nodes excepted: the
             # kubelet registers a Node together with its status).
             obj.pop("status", None)
         self._defaults(rt, obj)
+        obj = self._pruned(rt, obj)
         if dry_run:
             return obj
         meta["resourceVersion"] = self._next_rv()
@@ -417,6 +438,12 @@ class Store:
                 "alphanumeric character",
             )
         return name
+
+    def _pruned(self, rt: ResourceType, obj: Obj) -> Obj:
+        if rt.builtin or not self.prune_unknown_fields:
+            return obj
+        schema = rt.schema_for(rt.storage_version)
+        return prune(obj, schema, root=True) if schema is not None else obj
 
     def _defaults(self, rt: ResourceType, obj: Obj) -> None:
         if rt.key == ("", "pods"):
@@ -463,7 +490,7 @@ class Store:
         name = _meta(obj).get("name", "")
         if rt.namespaced and namespace is None:
             namespace = _meta(obj).get("namespace") or "default"
-        return copy.deepcopy(self.replace_raw(rt, name, obj, namespace, subresource=subresource))
+        return copy_obj(self.replace_raw(rt, name, obj, namespace, subresource=subresource))
 
     def replace_raw(
         self,
@@ -492,7 +519,7 @@ class Store:
                 "the request"
             )
         old = self.get_raw(rt, name, namespace)
-        new = copy.deepcopy(dict(body))
+        new = jcopy(dict(body))
         new.setdefault("metadata", {})
         return self._update(
             rt, old, new, subresource, expected_rv=_meta(body).get("resourceVersion"),
@@ -513,7 +540,7 @@ class Store:
     ) -> Obj:
         """PATCH semantics; ``patch_type`` is merge, json, strategic or apply."""
         rt = self.resolve(resource)
-        return copy.deepcopy(
+        return copy_obj(
             self.patch_raw(
                 rt, name, patch, namespace or self._default_ns(rt), patch_type=patch_type,
                 subresource=subresource, field_manager=field_manager, force=force,
@@ -569,14 +596,19 @@ class Store:
                 raise errors.not_found(rt.plural, rt.group, name)
             return self._create_by_apply(rt, name, patch, namespace, version, dry_run,
                                          field_manager)
-        new, expected_rv = self._patched(rt, old, patch, patch_type, version, field_manager)
-        new = copy.deepcopy(new) if new is old else new
+        if patch_type == "apply":
+            new, expected_rv, managed = self._applied(
+                rt, old, patch, version, field_manager, force, subresource)
+        else:
+            new, expected_rv = self._patched(old, patch, patch_type)
+            managed = None
+        new = jcopy(new) if new is old else new
         if not isinstance(new, dict):
             raise ApiError(422, "Invalid", "the patched object is not a JSON object")
         return self._update(
             rt, old, new, subresource, expected_rv=expected_rv, version=version,
             dry_run=dry_run, field_manager=field_manager,
-            operation="Apply" if patch_type == "apply" else "Update",
+            operation="Apply" if patch_type == "apply" else "Update", managed=managed,
         )
 
     def _create_by_apply(
@@ -592,42 +624,65 @@ class Store:
             raise bad_request("an apply patch must be a YAML or JSON object")
         body = dict(patch)
         body["metadata"] = {**(body.get("metadata") or {}), "name": name}
+        entry = {
+            "manager": field_manager, "operation": "Apply", "apiVersion": rt.api_version(version),
+            "time": now_iso(), "fieldsType": "FieldsV1",
+            "fieldsV1": to_fields_v1(field_paths(
+                self._apply_scope(rt, body, None), rt.schema_for(version))),
+        }
         return self.create_raw(
-            rt, body, namespace, version=version, dry_run=dry_run, field_manager=field_manager,
+            rt, body, namespace, version=version, dry_run=dry_run, managed_fields=[entry],
         )
 
-    def _patched(
-        self, rt: ResourceType, old: Obj, patch: Any, patch_type: str, version: str | None,
-        field_manager: str | None,
-    ) -> tuple[Any, str | None]:
-        """The patched object and the resourceVersion the patch requires (if any)."""
+    @staticmethod
+    def _apply_scope(
+        rt: ResourceType, applied: Mapping[str, Any], subresource: str | None,
+    ) -> dict[str, Any]:
+        """The part of an applied configuration the endpoint may change (what it owns)."""
+        if subresource == "status":
+            return {"status": applied["status"]} if "status" in applied else {}
+        if rt.status_subresource:
+            return {k: v for k, v in applied.items() if k != "status"}
+        return dict(applied)
+
+    def _applied(
+        self, rt: ResourceType, old: Obj, patch: Any, version: str | None,
+        field_manager: str | None, force: bool, subresource: str | None,
+    ) -> tuple[Any, str | None, builtins.list[Obj]]:
+        """Server-side apply: (merged object, required resourceVersion, new managedFields)."""
         name = old["metadata"]["name"]
+        if not field_manager:
+            raise errors.invalid(
+                rt.kind, rt.group, name, "fieldManager",
+                "Required value: is required for apply patch",
+            )
+        if not isinstance(patch, Mapping):
+            raise bad_request("an apply patch must be a YAML or JSON object")
+        self._check_kind(rt, patch, version)
+        schema = rt.schema_for(version)
+        base, managed = plan_apply(
+            old, self._apply_scope(rt, patch, subresource), schema, field_manager,
+            force=force, subresource=subresource, api_version=rt.api_version(version),
+            now=now_iso(),
+        )
+        return apply_merge(base, patch, schema), _meta(patch).get("resourceVersion"), managed
+
+    def _patched(self, old: Obj, patch: Any, patch_type: str) -> tuple[Any, str | None]:
+        """The patched object and the resourceVersion the patch requires (if any)."""
         expected_rv: str | None = None
         if patch_type == "merge":
             if not isinstance(patch, Mapping):
                 raise bad_request("a merge patch must be a JSON object")
             expected_rv = _meta(patch).get("resourceVersion")
-            new = merge_patch(old, patch)
-        elif patch_type == "strategic":
-            expected_rv = _meta(patch).get("resourceVersion") if isinstance(patch, Mapping) \
-                else None
-            new = strategic_merge_patch(old, patch)
-        elif patch_type == "json":
-            new = json_patch(old, patch)
-            after_rv = _meta(new).get("resourceVersion")
-            if after_rv != _meta(old).get("resourceVersion"):
-                expected_rv = after_rv
-        else:
-            if not field_manager:
-                raise errors.invalid(
-                    rt.kind, rt.group, name, "fieldManager",
-                    "Required value: is required for apply patch",
-                )
-            if not isinstance(patch, Mapping):
-                raise bad_request("an apply patch must be a YAML or JSON object")
-            self._check_kind(rt, patch, version)
-            expected_rv = _meta(patch).get("resourceVersion")
-            new = apply_merge(old, patch, rt.schema_for(version))
+            return merge_patch(old, patch), expected_rv
+        if patch_type == "strategic":
+            if isinstance(patch, Mapping):
+                expected_rv = _meta(patch).get("resourceVersion")
+            return strategic_merge_patch(old, patch), expected_rv
+        new = json_patch(old, patch)
+        after_rv = _meta(new).get("resourceVersion")
+        if after_rv != _meta(old).get("resourceVersion"):
+            expected_rv = after_rv
         return new, expected_rv
 
     def _merged_for_endpoint(
@@ -686,21 +741,22 @@ class Store:
         dry_run: bool,
         field_manager: str | None,
         operation: str,
+        managed: builtins.list[Obj] | None = None,
     ) -> Obj:
         old_meta = old["metadata"]
         name = old_meta["name"]
-        if expected_rv is not None and str(expected_rv) != old_meta.get("resourceVersion"):
+        if expected_rv not in (None, "") and str(expected_rv) != old_meta.get("resourceVersion"):
             raise errors.conflict(rt.plural, rt.group, name)
         if subresource not in (None, "status"):
             raise errors.not_found(rt.plural, rt.group, f"{name}/{subresource}")
         if subresource == "status" and not rt.status_subresource:
             raise errors.not_found(rt.plural, rt.group, f"{name}/status")
-        result = self._merged_for_endpoint(rt, old, new, subresource)
+        result = self._pruned(rt, self._merged_for_endpoint(rt, old, new, subresource))
         result["apiVersion"] = old["apiVersion"]
         result["kind"] = rt.kind
         meta = result["metadata"]
         meta["resourceVersion"] = old_meta.get("resourceVersion")
-        meta["managedFields"] = old_meta.get("managedFields")
+        meta["managedFields"] = managed if managed is not None else old_meta.get("managedFields")
         if meta["managedFields"] is None:
             meta.pop("managedFields")
         if rt.key == (CRD_GROUP, "customresourcedefinitions") and subresource is None:
@@ -708,7 +764,9 @@ class Store:
         if result == old:
             # A no-op write keeps the resourceVersion and emits no event, like the apiserver.
             return old
-        self._set_managed(meta, field_manager, operation, subresource, rt.api_version(version))
+        if managed is None:
+            self._set_managed(
+                meta, field_manager, operation, subresource, rt.api_version(version))
         if dry_run:
             return result
         meta["resourceVersion"] = self._next_rv()
@@ -738,7 +796,7 @@ class Store:
     ) -> Obj:
         """DELETE semantics: finalizers defer removal by setting deletionTimestamp."""
         rt = self.resolve(resource)
-        return copy.deepcopy(
+        return copy_obj(
             self.delete_raw(
                 rt, name, namespace or self._default_ns(rt), propagation=propagation,
                 preconditions=preconditions,
@@ -910,7 +968,7 @@ class Store:
             )
         if _meta(pod).get("deletionTimestamp"):
             raise errors.conflict("pods", "", name, "pod is being deleted")
-        new = copy.deepcopy(pod)
+        new = jcopy(pod)
         new["spec"]["nodeName"] = node
         status = new.setdefault("status", {})
         conditions = [c for c in status.get("conditions") or [] if c.get("type") != "PodScheduled"]
@@ -926,7 +984,7 @@ class Store:
         new["metadata"]["resourceVersion"] = self._next_rv()
         table.put(key, new, pod)
         self._emit(table, WatchEvent("MODIFIED", new, self._rv, pod))
-        return copy.deepcopy(new)
+        return copy_obj(new)
 
     # ------------------------------------------------------------------ watch
 
@@ -1047,6 +1105,16 @@ class Store:
             for obj in table.objects.values():
                 self._uids.pop(_meta(obj).get("uid", ""), None)
 
+    def serve(self, rt: ResourceType) -> ResourceType:
+        """Serve a built-in-like resource type that has no CRD object (e.g. a core type the
+        sandbox lacks). Registering an existing type again is a no-op."""
+        existing = self.registry.get(rt.group, rt.plural)
+        if existing is not None:
+            return existing
+        self.registry.add(rt)
+        self._tables[rt.key] = Table(rt, self.history)
+        return rt
+
     def register_crd(self, crd: Mapping[str, Any]) -> ResourceType:
         """Create (or update) a CustomResourceDefinition; its resources are served at once."""
         name = _meta(crd).get("name", "")
@@ -1054,7 +1122,7 @@ class Store:
         assert crd_rt is not None
         if ("", name) in self._tables[crd_rt.key].objects:
             current = self._tables[crd_rt.key].objects[("", name)]
-            body = copy.deepcopy(dict(crd))
+            body = jcopy(dict(crd))
             body.setdefault("metadata", {})["resourceVersion"] = current["metadata"][
                 "resourceVersion"]
             self.replace_raw(crd_rt, name, body, None)
@@ -1069,7 +1137,7 @@ class Store:
         """Register every CustomResourceDefinition document of a YAML file."""
         text = Path(path).read_text()
         try:
-            docs = [d for d in yaml.safe_load_all(text) if d]
+            docs = [d for d in yamlio.load_all(text) if d]
         except yaml.YAMLError as exc:
             raise bad_request(f"{path}: invalid YAML: {exc}") from exc
         registered = []

@@ -185,3 +185,32 @@ async def test_kubectl_get_watch_streams_changes(
     finally:
         proc.terminate()
         await proc.wait()
+
+
+async def test_dynamic_client_discovers_crds_and_patches_applies_watches(
+    server: SandboxServer, api: client.ApiClient,
+) -> None:
+    from kubernetes_asyncio.dynamic import DynamicClient
+
+    server.store.load_crd_dir(CRDS)
+    dyn = await DynamicClient(api)
+    res = await dyn.resources.get(api_version="autoscaling.x-k8s.io/v1",
+                                  kind="ProvisioningRequest")
+    body = {"apiVersion": "autoscaling.x-k8s.io/v1", "kind": "ProvisioningRequest",
+            "metadata": {"name": "a"},
+            "spec": {"provisioningClassName": "x",
+                     "podSets": [{"count": 1, "podTemplateRef": {"name": "t"}}]}}
+    created = await res.create(body=body, namespace="default")
+    assert created.metadata.uid
+    patched = await res.patch(body={"metadata": {"labels": {"a": "b"}}}, name="a",
+                              namespace="default", content_type="application/merge-patch+json")
+    assert dict(patched.metadata.labels) == {"a": "b"}
+    applied = await dyn.server_side_apply(
+        res, body={**body, "metadata": {"name": "a", "namespace": "default",
+                                        "labels": {"c": "d"}}},
+        field_manager="muster", force_conflicts=True)
+    assert dict(applied.metadata.labels) == {"a": "b", "c": "d"}
+    nodes = await dyn.resources.get(api_version="v1", kind="Node")
+    await nodes.create(body={"metadata": {"name": "n1"}})
+    seen = [(ev["type"], ev["object"].metadata.name) async for ev in dyn.watch(nodes, timeout=1)]
+    assert seen == [("ADDED", "n1")]

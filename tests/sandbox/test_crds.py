@@ -101,3 +101,73 @@ async def test_discovery_endpoints_describe_core_and_groups(http: Http) -> None:
     assert [r["name"] for r in coord["resources"]] == ["leases"]
     code, group = await http.get("/apis/example.muster.dev")
     assert group["preferredVersion"]["groupVersion"] == "example.muster.dev/v1"
+
+
+async def test_unknown_fields_are_pruned_by_the_structural_schema(
+    server: SandboxServer, http: Http,
+) -> None:
+    """As on a real apiserver, fields a CRD schema does not declare are dropped on write;
+    x-kubernetes-preserve-unknown-fields and additionalProperties keep theirs."""
+    server.store.load_crd_dir(CRDS)
+    base = "/apis/autoscaling.x-k8s.io/v1/namespaces/default/provisioningrequests"
+    body = {"apiVersion": "autoscaling.x-k8s.io/v1", "kind": "ProvisioningRequest",
+            "metadata": {"name": "pr", "annotations": {"kept": "yes"}},
+            "spec": {"provisioningClassName": "c", "bogus": 1,
+                     "parameters": {"any-key": "v"},
+                     "podSets": [{"count": 1, "podTemplateRef": {"name": "t", "x": 1}}]}}
+    code, obj = await http.post(base, body)
+    assert code == 201
+    assert obj["spec"] == {"provisioningClassName": "c", "parameters": {"any-key": "v"},
+                           "podSets": [{"count": 1, "podTemplateRef": {"name": "t"}}]}
+    assert obj["metadata"]["annotations"] == {"kept": "yes"}
+    status = {"status": {"handler_result": {"x": 1}, "provisioningClassDetails": {"k": "v"},
+                         "conditions": [{"type": "Accepted", "status": "True",
+                                         "extra": "dropped"}]}}
+    code, obj = await http.patch(f"{base}/pr/status", status)
+    assert code == 200
+    assert obj["status"] == {"provisioningClassDetails": {"k": "v"},
+                             "conditions": [{"type": "Accepted", "status": "True"}]}
+    # The widget CRD preserves unknown fields in spec and status.
+    code, obj = await http.post(
+        "/apis/example.muster.dev/v1/namespaces/default/widgets",
+        {"metadata": {"name": "w"}, "spec": {"free": {"form": True}}, "extra": "top"})
+    assert obj["spec"] == {"free": {"form": True}} and "extra" not in obj
+
+
+async def test_deprecated_crd_version_answers_with_a_warning_header(
+    server: SandboxServer,
+) -> None:
+    import aiohttp
+
+    server.store.load_crd_dir(CRDS)
+    async with aiohttp.ClientSession() as session:
+        async with session.get(
+            f"{server.url}/apis/autoscaling.x-k8s.io/v1beta1/provisioningrequests") as resp:
+            assert resp.status == 200
+            assert resp.headers["Warning"].startswith('299 - "autoscaling.x-k8s.io/v1beta1')
+        async with session.get(
+            f"{server.url}/apis/autoscaling.x-k8s.io/v1/provisioningrequests") as resp:
+            assert "Warning" not in resp.headers
+
+
+async def test_dra_types_and_extra_builtin_types_are_served(
+    server: SandboxServer, http: Http,
+) -> None:
+    from sandbox import ResourceType
+
+    code, resources = await http.get("/apis/resource.k8s.io/v1")
+    assert code == 200
+    assert {r["name"] for r in resources["resources"]} >= {
+        "deviceclasses", "resourceslices", "resourceclaims", "resourceclaims/status",
+        "resourceclaimtemplates"}
+    code, _ = await http.post("/apis/resource.k8s.io/v1/resourceslices", {
+        "metadata": {"name": "node-1-gpus"},
+        "spec": {"nodeName": "node-1", "driver": "gpu.example.com", "devices": []}})
+    assert code == 201
+    jobs = ResourceType(group="batch", versions=("v1",), plural="jobs", singular="job",
+                        kind="Job", namespaced=True, status_subresource=True)
+    assert server.store.serve(jobs) is jobs
+    assert server.store.serve(jobs) is jobs
+    code, obj = await http.post("/apis/batch/v1/namespaces/default/jobs",
+                                {"metadata": {"name": "j"}, "spec": {}})
+    assert code == 201 and obj["kind"] == "Job"

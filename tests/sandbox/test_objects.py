@@ -332,3 +332,38 @@ def test_in_process_store_reports_errors_as_api_errors(server: SandboxServer) ->
     copy_ = store.get("pods", "p")
     copy_["metadata"]["labels"]["mutated"] = "yes"
     assert "mutated" not in store.get("pods", "p")["metadata"]["labels"]
+
+
+async def test_protobuf_request_bodies_are_415_unsupported_media_type(http: Http) -> None:
+    code, status = await http.request(
+        "POST", PODS, b"k8s\x00...", content_type="application/vnd.kubernetes.protobuf")
+    assert code == 415 and status["reason"] == "UnsupportedMediaType"
+
+
+async def test_stale_resource_version_conflicts_for_every_patch_type(http: Http) -> None:
+    """Optimistic concurrency also holds for strategic merge, JSON patch (replacing
+    metadata.resourceVersion) and apply bodies that carry a resourceVersion."""
+    _, obj = await http.post(PODS, pod("p"))
+    stale = obj["metadata"]["resourceVersion"]
+    await http.patch(f"{PODS}/p", {"metadata": {"labels": {"bump": "1"}}})
+    code, _ = await http.patch(
+        f"{PODS}/p", {"metadata": {"resourceVersion": stale, "labels": {"a": "1"}}}, "strategic")
+    assert code == 409
+    code, _ = await http.patch(
+        f"{PODS}/p", [{"op": "replace", "path": "/metadata/resourceVersion", "value": stale}],
+        "json")
+    assert code == 409
+    applied = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": "p", "resourceVersion": stale, "labels": {"a": "1"}}}
+    code, _ = await http.patch(f"{PODS}/p", applied, "apply", fieldManager="m")
+    assert code == 409
+
+
+async def test_put_without_resource_version_is_an_unconditional_update(http: Http) -> None:
+    await http.post(WIDGETS, widget("w", size=1))
+    for rv in (None, ""):
+        body = widget("w", size=2)
+        if rv is not None:
+            body["metadata"]["resourceVersion"] = rv
+        code, obj = await http.put(f"{WIDGETS}/w", body)
+        assert code == 200 and obj["spec"] == {"size": 2}

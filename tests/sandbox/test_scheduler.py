@@ -225,6 +225,14 @@ async def test_background_scheduler_binds_pods_as_nodes_appear(server: SandboxSe
             for c in store.get("pods", "p")["status"].get("conditions", [])), within=5)
         store.create("nodes", node("gpu-1", gpu="8"))
         await eventually(lambda: placed(store, "p") == "gpu-1", within=5)
+        assert store.get("pods", "p")["status"]["phase"] == "Running"
+        store.create("pods", {**pending("direct"),
+                              "spec": {**pending("direct")["spec"], "nodeName": "gpu-1"}})
+        await eventually(
+            lambda: store.get("pods", "direct")["status"]["phase"] == "Running", within=5)
+        for i in range(20):
+            store.create("pods", pending(f"bulk-{i}", cpu="100m"))
+        await eventually(lambda: all(placed(store, f"bulk-{i}") for i in range(20)), within=5)
     finally:
         await scheduler.stop()
 
