@@ -103,6 +103,7 @@ class Case:
     mode: Mode
     median_ms: float
     p95_ms: float
+    cpu_median_ms: float
     outcome: str
 
 
@@ -114,10 +115,12 @@ def run_case(snap: Snapshot, count: int, topo: str, mode: Mode, repeats: int) ->
     }[topo]
     request = gang(count, tmode, level)
     times: list[float] = []
+    cpu: list[float] = []
     result = plan(request, snap, mode)  # warm-up
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         result = plan(request, snap, mode)
+        cpu.append((time.process_time() - start_cpu) * 1000)
         times.append((time.perf_counter() - start) * 1000)
     times.sort()
     p95 = times[min(len(times) - 1, round(0.95 * (len(times) - 1)))]
@@ -126,7 +129,7 @@ def run_case(snap: Snapshot, count: int, topo: str, mode: Mode, repeats: int) ->
         outcome = f"fit, {new} new nodes" if new else "fit"
     else:
         outcome = f"nofit {result.reasons[0].code.value}"
-    return Case(count, topo, mode, statistics.median(times), p95, outcome)
+    return Case(count, topo, mode, statistics.median(times), p95, statistics.median(cpu), outcome)
 
 
 def main() -> None:
@@ -138,8 +141,10 @@ def main() -> None:
     print(f"snapshot: {len(snap.nodes)} nodes, {len(snap.pools)} pools, built in "
           f"{(time.perf_counter() - t0) * 1000:.0f} ms")
     cases: list[Case] = []
-    header = f"{'pods':>5} {'topology':<15} {'mode':<10} {'median_ms':>10} {'p95_ms':>8} " \
-             f"{'pods/s':>10} {'x karpenter':>11}  outcome"
+    # Wall time is what the issue asks for; CPU time is shown too because the machine may
+    # be shared (other processes inflate wall time, not this process's CPU time).
+    header = (f"{'pods':>5} {'topology':<15} {'mode':<10} {'median_ms':>10} {'p95_ms':>8} "
+              f"{'cpu_ms':>7} {'pods/s':>10} {'x karpenter':>11}  outcome")
     print(header)
     for count in (8, 64, 512, 1024):
         for topo in ("required-rack", "required-block", "preferred-rack"):
@@ -148,8 +153,8 @@ def main() -> None:
                 cases.append(c)
                 rate = count / (c.median_ms / 1000)
                 print(f"{count:>5} {topo:<15} {mode.value:<10} {c.median_ms:>10.2f} "
-                      f"{c.p95_ms:>8.2f} {rate:>10.0f} {rate / KARPENTER_PODS_PER_S:>10.1f}x  "
-                      f"{c.outcome}")
+                      f"{c.p95_ms:>8.2f} {c.cpu_median_ms:>7.2f} {rate:>10.0f} "
+                      f"{rate / KARPENTER_PODS_PER_S:>10.1f}x  {c.outcome}")
     big = [c for c in cases if c.count == 1024]
     worst = max(big, key=lambda c: c.median_ms)
     tracemalloc.start()

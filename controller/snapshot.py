@@ -279,6 +279,7 @@ def pool_state(
         price_per_node_hour=spec.price_per_node_hour,
         acquisition_level=topo.level if topo else None,
         ready_seconds=spec.expected_ready_seconds,
+        booked_nodes=pending,
     )
 
 

@@ -52,9 +52,9 @@ def parse_quantity(value: str | int | float) -> Decimal:
     suffix = match.group("suffix") or ""
     try:
         number = Decimal(match.group("num"))
-        if suffix[:1] in ("e", "E"):
-            return number.scaleb(int(suffix[1:]))
-        return number * _SUFFIX[suffix]
+        if suffix in _SUFFIX:  # "E" alone is exa; "E3"/"e3" is an exponent
+            return number * _SUFFIX[suffix]
+        return number.scaleb(int(suffix[1:]))
     except (InvalidOperation, ValueError, OverflowError) as exc:  # pragma: no cover
         raise ValueError(f"invalid quantity {value!r}") from exc
 

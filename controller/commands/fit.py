@@ -10,25 +10,23 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from controller.api.provisioningrequest import CLASS_CHECK_CAPACITY
-from controller.fit import Mode, NoFit, Plan, plan
-from controller.snapshot import (
-    SnapshotError,
-    load_documents,
-    request_from_documents,
-    snapshot_from_documents,
-)
 from controller.topology_defaults import DEFAULT_LEVELS
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from controller.fit import NoFit, Plan
+
 EXIT_FIT, EXIT_NO_FIT, EXIT_BAD_INPUT = 0, 1, 2
+MAX_ROWS = 40
+"""Assignment rows printed before the table is cut short (``--json`` has them all)."""
 
 
 class ModeOption(enum.StrEnum):
@@ -54,6 +52,8 @@ def _labels(domain: Mapping[str, str]) -> str:
 
 
 def _print_plan(result: Plan, console: Console) -> None:
+    from rich.table import Table
+
     new = sum(n.count for n in result.new_nodes)
     console.print(
         f"[bold green]FITS[/] {result.request} (mode {result.mode.value}): "
@@ -70,11 +70,14 @@ def _print_plan(result: Plan, console: Console) -> None:
     table = Table(title="Assignments")
     for col in ("Pod set", "Node", "Pods", "Domain"):
         table.add_column(col)
-    for a in result.assignments:
+    for a in result.assignments[:MAX_ROWS]:
         where = a.node if a.node else (
             f"new {a.new_node.pool}#{a.new_node.index}" if a.new_node else "?"
         )
         table.add_row(a.pod_set, where, str(a.pods), _labels(a.domain))
+    hidden = len(result.assignments) - MAX_ROWS
+    if hidden > 0:
+        table.caption = f"{hidden} more assignments not shown (use --json)"
     console.print(table)
     if result.new_nodes:
         nodes = Table(title="New nodes")
@@ -86,6 +89,8 @@ def _print_plan(result: Plan, console: Console) -> None:
 
 
 def _print_nofit(result: NoFit, console: Console) -> None:
+    from rich.table import Table
+
     verdict = "NEVER FITS" if result.permanent else "DOES NOT FIT"
     console.print(f"[bold red]{verdict}[/] {result.request} (mode {result.mode.value})")
     table = Table(title="Reasons")
@@ -116,6 +121,18 @@ def fit_command(
     ] = None,
 ) -> None:
     """Plan where a ProvisioningRequest's whole gang fits, or say why it cannot."""
+    # Imported here so other sub-commands start without pydantic models and the engine.
+    from rich.console import Console
+
+    from controller.api.provisioningrequest import CLASS_CHECK_CAPACITY
+    from controller.fit import Mode, Plan, plan
+    from controller.snapshot import (
+        SnapshotError,
+        load_documents,
+        request_from_documents,
+        snapshot_from_documents,
+    )
+
     err = Console(stderr=True)
     level_keys = tuple(x.strip() for x in levels.split(",") if x.strip()) if levels else (
         DEFAULT_LEVELS
@@ -138,9 +155,12 @@ def fit_command(
     result = plan(gang, snap, chosen)
     if as_json:
         payload = {"fits": isinstance(result, Plan), **_jsonable(result)}
+        if not isinstance(result, Plan):
+            payload["permanent"] = result.permanent
         typer.echo(json.dumps(payload, indent=2, sort_keys=True))
     else:
-        console = Console(width=160)
+        # A terminal gets its own width; pipes and files get wide lines rather than wraps.
+        console = Console(width=None if sys.stdout.isatty() else 160)
         if isinstance(result, Plan):
             _print_plan(result, console)
         else:

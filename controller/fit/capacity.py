@@ -48,5 +48,13 @@ def _book_pool(
     domains: list[PoolDomain] = []
     for d in pool.domains:
         n = added.get((pool.name, tuple(sorted(d.labels.items()))), 0)
-        domains.append(replace(d, max_new_nodes=max(0, d.max_new_nodes - n)) if n else d)
-    return replace(pool, domains=tuple(domains), max_new_nodes=max(0, pool.max_new_nodes - total))
+        domains.append(
+            replace(d, max_new_nodes=max(0, d.max_new_nodes - n), booked_nodes=d.booked_nodes + n)
+            if n else d
+        )
+    return replace(
+        pool,
+        domains=tuple(domains),
+        max_new_nodes=max(0, pool.max_new_nodes - total),
+        booked_nodes=pool.booked_nodes + total,
+    )

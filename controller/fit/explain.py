@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from controller.fit.planner import Batch, PodSetPlanner
-from controller.fit.shapes import resource_fit, selector_matches, untolerated
+from controller.fit.shapes import pods_that_fit, resource_fit, selector_matches, untolerated
 from controller.fit.types import (
     GangRequest,
     Mode,
@@ -48,7 +48,8 @@ def describe_shape(requests: Mapping[str, int]) -> str:
 
 
 def _needs(ps: PodSetRequest) -> str:
-    return f"pod set {ps.name} needs {ps.count} pods x {describe_shape(ps.shape.requests)}"
+    pods = "pod" if ps.count == 1 else "pods"
+    return f"pod set {ps.name} needs {ps.count} {pods} x {describe_shape(ps.shape.requests)}"
 
 
 def _key_text(key: tuple[str, ...]) -> str:
@@ -130,6 +131,19 @@ def _exclusions(ps: PodSetRequest, nodes: tuple[NodeState, ...], ws: Workspace) 
     return "; ".join(parts) if parts else "the snapshot has no nodes"
 
 
+def _any_match(ps: PodSetRequest, snapshot: Snapshot, ws: Workspace) -> bool:
+    """Some usable node or pool template could run one pod if it were empty."""
+    for node in snapshot.nodes:
+        if node.schedulable and pods_that_fit(
+            ps.shape, node.allocatable, node.labels, node.taints, node_name=node.name
+        ):
+            return True
+    return any(
+        pods_that_fit(ps.shape, ref.pool.allocatable, ref.labels, ref.pool.taints)
+        for ref in ws.refs
+    )
+
+
 def _pool_room(batches: list[Batch], ws: Workspace) -> tuple[int, list[str]]:
     """Pods the batches can add (pool-wide limits applied) and per-pool phrases."""
     by_pool: dict[int, list[Batch]] = {}
@@ -159,10 +173,10 @@ def explain(
     planner = PodSetPlanner(ws, ps, mode)
     existing = planner.existing_room()
     suffix = "" if mode is Mode.PROVISION else " (check mode: existing nodes only)"
-    if not planner.cands and not planner.batches:
+    if not planner.cands and not planner.batches and not _any_match(ps, snapshot, ws):
         pools = ""
         if mode is Mode.PROVISION and ws.pools:
-            pools = "; no pool with headroom has a matching node template"
+            pools = "; no pool has a matching node template"
         return Reason(
             ReasonCode.NO_MATCHING_NODES,
             ps.name,
@@ -171,52 +185,8 @@ def explain(
             needed=ps.count,
         )
     topo = ps.topology
-    levels = ws.levels
     if topo.mode is TopologyMode.REQUIRED and topo.level is not None:
-        depth = levels.index(topo.level)
-        if depth == len(levels.domain):
-            best_node = max((c for _, c in planner.cands), default=0)  # per node
-            new = max((b.per_node for b in planner.batches), default=0)
-            tail = f"; a new node holds {new}" if planner.batches else ""
-            return Reason(
-                ReasonCode.TOPOLOGY,
-                ps.name,
-                f"{_needs(ps)} on one node; the best node has room for {best_node}{tail}{suffix}",
-                needed=ps.count,
-                best=max(best_node, new),
-            )
-        caps = planner.domain_caps(depth)
-        rooms: dict[tuple[str, ...], tuple[int, int, list[str]]] = {}
-        for key in set(caps) | {b.ref.path[: depth + 1] for b in planner.batches
-                                if len(b.ref.path) > depth}:
-            inside = [b for b in planner.batches if b.ref.path[: depth + 1] == key]
-            new_room, phrases = _pool_room(inside, ws)
-            rooms[key] = (caps.get(key, 0), new_room, phrases)
-        name = topo.level.rsplit("/", 1)[-1]
-        if not rooms:
-            return Reason(
-                ReasonCode.TOPOLOGY,
-                ps.name,
-                f"{_needs(ps)} within one value of {name}; no matching node carries the "
-                f"{topo.level} label{suffix}",
-                needed=ps.count,
-            )
-        key = max(rooms, key=lambda k: (rooms[k][0] + rooms[k][1], rooms[k][0], _neg(k)))
-        have, new_room, phrases = rooms[key]
-        msg = (
-            f"{_needs(ps)} within one value of {name}; the best {name} ({_key_text(key)}) "
-            f"has room for {have}"
-        )
-        if mode is Mode.PROVISION:
-            msg += "; " + ("; ".join(phrases) if phrases else "no pool can add nodes there")
-        code = ReasonCode.TOPOLOGY
-        if mode is Mode.PROVISION and any(
-            ws.pool_headroom(b.ref.pool_index) < b.ref.domain.max_new_nodes
-            for b in planner.batches
-            if b.ref.path[: depth + 1] == key
-        ):
-            code = ReasonCode.POOL_LIMIT
-        return Reason(code, ps.name, msg + suffix, needed=ps.count, best=have + new_room)
+        return _explain_required(planner, topo.level, suffix)
     new_room, phrases = _pool_room(planner.batches, ws)
     msg = f"{_needs(ps)}; existing nodes have room for {existing}"
     code = ReasonCode.INSUFFICIENT_CAPACITY
@@ -229,6 +199,49 @@ def explain(
     return Reason(code, ps.name, msg + suffix, needed=ps.count, best=existing + new_room)
 
 
-def _neg(key: tuple[str, ...]) -> tuple[int, ...]:
-    # Among equally good domains report the first by name: invert code points for max().
-    return tuple(-ord(ch) for ch in "\x00".join(key))
+def _explain_required(planner: PodSetPlanner, level: str, suffix: str) -> Reason:
+    ps, ws, mode = planner.ps, planner.ws, planner.mode
+    depth = ws.levels.index(level)
+    if depth == len(ws.levels.domain):
+        best_node = max((c for _, c in planner.cands), default=0)  # per node
+        new = max((b.per_node for b in planner.batches), default=0)
+        tail = f"; a new node holds {new}" if planner.batches else ""
+        return Reason(
+            ReasonCode.TOPOLOGY,
+            ps.name,
+            f"{_needs(ps)} on one node; the best node has room for {best_node}{tail}{suffix}",
+            needed=ps.count,
+            best=max(best_node, new),
+        )
+    caps = planner.domain_caps(depth)
+    by_key: dict[tuple[str, ...], list[Batch]] = {}
+    for b in planner.batches:
+        if len(b.ref.path) > depth:
+            by_key.setdefault(b.ref.path[: depth + 1], []).append(b)
+    rooms: dict[tuple[str, ...], tuple[int, int, list[str]]] = {}
+    for key in set(caps) | set(by_key):
+        new_room, phrases = _pool_room(by_key.get(key, []), ws)
+        rooms[key] = (caps.get(key, 0), new_room, phrases)
+    name = level.rsplit("/", 1)[-1]
+    if not rooms:
+        return Reason(
+            ReasonCode.TOPOLOGY,
+            ps.name,
+            f"{_needs(ps)} within one value of {name}; no matching node carries the "
+            f"{level} label{suffix}",
+            needed=ps.count,
+        )
+    # The domain closest to fitting (existing + new), then the most existing, then by name.
+    key = min(rooms, key=lambda k: (-(rooms[k][0] + rooms[k][1]), -rooms[k][0], k))
+    have, new_room, phrases = rooms[key]
+    msg = (
+        f"{_needs(ps)} within one value of {name}; the best {name} ({_key_text(key)}) "
+        f"has room for {have}"
+    )
+    code = ReasonCode.TOPOLOGY
+    if mode is Mode.PROVISION:
+        msg += "; " + ("; ".join(phrases) if phrases else "no pool can add nodes there")
+        if any(ws.pool_headroom(b.ref.pool_index) < b.ref.domain.max_new_nodes
+               for b in by_key.get(key, [])):
+            code = ReasonCode.POOL_LIMIT
+    return Reason(code, ps.name, msg + suffix, needed=ps.count, best=have + new_room)

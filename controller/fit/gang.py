@@ -4,14 +4,14 @@ Pod sets are placed one after another on a forked :class:`Workspace` (usage accu
 so pod sets compete for nodes and pool headroom like real pods would). If one does not fit
 the fork is dropped and, for gangs of a few pod sets, other orders are tried: placing the
 pod set with the narrowest choice first often makes a gang fit that the given order does
-not. The search is bounded (:data:`MAX_ORDERS`), so for gangs of several competing pod sets
+not. The search is bounded (:data:`MAX_PLACEMENTS`), so for gangs of several competing pod sets
 the engine is a heuristic; for a single pod set it is exact.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from itertools import islice, permutations
+from itertools import chain, islice, permutations
 
 from controller.fit.explain import explain, validate
 from controller.fit.planner import Outcome, PodSetPlanner
@@ -22,6 +22,7 @@ from controller.fit.types import (
     Mode,
     NewNodes,
     NoFit,
+    Plan,
     PodSetRequest,
     Reason,
     ReasonCode,
@@ -31,11 +32,17 @@ from controller.fit.types import (
 )
 from controller.fit.workspace import Workspace
 
-MAX_ORDERS = 24
-"""Pod-set orders tried before giving up (all orders of up to four pod sets)."""
+MAX_PLACEMENTS = 96
+"""Budget of pod-set placements per gang attempt: all orders of up to four pod sets, at
+least two orders (given, narrowest first) for larger gangs."""
+
+
+def _budget(pod_sets: int) -> int:
+    return max(2, MAX_PLACEMENTS // max(1, pod_sets))
 
 
 def _orders(pod_sets: Sequence[PodSetRequest]) -> Iterator[tuple[PodSetRequest, ...]]:
+    """The given order, then narrowest choice first, then the other permutations (lazily)."""
     given = tuple(pod_sets)
     yield given
     if len(given) < 2:
@@ -46,9 +53,7 @@ def _orders(pod_sets: Sequence[PodSetRequest]) -> Iterator[tuple[PodSetRequest, 
         constrained = 0 if p.topology.mode is TopologyMode.REQUIRED else 1
         return (constrained, -p.count * max(p.shape.requests.values(), default=0), p.name)
 
-    candidates = [tuple(sorted(given, key=narrow_first))]
-    candidates.extend(permutations(given))
-    for order in islice(candidates, MAX_ORDERS + 1):
+    for order in chain((tuple(sorted(given, key=narrow_first)),), permutations(given)):
         names = tuple(p.name for p in order)
         if names not in seen:
             seen.add(names)
@@ -60,7 +65,7 @@ def _attempt(
 ) -> tuple[Workspace, dict[str, Outcome]] | tuple[Workspace, PodSetRequest]:
     """Place the gang on forks of ``base``; on failure return the first failure's state."""
     first_failure: tuple[Workspace, PodSetRequest] | None = None
-    for order in islice(_orders(request.pod_sets), MAX_ORDERS):
+    for order in islice(_orders(request.pod_sets), _budget(len(request.pod_sets))):
         ws = base.fork()
         outcomes: dict[str, Outcome] = {}
         for ps in order:
@@ -80,8 +85,6 @@ def _attempt(
 def _build(
     request: GangRequest, ws: Workspace, outcomes: dict[str, Outcome], mode: Mode
 ) -> Result:
-    from controller.fit.types import Plan
-
     assignments: list[Assignment] = []
     levels = ws.levels.all
     for ps in request.pod_sets:
@@ -104,15 +107,18 @@ def _build(
                     requests=requests,
                 )
             )
-    new_nodes: list[NewNodes] = []
-    for (pi, di), count in sorted(ws.domain_used.items()):
+    # One entry per (pool, domain labels), merging a pool's domains that share labels.
+    counts: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[int, float]] = {}
+    for (pi, di), count in ws.domain_used.items():
         pool = ws.pools[pi]
-        if count > 0:
-            new_nodes.append(
-                NewNodes(pool.name, dict(pool.domains[di].labels), count,
-                         count * pool.price_per_node_hour)
-            )
-    new_nodes.sort(key=lambda n: (n.pool, sorted(n.domain.items())))
+        key = (pool.name, tuple(sorted(pool.domains[di].labels.items())))
+        have, _ = counts.get(key, (0, 0.0))
+        counts[key] = (have + count, pool.price_per_node_hour)
+    new_nodes = [
+        NewNodes(name, dict(labels), count, count * price)
+        for (name, labels), (count, price) in sorted(counts.items())
+        if count > 0
+    ]
     return Plan(
         request=request.name,
         mode=mode,
@@ -149,13 +155,17 @@ def plan(request: GangRequest, snapshot: Snapshot, mode: Mode) -> Result:
         Mode.PROVISION,
     )
     if not isinstance(best[1], dict):
+        empty_ws, never = best
+        why = explain(never, empty_ws, snapshot, Mode.PROVISION)
         reasons.insert(
             0,
             Reason(
                 ReasonCode.NEVER_FITS,
-                best[1].name,
-                f"gang {request.name} can never fit: even with every node empty and every pool "
-                f"at its maximum, pod set {best[1].name} does not fit",
+                never.name,
+                f"gang {request.name} can never fit, even with every node empty and usable and "
+                f"every pool at its maximum: {why.message}",
+                needed=why.needed,
+                best=why.best,
             ),
         )
     return NoFit(request.name, mode, tuple(reasons))

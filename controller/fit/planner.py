@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from controller.fit.shapes import ShapeCounter
+from controller.fit.shapes import ShapeCounter, pods_that_fit
 from controller.fit.topology import fill
 from controller.fit.types import Mode, PodSetPlacement, PodSetRequest, TopologyMode
 from controller.fit.workspace import NodeClass, PoolRef, Workspace
@@ -57,44 +57,46 @@ class Outcome:
 def buy(batches: Sequence[Batch], need: int, pool_left: dict[int, int]) -> Purchase | None:
     """Cheapest new nodes for ``need`` pods, or None if the batches cannot hold them.
 
-    Greedy on price per pod; the last step takes whichever single batch covers the rest at
-    the lowest cost (so one pod does not buy an expensive 8-pod node when a 1-pod node is
-    cheaper). ``pool_left`` (pool-wide headroom) is updated.
+    Walks the batches by price per pod, taking each whole; before each step it prices
+    finishing with the single batch that covers the rest most cheaply (so one pod does not
+    buy an expensive 8-pod node when a 1-pod node is cheaper), and keeps the cheapest of
+    those finishes. ``pool_left`` (pool-wide headroom) is updated for the chosen purchase.
     """
     if need <= 0:
         return Purchase((), 0.0, 0)
-    left = {id(b): b.nodes for b in batches}
     ordered = sorted(batches, key=lambda b: (b.price / b.per_node, b.price, b.ref.sort_name))
-    takes: list[tuple[Batch, int, int]] = []
-    rem = need
+    left = {id(b): b.nodes for b in ordered}
+    pools = dict(pool_left)
+    prefix: list[tuple[Batch, int, int]] = []
+    best: tuple[tuple[float, int], tuple[tuple[Batch, int, int], ...]] | None = None
+    spent, nodes_so_far, rem = 0.0, 0, need
     while rem > 0:
-        room = {
-            id(b): min(left[id(b)], pool_left.get(b.ref.pool_index, 0)) for b in ordered
-        }
-        closers = [b for b in ordered if room[id(b)] * b.per_node >= rem]
-        if closers:
-            best = min(
-                closers,
-                key=lambda b: (
-                    -(-rem // b.per_node) * b.price, b.price / b.per_node, b.ref.sort_name
-                ),
-            )
-            k = -(-rem // best.per_node)
-            takes.append((best, k, rem))
-            pool_left[best.ref.pool_index] -= k
-            rem = 0
-            break
+        room = {id(b): min(left[id(b)], pools.get(b.ref.pool_index, 0)) for b in ordered}
+        for b in ordered:
+            if room[id(b)] * b.per_node >= rem:
+                k = -(-rem // b.per_node)
+                rank = (spent + k * b.price, nodes_so_far + k)
+                if best is None or rank < best[0]:
+                    best = (rank, (*prefix, (b, k, rem)))
         usable = [b for b in ordered if room[id(b)] > 0]
         if not usable:
-            return None
+            break
         b = usable[0]
         k = room[id(b)]
-        takes.append((b, k, k * b.per_node))
+        if k * b.per_node >= rem:
+            break  # finishing with this batch was priced above
+        prefix.append((b, k, k * b.per_node))
         left[id(b)] -= k
-        pool_left[b.ref.pool_index] -= k
+        pools[b.ref.pool_index] -= k
+        spent += k * b.price
+        nodes_so_far += k
         rem -= k * b.per_node
-    cost = sum(b.price * k for b, k, _ in takes)
-    return Purchase(tuple(takes), cost, sum(k for _, k, _ in takes))
+    if best is None:
+        return None
+    takes = best[1]
+    for b, k, _ in takes:
+        pool_left[b.ref.pool_index] = pool_left.get(b.ref.pool_index, 0) - k
+    return Purchase(takes, best[0][0], best[0][1])
 
 
 Take = tuple[NodeClass, int, int]
@@ -111,8 +113,17 @@ class PodSetPlanner:
         self.counter = ShapeCounter(ps.shape)
         count = self.counter.count
         self.cands: list[tuple[NodeClass, int]] = []
+        shape = ps.shape
+        # Classes already agree on everything the shape reads except the topology path, so
+        # memoise on the class key without it (cheaper than the counter's own key).
+        memo: dict[tuple[object, ...], int] = {}
         for cls in ws.classes.values():
-            c = count(cls.free, cls.labels, cls.taints, cls.node_name)
+            k = cls.key
+            mkey = (k[0], k[1], k[2], k[4])
+            c = memo.get(mkey)
+            if c is None:
+                c = pods_that_fit(shape, cls.free, cls.labels, cls.taints, node_name=cls.node_name)
+                memo[mkey] = c
             if c > 0:
                 self.cands.append((cls, c))
         self.per_node = {cls.key: c for cls, c in self.cands}

@@ -126,7 +126,10 @@ class PoolDomain:
     """How many more nodes the pool may add here: stock and the domain limit, minus nodes
     the pool already has in it."""
     max_nodes: int | None = None
-    """The domain's total limit (nodes the pool may ever have here), for messages only."""
+    """The domain's total limit (nodes the pool may ever have here), for messages and for
+    judging NeverFits."""
+    booked_nodes: int = 0
+    """New nodes already booked here by other requests (not in ``max_new_nodes``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +146,9 @@ class PoolState:
     acquisition_level: str | None = None
     """Topology level one acquisition lands in as a unit (e.g. one placement group)."""
     ready_seconds: float = 0.0
+    booked_nodes: int = 0
+    """Nodes acquired or booked but not registered yet: excluded from ``max_new_nodes`` now,
+    counted back when judging NeverFits (they will exist, and be freed, eventually)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,9 +16,9 @@ capacity later pod sets may use.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from operator import itemgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 from controller.fit.shapes import label_keys, uses_node_name
 from controller.fit.topology import Levels
@@ -65,9 +65,12 @@ def _trimmed_path(labels: Mapping[str, str], levels: Sequence[str]) -> tuple[str
 
 
 
-@dataclass(frozen=True, slots=True)
-class NodeClass:
-    """Interchangeable nodes (or slots) for this gang; ``members`` sorted by name."""
+class NodeClass(NamedTuple):
+    """Interchangeable nodes (or slots) for this gang; ``members`` sorted by name.
+
+    A NamedTuple rather than a dataclass: a large cluster has thousands of classes and
+    tuples are the cheapest immutable records to build.
+    """
 
     key: ClassKey
     free: Mapping[str, int]
@@ -101,6 +104,19 @@ class PoolRef:
         return f"{self.pool.name}/{self.domain_index:06d}"
 
 
+def _at_maximum(pool: PoolState) -> PoolState:
+    """The pool as if nothing were booked: bookings end; a domain's total limit bounds it.
+
+    Errs on the generous side (a domain's pool nodes that exist are counted both as nodes
+    and within ``max_nodes``): NeverFits is permanent, so it must never be claimed wrongly.
+    """
+    domains = tuple(
+        replace(d, max_new_nodes=max(d.max_new_nodes + d.booked_nodes, d.max_nodes or 0))
+        for d in pool.domains
+    )
+    return replace(pool, domains=domains, max_new_nodes=pool.max_new_nodes + pool.booked_nodes)
+
+
 class _NodeIndex:
     """Node name -> labels, built on first use (only assigned nodes are ever looked up)."""
 
@@ -129,7 +145,7 @@ class Workspace:
         """``empty``: every node as if nothing ran on it and it were schedulable (the
         best the cluster could ever offer, for the NeverFits test)."""
         self.levels = levels
-        self.pools = tuple(pools)
+        self.pools = tuple(_at_maximum(p) for p in pools) if empty else tuple(pools)
         resources: set[str] = set()
         keys: set[str] = set()
         for shape in shapes:
@@ -144,6 +160,10 @@ class Workspace:
         self.classes: dict[ClassKey, NodeClass] = {}
         self.pool_used: dict[int, int] = {}
         self.domain_used: dict[tuple[int, int], int] = {}
+        self.slot_count: dict[tuple[int, tuple[tuple[str, str], ...]], int] = {}
+        self._taint_ids: dict[int, int] = {}
+        self._taint_tokens: dict[tuple[Taint, ...], int] = {}
+        self._taint_keep: list[tuple[Taint, ...]] = []
         self._build(nodes, empty)
         self.refs: list[PoolRef] = []
         for pi, pool in enumerate(self.pools):
@@ -151,20 +171,29 @@ class Workspace:
                 labels = {**pool.labels, **dom.labels}
                 self.refs.append(PoolRef(pi, di, pool, dom, labels, levels.path(labels)))
 
+    def taint_token(self, taints: tuple[Taint, ...]) -> int:
+        """A small int equal for equal taint tuples; hashes a tuple's content only the first
+        time that tuple object is seen (the snapshot builder shares equal tuples)."""
+        token = self._taint_ids.get(id(taints))
+        if token is None:
+            token = self._taint_tokens.setdefault(taints, len(self._taint_tokens))
+            self._taint_ids[id(taints)] = token
+            self._taint_keep.append(taints)  # keeps the id valid while the token is cached
+        return token
+
     def _build(self, nodes: Sequence[NodeState], empty: bool) -> None:
-        # The hot loop of a plan over a large cluster. Keys are built with C-level
-        # itemgetters (a node missing a key takes the slow path), and taints are keyed by
-        # the identity of the node's taint tuple, merged by content afterwards: the
-        # snapshot builder shares equal taint tuples, so this avoids hashing dataclasses.
+        # The hot loop of a plan over a large cluster: keys from C-level itemgetters (a node
+        # missing a key takes the slow path), taints as tokens, member names sorted once.
         res = self.resources
         free_of = _getter(res)
         sel_of = _getter(self.label_keys)
         path_of = _getter(self.levels.domain)
         dlevels = self.levels.domain
         by_name = self.by_name
+        taint_ids = self._taint_ids
         groups: dict[
-            tuple[tuple[Any, ...], tuple[Any, ...], int, tuple[Any, ...], str | None],
-            list[NodeState],
+            tuple[tuple[Any, ...], tuple[Any, ...], int, tuple[str, ...], str | None],
+            tuple[NodeState, list[str]],
         ] = {}
         for node in nodes:
             if not (node.schedulable or empty):
@@ -183,30 +212,24 @@ class Workspace:
                 path = path_of(labels)
             except KeyError:
                 path = _trimmed_path(labels, dlevels)
-            key = (fkey, lkey, id(node.taints), path, node.name if by_name else None)
-            members = groups.get(key)
-            if members is None:
-                groups[key] = [node]
+            token = taint_ids.get(id(node.taints))
+            if token is None:
+                token = self.taint_token(node.taints)
+            key = (fkey, lkey, token, path, node.name if by_name else None)
+            group = groups.get(key)
+            if group is None:
+                groups[key] = (node, [node.name])
             else:
-                members.append(node)
-        merged: dict[ClassKey, tuple[tuple[Any, ...], tuple[str, ...], list[NodeState]]] = {}
-        for (fkey, lkey, _, path, name), members in groups.items():
-            ckey: ClassKey = (fkey, lkey, members[0].taints, path, name)
-            have = merged.get(ckey)
-            if have is None:
-                merged[ckey] = (fkey, path, members)
-            else:
-                have[2].extend(members)
-        for ckey, (fkey, path, members) in merged.items():
-            members.sort(key=_name)
-            node = members[0]
-            self.classes[ckey] = NodeClass(
-                ckey,
-                dict(zip(res, fkey, strict=True)),
+                group[1].append(node.name)
+        for gkey, (node, names) in groups.items():
+            names.sort()
+            self.classes[gkey] = NodeClass(
+                gkey,
+                dict(zip(res, gkey[0], strict=True)),
                 node.labels,
                 node.taints,
-                path,
-                tuple(m.name for m in members),
+                gkey[3],
+                tuple(names),
                 node.name if by_name else None,
             )
 
@@ -224,6 +247,11 @@ class Workspace:
         other.classes = dict(self.classes)
         other.pool_used = dict(self.pool_used)
         other.domain_used = dict(self.domain_used)
+        other.slot_count = dict(self.slot_count)
+        # Taint tokens are a cache of content -> small int, valid for every fork alike.
+        other._taint_ids = self._taint_ids
+        other._taint_tokens = self._taint_tokens
+        other._taint_keep = self._taint_keep
         return other
 
     def labels(self, name: str) -> Mapping[str, str]:
@@ -269,12 +297,16 @@ class Workspace:
     ) -> list[str]:
         """Commit one new node of ``ref`` per entry of ``pods`` (pods placed on it)."""
         key = (ref.pool_index, ref.domain_index)
-        start = self.domain_used.get(key, 0)
-        self.domain_used[key] = start + len(pods)
+        self.domain_used[key] = self.domain_used.get(key, 0) + len(pods)
+        # Slots are numbered per (pool, domain labels): a pool listing the same labels
+        # twice must still give every new node a distinct identity.
+        ident = (ref.pool_index, tuple(sorted(ref.domain.labels.items())))
+        start = self.slot_count.get(ident, 0)
+        self.slot_count[ident] = start + len(pods)
         self.pool_used[ref.pool_index] = self.pool_used.get(ref.pool_index, 0) + len(pods)
         template = NodeClass(
-            (None, tuple(ref.labels.get(k) for k in self.label_keys), ref.pool.taints,
-             ref.path, None),
+            (None, tuple(ref.labels.get(k) for k in self.label_keys),
+             self.taint_token(ref.pool.taints), ref.path, None),
             {}, ref.labels, ref.pool.taints, ref.path, (), None,
         )
         names: list[str] = []

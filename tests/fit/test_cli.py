@@ -1,0 +1,102 @@
+"""``muster fit`` end to end through typer: tables, JSON, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from controller.cli import app
+
+SAMPLES = Path(__file__).resolve().parents[2] / "config" / "samples"
+REQUEST = str(SAMPLES / "fit-request.yaml")
+CLUSTER = str(SAMPLES / "fit-cluster.yaml")
+POOLS = str(SAMPLES / "fit-pools.yaml")
+runner = CliRunner()
+
+
+def test_sample_fits_with_pools() -> None:
+    result = runner.invoke(app, ["fit", REQUEST, "--snapshot", CLUSTER, "--pools", POOLS])
+    assert result.exit_code == 0, result.output
+    assert "FITS team-a/llm-train" in result.output
+    assert "p5-b1" in result.output  # the cheaper pool in the chosen rack
+    assert "$294.96/h" in result.output
+
+
+def test_sample_json() -> None:
+    result = runner.invoke(
+        app, ["fit", REQUEST, "--snapshot", CLUSTER, "--pools", POOLS, "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["fits"] is True
+    assert data["mode"] == "provision"
+    workers = [a for a in data["assignments"] if a["pod_set"] == "workers"]
+    assert sum(a["pods"] for a in workers) == 6
+    assert {p["pod_set"]: p["domain"] for p in data["placements"]}["workers"] == "b1-r0"
+    assert data["new_nodes"] == [{"cost_per_hour": pytest.approx(294.96), "count": 3,
+                                  "domain": {"topology.muster.dev/block": "b1",
+                                             "topology.muster.dev/rack": "b1-r0"},
+                                  "pool": "p5-b1"}]
+
+
+def test_check_mode_does_not_fit() -> None:
+    result = runner.invoke(
+        app, ["fit", REQUEST, "--snapshot", CLUSTER, "--pools", POOLS, "--mode", "check"])
+    assert result.exit_code == 1, result.output
+    assert "DOES NOT FIT" in result.output
+    assert "TopologyConstraint" in result.output
+
+
+def test_nofit_json_reasons() -> None:
+    # Without pools no rack (4 hosts) can ever hold 6 workers: permanent, then the detail.
+    result = runner.invoke(app, ["fit", REQUEST, "--snapshot", CLUSTER, "--json"])
+    assert result.exit_code == 1
+    data = json.loads(result.output)
+    assert data["fits"] is False
+    assert [r["code"] for r in data["reasons"]] == ["NeverFits", "TopologyConstraint"]
+    assert data["permanent"] is True
+    assert "within one value of rack" in data["reasons"][1]["message"]
+
+
+def test_levels_option(tmp_path: Path) -> None:
+    # With only the block level known, the rack annotation names an unknown level: Invalid.
+    result = runner.invoke(app, ["fit", REQUEST, "--snapshot", CLUSTER, "--json",
+                                 "--levels", "topology.muster.dev/block"])
+    assert result.exit_code == 1
+    assert json.loads(result.output)["reasons"][0]["code"] == "Invalid"
+
+
+def test_bad_input_one_line_naming_the_field(tmp_path: Path) -> None:
+    docs = list(yaml.safe_load_all(Path(REQUEST).read_text()))
+    docs[0]["spec"]["podSets"][0]["count"] = 0
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump_all(docs))
+    result = runner.invoke(app, ["fit", str(bad), "--snapshot", CLUSTER])
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines() == [
+        "muster fit: ProvisioningRequest llm-train: spec.podSets[0].count: Input should be "
+        "greater than or equal to 1"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        pytest.param(None, "No such file", id="missing-file"),
+        pytest.param("a: [", "not valid YAML", id="broken-yaml"),
+        pytest.param("- 1\n- 2\n", "must be a Kubernetes object", id="not-objects"),
+        pytest.param("kind: Node\nmetadata: {name: n}\nstatus: {allocatable: {cpu: lots}}\n",
+                     "status.allocatable.cpu", id="bad-node-quantity"),
+    ],
+)
+def test_bad_cluster_file(tmp_path: Path, content: str | None, fragment: str) -> None:
+    path = tmp_path / "cluster.yaml"
+    if content is not None:
+        path.write_text(content)
+    result = runner.invoke(app, ["fit", REQUEST, "--snapshot", str(path)])
+    assert result.exit_code == 2, result.output
+    assert fragment in result.output
+    assert len(result.output.strip().splitlines()) == 1

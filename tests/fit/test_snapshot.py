@@ -1,0 +1,161 @@
+"""From API objects to engine inputs: requests, free capacity, pools, topology annotations."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller.api.capacitypool import CapacityPool
+from controller.api.node import Node
+from controller.api.pod import Pod
+from controller.fit import TopologyMode, TopologyRequest
+from controller.snapshot import (
+    SnapshotError,
+    build_snapshot,
+    load_documents,
+    pool_state,
+    request_from_documents,
+    snapshot_from_documents,
+    topology_of,
+)
+from controller.topology_defaults import DEFAULT_LEVELS, POOL_LABEL
+
+BLOCK, RACK, HOST = DEFAULT_LEVELS
+SAMPLES = Path(__file__).resolve().parents[2] / "config" / "samples"
+
+
+@pytest.mark.parametrize(
+    ("annotations", "expected"),
+    [
+        pytest.param({}, TopologyRequest(), id="none"),
+        pytest.param({"kueue.x-k8s.io/podset-required-topology": RACK},
+                     TopologyRequest(TopologyMode.REQUIRED, RACK), id="kueue-required"),
+        pytest.param({"kueue.x-k8s.io/podset-preferred-topology": BLOCK},
+                     TopologyRequest(TopologyMode.PREFERRED, BLOCK), id="kueue-preferred"),
+        pytest.param({"kueue.x-k8s.io/podset-unconstrained-topology": "true",
+                      "kueue.x-k8s.io/podset-preferred-topology": BLOCK},
+                     TopologyRequest(), id="kueue-unconstrained"),
+        pytest.param({"kueue.x-k8s.io/podset-required-topology": BLOCK,
+                      "muster.dev/preferred-topology": RACK},
+                     TopologyRequest(TopologyMode.PREFERRED, RACK), id="muster-wins"),
+        pytest.param({"muster.dev/required-topology": "rack"},
+                     TopologyRequest(TopologyMode.REQUIRED, RACK), id="short-level-name"),
+        pytest.param({"muster.dev/required-topology": "zone"},
+                     TopologyRequest(TopologyMode.REQUIRED, "zone"), id="unknown-kept-for-invalid"),
+    ],
+)
+def test_topology_annotations(annotations: dict[str, str], expected: TopologyRequest) -> None:
+    assert topology_of(annotations, DEFAULT_LEVELS) == expected
+
+
+def gpu_node(name: str, *, ready: bool = True, labels: dict[str, str] | None = None) -> Node:
+    return Node.model_validate({
+        "metadata": {"name": name, "labels": labels or {}},
+        "spec": {"taints": [{"key": "gpu", "effect": "NoSchedule"}]},
+        "status": {"allocatable": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "8"},
+                   "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    })
+
+
+def pod(node: str | None, phase: str = "Running", gpus: str = "2") -> Pod:
+    return Pod.model_validate({
+        "metadata": {"name": f"p-{node}-{phase}"},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {
+            "requests": {"cpu": "1"}, "limits": {"nvidia.com/gpu": gpus}}}]},
+        "status": {"phase": phase},
+    })
+
+
+def test_free_capacity_from_bound_pods_and_bookings() -> None:
+    snap = build_snapshot(
+        [gpu_node("a"), gpu_node("b", ready=False)],
+        [pod("a"), pod("a", "Succeeded"), pod(None, "Pending")],
+        booked={"a": {"nvidia.com/gpu": 4}},
+    )
+    a, b = snap.nodes
+    assert a.free["nvidia.com/gpu"] == 8 - 2 - 4
+    assert a.free["cpu"] == 7000
+    assert a.free["pods"] == 110 - 1
+    assert not b.schedulable
+    assert a.taints is b.taints  # equal taint tuples are shared (engine fast path)
+
+
+def pool(topology: dict[str, Any] | None, max_nodes: int = 10, booked: int = 0) -> CapacityPool:
+    spec: dict[str, Any] = {
+        "provider": "fake", "maxNodes": max_nodes, "pricePerNodeHour": 2.5,
+        "nodeTemplate": {"labels": {"kind": "gpu"}, "allocatable": {"nvidia.com/gpu": "8"}},
+    }
+    if topology:
+        spec["topology"] = topology
+    return CapacityPool.model_validate({"metadata": {"name": "p"}, "spec": spec,
+                                        "status": {"bookedNodes": booked}})
+
+
+def test_pool_headroom_counts_existing_and_in_flight_nodes() -> None:
+    mine = [gpu_node(f"n{i}", labels={POOL_LABEL: "p", BLOCK: "b0", RACK: "r0"})
+            for i in range(3)]
+    state = pool_state(
+        pool({"level": RACK, "maxNodesPerDomain": 4,
+              "domains": [{"labels": {BLOCK: "b0", RACK: "r0"}},
+                          {"labels": {BLOCK: "b0", RACK: "r1"}, "maxNodes": 2}]},
+             booked=1),
+        [*mine, gpu_node("other")],
+    )
+    assert state.max_new_nodes == 10 - 3 - 1
+    assert [d.max_new_nodes for d in state.domains] == [1, 2]
+    assert [d.max_nodes for d in state.domains] == [4, 2]
+    assert state.labels == {"kind": "gpu", POOL_LABEL: "p"}
+    assert state.allocatable["pods"] == 110
+    assert state.price_per_node_hour == 2.5
+
+
+def test_fresh_domain_pool_gets_placeholder_domains() -> None:
+    state = pool_state(pool({"level": RACK, "maxNodesPerDomain": 4}, max_nodes=10), [])
+    assert len(state.domains) == 3  # ceil(10 / 4)
+    assert {d.labels[RACK] for d in state.domains} == {"muster-new-p-0", "muster-new-p-1",
+                                                        "muster-new-p-2"}
+    assert all(d.labels[BLOCK] == d.labels[RACK] for d in state.domains)
+
+
+def test_pool_without_topology_adds_anywhere() -> None:
+    state = pool_state(pool(None, max_nodes=5), [])
+    assert [(dict(d.labels), d.max_new_nodes) for d in state.domains] == [({}, 5)]
+
+
+def test_request_from_samples() -> None:
+    pr, gang = request_from_documents(load_documents(SAMPLES / "fit-request.yaml"))
+    assert pr.metadata.name == "llm-train"
+    workers, launcher = gang.pod_sets
+    assert (workers.name, workers.count) == ("workers", 6)  # "ppt-llm-train-" stripped
+    assert workers.topology == TopologyRequest(TopologyMode.REQUIRED, RACK)
+    assert workers.shape.requests["nvidia.com/gpu"] == 8
+    assert workers.shape.requests["pods"] == 1
+    assert launcher.topology.mode is TopologyMode.NONE
+
+
+def test_missing_template_names_the_field() -> None:
+    docs = [d for d in load_documents(SAMPLES / "fit-request.yaml")
+            if d["metadata"]["name"] != "ppt-llm-train-launcher"]
+    with pytest.raises(SnapshotError, match=r"spec\.podSets\[1\]\.podTemplateRef\.name"):
+        request_from_documents(docs)
+
+
+def test_validation_error_is_one_line_with_the_field() -> None:
+    docs = load_documents(SAMPLES / "fit-request.yaml")
+    docs[0]["spec"]["podSets"][0]["count"] = 0
+    with pytest.raises(SnapshotError) as err:
+        request_from_documents(docs)
+    assert str(err.value) == (
+        "ProvisioningRequest llm-train: spec.podSets[0].count: "
+        "Input should be greater than or equal to 1"
+    )
+
+
+def test_cluster_sample_builds() -> None:
+    snap = snapshot_from_documents(load_documents(SAMPLES / "fit-cluster.yaml"),
+                                   load_documents(SAMPLES / "fit-pools.yaml"))
+    assert len(snap.nodes) == 18
+    assert sum(1 for n in snap.nodes if not n.schedulable) == 2
+    assert [p.name for p in snap.pools] == ["p5-b1", "p5-placement-groups"]
