@@ -141,6 +141,11 @@ class AcquisitionConfig(_Section):
         description="How long a gang's nodes stay after its last pod is gone before they "
         "are released together.",
     )
+    collect_interval_seconds: float = Field(
+        default=15.0,
+        gt=0,
+        description="How often the collector looks for orphaned and idle nodes.",
+    )
     max_concurrent_reconciles: int = Field(default=256, ge=1)
 
 

@@ -115,13 +115,14 @@ class Cluster:
 
     def rack(
         self, block: str, rack: str, *, hosts: int, gpus: int = 8, free: list[int] | None = None,
-        **kw: object,
+        taints: tuple[Taint, ...] = (),
     ) -> Cluster:
+        """``hosts`` nodes named ``<rack>-h<i>``; ``free`` gives each one's free GPUs."""
         for h in range(hosts):
             free_gpus = free[h] if free is not None else None
             self.nodes.append(
                 node(f"{rack}-h{h}", block=block, rack=rack, gpus=gpus, free_gpus=free_gpus,
-                     **kw)  # type: ignore[arg-type]
+                     taints=taints)
             )
         return self
 

@@ -11,6 +11,7 @@ the engine is a heuristic; for a single pod set it is exact.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 from itertools import chain, islice, permutations
 
 from controller.fit.explain import explain, validate
@@ -60,11 +61,28 @@ def _orders(pod_sets: Sequence[PodSetRequest]) -> Iterator[tuple[PodSetRequest, 
             yield order
 
 
+@dataclass(frozen=True, slots=True)
+class _Failure:
+    """Where the first tried order stopped: the workspace before ``pod_set``, and the pod
+    sets already placed on it (their usage is part of why ``pod_set`` did not fit)."""
+
+    ws: Workspace
+    pod_set: PodSetRequest
+    placed: tuple[str, ...]
+
+    def explain(self, snapshot: Snapshot, mode: Mode) -> Reason:
+        reason = explain(self.pod_set, self.ws, snapshot, mode)
+        if not self.placed:
+            return reason
+        return replace(reason, message=f"{reason.message} (after placing pod set"
+                       f"{'s' if len(self.placed) > 1 else ''} {', '.join(self.placed)})")
+
+
 def _attempt(
     request: GangRequest, base: Workspace, mode: Mode
-) -> tuple[Workspace, dict[str, Outcome]] | tuple[Workspace, PodSetRequest]:
+) -> tuple[Workspace, dict[str, Outcome]] | _Failure:
     """Place the gang on forks of ``base``; on failure return the first failure's state."""
-    first_failure: tuple[Workspace, PodSetRequest] | None = None
+    first_failure: _Failure | None = None
     for order in islice(_orders(request.pod_sets), _budget(len(request.pod_sets))):
         ws = base.fork()
         outcomes: dict[str, Outcome] = {}
@@ -73,7 +91,7 @@ def _attempt(
             got = PodSetPlanner(ws, ps, mode).place()
             if got is None:
                 if first_failure is None:
-                    first_failure = (before, ps)
+                    first_failure = _Failure(before, ps, tuple(outcomes))
                 break
             outcomes[ps.name] = got
         else:
@@ -143,10 +161,9 @@ def plan(request: GangRequest, snapshot: Snapshot, mode: Mode) -> Result:
     shapes = [ps.shape for ps in request.pod_sets]
     base = Workspace(snapshot.nodes, pools, levels, shapes)
     got = _attempt(request, base, mode)
-    if isinstance(got[1], dict):
+    if not isinstance(got, _Failure):
         return _build(request, got[0], got[1], mode)
-    ws, failed = got
-    reasons: list[Reason] = [explain(failed, ws, snapshot, mode)]
+    reasons: list[Reason] = [got.explain(snapshot, mode)]
     # The best the cluster could ever offer: nothing running, every node usable, every pool
     # at its maximum. If even that cannot hold the gang, waiting will not help.
     best = _attempt(
@@ -154,14 +171,13 @@ def plan(request: GangRequest, snapshot: Snapshot, mode: Mode) -> Result:
         Workspace(snapshot.nodes, snapshot.pools, levels, shapes, empty=True),
         Mode.PROVISION,
     )
-    if not isinstance(best[1], dict):
-        empty_ws, never = best
-        why = explain(never, empty_ws, snapshot, Mode.PROVISION)
+    if isinstance(best, _Failure):
+        why = best.explain(snapshot, Mode.PROVISION)
         reasons.insert(
             0,
             Reason(
                 ReasonCode.NEVER_FITS,
-                never.name,
+                best.pod_set.name,
                 f"gang {request.name} can never fit, even with every node empty and usable and "
                 f"every pool at its maximum: {why.message}",
                 needed=why.needed,

@@ -154,6 +154,13 @@ class Workspace:
         self.resources = tuple(sorted(resources))
         self.label_keys = tuple(sorted(keys))
         self.by_name = any(uses_node_name(s) for s in shapes)
+        # Resources every pod set requests, with the smallest such request: a node with less
+        # free than that of any of them cannot take a single pod of the gang.
+        self._floor = tuple(
+            (i, min(s.requests[r] for s in shapes))
+            for i, r in enumerate(self.resources)
+            if shapes and all(s.requests.get(r, 0) > 0 for s in shapes)
+        )
         self._index = _NodeIndex(nodes)
         self.slots: dict[str, NewNodeSlot] = {}
         self.slot_labels: dict[str, Mapping[str, str]] = {}
@@ -191,6 +198,7 @@ class Workspace:
         dlevels = self.levels.domain
         by_name = self.by_name
         taint_ids = self._taint_ids
+        floor = self._floor
         groups: dict[
             tuple[tuple[Any, ...], tuple[Any, ...], int, tuple[str, ...], str | None],
             tuple[NodeState, list[str]],
@@ -204,6 +212,13 @@ class Workspace:
                 fkey = free_of(free)
             except KeyError:
                 fkey = tuple([free.get(r, 0) for r in res])
+            useless = False
+            for i, least in floor:
+                if fkey[i] < least:
+                    useless = True
+                    break
+            if useless:
+                continue
             try:
                 lkey = sel_of(labels)
             except KeyError:

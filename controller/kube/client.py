@@ -13,11 +13,12 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -83,13 +84,13 @@ class KubeClient:
             client_configuration=cfg,
             persist_config=False,
         )
-        return cls(k8s_client.ApiClient(configuration=cfg))
+        return cls(k8s_client.ApiClient(configuration=_pooled(cfg)))
 
     @classmethod
     def in_cluster(cls) -> KubeClient:
         cfg = k8s_client.Configuration()
         k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-        return cls(k8s_client.ApiClient(configuration=cfg))
+        return cls(k8s_client.ApiClient(configuration=_pooled(cfg)))
 
     @property
     def host(self) -> str:
@@ -137,7 +138,7 @@ class KubeClient:
         request_timeout: float | None = 60.0,
     ) -> Body:
         try:
-            resp = await self._api.call_api(
+            resp = await self._call(
                 path,
                 method,
                 query_params=list((query or {}).items()),
@@ -153,14 +154,31 @@ class KubeClient:
             raise ApiError(0, type(exc).__name__, str(exc)) from exc
         try:
             data = await resp.read()
-        finally:
-            resp.release()
+        except BaseException:
+            # Cancelled or broken mid-body: never hand this connection back to the pool.
+            resp.close()
+            raise
+        resp.release()
         if not 200 <= resp.status <= 299:
             raise ApiError(resp.status, str(resp.reason), data.decode(errors="replace"))
         if not data:
             return {}
         parsed: Body = json.loads(data)
         return parsed
+
+    async def _call(self, path: str, method: str, **kwargs: Any) -> Any:
+        """``call_api``, shielded from cancellation.
+
+        Cancelling aiohttp while it waits for response headers can leave the connection in
+        the pool with the answer still to come, and the next request on it then hangs until
+        its timeout. Shielded, the request completes on its own and its response is closed.
+        """
+        task = asyncio.ensure_future(self._api.call_api(path, method, **kwargs))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(_close_quietly)
+            raise
 
     # ------------------------------------------------------------------ CRUD
 
@@ -269,9 +287,14 @@ class KubeClient:
                 await _maybe_await(on_sync(listing.get("items") or []))
                 rv = str(listing.get("metadata", {}).get("resourceVersion", ""))
                 while True:
-                    rv = await self._watch_once(
-                        res, rv, on_event, namespace, label_selector, server_timeout
-                    )
+                    # A stream that ends (server timeout, dropped connection) resumes from
+                    # the last resourceVersion seen; only 410 Gone forces a re-list.
+                    try:
+                        rv = await self._watch_once(
+                            res, rv, on_event, namespace, label_selector, server_timeout
+                        )
+                    except aiohttp.ClientPayloadError:
+                        log.debug("watch %s stream dropped; resuming at %s", res.plural, rv)
             except asyncio.CancelledError:
                 raise
             except ApiError as exc:
@@ -292,15 +315,19 @@ class KubeClient:
         server_timeout: int,
     ) -> str:
         """One watch request; return the last resourceVersion seen (raise ApiError(410))."""
-        async for ev in self._stream(res, rv, namespace, label_selector, server_timeout):
-            kind = ev.get("type")
-            obj = ev.get("object") or {}
-            if kind == "ERROR":
-                raise ApiError(int(obj.get("code", 500)), str(obj.get("reason", "")), str(obj))
-            rv = str(obj.get("metadata", {}).get("resourceVersion", rv))
-            if kind == "BOOKMARK":
-                continue
-            await _maybe_await(on_event(WatchEvent(str(kind), obj)))
+        stream = self._stream(res, rv, namespace, label_selector, server_timeout)
+        # aclosing: on cancellation the stream's response is closed now, not whenever the
+        # generator is garbage-collected (until then its connection would stay half-used).
+        async with contextlib.aclosing(stream) as events:
+            async for ev in events:
+                kind = ev.get("type")
+                obj = ev.get("object") or {}
+                if kind == "ERROR":
+                    raise ApiError(int(obj.get("code", 500)), str(obj.get("reason", "")), str(obj))
+                rv = str(obj.get("metadata", {}).get("resourceVersion", rv))
+                if kind == "BOOKMARK":
+                    continue
+                await _maybe_await(on_event(WatchEvent(str(kind), obj)))
         return rv
 
     async def _stream(
@@ -310,7 +337,7 @@ class KubeClient:
         namespace: str | None,
         label_selector: str | None,
         server_timeout: int,
-    ) -> AsyncIterator[Body]:
+    ) -> AsyncGenerator[Body, None]:
         query: dict[str, str | int] = {
             "watch": "true",
             "allowWatchBookmarks": "true",
@@ -321,7 +348,7 @@ class KubeClient:
         if label_selector:
             query["labelSelector"] = label_selector
         try:
-            resp = await self._api.call_api(
+            resp = await self._call(
                 res.path(namespace=namespace),
                 "GET",
                 query_params=list(query.items()),
@@ -344,8 +371,26 @@ class KubeClient:
                 if line:
                     yield json.loads(line)
         finally:
+            # close, not release: an unfinished stream's connection must not be reused.
             with contextlib.suppress(Exception):
-                resp.release()
+                resp.close()
+
+
+def _close_quietly(task: asyncio.Future[Any]) -> None:
+    if task.cancelled() or task.exception() is not None:
+        return
+    with contextlib.suppress(Exception):
+        task.result().close()
+
+
+CONNECTION_POOL_SIZE = 512
+
+
+def _pooled(cfg: k8s_client.Configuration) -> k8s_client.Configuration:
+    # kubernetes-asyncio sizes its pool at 5 x CPUs; every watch holds one connection for
+    # minutes, so on a 2-core machine a handful of watches would starve all other calls.
+    cfg.connection_pool_maxsize = CONNECTION_POOL_SIZE
+    return cfg
 
 
 async def _maybe_await(value: Awaitable[None] | None) -> None:

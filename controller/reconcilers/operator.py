@@ -11,7 +11,6 @@ mistaken for an orphan.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -48,14 +47,13 @@ class Controller:
         clock: Clock | None = None,
         providers: Mapping[str, Provider] | None = None,
         use_kopf: bool = True,
-        collect_interval: float = 15.0,
         liveness_endpoint: str | None = None,
     ) -> None:
         self.kube = kube
         self.config = config
         self.clock = clock or RealClock()
         self.use_kopf = use_kopf
-        self.collect_interval = collect_interval
+        self.collect_interval = config.acquisition.collect_interval_seconds
         self.liveness_endpoint = liveness_endpoint
         self.state = ClusterState(levels=config.topology.levels, notify=self._enqueue)
         self.providers = ProviderSet(
@@ -153,8 +151,14 @@ class Controller:
             if task.get_name() != "kopf":
                 task.cancel()
         for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(task, timeout=10)
+            # kopf finishes its own shutdown when it can, but its discovery retries can
+            # keep it for seconds after the stop flag; nothing of Muster's state is in it.
+            try:
+                await asyncio.wait_for(task, timeout=1.0)
+            except (TimeoutError, asyncio.CancelledError):
+                pass
+            except Exception:
+                log.exception("task %s failed while stopping", task.get_name())
         self._tasks = []
         await self.queue.stop()
         await self.planner.stop()

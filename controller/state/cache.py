@@ -178,6 +178,7 @@ class ClusterState:
             self._ready_waiters.setdefault(name, []).append(fut)
             futures.append(fut)
         everything = asyncio.ensure_future(asyncio.gather(*futures))
+        everything.add_done_callback(_retrieve)
         timer = asyncio.ensure_future(sleep(within))
         try:
             await asyncio.wait({everything, timer}, return_when=asyncio.FIRST_COMPLETED)
@@ -388,6 +389,12 @@ class ClusterState:
         ]
         merged = merge_plans(plans)
         return snap if merged is None else apply_plan(snap, merged)
+
+
+def _retrieve(fut: asyncio.Future[Any]) -> None:
+    # Waiters are cancelled on timeout; fetch the outcome so asyncio does not log it.
+    if not fut.cancelled():
+        fut.exception()
 
 
 def _first_error(exc: ValidationError) -> str:

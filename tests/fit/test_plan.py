@@ -311,7 +311,8 @@ NOFITS = [
     pytest.param(
         Cluster().add(node("n1", gpus=8)),
         Gang().pod_set("a", 1, gpu=8).pod_set("b", 1, gpu=1), CHECK,
-        ReasonCode.NEVER_FITS, "pod set",
+        ReasonCode.NEVER_FITS, "pod set b needs 1 pod x 1 nvidia.com/gpu; existing nodes have "
+        "room for 0; no pool can add matching nodes (after placing pod set a)",
         id="gang-all-or-nothing",
     ),
     pytest.param(

@@ -1,0 +1,275 @@
+"""End-to-end fixtures: the same scenarios against the in-process sandbox or a real cluster.
+
+By default each test gets a fresh API sandbox with Muster's CRDs, Muster's controller
+(in-process, config ``e2e/muster-e2e.yaml``) with the kind provider, and the sandbox
+scheduler. With ``--kubeconfig PATH`` the tests talk to that cluster instead, where Muster
+must already run with the same config (see the README, "End-to-end tests"); scenarios that
+need to restart the controller are skipped there, saying why.
+
+Tests isolate themselves with a per-test namespace and a per-test run label on every node,
+pool and pod template, so they never see each other's capacity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller.commands import objects
+from controller.config import MusterConfig, load_config
+from controller.kube import ApiError, Body, KubeClient
+from controller.kube.resources import (
+    CAPACITY_POOLS,
+    NAMESPACES,
+    NODES,
+    POD_TEMPLATES,
+    PODS,
+    PROVISIONING_REQUESTS,
+)
+
+E2E_CONFIG = Path(__file__).with_name("muster-e2e.yaml")
+CRD_DIR = Path(__file__).resolve().parents[1] / "crds"
+RUN_LABEL = "e2e.muster.dev/run"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--kubeconfig",
+        action="store",
+        default=None,
+        help="Run the e2e tests against this cluster (Muster must already run there with "
+        "e2e/muster-e2e.yaml) instead of the in-process sandbox.",
+    )
+
+
+@dataclass
+class Env:
+    """One test's cluster, with helpers that read like the scenario."""
+
+    kube: KubeClient
+    namespace: str
+    run: str
+    external: bool
+    config: MusterConfig
+    restart: Callable[[], Awaitable[None]] | None = None
+    stop_controller: Callable[[], Awaitable[None]] | None = None
+    start_controller: Callable[[], Awaitable[None]] | None = None
+    providers: list[Any] = field(default_factory=list)
+    """The in-process controller's providers, one per (re)start (empty against a cluster)."""
+    cleanup: list[Callable[[], Awaitable[Any]]] = field(default_factory=list)
+
+    @property
+    def provider(self) -> Any:
+        """The running in-process controller's kind provider (None against a cluster)."""
+        return self.providers[-1] if self.providers else None
+
+    def provider_calls(self) -> list[Any]:
+        return [call for p in self.providers for call in p.calls]
+
+    # ---------------------------------------------------------------- objects
+
+    @property
+    def selector(self) -> dict[str, str]:
+        return {RUN_LABEL: self.run}
+
+    def name(self, base: str) -> str:
+        return f"{base}-{self.run}"
+
+    async def existing_gpu_nodes(self, count: int, *, rack: str = "b1-r1") -> list[str]:
+        names = [self.name(f"gpu-{i}") for i in range(count)]
+        for name in names:
+            body = objects.node(
+                name,
+                allocatable={"cpu": "96", "memory": "1024Gi", objects.GPU: "8"},
+                labels={**self.selector, objects.BLOCK: rack.split("-")[0], objects.RACK: rack},
+                taints=[objects.GPU_TAINT],
+            )
+            await self.kube.create(NODES, body)
+            self.cleanup.append(lambda n=name: self.kube.delete(NODES, n))
+        return names
+
+    async def gpu_pool(self, **kwargs: Any) -> str:
+        body = objects.gpu_pool(self.name("gpu"), **kwargs)
+        body["spec"]["nodeTemplate"]["labels"].update(self.selector)
+        await self.kube.create(CAPACITY_POOLS, body)
+        self.cleanup.append(lambda: self.kube.delete(CAPACITY_POOLS, body["metadata"]["name"]))
+        return str(body["metadata"]["name"])
+
+    async def worker_template(self, name: str = "workers", *, level: str | None = objects.RACK
+                              ) -> Body:
+        body = objects.pod_template(
+            name, namespace=self.namespace,
+            requests={"cpu": "90", "memory": "900Gi", objects.GPU: "8"},
+            required_level=level, tolerations=[objects.GPU_TOLERATION],
+            node_selector=self.selector,
+        )
+        await self.kube.create(POD_TEMPLATES, body, namespace=self.namespace)
+        return body
+
+    async def request(self, name: str, pod_sets: list[tuple[str, int]], **kwargs: Any) -> None:
+        body = objects.provisioning_request(
+            name, pod_sets=pod_sets, namespace=self.namespace, **kwargs
+        )
+        await self.kube.create(PROVISIONING_REQUESTS, body, namespace=self.namespace)
+
+    async def pods_for(self, request: str, template: Body, count: int) -> None:
+        pr = await self.get(request)
+        details = (pr.get("status") or {}).get("provisioningClassDetails") or {}
+        selector = objects.placement_selector(details)
+        for i in range(count):
+            await self.kube.create(PODS, objects.consumer_pod(
+                f"{request}-{i}", request=request, template=template, node_selector=selector,
+            ), namespace=self.namespace)
+
+    # ---------------------------------------------------------------- reads
+
+    async def get(self, request: str) -> Body:
+        return await self.kube.get(PROVISIONING_REQUESTS, request, namespace=self.namespace)
+
+    async def condition(self, request: str, type_: str) -> dict[str, Any] | None:
+        pr = await self.get(request)
+        for cond in (pr.get("status") or {}).get("conditions") or []:
+            if cond.get("type") == type_:
+                return dict(cond)
+        return None
+
+    async def wait_condition(
+        self, request: str, type_: str, status: str = "True", *, within: float = 20.0
+    ) -> dict[str, Any]:
+        cond = await eventually(lambda: self._cond_is(request, type_, status), within=within)
+        return cond
+
+    async def _cond_is(self, request: str, type_: str, status: str) -> dict[str, Any] | None:
+        cond = await self.condition(request, type_)
+        return cond if cond is not None and cond.get("status") == status else None
+
+    async def pool_nodes(self, pool: str) -> list[Body]:
+        listing = await self.kube.list(NODES, label_selector=f"muster.dev/pool={pool}")
+        return list(listing.get("items") or [])
+
+    async def bound_pods(self) -> int:
+        listing = await self.kube.list(PODS, namespace=self.namespace)
+        return sum(1 for p in listing.get("items") or [] if p["spec"].get("nodeName"))
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[Any]], *, within: float = 20.0, step: float = 0.1
+) -> Any:
+    """Poll ``probe`` until it returns something truthy; fail after ``within`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    last: Any = None
+    while True:
+        last = await probe()
+        if last:
+            return last
+        if loop.time() > deadline:
+            raise AssertionError(f"not reached within {within}s (last: {last!r})")
+        await asyncio.sleep(step)
+
+
+@pytest.fixture
+async def env(request: pytest.FixtureRequest) -> AsyncIterator[Env]:
+    kubeconfig = request.config.getoption("--kubeconfig")
+    run = uuid.uuid4().hex[:8]
+    namespace = f"e2e-{run}"
+    config = load_config(E2E_CONFIG)
+    if kubeconfig:
+        async with await KubeClient.from_kubeconfig(Path(kubeconfig)) as kube:
+            e = Env(kube=kube, namespace=namespace, run=run, external=True, config=config)
+            await _namespace(kube, namespace)
+            try:
+                yield e
+            finally:
+                await _cleanup(e)
+        return
+    async with _sandbox_env(namespace, run, config) as e:
+        yield e
+
+
+@contextlib.asynccontextmanager
+async def _sandbox_env(namespace: str, run: str, config: MusterConfig) -> AsyncIterator[Env]:
+    import tempfile
+
+    from controller.reconcilers.operator import Controller
+    from providers.kind import KindProvider
+    from sandbox.server import SandboxServer
+
+    server = SandboxServer(crd_dir=CRD_DIR, bookmark_interval=0.5)
+    await server.start()
+    tmp = tempfile.TemporaryDirectory(prefix="muster-e2e-")
+    path = server.write_kubeconfig(Path(tmp.name) / "kubeconfig")
+    kube = await KubeClient.from_kubeconfig(path)
+    scheduler = _scheduler(server)
+    holder: dict[str, Any] = {"controller": None, "kube": None}
+    providers: list[KindProvider] = []
+
+    async def start() -> None:
+        # Like a restarted process: its own client (connections) and provider instance.
+        own = await KubeClient.from_kubeconfig(path)
+        provider = KindProvider(own, heartbeat_seconds=config.providers.kind.heartbeat_seconds)
+        providers.append(provider)
+        controller = Controller(kube=own, config=config, providers={"kind": provider})
+        await controller.start()
+        holder.update(controller=controller, kube=own)
+
+    async def stop() -> None:
+        controller, own = holder["controller"], holder["kube"]
+        holder.update(controller=None, kube=None)
+        if controller is not None:
+            await controller.stop()
+        if own is not None:
+            await own.close()
+
+    async def restart() -> None:
+        await stop()
+        await start()
+
+    e = Env(kube=kube, namespace=namespace, run=run, external=False, config=config,
+            restart=restart, stop_controller=stop, start_controller=start, providers=providers)
+    try:
+        await _namespace(kube, namespace)
+        await start()
+        if scheduler is not None:
+            await scheduler.start()
+        yield e
+    finally:
+        if scheduler is not None:
+            await scheduler.stop()
+        await stop()
+        await kube.close()
+        await server.stop()
+        tmp.cleanup()
+
+
+def _scheduler(server: Any) -> Any:
+    try:
+        from sandbox.scheduler import SandboxScheduler
+    except ImportError:
+        return None
+    return SandboxScheduler(server.store)
+
+
+async def _namespace(kube: KubeClient, name: str) -> None:
+    with contextlib.suppress(ApiError):
+        await kube.create(NAMESPACES, {"metadata": {"name": name}})
+
+
+async def _cleanup(e: Env) -> None:
+    """Against a shared cluster: remove what the test created (requests first, so Muster
+    releases their nodes)."""
+    listing = await e.kube.list(PROVISIONING_REQUESTS, namespace=e.namespace)
+    for pr in listing.get("items") or []:
+        await e.kube.delete(PROVISIONING_REQUESTS, pr["metadata"]["name"], namespace=e.namespace)
+    for undo in reversed(e.cleanup):
+        with contextlib.suppress(ApiError):
+            await undo()
+    with contextlib.suppress(ApiError):
+        await e.kube.delete(NAMESPACES, e.namespace)
