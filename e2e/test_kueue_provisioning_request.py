@@ -218,3 +218,8 @@ async def test_path_a_keeps_every_tas_slice_inside_one_rack(kueue_env: KueueEnv)
         per_rack[rack] = per_rack.get(rack, 0) + 1
     assert sum(per_rack.values()) == 12
     assert all(n % 4 == 0 for n in per_rack.values()), per_rack
+    pr = await env.kube.get(PROVISIONING_REQUESTS, name, namespace=env.namespace)
+    details = pr["status"]["provisioningClassDetails"]
+    assert objects.RACK not in details, (
+        "slices in several racks: no single rack for Kueue to pin every pod to")
+    assert {details[f"muster.dev/podset.workers-slice-{i}"] for i in range(3)}
