@@ -18,8 +18,9 @@ from typing import Any
 from controller.clock import Clock
 from controller.kube import ApiError, Body, KubeClient, WatchEvent
 from controller.kube.resources import CAPACITY_POOLS, NODES, PROVISIONING_REQUESTS, Resource
+from controller.kueue.facts import StateFacts, WatchedFacts
 from controller.kueue.models import Topology
-from controller.kueue.planning import MANAGED_LABEL, PoolTaints
+from controller.kueue.planning import MANAGED_LABEL
 from controller.kueue.resources import (
     ADMISSION_CHECKS,
     PROVISIONING_REQUEST_CONFIGS,
@@ -30,6 +31,7 @@ from controller.kueue.resources import (
 from controller.kueue.settings import KueueConfig
 from controller.kueue.workloads import CheckReconciler, KueueView
 from controller.reconcilers.workqueue import WorkQueue
+from controller.state.cache import ClusterState
 from controller.topology_defaults import DEFAULT_LEVELS, HOSTNAME, POOL_LABEL
 
 log = logging.getLogger(__name__)
@@ -53,6 +55,7 @@ class KueueIntegration:
         config: KueueConfig,
         clock: Clock,
         levels: Sequence[str] = DEFAULT_LEVELS,
+        state: ClusterState | None = None,
         concurrency: int = 32,
     ) -> None:
         self.kube = kube
@@ -66,7 +69,9 @@ class KueueIntegration:
         self.queue = WorkQueue(self._reconcile, clock=clock, concurrency=concurrency)
         self._tasks: list[asyncio.Task[None]] = []
         self._synced: dict[str, asyncio.Event] = {}
-        self._pool_bodies: dict[str, Body] = {}
+        self._watched = WatchedFacts()
+        self._own_pool_watch = state is None
+        self.view.facts = StateFacts(state) if state is not None else self._watched
         self._serves_topologies = False
 
     async def _reconcile(self, key: str) -> float | None:
@@ -80,8 +85,9 @@ class KueueIntegration:
         self._watch(ADMISSION_CHECKS, v.checks, self._checks_changed)
         self._watch(RESOURCE_FLAVORS, v.flavors, self._all_workloads)
         self._watch(PROVISIONING_REQUEST_CONFIGS, v.configs, self._checks_changed)
-        self._watch(CAPACITY_POOLS, self._pool_bodies, self._pools_changed)
-        self._watch(NODES, {}, None, on_node=True)
+        if self._own_pool_watch:
+            self._watch(CAPACITY_POOLS, self._watched.pool_bodies, self._pools_changed)
+            self._watch(NODES, {}, None, on_node=True)
         self._watch(PROVISIONING_REQUESTS, v.requests, self._request_changed,
                     label_selector=MANAGED_LABEL)
         self._watch(WORKLOADS, v.workloads, self._workload_changed)
@@ -146,15 +152,10 @@ class KueueIntegration:
     def _pools_missing(self, levels: Sequence[str]) -> list[str]:
         wanted = [lv for lv in levels if lv != HOSTNAME]
         out = []
-        for name, body in sorted(self._pool_bodies.items()):
-            spec = body.get("spec") or {}
-            base = (spec.get("nodeTemplate") or {}).get("labels") or {}
-            topo = spec.get("topology") or {}
-            for i, domain in enumerate(topo.get("domains") or [{}]):
-                labels = {**base, **(domain.get("labels") or {})}
-                lacking = [lv for lv in wanted if lv not in labels]
-                if lacking and topo.get("domains"):
-                    out.append(f"{name} domain {i} lacks {', '.join(lacking)}")
+        for pool, i, labels in self.view.facts.domains():
+            lacking = [lv for lv in wanted if lv not in labels]
+            if lacking:
+                out.append(f"{pool} domain {i} lacks {', '.join(lacking)}")
         return out
 
     async def stop(self) -> None:
@@ -179,7 +180,7 @@ class KueueIntegration:
 
         async def on_sync(items: list[Body]) -> None:
             if on_node:
-                self.view.node_pools = {
+                self._watched.node_pools = {
                     n["metadata"]["name"]: n["metadata"]["labels"][POOL_LABEL]
                     for n in items if (n["metadata"].get("labels") or {}).get(POOL_LABEL)
                 }
@@ -196,9 +197,9 @@ class KueueIntegration:
                 name = obj["metadata"]["name"]
                 pool = (obj["metadata"].get("labels") or {}).get(POOL_LABEL)
                 if ev.type == "DELETED" or not pool:
-                    self.view.node_pools.pop(name, None)
+                    self._watched.node_pools.pop(name, None)
                 else:
-                    self.view.node_pools[name] = pool
+                    self._watched.node_pools[name] = pool
                 return
             if ev.type == "DELETED":
                 store.pop(_key(obj), None)
@@ -249,16 +250,6 @@ class KueueIntegration:
                 self.queue.add(f"{ns}/{ref.get('name')}")
 
     def _pools_changed(self, _: Body | None) -> None:
-        pools = []
-        for body in self._pool_bodies.values():
-            tpl = (body.get("spec") or {}).get("nodeTemplate") or {}
-            name = body["metadata"]["name"]
-            pools.append(PoolTaints(
-                name=name,
-                labels={**(tpl.get("labels") or {}), POOL_LABEL: name},
-                taints=[dict(t) for t in tpl.get("taints") or []],
-            ))
-        self.view.pools = pools
         self._topologies_changed(None)
 
 

@@ -14,7 +14,7 @@ other checks' entries are never clobbered: a merge patch would replace the whole
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from controller.clock import Clock
@@ -40,6 +40,7 @@ from controller.kueue.decisions import (
     tolerates,
     verdict,
 )
+from controller.kueue.facts import PoolFacts, WatchedFacts
 from controller.kueue.models import (
     GROUP,
     AdmissionCheck,
@@ -52,7 +53,6 @@ from controller.kueue.models import (
 from controller.kueue.planning import (
     POD_SET_ANNOTATION,
     PlanningError,
-    PoolTaints,
     RequestPlan,
     owner_reference,
     plan_request,
@@ -80,9 +80,8 @@ class KueueView:
         self.configs: dict[str, Body] = {}
         self.requests: dict[str, Body] = {}
         """Muster-created requests by ``namespace/name``."""
-        self.pools: list[PoolTaints] = []
-        self.node_pools: dict[str, str] = {}
-        """Node name -> CapacityPool that created it."""
+        self.facts: PoolFacts = WatchedFacts()
+        """CapacityPools and which node each one made (see :mod:`controller.kueue.facts`)."""
 
 
 class CheckReconciler:
@@ -314,7 +313,7 @@ class CheckReconciler:
             check_capacity_class=self.config.check_capacity_class,
             parameters=parameters,
             managed_resources=prc.spec.managed_resources if prc else (),
-            pools=self.view.pools, tolerate_pool_taints=self.config.tolerate_pool_taints,
+            pools=self.view.facts.pools(), tolerate_pool_taints=self.config.tolerate_pool_taints,
         )
 
     async def create_request(
@@ -380,7 +379,7 @@ class CheckReconciler:
         spec = request.get("spec") or {}
         class_name = str(spec.get("provisioningClassName") or "")
         booking = _booking(request)
-        pools_by_name = {p.name: p for p in self.view.pools}
+        pools_by_name = {p.name: p for p in self.view.facts.pools()}
         assignments = {a.name: a for a in (wl.status.admission.pod_set_assignments
                                            if wl.status.admission else [])}
         flavors = self.view.flavors
@@ -412,7 +411,7 @@ class CheckReconciler:
                         selector[entry.key] = value
             tolerations: list[dict[str, Any]] = []
             if self.config.tolerate_pool_taints and booking is not None:
-                for pool_name in _pools_used(booking, pod_set, self.view.node_pools):
+                for pool_name in _pools_used(booking, pod_set, self.view.facts.pool_of):
                     pool = pools_by_name.get(pool_name)
                     if pool is None:
                         continue
@@ -508,14 +507,16 @@ def _booking(request: Mapping[str, Any]) -> Booking | None:
         return None
 
 
-def _pools_used(booking: Booking, pod_set: str, node_pools: Mapping[str, str]) -> list[str]:
+def _pools_used(
+    booking: Booking, pod_set: str, pool_of: Callable[[str], str | None]
+) -> list[str]:
     """Pools whose nodes (new or existing) the booking puts ``pod_set``'s pods on."""
     pools: list[str] = []
     for a in booking.plan.assignments:
         if a.pod_set != pod_set and not a.pod_set.startswith(f"{pod_set}-"):
             continue
         pool = a.new_node.pool if a.new_node is not None else (
-            node_pools.get(a.node or "") if a.node else None)
+            pool_of(a.node) if a.node else None)
         if pool and pool not in pools:
             pools.append(pool)
     return pools

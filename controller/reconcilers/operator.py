@@ -79,7 +79,7 @@ class Controller:
         self.feeds = Feeds(kube, self.state, with_requests=not use_kopf)
         self.kueue = (
             KueueIntegration(kube=kube, config=config.kueue, clock=self.clock,
-                             levels=config.topology.levels)
+                             levels=config.topology.levels, state=self.state)
             if config.kueue.enabled else None
         )
         self._tasks: list[asyncio.Task[None]] = []
