@@ -29,6 +29,7 @@ from typing import Any
 from controller.api.capacitypool import CapacityPool
 from controller.kube import ApiError, Body, KubeClient
 from controller.kube.resources import LEASES, NAMESPACES, NODES
+from controller.state.cache import KEY_LABEL
 from controller.topology_defaults import POOL_LABEL
 from providers.base import (
     AcquireRequest,
@@ -42,7 +43,6 @@ from providers.base import (
 log = logging.getLogger(__name__)
 
 PROVIDER_LABEL = "muster.dev/provider"
-KEY_LABEL = "muster.dev/acquisition-key"
 OWNER_UID_LABEL = "muster.dev/owner-uid"
 OWNER_ANNOTATION = "muster.dev/owner"
 NODE_LEASE_NAMESPACE = "kube-node-lease"
@@ -151,12 +151,8 @@ class KindProvider:
     async def acquire(self, request: AcquireRequest) -> Nodes:
         pool = request.pool
         pool_name = pool.metadata.name
+        names = [_node_name(pool_name, request.key, i) for i in range(request.count)]
         async with self._key_locks[request.key]:
-            existing = await self._nodes_under_key(pool_name, request.key)
-            if len(existing) >= request.count:
-                # A retry after a crash or timeout: the cloud already did the work.
-                self._record("acquire", request, "reused")
-                return existing[: request.count]
             try:
                 error = self._take_injected_error(pool_name)
                 if error is not None:
@@ -165,26 +161,20 @@ class KindProvider:
                 latency = latency or self.acquire_latency_seconds
                 if latency:
                     await asyncio.sleep(latency)
-                available = await self._available(pool, request.domain, request.key)
                 grant = self._take_grant(pool_name)
-                want = request.count - len(existing)
-                created = min(want, available if grant is None else min(grant, available))
-                have = {n.name for n in existing}
-                names = [
-                    _node_name(pool_name, request.key, i)
-                    for i in range(request.count)
-                    if _node_name(pool_name, request.key, i) not in have
-                ][:created]
-                await asyncio.gather(
-                    *(self._create_node(pool, request, name) for name in names)
+                allowed = await self._allowed(pool, request, grant)
+                # Node names are deterministic per key, so creating them is idempotent: a
+                # retry after a crash finds the ones already made (409) and adds the rest.
+                results = await asyncio.gather(
+                    *(self._create_node(pool, request, name) for name in names[:allowed])
                 )
-                if created < want:
+                if allowed < request.count:
                     await self._delete_key(pool_name, request.key)
                     raise CapacityUnavailable(
-                        f"pool {pool_name} could only launch {len(existing) + created} of "
-                        f"{request.count} node(s) in {domain_key(request.domain) or 'any domain'};"
-                        " the partial launch was rolled back",
-                        available=len(existing) + created,
+                        f"pool {pool_name} could only launch {allowed} of {request.count} "
+                        f"node(s) in {domain_key(request.domain) or 'any domain'}; the partial "
+                        "launch was rolled back",
+                        available=allowed,
                     )
             except ProviderError as exc:
                 self._record("acquire", request, exc.reason)
@@ -195,8 +185,26 @@ class KindProvider:
                 raise TransientProviderError(
                     f"pool {pool_name}: creating nodes failed and was rolled back: {exc}"
                 ) from exc
-            self._record("acquire", request, "ok")
-            return await self._nodes_under_key(pool_name, request.key)
+            fresh = sum(1 for _, created in results if created)
+            # "reused": the cloud already did this work (a retry after a crash or timeout).
+            self._record("acquire", request, "ok" if fresh else "reused")
+            return [node for node, _ in results]
+
+    async def _allowed(self, pool: CapacityPool, request: AcquireRequest, grant: int | None) -> int:
+        """How many of the request's nodes may exist: stock and injected grants permitting."""
+        stock = self._stock_for(pool, request.domain)
+        allowed = request.count if grant is None else min(grant, request.count)
+        if stock is None:
+            return allowed
+        selector = f"{PROVIDER_LABEL}={self.name},{POOL_LABEL}={pool.metadata.name}"
+        listing = await self._kube.list(NODES, label_selector=selector)
+        others = sum(
+            1
+            for n in listing.get("items") or []
+            if all(n["metadata"].get("labels", {}).get(k) == v for k, v in request.domain.items())
+            and n["metadata"].get("labels", {}).get(KEY_LABEL) != request.key
+        )
+        return max(0, min(allowed, stock - others))
 
     async def release(self, pool: CapacityPool, key: str) -> int:
         async with self._key_locks[key]:
@@ -300,22 +308,6 @@ class KindProvider:
                 return grants.pop(0)
         return None
 
-    async def _available(
-        self, pool: CapacityPool, domain: Mapping[str, str], key: str
-    ) -> int:
-        stock = self._stock_for(pool, domain)
-        if stock is None:
-            return 1 << 30
-        selector = f"{PROVIDER_LABEL}={self.name},{POOL_LABEL}={pool.metadata.name}"
-        listing = await self._kube.list(NODES, label_selector=selector)
-        used = sum(
-            1
-            for n in listing.get("items") or []
-            if all(n["metadata"].get("labels", {}).get(k) == v for k, v in domain.items())
-            and n["metadata"].get("labels", {}).get(KEY_LABEL) != key
-        )
-        return max(0, stock - used)
-
     def _stock_for(self, pool: CapacityPool, domain: Mapping[str, str]) -> int | None:
         name = pool.metadata.name
         override = self._stock.get((name, domain_key(domain)))
@@ -348,25 +340,30 @@ class KindProvider:
             await self._kube.delete(LEASES, name, namespace=NODE_LEASE_NAMESPACE)
         return deleted
 
-    async def _create_node(self, pool: CapacityPool, request: AcquireRequest, name: str) -> None:
+    async def _create_node(
+        self, pool: CapacityPool, request: AcquireRequest, name: str
+    ) -> tuple[ProvidedNode, bool]:
+        """Create one node (or find it made by an earlier call); True when created now."""
         body = node_body(pool, request, name, now=self._now(), provider=self.name)
         ready_delay = float(pool.spec.parameters.get("readyDelaySeconds", 0.0))
         if ready_delay:
             body["status"]["conditions"] = [_ready_condition(False, _rfc3339_micro(self._now()))]
+        fresh = True
         try:
             created = await self._kube.create(NODES, body)
         except ApiError as exc:
             if not exc.conflict:
                 raise
-            created = await self._kube.get(NODES, name)
+            created, fresh = await self._kube.get(NODES, name), False
         self._owned.add(name)
-        if not created.get("status", {}).get("allocatable") or ready_delay:
+        if fresh and (not created.get("status", {}).get("allocatable") or ready_delay):
             # API servers that drop status on create (or a simulated boot) get it from the
             # "kubelet" afterwards, as a real node does.
             if ready_delay:
                 _later(self._set_ready(name, body["status"], ready_delay))
             else:
                 await self._kube.patch_status(NODES, name, body["status"])
+        return _provided(created), fresh
 
     async def _set_ready(self, name: str, status: Body, delay: float) -> None:
         await asyncio.sleep(delay)

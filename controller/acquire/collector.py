@@ -22,7 +22,6 @@ from datetime import datetime
 
 from controller.acquire.atomic import release_groups
 from controller.acquire.providers import ProviderSet
-from controller.api.capacitypool import CapacityPool
 from controller.state.bookings import (
     PHASE_ANNOTATION,
     PLAN_ANNOTATION,
@@ -63,6 +62,7 @@ class Collector:
         self._seen_used: set[str] = set()
 
     async def run_once(self) -> list[Released]:
+        self._state.prune_vanished()
         owners = self._owners()
         released: list[Released] = []
         pools = dict(self._state.pools())
@@ -151,7 +151,3 @@ def _by_key(nodes: list[ProvidedNode]) -> dict[str, list[ProvidedNode]]:
         if node.key:
             out.setdefault(node.key, []).append(node)
     return out
-
-
-def pool_names(pools: Collection[CapacityPool]) -> list[str]:
-    return sorted(p.metadata.name for p in pools)

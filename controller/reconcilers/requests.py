@@ -105,9 +105,12 @@ class RequestView:
     @property
     def phase(self) -> Phase:
         try:
-            return Phase(self.annotations.get(PHASE_ANNOTATION, ""))
+            phase = Phase(self.annotations.get(PHASE_ANNOTATION, ""))
         except ValueError:
             return Phase.NEW
+        if phase is Phase.ACQUIRING and self.condition_true(ConditionType.PROVISIONED):
+            return Phase.BOOKED
+        return phase
 
     @property
     def attempt(self) -> int:
@@ -132,7 +135,14 @@ class RequestView:
 
     @property
     def booked_at(self) -> datetime | None:
-        return _parse_time(self.annotations.get(BOOKED_AT_ANNOTATION))
+        """When Provisioned became True (the booking's start)."""
+        stamp = _parse_time(self.annotations.get(BOOKED_AT_ANNOTATION))
+        if stamp is not None:
+            return stamp
+        cond = self.condition(ConditionType.PROVISIONED)
+        if cond is not None and cond.get("status") == "True":
+            return _parse_time(cond.get("lastTransitionTime"))
+        return None
 
 
 def _parse_time(text: str | None) -> datetime | None:

@@ -46,6 +46,7 @@ from controller.state.bookings import (
     PLAN_ANNOTATION,
     RETRY_AT_ANNOTATION,
     Booking,
+    Group,
     Phase,
 )
 from controller.state.cache import ClusterState
@@ -156,16 +157,7 @@ class ProvisioningService:
         except ApiError:
             self.state.unreserve(req.key)
             raise
-        new_nodes = sum(g.count for g in booking.groups)
-        req = await self.write_status(
-            req,
-            [
-                _accepted(),
-                (ConditionType.PROVISIONED, False, Reason.PROVISIONING,
-                 message(Reason.PROVISIONING, new_nodes=new_nodes, attempt=attempt)),
-            ],
-        )
-        return await self.acquire(req, booking)
+        return await self.acquire(req, booking, announce=True)
 
     def gang(self, req: RequestView, mode: Mode) -> GangRequest:
         """The request as the fit engine sees it; :class:`Invalid` names what is wrong."""
@@ -251,19 +243,29 @@ class ProvisioningService:
 
     # ------------------------------------------------------------------ acquisition
 
-    async def acquire(self, req: RequestView, booking: Booking) -> Delay:
-        """All groups or none, then bounded wait for Ready, then Provisioned=True."""
+    async def acquire(self, req: RequestView, booking: Booking, *, announce: bool = False) -> Delay:
+        """All groups or none, then bounded wait for Ready, then Provisioned=True.
+
+        ``announce``: also set Provisioned=False/Provisioning, concurrently with the provider
+        calls (the plan and keys are already persisted; the condition is for humans).
+        """
         self.state.reserve(req.key, booking)
         keys = {g.key for g in booking.groups}
         self.in_flight |= keys
+        announcing = asyncio.create_task(self._announce(req, booking)) if announce else None
         try:
-            nodes = await acquire_all(
-                booking.groups,
-                owner=req.key,
-                owner_uid=req.uid,
-                pools=self.state.pools(),
-                provider_for=self.providers.for_pool,
-            )
+            try:
+                nodes = await acquire_all(
+                    booking.groups,
+                    owner=req.key,
+                    owner_uid=req.uid,
+                    pools=self.state.pools(),
+                    provider_for=self.providers.for_pool,
+                )
+            finally:
+                # Later status writes start from this one's conditions, never race it.
+                if announcing is not None:
+                    req = await announcing
             booking = booking.with_nodes(nodes)
             self.state.reserve(req.key, booking)
             timeout = self.config.acquisition.node_ready_timeout_seconds
@@ -288,33 +290,45 @@ class ProvisioningService:
             self.in_flight -= keys
         return await self.confirm(req, booking, Reason.CAPACITY_IS_PROVISIONED)
 
+    async def _announce(self, req: RequestView, booking: Booking) -> RequestView:
+        new_nodes = sum(g.count for g in booking.groups)
+        text = message(Reason.PROVISIONING, new_nodes=new_nodes, attempt=booking.attempt)
+        return await self.write_status(
+            req, [_accepted(), (ConditionType.PROVISIONED, False, Reason.PROVISIONING, text)]
+        )
+
     async def confirm(self, req: RequestView, booking: Booking, reason: Reason) -> Delay:
         """Persist the booking as Booked and set Provisioned=True with the placement."""
         now = self.clock.now()
         try:
-            req = await self.persist(
-                req,
-                annotations={
-                    PLAN_ANNOTATION: booking.to_annotation(),
-                    ATTEMPT_ANNOTATION: str(booking.attempt),
-                    PHASE_ANNOTATION: Phase.BOOKED,
-                    BOOKED_AT_ANNOTATION: rfc3339(now),
-                    RETRY_AT_ANNOTATION: None,
-                },
+            if req.phase is not Phase.ACQUIRING:
+                # Fits existing nodes: nothing persisted yet. After an acquisition the plan
+                # and keys are on the object already and Provisioned=True marks it Booked.
+                req = await self.persist(
+                    req,
+                    annotations={
+                        PLAN_ANNOTATION: booking.to_annotation(),
+                        ATTEMPT_ANNOTATION: str(booking.attempt),
+                        PHASE_ANNOTATION: Phase.BOOKED,
+                        BOOKED_AT_ANNOTATION: rfc3339(now),
+                        RETRY_AT_ANNOTATION: None,
+                    },
+                )
+            details = class_details(booking.plan)
+            where = _where(booking.plan)
+            text = (
+                message(reason, where=where)
+                if reason is Reason.CAPACITY_IS_FOUND
+                else message(reason, where=where, new_nodes=len(booking.acquired_nodes))
+            )
+            await self.write_status(
+                req, [_accepted(), (ConditionType.PROVISIONED, True, reason, text)],
+                details=details,
             )
         finally:
             self.state.unreserve(req.key)
-        details = class_details(booking.plan)
-        where = _where(booking.plan)
-        text = (
-            message(reason, where=where)
-            if reason is Reason.CAPACITY_IS_FOUND
-            else message(reason, where=where, new_nodes=len(booking.acquired_nodes))
-        )
-        await self.write_status(
-            req, [_accepted(), (ConditionType.PROVISIONED, True, reason, text)], details=details
-        )
         return self.config.booking.duration_seconds
+
 
     # ------------------------------------------------------------------ booked requests
 
@@ -329,10 +343,13 @@ class ProvisioningService:
                 req, booking, ConditionType.BOOKING_EXPIRED, Reason.BOOKING_CONSUMED,
                 message(Reason.BOOKING_CONSUMED, total=total),
             )
-        vanished = [
-            n for n in (*booking.existing_nodes, *booking.acquired_nodes)
-            if not self.state.node_exists(n)
-        ]
+        vanished = [n for n in booking.existing_nodes if not self.state.node_exists(n)]
+        for g in booking.groups:
+            have = len(self.group_nodes(g))
+            if have < g.count:
+                names = ", ".join(self.state.vanished(g.key)) or "unknown names"
+                vanished.append(f"{g.count - have} of {g.count} new node(s) of pool {g.pool} "
+                                f"({names})")
         if vanished and self.state.synced["nodes"].is_set():
             return await self.end_booking(
                 req, booking, ConditionType.CAPACITY_REVOKED, Reason.NODES_VANISHED,
@@ -367,7 +384,8 @@ class ProvisioningService:
         """Release groups none of whose nodes runs a pod; the collector handles the rest."""
         unused = [
             g for g in booking.groups
-            if g.nodes and not any(self.state.pods_on(n) for n in g.nodes)
+            if self.group_nodes(g)
+            and not any(self.state.pods_on(n) for n in self.group_nodes(g))
         ]
         if not unused:
             return 0
@@ -375,28 +393,23 @@ class ProvisioningService:
             unused, pools=self.state.pools(), provider_for=self.providers.for_pool
         )
 
+    def group_nodes(self, group: Group) -> tuple[str, ...]:
+        """The group's registered nodes (names recorded on the booking, else found by the
+        acquisition-key label)."""
+        if group.nodes:
+            return tuple(n for n in group.nodes if self.state.node_exists(n))
+        return tuple(sorted(self.state.nodes_by_key().get(group.key, ())))
+
     # ------------------------------------------------------------------ deletion
 
     async def finalize(self, req: RequestView) -> Delay:
         self.state.unreserve(req.key)
         booking = req.booking
         if booking is not None and req.phase is not Phase.FAILED:
-            if req.phase is Phase.ACQUIRING:
-                # Nodes may exist under the keys without being recorded yet.
-                booking = booking.with_nodes(
-                    {g.key: [n.name for n in await self._provided(g.pool, g.key)]
-                     for g in booking.groups}
-                )
             await self.release_unused(booking)
         if req.has_finalizer:
             await self.persist(req, annotations={}, finalizer=False)
         return None
-
-    async def _provided(self, pool_name: str, key: str) -> list[Any]:
-        pool = self.state.pools().get(pool_name)
-        if pool is None:
-            return []
-        return [n for n in await self.providers.for_pool(pool).list(pool) if n.key == key]
 
     # ------------------------------------------------------------------ failure paths
 

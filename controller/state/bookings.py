@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -39,7 +39,9 @@ class Phase(enum.StrEnum):
     ACQUIRING = "Acquiring"
     """Plan and keys persisted; provider calls may be in flight (resumed after a restart)."""
     BOOKED = "Booked"
-    """Provisioned=True; capacity held for the request's pods."""
+    """Provisioned=True; capacity held for the request's pods. Not written as such when the
+    request went through Acquiring: Acquiring plus Provisioned=True means Booked (one API
+    write less per request)."""
     ENDED = "Ended"
     """Booking consumed, expired or revoked; nodes in use stay until idle."""
     FAILED = "Failed"
@@ -194,6 +196,7 @@ def effective_plan(
     *,
     existing: Mapping[str, bool],
     scheduled_on: Mapping[str, int],
+    nodes_by_key: Mapping[str, Collection[str]] | None = None,
 ) -> Plan:
     """What ``booking`` still holds: the part of its plan other requests must not count.
 
@@ -202,11 +205,15 @@ def effective_plan(
     nodes. Pods of the request already bound to a node (``scheduled_on``: node -> pods
     consuming this request) are taken off that node's booking, because the node's free
     capacity already counts them (the double count of autoscaler#9805).
-    ``existing`` tells which node names are currently in the cluster.
+    ``existing`` tells which node names are currently in the cluster; ``nodes_by_key``
+    (acquisition key -> registered node names, from the nodes' labels) covers nodes that
+    registered before the acquisition returned and the booking learnt their names; without
+    it they would look like free capacity for a moment.
     """
     slot_nodes: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[str, ...]] = {}
     for g in booking.groups:
-        slot_nodes[(g.pool, tuple(sorted(g.domain.items())))] = g.nodes
+        names = g.nodes or tuple(sorted((nodes_by_key or {}).get(g.key, ())))
+        slot_nodes[(g.pool, tuple(sorted(g.domain.items())))] = names
     remaining = dict(scheduled_on)
     assignments: list[Assignment] = []
     for a in booking.plan.assignments:

@@ -46,6 +46,8 @@ CONSUME_ANNOTATION = "autoscaling.x-k8s.io/consume-provisioning-request"
 DEPRECATED_CONSUME_ANNOTATION = "cluster-autoscaler.kubernetes.io/consume-provisioning-request"
 
 ACTIVE_PHASES = frozenset({Phase.ACQUIRING, Phase.BOOKED})
+KEY_LABEL = "muster.dev/acquisition-key"
+"""Set by every provider on the nodes it acquires (see ``providers.kind``)."""
 
 
 def object_key(obj: Mapping[str, Any]) -> str:
@@ -84,6 +86,8 @@ class ClusterState:
         self.levels = tuple(levels)
         self.notify: Callable[[str], None] = notify or (lambda key: None)
         self._nodes: dict[str, Node] = {}
+        self._nodes_by_key: dict[str, set[str]] = {}
+        self._gone_by_key: dict[str, set[str]] = {}
         self._node_states: dict[str, NodeState] = {}
         self._usage: dict[str, dict[str, int]] = {}
         self._pods: dict[str, PodRecord] = {}
@@ -121,7 +125,11 @@ class ClusterState:
             log.warning("ignoring malformed Node %s: %s", object_key(body), exc)
             return
         name = node.metadata.name
+        self._unindex(name)
         self._nodes[name] = node
+        key = node.metadata.labels.get(KEY_LABEL)
+        if key:
+            self._nodes_by_key.setdefault(key, set()).add(name)
         self._refresh_node(name)
         self._pool_states = None
         if node.ready:
@@ -130,6 +138,7 @@ class ClusterState:
                     fut.set_result(None)
 
     def delete_node(self, name: str) -> None:
+        self._unindex(name, gone=True)
         if self._nodes.pop(name, None) is None:
             return
         self._node_states.pop(name, None)
@@ -138,6 +147,30 @@ class ClusterState:
         for key, booking in self.bookings().items():
             if name in booking.acquired_nodes or name in booking.existing_nodes:
                 self.notify(key)
+
+    def _unindex(self, name: str, *, gone: bool = False) -> None:
+        old = self._nodes.get(name)
+        key = old.metadata.labels.get(KEY_LABEL) if old is not None else None
+        if gone and key:
+            self._gone_by_key.setdefault(key, set()).add(name)
+        if key and key in self._nodes_by_key:
+            self._nodes_by_key[key].discard(name)
+            if not self._nodes_by_key[key]:
+                del self._nodes_by_key[key]
+
+    def vanished(self, key: str) -> list[str]:
+        """Nodes of acquisition ``key`` seen deleted since this process started."""
+        return sorted(self._gone_by_key.get(key, ()))
+
+    def prune_vanished(self) -> None:
+        """Forget deleted-node records of keys no active booking holds (keeps memory flat)."""
+        live = {g.key for b in self.bookings().values() for g in b.groups}
+        for key in [k for k in self._gone_by_key if k not in live]:
+            del self._gone_by_key[key]
+
+    def nodes_by_key(self) -> Mapping[str, set[str]]:
+        """Acquisition key -> names of the registered nodes carrying it."""
+        return self._nodes_by_key
 
     def _refresh_node(self, name: str) -> None:
         node = self._nodes.get(name)
@@ -383,7 +416,12 @@ class ClusterState:
         snap = Snapshot(nodes=self._sorted_nodes, pools=self._pool_states, levels=self.levels)
         existing = {name: True for name in self._nodes}
         plans = [
-            effective_plan(b, existing=existing, scheduled_on=self.scheduled_consumers(key))
+            effective_plan(
+                b,
+                existing=existing,
+                scheduled_on=self.scheduled_consumers(key),
+                nodes_by_key=self._nodes_by_key,
+            )
             for key, b in self.bookings().items()
             if key != exclude
         ]

@@ -1,0 +1,205 @@
+"""Controller throughput: N ProvisioningRequests created at once, time to Provisioned=True.
+
+The API sandbox runs in its own process (as an API server would; ``--in-process`` to share
+one), Muster's controller runs here with the kind provider at zero latency. Every request
+needs new nodes (``--pods`` 8-GPU workers required in one rack), so each one goes through
+the whole path: plan and book, persist plan and keys, acquire, wait for Ready, persist the
+booking, Provisioned=True. Latency is measured per request from its creation (POST
+returned) to the first watch event showing Provisioned=True.
+
+    python3 -m benchmarks.controller_bench [--requests 1000] [--pods 2] [--lean]
+
+Last line: ``controller_bench requests=<n> per_s=<x> p99_s=<y>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from controller.commands import objects
+from controller.config import MusterConfig
+from controller.kube import KubeClient, WatchEvent
+from controller.kube.resources import (
+    CAPACITY_POOLS,
+    NAMESPACES,
+    POD_TEMPLATES,
+    PROVISIONING_REQUESTS,
+)
+from controller.reconcilers.operator import Controller
+from providers.kind import KindProvider
+
+ROOT = Path(__file__).resolve().parents[1]
+CRDS = ROOT / "crds"
+NAMESPACE = "bench"
+
+
+@contextlib.asynccontextmanager
+async def sandbox(in_process: bool) -> AsyncIterator[Path]:
+    tmp = tempfile.TemporaryDirectory(prefix="muster-bench-")
+    path = Path(tmp.name) / "kubeconfig"
+    if in_process:
+        from sandbox.server import SandboxServer
+
+        server = SandboxServer(crd_dir=CRDS)
+        await server.start()
+        server.write_kubeconfig(path)
+        try:
+            yield path
+        finally:
+            await server.stop()
+            tmp.cleanup()
+        return
+    # MUSTER_BENCH_SANDBOX_PREFIX="-m cProfile -o sandbox.prof" profiles the server side.
+    prefix = os.environ.get("MUSTER_BENCH_SANDBOX_PREFIX", "").split()
+    proc = subprocess.Popen(  # noqa: ASYNC220 - started once, before the measurement
+        [sys.executable, *prefix, "-m", "sandbox", "--port", "0", "--kubeconfig", str(path),
+         "--crds", str(CRDS)],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        for _ in range(200):
+            if path.exists():
+                break
+            if proc.poll() is not None:
+                raise RuntimeError(f"sandbox exited: {proc.stderr.read() if proc.stderr else ''!r}")
+            await asyncio.sleep(0.05)
+        yield path
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        tmp.cleanup()
+
+
+async def seed(kube: KubeClient, *, requests: int, pods: int) -> None:
+    await kube.create(NAMESPACES, {"metadata": {"name": NAMESPACE}})
+    racks_needed = math.ceil(requests * pods / 16) + 1
+    racks_per_block = 8
+    blocks = math.ceil(racks_needed / racks_per_block)
+    await kube.create(CAPACITY_POOLS, objects.gpu_pool(
+        "bench-gpu", blocks=blocks, racks_per_block=racks_per_block, nodes_per_rack=16,
+        max_nodes=requests * pods + 16,
+    ))
+    await kube.create(POD_TEMPLATES, objects.pod_template(
+        "workers", namespace=NAMESPACE,
+        requests={"cpu": "90", "memory": "900Gi", objects.GPU: "8"},
+        required_level=objects.RACK, tolerations=[objects.GPU_TOLERATION],
+    ), namespace=NAMESPACE)
+
+
+async def run(args: argparse.Namespace) -> dict[str, float]:
+    async with sandbox(args.in_process) as kubeconfig:
+        kube = await KubeClient.from_kubeconfig(kubeconfig)
+        await seed(kube, requests=args.requests, pods=args.pods)
+        config = MusterConfig(
+            booking={"duration_seconds": 3600},
+            acquisition={"max_concurrent_reconciles": args.workers,
+                         "collect_interval_seconds": 3600},
+        )
+        provider = KindProvider(kube, heartbeat_seconds=3600)
+        controller = Controller(
+            kube=kube, config=config, providers={"kind": provider}, use_kopf=not args.lean
+        )
+        await controller.start()
+
+        created: dict[str, float] = {}
+        provisioned: dict[str, float] = {}
+        done = asyncio.Event()
+
+        def on_event(event: WatchEvent) -> None:
+            meta = event.object.get("metadata") or {}
+            name = str(meta.get("name"))
+            if name in provisioned:
+                return
+            for cond in (event.object.get("status") or {}).get("conditions") or []:
+                if cond.get("type") == "Provisioned" and cond.get("status") == "True":
+                    provisioned[name] = time.monotonic()
+                    if len(provisioned) >= args.requests:
+                        done.set()
+
+        watcher = asyncio.create_task(kube.watch(
+            PROVISIONING_REQUESTS, lambda items: None, on_event, namespace=NAMESPACE
+        ))
+        limit = asyncio.Semaphore(64)
+
+        async def create(i: int) -> None:
+            name = f"req-{i:04d}"
+            async with limit:
+                await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
+                    name, namespace=NAMESPACE, pod_sets=[("workers", args.pods)],
+                ), namespace=NAMESPACE)
+            created[name] = time.monotonic()
+
+        started = time.monotonic()
+        await asyncio.gather(*(create(i) for i in range(args.requests)))
+        all_created = time.monotonic()
+        try:
+            await asyncio.wait_for(done.wait(), timeout=args.timeout)
+        except TimeoutError:
+            print(f"timeout: {len(provisioned)} of {args.requests} provisioned", file=sys.stderr)
+        finished = max(provisioned.values(), default=time.monotonic())
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+        passes = controller.planner.passes
+        await controller.stop()
+        await kube.close()
+
+    latencies = sorted(provisioned[n] - created[n] for n in provisioned if n in created)
+    total = finished - started
+    return {
+        "requests": float(len(provisioned)),
+        "create_s": all_created - started,
+        "total_s": total,
+        "per_s": len(provisioned) / total if total > 0 else 0.0,
+        "p50_s": _quantile(latencies, 0.50),
+        "p99_s": _quantile(latencies, 0.99),
+        "max_s": latencies[-1] if latencies else math.nan,
+        "planner_passes": float(passes),
+    }
+
+
+def _quantile(values: list[float], q: float) -> float:
+    if not values:
+        return math.nan
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="controller_bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--pods", type=int, default=2, help="8-GPU workers per request")
+    parser.add_argument("--workers", type=int, default=256, help="concurrent reconciles")
+    parser.add_argument("--lean", action="store_true",
+                        help="feed requests from Muster's own watch instead of kopf")
+    parser.add_argument("--in-process", action="store_true",
+                        help="run the sandbox in this process (one core for everything)")
+    parser.add_argument("--timeout", type=float, default=300.0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("kopf").setLevel(logging.ERROR)
+    result = asyncio.run(run(args))
+    mode = "lean watch" if args.lean else "kopf"
+    print(f"event source: {mode}; sandbox: {'in-process' if args.in_process else 'subprocess'}")
+    print(f"created {args.requests} requests in {result['create_s']:.2f}s; "
+          f"{int(result['requests'])} Provisioned after {result['total_s']:.2f}s "
+          f"({int(result['planner_passes'])} planner passes)")
+    print(f"latency to Provisioned: p50 {result['p50_s']:.3f}s  p99 {result['p99_s']:.3f}s  "
+          f"max {result['max_s']:.3f}s")
+    print(f"controller_bench requests={int(result['requests'])} per_s={result['per_s']:.1f} "
+          f"p99_s={result['p99_s']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
