@@ -142,7 +142,7 @@ async def measure(server: SandboxServer, iterations: int, tag: str) -> dict[str,
         results["get"] = await _timed(iterations, get)
         results["patch"] = await _timed(iterations, patch)
         results["post"] = await _timed(iterations, post)
-        results["watch"] = await _watch_latency(session, server, ns, iterations // 4)
+        results["watch"] = await _watch_latency(session, server, ns, iterations // 2)
     return results
 
 

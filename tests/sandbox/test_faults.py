@@ -21,14 +21,14 @@ PODS = "/api/v1/namespaces/default/pods"
 async def test_added_latency_delays_matching_requests_only(
     server: SandboxServer, http: Http,
 ) -> None:
-    server.faults.add_latency(0.3, verbs="list", resources="pods")
+    server.faults.add_latency(0.6, verbs="list", resources="pods")
     loop = asyncio.get_running_loop()
     start = loop.time()
     await http.get(PODS)
-    assert loop.time() - start >= 0.3
+    assert loop.time() - start >= 0.6
     start = loop.time()
     await http.get("/api/v1/nodes")
-    assert loop.time() - start < 0.3
+    assert loop.time() - start < 0.6
 
 
 async def test_error_rate_on_chosen_verbs_returns_5xx_status(
