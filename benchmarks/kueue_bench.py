@@ -100,6 +100,9 @@ async def run(workloads: int, workers: int) -> tuple[float, list[float]]:
     print(f"quota reserved on {workloads} Workloads in {time.monotonic() - started:.1f}s")
     ready_at, provisioned_at = await poller
     elapsed = time.monotonic() - started
+    if controller.kueue is not None:
+        print(f"{controller.kueue.reconciles} Workload reconciles "
+              f"({controller.kueue.reconciles / workloads:.1f} per Workload)")
     await controller.stop()
     await kube.close()
     await server.stop()

@@ -92,6 +92,9 @@ class CheckReconciler:
         self.view = view
         self.config = config
         self.clock = clock
+        self.written: dict[str, str] = {}
+        """Workload key -> resourceVersion of our last status write (its watch echo needs
+        no reconcile)."""
 
     # ------------------------------------------------------------------ AdmissionChecks
 
@@ -480,6 +483,7 @@ class CheckReconciler:
                 body = await self.kube.get_or_none(WORKLOADS, wl.metadata.name, namespace=ns)
                 continue
             self.view.workloads[key] = updated
+            self.written[key] = str(updated["metadata"].get("resourceVersion"))
             log.info("Workload %s: check %s is %s: %s", key, new.name, new.state, new.message)
             if entry is None or entry.get("state") != new.state:
                 await self.event(
