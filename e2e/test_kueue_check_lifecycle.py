@@ -20,7 +20,7 @@ from controller.kueue.resources import (
     WORKLOADS,
 )
 from controller.topology_defaults import HOSTNAME, MUSTER_REQUIRED, POOL_LABEL
-from e2e.kueue_support import KueueEnv, eventually, kueue_env, now
+from e2e.kueue_support import KueueEnv, eventually, kueue_env, make_env, now
 
 __all__ = ["kueue_env"]
 
@@ -186,3 +186,17 @@ async def test_a_tas_placed_workload_is_booked_not_replanned(kueue_env: KueueEnv
     await env.kube.delete(NODES, "gpu-2")
     rejected = await env.wait_check("placed", CHECK, "Rejected", within=30)
     assert "gpu-2" in rejected["message"]
+
+
+async def test_a_booking_that_expires_before_admission_turns_ready_into_retry() -> None:
+    # Another check keeps the Workload from being admitted past Muster's booking time.
+    async with make_env(booking={"duration_seconds": 2}) as env:
+        await setup(env)
+        await submit(env, "slow", [workers(4, annotations={MUSTER_REQUIRED: objects.RACK})],
+                     {"workers": GPU_FLAVORS})
+        ready = await env.wait_check("slow", CHECK, "Ready", within=30)
+        assert ready["podSetUpdates"]
+        retry = await env.wait_check("slow", CHECK, "Retry", within=30)
+        assert retry["message"].startswith("Retrying after booking expired: Capacity "
+                                           "reservation time is expired")
+        assert retry["requeueAfterSeconds"] == 7

@@ -27,6 +27,7 @@ from controller.kueue.decisions import (
     PODSET_DETAIL_PREFIX,
     READY,
     REJECTED,
+    RETRY,
     CheckVerdict,
     MergeConflict,
     PodSetTarget,
@@ -237,13 +238,15 @@ class CheckReconciler:
                  if attempt_of(r["metadata"]["name"], wl.metadata.name, check) is not None]
         current = self.view.requests.get(f"{ns}/{name}")
         if state.state == READY:
-            # Kueue's rule: a Ready check is never re-synced, except that revoked capacity
-            # rejects the Workload even after admission.
+            # Kueue's rule: a Ready check's request is never re-created and its updates never
+            # recomputed, but its conditions still count: revoked capacity rejects (even
+            # after admission) and a booking that expires before admission retries.
             if current is not None:
                 v = self._verdict(wl, current, attempt, state.retry_count or 0, prc)
-                if v.state == REJECTED and _cond_true(current, "CapacityRevoked"):
+                if v.state in (RETRY, REJECTED):
                     await self.write_state(wl, AdmissionCheckState(
-                        name=check, state=REJECTED, message=v.message))
+                        name=check, state=v.state, message=v.message,
+                        requeueAfterSeconds=v.requeue_after_seconds))
             return
         if state.state != PENDING:
             return  # Retry / Rejected: Kueue evicts or deactivates; nothing to do until reset
@@ -494,11 +497,6 @@ class CheckReconciler:
             return
         raise ApiError(409, "Conflict", f"Workload {key}: gave up after {CONFLICT_RETRIES} "
                        "conflicting writes")
-
-
-def _cond_true(body: Mapping[str, Any], type_: str) -> bool:
-    return any(c.get("type") == type_ and c.get("status") == "True"
-               for c in (body.get("status") or {}).get("conditions") or [])
 
 
 def _booking(request: Mapping[str, Any]) -> Booking | None:
