@@ -85,7 +85,7 @@ async def test_stock_out_is_retried_then_failed_without_leaking_nodes(env: Env) 
     await env.request("stockout", [("workers", 4)], class_name=ATOMIC)
 
     retrying = await env.wait_condition("stockout", "Provisioned", "False")
-    assert retrying["reason"] in ("Provisioning", "AcquisitionFailed")
+    assert retrying["reason"] in ("Provisioning", "AcquisitionFailed", "RetriesExhausted")
     failed = await env.wait_condition("stockout", "Failed", within=30)
     assert failed["reason"] == "RetriesExhausted"
     assert "could only launch 2 of 4" in failed["message"]

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +73,7 @@ class KubeClient:
 
     def __init__(self, api_client: k8s_client.ApiClient) -> None:
         self._api = api_client
+        _no_env_lookups(api_client)
 
     @classmethod
     async def from_kubeconfig(
@@ -381,6 +383,22 @@ def _close_quietly(task: asyncio.Future[Any]) -> None:
         return
     with contextlib.suppress(Exception):
         task.result().close()
+
+
+def _no_env_lookups(api_client: k8s_client.ApiClient) -> None:
+    """Stop aiohttp from reading ~/.netrc and proxy variables in a thread on every request.
+
+    kubernetes-asyncio opens its session with ``trust_env=True``: two thread-pool hops per
+    API call, a third of the client's CPU at 1,000 requests. Kept when a proxy is set.
+    """
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")):
+        return
+    rest = api_client.rest_client
+    old = rest.pool_manager
+    rest.pool_manager = aiohttp.ClientSession(
+        connector=old.connector, trust_env=False, read_bufsize=2**21
+    )
+    old._connector = None  # the new session owns the connector; the old one must not close it
 
 
 CONNECTION_POOL_SIZE = 512

@@ -64,3 +64,8 @@ def configure_settings(settings: kopf.OperatorSettings) -> None:
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.networking.request_timeout = 60
+    # kopf 1.45 still waits ``_batch_window`` (0.1 s) for more events of an object before
+    # handling the latest (the public setting is deprecated and warns). The handler only
+    # stores the body, so waiting buys nothing: measured 9 -> 37 requests/s at 300 requests.
+    if hasattr(settings.queueing, "_batch_window"):
+        settings.queueing._batch_window = 0.01

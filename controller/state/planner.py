@@ -36,8 +36,9 @@ class _Item:
 
 
 class Planner:
-    def __init__(self, state: ClusterState) -> None:
+    def __init__(self, state: ClusterState, *, coalesce_seconds: float = 0.01) -> None:
         self._state = state
+        self.coalesce_seconds = coalesce_seconds
         self._pending: list[_Item] = []
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -67,13 +68,14 @@ class Planner:
     async def _loop(self) -> None:
         while True:
             await self._wakeup.wait()
+            # Requests arriving within a few milliseconds share one pass: a snapshot with
+            # every booking subtracted costs O(nodes + bookings), so one pass per request
+            # would make a burst of N requests cost O(N^2).
+            await asyncio.sleep(self.coalesce_seconds)
             self._wakeup.clear()
             batch, self._pending = self._pending, []
             if batch:
                 self._pass(batch)
-            # Let the reconcilers of this batch run before the next pass, so a burst of
-            # requests is planned in a few large passes instead of many small ones.
-            await asyncio.sleep(0)
 
     def _pass(self, batch: list[_Item]) -> None:
         self.passes += 1

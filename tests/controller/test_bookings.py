@@ -1,0 +1,48 @@
+"""Bookings survive a restart (annotation round trip) and hold exactly what is still owed."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.acquire.keys import acquisition_key, groups_for
+from controller.state.bookings import Booking, effective_plan
+from tests.controller.builders import plan_on
+
+
+def test_booking_round_trips_through_its_annotation() -> None:
+    plan = plan_on(["n1", "n2"], new=3)
+    booking = Booking(plan, attempt=2, groups=groups_for(plan, owner_uid="u-1", attempt=2))
+    again = Booking.from_annotation(booking.to_annotation())
+    assert again == booking
+
+
+@pytest.mark.parametrize("text", ["{", "{}", '{"plan": 1, "attempt": 1}', "[]"])
+def test_a_mangled_annotation_is_a_value_error(text: str) -> None:
+    with pytest.raises(ValueError, match=r"muster\.dev/plan"):
+        Booking.from_annotation(text)
+
+
+def test_keys_are_deterministic_label_values() -> None:
+    key = acquisition_key("0f3c2a8e-1b2c-4d5e-9f00-aabbccddeeff", 12, 3)
+    assert key == acquisition_key("0f3c2a8e-1b2c-4d5e-9f00-aabbccddeeff", 12, 3)
+    assert len(key) <= 63 and key[0].isalnum() and key[-1].isalnum()
+    assert key != acquisition_key("0f3c2a8e-1b2c-4d5e-9f00-aabbccddeeff", 13, 3)
+
+
+def test_scheduled_pods_leave_the_booking() -> None:
+    booking = Booking(plan_on(["n1", "n2"]), attempt=1)
+    held = effective_plan(booking, existing={"n1": True, "n2": True}, scheduled_on={"n1": 1})
+    assert [(a.node, a.pods) for a in held.assignments] == [("n2", 1)]
+
+
+def test_new_nodes_become_node_bookings_once_registered() -> None:
+    plan = plan_on([], new=2)
+    booking = Booking(plan, attempt=1, groups=groups_for(plan, owner_uid="u", attempt=1))
+    before = effective_plan(booking, existing={}, scheduled_on={})
+    assert before.new_nodes[0].count == 2 and not before.assignments
+    key = booking.groups[0].key
+    after = effective_plan(
+        booking, existing={"a": True, "b": True}, scheduled_on={}, nodes_by_key={key: ["b", "a"]}
+    )
+    assert not after.new_nodes
+    assert sorted(a.node or "" for a in after.assignments) == ["a", "b"]

@@ -1,0 +1,89 @@
+"""Muster's config: YAML plus MUSTER_* variables; mistakes stop start-up with the key named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from controller.config import ConfigError, load_config
+from controller.fit.types import Mode
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "muster.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_serve_muster_classes_only() -> None:
+    cfg = load_config()
+    assert cfg.classes.mode_for("check-capacity.muster.dev") is Mode.CHECK
+    assert cfg.classes.mode_for("atomic-provisioning.muster.dev") is Mode.PROVISION
+    assert cfg.classes.mode_for("check-capacity.autoscaling.x-k8s.io") is None
+    assert cfg.classes.mode_for("queued-provisioning.gke.io") is None
+
+
+def test_upstream_class_names_are_opt_in(tmp_path: Path) -> None:
+    cfg = load_config(_write(tmp_path, "classes:\n  serve_upstream: true\n"))
+    assert cfg.classes.mode_for("check-capacity.autoscaling.x-k8s.io") is Mode.CHECK
+    assert cfg.classes.mode_for("best-effort-atomic-scale-up.autoscaling.x-k8s.io") is (
+        Mode.PROVISION
+    )
+
+
+def test_environment_wins_over_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MUSTER_BOOKING__DURATION_SECONDS", "42")
+    text = "booking:\n  duration_seconds: 5\nretry: {max_attempts: 2}\n"
+    cfg = load_config(_write(tmp_path, text))
+    assert cfg.booking.duration_seconds == 42
+    assert cfg.retry.max_attempts == 2
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "words"),
+    [
+        pytest.param("bogus: 1\n", {}, "bogus: unknown setting", id="unknown-top-level-key"),
+        pytest.param("retry: {max_atempts: 3}\n", {}, "retry.max_atempts: unknown setting",
+                     id="typo-in-a-section"),
+        pytest.param("booking: {duration_seconds: -1}\n", {}, "booking.duration_seconds",
+                     id="negative-duration"),
+        pytest.param("log_format: xml\n", {}, "log_format", id="bad-enum"),
+        pytest.param("", {"MUSTER_RETRY__MAX_ATEMPTS": "3"}, "retry.max_atempts",
+                     id="typo-in-env-nested"),
+        pytest.param("", {"MUSTER_BOOKNIG": "3"}, "MUSTER_BOOKNIG: unknown setting",
+                     id="typo-in-env-top"),
+        pytest.param("- a\n- b\n", {}, "must hold a mapping", id="yaml-not-a-mapping"),
+        pytest.param("retry: {initial_backoff_seconds: 100, max_backoff_seconds: 10}\n", {},
+                     "exceeds max_backoff_seconds", id="backoff-order"),
+        pytest.param(
+            "classes: {check_capacity: [a.b], atomic: [a.b]}\n", {}, "both",
+            id="class-served-twice",
+        ),
+    ],
+)
+def test_bad_config_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str, env: dict[str, str], words: str
+) -> None:
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(ConfigError) as err:
+        load_config(_write(tmp_path, text))
+    assert words in str(err.value)
+
+
+def test_missing_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "absent.yaml")
+
+
+def test_backoff_doubles_up_to_the_cap() -> None:
+    cfg = load_config()
+    delays = [cfg.retry.backoff(a) for a in range(1, 8)]
+    assert delays[:3] == [10, 20, 40]
+    assert max(delays) == cfg.retry.max_backoff_seconds
+
+
+def test_e2e_config_file_is_valid() -> None:
+    cfg = load_config(Path(__file__).resolve().parents[2] / "e2e" / "muster-e2e.yaml")
+    assert cfg.booking.duration_seconds < 10

@@ -1,0 +1,139 @@
+"""The kind provider is a real provider: all or nothing, idempotent by key, findable."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from controller.acquire.atomic import AcquisitionFailed, acquire_all
+from controller.api.capacitypool import CapacityPool
+from controller.commands import objects
+from controller.kube import KubeClient
+from controller.kube.resources import LEASES, NODES
+from controller.state.bookings import Group
+from providers.base import AcquireRequest, CapacityUnavailable, ProviderConfigError, QuotaExceeded
+from providers.kind import KindProvider
+
+R1 = {objects.BLOCK: "b1", objects.RACK: "b1-r1"}
+R2 = {objects.BLOCK: "b1", objects.RACK: "b1-r2"}
+
+
+def pool(**parameters: Any) -> CapacityPool:
+    return CapacityPool.model_validate(objects.gpu_pool("gpu", parameters=parameters))
+
+
+def req(key: str, count: int, domain: dict[str, str] = R1, p: CapacityPool | None = None
+        ) -> AcquireRequest:
+    return AcquireRequest(key=key, pool=p or pool(), count=count, domain=domain,
+                          owner="ns/gang", owner_uid="uid-1")
+
+
+async def _nodes(kube: KubeClient) -> list[dict[str, Any]]:
+    return list((await kube.list(NODES, label_selector="muster.dev/pool=gpu"))["items"])
+
+
+async def test_acquire_creates_nodes_from_the_template_in_the_domain(kube: KubeClient) -> None:
+    provider = KindProvider(kube)
+    got = await provider.acquire(req("k1", 3))
+    assert len(got) == 3
+    nodes = await _nodes(kube)
+    assert len(nodes) == 3
+    node = nodes[0]
+    labels = node["metadata"]["labels"]
+    assert labels[objects.RACK] == "b1-r1" and labels["muster.dev/acquisition-key"] == "k1"
+    assert labels["muster.dev/owner-uid"] == "uid-1"
+    assert node["spec"]["providerID"].startswith("kind://gpu/k1/")
+    assert node["spec"]["taints"] == [objects.GPU_TAINT]
+    assert node["status"]["allocatable"][objects.GPU] == "8"
+    assert any(c["type"] == "Ready" and c["status"] == "True"
+               for c in node["status"]["conditions"])
+
+
+async def test_same_key_returns_the_same_nodes(kube: KubeClient) -> None:
+    provider = KindProvider(kube)
+    first = await provider.acquire(req("k1", 2))
+    again = await provider.acquire(req("k1", 2))
+    assert sorted(n.name for n in first) == sorted(n.name for n in again)
+    assert len(await _nodes(kube)) == 2
+    assert [c.outcome for c in provider.calls if c.op == "acquire"] == ["ok", "reused"]
+
+
+async def test_concurrent_calls_with_one_key_create_once(kube: KubeClient) -> None:
+    provider = KindProvider(kube)
+    await asyncio.gather(*(provider.acquire(req("k1", 4)) for _ in range(3)))
+    assert len(await _nodes(kube)) == 4
+
+
+@pytest.mark.parametrize(
+    ("setup", "error"),
+    [
+        pytest.param(lambda p: p.grant_next(2), CapacityUnavailable, id="grant-2-of-4"),
+        pytest.param(lambda p: p.fail_next(QuotaExceeded("vCPU quota")), QuotaExceeded,
+                     id="injected-quota"),
+        pytest.param(lambda p: p.set_stock("gpu", R1, 3), CapacityUnavailable,
+                     id="stock-out-in-domain"),
+    ],
+)
+async def test_a_shortfall_leaves_no_node_behind(
+    kube: KubeClient, setup: Any, error: type[Exception]
+) -> None:
+    provider = KindProvider(kube)
+    setup(provider)
+    with pytest.raises(error):
+        await provider.acquire(req("k1", 4))
+    assert await _nodes(kube) == []
+
+
+async def test_stock_is_per_domain_and_counts_other_keys(kube: KubeClient) -> None:
+    p = pool(stock=[{"labels": R1, "nodes": 3}])
+    provider = KindProvider(kube)
+    await provider.acquire(req("k1", 2, p=p))
+    with pytest.raises(CapacityUnavailable) as err:
+        await provider.acquire(req("k2", 2, p=p))
+    assert err.value.available == 1
+    await provider.acquire(req("k3", 2, R2, p=p))
+    assert len(await _nodes(kube)) == 4
+
+
+async def test_release_deletes_the_key_and_is_idempotent(kube: KubeClient) -> None:
+    provider = KindProvider(kube)
+    await provider.acquire(req("k1", 2))
+    await provider.acquire(req("k2", 1))
+    assert await provider.release(pool(), "k1") == 2
+    assert await provider.release(pool(), "k1") == 0
+    assert [n.key for n in await provider.list(pool())] == ["k2"]
+
+
+async def test_invalid_pool_parameters_are_named(kube: KubeClient) -> None:
+    with pytest.raises(ProviderConfigError, match="colour"):
+        await KindProvider(kube).validate(pool(colour="blue"))
+    with pytest.raises(ProviderConfigError, match="defaultStock"):
+        await KindProvider(kube).validate(pool(defaultStock=-1))
+
+
+async def test_heartbeat_keeps_a_lease_per_node(kube: KubeClient) -> None:
+    provider = KindProvider(kube, heartbeat_seconds=0.05)
+    got = await provider.acquire(req("k1", 1))
+    await provider.start()
+    try:
+        for _ in range(50):
+            lease = await kube.get_or_none(LEASES, got[0].name, namespace="kube-node-lease")
+            if lease is not None:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        await provider.stop()
+    assert lease is not None and lease["spec"]["holderIdentity"] == got[0].name
+
+
+async def test_all_or_nothing_across_groups(kube: KubeClient) -> None:
+    provider = KindProvider(kube)
+    provider.set_stock("gpu", R2, 1)
+    groups = [Group("ka", "gpu", R1, 3), Group("kb", "gpu", R2, 2)]
+    with pytest.raises(AcquisitionFailed) as err:
+        await acquire_all(groups, owner="ns/g", owner_uid="u", pools={"gpu": pool()},
+                          provider_for=lambda _: provider)
+    assert err.value.retryable and "1 of 2" in str(err.value)
+    assert await _nodes(kube) == []

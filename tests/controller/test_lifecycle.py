@@ -1,0 +1,117 @@
+"""One request's whole life on the sandbox with virtual time (the clock is injected).
+
+Ten minutes of booking and minutes of retry backoff pass in milliseconds: the controller
+reads time only from its clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from controller.clock import ManualClock
+from controller.commands import objects
+from controller.config import MusterConfig
+from controller.kube import KubeClient
+from controller.kube.resources import (
+    CAPACITY_POOLS,
+    NAMESPACES,
+    NODES,
+    POD_TEMPLATES,
+    PROVISIONING_REQUESTS,
+)
+from controller.reconcilers.operator import Controller
+from providers.kind import KindProvider
+
+
+@pytest.fixture
+async def running(kube: KubeClient) -> AsyncIterator[tuple[Controller, ManualClock, KindProvider]]:
+    await kube.create(NAMESPACES, {"metadata": {"name": "ns"}})
+    await kube.create(CAPACITY_POOLS, objects.gpu_pool("gpu"))
+    await kube.create(POD_TEMPLATES, objects.pod_template(
+        "workers", namespace="ns", requests={"cpu": "90", objects.GPU: "8"},
+        required_level=objects.RACK, tolerations=[objects.GPU_TOLERATION],
+    ), namespace="ns")
+    clock = ManualClock()
+    provider = KindProvider(kube, heartbeat_seconds=3600)
+    controller = Controller(kube=kube, config=MusterConfig(), clock=clock,
+                            providers={"kind": provider}, use_kopf=False)
+    await controller.start()
+    try:
+        yield controller, clock, provider
+    finally:
+        await controller.stop()
+
+
+async def _condition(kube: KubeClient, name: str, type_: str) -> dict[str, Any] | None:
+    pr = await kube.get(PROVISIONING_REQUESTS, name, namespace="ns")
+    return next((c for c in (pr.get("status") or {}).get("conditions") or []
+                 if c["type"] == type_), None)
+
+
+async def _until(probe: Any, within: float = 10.0) -> Any:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while True:
+        value = await probe()
+        if value:
+            return value
+        assert loop.time() < deadline, "not reached"
+        await asyncio.sleep(0.02)
+
+
+async def test_booking_expires_after_ten_virtual_minutes(
+    kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider]
+) -> None:
+    _, clock, _ = running
+    await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
+        "gang", namespace="ns", pod_sets=[("workers", 3)]), namespace="ns")
+
+    async def provisioned() -> bool:
+        cond = await _condition(kube, "gang", "Provisioned")
+        return cond is not None and cond["status"] == "True"
+
+    await _until(provisioned)
+    assert len((await kube.list(NODES, label_selector="muster.dev/pool=gpu"))["items"]) == 3
+    await clock.advance(599)
+    await asyncio.sleep(0.2)
+    assert await _condition(kube, "gang", "BookingExpired") is None
+
+    await clock.advance(1)
+    expired = await _until(lambda: _condition(kube, "gang", "BookingExpired"))
+    assert expired["reason"] == "CapacityReservationTimeExpired"
+
+    async def released() -> bool:
+        listing = await kube.list(NODES, label_selector="muster.dev/pool=gpu")
+        return not listing["items"]
+
+    await _until(released)
+
+
+async def test_stock_out_backs_off_on_the_clock_then_fails(
+    kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider]
+) -> None:
+    controller, clock, provider = running
+    for b in (1, 2):
+        for r in range(1, 5):
+            provider.set_stock("gpu", {objects.BLOCK: f"b{b}", objects.RACK: f"b{b}-r{r}"}, 0)
+    await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
+        "starved", namespace="ns", pod_sets=[("workers", 2)]), namespace="ns")
+    retry = controller.config.retry
+
+    for attempt in range(1, retry.max_attempts):
+        async def attempted(n: int = attempt) -> bool:
+            return sum(1 for c in provider.calls if c.op == "acquire") >= n
+
+        await _until(attempted)
+        cond = await _until(lambda: _condition(kube, "starved", "Provisioned"))
+        assert cond["status"] == "False"
+        await asyncio.sleep(0.05)
+        await clock.advance(retry.backoff(attempt))
+
+    failed = await _until(lambda: _condition(kube, "starved", "Failed"))
+    assert failed["reason"] == "RetriesExhausted"
+    assert sum(1 for c in provider.calls if c.op == "acquire") == retry.max_attempts

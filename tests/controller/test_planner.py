@@ -1,0 +1,66 @@
+"""The single planner: requests planned in one pass never share free capacity."""
+
+from __future__ import annotations
+
+import asyncio
+
+from controller.fit.types import Mode, NoFit, Plan
+from controller.state.bookings import Booking
+from controller.state.cache import ClusterState
+from controller.state.planner import Planner
+from controller.topology_defaults import DEFAULT_LEVELS
+from tests.controller.builders import gang, gpu_node
+
+
+async def _planned(state: ClusterState, names: list[str], workers: int) -> list[object]:
+    planner = Planner(state)
+    planner.start()
+    try:
+        return list(await asyncio.gather(*(
+            planner.plan(n, gang(n, workers), Mode.CHECK, lambda p: Booking(p, attempt=1))
+            for n in names
+        )))
+    finally:
+        await planner.stop()
+
+
+async def test_concurrent_requests_never_count_the_same_capacity() -> None:
+    state = ClusterState(levels=DEFAULT_LEVELS)
+    state.replace_nodes([gpu_node(f"n{i}") for i in range(4)])
+    results = await _planned(state, ["a", "b", "c"], 2)
+    plans = [r for r in results if isinstance(r, Plan)]
+    assert len(plans) == 2 and sum(isinstance(r, NoFit) for r in results) == 1
+    used = [a.node for p in plans for a in p.assignments]
+    assert len(used) == len(set(used)) == 4
+    assert set(state.bookings()) == {"a", "b", "c"} - {
+        n for n, r in zip(["a", "b", "c"], results, strict=True) if isinstance(r, NoFit)
+    }
+
+
+async def test_a_refused_plan_books_nothing() -> None:
+    state = ClusterState(levels=DEFAULT_LEVELS)
+    state.replace_nodes([gpu_node(f"n{i}") for i in range(2)])
+    planner = Planner(state)
+    planner.start()
+    try:
+        refused = await planner.plan("a", gang("a", 2), Mode.CHECK, lambda p: "over budget")
+        assert refused == "over budget"
+        assert not state.bookings()
+        second = await planner.plan("b", gang("b", 2), Mode.CHECK, lambda p: Booking(p, 1))
+        assert isinstance(second, Plan)
+    finally:
+        await planner.stop()
+
+
+def test_booked_capacity_is_missing_from_the_next_snapshot() -> None:
+    state = ClusterState(levels=DEFAULT_LEVELS)
+    state.replace_nodes([gpu_node("n0"), gpu_node("n1")])
+    free_before = [n.free["nvidia.com/gpu"] for n in state.snapshot().nodes]
+    from tests.controller.builders import plan_on
+
+    state.reserve("x", Booking(plan_on(["n0"]), attempt=1))
+    after = {n.name: n.free["nvidia.com/gpu"] for n in state.snapshot().nodes}
+    assert free_before == [8, 8] and after == {"n0": 0, "n1": 8}
+    assert {n.name: n.free["nvidia.com/gpu"] for n in state.snapshot(exclude="x").nodes} == {
+        "n0": 8, "n1": 8
+    }
