@@ -31,9 +31,9 @@ from controller.kueue.resources import (
     WORKLOADS,
 )
 from controller.topology_defaults import MUSTER_REQUIRED, POOL_LABEL
-from e2e.kueue_support import KueueEnv, eventually, kueue_env, now
+from e2e.kueue_support import KueueEnv, eventually, kueue_env, now, sandbox_only
 
-__all__ = ["kueue_env"]
+__all__ = ["kueue_env", "sandbox_only"]
 
 CHECK = "muster-prov"
 OTHER_CHECK = "other-check"

@@ -20,9 +20,16 @@ from controller.kueue.resources import (
     WORKLOADS,
 )
 from controller.topology_defaults import HOSTNAME, MUSTER_REQUIRED, POOL_LABEL
-from e2e.kueue_support import KueueEnv, eventually, kueue_env, make_env, now
+from e2e.kueue_support import (
+    KueueEnv,
+    eventually,
+    kueue_env,
+    make_env,
+    now,
+    sandbox_only,
+)
 
-__all__ = ["kueue_env"]
+__all__ = ["kueue_env", "sandbox_only"]
 
 CHECK = "muster-prov"
 GPU_FLAVORS = {"cpu": "h100", "memory": "h100", objects.GPU: "h100"}
@@ -188,7 +195,9 @@ async def test_a_tas_placed_workload_is_booked_not_replanned(kueue_env: KueueEnv
     assert "gpu-2" in rejected["message"]
 
 
-async def test_a_booking_that_expires_before_admission_turns_ready_into_retry() -> None:
+async def test_a_booking_that_expires_before_admission_turns_ready_into_retry(
+    sandbox_only: None,
+) -> None:
     # Another check keeps the Workload from being admitted past Muster's booking time.
     async with make_env(booking={"duration_seconds": 2}) as env:
         await setup(env)

@@ -31,9 +31,9 @@ from controller.kueue.resources import (
     WORKLOADS,
 )
 from controller.topology_defaults import DEFAULT_LEVELS, KUEUE_REQUIRED, POOL_LABEL
-from e2e.kueue_support import KueueEnv, eventually, kueue_env
+from e2e.kueue_support import KueueEnv, eventually, kueue_env, sandbox_only
 
-__all__ = ["kueue_env"]
+__all__ = ["kueue_env", "sandbox_only"]
 
 MANAGED = {"kueue.x-k8s.io/managed": "true"}
 CLASS = "atomic-provisioning.muster.dev"
