@@ -336,7 +336,9 @@ class CheckReconciler:
             await self.write_state(wl, AdmissionCheckState(
                 name=check, state=READY, message="the provisioning request is not needed"))
             return
-        wl_body = self.view.workloads[f"{ns}/{wl.metadata.name}"]
+        wl_body = self.view.workloads.get(f"{ns}/{wl.metadata.name}")
+        if wl_body is None:
+            return  # deleted meanwhile: nothing to provision for
         wl_owner = owner_reference(wl_body)
         # Templates first: Muster's request reconciler fails a request whose templates are
         # missing, so they must exist before the request does.
