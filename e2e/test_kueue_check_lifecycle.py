@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from controller.commands import objects
-from controller.kube.resources import CAPACITY_POOLS, NODES, PROVISIONING_REQUESTS
+from controller.kube.resources import CAPACITY_POOLS, NODES, POD_TEMPLATES, PROVISIONING_REQUESTS
 from controller.kueue import objects as kq
 from controller.kueue.resources import (
     ADMISSION_CHECKS,
@@ -125,6 +125,15 @@ async def test_a_gang_that_can_never_fit_is_rejected_without_retries(
     rejected = await env.wait_check("huge", CHECK, "Rejected", within=30)
     assert rejected["message"].startswith("The request can never fit")
     assert "rack" in rejected["message"]
+    assert await request_exists(env, "huge-muster-prov-1")
+
+    # Deleting the Workload takes its request (and the request's templates) with it.
+    await env.kube.delete(WORKLOADS, "huge", namespace=env.namespace)
+
+    async def gone() -> bool:
+        templates = (await env.kube.list(POD_TEMPLATES, namespace=env.namespace)).get("items")
+        return not await request_exists(env, "huge-muster-prov-1") and not templates
+    await eventually(gone, what="request and templates collected")
 
 
 async def test_a_podsetupdate_conflicting_with_the_workload_is_rejected(
