@@ -212,10 +212,10 @@ async def test_path_b_pins_the_gang_to_one_provisioned_rack(kueue_env: KueueEnv)
 async def test_path_b_survives_conflict_storms_and_dropped_watches(kueue_env: KueueEnv) -> None:
     env = kueue_env
     await setup(env)
-    # Half of all Workload writes answer 409 and every watch stream ends after a few events:
+    # Half of all Workload patches answer 409 and every watch stream ends after a few events:
     # the read-modify-write retries and the re-listing watches must still get there, without
     # losing the other controller's entry.
-    env.server.faults.add_conflicts(0.5, resources="workloads")
+    env.server.faults.add_conflicts(0.5, verbs="patch", resources="workloads")
     env.server.faults.drop_watches_every(5)
     await submit(env, "storm", 8)
     await env.update_status("storm", other_ready)
