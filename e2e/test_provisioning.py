@@ -12,7 +12,7 @@ import asyncio
 import pytest
 
 from controller.commands import objects
-from controller.kube.resources import NODES, POD_TEMPLATES, PODS, PROVISIONING_REQUESTS
+from controller.kube.resources import NODES, PODS, PROVISIONING_REQUESTS
 from e2e.conftest import Env, eventually
 
 CHECK = "check-capacity.muster.dev"
@@ -244,4 +244,13 @@ async def _request_gone(env: Env, name: str) -> bool:
     ) is None
 
 
-__all__ = ["POD_TEMPLATES"]
+async def test_requests_of_other_classes_are_left_alone(env: Env) -> None:
+    await env.existing_gpu_nodes(2)
+    await env.worker_template()
+    await env.request("foreign", [("workers", 1)], class_name="queued-provisioning.gke.io")
+    await env.request("ours", [("workers", 1)], class_name=CHECK)
+
+    await env.wait_condition("ours", "Provisioned")
+    pr = await env.get("foreign")
+    assert not (pr.get("status") or {}).get("conditions")
+    assert "muster.dev/phase" not in (pr["metadata"].get("annotations") or {})

@@ -99,6 +99,7 @@ class KindProvider:
         self._injected: dict[str, _Injected] = defaultdict(_Injected)
         self._key_locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._owned: set[str] = set()
+        self._since: dict[str, str] = {}
         self._heartbeat_task: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ test controls
@@ -257,14 +258,17 @@ class KindProvider:
             try:
                 await self._renew_lease(name, now)
                 if with_status:
-                    await self._kube.patch_status(
-                        NODES, name, {"conditions": [_ready_condition(True, now)]}
-                    )
+                    ready = _ready_condition(True, now, since=self._ready_since(name))
+                    await self._kube.patch_status(NODES, name, {"conditions": [ready]})
             except ApiError as exc:
                 if exc.not_found:
                     self._owned.discard(name)
                 else:
                     log.warning("heartbeat of node %s failed: %s", name, exc)
+
+    def _ready_since(self, node: str) -> str | None:
+        """When the node became Ready, as first heartbeated by this process."""
+        return self._since.setdefault(node, _rfc3339_micro(self._now()))
 
     async def _renew_lease(self, node: str, now: str) -> None:
         spec = {"holderIdentity": node, "leaseDurationSeconds": 40, "renewTime": now}
@@ -451,14 +455,15 @@ def node_body(
     }
 
 
-def _ready_condition(ready: bool, now: str) -> Body:
+def _ready_condition(ready: bool, now: str, *, since: str | None = None) -> Body:
+    """The kubelet's Ready condition; ``since`` keeps lastTransitionTime on heartbeats."""
     return {
         "type": "Ready",
         "status": "True" if ready else "False",
         "reason": "KubeletReady" if ready else "KubeletNotReady",
         "message": "fake node kept alive by Muster's kind provider",
         "lastHeartbeatTime": now[:19] + "Z",
-        "lastTransitionTime": now[:19] + "Z",
+        "lastTransitionTime": (since or now)[:19] + "Z",
     }
 
 

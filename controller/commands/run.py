@@ -2,8 +2,8 @@
 
 Reads the one config (``--config FILE`` plus ``MUSTER_*`` variables; a bad key stops it
 here with a message), sets up logging, and runs :class:`controller.reconcilers.operator.
-Controller` until SIGINT/SIGTERM. Liveness is served by kopf on ``server.probe_port``
-(``/healthz``); ``server.metrics_port`` serves Prometheus text at ``/metrics``.
+Controller` until SIGINT/SIGTERM. ``/healthz`` (JSON counters) is served on
+``server.probe_port`` and ``/metrics`` (Prometheus text) on ``server.metrics_port``.
 """
 
 from __future__ import annotations
@@ -81,10 +81,7 @@ async def _run(cfg: Any, *, kubeconfig: Path | None, context: str | None, in_clu
     kube = KubeClient.in_cluster() if in_cluster else await KubeClient.from_kubeconfig(
         kubeconfig, context=context
     )
-    controller = Controller(
-        kube=kube, config=cfg,
-        liveness_endpoint=f"http://0.0.0.0:{cfg.server.probe_port}/healthz",
-    )
+    controller = Controller(kube=kube, config=cfg)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -95,11 +92,17 @@ async def _run(cfg: Any, *, kubeconfig: Path | None, context: str | None, in_clu
         lines = [f"muster_{k} {v}" for k, v in controller.health().items()]
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
+    async def healthz(_: web.Request) -> web.Response:
+        return web.json_response(controller.health())
+
     app = web.Application()
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "0.0.0.0", cfg.server.metrics_port).start()
+    if cfg.server.probe_port != cfg.server.metrics_port:
+        await web.TCPSite(runner, "0.0.0.0", cfg.server.probe_port).start()
     await controller.start()
     log.info("Muster is running against %s (cluster %s)", kube.host, cfg.cluster_name)
     try:

@@ -46,13 +46,13 @@ class Controller:
         config: MusterConfig,
         clock: Clock | None = None,
         providers: Mapping[str, Provider] | None = None,
-        use_kopf: bool = True,
+        use_kopf: bool | None = None,
         liveness_endpoint: str | None = None,
     ) -> None:
         self.kube = kube
         self.config = config
         self.clock = clock or RealClock()
-        self.use_kopf = use_kopf
+        self.use_kopf = config.event_source == "kopf" if use_kopf is None else use_kopf
         self.collect_interval = config.acquisition.collect_interval_seconds
         self.liveness_endpoint = liveness_endpoint
         self.state = ClusterState(levels=config.topology.levels, notify=self._enqueue)
@@ -76,7 +76,7 @@ class Controller:
             idle_ttl=config.acquisition.idle_ttl_seconds, now=self.clock.now,
             in_flight=lambda: self.service.in_flight,
         )
-        self.feeds = Feeds(kube, self.state, with_requests=not use_kopf)
+        self.feeds = Feeds(kube, self.state, with_requests=not self.use_kopf)
         self.kueue = (
             KueueIntegration(kube=kube, config=config.kueue, clock=self.clock,
                              levels=config.topology.levels, state=self.state)

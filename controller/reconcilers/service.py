@@ -96,6 +96,27 @@ class ProvisioningService:
     # ------------------------------------------------------------------ entry point
 
     async def reconcile(self, key: str) -> Delay:
+        """Take the next step for ``key``; a write that lost a race (409) or hit a deleted
+        object (404) refreshes the cached object and tries again at once."""
+        try:
+            return await self._reconcile(key)
+        except ApiError as exc:
+            # A plan reserved in memory but not persisted must not hold capacity meanwhile;
+            # a persisted one is still booked through its annotation.
+            self.state.unreserve(key)
+            if not (exc.conflict or exc.not_found):
+                raise
+            namespace, _, name = key.partition("/")
+            fresh = await self.kube.get_or_none(
+                PROVISIONING_REQUESTS, name, namespace=namespace
+            )
+            if fresh is None:
+                self.state.delete_request(key)
+                return None
+            self.state.upsert_request(fresh)
+            return 0.05
+
+    async def _reconcile(self, key: str) -> Delay:
         body = self.state.request(key)
         if body is None:
             self.state.unreserve(key)
@@ -140,23 +161,21 @@ class ProvisioningService:
             return await self.fail(req, Reason.OVER_BUDGET, result)
         if isinstance(result, NoFit):
             return await self.no_fit(req, mode, result, attempt)
-        booking = self.state.bookings()[req.key]
+        booking = self.state.bookings().get(req.key)
+        if booking is None:  # the request was deleted while it was being planned
+            return None
         if not booking.groups:
             return await self.confirm(req, booking, Reason.CAPACITY_IS_FOUND)
-        try:
-            req = await self.persist(
-                req,
-                annotations={
-                    PLAN_ANNOTATION: booking.to_annotation(),
-                    ATTEMPT_ANNOTATION: str(attempt),
-                    PHASE_ANNOTATION: Phase.ACQUIRING,
-                    RETRY_AT_ANNOTATION: None,
-                },
-                finalizer=True,
-            )
-        except ApiError:
-            self.state.unreserve(req.key)
-            raise
+        req = await self.persist(
+            req,
+            annotations={
+                PLAN_ANNOTATION: booking.to_annotation(),
+                ATTEMPT_ANNOTATION: str(attempt),
+                PHASE_ANNOTATION: Phase.ACQUIRING,
+                RETRY_AT_ANNOTATION: None,
+            },
+            finalizer=True,
+        )
         return await self.acquire(req, booking, announce=True)
 
     def gang(self, req: RequestView, mode: Mode) -> GangRequest:

@@ -18,6 +18,10 @@ from controller.clock import Clock
 
 log = logging.getLogger(__name__)
 
+ERROR_BACKOFF_BASE = 0.5
+ERROR_BACKOFF_MAX = 30.0
+"""A key whose reconcile raised (API down, 5xx) is retried after 0.5 s, doubling to 30 s."""
+
 Worker = Callable[[str], Awaitable[float | None]]
 """Reconciles one key; returns a delay to run again after, or None."""
 
@@ -33,8 +37,7 @@ class WorkQueue:
         self._timers: dict[str, asyncio.Task[None]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._concurrency = concurrency
-        self._idle = asyncio.Event()
-        self._idle.set()
+        self._failures: dict[str, int] = {}
 
     def start(self) -> None:
         if not self._tasks:
@@ -60,7 +63,6 @@ class WorkQueue:
         if key in self._queued:
             return
         self._queued.add(key)
-        self._idle.clear()
         self._queue.put_nowait(key)
 
     def add_after(self, key: str, delay: float) -> None:
@@ -93,11 +95,14 @@ class WorkQueue:
             delay: float | None = None
             try:
                 delay = await self._worker(key)
+                self._failures.pop(key, None)
             except asyncio.CancelledError:
                 raise
             except Exception:
-                log.exception("reconciling %s failed; retrying in 5s", key)
-                delay = 5.0
+                failures = self._failures[key] = self._failures.get(key, 0) + 1
+                delay = min(ERROR_BACKOFF_MAX, ERROR_BACKOFF_BASE * 2 ** (failures - 1))
+                log.exception("reconciling %s failed (%d in a row); retrying in %.1fs",
+                              key, failures, delay)
             finally:
                 self._running.discard(key)
             if key in self._dirty:

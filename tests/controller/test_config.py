@@ -87,3 +87,8 @@ def test_backoff_doubles_up_to_the_cap() -> None:
 def test_e2e_config_file_is_valid() -> None:
     cfg = load_config(Path(__file__).resolve().parents[2] / "e2e" / "muster-e2e.yaml")
     assert cfg.booking.duration_seconds < 10
+
+
+def test_the_sample_config_is_the_defaults() -> None:
+    sample = load_config(Path(__file__).resolve().parents[2] / "config" / "muster.yaml")
+    assert sample == load_config()

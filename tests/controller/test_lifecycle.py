@@ -115,3 +115,35 @@ async def test_stock_out_backs_off_on_the_clock_then_fails(
     failed = await _until(lambda: _condition(kube, "starved", "Failed"))
     assert failed["reason"] == "RetriesExhausted"
     assert sum(1 for c in provider.calls if c.op == "acquire") == retry.max_attempts
+
+
+async def test_conflict_storms_and_5xx_neither_double_nor_lose_capacity(
+    server: Any, kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider]
+) -> None:
+    _, clock, provider = running
+    server.faults.drop_watches_every(3)
+    for name in ("one", "two"):
+        await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
+            name, namespace="ns", pod_sets=[("workers", 3)]), namespace="ns")
+
+    async def both_provisioned() -> bool:
+        for name in ("one", "two"):
+            cond = await _condition(kube, name, "Provisioned")
+            if cond is None or cond["status"] != "True":
+                return False
+        return True
+
+    server.faults.add_conflicts(0.3, resources="provisioningrequests")
+    server.faults.add_errors(0.2, status=503, verbs="patch", resources="provisioningrequests")
+
+    async def provisioned_as_time_passes() -> bool:
+        await clock.advance(1)  # the controller's error backoff runs on the virtual clock
+        return await both_provisioned()
+
+    await _until(provisioned_as_time_passes, within=30)
+    server.faults.clear()
+    nodes = (await kube.list(NODES, label_selector="muster.dev/pool=gpu"))["items"]
+    assert len(nodes) == 6
+    keys = {n["metadata"]["labels"]["muster.dev/acquisition-key"] for n in nodes}
+    assert len(keys) == 2
+    assert {c.outcome for c in provider.calls if c.op == "acquire"} <= {"ok", "reused"}
