@@ -268,6 +268,15 @@ async def _cleanup(e: Env) -> None:
     listing = await e.kube.list(PROVISIONING_REQUESTS, namespace=e.namespace)
     for pr in listing.get("items") or []:
         await e.kube.delete(PROVISIONING_REQUESTS, pr["metadata"]["name"], namespace=e.namespace)
+
+    async def released() -> bool:
+        # Muster releases a deleted request's nodes before its finalizer goes; the pools
+        # must still exist until then.
+        left = await e.kube.list(PROVISIONING_REQUESTS, namespace=e.namespace)
+        return not left.get("items")
+
+    with contextlib.suppress(AssertionError):
+        await eventually(released, within=15)
     for undo in reversed(e.cleanup):
         with contextlib.suppress(ApiError):
             await undo()

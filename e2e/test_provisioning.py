@@ -254,3 +254,19 @@ async def test_requests_of_other_classes_are_left_alone(env: Env) -> None:
     pr = await env.get("foreign")
     assert not (pr.get("status") or {}).get("conditions")
     assert "muster.dev/phase" not in (pr["metadata"].get("annotations") or {})
+
+
+async def test_a_rack_out_of_stock_is_avoided_on_the_retry(env: Env) -> None:
+    empty = {objects.BLOCK: "b1", objects.RACK: "b1-r1"}
+    pool = await env.gpu_pool(blocks=1, racks_per_block=2,
+                              parameters={"stock": [{"labels": empty, "nodes": 0}]})
+    await env.worker_template()
+    await env.request("moves", [("workers", 3)], class_name=ATOMIC)
+
+    cond = await env.wait_condition("moves", "Provisioned")
+    assert cond["reason"] == "CapacityIsProvisioned"
+    racks = {n["metadata"]["labels"][objects.RACK] for n in await env.pool_nodes(pool)}
+    assert racks == {"b1-r2"}
+    if env.provider is not None:
+        tried = [dict(c.domain)[objects.RACK] for c in env.provider_calls() if c.op == "acquire"]
+        assert tried[-1] == "b1-r2" and set(tried[:-1]) <= {"b1-r1"}

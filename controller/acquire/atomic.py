@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from controller.api.capacitypool import CapacityPool
 from controller.state.bookings import Group
-from providers.base import AcquireRequest, Provider, ProviderError
+from providers.base import AcquireRequest, CapacityUnavailable, Provider, ProviderError
 
 log = logging.getLogger(__name__)
 
@@ -27,10 +27,19 @@ class AcquisitionFailed(Exception):
     """The attempt acquired nothing it keeps; ``retryable`` says whether a later attempt may
     succeed (stock-outs, throttling) or not (quota, bad pool parameters)."""
 
-    def __init__(self, message: str, *, retryable: bool, reason: str) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool,
+        reason: str,
+        short: Sequence[tuple[Group, int]] = (),
+    ) -> None:
         super().__init__(message)
         self.retryable = retryable
         self.reason = reason
+        self.short = tuple(short)
+        """Groups the provider had no stock for, with how many nodes it could give there."""
 
 
 async def acquire_all(
@@ -53,10 +62,13 @@ async def acquire_all(
         return_exceptions=True,
     )
     failures: list[BaseException] = []
+    short: list[tuple[Group, int]] = []
     acquired: dict[str, list[str]] = {}
     for group, result in zip(groups, results, strict=True):
         if isinstance(result, BaseException):
             failures.append(result)
+            if isinstance(result, CapacityUnavailable):
+                short.append((group, result.available or 0))
         elif len(result) != group.count:
             failures.append(
                 ProviderError(
@@ -77,6 +89,7 @@ async def acquire_all(
         "; ".join(str(f) or type(f).__name__ for f in failures),
         retryable=retryable,
         reason=str(reason),
+        short=short,
     )
 
 

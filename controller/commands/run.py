@@ -66,9 +66,15 @@ def run_command(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     setup_logging(cfg.log_format, cfg.log_level)
+    from controller.reconcilers.operator import StartupError
+
     # Signal handlers stop the controller cleanly; a second Ctrl-C just exits.
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_run(cfg, kubeconfig=kubeconfig, context=context, in_cluster=in_cluster))
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(_run(cfg, kubeconfig=kubeconfig, context=context, in_cluster=in_cluster))
+    except StartupError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
 
 
 async def _run(cfg: Any, *, kubeconfig: Path | None, context: str | None, in_cluster: bool) -> None:
@@ -83,10 +89,6 @@ async def _run(cfg: Any, *, kubeconfig: Path | None, context: str | None, in_clu
     )
     controller = Controller(kube=kube, config=cfg)
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
 
     async def metrics(_: web.Request) -> web.Response:
         lines = [f"muster_{k} {v}" for k, v in controller.health().items()]
@@ -103,7 +105,18 @@ async def _run(cfg: Any, *, kubeconfig: Path | None, context: str | None, in_clu
     await web.TCPSite(runner, "0.0.0.0", cfg.server.metrics_port).start()
     if cfg.server.probe_port != cfg.server.metrics_port:
         await web.TCPSite(runner, "0.0.0.0", cfg.server.probe_port).start()
-    await controller.start()
+    try:
+        await controller.start()
+    except BaseException:
+        await runner.cleanup()
+        await kube.close()
+        raise
+    # After start: kopf installs its own SIGINT/SIGTERM handlers when it starts, which
+    # would stop kopf alone; these replace them and stop everything (kopf included).
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
     log.info("Muster is running against %s (cluster %s)", kube.host, cfg.cluster_name)
     try:
         await stop.wait()

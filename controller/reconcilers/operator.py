@@ -21,9 +21,9 @@ from controller.acquire.collector import Collector
 from controller.acquire.providers import ProviderSet
 from controller.clock import Clock, RealClock
 from controller.config import MusterConfig
-from controller.kube import KubeClient
-from controller.kube.resources import PROVISIONING_REQUESTS
-from controller.kueue.integration import KueueIntegration
+from controller.kube import ApiError, KubeClient
+from controller.kube.resources import CAPACITY_POOLS, PROVISIONING_REQUESTS
+from controller.kueue.integration import KueueIntegration, KueueNotInstalled
 from controller.reconcilers.handlers import build_registry
 from controller.reconcilers.service import ProvisioningService
 from controller.reconcilers.workqueue import WorkQueue
@@ -34,6 +34,10 @@ from providers.base import Provider
 from providers.registry import ProviderContext
 
 log = logging.getLogger(__name__)
+
+
+class StartupError(Exception):
+    """The controller cannot start; the message says why and what to do."""
 
 
 class Controller:
@@ -62,7 +66,7 @@ class Controller:
                       config.providers.kind.model_dump(), **config.providers.settings},
             instances=providers,
         )
-        self.planner = Planner(self.state)
+        self.planner = Planner(self.state, now=self.clock.now)
         self.service = ProvisioningService(
             kube=kube, state=self.state, planner=self.planner, providers=self.providers,
             config=config, clock=self.clock,
@@ -101,8 +105,12 @@ class Controller:
         self._enqueue(key)
 
     async def start(self) -> None:
+        await self._check_crds()
         if self.kueue is not None:
-            await self.kueue.preflight()  # before anything runs: a missing Kueue is fatal
+            try:
+                await self.kueue.preflight()  # before anything runs: a missing Kueue is fatal
+            except KueueNotInstalled as exc:
+                raise StartupError(str(exc)) from None
         self.feeds.start()
         await self.feeds.wait_synced()
         if self.use_kopf:
@@ -140,6 +148,20 @@ class Controller:
         self._tasks.append(asyncio.create_task(self._collect_loop(), name="collector"))
         if self.kueue is not None:
             await self.kueue.start()
+
+    async def _check_crds(self) -> None:
+        """Fail start-up with the fix when a CRD Muster serves or reads is not installed."""
+        for res, crd in ((PROVISIONING_REQUESTS, "provisioningrequests.autoscaling.x-k8s.io"),
+                         (CAPACITY_POOLS, "capacitypools.muster.dev")):
+            try:
+                await self.kube.list(res)
+            except ApiError as exc:
+                if exc.not_found:
+                    raise StartupError(
+                        f"the CRD {crd} is not installed in {self.kube.host}; "
+                        "install Muster's CRDs first: kubectl apply -f crds/"
+                    ) from None
+                raise StartupError(f"cannot reach the API server {self.kube.host}: {exc}") from None
 
     async def stop(self) -> None:
         self._started = False

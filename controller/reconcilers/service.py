@@ -301,6 +301,9 @@ class ProvisioningService:
                     permanent=False,
                 )
         except AcquisitionFailed as exc:
+            until = self.clock.now() + timedelta(seconds=self.config.retry.max_backoff_seconds)
+            for group, available in exc.short:
+                self.state.mark_short(group.pool, group.domain, available=available, until=until)
             return await self.retry_or_fail(
                 req, attempt=booking.attempt, reason=Reason.ACQUISITION_FAILED,
                 detail=str(exc), permanent=not exc.retryable,
@@ -587,10 +590,9 @@ def _where(plan: Plan) -> str:
     for p in plan.placements:
         if p.level and p.domain:
             parts.append(f"pod set {p.pod_set} in {p.level.rsplit('/', 1)[-1]} {p.domain}")
+        elif p.level:
+            level = p.level.rsplit("/", 1)[-1]
+            parts.append(f"pod set {p.pod_set} across {p.domains_used} {level}(s)")
         else:
-            parts.append(f"pod set {p.pod_set} across {p.domains_used} domain(s)")
+            parts.append(f"pod set {p.pod_set} without topology constraint")
     return "; ".join(parts) or "no pods"
-
-
-async def gather_quietly(*coros: Any) -> None:
-    await asyncio.gather(*coros, return_exceptions=True)

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -27,7 +28,7 @@ from controller.api.capacitypool import CapacityPool
 from controller.api.node import Node
 from controller.api.pod import Pod, PodTemplate
 from controller.fit import apply_plan
-from controller.fit.types import NodeState, PoolState, Snapshot
+from controller.fit.types import NodeState, Plan, PoolState, Snapshot
 from controller.snapshot import node_state, pool_state
 from controller.state.bookings import (
     PHASE_ANNOTATION,
@@ -101,6 +102,8 @@ class ClusterState:
         self._requests: dict[str, Body] = {}
         self._bookings: dict[str, Booking] = {}
         self._reserved: dict[str, Booking] = {}
+        self._held_cache: dict[str, tuple[Booking, tuple[Any, ...], Plan]] = {}
+        self._short: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[int, datetime]] = {}
         self._pool_states: tuple[PoolState, ...] | None = None
         self._sorted_nodes: tuple[NodeState, ...] | None = None
         self._ready_waiters: dict[str, list[asyncio.Future[None]]] = {}
@@ -376,6 +379,7 @@ class ClusterState:
         return True
 
     def delete_request(self, key: str) -> None:
+        self._held_cache.pop(key, None)
         self._requests.pop(key, None)
         self._bookings.pop(key, None)
         self._reserved.pop(key, None)
@@ -399,6 +403,55 @@ class ClusterState:
 
     # ------------------------------------------------------------------ snapshot
 
+    def _held(self, key: str, booking: Booking) -> Plan:
+        """:func:`effective_plan` of one booking, memoised on exactly what it depends on
+        (the booking, its consumers, its keys' registered nodes, its named nodes), so a
+        planning pass costs O(changed bookings), not O(all bookings)."""
+        consumers = self.scheduled_consumers(key)
+        signature = (
+            tuple(sorted(consumers.items())),
+            tuple(len(self._nodes_by_key.get(g.key, ())) for g in booking.groups),
+            tuple(n in self._nodes for n in _nodes_named(booking)),
+        )
+        cached = self._held_cache.get(key)
+        if cached is not None and cached[0] is booking and cached[1] == signature:
+            return cached[2]
+        plan = effective_plan(
+            booking,
+            existing=_Present(self._nodes),
+            scheduled_on=consumers,
+            nodes_by_key=self._nodes_by_key,
+        )
+        self._held_cache[key] = (booking, signature, plan)
+        return plan
+
+    def mark_short(
+        self, pool: str, domain: Mapping[str, str], *, available: int, until: datetime
+    ) -> None:
+        """The provider ran out of stock in ``domain``: plan at most ``available`` new nodes
+        there until ``until``, so retries look elsewhere instead of failing the same way."""
+        self._short[(pool, tuple(sorted(domain.items())))] = (available, until)
+        self._pool_states = None
+
+    def _apply_shortages(self, states: tuple[PoolState, ...], now: datetime) -> tuple[
+        PoolState, ...
+    ]:
+        expired = [k for k, (_, until) in self._short.items() if until <= now]
+        for k in expired:
+            del self._short[k]
+        if not self._short:
+            return states
+        out = []
+        for pool in states:
+            domains = tuple(
+                replace(d, max_new_nodes=min(d.max_new_nodes, short[0]))
+                if (short := self._short.get((pool.name, tuple(sorted(d.labels.items())))))
+                else d
+                for d in pool.domains
+            )
+            out.append(replace(pool, domains=domains))
+        return tuple(out)
+
     def _pool_state(self, pool: CapacityPool) -> PoolState:
         """``controller.snapshot.pool_state`` with the node counting done in one pass.
 
@@ -420,8 +473,9 @@ class ClusterState:
             domains.append(replace(d, max_new_nodes=max(0, min(limit - have, max_new))))
         return replace(base, domains=tuple(domains), max_new_nodes=max_new)
 
-    def snapshot(self, *, exclude: str | None = None) -> Snapshot:
-        """The fit engine's view: free capacity minus every booking but ``exclude``'s."""
+    def snapshot(self, *, exclude: str | None = None, now: datetime | None = None) -> Snapshot:
+        """The fit engine's view: free capacity minus every booking but ``exclude``'s, and
+        pool headroom capped where the provider recently ran out of stock (as of ``now``)."""
         if self._sorted_nodes is None:
             self._sorted_nodes = tuple(
                 self._node_states[n] for n in sorted(self._node_states)
@@ -434,20 +488,20 @@ class ClusterState:
                 except ValueError as exc:
                     log.warning("ignoring CapacityPool %s: %s", name, exc)
             self._pool_states = tuple(states)
-        snap = Snapshot(nodes=self._sorted_nodes, pools=self._pool_states, levels=self.levels)
-        existing = {name: True for name in self._nodes}
-        plans = [
-            effective_plan(
-                b,
-                existing=existing,
-                scheduled_on=self.scheduled_consumers(key),
-                nodes_by_key=self._nodes_by_key,
-            )
-            for key, b in self.bookings().items()
-            if key != exclude
-        ]
+        pools = self._pool_states
+        if self._short and now is not None:
+            pools = self._apply_shortages(pools, now)
+        snap = Snapshot(nodes=self._sorted_nodes, pools=pools, levels=self.levels)
+        bookings = self.bookings()
+        plans = [self._held(key, b) for key, b in bookings.items() if key != exclude]
+        if len(self._held_cache) > 2 * len(bookings) + 64:
+            self._held_cache = {k: v for k, v in self._held_cache.items() if k in bookings}
         merged = merge_plans(plans)
         return snap if merged is None else apply_plan(snap, merged)
+
+
+def _nodes_named(booking: Booking) -> tuple[str, ...]:
+    return (*booking.existing_nodes, *booking.acquired_nodes)
 
 
 def _count_domains(pool: CapacityPool, nodes: Iterable[Node]) -> tuple[int, dict[str, int]]:
@@ -470,6 +524,24 @@ def _count_domains(pool: CapacityPool, nodes: Iterable[Node]) -> tuple[int, dict
         if found is not None:
             per[found] = per.get(found, 0) + 1
     return total, per
+
+
+class _Present(Mapping[str, bool]):
+    """Node name -> True for every node in the cache, without copying the dict per pass."""
+
+    def __init__(self, nodes: Mapping[str, Any]) -> None:
+        self._nodes = nodes
+
+    def __getitem__(self, name: str) -> bool:
+        if name in self._nodes:
+            return True
+        raise KeyError(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._nodes)
+
+    def __len__(self) -> int:
+        return len(self._nodes)
 
 
 def _retrieve(fut: asyncio.Future[Any]) -> None:

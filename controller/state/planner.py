@@ -14,6 +14,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 
 from controller.fit import apply_plan, plan
 from controller.fit.types import GangRequest, Mode, Plan, Result
@@ -36,8 +37,15 @@ class _Item:
 
 
 class Planner:
-    def __init__(self, state: ClusterState, *, coalesce_seconds: float = 0.01) -> None:
+    def __init__(
+        self,
+        state: ClusterState,
+        *,
+        coalesce_seconds: float = 0.01,
+        now: Callable[[], datetime] | None = None,
+    ) -> None:
         self._state = state
+        self._now = now
         self.coalesce_seconds = coalesce_seconds
         self._pending: list[_Item] = []
         self._wakeup = asyncio.Event()
@@ -82,7 +90,7 @@ class Planner:
         keys = {item.key for item in batch}
         for key in keys:
             self._state.unreserve(key)
-        snapshot = self._state.snapshot()
+        snapshot = self._state.snapshot(now=self._now() if self._now else None)
         for item in batch:
             if item.future.done():
                 continue
