@@ -218,3 +218,22 @@ async def test_a_booking_that_expires_before_admission_turns_ready_into_retry(
         assert retry["message"].startswith("Retrying after booking expired: Capacity "
                                            "reservation time is expired")
         assert retry["requeueAfterSeconds"] == 7
+
+
+async def test_long_workload_names_get_kueues_hashed_names_and_still_pin(
+    kueue_env: KueueEnv,
+) -> None:
+    from controller.kueue.decisions import request_name, template_name
+
+    env = kueue_env
+    await setup(env)
+    name = "w" * 240
+    await submit(env, name, [workers(4, annotations={MUSTER_REQUIRED: objects.RACK})],
+                 {"workers": GPU_FLAVORS})
+    ready = await env.wait_check(name, CHECK, "Ready", within=30)
+    pr_name = request_name(name, CHECK, 1)
+    assert len(pr_name) == 253 and await request_exists(env, pr_name)
+    pr = await env.kube.get(PROVISIONING_REQUESTS, pr_name, namespace=env.namespace)
+    assert pr["spec"]["podSets"][0]["podTemplateRef"]["name"] == template_name(pr_name, "workers")
+    (update,) = ready["podSetUpdates"]
+    assert objects.RACK in update["nodeSelector"], "the hashed pod set is still pinned"

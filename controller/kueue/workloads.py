@@ -38,6 +38,7 @@ from controller.kueue.decisions import (
     same_state,
     set_check_state,
     taint_tolerations,
+    template_name,
     tolerates,
     verdict,
 )
@@ -62,6 +63,7 @@ from controller.kueue.planning import (
 )
 from controller.kueue.resources import ADMISSION_CHECKS, WORKLOADS
 from controller.kueue.settings import KueueConfig
+from controller.snapshot import pod_set_name
 from controller.state.bookings import PLAN_ANNOTATION, Booking
 from controller.topology_defaults import POOL_LABEL
 
@@ -410,8 +412,11 @@ class CheckReconciler:
             pinned = a is not None and a.topology_assignment is not None and bool(
                 a.topology_assignment.slices)
             if not pinned:
+                # The request reconciler keys details by its own pod set name, which is
+                # the template name without ``ppt-<request>-`` (the whole name if hashed).
+                fit_name = pod_set_name(tname, request["metadata"]["name"])
                 selector.update(parse_domain_detail(details.get(
-                    f"{PODSET_DETAIL_PREFIX}{pod_set}", "")))
+                    f"{PODSET_DETAIL_PREFIX}{fit_name}", "")))
             if prc is not None:
                 for entry in prc.spec.pod_set_updates.node_selector:
                     value = details.get(entry.value_from_provisioning_class_detail)
@@ -527,7 +532,12 @@ def _pools_used(
 
 
 def _pod_set_of(template: str, request: str, wl: Workload) -> str | None:
+    """The Workload pod set a request template was built from: by the exact (possibly
+    hashed) name :func:`template_name` gives it, else by the ``ppt-<request>-`` prefix."""
     names = {p.name for p in wl.spec.pod_sets}
+    for name in names:
+        if template_name(request, name) == template:
+            return name
     prefix = f"ppt-{request}-"
     rest = template[len(prefix):] if template.startswith(prefix) else template
     if rest in names:

@@ -137,3 +137,17 @@ def test_slice_annotations_become_one_required_pod_set_per_slice() -> None:
         gang({"kueue.x-k8s.io/podset-slice-size": "4"})
     with pytest.raises(SnapshotError, match="positive integer"):
         gang({**slices, "kueue.x-k8s.io/podset-slice-size": "0"})
+
+
+def test_pod_sets_are_recognised_behind_hashed_template_names() -> None:
+    from controller.kueue.decisions import template_name
+    from controller.kueue.workloads import _pod_set_of
+
+    wl = reserved(gang(), {"workers": {GPU: "h100"}, "launcher": {"cpu": "cpu"}})
+    long_request = "r" * 245
+    hashed = template_name(long_request, "workers")
+    assert len(hashed) == 253 and not hashed.endswith("workers")
+    assert _pod_set_of(hashed, long_request, wl) == "workers"
+    assert _pod_set_of("ppt-job-c-1-launcher", "job-c-1", wl) == "launcher"
+    assert _pod_set_of("ppt-job-c-1-workers-1", "job-c-1", wl) == "workers"
+    assert _pod_set_of("ppt-job-c-1-other", "job-c-1", wl) is None
