@@ -45,6 +45,7 @@ from controller.fit.types import (
     TopologyRequest,
 )
 from controller.fit.types import Snapshot as FitSnapshot
+from controller.kueue.tas import expand_slices, slice_request
 from controller.topology_defaults import (
     DEFAULT_LEVELS,
     DEFAULT_PODS_PER_NODE,
@@ -163,8 +164,13 @@ def gang_of(
                                 request.metadata.namespace or "default", dra or DraCatalog())
         except ValueError as exc:
             raise SnapshotError(f"PodTemplate {ref}: {exc}") from exc
-        topology = topology_of(template.template.metadata.annotations, levels)
-        pod_sets.append(PodSetRequest(set_name, ps.count, shape, topology))
+        annotations = template.template.metadata.annotations
+        topology = topology_of(annotations, levels)
+        try:
+            sliced = slice_request(annotations, levels)
+        except ValueError as exc:
+            raise SnapshotError(f"PodTemplate {ref}: {exc}") from exc
+        pod_sets.extend(expand_slices(set_name, ps.count, shape, topology, sliced, levels))
     return GangRequest(f"{request.metadata.namespace or 'default'}/{name}", tuple(pod_sets))
 
 

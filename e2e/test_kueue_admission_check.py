@@ -14,6 +14,7 @@ from typing import Any
 from controller.commands import objects
 from controller.kube.resources import (
     CAPACITY_POOLS,
+    EVENTS,
     NODES,
     POD_TEMPLATES,
     PODS,
@@ -30,9 +31,9 @@ from controller.kueue.resources import (
     WORKLOADS,
 )
 from controller.topology_defaults import MUSTER_REQUIRED, POOL_LABEL
-from e2e.kueue_support import KueueEnv, eventually, kueue_env, now
+from e2e.kueue_support import KueueEnv, eventually, kueue_env, now, sandbox_only
 
-__all__ = ["kueue_env"]
+__all__ = ["kueue_env", "sandbox_only"]
 
 CHECK = "muster-prov"
 OTHER_CHECK = "other-check"
@@ -159,6 +160,10 @@ async def test_path_b_pins_the_gang_to_one_provisioned_rack(kueue_env: KueueEnv)
     assert other["state"] == "Ready" and other["podSetUpdates"][0]["labels"] == {
         "example.com/ok": "yes"}, "Muster's writes kept the other check's entry"
 
+    events = (await env.kube.list(EVENTS, namespace=env.namespace)).get("items") or []
+    reasons = {(e["involvedObject"]["name"], e["reason"]) for e in events}
+    assert {("train", "ProvisioningRequestCreated"), ("train", "AdmissionCheckUpdated")} <= reasons
+
     rack_nodes = (await env.kube.list(
         NODES, label_selector=f"{objects.RACK}={rack},{POOL_LABEL}=gpu-h100")).get("items")
     assert len(rack_nodes or []) == 16, "Muster provisioned the whole gang in that rack"
@@ -171,6 +176,13 @@ async def test_path_b_pins_the_gang_to_one_provisioned_rack(kueue_env: KueueEnv)
         "nodeSelector"][objects.RACK]
     assert other_rack != rack, "the booked rack is not offered to another Workload"
 
+    # A GPU pod of a Workload admitted without Muster's check (the flavor's nodeLabels, no
+    # toleration for the pool's taint): it must not take a booked node.
+    intruder = kq.admitted_pod(gang("plain", env.namespace, 1) | {"status": {
+        "admission": {"clusterQueue": "x", "podSetAssignments": [
+            {"name": "workers", "flavors": GPU_FLAVORS, "count": 1}]}}},
+        "workers", 0, flavors=FLAVORS)
+    await env.kube.create(PODS, intruder, namespace=env.namespace)
     await run_pods(env, "other", 8)
     await run_pods(env, "train", 16)
     train_pods = await eventually(lambda: all_bound(env, "train", 17), within=30,
@@ -184,6 +196,8 @@ async def test_path_b_pins_the_gang_to_one_provisioned_rack(kueue_env: KueueEnv)
     assert len({p["spec"]["nodeName"] for p in workers}) == 16
     assert not names & {p["spec"]["nodeName"] for p in other_pods}, (
         "no pod of another Workload runs on train's booked nodes")
+    plain = await env.kube.get(PODS, intruder["metadata"]["name"], namespace=env.namespace)
+    assert not plain["spec"].get("nodeName"), "a pod without the check's updates stays off"
 
     # Finished: Muster deletes its request (Kueue's CleanupProvisioningRequestsOnEviction).
     await env.update_status("train", lambda wl: kq.set_condition(
@@ -193,3 +207,21 @@ async def test_path_b_pins_the_gang_to_one_provisioned_rack(kueue_env: KueueEnv)
         return await env.kube.get_or_none(
             PROVISIONING_REQUESTS, pr_name, namespace=env.namespace) is None
     await eventually(gone, what="train's ProvisioningRequest deleted")
+
+
+async def test_path_b_survives_conflict_storms_and_dropped_watches(kueue_env: KueueEnv) -> None:
+    env = kueue_env
+    await setup(env)
+    # Half of all Workload patches answer 409 and every watch stream ends after a few events:
+    # the read-modify-write retries and the re-listing watches must still get there, without
+    # losing the other controller's entry.
+    env.server.faults.add_conflicts(0.5, verbs="patch", resources="workloads")
+    env.server.faults.drop_watches_every(5)
+    await submit(env, "storm", 8)
+    await env.update_status("storm", other_ready)
+    ready = await env.wait_check("storm", CHECK, "Ready", within=60)
+    assert {u["name"] for u in ready["podSetUpdates"]} == {"workers", "launcher"}
+    assert env.server.faults.injected > 0, "the storm happened"
+    env.server.faults.clear()
+    other = await env.check_state("storm", OTHER_CHECK)
+    assert other is not None and other["state"] == "Ready"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from controller.commands import objects
-from controller.kube.resources import CAPACITY_POOLS, NODES, PROVISIONING_REQUESTS
+from controller.kube.resources import CAPACITY_POOLS, NODES, POD_TEMPLATES, PROVISIONING_REQUESTS
 from controller.kueue import objects as kq
 from controller.kueue.resources import (
     ADMISSION_CHECKS,
@@ -20,9 +20,16 @@ from controller.kueue.resources import (
     WORKLOADS,
 )
 from controller.topology_defaults import HOSTNAME, MUSTER_REQUIRED, POOL_LABEL
-from e2e.kueue_support import KueueEnv, eventually, kueue_env, now
+from e2e.kueue_support import (
+    KueueEnv,
+    eventually,
+    kueue_env,
+    make_env,
+    now,
+    sandbox_only,
+)
 
-__all__ = ["kueue_env"]
+__all__ = ["kueue_env", "sandbox_only"]
 
 CHECK = "muster-prov"
 GPU_FLAVORS = {"cpu": "h100", "memory": "h100", objects.GPU: "h100"}
@@ -118,6 +125,15 @@ async def test_a_gang_that_can_never_fit_is_rejected_without_retries(
     rejected = await env.wait_check("huge", CHECK, "Rejected", within=30)
     assert rejected["message"].startswith("The request can never fit")
     assert "rack" in rejected["message"]
+    assert await request_exists(env, "huge-muster-prov-1")
+
+    # Deleting the Workload takes its request (and the request's templates) with it.
+    await env.kube.delete(WORKLOADS, "huge", namespace=env.namespace)
+
+    async def gone() -> bool:
+        templates = (await env.kube.list(POD_TEMPLATES, namespace=env.namespace)).get("items")
+        return not await request_exists(env, "huge-muster-prov-1") and not templates
+    await eventually(gone, what="request and templates collected")
 
 
 async def test_a_podsetupdate_conflicting_with_the_workload_is_rejected(
@@ -186,3 +202,38 @@ async def test_a_tas_placed_workload_is_booked_not_replanned(kueue_env: KueueEnv
     await env.kube.delete(NODES, "gpu-2")
     rejected = await env.wait_check("placed", CHECK, "Rejected", within=30)
     assert "gpu-2" in rejected["message"]
+
+
+async def test_a_booking_that_expires_before_admission_turns_ready_into_retry(
+    sandbox_only: None,
+) -> None:
+    # Another check keeps the Workload from being admitted past Muster's booking time.
+    async with make_env(booking={"duration_seconds": 2}) as env:
+        await setup(env)
+        await submit(env, "slow", [workers(4, annotations={MUSTER_REQUIRED: objects.RACK})],
+                     {"workers": GPU_FLAVORS})
+        ready = await env.wait_check("slow", CHECK, "Ready", within=30)
+        assert ready["podSetUpdates"]
+        retry = await env.wait_check("slow", CHECK, "Retry", within=30)
+        assert retry["message"].startswith("Retrying after booking expired: Capacity "
+                                           "reservation time is expired")
+        assert retry["requeueAfterSeconds"] == 7
+
+
+async def test_long_workload_names_get_kueues_hashed_names_and_still_pin(
+    kueue_env: KueueEnv,
+) -> None:
+    from controller.kueue.decisions import request_name, template_name
+
+    env = kueue_env
+    await setup(env)
+    name = "w" * 240
+    await submit(env, name, [workers(4, annotations={MUSTER_REQUIRED: objects.RACK})],
+                 {"workers": GPU_FLAVORS})
+    ready = await env.wait_check(name, CHECK, "Ready", within=30)
+    pr_name = request_name(name, CHECK, 1)
+    assert len(pr_name) == 253 and await request_exists(env, pr_name)
+    pr = await env.kube.get(PROVISIONING_REQUESTS, pr_name, namespace=env.namespace)
+    assert pr["spec"]["podSets"][0]["podTemplateRef"]["name"] == template_name(pr_name, "workers")
+    (update,) = ready["podSetUpdates"]
+    assert objects.RACK in update["nodeSelector"], "the hashed pod set is still pinned"

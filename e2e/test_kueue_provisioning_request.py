@@ -31,9 +31,9 @@ from controller.kueue.resources import (
     WORKLOADS,
 )
 from controller.topology_defaults import DEFAULT_LEVELS, KUEUE_REQUIRED, POOL_LABEL
-from e2e.kueue_support import KueueEnv, eventually, kueue_env
+from e2e.kueue_support import KueueEnv, eventually, kueue_env, sandbox_only
 
-__all__ = ["kueue_env"]
+__all__ = ["kueue_env", "sandbox_only"]
 
 MANAGED = {"kueue.x-k8s.io/managed": "true"}
 CLASS = "atomic-provisioning.muster.dev"
@@ -63,14 +63,15 @@ async def setup(env: KueueEnv) -> None:
 
 
 async def kueue_creates_request(
-    env: KueueEnv, workload: str, workers: int, *, attempt: int = 1
+    env: KueueEnv, workload: str, workers: int, *, attempt: int = 1,
+    annotations: dict[str, str] | None = None,
 ) -> str:
     """What Kueue's provisioning controller writes for the Workload (syncOwnedProvisionRequest)."""
     wl = await env.kube.create(WORKLOADS, kq.workload(
         workload, env.namespace, queue="team", pod_sets=[
             kq.pod_set("workers", workers,
                        requests={"cpu": "90", "memory": "900Gi", objects.GPU: "8"},
-                       annotations={KUEUE_REQUIRED: objects.RACK}),
+                       annotations=annotations or {KUEUE_REQUIRED: objects.RACK}),
             kq.pod_set("launcher", 1, requests={"cpu": "2", "memory": "4Gi"}),
         ]), namespace=env.namespace)
     name = f"{workload}-prov-{attempt}"
@@ -193,3 +194,32 @@ async def test_path_a_fails_only_a_request_that_can_never_fit(kueue_env: KueueEn
     assert state.message.startswith("Retrying after failure: The request can never fit")
     assert not (await env.kube.list(NODES, label_selector=f"{POOL_LABEL}=gpu-h100")).get(
         "items"), "nothing acquired for a request that never fits"
+
+
+async def test_path_a_keeps_every_tas_slice_inside_one_rack(kueue_env: KueueEnv) -> None:
+    env = kueue_env
+    await setup(env)
+    # Racks hold at most 6 more nodes each: 12 workers in slices of 4 need 3 racks, 4 + 4 + 4,
+    # never 6 + 6 (which would split a slice across racks).
+    pool = await env.kube.get(CAPACITY_POOLS, "gpu-h100")
+    for d in pool["spec"]["topology"]["domains"]:
+        d["maxNodes"] = 6
+    await env.kube.merge_patch(CAPACITY_POOLS, "gpu-h100",
+                               {"spec": {"topology": pool["spec"]["topology"]}})
+    name = await kueue_creates_request(env, "sliced", 12, annotations={
+        "kueue.x-k8s.io/podset-slice-required-topology": objects.RACK,
+        "kueue.x-k8s.io/podset-slice-size": "4"})
+    await eventually(lambda: condition(env, name, "Provisioned"), within=40,
+                     what="Provisioned=True")
+    nodes = (await env.kube.list(NODES, label_selector=f"{POOL_LABEL}=gpu-h100")).get("items")
+    per_rack: dict[str, int] = {}
+    for node in nodes or []:
+        rack = node["metadata"]["labels"][objects.RACK]
+        per_rack[rack] = per_rack.get(rack, 0) + 1
+    assert sum(per_rack.values()) == 12
+    assert all(n % 4 == 0 for n in per_rack.values()), per_rack
+    pr = await env.kube.get(PROVISIONING_REQUESTS, name, namespace=env.namespace)
+    details = pr["status"]["provisioningClassDetails"]
+    assert objects.RACK not in details, (
+        "slices in several racks: no single rack for Kueue to pin every pod to")
+    assert {details[f"muster.dev/podset.workers-slice-{i}"] for i in range(3)}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -18,8 +19,9 @@ from typing import Any
 from controller.clock import Clock
 from controller.kube import ApiError, Body, KubeClient, WatchEvent
 from controller.kube.resources import CAPACITY_POOLS, NODES, PROVISIONING_REQUESTS, Resource
+from controller.kueue.facts import StateFacts, WatchedFacts
 from controller.kueue.models import Topology
-from controller.kueue.planning import MANAGED_LABEL, PoolTaints
+from controller.kueue.planning import MANAGED_LABEL
 from controller.kueue.resources import (
     ADMISSION_CHECKS,
     PROVISIONING_REQUEST_CONFIGS,
@@ -30,6 +32,7 @@ from controller.kueue.resources import (
 from controller.kueue.settings import KueueConfig
 from controller.kueue.workloads import CheckReconciler, KueueView
 from controller.reconcilers.workqueue import WorkQueue
+from controller.state.cache import ClusterState
 from controller.topology_defaults import DEFAULT_LEVELS, HOSTNAME, POOL_LABEL
 
 log = logging.getLogger(__name__)
@@ -53,6 +56,7 @@ class KueueIntegration:
         config: KueueConfig,
         clock: Clock,
         levels: Sequence[str] = DEFAULT_LEVELS,
+        state: ClusterState | None = None,
         concurrency: int = 32,
     ) -> None:
         self.kube = kube
@@ -66,22 +70,29 @@ class KueueIntegration:
         self.queue = WorkQueue(self._reconcile, clock=clock, concurrency=concurrency)
         self._tasks: list[asyncio.Task[None]] = []
         self._synced: dict[str, asyncio.Event] = {}
-        self._pool_bodies: dict[str, Body] = {}
+        self._watched = WatchedFacts()
+        self._request_sigs: dict[str, str | None] = {}
+        self.reconciles = 0
+        """Workload reconciles run (for the benchmark)."""
+        self._own_pool_watch = state is None
+        self.view.facts = StateFacts(state) if state is not None else self._watched
         self._serves_topologies = False
 
     async def _reconcile(self, key: str) -> float | None:
+        self.reconciles += 1
         return await self.reconciler.reconcile_workload(key)
 
     # ------------------------------------------------------------------ life cycle
 
     async def start(self, *, sync_timeout: float = 30.0) -> None:
-        await self._preflight()
+        await self.preflight()
         v = self.view
         self._watch(ADMISSION_CHECKS, v.checks, self._checks_changed)
         self._watch(RESOURCE_FLAVORS, v.flavors, self._all_workloads)
         self._watch(PROVISIONING_REQUEST_CONFIGS, v.configs, self._checks_changed)
-        self._watch(CAPACITY_POOLS, self._pool_bodies, self._pools_changed)
-        self._watch(NODES, {}, None, on_node=True)
+        if self._own_pool_watch:
+            self._watch(CAPACITY_POOLS, self._watched.pool_bodies, self._pools_changed)
+            self._watch(NODES, {}, None, on_node=True)
         self._watch(PROVISIONING_REQUESTS, v.requests, self._request_changed,
                     label_selector=MANAGED_LABEL)
         self._watch(WORKLOADS, v.workloads, self._workload_changed)
@@ -93,7 +104,7 @@ class KueueIntegration:
         self.queue.start()
         await self._checks_changed(None)
 
-    async def _preflight(self) -> None:
+    async def preflight(self) -> None:
         """Fail fast, naming the fix, when the cluster does not serve Kueue's v1beta2 API
         (otherwise the watches would retry forever and no Workload would ever move)."""
         for res in (WORKLOADS, ADMISSION_CHECKS):
@@ -146,15 +157,10 @@ class KueueIntegration:
     def _pools_missing(self, levels: Sequence[str]) -> list[str]:
         wanted = [lv for lv in levels if lv != HOSTNAME]
         out = []
-        for name, body in sorted(self._pool_bodies.items()):
-            spec = body.get("spec") or {}
-            base = (spec.get("nodeTemplate") or {}).get("labels") or {}
-            topo = spec.get("topology") or {}
-            for i, domain in enumerate(topo.get("domains") or [{}]):
-                labels = {**base, **(domain.get("labels") or {})}
-                lacking = [lv for lv in wanted if lv not in labels]
-                if lacking and topo.get("domains"):
-                    out.append(f"{name} domain {i} lacks {', '.join(lacking)}")
+        for pool, i, labels in self.view.facts.domains():
+            lacking = [lv for lv in wanted if lv not in labels]
+            if lacking:
+                out.append(f"{pool} domain {i} lacks {', '.join(lacking)}")
         return out
 
     async def stop(self) -> None:
@@ -179,7 +185,7 @@ class KueueIntegration:
 
         async def on_sync(items: list[Body]) -> None:
             if on_node:
-                self.view.node_pools = {
+                self._watched.node_pools = {
                     n["metadata"]["name"]: n["metadata"]["labels"][POOL_LABEL]
                     for n in items if (n["metadata"].get("labels") or {}).get(POOL_LABEL)
                 }
@@ -196,9 +202,9 @@ class KueueIntegration:
                 name = obj["metadata"]["name"]
                 pool = (obj["metadata"].get("labels") or {}).get(POOL_LABEL)
                 if ev.type == "DELETED" or not pool:
-                    self.view.node_pools.pop(name, None)
+                    self._watched.node_pools.pop(name, None)
                 else:
-                    self.view.node_pools[name] = pool
+                    self._watched.node_pools[name] = pool
                 return
             if ev.type == "DELETED":
                 store.pop(_key(obj), None)
@@ -220,8 +226,13 @@ class KueueIntegration:
     def _workload_changed(self, obj: Body | None) -> None:
         if obj is None:
             self._all_workloads(None)
-        elif self._ready():
-            self.queue.add(_key(obj))
+            return
+        key = _key(obj)
+        rv = (obj.get("metadata") or {}).get("resourceVersion")
+        if rv is not None and self.reconciler.written.get(key) == rv:
+            return  # the echo of our own status write: already reconciled
+        if self._ready():
+            self.queue.add(key)
 
     def _all_workloads(self, _: Body | None) -> None:
         if self._ready():
@@ -241,25 +252,36 @@ class KueueIntegration:
 
     def _request_changed(self, obj: Body | None) -> None:
         if obj is None:
+            self._request_sigs.clear()
             self._all_workloads(None)
             return
+        key = _key(obj)
+        current = self.view.requests.get(key)
+        sig = None if current is None else _signature(current)
+        if key in self._request_sigs and self._request_sigs[key] == sig:
+            return  # e.g. the request reconciler's own bookkeeping annotations
+        if sig is None:
+            self._request_sigs.pop(key, None)
+        else:
+            self._request_sigs[key] = sig
         ns = obj["metadata"].get("namespace")
         for ref in obj["metadata"].get("ownerReferences") or []:
             if ref.get("kind") == "Workload" and self._ready():
                 self.queue.add(f"{ns}/{ref.get('name')}")
 
     def _pools_changed(self, _: Body | None) -> None:
-        pools = []
-        for body in self._pool_bodies.values():
-            tpl = (body.get("spec") or {}).get("nodeTemplate") or {}
-            name = body["metadata"]["name"]
-            pools.append(PoolTaints(
-                name=name,
-                labels={**(tpl.get("labels") or {}), POOL_LABEL: name},
-                taints=[dict(t) for t in tpl.get("taints") or []],
-            ))
-        self.view.pools = pools
         self._topologies_changed(None)
+
+
+def _signature(request: Body) -> str:
+    """What of a request the check reacts to: its conditions, class details and deletion."""
+    status = request.get("status") or {}
+    return json.dumps([
+        [(c.get("type"), c.get("status"), c.get("reason"), c.get("message"))
+         for c in status.get("conditions") or []],
+        status.get("provisioningClassDetails") or {},
+        (request.get("metadata") or {}).get("deletionTimestamp"),
+    ], sort_keys=True)
 
 
 async def _maybe(value: Any) -> None:

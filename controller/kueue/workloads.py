@@ -14,19 +14,20 @@ other checks' entries are never clobbered: a merge patch would replace the whole
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from controller.clock import Clock
 from controller.conditions import rfc3339
 from controller.kube import ApiError, Body, KubeClient
-from controller.kube.resources import POD_TEMPLATES, PROVISIONING_REQUESTS
+from controller.kube.resources import EVENTS, POD_TEMPLATES, PROVISIONING_REQUESTS
 from controller.kueue.decisions import (
     PENDING,
     PERMANENT_FAILURES,
     PODSET_DETAIL_PREFIX,
     READY,
     REJECTED,
+    RETRY,
     CheckVerdict,
     MergeConflict,
     PodSetTarget,
@@ -37,9 +38,11 @@ from controller.kueue.decisions import (
     same_state,
     set_check_state,
     taint_tolerations,
+    template_name,
     tolerates,
     verdict,
 )
+from controller.kueue.facts import PoolFacts, WatchedFacts
 from controller.kueue.models import (
     GROUP,
     AdmissionCheck,
@@ -52,7 +55,6 @@ from controller.kueue.models import (
 from controller.kueue.planning import (
     POD_SET_ANNOTATION,
     PlanningError,
-    PoolTaints,
     RequestPlan,
     owner_reference,
     plan_request,
@@ -61,6 +63,7 @@ from controller.kueue.planning import (
 )
 from controller.kueue.resources import ADMISSION_CHECKS, WORKLOADS
 from controller.kueue.settings import KueueConfig
+from controller.snapshot import pod_set_name
 from controller.state.bookings import PLAN_ANNOTATION, Booking
 from controller.topology_defaults import POOL_LABEL
 
@@ -80,9 +83,8 @@ class KueueView:
         self.configs: dict[str, Body] = {}
         self.requests: dict[str, Body] = {}
         """Muster-created requests by ``namespace/name``."""
-        self.pools: list[PoolTaints] = []
-        self.node_pools: dict[str, str] = {}
-        """Node name -> CapacityPool that created it."""
+        self.facts: PoolFacts = WatchedFacts()
+        """CapacityPools and which node each one made (see :mod:`controller.kueue.facts`)."""
 
 
 class CheckReconciler:
@@ -93,6 +95,9 @@ class CheckReconciler:
         self.view = view
         self.config = config
         self.clock = clock
+        self.written: dict[str, str] = {}
+        """Workload key -> resourceVersion of our last status write (its watch echo needs
+        no reconcile)."""
 
     # ------------------------------------------------------------------ AdmissionChecks
 
@@ -235,22 +240,29 @@ class CheckReconciler:
                  if attempt_of(r["metadata"]["name"], wl.metadata.name, check) is not None]
         current = self.view.requests.get(f"{ns}/{name}")
         if state.state == READY:
-            # Kueue's rule: a Ready check is never re-synced, except that revoked capacity
-            # rejects the Workload even after admission.
+            # Kueue's rule: a Ready check's request is never re-created and its updates never
+            # recomputed, but its conditions still count: revoked capacity rejects (even
+            # after admission) and a booking that expires before admission retries.
             if current is not None:
                 v = self._verdict(wl, current, attempt, state.retry_count or 0, prc)
-                if v.state == REJECTED and _cond_true(current, "CapacityRevoked"):
+                if v.state in (RETRY, REJECTED):
                     await self.write_state(wl, AdmissionCheckState(
-                        name=check, state=REJECTED, message=v.message))
+                        name=check, state=v.state, message=v.message,
+                        requeueAfterSeconds=v.requeue_after_seconds))
             return
         if state.state != PENDING:
             return  # Retry / Rejected: Kueue evicts or deactivates; nothing to do until reset
         stale = [r for r in owned if r["metadata"]["name"] != name]
         if stale:
             await self.delete_requests(stale)
-        if current is not None and (current.get("metadata") or {}).get("deletionTimestamp"):
-            # The same attempt's request from before an eviction is still releasing its
-            # nodes; its conditions describe the old booking. Its DELETED event requeues us.
+        if current is not None and (
+            (current.get("metadata") or {}).get("deletionTimestamp")
+            or not any(o.get("uid") == wl.metadata.uid
+                       for o in current["metadata"].get("ownerReferences") or [])
+        ):
+            # The same name from before an eviction (still releasing its nodes) or from an
+            # earlier Workload of the same name (awaiting garbage collection): its
+            # conditions describe another booking. Its DELETED event requeues us.
             return
         if current is None:
             await self.create_request(wl, check, name, prc)
@@ -309,7 +321,7 @@ class CheckReconciler:
             check_capacity_class=self.config.check_capacity_class,
             parameters=parameters,
             managed_resources=prc.spec.managed_resources if prc else (),
-            pools=self.view.pools, tolerate_pool_taints=self.config.tolerate_pool_taints,
+            pools=self.view.facts.pools(), tolerate_pool_taints=self.config.tolerate_pool_taints,
         )
 
     async def create_request(
@@ -326,7 +338,9 @@ class CheckReconciler:
             await self.write_state(wl, AdmissionCheckState(
                 name=check, state=READY, message="the provisioning request is not needed"))
             return
-        wl_body = self.view.workloads[f"{ns}/{wl.metadata.name}"]
+        wl_body = self.view.workloads.get(f"{ns}/{wl.metadata.name}")
+        if wl_body is None:
+            return  # deleted meanwhile: nothing to provision for
         wl_owner = owner_reference(wl_body)
         # Templates first: Muster's request reconciler fails a request whose templates are
         # missing, so they must exist before the request does.
@@ -359,6 +373,8 @@ class CheckReconciler:
                 POD_TEMPLATES, ps.template_name,
                 {"metadata": {"ownerReferences": [pr_owner]}}, namespace=ns,
             )
+        await self.event(wl, "Normal", "ProvisioningRequestCreated",
+                         f"Created ProvisioningRequest {name} ({plan.class_name})")
         await self.write_state(wl, AdmissionCheckState(
             name=check, state=PENDING,
             message=f"ProvisioningRequest {name} created ({plan.class_name})"))
@@ -373,7 +389,7 @@ class CheckReconciler:
         spec = request.get("spec") or {}
         class_name = str(spec.get("provisioningClassName") or "")
         booking = _booking(request)
-        pools_by_name = {p.name: p for p in self.view.pools}
+        pools_by_name = {p.name: p for p in self.view.facts.pools()}
         assignments = {a.name: a for a in (wl.status.admission.pod_set_assignments
                                            if wl.status.admission else [])}
         flavors = self.view.flavors
@@ -396,8 +412,11 @@ class CheckReconciler:
             pinned = a is not None and a.topology_assignment is not None and bool(
                 a.topology_assignment.slices)
             if not pinned:
+                # The request reconciler keys details by its own pod set name, which is
+                # the template name without ``ppt-<request>-`` (the whole name if hashed).
+                fit_name = pod_set_name(tname, request["metadata"]["name"])
                 selector.update(parse_domain_detail(details.get(
-                    f"{PODSET_DETAIL_PREFIX}{pod_set}", "")))
+                    f"{PODSET_DETAIL_PREFIX}{fit_name}", "")))
             if prc is not None:
                 for entry in prc.spec.pod_set_updates.node_selector:
                     value = details.get(entry.value_from_provisioning_class_detail)
@@ -405,7 +424,7 @@ class CheckReconciler:
                         selector[entry.key] = value
             tolerations: list[dict[str, Any]] = []
             if self.config.tolerate_pool_taints and booking is not None:
-                for pool_name in _pools_used(booking, pod_set, self.view.node_pools):
+                for pool_name in _pools_used(booking, pod_set, self.view.facts.pool_of):
                     pool = pools_by_name.get(pool_name)
                     if pool is None:
                         continue
@@ -420,7 +439,28 @@ class CheckReconciler:
             )
         return pod_set_updates(list(targets.values()), class_name)
 
-    # ------------------------------------------------------------------ status writes
+    # ------------------------------------------------------------------ writes
+
+    async def event(self, wl: Workload, type_: str, reason: str, text: str) -> None:
+        """A core/v1 Event on the Workload (``kubectl describe workload``); best effort:
+        losing an event must never fail a reconcile."""
+        ns = wl.metadata.namespace or "default"
+        ts = rfc3339(self.clock.now())
+        body = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{wl.metadata.name[:200]}.", "namespace": ns},
+            "involvedObject": {"apiVersion": wl.api_version, "kind": "Workload",
+                               "name": wl.metadata.name, "namespace": ns,
+                               "uid": wl.metadata.uid},
+            "type": type_, "reason": reason, "message": text[:1024],
+            "firstTimestamp": ts, "lastTimestamp": ts, "count": 1,
+            "source": {"component": "muster-admission-check"},
+            "reportingComponent": "muster.dev/admission-check",
+        }
+        try:
+            await self.kube.create(EVENTS, body, namespace=ns)
+        except ApiError as exc:
+            log.debug("event on Workload %s/%s dropped: %s", ns, wl.metadata.name, exc)
 
     async def write_state(self, wl: Workload, new: AdmissionCheckState) -> None:
         """Read-modify-write of ``status.admissionChecks`` under the Workload's
@@ -453,15 +493,17 @@ class CheckReconciler:
                 body = await self.kube.get_or_none(WORKLOADS, wl.metadata.name, namespace=ns)
                 continue
             self.view.workloads[key] = updated
+            self.written[key] = str(updated["metadata"].get("resourceVersion"))
             log.info("Workload %s: check %s is %s: %s", key, new.name, new.state, new.message)
+            if entry is None or entry.get("state") != new.state:
+                await self.event(
+                    wl, "Warning" if new.state == REJECTED else "Normal",
+                    "AdmissionCheckUpdated", f"Admission check {new.name} is {new.state}: "
+                    f"{new.message}",
+                )
             return
         raise ApiError(409, "Conflict", f"Workload {key}: gave up after {CONFLICT_RETRIES} "
                        "conflicting writes")
-
-
-def _cond_true(body: Mapping[str, Any], type_: str) -> bool:
-    return any(c.get("type") == type_ and c.get("status") == "True"
-               for c in (body.get("status") or {}).get("conditions") or [])
 
 
 def _booking(request: Mapping[str, Any]) -> Booking | None:
@@ -474,21 +516,28 @@ def _booking(request: Mapping[str, Any]) -> Booking | None:
         return None
 
 
-def _pools_used(booking: Booking, pod_set: str, node_pools: Mapping[str, str]) -> list[str]:
+def _pools_used(
+    booking: Booking, pod_set: str, pool_of: Callable[[str], str | None]
+) -> list[str]:
     """Pools whose nodes (new or existing) the booking puts ``pod_set``'s pods on."""
     pools: list[str] = []
     for a in booking.plan.assignments:
         if a.pod_set != pod_set and not a.pod_set.startswith(f"{pod_set}-"):
             continue
         pool = a.new_node.pool if a.new_node is not None else (
-            node_pools.get(a.node or "") if a.node else None)
+            pool_of(a.node) if a.node else None)
         if pool and pool not in pools:
             pools.append(pool)
     return pools
 
 
 def _pod_set_of(template: str, request: str, wl: Workload) -> str | None:
+    """The Workload pod set a request template was built from: by the exact (possibly
+    hashed) name :func:`template_name` gives it, else by the ``ppt-<request>-`` prefix."""
     names = {p.name for p in wl.spec.pod_sets}
+    for name in names:
+        if template_name(request, name) == template:
+            return name
     prefix = f"ppt-{request}-"
     rest = template[len(prefix):] if template.startswith(prefix) else template
     if rest in names:

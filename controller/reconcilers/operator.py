@@ -23,7 +23,7 @@ from controller.clock import Clock, RealClock
 from controller.config import MusterConfig
 from controller.kube import ApiError, KubeClient
 from controller.kube.resources import CAPACITY_POOLS, PROVISIONING_REQUESTS
-from controller.kueue.integration import KueueIntegration
+from controller.kueue.integration import KueueIntegration, KueueNotInstalled
 from controller.reconcilers.handlers import build_registry
 from controller.reconcilers.service import ProvisioningService
 from controller.reconcilers.workqueue import WorkQueue
@@ -83,7 +83,7 @@ class Controller:
         self.feeds = Feeds(kube, self.state, with_requests=not self.use_kopf)
         self.kueue = (
             KueueIntegration(kube=kube, config=config.kueue, clock=self.clock,
-                             levels=config.topology.levels)
+                             levels=config.topology.levels, state=self.state)
             if config.kueue.enabled else None
         )
         self._tasks: list[asyncio.Task[None]] = []
@@ -106,6 +106,11 @@ class Controller:
 
     async def start(self) -> None:
         await self._check_crds()
+        if self.kueue is not None:
+            try:
+                await self.kueue.preflight()  # before anything runs: a missing Kueue is fatal
+            except KueueNotInstalled as exc:
+                raise StartupError(str(exc)) from None
         self.feeds.start()
         await self.feeds.wait_synced()
         if self.use_kopf:

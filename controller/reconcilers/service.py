@@ -570,7 +570,12 @@ def class_details(plan: Plan) -> dict[str, str]:
         main = placed[0]
         details[TOPOLOGY_LEVEL_DETAIL] = str(main.level)
         details[TOPOLOGY_DOMAIN_DETAIL] = str(main.domain)
-        details.update({k: str(v) for k, v in main.domain_labels.items()})
+        # Kueue copies a level's key into every pod set's nodeSelector, so a level is only
+        # published when every constrained pod set (e.g. every TAS slice) shares its value.
+        details.update({
+            k: str(v) for k, v in main.domain_labels.items()
+            if all(p.domain_labels.get(k) == v for p in placed)
+        })
     for p in placed:
         details[f"muster.dev/podset.{p.pod_set}"] = ",".join(
             f"{k}={v}" for k, v in p.domain_labels.items()

@@ -18,6 +18,7 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 SAMPLES="$ROOT/config/samples/kueue"
 LOG="$(mktemp -t muster-kueue-suite.XXXXXX.log)"
+cd "$ROOT"  # python3 -m controller.cli runs from the repository root
 
 kind create cluster --name "$CLUSTER"
 export KUBECONFIG="$(mktemp)"

@@ -212,3 +212,36 @@ def test_a_malformed_topology_assignment_names_the_slice() -> None:
     })
     with pytest.raises(ValueError, match=r"slice 0 level 0: 1 roots for domainCount 3"):
         expand_topology_assignment(ta)
+
+
+_keys = st.sampled_from(["rack", "block", "zone", "accel"])
+_vals = st.sampled_from(["a", "b", "c"])
+
+
+@settings(max_examples=60)
+@given(st.dictionaries(_keys, _vals), st.dictionaries(_keys, _vals))
+def test_updates_only_add_or_refuse(existing: dict[str, str], domain: dict[str, str]) -> None:
+    target = PodSetTarget(name="p", request="r", node_selector=domain,
+                          existing_selector=existing)
+    try:
+        (u,) = pod_set_updates([target], "c")
+    except MergeConflict:
+        assert any(k in existing and existing[k] != v for k, v in domain.items())
+        return
+    merged = {**existing, **u.node_selector}
+    assert {k: merged[k] for k in existing} == existing, "no existing key changes"
+    assert {k: merged[k] for k in domain} == domain, "the pod set lands in the domain"
+
+
+@settings(max_examples=60)
+@given(st.lists(st.sampled_from(["a", "b", "c", "d"]), unique=True),
+       st.sampled_from(["a", "b", "c", "d"]),
+       st.sampled_from(["Pending", "Ready", "Retry", "Rejected"]))
+def test_a_check_write_never_touches_other_entries(names: list[str], mine: str,
+                                                   state: str) -> None:
+    entries = [{"name": n, "state": "Pending", "lastTransitionTime": "t0",
+                "message": f"{n}'s"} for n in names]
+    out = set_check_state(entries, AdmissionCheckState(name=mine, state=state),  # type: ignore[arg-type]
+                          now="t1")
+    assert [e for e in out if e["name"] != mine] == [e for e in entries if e["name"] != mine]
+    assert [e["name"] for e in out].count(mine) == 1

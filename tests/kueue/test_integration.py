@@ -140,3 +140,31 @@ async def test_pool_domains_lacking_a_topology_level_are_reported(
         await asyncio.sleep(0.05)
     assert "flat domain 0 lacks topology.muster.dev/block" in integration.topology_warnings[
         "full"]
+
+
+async def test_a_workload_on_an_inactive_check_waits_with_the_reason(
+    running: tuple[KubeClient, KueueIntegration],
+) -> None:
+    from controller.kube.resources import PROVISIONING_REQUESTS
+    from controller.kueue.resources import WORKLOADS
+
+    kube, _ = running
+    await kube.create(ADMISSION_CHECKS, kq.admission_check(
+        "gang", controller_name="muster.dev/provisioning", config="absent"))
+    wl = await kube.create(WORKLOADS, kq.workload("w", "default", queue="q", pod_sets=[
+        kq.pod_set("main", 2, requests={"cpu": "1"})]), namespace="default")
+    await kube.merge_patch(WORKLOADS, "w", {"status": kq.reserve_quota(
+        wl, cluster_queue="cq", flavors={}, checks=["gang"], now="2026-01-01T00:00:00Z")},
+        namespace="default", subresource="status")
+    entry: dict[str, str] = {}
+    for _ in range(100):
+        got = await kube.get(WORKLOADS, "w", namespace="default")
+        entry = got["status"]["admissionChecks"][0]
+        if entry["message"]:
+            break
+        await asyncio.sleep(0.05)
+    assert entry["state"] == "Pending"
+    assert entry["message"] == (
+        "the check is not active: ProvisioningRequestConfig absent not found")
+    listing = await kube.list(PROVISIONING_REQUESTS, namespace="default")
+    assert not listing.get("items"), "no request for an inactive check"

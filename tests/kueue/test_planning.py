@@ -98,3 +98,56 @@ def test_tas_placed_pod_sets_are_pinned_per_domain_and_checked_not_planned() -> 
         "accel": "h100", "rack": "r1", "kubernetes.io/hostname": "n2"}
     assert "muster.dev/required-topology" not in p.pod_sets[0].template["metadata"][
         "annotations"], "no second topology plan"
+
+
+# ---------------------------------------------------------------------------- TAS slices
+
+
+def test_slice_annotations_become_one_required_pod_set_per_slice() -> None:
+    from controller.api.pod import PodTemplate
+    from controller.api.provisioningrequest import ProvisioningRequest
+    from controller.fit.types import TopologyMode
+    from controller.snapshot import SnapshotError, gang_of
+    from controller.topology_defaults import DEFAULT_LEVELS
+
+    def gang(annotations: dict[str, str], count: int = 10) -> Any:
+        tpl = PodTemplate.model_validate({
+            "metadata": {"name": "ppt-r-workers"},
+            "template": {"metadata": {"annotations": annotations},
+                         "spec": {"containers": [{"name": "c", "resources": {
+                             "requests": {GPU: "8"}}}]}},
+        })
+        pr = ProvisioningRequest.model_validate({
+            "metadata": {"name": "r", "namespace": "ns"},
+            "spec": {"provisioningClassName": "c", "podSets": [
+                {"podTemplateRef": {"name": "ppt-r-workers"}, "count": count}]},
+        })
+        return gang_of(pr, {"ppt-r-workers": tpl}, DEFAULT_LEVELS)
+
+    slices = {"kueue.x-k8s.io/podset-slice-required-topology": "topology.muster.dev/rack",
+              "kueue.x-k8s.io/podset-slice-size": "4"}
+    g = gang(slices)
+    assert [(p.name, p.count, p.topology.mode, p.topology.level) for p in g.pod_sets] == [
+        (f"workers-slice-{i}", n, TopologyMode.REQUIRED, "topology.muster.dev/rack")
+        for i, n in enumerate([4, 4, 2])]
+    outer = gang({**slices, "kueue.x-k8s.io/podset-required-topology": "topology.muster.dev/block"})
+    assert [(p.name, p.topology.level) for p in outer.pod_sets] == [
+        ("workers", "topology.muster.dev/block")], "the outer requirement decides"
+    with pytest.raises(SnapshotError, match="must be set together"):
+        gang({"kueue.x-k8s.io/podset-slice-size": "4"})
+    with pytest.raises(SnapshotError, match="positive integer"):
+        gang({**slices, "kueue.x-k8s.io/podset-slice-size": "0"})
+
+
+def test_pod_sets_are_recognised_behind_hashed_template_names() -> None:
+    from controller.kueue.decisions import template_name
+    from controller.kueue.workloads import _pod_set_of
+
+    wl = reserved(gang(), {"workers": {GPU: "h100"}, "launcher": {"cpu": "cpu"}})
+    long_request = "r" * 245
+    hashed = template_name(long_request, "workers")
+    assert len(hashed) == 253 and not hashed.endswith("workers")
+    assert _pod_set_of(hashed, long_request, wl) == "workers"
+    assert _pod_set_of("ppt-job-c-1-launcher", "job-c-1", wl) == "launcher"
+    assert _pod_set_of("ppt-job-c-1-workers-1", "job-c-1", wl) == "workers"
+    assert _pod_set_of("ppt-job-c-1-other", "job-c-1", wl) is None
