@@ -105,21 +105,35 @@ async def _run(cfg: Any, *, kubeconfig: Path | None, context: str | None, in_clu
     await web.TCPSite(runner, "0.0.0.0", cfg.server.metrics_port).start()
     if cfg.server.probe_port != cfg.server.metrics_port:
         await web.TCPSite(runner, "0.0.0.0", cfg.server.probe_port).start()
+    loop = asyncio.get_running_loop()
+
+    def take_signals() -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, stop.set)
+
+    take_signals()  # a signal during start-up stops Muster once start-up is done
     try:
         await controller.start()
     except BaseException:
         await runner.cleanup()
         await kube.close()
         raise
-    # After start: kopf installs its own SIGINT/SIGTERM handlers when it starts, which
-    # would stop kopf alone; these replace them and stop everything (kopf included).
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
+    # kopf installs its own SIGINT/SIGTERM handlers while it starts, which would stop kopf
+    # alone; take them back so a signal stops everything (kopf included).
+    take_signals()
     log.info("Muster is running against %s (cluster %s)", kube.host, cfg.cluster_name)
     try:
-        await stop.wait()
+        waiters: set[asyncio.Future[Any]] = {asyncio.ensure_future(stop.wait())}
+        if controller.kopf_task is not None:
+            waiters.add(controller.kopf_task)
+        _, pending = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        for fut in pending:
+            if fut is not controller.kopf_task:
+                fut.cancel()
+        if not stop.is_set():
+            # kopf ended by itself: it took a signal meant for Muster while starting, or failed.
+            log.warning("kopf stopped; stopping Muster")
     finally:
         log.info("stopping")
         await controller.stop()

@@ -88,6 +88,9 @@ class Controller:
         )
         self._tasks: list[asyncio.Task[None]] = []
         self._kopf_stop: asyncio.Event | None = None
+        self.kopf_task: asyncio.Task[None] | None = None
+        """kopf's operator task (event_source kopf): it ends on its own when kopf consumed
+        a SIGTERM meant for Muster, and the caller then stops everything."""
         self._started = False
 
     def _enqueue(self, key: str) -> None:
@@ -137,25 +140,38 @@ class Controller:
         for key in list(self.state.requests()):
             self.queue.add(key)
         if self.use_kopf:
-            self._kopf_stop = asyncio.Event()
-            ready = asyncio.Event()
-            registry = build_registry(
-                observe=self.observe, connection=self._connection, probe=self.health
-            )
-            self._tasks.append(
-                asyncio.create_task(
-                    kopf.operator(
-                        registry=registry, clusterwide=True, standalone=True,
-                        stop_flag=self._kopf_stop, ready_flag=ready,
-                        liveness_endpoint=self.liveness_endpoint,
-                    ),
-                    name="kopf",
-                )
-            )
-            await asyncio.wait_for(ready.wait(), timeout=30)
+            await self._start_kopf()
         self._tasks.append(asyncio.create_task(self._collect_loop(), name="collector"))
         if self.kueue is not None:
             await self.kueue.start()
+
+    async def _start_kopf(self) -> None:
+        self._kopf_stop = asyncio.Event()
+        ready = asyncio.Event()
+        registry = build_registry(
+            observe=self.observe, connection=self._connection, probe=self.health
+        )
+        self.kopf_task = asyncio.create_task(
+            kopf.operator(
+                registry=registry, clusterwide=True, standalone=True,
+                stop_flag=self._kopf_stop, ready_flag=ready,
+                liveness_endpoint=self.liveness_endpoint,
+            ),
+            name="kopf",
+        )
+        self._tasks.append(self.kopf_task)
+        # kopf can end before it is ready: it takes over SIGTERM while starting, so a
+        # signal then stops kopf alone. Waiting on ready only would hang for the timeout.
+        ready_wait = asyncio.ensure_future(ready.wait())
+        try:
+            await asyncio.wait(
+                {ready_wait, self.kopf_task}, timeout=30,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            ready_wait.cancel()
+        if not ready.is_set() and not self.kopf_task.done():
+            raise StartupError("kopf did not become ready within 30 s")
 
     async def _check_crds(self) -> None:
         """Fail start-up with the fix when a CRD Muster serves or reads is not installed."""
