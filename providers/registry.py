@@ -2,9 +2,8 @@
 
 A factory gets a :class:`ProviderContext` (the Kubernetes client, the provider's settings
 from Muster's config, the clock) and returns a ready :class:`providers.base.Provider`.
-The kind provider is registered here; cloud providers register themselves with
-:func:`register` from their own module (see the REGISTRATION POINT below), so this module
-never imports a cloud SDK.
+Every provider is registered here; factories import their SDK lazily, so a cluster that
+uses only the kind provider never loads boto3 or google-cloud-compute.
 """
 
 from __future__ import annotations
@@ -24,6 +23,9 @@ class ProviderContext:
     settings: Mapping[str, Any] = field(default_factory=dict)
     """This provider's section of Muster's config (``providers.<name>``)."""
     now: Callable[[], datetime] | None = None
+    cluster_name: str | None = None
+    """Muster's ``cluster_name``: cloud providers tag what they create with it, and find
+    only those resources again on recovery."""
 
 
 Factory = Callable[[ProviderContext], Provider]
@@ -65,7 +67,39 @@ register("kind", _kind)
 # "fake" is the name the CapacityPool docs use for the same provider.
 register("fake", _kind)
 
-# REGISTRATION POINT for cloud providers: add
-#   register("aws", _aws)   # providers.aws.AwsProvider
-#   register("gcp", _gcp)   # providers.gcp.GcpProvider
-# with factories that import their SDK lazily, like _kind above.
+def _cloud_settings(name: str, model: Any, context: ProviderContext) -> Any:
+    """``providers.settings.<name>`` from Muster's config, over ``MUSTER_<NAME>_*`` from the
+    environment. Unknown keys and bad values are a configuration error naming the key."""
+    from pydantic import ValidationError
+
+    values = dict(context.settings)
+    unknown = sorted(set(values) - set(model.model_fields))
+    if unknown:
+        raise ProviderConfigError(
+            f"unknown {name} provider setting(s) {unknown}; known: {sorted(model.model_fields)}"
+        )
+    if context.cluster_name and "cluster_name" not in values:
+        values["cluster_name"] = context.cluster_name
+    try:
+        return model(**values)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ProviderConfigError(f"providers.settings.{name}.{where}: {first['msg']}") from None
+
+
+def _aws(context: ProviderContext) -> Provider:
+    # boto3 is imported only when a pool names this provider.
+    from providers.aws import AwsProviderSettings, make_aws_provider
+
+    return make_aws_provider(_cloud_settings("aws", AwsProviderSettings, context))
+
+
+def _gcp(context: ProviderContext) -> Provider:
+    from providers.gcp import GcpProviderSettings, make_gcp_provider
+
+    return make_gcp_provider(_cloud_settings("gcp", GcpProviderSettings, context))
+
+
+register("aws", _aws)
+register("gcp", _gcp)

@@ -42,6 +42,7 @@ class ProviderSet:
                 kube=self._context.kube,
                 settings=dict(self._settings.get(name, {})),
                 now=self._context.now,
+                cluster_name=self._context.cluster_name,
             )
             provider = create(name, ctx)
             self._instances[name] = provider

@@ -61,7 +61,7 @@ class Controller:
         self.liveness_endpoint = liveness_endpoint
         self.state = ClusterState(levels=config.topology.levels, notify=self._enqueue)
         self.providers = ProviderSet(
-            ProviderContext(kube=kube, now=self.clock.now),
+            ProviderContext(kube=kube, now=self.clock.now, cluster_name=config.cluster_name),
             settings={"kind": config.providers.kind.model_dump(), "fake":
                       config.providers.kind.model_dump(), **config.providers.settings},
             instances=providers,
