@@ -49,7 +49,7 @@ def test_explicit_cluster_name_in_provider_settings_wins() -> None:
 
 @pytest.mark.parametrize("name", ["aws", "gcp"])
 def test_unknown_setting_names_the_key(name: str) -> None:
-    with pytest.raises(ProviderConfigError, match="unknown .* setting.*'regoin'"):
+    with pytest.raises(ProviderConfigError, match=r"unknown .* setting.*'regoin'"):
         create(name, _ctx({"regoin": "x"}))
 
 
