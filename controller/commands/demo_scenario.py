@@ -16,6 +16,7 @@ import contextlib
 import tempfile
 import time
 from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -202,6 +203,70 @@ async def _scenario(
     )
 
 
+@dataclass
+class DemoWorld:
+    """The sandbox, a client on it and the sandbox scheduler, for one demo run."""
+
+    server: Any
+    kube: KubeClient
+    scheduler: Any
+    kubeconfig: Path
+    controller: Any = None
+    """Set by the demo once it started one; stopped on exit."""
+
+
+@contextlib.asynccontextmanager
+async def demo_world(
+    *, crd_dirs: Sequence[Path], kubeconfig_out: Path | None, prefix: str
+) -> AsyncIterator[DemoWorld]:
+    """Start the API sandbox with ``crd_dirs`` registered and tear everything down after,
+    the controller included, whatever the demo raised."""
+    from sandbox.scheduler import SandboxScheduler
+    from sandbox.server import SandboxServer
+
+    server = SandboxServer()
+    for directory in crd_dirs:
+        server.store.load_crd_dir(directory)
+    await server.start()
+    tmp = tempfile.TemporaryDirectory(prefix=prefix)
+    path = kubeconfig_out or Path(tmp.name) / "kubeconfig"
+    server.write_kubeconfig(path)
+    kube = await KubeClient.from_kubeconfig(path)
+    world = DemoWorld(server, kube, SandboxScheduler(server.store), path)
+    try:
+        yield world
+    finally:
+        with contextlib.suppress(Exception):
+            await world.scheduler.stop()
+        if world.controller is not None:
+            await world.controller.stop()
+        await kube.close()
+        await server.stop()
+        tmp.cleanup()
+
+
+async def show(
+    view: Any, *, console: Console, workers: int,
+    scenario: Callable[[Callable[[], None]], Awaitable[None]],
+) -> None:
+    """Run ``scenario(refresh)``: a live rich view on a terminal, plain lines elsewhere (CI
+    logs, pipes), then the final view."""
+    if console.is_terminal:
+        with Live(view.render(workers), console=console, refresh_per_second=8) as live:
+            await scenario(lambda: live.update(view.render(workers)))
+        return
+    printed = 0
+
+    def refresh() -> None:
+        nonlocal printed
+        for line in view.log[printed:]:
+            console.print(line)
+        printed = len(view.log)
+
+    await scenario(refresh)
+    console.print(view.render(workers))
+
+
 async def run_demo(
     *, workers: int, time_limit: float, latency: float, ready_delay: float, console: Console,
     kubeconfig_out: Path | None,
@@ -209,49 +274,21 @@ async def run_demo(
     from controller.config import MusterConfig
     from controller.reconcilers.operator import Controller
     from providers.kind import KindProvider
-    from sandbox.scheduler import SandboxScheduler
-    from sandbox.server import SandboxServer
 
-    server = SandboxServer(crd_dir=CRD_DIR)
-    await server.start()
-    tmp = tempfile.TemporaryDirectory(prefix="muster-demo-")
-    path = kubeconfig_out or Path(tmp.name) / "kubeconfig"
-    server.write_kubeconfig(path)
-    kube = await KubeClient.from_kubeconfig(path)
-    scheduler = SandboxScheduler(server.store)
-    controller: Controller | None = None
-    try:
+    async with demo_world(
+        crd_dirs=[CRD_DIR], kubeconfig_out=kubeconfig_out, prefix="muster-demo-"
+    ) as world:
+        kube = world.kube
         await _seed(kube, workers=workers, latency=latency, ready_delay=ready_delay)
         config = MusterConfig(
             retry={"initial_backoff_seconds": 1, "max_backoff_seconds": 5, "max_attempts": 5},
             acquisition={"node_ready_timeout_seconds": 30, "idle_ttl_seconds": 30},
         )
         provider = KindProvider(kube, heartbeat_seconds=5)
-        controller = Controller(kube=kube, config=config, providers={"kind": provider})
-        await controller.start()
-        await scheduler.start()
+        world.controller = Controller(kube=kube, config=config, providers={"kind": provider})
+        await world.controller.start()
+        await world.scheduler.start()
         view = View()
-        view.note(f"sandbox API server on {server.url} (kubeconfig {path})")
-        if console.is_terminal:
-            with Live(view.render(workers), console=console, refresh_per_second=8) as live:
-                await _scenario(kube, view, workers=workers, time_limit=time_limit,
-                                refresh=lambda: live.update(view.render(workers)))
-        else:
-            printed = 0
-
-            def refresh() -> None:
-                nonlocal printed
-                for line in view.log[printed:]:
-                    console.print(line)
-                printed = len(view.log)
-
-            await _scenario(kube, view, workers=workers, time_limit=time_limit, refresh=refresh)
-            console.print(view.render(workers))
-    finally:
-        with contextlib.suppress(Exception):
-            await scheduler.stop()
-        if controller is not None:
-            await controller.stop()
-        await kube.close()
-        await server.stop()
-        tmp.cleanup()
+        view.note(f"sandbox API server on {world.server.url} (kubeconfig {world.kubeconfig})")
+        await show(view, console=console, workers=workers, scenario=lambda refresh: _scenario(
+            kube, view, workers=workers, time_limit=time_limit, refresh=refresh))

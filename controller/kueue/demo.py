@@ -13,8 +13,6 @@ updates applied, as Kueue and the Job controller would, and exits 0 once all are
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -23,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console, Group
-from rich.live import Live
 from rich.panel import Panel
 from rich.table import Table
 
@@ -214,56 +211,28 @@ async def run_kueue_demo(
     *, workers: int, time_limit: float, latency: float, ready_delay: float, console: Console,
     kubeconfig_out: Path | None,
 ) -> None:
+    from controller.commands.demo_scenario import demo_world, show
     from controller.config import MusterConfig
     from controller.reconcilers.operator import Controller
     from providers.kind import KindProvider
-    from sandbox.scheduler import SandboxScheduler
-    from sandbox.server import SandboxServer
 
-    server = SandboxServer()
-    for directory in CRD_DIRS:
-        server.store.load_crd_dir(directory)
-    await server.start()
-    tmp = tempfile.TemporaryDirectory(prefix="muster-kueue-demo-")
-    path = kubeconfig_out or Path(tmp.name) / "kubeconfig"
-    server.write_kubeconfig(path)
-    kube = await KubeClient.from_kubeconfig(path)
-    scheduler = SandboxScheduler(server.store)
-    controller: Controller | None = None
-    try:
+    async with demo_world(
+        crd_dirs=CRD_DIRS, kubeconfig_out=kubeconfig_out, prefix="muster-kueue-demo-"
+    ) as world:
+        kube = world.kube
         await _seed(kube, latency=latency, ready_delay=ready_delay)
         config = MusterConfig(
             retry={"initial_backoff_seconds": 1, "max_backoff_seconds": 5, "max_attempts": 5},
             acquisition={"node_ready_timeout_seconds": 30, "idle_ttl_seconds": 30},
             kueue={"enabled": True},
         )
-        controller = Controller(kube=kube, config=config,
-                                providers={"kind": KindProvider(kube, heartbeat_seconds=5)},
-                                use_kopf=False)
-        await controller.start()
-        await scheduler.start()
+        world.controller = Controller(
+            kube=kube, config=config,
+            providers={"kind": KindProvider(kube, heartbeat_seconds=5)}, use_kopf=False,
+        )
+        await world.controller.start()
+        await world.scheduler.start()
         view = KueueView()
-        view.note(f"sandbox API server on {server.url} (kubeconfig {path})")
-        if console.is_terminal:
-            with Live(view.render(workers), console=console, refresh_per_second=8) as live:
-                await _scenario(kube, view, workers=workers, time_limit=time_limit,
-                                refresh=lambda: live.update(view.render(workers)))
-        else:
-            printed = 0
-
-            def refresh() -> None:
-                nonlocal printed
-                for line in view.log[printed:]:
-                    console.print(line)
-                printed = len(view.log)
-
-            await _scenario(kube, view, workers=workers, time_limit=time_limit, refresh=refresh)
-            console.print(view.render(workers))
-    finally:
-        with contextlib.suppress(Exception):
-            await scheduler.stop()
-        if controller is not None:
-            await controller.stop()
-        await kube.close()
-        await server.stop()
-        tmp.cleanup()
+        view.note(f"sandbox API server on {world.server.url} (kubeconfig {world.kubeconfig})")
+        await show(view, console=console, workers=workers, scenario=lambda refresh: _scenario(
+            kube, view, workers=workers, time_limit=time_limit, refresh=refresh))
