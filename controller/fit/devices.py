@@ -334,14 +334,14 @@ class _Search:
         amounts = None if admin else alt.consume[pos]
         if amounts is None:
             self.here.add(index)
-        if admin:
-            pass
-        elif amounts is None:
-            self.used.add(index)
-        else:
-            slot = self.cap.setdefault(index, {})
-            for name, amount in amounts:
-                slot[name] = slot.get(name, 0) + amount
+        # adminAccess may use a busy device and holds nothing of it.
+        if not admin:
+            if amounts is None:
+                self.used.add(index)
+            else:
+                slot = self.cap.setdefault(index, {})
+                for name, amount in amounts:
+                    slot[name] = slot.get(name, 0) + amount
         for use in () if admin else dev.consumes:
             cslot = self.counters.setdefault((dev.driver, dev.pool, use.counter_set), {})
             for name, amount in use.counters.items():
@@ -366,16 +366,15 @@ class _Search:
         amounts = None if admin else alt.consume[pos]
         if amounts is None:
             self.here.discard(index)
-        if admin:
-            pass
-        elif amounts is None:
-            self.used.discard(index)
-        else:
-            slot = self.cap[index]
-            for name, amount in amounts:
-                slot[name] -= amount
-            if not any(slot.values()):
-                del self.cap[index]
+        if not admin:  # adminAccess held nothing (see _apply)
+            if amounts is None:
+                self.used.discard(index)
+            else:
+                slot = self.cap[index]
+                for name, amount in amounts:
+                    slot[name] -= amount
+                if not any(slot.values()):
+                    del self.cap[index]
         for use in () if admin else dev.consumes:
             cslot = self.counters[(dev.driver, dev.pool, use.counter_set)]
             for name, amount in use.counters.items():
