@@ -1,28 +1,30 @@
 """The one place Muster talks to the Kubernetes API server.
 
-A thin async wrapper over kubernetes-asyncio's ``ApiClient``: every call goes through
-``call_api`` with ``_preload_content=False`` and returns plain JSON dicts, because the
-generated models cost more to build than the controller's own work at 1,000 requests, and the
-custom-object helpers would default dict patches to JSON-patch (a real server rejects those).
-Watches are list-then-watch with 410 Gone handling (:meth:`KubeClient.watch`).
+kubernetes-asyncio loads the kubeconfig (or the in-cluster service account), builds the TLS
+context and refreshes tokens (exec plugins); requests then go straight to its aiohttp
+session with orjson bodies and come back as plain JSON dicts. Its generated ``call_api``
+layer is skipped on purpose: its parameter walking and per-call task plumbing cost more than
+the controller's own work per ProvisioningRequest (``benchmarks/controller_bench.py``), and
+its custom-object helpers would turn dict patches into JSON-patch (a real server rejects
+those). Watches are list-then-watch with 410 Gone handling (:meth:`KubeClient.watch`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import aiohttp
+import orjson
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from controller.kube.resources import Resource
 
@@ -74,6 +76,18 @@ class KubeClient:
     def __init__(self, api_client: k8s_client.ApiClient) -> None:
         self._api = api_client
         _no_env_lookups(api_client)
+        rest = api_client.rest_client
+        self._session: aiohttp.ClientSession = rest.pool_manager
+        self._host = str(api_client.configuration.host)
+        extra: dict[str, Any] = {}
+        if rest.proxy:
+            extra["proxy"] = rest.proxy
+        if rest.proxy_headers:
+            extra["proxy_headers"] = rest.proxy_headers
+        if rest.server_hostname:
+            extra["server_hostname"] = rest.server_hostname
+        self._extra = extra
+        self._timeouts: dict[float | None, aiohttp.ClientTimeout] = {}
 
     @classmethod
     async def from_kubeconfig(
@@ -86,13 +100,13 @@ class KubeClient:
             client_configuration=cfg,
             persist_config=False,
         )
-        return cls(_JsonApiClient(configuration=_pooled(cfg)))
+        return cls(k8s_client.ApiClient(configuration=_pooled(cfg)))
 
     @classmethod
     def in_cluster(cls) -> KubeClient:
         cfg = k8s_client.Configuration()
         k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-        return cls(_JsonApiClient(configuration=_pooled(cfg)))
+        return cls(k8s_client.ApiClient(configuration=_pooled(cfg)))
 
     @property
     def host(self) -> str:
@@ -139,21 +153,7 @@ class KubeClient:
         content_type: str = "application/json",
         request_timeout: float | None = 60.0,
     ) -> Body:
-        try:
-            resp = await self._call(
-                path,
-                method,
-                query_params=list((query or {}).items()),
-                header_params={"Content-Type": content_type, "Accept": "application/json"},
-                body=body,
-                auth_settings=["BearerToken"],
-                _preload_content=False,
-                _request_timeout=request_timeout,
-            )
-        except ApiException as exc:  # raised for transport-level problems
-            raise ApiError(exc.status or 0, str(exc.reason), str(exc.body or "")) from exc
-        except (TimeoutError, OSError) as exc:
-            raise ApiError(0, type(exc).__name__, str(exc)) from exc
+        resp = await self._send(method, path, query, body, content_type, request_timeout)
         try:
             data = await resp.read()
         except BaseException:
@@ -165,22 +165,52 @@ class KubeClient:
             raise ApiError(resp.status, str(resp.reason), data.decode(errors="replace"))
         if not data:
             return {}
-        parsed: Body = json.loads(data)
+        parsed: Body = orjson.loads(data)
         return parsed
 
-    async def _call(self, path: str, method: str, **kwargs: Any) -> Any:
-        """``call_api``, shielded from cancellation.
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        query: Mapping[str, str | int] | None,
+        body: Any,
+        content_type: str,
+        request_timeout: float | None,
+    ) -> aiohttp.ClientResponse:
+        """Send one request; transport failures become ``ApiError`` with status 0.
 
-        Cancelling aiohttp while it waits for response headers can leave the connection in
-        the pool with the answer still to come, and the next request on it then hangs until
-        its timeout. Shielded, the request completes on its own and its response is closed.
+        Shielded from cancellation: cancelling aiohttp while it waits for response headers
+        can leave the connection in the pool with the answer still to come, and the next
+        request on it then hangs until its timeout. Shielded, the request completes on its
+        own and its response is closed.
         """
-        task = asyncio.ensure_future(self._api.call_api(path, method, **kwargs))
+        headers = {"Accept": "application/json"}
+        data = None
+        if body is not None:
+            headers["Content-Type"] = content_type
+            data = orjson.dumps(body)
+        # Bearer tokens from exec plugins expire: kubernetes-asyncio refreshes them here.
+        await self._api.update_params_for_auth(headers, [], ["BearerToken"])
+        url = self._host + path
+        if query:
+            url += "?" + urlencode(list(query.items()))
+        timeout = self._timeouts.get(request_timeout)
+        if timeout is None:
+            timeout = self._timeouts.setdefault(
+                request_timeout, aiohttp.ClientTimeout(total=request_timeout)
+            )
+        task = asyncio.ensure_future(
+            self._session.request(
+                method, url, headers=headers, data=data, timeout=timeout, **self._extra
+            )
+        )
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
             task.add_done_callback(_close_quietly)
             raise
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise ApiError(0, type(exc).__name__, str(exc)) from exc
 
     # ------------------------------------------------------------------ CRUD
 
@@ -349,18 +379,9 @@ class KubeClient:
             query["resourceVersion"] = rv
         if label_selector:
             query["labelSelector"] = label_selector
-        try:
-            resp = await self._call(
-                res.path(namespace=namespace),
-                "GET",
-                query_params=list(query.items()),
-                header_params={"Accept": "application/json"},
-                auth_settings=["BearerToken"],
-                _preload_content=False,
-                _request_timeout=server_timeout + 30,
-            )
-        except ApiException as exc:
-            raise ApiError(exc.status or 0, str(exc.reason), str(exc.body or "")) from exc
+        resp = await self._send(
+            "GET", res.path(namespace=namespace), query, None, "", server_timeout + 30
+        )
         try:
             if resp.status != 200:
                 body = (await resp.read()).decode(errors="replace")
@@ -371,7 +392,7 @@ class KubeClient:
                     return
                 line = line.strip()
                 if line:
-                    yield json.loads(line)
+                    yield orjson.loads(line)
         finally:
             # close, not release: an unfinished stream's connection must not be reused.
             with contextlib.suppress(Exception):
@@ -383,18 +404,6 @@ def _close_quietly(task: asyncio.Future[Any]) -> None:
         return
     with contextlib.suppress(Exception):
         task.result().close()
-
-
-class _JsonApiClient(k8s_client.ApiClient):
-    """Sends bodies as given: KubeClient only passes plain JSON (dicts, lists, str, numbers).
-
-    The stock client walks every body recursively to turn OpenAPI models into dicts before
-    ``json.dumps``; for plain JSON that walk is a no-op costing about a tenth of the
-    controller's CPU at 1,000 requests (benchmarks/controller_bench.py).
-    """
-
-    def sanitize_for_serialization(self, obj: Any) -> Any:
-        return obj
 
 
 def _no_env_lookups(api_client: k8s_client.ApiClient) -> None:
