@@ -102,6 +102,8 @@ class ClusterState:
         self._pool_errors: dict[str, str] = {}
         self._requests: dict[str, Body] = {}
         self._bookings: dict[str, Booking] = {}
+        self._booking_text: dict[str, str] = {}
+        """The annotation each booking was parsed from."""
         self._reserved: dict[str, Booking] = {}
         self._held_cache: dict[str, tuple[Booking, tuple[Any, ...], Plan]] = {}
         self._short: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[int, datetime]] = {}
@@ -372,16 +374,24 @@ class ClusterState:
         if phase in ACTIVE_PHASES and text and not (body.get("metadata") or {}).get(
             "deletionTimestamp"
         ):
+            # Most events of a booked request change status only: parse the annotation when
+            # its text changed, and keep the Booking's identity (memoised plans hang on it).
+            held = self._bookings.get(key)
+            if held is not None and self._booking_text.get(key) == text:
+                return True
             try:
                 self._bookings[key] = Booking.from_annotation(text)
+                self._booking_text[key] = text
             except ValueError as exc:
                 log.warning("request %s: %s", key, exc)
                 self._bookings.pop(key, None)
         else:
             self._bookings.pop(key, None)
+            self._booking_text.pop(key, None)
         return True
 
     def delete_request(self, key: str) -> None:
+        self._booking_text.pop(key, None)
         self._held_cache.pop(key, None)
         self._requests.pop(key, None)
         self._bookings.pop(key, None)
