@@ -64,6 +64,16 @@ def buy(batches: Sequence[Batch], need: int, pool_left: dict[int, int]) -> Purch
     """
     if need <= 0:
         return Purchase((), 0.0, 0)
+    if len(batches) == 1:
+        # The common case (one pool per topology domain): the general walk below reduces to
+        # this, and a gang with a required level prices every domain of the cluster.
+        b = batches[0]
+        pool = b.ref.pool_index
+        if min(b.nodes, pool_left.get(pool, 0)) * b.per_node < need:
+            return None
+        k = -(-need // b.per_node)
+        pool_left[pool] = pool_left.get(pool, 0) - k
+        return Purchase(((b, k, need),), k * b.price, k)
     ordered = sorted(batches, key=lambda b: (b.price / b.per_node, b.price, b.ref.sort_name))
     left = {id(b): b.nodes for b in ordered}
     pools = dict(pool_left)
