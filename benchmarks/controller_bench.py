@@ -135,6 +135,9 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
 
         async def create(i: int) -> None:
             name = f"req-{i:04d}"
+            if args.rate:
+                # Open loop: request i is due at i / rate whatever happened before it.
+                await asyncio.sleep(max(0.0, started + i / args.rate - time.monotonic()))
             async with limit:
                 await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
                     name, namespace=NAMESPACE, pod_sets=[("workers", args.pods)],
@@ -185,13 +188,18 @@ def main(argv: list[str] | None = None) -> None:
                         help="feed requests from Muster's own watch instead of kopf")
     parser.add_argument("--in-process", action="store_true",
                         help="run the sandbox in this process (one core for everything)")
+    parser.add_argument("--rate", type=float, default=0.0,
+                        help="create requests at this many per second instead of all at once "
+                        "(latency at a sustained arrival rate)")
     parser.add_argument("--timeout", type=float, default=300.0)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("kopf").setLevel(logging.ERROR)
     result = asyncio.run(run(args))
     mode = "lean watch" if args.lean else "kopf"
-    print(f"event source: {mode}; sandbox: {'in-process' if args.in_process else 'subprocess'}")
+    arrivals = f"{args.rate:g} per second" if args.rate else "all at once"
+    print(f"event source: {mode}; sandbox: {'in-process' if args.in_process else 'subprocess'}; "
+          f"arrivals: {arrivals}")
     print(f"created {args.requests} requests in {result['create_s']:.2f}s; "
           f"{int(result['requests'])} Provisioned after {result['total_s']:.2f}s "
           f"({int(result['planner_passes'])} planner passes)")

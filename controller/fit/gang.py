@@ -165,6 +165,20 @@ def plan(request: GangRequest, snapshot: Snapshot, mode: Mode) -> Result:
         return NoFit(request.name, mode, (Reason(ReasonCode.INVALID, None, str(exc)),))
 
 
+def plan_on(
+    request: GangRequest, base: Workspace, mode: Mode
+) -> tuple[Plan, Workspace] | None:
+    """The gang's plan on ``base`` (left unchanged) and the workspace carrying its usage, or
+    None when it does not fit there (:func:`plan` then says why). ``request`` must be valid
+    (:func:`controller.fit.explain.validate`) and claim no devices."""
+    got = _attempt(request, base, mode)
+    if isinstance(got, _Failure):
+        return None
+    result = _build(request, got[0], got[1], mode)
+    assert isinstance(result, Plan)
+    return result, got[0]
+
+
 def _plan(request: GangRequest, snapshot: Snapshot, mode: Mode) -> Result:
     levels = Levels.of(snapshot.levels)
     pools = snapshot.pools if mode is Mode.PROVISION else ()

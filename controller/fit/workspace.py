@@ -140,6 +140,35 @@ class _NodeIndex:
         return self._node(name).devices
 
 
+class GangView(NamedTuple):
+    """What a workspace's node classes depend on, of a gang: gangs with equal views group
+    the cluster's nodes into the same classes."""
+
+    resources: tuple[str, ...]
+    label_keys: tuple[str, ...]
+    by_name: bool
+    floor: tuple[tuple[int, int], ...]
+    """Resources every pod set requests, with the smallest such request: a node with less
+    free than that of any of them cannot take a single pod of the gang."""
+    claims: bool
+
+    @classmethod
+    def of(cls, shapes: Sequence[PodShape]) -> GangView:
+        resources: set[str] = set()
+        keys: set[str] = set()
+        for shape in shapes:
+            resources.update(r for r, v in shape.requests.items() if v > 0)
+            keys.update(label_keys(shape))
+        ordered = tuple(sorted(resources))
+        floor = tuple(
+            (i, min(s.requests[r] for s in shapes))
+            for i, r in enumerate(ordered)
+            if shapes and all(s.requests.get(r, 0) > 0 for s in shapes)
+        )
+        return cls(ordered, tuple(sorted(keys)), any(uses_node_name(s) for s in shapes), floor,
+                   any(shape.claims for shape in shapes))
+
+
 class Workspace:
     """Mutable planning state; :meth:`fork` gives an independent copy to try a gang on."""
 
@@ -156,14 +185,10 @@ class Workspace:
         best the cluster could ever offer, for the NeverFits test)."""
         self.levels = levels
         self.pools = tuple(_at_maximum(p) for p in pools) if empty else tuple(pools)
-        resources: set[str] = set()
-        keys: set[str] = set()
-        for shape in shapes:
-            resources.update(r for r, v in shape.requests.items() if v > 0)
-            keys.update(label_keys(shape))
-        self.resources = tuple(sorted(resources))
-        self.label_keys = tuple(sorted(keys))
-        self.by_name = any(uses_node_name(s) for s in shapes)
+        self.view = view = GangView.of(shapes)
+        self.resources = view.resources
+        self.label_keys = view.label_keys
+        self.by_name = view.by_name
         claims = [c for shape in shapes for c in shape.claims]
         self.device_keys = ClaimFitter(claims) if claims else None
         """Device equivalence (None: the gang claims no devices, devices are ignored)."""
@@ -172,17 +197,13 @@ class Workspace:
         self._device_tokens: dict[object, int] = {}
         self._shape_tokens: dict[int, tuple[int, NodeDevices]] = {}
         self._pool_index = {p.name: i for i, p in enumerate(pools)}
-        # Resources every pod set requests, with the smallest such request: a node with less
-        # free than that of any of them cannot take a single pod of the gang.
-        self._floor = tuple(
-            (i, min(s.requests[r] for s in shapes))
-            for i, r in enumerate(self.resources)
-            if shapes and all(s.requests.get(r, 0) > 0 for s in shapes)
-        )
+        self._floor = view.floor
         self._index = _NodeIndex(nodes)
         self.slots: dict[str, NewNodeSlot] = {}
         self.slot_labels: dict[str, Mapping[str, str]] = {}
         self.classes: dict[ClassKey, NodeClass] = {}
+        self.slot_keys: set[ClassKey] = set()
+        """Classes that have (or had) new-node slots among their members."""
         self.pool_used: dict[int, int] = {}
         self.domain_used: dict[tuple[int, int], int] = {}
         self.slot_count: dict[tuple[int, tuple[tuple[str, str], ...]], int] = {}
@@ -313,11 +334,14 @@ class Workspace:
         other.resources = self.resources
         other.label_keys = self.label_keys
         other.by_name = self.by_name
+        other.view = self.view
+        other._floor = self._floor
         other._index = self._index
         other.refs = self.refs
         other.slots = dict(self.slots)
         other.slot_labels = dict(self.slot_labels)
         other.classes = dict(self.classes)
+        other.slot_keys = set(self.slot_keys)
         other.pool_used = dict(self.pool_used)
         other.domain_used = dict(self.domain_used)
         other.slot_count = dict(self.slot_count)
@@ -330,6 +354,49 @@ class Workspace:
         other._device_tokens = self._device_tokens
         other._shape_tokens = self._shape_tokens
         other._pool_index = self._pool_index
+        return other
+
+    def rebased(self, pools: Sequence[PoolState]) -> Workspace:
+        """This workspace once its plan is booked: what :class:`Workspace` would build from
+        the snapshot with the plan applied (:func:`controller.fit.capacity.apply_plan`), given
+        that snapshot's ``pools``.
+
+        Existing nodes keep the usage the plan put on them; new-node slots leave (another
+        request may not use their leftover capacity before they register, as in
+        ``apply_plan``); the new nodes move from this plan's counters into the pools'
+        headroom. Nodes the plan left too full for the gang stay as classes no pod fits,
+        which placement skips. Only for gangs without device claims.
+        """
+        assert self.device_keys is None, "device allocations are not rebased"
+        other = self.fork()
+        for key in other.slot_keys:
+            cls = other.classes.get(key)
+            if cls is None:
+                continue
+            kept = tuple(m for m in cls.members if m not in other.slots)
+            if kept:
+                other.classes[key] = cls._replace(members=kept)
+            else:
+                del other.classes[key]
+        other.slot_keys = set()
+        other.slots = {}
+        other.slot_labels = {}
+        other.slot_count = {}
+        other.pool_used = {}
+        other.domain_used = {}
+        other.allocations = {}
+        other.pools = tuple(pools)
+        refs: list[PoolRef] = []
+        for ref in self.refs:
+            pool = other.pools[ref.pool_index]
+            if pool is ref.pool:
+                refs.append(ref)
+            else:
+                # Booking changes headroom only: labels and path stay the ref's.
+                dom = pool.domains[ref.domain_index]
+                refs.append(PoolRef(ref.pool_index, ref.domain_index, pool, dom, ref.labels,
+                                    ref.path))
+        other.refs = refs
         return other
 
     def labels(self, name: str) -> Mapping[str, str]:
@@ -348,6 +415,8 @@ class Workspace:
                          self.device_token(devices))
         have = self.classes.get(key)
         members = tuple(sorted((*have.members, *names))) if have else tuple(names)
+        if self.slots and any(n in self.slots for n in names):
+            self.slot_keys.add(key)
         self.classes[key] = NodeClass(
             key, free, cls.labels, cls.taints, cls.path, members, cls.node_name, devices
         )

@@ -2,7 +2,7 @@
 
 Every planning call goes through :class:`Planner`, which runs the fit engine for all
 requests waiting at that moment against ONE snapshot, taking each plan's usage out of it
-before planning the next (``apply_plan``) and reserving the booking in
+before planning the next (:class:`controller.fit.PlanningPass`) and reserving the booking in
 :class:`ClusterState` in the same synchronous step. So two requests never count the same
 free capacity, and 1,000 requests arriving at once cost one snapshot build, not 1,000.
 """
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from controller.fit import apply_plan, plan
+from controller.fit import PlanningPass
 from controller.fit.types import GangRequest, Mode, Plan, Result
 from controller.state.bookings import Booking
 from controller.state.cache import ClusterState
@@ -103,18 +103,18 @@ class Planner:
         keys = {item.key for item in batch}
         for key in keys:
             self._state.unreserve(key)
-        snapshot = self._state.snapshot(now=self._now() if self._now else None)
+        planning = PlanningPass(self._state.snapshot(now=self._now() if self._now else None))
         for item in batch:
             if item.future.done():
                 continue
             try:
-                result = plan(item.gang, snapshot, item.mode)
+                result = planning.plan(item.gang, item.mode)
                 if isinstance(result, Plan):
                     booking = item.book(result)
                     if isinstance(booking, str):
                         item.future.set_result(booking)
                         continue
-                    snapshot = apply_plan(snapshot, result)
+                    planning.commit(result)
                     self._state.reserve(item.key, booking)
                 item.future.set_result(result)
             except Exception as exc:  # a bug in one request's planning must not stop others
