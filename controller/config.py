@@ -153,6 +153,13 @@ class AcquisitionConfig(_Section):
     max_concurrent_reconciles: int = Field(
         default=256, ge=1, description="Requests reconciled at the same time."
     )
+    announce_after_seconds: float = Field(
+        default=1.0,
+        ge=0,
+        description="Set Provisioned=False (Provisioning) when an acquisition is still running "
+        "after this long; a faster one goes straight to Provisioned=True, one status write "
+        "fewer per request.",
+    )
 
 
 class BudgetsConfig(_Section):

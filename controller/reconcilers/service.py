@@ -20,8 +20,9 @@ only feed the cache and enqueue keys.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -265,13 +266,16 @@ class ProvisioningService:
     async def acquire(self, req: RequestView, booking: Booking, *, announce: bool = False) -> Delay:
         """All groups or none, then bounded wait for Ready, then Provisioned=True.
 
-        ``announce``: also set Provisioned=False/Provisioning, concurrently with the provider
-        calls (the plan and keys are already persisted; the condition is for humans).
+        ``announce``: also set Provisioned=False/Provisioning if the provider calls are still
+        running after ``acquisition.announce_after_seconds`` (the plan and keys are already
+        persisted; the condition is for humans and takes the write only when it has
+        something to tell).
         """
         self.state.reserve(req.key, booking)
         keys = {g.key for g in booking.groups}
         self.in_flight |= keys
-        announcing = asyncio.create_task(self._announce(req, booking)) if announce else None
+        announcing = _Later(self.clock, self.config.acquisition.announce_after_seconds,
+                            lambda: self._announce(req, booking)) if announce else None
         try:
             try:
                 nodes = await acquire_all(
@@ -284,7 +288,7 @@ class ProvisioningService:
             finally:
                 # Later status writes start from this one's conditions, never race it.
                 if announcing is not None:
-                    req = await announcing
+                    req = await announcing.result(req)
             booking = booking.with_nodes(nodes)
             self.state.reserve(req.key, booking)
             timeout = self.config.acquisition.node_ready_timeout_seconds
@@ -553,6 +557,31 @@ class ProvisioningService:
     def _store(self, body: Body) -> None:
         if body.get("metadata"):
             self.state.upsert_request(body)
+
+
+class _Later:
+    """A status write that happens only if it is still wanted after ``delay`` seconds."""
+
+    def __init__(
+        self, clock: Clock, delay: float, write: Callable[[], Awaitable[RequestView]]
+    ) -> None:
+        self._started = False
+
+        async def run() -> RequestView:
+            await clock.sleep(delay)
+            self._started = True
+            return await write()
+
+        self._task = asyncio.create_task(run())
+
+    async def result(self, current: RequestView) -> RequestView:
+        """The request after the write if it began (waiting for it), else ``current``."""
+        if self._started:
+            return await self._task
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        return current
 
 
 def _accepted() -> tuple[ConditionType, bool, Reason, str]:

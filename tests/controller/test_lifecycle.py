@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -142,3 +142,65 @@ async def test_conflict_storms_and_5xx_neither_double_nor_lose_capacity(
     keys = {n["metadata"]["labels"]["muster.dev/acquisition-key"] for n in nodes}
     assert len(keys) == 2
     assert {c.outcome for c in provider.calls if c.op == "acquire"} <= {"ok", "reused"}
+
+
+async def _statuses(kube: KubeClient, name: str, seen: list[dict[str, str]]) -> None:
+    """Append every Provisioned condition the request's watch shows."""
+
+    def on_event(event: Any) -> None:
+        if event.object["metadata"]["name"] != name:
+            return
+        for cond in (event.object.get("status") or {}).get("conditions") or []:
+            if cond["type"] == "Provisioned":
+                seen.append({"status": cond["status"], "reason": cond["reason"]})
+
+    await kube.watch(PROVISIONING_REQUESTS, lambda _: None, on_event, namespace="ns")
+
+
+def _provisioned_in(seen: list[dict[str, str]]) -> Callable[[], Awaitable[bool]]:
+    async def probe() -> bool:
+        return any(s["status"] == "True" for s in seen)
+
+    return probe
+
+
+async def test_a_quick_acquisition_goes_straight_to_provisioned(
+    kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider]
+) -> None:
+    seen: list[dict[str, str]] = []
+    watcher = asyncio.create_task(_statuses(kube, "quick", seen))
+    try:
+        await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
+            "quick", namespace="ns", pod_sets=[("workers", 2)]), namespace="ns")
+        await _until(_provisioned_in(seen))
+    finally:
+        watcher.cancel()
+    # No clock time passed during the acquisition: no intermediate Provisioning write.
+    assert {s["reason"] for s in seen} == {"CapacityIsProvisioned"}
+
+
+async def test_a_slow_acquisition_is_announced_as_provisioning(
+    kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider]
+) -> None:
+    _, clock, provider = running
+    provider.acquire_latency_seconds = 1.0  # real seconds: the provider is still working
+    seen: list[dict[str, str]] = []
+    watcher = asyncio.create_task(_statuses(kube, "slow", seen))
+    try:
+        await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
+            "slow", namespace="ns", pod_sets=[("workers", 2)]), namespace="ns")
+
+        async def acquiring() -> bool:
+            pr = await kube.get(PROVISIONING_REQUESTS, "slow", namespace="ns")
+            return pr["metadata"].get("annotations", {}).get("muster.dev/phase") == "Acquiring"
+
+        await _until(acquiring)
+        await clock.advance(1.0)  # announce_after_seconds of virtual time
+        announced = await _until(lambda: _condition(kube, "slow", "Provisioned"))
+        assert (announced["status"], announced["reason"]) == ("False", "Provisioning")
+        assert "Acquiring 2 node(s)" in announced["message"]
+        await _until(_provisioned_in(seen))
+    finally:
+        watcher.cancel()
+    assert [s["reason"] for s in seen][0] == "Provisioning"
+    assert seen[-1] == {"status": "True", "reason": "CapacityIsProvisioned"}
