@@ -3,6 +3,7 @@ free capacity and the same pool headroom."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
 from controller.fit.devices import book
@@ -45,24 +46,21 @@ def apply_plan(snapshot: Snapshot, plan: Plan) -> Snapshot:
             if n.devices is not None and n.name in devices else n
             for n in nodes
         )
-    added: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
-    per_pool: dict[str, int] = {}
+    added: dict[str, list[tuple[Mapping[str, str], int]]] = {}
     for nn in plan.new_nodes:
-        key = (nn.pool, tuple(sorted(nn.domain.items())))
-        added[key] = added.get(key, 0) + nn.count
-        per_pool[nn.pool] = per_pool.get(nn.pool, 0) + nn.count
-    pools = tuple(_book_pool(p, added, per_pool.get(p.name, 0)) for p in snapshot.pools)
+        added.setdefault(nn.pool, []).append((nn.domain, nn.count))
+    pools = tuple(_book_pool(p, added[p.name]) if p.name in added else p for p in snapshot.pools)
     return replace(snapshot, nodes=nodes, pools=pools)
 
 
-def _book_pool(
-    pool: PoolState, added: dict[tuple[str, tuple[tuple[str, str], ...]], int], total: int
-) -> PoolState:
+def _book_pool(pool: PoolState, added: list[tuple[Mapping[str, str], int]]) -> PoolState:
+    total = sum(n for _, n in added)
     if total == 0:
         return pool
     domains: list[PoolDomain] = []
     for d in pool.domains:
-        n = added.get((pool.name, tuple(sorted(d.labels.items()))), 0)
+        # Dict equality: a pool of hundreds of domains is matched without sorting labels.
+        n = sum(count for labels, count in added if labels == d.labels)
         domains.append(
             replace(d, max_new_nodes=max(0, d.max_new_nodes - n), booked_nodes=d.booked_nodes + n)
             if n else d

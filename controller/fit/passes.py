@@ -70,7 +70,6 @@ class PlanningPass:
         self.snapshot = apply_plan(self.snapshot, result)
         last, self._last = self._last, None
         if last is not None and last[0] is result:
-            pools = self.snapshot.pools if last[1].mode is Mode.PROVISION else ()
-            self._base = _Base(last[1].mode, last[1].view, last[1].ws.rebased(pools))
+            self._base = _Base(last[1].mode, last[1].view, last[1].ws.rebased())
         else:
             self._base = None

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from controller.fit.shapes import ShapeCounter, pods_that_fit
+from controller.fit.shapes import ShapeCounter, label_keys, pods_that_fit
 from controller.fit.topology import fill
 from controller.fit.types import Mode, PodSetPlacement, PodSetRequest, TopologyMode
 from controller.fit.workspace import NodeClass, PoolRef, Workspace
@@ -141,13 +141,29 @@ class PodSetPlanner:
         self.per_node = {cls.key: c for cls, c in self.cands}
         self.batches: list[Batch] = []
         if mode is Mode.PROVISION:
+            # A new node's count depends on its pool and on the domain labels the shape
+            # reads; a pool has hundreds of domains, usually told apart by no selector.
+            keys = label_keys(shape)
+            per_pool: dict[tuple[int, tuple[str | None, ...]], int] = {}
+            # ws.headroom, inlined: this loop runs over every domain of every pool.
+            pool_room = [ws.pool_headroom(i) for i in range(len(ws.pools))]
+            used, booked = ws.domain_used, ws.domain_booked
             for ref in ws.refs:
-                nodes = ws.headroom(ref)
+                room = pool_room[ref.pool_index]
+                if room <= 0:
+                    continue
+                dkey = (ref.pool_index, ref.domain_index)
+                nodes = min(room, ref.domain.max_new_nodes - used.get(dkey, 0)
+                            - booked.get(dkey, 0))
                 if nodes <= 0:
                     continue
-                per_node = count(
-                    ref.pool.allocatable, ref.labels, ref.pool.taints, None, ref.pool.devices
-                )
+                pkey = (ref.pool_index, tuple([ref.labels.get(k) for k in keys]))
+                per_node = per_pool.get(pkey, -1)
+                if per_node < 0:
+                    per_node = per_pool[pkey] = count(
+                        ref.pool.allocatable, ref.labels, ref.pool.taints, None,
+                        ref.pool.devices,
+                    )
                 if per_node > 0:
                     self.batches.append(Batch(ref, per_node, nodes))
 
@@ -279,19 +295,31 @@ class PodSetPlanner:
         for b in self.batches:
             if len(b.ref.path) > depth:
                 by_key.setdefault(b.ref.path[: depth + 1], []).append(b)
-        best_choice: tuple[tuple[float, int, tuple[str, ...]], Purchase] | None = None
+        best_rank: tuple[float, int, tuple[str, ...]] | None = None
+        pool_left = self.pool_left()
         for key in sorted(by_key):
-            existing = caps.get(key, 0)
-            purchase = buy(by_key[key], need - existing, self.pool_left())
-            if purchase is None:
-                continue
-            rank = (purchase.cost, purchase.nodes, key)
-            if best_choice is None or rank < best_choice[0]:
-                best_choice = (rank, purchase)
-        if best_choice is None:
+            batches = by_key[key]
+            rest = need - caps.get(key, 0)
+            if len(batches) == 1 and rest > 0:
+                # buy()'s one-batch case, inlined: a required level prices every domain.
+                b = batches[0]
+                if min(b.nodes, pool_left.get(b.ref.pool_index, 0)) * b.per_node < rest:
+                    continue
+                k = -(-rest // b.per_node)
+                rank = (k * b.price, k, key)
+            else:
+                purchase = buy(batches, rest, dict(pool_left))
+                if purchase is None:
+                    continue
+                rank = (purchase.cost, purchase.nodes, key)
+            if best_rank is None or rank < best_rank:
+                best_rank = rank
+        if best_rank is None:
             return None
-        (_, _, key), chosen = best_choice
+        key = best_rank[2]
         existing = caps.get(key, 0)
+        chosen = buy(by_key[key], need - existing, dict(pool_left))
+        assert chosen is not None
         taken = self._fill(self.members(key), existing, depth + 1) if existing else []
         pods = self._commit(taken, chosen)
         return Outcome(pods, self._placement(levels.domain[depth], key, pods))

@@ -55,6 +55,13 @@ def _getter(keys: Sequence[str]) -> Callable[[Mapping[str, Any]], tuple[Any, ...
     return itemgetter(*keys)
 
 
+def _summed(a: Mapping[Any, int], b: Mapping[Any, int]) -> dict[Any, int]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = out.get(k, 0) + v
+    return out
+
+
 def _trimmed_path(labels: Mapping[str, str], levels: Sequence[str]) -> tuple[str, ...]:
     out: list[str] = []
     for level in levels:
@@ -206,6 +213,10 @@ class Workspace:
         """Classes that have (or had) new-node slots among their members."""
         self.pool_used: dict[int, int] = {}
         self.domain_used: dict[tuple[int, int], int] = {}
+        """New nodes this workspace's plan adds, per pool and per (pool, domain)."""
+        self.pool_booked: Mapping[int, int] = {}
+        self.domain_booked: Mapping[tuple[int, int], int] = {}
+        """New nodes earlier plans booked (:meth:`rebased`); never changed in place."""
         self.slot_count: dict[tuple[int, tuple[tuple[str, str], ...]], int] = {}
         self._taint_ids: dict[int, int] = {}
         self._taint_tokens: dict[tuple[Taint, ...], int] = {}
@@ -344,6 +355,8 @@ class Workspace:
         other.slot_keys = set(self.slot_keys)
         other.pool_used = dict(self.pool_used)
         other.domain_used = dict(self.domain_used)
+        other.pool_booked = self.pool_booked
+        other.domain_booked = self.domain_booked
         other.slot_count = dict(self.slot_count)
         # Taint tokens are a cache of content -> small int, valid for every fork alike.
         other._taint_ids = self._taint_ids
@@ -356,16 +369,15 @@ class Workspace:
         other._pool_index = self._pool_index
         return other
 
-    def rebased(self, pools: Sequence[PoolState]) -> Workspace:
+    def rebased(self) -> Workspace:
         """This workspace once its plan is booked: what :class:`Workspace` would build from
-        the snapshot with the plan applied (:func:`controller.fit.capacity.apply_plan`), given
-        that snapshot's ``pools``.
+        the snapshot with the plan applied (:func:`controller.fit.capacity.apply_plan`).
 
         Existing nodes keep the usage the plan put on them; new-node slots leave (another
         request may not use their leftover capacity before they register, as in
-        ``apply_plan``); the new nodes move from this plan's counters into the pools'
-        headroom. Nodes the plan left too full for the gang stay as classes no pod fits,
-        which placement skips. Only for gangs without device claims.
+        ``apply_plan``); the plan's new nodes count as booked pool headroom. Nodes the plan
+        left too full for the gang stay as classes no pod fits, which placement skips. Only
+        for gangs without device claims.
         """
         assert self.device_keys is None, "device allocations are not rebased"
         other = self.fork()
@@ -382,21 +394,11 @@ class Workspace:
         other.slots = {}
         other.slot_labels = {}
         other.slot_count = {}
+        other.allocations = {}
+        other.pool_booked = _summed(self.pool_booked, self.pool_used)
+        other.domain_booked = _summed(self.domain_booked, self.domain_used)
         other.pool_used = {}
         other.domain_used = {}
-        other.allocations = {}
-        other.pools = tuple(pools)
-        refs: list[PoolRef] = []
-        for ref in self.refs:
-            pool = other.pools[ref.pool_index]
-            if pool is ref.pool:
-                refs.append(ref)
-            else:
-                # Booking changes headroom only: labels and path stay the ref's.
-                dom = pool.domains[ref.domain_index]
-                refs.append(PoolRef(ref.pool_index, ref.domain_index, pool, dom, ref.labels,
-                                    ref.path))
-        other.refs = refs
         return other
 
     def labels(self, name: str) -> Mapping[str, str]:
@@ -466,13 +468,14 @@ class Workspace:
 
     def headroom(self, ref: PoolRef) -> int:
         """New nodes this (pool, domain) may still add, honouring the pool-wide limit."""
-        dom_left = ref.domain.max_new_nodes - self.domain_used.get(
-            (ref.pool_index, ref.domain_index), 0
-        )
+        key = (ref.pool_index, ref.domain_index)
+        dom_left = (ref.domain.max_new_nodes - self.domain_used.get(key, 0)
+                    - self.domain_booked.get(key, 0))
         return max(0, min(dom_left, self.pool_headroom(ref.pool_index)))
 
     def pool_headroom(self, pool_index: int) -> int:
-        return max(0, self.pools[pool_index].max_new_nodes - self.pool_used.get(pool_index, 0))
+        return max(0, self.pools[pool_index].max_new_nodes - self.pool_used.get(pool_index, 0)
+                   - self.pool_booked.get(pool_index, 0))
 
     def add_nodes(
         self,
