@@ -146,6 +146,25 @@ class Env:
         cond = await eventually(lambda: self._cond_is(request, type_, status), within=within)
         return cond
 
+    async def compete(
+        self, names: tuple[str, ...], pod_sets: list[tuple[str, int]], **kwargs: Any
+    ) -> list[str]:
+        """Create equal requests at once; once each has a Provisioned condition, their
+        ``status/reason`` pairs, sorted (``True/...`` last)."""
+        await asyncio.gather(*(self.request(n, pod_sets, **kwargs) for n in names))
+
+        async def settled() -> list[str] | None:
+            reasons = []
+            for name in names:
+                cond = await self.condition(name, "Provisioned")
+                if cond is None:
+                    return None
+                reasons.append(f"{cond['status']}/{cond['reason']}")
+            return sorted(reasons)
+
+        got: list[str] = await eventually(settled)
+        return got
+
     async def _cond_is(self, request: str, type_: str, status: str) -> dict[str, Any] | None:
         cond = await self.condition(request, type_)
         return cond if cond is not None and cond.get("status") == status else None

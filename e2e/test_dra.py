@@ -5,7 +5,6 @@ two requests never count the same devices."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from controller.api.capacitypool import CapacityPool
@@ -127,21 +126,7 @@ async def test_two_requests_never_count_the_same_devices(env: Env) -> None:
         env.cleanup.append(lambda n=slice_name: env.kube.delete(RESOURCE_SLICES, n))
     await _pair_template(env)
     await _worker(env)
-    await asyncio.gather(
-        env.request("first", [("workers", 3)], class_name=CHECK),
-        env.request("second", [("workers", 3)], class_name=CHECK),
-    )
-
-    async def settled() -> list[str] | None:
-        reasons = []
-        for request in ("first", "second"):
-            cond = await env.condition(request, "Provisioned")
-            if cond is None:
-                return None
-            reasons.append(f"{cond['status']}/{cond['reason']}")
-        return sorted(reasons)
-
-    reasons = await eventually(settled)
+    reasons = await env.compete(("first", "second"), [("workers", 3)], class_name=CHECK)
     # 3 + 3 pods need 6 same-root GPU pairs; the node has 4: one request must wait.
     assert reasons[1] == "True/CapacityIsFound"
     assert reasons[0] in ("False/CapacityIsNotFound", "False/RetriesExhausted")

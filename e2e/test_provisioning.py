@@ -7,8 +7,6 @@ the sandbox and a kind cluster.
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from controller.commands import objects
@@ -57,21 +55,7 @@ async def test_needs_provisioning_then_pods_consume_the_booking(env: Env) -> Non
 async def test_two_requests_never_count_the_same_free_capacity(env: Env) -> None:
     await env.existing_gpu_nodes(4)
     await env.worker_template()
-    await asyncio.gather(
-        env.request("first", [("workers", 3)], class_name=CHECK),
-        env.request("second", [("workers", 3)], class_name=CHECK),
-    )
-
-    async def settled() -> list[str] | None:
-        reasons = []
-        for name in ("first", "second"):
-            cond = await env.condition(name, "Provisioned")
-            if cond is None:
-                return None
-            reasons.append(f"{cond['status']}/{cond['reason']}")
-        return sorted(reasons)
-
-    reasons = await eventually(settled)
+    reasons = await env.compete(("first", "second"), [("workers", 3)], class_name=CHECK)
     # The loser keeps missing (and with e2e's short retry budget may already have failed).
     assert reasons[1] == "True/CapacityIsFound"
     assert reasons[0] in ("False/CapacityIsNotFound", "False/RetriesExhausted")
