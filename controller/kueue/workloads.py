@@ -64,7 +64,7 @@ from controller.kueue.planning import (
 from controller.kueue.resources import ADMISSION_CHECKS, WORKLOADS
 from controller.kueue.settings import KueueConfig
 from controller.snapshot import pod_set_name
-from controller.state.bookings import PLAN_ANNOTATION, Booking
+from controller.state.bookings import Booking
 from controller.topology_defaults import POOL_LABEL
 
 log = logging.getLogger(__name__)
@@ -507,13 +507,7 @@ class CheckReconciler:
 
 
 def _booking(request: Mapping[str, Any]) -> Booking | None:
-    text = ((request.get("metadata") or {}).get("annotations") or {}).get(PLAN_ANNOTATION)
-    if not text:
-        return None
-    try:
-        return Booking.from_annotation(text)
-    except ValueError:
-        return None
+    return Booking.of((request.get("metadata") or {}).get("annotations") or {})
 
 
 def _pools_used(

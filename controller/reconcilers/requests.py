@@ -13,7 +13,6 @@ from controller.state.bookings import (
     BOOKED_AT_ANNOTATION,
     FINALIZER,
     PHASE_ANNOTATION,
-    PLAN_ANNOTATION,
     RETRY_AT_ANNOTATION,
     Booking,
     Phase,
@@ -121,13 +120,7 @@ class RequestView:
 
     @property
     def booking(self) -> Booking | None:
-        text = self.annotations.get(PLAN_ANNOTATION)
-        if not text:
-            return None
-        try:
-            return Booking.from_annotation(text)
-        except ValueError:
-            return None
+        return Booking.of(self.annotations)
 
     @property
     def retry_at(self) -> datetime | None:
