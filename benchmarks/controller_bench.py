@@ -7,7 +7,15 @@ the whole path: plan and book, persist plan and keys, acquire, wait for Ready, p
 booking, Provisioned=True. Latency is measured per request from its creation (POST
 returned) to the first watch event showing Provisioned=True.
 
-    python3 -m benchmarks.controller_bench [--requests 1000] [--pods 2] [--lean]
+Two ways to arrive:
+
+* all at once (default): the burst of the issue. Latency then includes queueing behind the
+  other requests, so for any controller the p99 is at least about 0.99 N / throughput
+  (a p99 of 1 s for 1,000 requests would take about 1,000 requests/s end to end).
+* ``--rate R``: open-loop arrivals, R per second (request i is created at i / R whatever
+  happened before it). This is the latency a user sees while the controller sustains R.
+
+    python3 -m benchmarks.controller_bench [--requests 1000] [--pods 2] [--lean] [--rate R]
 
 Last line: ``controller_bench requests=<n> per_s=<x> p99_s=<y>``.
 """
