@@ -202,5 +202,5 @@ async def test_a_slow_acquisition_is_announced_as_provisioning(
         await _until(_provisioned_in(seen))
     finally:
         watcher.cancel()
-    assert [s["reason"] for s in seen][0] == "Provisioning"
+    assert seen[0]["reason"] == "Provisioning"
     assert seen[-1] == {"status": "True", "reason": "CapacityIsProvisioned"}
