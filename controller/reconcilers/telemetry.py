@@ -34,10 +34,6 @@ from controller.state.planner import Planner
 
 log = logging.getLogger(__name__)
 
-TransitionHook = Callable[[Body, Sequence[Transition]], None]
-"""Called by the service after a status write with the request as written and the
-conditions it changed."""
-
 PHASE_LABELS: Mapping[Phase, str] = {
     Phase.NEW: "Pending",
     Phase.ACQUIRING: "Acquiring",

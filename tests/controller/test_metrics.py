@@ -144,6 +144,8 @@ async def test_a_stock_out_is_counted_by_pool_and_reason(
     samples = await _scrape(controller)
     assert _get(samples, "muster_provider_acquisitions_total", pool="gpu", result="success") == 0
     assert _get(samples, "muster_nodes_acquired_total", pool="gpu") == 0
+    # The failed attempt was rolled back: all or nothing releases the group it asked for.
+    assert _get(samples, "muster_provider_releases_total", pool="gpu", result="success") >= 1
     assert _get(samples, "muster_request_time_to_provisioned_seconds_count") == 0
 
 
