@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 
 class ConditionType(enum.StrEnum):
@@ -168,3 +169,60 @@ def _condition(
     if generation is not None:
         cond["observedGeneration"] = generation
     return cond
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """A condition whose status or reason a status write changed (or that it added)."""
+
+    type: str
+    status: bool
+    reason: str
+    message: str
+
+
+def transitions(
+    before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]
+) -> list[Transition]:
+    """The conditions of ``after`` that are new or differ from ``before`` in status or
+    reason; a new message alone (the next retry's attempt number) is not a transition."""
+    old = {c.get("type"): (c.get("status"), c.get("reason")) for c in before}
+    return [
+        Transition(type=str(c.get("type")), status=c.get("status") == "True",
+                   reason=str(c.get("reason") or ""), message=str(c.get("message") or ""))
+        for c in after
+        if old.get(c.get("type")) != (c.get("status"), c.get("reason"))
+    ]
+
+
+EventType = Literal["Normal", "Warning"]
+
+RETRY_REASONS = frozenset({
+    Reason.CAPACITY_IS_NOT_FOUND, Reason.ACQUISITION_FAILED, Reason.NODES_NOT_READY,
+})
+"""Provisioned=False reasons of a request that Muster retries."""
+
+OUTCOME_EVENTS: tuple[tuple[ConditionType, EventType], ...] = (
+    (ConditionType.FAILED, "Warning"),
+    (ConditionType.CAPACITY_REVOKED, "Warning"),
+    (ConditionType.PROVISIONED, "Normal"),
+    (ConditionType.BOOKING_EXPIRED, "Normal"),
+)
+"""Conditions whose turning True is an Event, in order of precedence."""
+
+
+def event_of(changes: Sequence[Transition]) -> tuple[EventType, Transition] | None:
+    """The one Event a status write is worth, if any.
+
+    Outcomes only, so the happy path costs a single Event (Provisioned=True): Accepted and
+    Provisioning are routine. Failed wins over the Provisioned=False written with it.
+    """
+    by_type = {t.type: t for t in changes}
+    for type_, kind in OUTCOME_EVENTS:
+        t = by_type.get(type_)
+        if t is not None and t.status:
+            return kind, t
+    t = by_type.get(ConditionType.PROVISIONED)
+    if t is not None and not t.status and t.reason in RETRY_REASONS:
+        return "Warning", t
+    return None

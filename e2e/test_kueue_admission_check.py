@@ -160,9 +160,13 @@ async def test_path_b_pins_the_gang_to_one_provisioned_rack(kueue_env: KueueEnv)
     assert other["state"] == "Ready" and other["podSetUpdates"][0]["labels"] == {
         "example.com/ok": "yes"}, "Muster's writes kept the other check's entry"
 
-    events = (await env.kube.list(EVENTS, namespace=env.namespace)).get("items") or []
-    reasons = {(e["involvedObject"]["name"], e["reason"]) for e in events}
-    assert {("train", "ProvisioningRequestCreated"), ("train", "AdmissionCheckUpdated")} <= reasons
+    async def posted() -> bool:  # Events are posted in the background, shortly after
+        events = (await env.kube.list(EVENTS, namespace=env.namespace)).get("items") or []
+        reasons = {(e["involvedObject"]["name"], e["reason"]) for e in events}
+        return {("train", "ProvisioningRequestCreated"),
+                ("train", "AdmissionCheckUpdated")} <= reasons
+
+    await eventually(posted, within=10, what="the Workload's Events")
 
     rack_nodes = (await env.kube.list(
         NODES, label_selector=f"{objects.RACK}={rack},{POOL_LABEL}=gpu-h100")).get("items")

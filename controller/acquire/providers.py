@@ -1,7 +1,9 @@
 """Which provider serves a CapacityPool: ``spec.provider`` resolved once per name.
 
 Instances come from :mod:`providers.registry`, or are injected (the demo and the tests hand
-in their own :class:`providers.kind.KindProvider` to inspect its calls).
+in their own :class:`providers.kind.KindProvider` to inspect its calls). With metrics,
+:meth:`ProviderSet.for_pool` hands out the provider behind :class:`MeteredProvider`, which
+counts acquire and release calls by pool and result, and the nodes they moved.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ import logging
 from collections.abc import Mapping
 
 from controller.api.capacitypool import CapacityPool
-from providers.base import Provider
+from controller.metrics import ControllerMetrics
+from providers.base import AcquireRequest, ProvidedNode, Provider
 from providers.registry import ProviderContext, create
 
 log = logging.getLogger(__name__)
@@ -24,8 +27,10 @@ class ProviderSet:
         *,
         settings: Mapping[str, Mapping[str, object]] | None = None,
         instances: Mapping[str, Provider] | None = None,
+        metrics: ControllerMetrics | None = None,
     ) -> None:
         self._context = context
+        self._metrics = metrics
         self._settings = dict(settings or {})
         self._instances: dict[str, Provider] = dict(instances or {})
         self.running = False
@@ -33,7 +38,10 @@ class ProviderSet:
         self._starting: set[asyncio.Task[None]] = set()
 
     def for_pool(self, pool: CapacityPool) -> Provider:
-        return self.get(pool.spec.provider)
+        provider = self.get(pool.spec.provider)
+        if self._metrics is None:
+            return provider
+        return MeteredProvider(provider, self._metrics)
 
     def get(self, name: str) -> Provider:
         provider = self._instances.get(name)
@@ -70,3 +78,47 @@ class ProviderSet:
 
     def instances(self) -> Mapping[str, Provider]:
         return self._instances
+
+
+class MeteredProvider:
+    """A provider whose acquire and release calls are counted by pool and result (the
+    provider error's ``reason``, or the exception's type for anything else)."""
+
+    def __init__(self, inner: Provider, metrics: ControllerMetrics) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self._metrics = metrics
+
+    async def validate(self, pool: CapacityPool) -> None:
+        await self.inner.validate(pool)
+
+    async def acquire(self, request: AcquireRequest) -> list[ProvidedNode]:
+        pool = request.pool.metadata.name
+        try:
+            nodes = await self.inner.acquire(request)
+        except Exception as exc:
+            self._metrics.provider_acquisitions.labels(pool, _result(exc)).inc()
+            raise
+        self._metrics.provider_acquisitions.labels(pool, "success").inc()
+        self._metrics.nodes_acquired.labels(pool).inc(len(nodes))
+        return nodes
+
+    async def release(self, pool: CapacityPool, key: str) -> int:
+        name = pool.metadata.name
+        try:
+            released = await self.inner.release(pool, key)
+        except Exception as exc:
+            self._metrics.provider_releases.labels(name, _result(exc)).inc()
+            raise
+        self._metrics.provider_releases.labels(name, "success").inc()
+        self._metrics.nodes_released.labels(name).inc(released)
+        return released
+
+    async def list(self, pool: CapacityPool) -> list[ProvidedNode]:
+        return await self.inner.list(pool)
+
+
+def _result(exc: BaseException) -> str:
+    # Provider errors carry a fixed reason; other exceptions are bugs or transport errors,
+    # and their type names keep the label's cardinality small.
+    return str(getattr(exc, "reason", None) or type(exc).__name__)

@@ -3,7 +3,8 @@
 Reads the one config (``--config FILE`` plus ``MUSTER_*`` variables; a bad key stops it
 here with a message), sets up logging, and runs :class:`controller.reconcilers.operator.
 Controller` until SIGINT/SIGTERM. ``/healthz`` (JSON counters) is served on
-``server.probe_port`` and ``/metrics`` (Prometheus text) on ``server.metrics_port``.
+``server.probe_port`` and ``/metrics`` (the controller's Prometheus registry, plus the
+process collectors) on ``server.metrics_port``.
 """
 
 from __future__ import annotations
@@ -14,9 +15,14 @@ import json
 import logging
 import signal
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from controller.reconcilers.operator import Controller
 
 
 class _JsonFormatter(logging.Formatter):
@@ -77,8 +83,28 @@ def run_command(
         raise typer.Exit(1) from None
 
 
+def probe_app(controller: Controller) -> web.Application:
+    """``/metrics`` (Prometheus text from the controller's registry) and ``/healthz``."""
+    from aiohttp import web
+
+    from controller.metrics import CONTENT_TYPE
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=controller.metrics.exposition(),
+                            headers={"Content-Type": CONTENT_TYPE})
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.json_response(controller.health())
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    return app
+
+
 async def _run(cfg: Any, *, kubeconfig: Path | None, context: str | None, in_cluster: bool) -> None:
     from aiohttp import web
+    from prometheus_client import PlatformCollector, ProcessCollector
 
     from controller.kube import KubeClient
     from controller.reconcilers.operator import Controller
@@ -88,19 +114,12 @@ async def _run(cfg: Any, *, kubeconfig: Path | None, context: str | None, in_clu
         kubeconfig, context=context
     )
     controller = Controller(kube=kube, config=cfg)
+    # Process metrics (CPU, memory, open fds) only here: in tests and the demo several
+    # controllers share a process, and each would report the same figures.
+    ProcessCollector(registry=controller.metrics.registry)
+    PlatformCollector(registry=controller.metrics.registry)
     stop = asyncio.Event()
-
-    async def metrics(_: web.Request) -> web.Response:
-        lines = [f"muster_{k} {v}" for k, v in controller.health().items()]
-        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
-
-    async def healthz(_: web.Request) -> web.Response:
-        return web.json_response(controller.health())
-
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/healthz", healthz)
-    runner = web.AppRunner(app, access_log=None)
+    runner = web.AppRunner(probe_app(controller), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "0.0.0.0", cfg.server.metrics_port).start()
     if cfg.server.probe_port != cfg.server.metrics_port:

@@ -18,6 +18,7 @@ from typing import Any
 
 from controller.clock import Clock
 from controller.kube import ApiError, Body, KubeClient, WatchEvent
+from controller.kube.events import EventBroadcaster, EventRecorder
 from controller.kube.resources import CAPACITY_POOLS, NODES, PROVISIONING_REQUESTS, Resource
 from controller.kueue.facts import StateFacts, WatchedFacts
 from controller.kueue.models import Topology
@@ -36,6 +37,9 @@ from controller.state.cache import ClusterState
 from controller.topology_defaults import DEFAULT_LEVELS, HOSTNAME, POOL_LABEL
 
 log = logging.getLogger(__name__)
+
+EVENT_COMPONENT = "muster-admission-check"
+"""The source of Events on Workloads (the request controller's is ``muster``)."""
 
 
 class KueueNotInstalled(RuntimeError):
@@ -58,15 +62,23 @@ class KueueIntegration:
         levels: Sequence[str] = DEFAULT_LEVELS,
         state: ClusterState | None = None,
         concurrency: int = 32,
+        events: EventRecorder | None = None,
     ) -> None:
         self.kube = kube
+        # Standalone (tests, benchmarks) it posts through a broadcaster of its own; inside
+        # the Controller it shares the controller's.
+        self._own_events: EventBroadcaster | None = None
+        if events is None:
+            self._own_events = EventBroadcaster(kube, now=clock.now)
+            events = self._own_events.recorder(EVENT_COMPONENT)
         self.config = config
         self.levels = tuple(levels)
         self.topology_warnings: dict[str, str] = {}
         """Topology name -> why nodes Muster provisions would not fit it (also logged)."""
         self._topologies: dict[str, Body] = {}
         self.view = KueueView()
-        self.reconciler = CheckReconciler(kube=kube, view=self.view, config=config, clock=clock)
+        self.reconciler = CheckReconciler(kube=kube, view=self.view, config=config, clock=clock,
+                                          events=events)
         self.queue = WorkQueue(self._reconcile, clock=clock, concurrency=concurrency)
         self._tasks: list[asyncio.Task[None]] = []
         self._synced: dict[str, asyncio.Event] = {}
@@ -101,6 +113,8 @@ class KueueIntegration:
         await asyncio.wait_for(
             asyncio.gather(*(e.wait() for e in self._synced.values())), timeout=sync_timeout
         )
+        if self._own_events is not None:
+            self._own_events.start()
         self.queue.start()
         await self._checks_changed(None)
 
@@ -171,6 +185,8 @@ class KueueIntegration:
                 await task
         self._tasks = []
         await self.queue.stop()
+        if self._own_events is not None:
+            await self._own_events.stop()
 
     def _watch(
         self,

@@ -20,7 +20,8 @@ from typing import Any
 from controller.clock import Clock
 from controller.conditions import rfc3339
 from controller.kube import ApiError, Body, KubeClient
-from controller.kube.resources import EVENTS, POD_TEMPLATES, PROVISIONING_REQUESTS
+from controller.kube.events import EventRecorder, EventType, ObjectReference
+from controller.kube.resources import POD_TEMPLATES, PROVISIONING_REQUESTS
 from controller.kueue.decisions import (
     PENDING,
     PERMANENT_FAILURES,
@@ -89,9 +90,16 @@ class KueueView:
 
 class CheckReconciler:
     def __init__(
-        self, *, kube: KubeClient, view: KueueView, config: KueueConfig, clock: Clock
+        self,
+        *,
+        kube: KubeClient,
+        view: KueueView,
+        config: KueueConfig,
+        clock: Clock,
+        events: EventRecorder,
     ) -> None:
         self.kube = kube
+        self.events = events
         self.view = view
         self.config = config
         self.clock = clock
@@ -373,8 +381,8 @@ class CheckReconciler:
                 POD_TEMPLATES, ps.template_name,
                 {"metadata": {"ownerReferences": [pr_owner]}}, namespace=ns,
             )
-        await self.event(wl, "Normal", "ProvisioningRequestCreated",
-                         f"Created ProvisioningRequest {name} ({plan.class_name})")
+        self.event(wl, "Normal", "ProvisioningRequestCreated",
+                   f"Created ProvisioningRequest {name} ({plan.class_name})")
         await self.write_state(wl, AdmissionCheckState(
             name=check, state=PENDING,
             message=f"ProvisioningRequest {name} created ({plan.class_name})"))
@@ -441,26 +449,17 @@ class CheckReconciler:
 
     # ------------------------------------------------------------------ writes
 
-    async def event(self, wl: Workload, type_: str, reason: str, text: str) -> None:
-        """A core/v1 Event on the Workload (``kubectl describe workload``); best effort:
-        losing an event must never fail a reconcile."""
-        ns = wl.metadata.namespace or "default"
-        ts = rfc3339(self.clock.now())
-        body = {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": f"{wl.metadata.name[:200]}.", "namespace": ns},
-            "involvedObject": {"apiVersion": wl.api_version, "kind": "Workload",
-                               "name": wl.metadata.name, "namespace": ns,
-                               "uid": wl.metadata.uid},
-            "type": type_, "reason": reason, "message": text[:1024],
-            "firstTimestamp": ts, "lastTimestamp": ts, "count": 1,
-            "source": {"component": "muster-admission-check"},
-            "reportingComponent": "muster.dev/admission-check",
-        }
-        try:
-            await self.kube.create(EVENTS, body, namespace=ns)
-        except ApiError as exc:
-            log.debug("event on Workload %s/%s dropped: %s", ns, wl.metadata.name, exc)
+    def event(self, wl: Workload, type_: EventType, reason: str, text: str) -> None:
+        """A core/v1 Event on the Workload (``kubectl describe workload``), queued: the
+        recorder posts it in the background, so it never delays or fails a reconcile."""
+        self.events.event(
+            ObjectReference(
+                api_version=wl.api_version, kind="Workload", name=wl.metadata.name,
+                namespace=wl.metadata.namespace or "default", uid=wl.metadata.uid,
+                resource_version=wl.metadata.resource_version,
+            ),
+            type_, reason, text,
+        )
 
     async def write_state(self, wl: Workload, new: AdmissionCheckState) -> None:
         """Read-modify-write of ``status.admissionChecks`` under the Workload's
@@ -496,7 +495,7 @@ class CheckReconciler:
             self.written[key] = str(updated["metadata"].get("resourceVersion"))
             log.info("Workload %s: check %s is %s: %s", key, new.name, new.state, new.message)
             if entry is None or entry.get("state") != new.state:
-                await self.event(
+                self.event(
                     wl, "Warning" if new.state == REJECTED else "Normal",
                     "AdmissionCheckUpdated", f"Admission check {new.name} is {new.state}: "
                     f"{new.message}",

@@ -1,6 +1,6 @@
 """Wiring: one :class:`Controller` owns the cache, its watches, the planner, the work queue,
-the service, the collector and (optionally) the kopf operator, and starts and stops them in
-the right order.
+the service, the collector, the event broadcaster, its metrics registry and (optionally) the
+kopf operator, and starts and stops them in the right order.
 
 Start-up order matters for correctness after a crash: the cache syncs (nodes, pods,
 templates, pools and requests) before the orphan collector runs, and the collector runs
@@ -22,14 +22,22 @@ from controller.acquire.providers import ProviderSet
 from controller.clock import Clock, RealClock
 from controller.config import MusterConfig
 from controller.kube import ApiError, KubeClient
+from controller.kube.events import DEFAULT_QUEUE_SIZE, EventBroadcaster
 from controller.kube.resources import CAPACITY_POOLS, PROVISIONING_REQUESTS
+from controller.kueue.integration import EVENT_COMPONENT as KUEUE_EVENTS
 from controller.kueue.integration import KueueIntegration, KueueNotInstalled
+from controller.metrics import ControllerMetrics
 from controller.reconcilers.handlers import build_registry
 from controller.reconcilers.service import ProvisioningService
+from controller.reconcilers.telemetry import (
+    MeteredPlanner,
+    RequestTelemetry,
+    metered,
+    state_reading,
+)
 from controller.reconcilers.workqueue import WorkQueue
 from controller.state.cache import ClusterState, object_key
 from controller.state.feeds import Feeds
-from controller.state.planner import Planner
 from providers.base import Provider, ProviderConfigError
 from providers.registry import ProviderContext
 
@@ -52,6 +60,7 @@ class Controller:
         providers: Mapping[str, Provider] | None = None,
         use_kopf: bool | None = None,
         liveness_endpoint: str | None = None,
+        event_queue_size: int = DEFAULT_QUEUE_SIZE,
     ) -> None:
         self.kube = kube
         self.config = config
@@ -60,21 +69,31 @@ class Controller:
         self.collect_interval = config.acquisition.collect_interval_seconds
         self.liveness_endpoint = liveness_endpoint
         self.state = ClusterState(levels=config.topology.levels, notify=self._enqueue)
+        self.metrics = ControllerMetrics()
+        """This controller's own registry: several controllers in one process never collide."""
+        self.events = EventBroadcaster(kube, now=self.clock.now, queue_size=event_queue_size)
         self.providers = ProviderSet(
             ProviderContext(kube=kube, now=self.clock.now, cluster_name=config.cluster_name),
             settings={"kind": config.providers.kind.model_dump(), "fake":
                       config.providers.kind.model_dump(), **config.providers.settings},
             instances=providers,
+            metrics=self.metrics,
         )
-        self.planner = Planner(self.state, now=self.clock.now)
+        self.planner = MeteredPlanner(self.state, metrics=self.metrics, now=self.clock.now)
         self.service = ProvisioningService(
             kube=kube, state=self.state, planner=self.planner, providers=self.providers,
             config=config, clock=self.clock,
+            on_transition=RequestTelemetry(recorder=self.events.recorder("muster"),
+                                           metrics=self.metrics, now=self.clock.now),
         )
         self.queue = WorkQueue(
-            self.service.reconcile, clock=self.clock,
+            metered(self.service.reconcile, self.metrics), clock=self.clock,
             concurrency=config.acquisition.max_concurrent_reconciles,
         )
+        self.metrics.watch_state(state_reading(
+            state=self.state, served=lambda name: config.classes.mode_for(name) is not None,
+            in_flight=lambda: len(self.service.in_flight), queue=self.queue, events=self.events,
+        ))
         self.collector = Collector(
             state=self.state, providers=self.providers,
             idle_ttl=config.acquisition.idle_ttl_seconds, now=self.clock.now,
@@ -83,7 +102,8 @@ class Controller:
         self.feeds = Feeds(kube, self.state, with_requests=not self.use_kopf)
         self.kueue = (
             KueueIntegration(kube=kube, config=config.kueue, clock=self.clock,
-                             levels=config.topology.levels, state=self.state)
+                             levels=config.topology.levels, state=self.state,
+                             events=self.events.recorder(KUEUE_EVENTS))
             if config.kueue.enabled else None
         )
         self._tasks: list[asyncio.Task[None]] = []
@@ -134,6 +154,7 @@ class Controller:
         released = await self.collector.run_once()
         if released:
             log.info("start-up collection released %d group(s)", len(released))
+        self.events.start()
         self.planner.start()
         self.queue.start()
         self._started = True
@@ -209,6 +230,7 @@ class Controller:
         self._tasks = []
         await self.queue.stop()
         await self.planner.stop()
+        await self.events.stop()  # after the queue: the last reconciles' events still go out
         await self.feeds.stop()
         for provider in self.providers.instances().values():
             stop = getattr(provider, "stop", None)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -32,7 +32,15 @@ from controller.acquire.keys import groups_for
 from controller.acquire.providers import ProviderSet
 from controller.api.provisioningrequest import ProvisioningRequest
 from controller.clock import Clock
-from controller.conditions import ConditionType, Reason, message, rfc3339, set_condition
+from controller.conditions import (
+    ConditionType,
+    Reason,
+    Transition,
+    message,
+    rfc3339,
+    set_condition,
+    transitions,
+)
 from controller.config import MusterConfig
 from controller.fit.types import GangRequest, Mode, NoFit, Plan
 from controller.kube import ApiError, Body, KubeClient
@@ -84,6 +92,7 @@ class ProvisioningService:
         providers: ProviderSet,
         config: MusterConfig,
         clock: Clock,
+        on_transition: Callable[[Body, Sequence[Transition]], None] | None = None,
     ) -> None:
         self.kube = kube
         self.state = state
@@ -93,6 +102,8 @@ class ProvisioningService:
         self.clock = clock
         self.in_flight: set[str] = set()
         """Acquisition keys with provider calls running in this process."""
+        self.on_transition = on_transition
+        """Told of every condition a status write changed (Events, metrics); must not block."""
 
     # ------------------------------------------------------------------ entry point
 
@@ -552,6 +563,10 @@ class ProvisioningService:
             PROVISIONING_REQUESTS, req.name, patch, namespace=req.namespace
         )
         self._store(body)
+        if self.on_transition is not None:
+            changed = transitions(req.conditions, conditions)
+            if changed:
+                self.on_transition(body, changed)
         return RequestView(body)
 
     def _store(self, body: Body) -> None:

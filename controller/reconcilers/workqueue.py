@@ -81,6 +81,16 @@ class WorkQueue:
     def busy(self) -> int:
         return len(self._running) + len(self._queued)
 
+    @property
+    def depth(self) -> int:
+        """Keys waiting for a worker."""
+        return len(self._queued)
+
+    @property
+    def running(self) -> int:
+        """Keys being reconciled now."""
+        return len(self._running)
+
     async def _later(self, key: str, delay: float) -> None:
         await self._clock.sleep(delay)
         if self._timers.get(key) is asyncio.current_task():

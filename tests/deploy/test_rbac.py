@@ -49,6 +49,8 @@ UNEXERCISED: dict[tuple[str, str, str], str] = {
     "after a crash re-creates a node that already exists)",
     ("kueue.x-k8s.io", "workloads", "get"): "controller/kueue/workloads.py re-reads a Workload "
     "after a 409 on its status write (Kueue and other check controllers write it too)",
+    ("", "events", "patch"): "controller/kube/events.py PATCHes the count of an Event when the "
+    "same event repeats (a request retrying); tests/controller/test_events.py covers it",
     ("resource.k8s.io", "resourceslices", "create"): "providers/kind.py publishes ResourceSlices "
     "only for pools whose nodeTemplate lists resourceSlices (DRA); e2e/test_dra.py covers it",
 }

@@ -61,7 +61,10 @@ async def test_shipped_config_runs_probes_metrics_and_stops_on_sigterm(tmp_path:
                     await asyncio.sleep(0.1)
                 assert healthy and healthy[0] == 200, f"/healthz never answered 200: {healthy}"
                 got = await _get(session, f"http://127.0.0.1:{metrics}/metrics")
-                assert got and got[0] == 200 and "muster_requests " in got[1], got
+                assert got and got[0] == 200, got
+                # The controller's registry (a gauge per phase) and the process collector.
+                assert 'muster_requests{phase="Pending"} 0.0' in got[1], got[1]
+                assert "process_resident_memory_bytes " in got[1], got[1]
             proc.send_signal(signal.SIGTERM)
             code = await asyncio.wait_for(proc.wait(), timeout=20)
         finally:
