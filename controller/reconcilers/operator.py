@@ -30,14 +30,15 @@ from controller.metrics import ControllerMetrics
 from controller.reconcilers.handlers import build_registry
 from controller.reconcilers.service import ProvisioningService
 from controller.reconcilers.telemetry import (
-    MeteredPlanner,
     RequestTelemetry,
     metered,
+    planner_pass_observer,
     state_reading,
 )
 from controller.reconcilers.workqueue import WorkQueue
 from controller.state.cache import ClusterState, object_key
 from controller.state.feeds import Feeds
+from controller.state.planner import Planner
 from providers.base import Provider, ProviderConfigError
 from providers.registry import ProviderContext
 
@@ -79,7 +80,8 @@ class Controller:
             instances=providers,
             metrics=self.metrics,
         )
-        self.planner = MeteredPlanner(self.state, metrics=self.metrics, now=self.clock.now)
+        self.planner = Planner(self.state, now=self.clock.now,
+                               on_pass=planner_pass_observer(self.metrics))
         self.service = ProvisioningService(
             kube=kube, state=self.state, planner=self.planner, providers=self.providers,
             config=config, clock=self.clock,

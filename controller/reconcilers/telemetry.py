@@ -4,7 +4,7 @@
   condition's status or reason posts at most one Event (:func:`controller.conditions.
   event_of`) through the background recorder and counts the transition; Provisioned=True
   also observes the time since the request's creation.
-* :class:`MeteredPlanner` times each planner pass.
+* :func:`planner_pass_observer` times each planner pass.
 * :func:`metered` wraps the reconcile worker to count outcomes.
 * :func:`state_reading` reads the gauges at scrape time.
 
@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
 
 from controller.conditions import ConditionType, Transition, event_of
 from controller.kube import Body
@@ -30,7 +28,6 @@ from controller.reconcilers.requests import RequestView
 from controller.reconcilers.workqueue import Worker, WorkQueue
 from controller.state.bookings import Phase
 from controller.state.cache import ClusterState
-from controller.state.planner import Planner
 
 log = logging.getLogger(__name__)
 
@@ -91,24 +88,14 @@ def _timestamp(text: object) -> datetime | None:
     return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
-class MeteredPlanner(Planner):
-    """The planner, counting and timing its passes.
+def planner_pass_observer(metrics: ControllerMetrics) -> Callable[[int, float], None]:
+    """The planner's ``on_pass``: counts and times its passes."""
 
-    Overrides the pass itself because :class:`Planner` offers no hook; when it grows one,
-    this subclass should go.
-    """
+    def observe(_requests: int, seconds: float) -> None:
+        metrics.planner_passes.inc()
+        metrics.planner_pass_seconds.observe(seconds)
 
-    def __init__(self, state: ClusterState, *, metrics: ControllerMetrics, **kwargs: Any) -> None:
-        super().__init__(state, **kwargs)
-        self._metrics = metrics
-
-    def _pass(self, batch: list[Any]) -> None:
-        started = time.perf_counter()
-        try:
-            super()._pass(batch)
-        finally:
-            self._metrics.planner_passes.inc()
-            self._metrics.planner_pass_seconds.observe(time.perf_counter() - started)
+    return observe
 
 
 def metered(worker: Worker, metrics: ControllerMetrics) -> Worker:

@@ -47,9 +47,12 @@ class Planner:
         *,
         coalesce_seconds: float = 0.01,
         now: Callable[[], datetime] | None = None,
+        on_pass: Callable[[int, float], None] | None = None,
     ) -> None:
+        """``on_pass(requests, seconds)`` is told about every pass (metrics)."""
         self._state = state
         self._now = now
+        self._on_pass = on_pass
         self.coalesce_seconds = coalesce_seconds
         self._pending: list[_Item] = []
         self._wakeup = asyncio.Event()
@@ -97,6 +100,8 @@ class Planner:
                 started = time.monotonic()
                 self._pass(batch)
                 self._last_pass_seconds = time.monotonic() - started
+                if self._on_pass is not None:
+                    self._on_pass(len(batch), self._last_pass_seconds)
 
     def _pass(self, batch: list[_Item]) -> None:
         self.passes += 1
