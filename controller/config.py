@@ -62,6 +62,13 @@ class ClassesConfig(_Section):
         "cluster-autoscaler does not serve them, or both would act on the same requests.",
     )
 
+    processor_instance: str = Field(
+        default="",
+        description="Like cluster-autoscaler's --check-capacity-processor-instance: serve only "
+        "check-capacity requests whose processorInstance parameter equals this (empty: those "
+        "without one); when set, atomic requests are left to another instance.",
+    )
+
     @model_validator(mode="after")
     def _disjoint(self) -> ClassesConfig:
         both = set(self.check_capacity) & set(self.atomic)
@@ -69,16 +76,20 @@ class ClassesConfig(_Section):
             raise ValueError(f"class names served both as check-capacity and atomic: {both}")
         return self
 
-    def mode_for(self, class_name: str) -> Mode | None:
-        """The fit mode serving ``class_name``, or None when Muster must ignore the request."""
+    def mode_for(
+        self, class_name: str, parameters: Mapping[str, str] | None = None
+    ) -> Mode | None:
+        """The fit mode serving a request of ``class_name`` with ``parameters``, or None when
+        Muster must ignore it (another class, or another processor instance's)."""
         if class_name in self.check_capacity or (
             self.serve_upstream and class_name == UPSTREAM_CHECK_CAPACITY_CLASS
         ):
-            return Mode.CHECK
+            instance = (parameters or {}).get("processorInstance", "")
+            return Mode.CHECK if instance == self.processor_instance else None
         if class_name in self.atomic or (
             self.serve_upstream and class_name == UPSTREAM_ATOMIC_CLASS
         ):
-            return Mode.PROVISION
+            return Mode.PROVISION if not self.processor_instance else None
         return None
 
 

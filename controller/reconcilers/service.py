@@ -134,7 +134,7 @@ class ProvisioningService:
             self.state.unreserve(key)
             return None
         req = RequestView(body)
-        mode = self.config.classes.mode_for(req.class_name)
+        mode = self.config.classes.mode_for(req.class_name, req.parameters)
         if mode is None:
             return None
         if req.deleting:

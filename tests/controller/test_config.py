@@ -92,3 +92,18 @@ def test_e2e_config_file_is_valid() -> None:
 def test_the_sample_config_is_the_defaults() -> None:
     sample = load_config(Path(__file__).resolve().parents[2] / "config" / "muster.yaml")
     assert sample == load_config()
+
+
+def test_processor_instance_partitions_the_classes_like_cluster_autoscaler() -> None:
+    from controller.config import ClassesConfig
+    from controller.fit import Mode
+
+    default = ClassesConfig()
+    assert default.mode_for("check-capacity.muster.dev", {}) is Mode.CHECK
+    assert default.mode_for("check-capacity.muster.dev", {"processorInstance": "b"}) is None
+    assert default.mode_for("atomic-provisioning.muster.dev", {}) is Mode.PROVISION
+    b = ClassesConfig(processor_instance="b")
+    assert b.mode_for("check-capacity.muster.dev", {"processorInstance": "b"}) is Mode.CHECK
+    assert b.mode_for("check-capacity.muster.dev", {}) is None
+    # An instance dedicated to check-capacity leaves atomic requests to the others.
+    assert b.mode_for("atomic-provisioning.muster.dev", {}) is None

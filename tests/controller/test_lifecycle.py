@@ -204,3 +204,19 @@ async def test_a_slow_acquisition_is_announced_as_provisioning(
         watcher.cancel()
     assert seen[0]["reason"] == "Provisioning"
     assert seen[-1] == {"status": "True", "reason": "CapacityIsProvisioned"}
+
+
+async def test_check_capacity_requests_of_another_processor_instance_are_left_alone(
+    kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider]
+) -> None:
+    # Muster runs without classes.processor_instance: like cluster-autoscaler without
+    # --check-capacity-processor-instance, it serves only requests naming no instance.
+    for name, params in (("theirs", {"processorInstance": "team-b"}), ("ours", {})):
+        await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
+            name, namespace="ns", pod_sets=[("workers", 1)],
+            class_name="check-capacity.muster.dev", parameters=params), namespace="ns")
+    ours = await _until(lambda: _condition(kube, "ours", "Provisioned"))
+    assert ours["reason"] in ("CapacityIsNotFound", "CapacityIsFound")
+    theirs = await kube.get(PROVISIONING_REQUESTS, "theirs", namespace="ns")
+    assert not (theirs.get("status") or {}).get("conditions")
+    assert "muster.dev/phase" not in (theirs["metadata"].get("annotations") or {})
