@@ -45,6 +45,7 @@ from controller.kube.resources import (
     PROVISIONING_REQUESTS,
 )
 from controller.reconcilers.operator import Controller
+from controller.runtime import freeze_heap, tune_gc
 from providers.kind import KindProvider
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,7 +120,10 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
         controller = Controller(
             kube=kube, config=config, providers={"kind": provider}, use_kopf=not args.lean
         )
+        # As `muster run` does (controller/runtime.py).
+        tune_gc()
         await controller.start()
+        freeze_heap()
 
         created: dict[str, float] = {}
         provisioned: dict[str, float] = {}

@@ -108,6 +108,7 @@ async def _run(cfg: Any, *, kubeconfig: Path | None, context: str | None, in_clu
 
     from controller.kube import KubeClient
     from controller.reconcilers.operator import Controller
+    from controller.runtime import freeze_heap, tune_gc
 
     log = logging.getLogger("muster")
     kube = KubeClient.in_cluster() if in_cluster else await KubeClient.from_kubeconfig(
@@ -132,12 +133,14 @@ async def _run(cfg: Any, *, kubeconfig: Path | None, context: str | None, in_clu
                 loop.add_signal_handler(sig, stop.set)
 
     take_signals()  # a signal during start-up stops Muster once start-up is done
+    tune_gc()
     try:
         await controller.start()
     except BaseException:
         await runner.cleanup()
         await kube.close()
         raise
+    freeze_heap()
     # kopf installs its own SIGINT/SIGTERM handlers while it starts, which would stop kopf
     # alone; take them back so a signal stops everything (kopf included).
     take_signals()
