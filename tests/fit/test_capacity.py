@@ -34,3 +34,24 @@ def test_apply_plan_ignores_vanished_objects() -> None:
     assert isinstance(result, Plan)
     other = Cluster().add(node("b")).snapshot()
     assert apply_plan(other, result) == other
+
+
+def test_apply_plan_changes_only_the_free_capacity_of_used_nodes() -> None:
+    from dataclasses import fields, replace
+
+    from controller.fit import Taint, Toleration
+    from tests.builders import shape
+
+    used = replace(node("a", rack="r0", free_gpus=8, taints=(Taint("gpu", "", "NoSchedule"),),
+                        pool="p5"), schedulable=True)
+    snap = Cluster().add(used, node("b", rack="r0")).snapshot()
+    wanted = shape(3, selector={"kubernetes.io/hostname": "a"},
+                   tolerations=(Toleration("gpu", "Exists"),))
+    gang = Gang("g").pod_set("w", 1, pod_shape=wanted).build()
+    result = plan(gang, snap, Mode.CHECK)
+    assert isinstance(result, Plan)
+    after = apply_plan(snap, result).nodes[0]
+    assert after.free[GPU] == 5
+    for f in fields(after):
+        if f.name != "free":
+            assert getattr(after, f.name) == getattr(used, f.name), f.name
