@@ -102,6 +102,8 @@ class ClusterState:
         self._pool_errors: dict[str, str] = {}
         self._requests: dict[str, Body] = {}
         self._bookings: dict[str, Booking] = {}
+        self._nodes_by_pool: dict[str, set[str]] = {}
+        """CapacityPool name (the node's pool label) -> its nodes."""
         self._booking_text: dict[str, str] = {}
         """The annotation each booking was parsed from."""
         self._reserved: dict[str, Booking] = {}
@@ -134,13 +136,20 @@ class ClusterState:
             log.warning("ignoring malformed Node %s: %s", object_key(body), exc)
             return
         name = node.metadata.name
+        old = self._nodes.get(name)
         self._unindex(name)
         self._nodes[name] = node
-        key = node.metadata.labels.get(KEY_LABEL)
+        labels = node.metadata.labels
+        key = labels.get(KEY_LABEL)
         if key:
             self._nodes_by_key.setdefault(key, set()).add(name)
+        pool = labels.get(POOL_LABEL)
+        if pool:
+            self._nodes_by_pool.setdefault(pool, set()).add(name)
         self._refresh_node(name)
-        self._pool_states = None
+        # Pool headroom counts nodes by labels; heartbeats (status only) leave it as it is.
+        if old is None or old.metadata.labels != labels:
+            self._pool_states = None
         if node.ready:
             for fut in self._ready_waiters.pop(name, []):
                 if not fut.done():
@@ -159,6 +168,11 @@ class ClusterState:
 
     def _unindex(self, name: str, *, gone: bool = False) -> None:
         old = self._nodes.get(name)
+        pool = old.metadata.labels.get(POOL_LABEL) if old is not None else None
+        if pool and pool in self._nodes_by_pool:
+            self._nodes_by_pool[pool].discard(name)
+            if not self._nodes_by_pool[pool]:
+                del self._nodes_by_pool[pool]
         key = old.metadata.labels.get(KEY_LABEL) if old is not None else None
         if gone and key:
             self._gone_by_key.setdefault(key, set()).add(name)
@@ -477,7 +491,8 @@ class ClusterState:
         if topo is None or not topo.domains:
             return pool_state(pool, list(self._nodes.values()), self.levels, in_flight=0)
         base = pool_state(pool, [], self.levels, in_flight=0)
-        total, per = _count_domains(pool, self._nodes.values())
+        members = self._nodes_by_pool.get(pool.metadata.name, ())
+        total, per = _count_domains(pool, [self._nodes[n] for n in members])
         max_new = max(0, pool.spec.max_nodes - total)
         domains = []
         for spec, d in zip(topo.domains, base.domains, strict=True):

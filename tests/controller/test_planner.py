@@ -64,3 +64,36 @@ def test_booked_capacity_is_missing_from_the_next_snapshot() -> None:
     assert {n.name: n.free["nvidia.com/gpu"] for n in state.snapshot(exclude="x").nodes} == {
         "n0": 8, "n1": 8
     }
+
+
+def test_pool_headroom_follows_node_registration_relabeling_and_deletion() -> None:
+    from controller.commands import objects
+    from controller.topology_defaults import POOL_LABEL
+
+    state = ClusterState(levels=DEFAULT_LEVELS)
+    state.replace_pools([objects.gpu_pool("gpu", blocks=1, racks_per_block=2, nodes_per_rack=4,
+                                          max_nodes=6)])
+    state.replace_nodes([])
+
+    def headroom() -> tuple[int, dict[str, int]]:
+        (pool,) = state.snapshot().pools
+        return pool.max_new_nodes, {d.labels[objects.RACK]: d.max_new_nodes
+                                    for d in pool.domains}
+
+    assert headroom() == (6, {"b1-r1": 4, "b1-r2": 4})
+    node = gpu_node("a", rack="b1-r1", **{POOL_LABEL: "gpu"})
+    state.upsert_node(node)
+    assert headroom() == (5, {"b1-r1": 3, "b1-r2": 4})
+    # A status-only update (a heartbeat) changes nothing.
+    state.upsert_node({**node, "status": {**node["status"], "conditions": []}})
+    assert headroom() == (5, {"b1-r1": 3, "b1-r2": 4})
+    # Relabeled into the other rack: the count moves with it.
+    moved = gpu_node("a", rack="b1-r2", **{POOL_LABEL: "gpu"})
+    state.upsert_node(moved)
+    assert headroom() == (5, {"b1-r1": 4, "b1-r2": 3})
+    # No longer the pool's node, then gone.
+    state.upsert_node(gpu_node("a", rack="b1-r2"))
+    assert headroom() == (6, {"b1-r1": 4, "b1-r2": 4})
+    state.upsert_node(moved)
+    state.delete_node("a")
+    assert headroom() == (6, {"b1-r1": 4, "b1-r2": 4})
