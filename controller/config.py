@@ -167,9 +167,9 @@ class AcquisitionConfig(_Section):
     announce_after_seconds: float = Field(
         default=1.0,
         ge=0,
-        description="Set Provisioned=False (Provisioning) when an acquisition is still running "
-        "after this long; a faster one goes straight to Provisioned=True, one status write "
-        "fewer per request.",
+        description="Set Provisioned=False (Provisioning) when an acquisition (provider calls "
+        "and the wait for Ready) is still running after this long; a faster one goes straight "
+        "to Provisioned=True, one status write fewer per request.",
     )
 
 

@@ -277,10 +277,10 @@ class ProvisioningService:
     async def acquire(self, req: RequestView, booking: Booking, *, announce: bool = False) -> Delay:
         """All groups or none, then bounded wait for Ready, then Provisioned=True.
 
-        ``announce``: also set Provisioned=False/Provisioning if the provider calls are still
-        running after ``acquisition.announce_after_seconds`` (the plan and keys are already
-        persisted; the condition is for humans and takes the write only when it has
-        something to tell).
+        ``announce``: also set Provisioned=False/Provisioning if the acquisition (provider
+        calls, then the wait for Ready) is still running after
+        ``acquisition.announce_after_seconds`` (the plan and keys are already persisted; the
+        condition is for humans and takes the write only when it has something to tell).
         """
         self.state.reserve(req.key, booking)
         keys = {g.key for g in booking.groups}
@@ -296,16 +296,16 @@ class ProvisioningService:
                     pools=self.state.pools(),
                     provider_for=self.providers.for_pool,
                 )
+                booking = booking.with_nodes(nodes)
+                self.state.reserve(req.key, booking)
+                timeout = self.config.acquisition.node_ready_timeout_seconds
+                not_ready = await self.state.wait_ready(
+                    booking.acquired_nodes, within=timeout, sleep=self.clock.sleep
+                )
             finally:
                 # Later status writes start from this one's conditions, never race it.
                 if announcing is not None:
                     req = await announcing.result(req)
-            booking = booking.with_nodes(nodes)
-            self.state.reserve(req.key, booking)
-            timeout = self.config.acquisition.node_ready_timeout_seconds
-            not_ready = await self.state.wait_ready(
-                booking.acquired_nodes, within=timeout, sleep=self.clock.sleep
-            )
             if not_ready:
                 await release_groups(
                     booking.groups, pools=self.state.pools(), provider_for=self.providers.for_pool

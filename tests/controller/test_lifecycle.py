@@ -220,3 +220,36 @@ async def test_check_capacity_requests_of_another_processor_instance_are_left_al
     theirs = await kube.get(PROVISIONING_REQUESTS, "theirs", namespace="ns")
     assert not (theirs.get("status") or {}).get("conditions")
     assert "muster.dev/phase" not in (theirs["metadata"].get("annotations") or {})
+
+
+async def test_nodes_slow_to_become_ready_are_announced_as_provisioning(
+    kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider]
+) -> None:
+    # A cloud answers at once, then the instances boot: the wait for Ready is part of the
+    # acquisition the user is told about.
+    controller, clock, _ = running
+    await kube.merge_patch(CAPACITY_POOLS, "gpu",
+                           {"spec": {"parameters": {"readyDelaySeconds": 1.0}}})
+
+    async def pool_updated() -> bool:
+        pool = controller.state.pools().get("gpu")
+        return pool is not None and "readyDelaySeconds" in pool.spec.parameters
+
+    await _until(pool_updated)
+    await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
+        "booting", namespace="ns", pod_sets=[("workers", 2)]), namespace="ns")
+
+    async def registered() -> bool:
+        listing = await kube.list(NODES, label_selector="muster.dev/pool=gpu")
+        return len(listing["items"]) == 2
+
+    await _until(registered)
+    await clock.advance(1.0)
+    announced = await _until(lambda: _condition(kube, "booting", "Provisioned"))
+    assert (announced["status"], announced["reason"]) == ("False", "Provisioning")
+
+    async def provisioned() -> bool:
+        cond = await _condition(kube, "booting", "Provisioned")
+        return cond is not None and cond["status"] == "True"
+
+    await _until(provisioned)
