@@ -132,16 +132,7 @@ async def test_two_requests_never_count_the_same_devices(env: Env) -> None:
         env.request("second", [("workers", 3)], class_name=CHECK),
     )
 
-    async def settled() -> list[str] | None:
-        reasons = []
-        for request in ("first", "second"):
-            cond = await env.condition(request, "Provisioned")
-            if cond is None:
-                return None
-            reasons.append(f"{cond['status']}/{cond['reason']}")
-        return sorted(reasons)
-
-    reasons = await eventually(settled)
+    reasons = await eventually(lambda: env.provisioned_outcomes("first", "second"))
     # 3 + 3 pods need 6 same-root GPU pairs; the node has 4: one request must wait.
     assert reasons[1] == "True/CapacityIsFound"
     assert reasons[0] in ("False/CapacityIsNotFound", "False/RetriesExhausted")

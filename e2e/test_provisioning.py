@@ -62,16 +62,7 @@ async def test_two_requests_never_count_the_same_free_capacity(env: Env) -> None
         env.request("second", [("workers", 3)], class_name=CHECK),
     )
 
-    async def settled() -> list[str] | None:
-        reasons = []
-        for name in ("first", "second"):
-            cond = await env.condition(name, "Provisioned")
-            if cond is None:
-                return None
-            reasons.append(f"{cond['status']}/{cond['reason']}")
-        return sorted(reasons)
-
-    reasons = await eventually(settled)
+    reasons = await eventually(lambda: env.provisioned_outcomes("first", "second"))
     # The loser keeps missing (and with e2e's short retry budget may already have failed).
     assert reasons[1] == "True/CapacityIsFound"
     assert reasons[0] in ("False/CapacityIsNotFound", "False/RetriesExhausted")
