@@ -119,6 +119,9 @@ class LeaderElector:
         self.renew_deadline = renew_deadline_seconds
         self.retry_period = retry_period_seconds
         self.clock = clock or RealClock()
+        self.attempt_timeout = renew_deadline_seconds / 2
+        """Bound of one attempt (its requests): half the renew deadline, so a request hanging
+        on a dead connection leaves time for a second attempt before the leader gives up."""
         self.lost = asyncio.Event()
         """Set when this replica led and stopped leading other than by :meth:`release`."""
         self.holder: str = ""
@@ -167,7 +170,7 @@ class LeaderElector:
             raise LeadershipLost(f"lease {self.key} was lost; an elector campaigns only once")
         waiting_for: str | None = None
         while True:
-            if await self._attempt(within=self.renew_deadline):
+            if await self._attempt(within=self.attempt_timeout):
                 break
             if self.holder and self.holder != waiting_for:
                 waiting_for = self.holder
@@ -189,7 +192,7 @@ class LeaderElector:
                                    f"(last error: {self.last_error}; conflicts so far: "
                                    f"{self.conflicts})")
                         return
-                    if await self._attempt(within=remaining):
+                    if await self._attempt(within=min(remaining, self.attempt_timeout)):
                         break
                     if self.holder and self.holder != self.identity:
                         self._lose(f"the lease now names {self.holder}")
@@ -318,49 +321,63 @@ class LeaderElector:
             self._renewer = None
         if not was_leading:
             return False
-        try:
-            async with asyncio.timeout(self.renew_deadline):
-                released = await self._hand_back()
-        except (ApiError, TimeoutError) as exc:
-            # Not fatal: the standby takes over when the lease expires instead.
-            log.warning("could not release lease %s (a standby takes over after %ds): %s",
-                        self.key, self.lease_duration, exc)
-            return False
-        if released:
-            log.info("released lease %s", self.key)
-        return released
-
-    async def _hand_back(self) -> bool:
-        # Read first: a renewal cancelled by release() may still have landed (requests are
-        # shielded from cancellation), so the resourceVersion we hold can be stale.
+        deadline = self._now() + self.renew_deadline
+        why = "conflicts"
+        # A few tries, each bounded: a renewal cancelled by release() may still land (requests
+        # are shielded from cancellation) and make our resourceVersion stale, and one request
+        # stuck on a dead pooled connection must not cost the whole hand-over.
         for _ in range(3):
-            lease = await self.kube.get_or_none(LEASES, self.name, namespace=self.namespace)
-            if lease is None:
-                return False
-            self._observe(lease)
-            if self.holder != self.identity:
-                return False
-            stamp = micro_time(self.clock.now())
-            patch: Body = {
-                "metadata": {"resourceVersion": self._rv},
-                "spec": {
-                    "holderIdentity": "",
-                    "leaseDurationSeconds": 1,
-                    "acquireTime": stamp,
-                    "renewTime": stamp,
-                    "leaseTransitions": self.transitions,
-                },
-            }
+            remaining = deadline - self._now()
+            if remaining <= 0:
+                break
             try:
-                self._observe(await self.kube.merge_patch(LEASES, self.name, patch,
-                                                          namespace=self.namespace))
+                async with asyncio.timeout(min(remaining, self.attempt_timeout)):
+                    outcome = await self._hand_back()
+            except TimeoutError:
+                why = f"no answer within {self.attempt_timeout:.3g}s"
+                continue
             except ApiError as exc:
-                if exc.conflict:
-                    self.conflicts += 1
-                    continue
-                raise
-            return True
+                why = _describe(exc, self)
+                break
+            if outcome is None:  # conflict: read again
+                continue
+            if outcome:
+                log.info("released lease %s", self.key)
+            return outcome
+        # Not fatal: the standby takes over when the lease expires instead.
+        log.warning("could not release lease %s (a standby takes over after %ds): %s",
+                    self.key, self.lease_duration, why)
         return False
+
+    async def _hand_back(self) -> bool | None:
+        """Read, then write an empty holder under that resourceVersion: True when done, False
+        when the Lease is not ours (any more), None on a conflict."""
+        lease = await self.kube.get_or_none(LEASES, self.name, namespace=self.namespace)
+        if lease is None:
+            return False
+        self._observe(lease)
+        if self.holder != self.identity:
+            return False
+        stamp = micro_time(self.clock.now())
+        patch: Body = {
+            "metadata": {"resourceVersion": self._rv},
+            "spec": {
+                "holderIdentity": "",
+                "leaseDurationSeconds": 1,
+                "acquireTime": stamp,
+                "renewTime": stamp,
+                "leaseTransitions": self.transitions,
+            },
+        }
+        try:
+            self._observe(await self.kube.merge_patch(LEASES, self.name, patch,
+                                                      namespace=self.namespace))
+        except ApiError as exc:
+            if exc.conflict:
+                self.conflicts += 1
+                return None
+            raise
+        return True
 
     @staticmethod
     def _now() -> float:

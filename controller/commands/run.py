@@ -104,11 +104,18 @@ async def _run(cfg: Any, *, kubeconfig: Path | None, context: str | None, in_clu
     from controller.leader import LeadershipLost, from_config
     from controller.reconcilers.operator import Controller
 
-    kube = KubeClient.in_cluster() if in_cluster else await KubeClient.from_kubeconfig(
-        kubeconfig, context=context
-    )
+    async def connect() -> KubeClient:
+        if in_cluster:
+            return KubeClient.in_cluster()
+        return await KubeClient.from_kubeconfig(kubeconfig, context=context)
+
+    kube = await connect()
     controller = Controller(kube=kube, config=cfg)
-    elector = from_config(kube, cfg.leader_election) if cfg.leader_election.enabled else None
+    # The Lease gets a client (connection pool) of its own, as controller-runtime does: the
+    # controller's hundreds of concurrent requests and long watches must never delay a
+    # renewal, and a connection its shutdown leaves behind must not stall the release.
+    lease_kube = await connect() if cfg.leader_election.enabled else None
+    elector = from_config(lease_kube, cfg.leader_election) if lease_kube is not None else None
     probes = Probes(controller, elector)
     lost = elector.lost if elector is not None else asyncio.Event()
     if elector is not None:
@@ -143,6 +150,8 @@ async def _run(cfg: Any, *, kubeconfig: Path | None, context: str | None, in_clu
                 await elector.release()
         await runner.cleanup()
         await kube.close()
+        if lease_kube is not None:
+            await lease_kube.close()
     if elector is not None and lost.is_set():
         raise LeadershipLost(
             f"lost the lease {elector.key}; exiting so the pod restarts and campaigns again"
