@@ -22,10 +22,21 @@ from typing import Any
 
 import pytest
 
-from controller.config import ConfigError, LeaderElectionConfig, load_config
+from controller.commands import objects
+from controller.config import ConfigError, LeaderElectionConfig, MusterConfig, load_config
 from controller.kube import ApiError, Body, KubeClient
-from controller.kube.resources import LEASES, NAMESPACES, Resource
+from controller.kube.resources import (
+    CAPACITY_POOLS,
+    LEASES,
+    NAMESPACES,
+    NODES,
+    POD_TEMPLATES,
+    PROVISIONING_REQUESTS,
+    Resource,
+)
 from controller.leader import LeaderElector, LeadershipLost, from_config, lease_namespace
+from controller.reconcilers.operator import Controller
+from providers.kind import KindProvider
 from sandbox.server import SandboxServer
 from tests.helpers import eventually
 
@@ -241,6 +252,43 @@ async def test_a_missing_namespace_is_reported_and_retried(
         await elector.release()
     finally:
         await client.close()
+
+
+async def test_losing_the_lease_halts_the_controller_before_anything_else_runs(
+    kube: KubeClient, clients: Any
+) -> None:
+    # As `muster run` wires it: the controller starts once leading, halt() is the callback.
+    elector = _elector(await clients(), "pod-a")
+    await elector.acquire()
+    controller = Controller(kube=kube, config=MusterConfig(), use_kopf=False,
+                            providers={"kind": KindProvider(kube, heartbeat_seconds=3600)})
+    seen: list[bool] = []
+    elector.on_lost(controller.halt)
+    elector.on_lost(lambda: seen.append(controller.ready))
+    await controller.start()
+    try:
+        assert controller.ready
+        await kube.merge_patch(LEASES, LEASE, {"spec": {"holderIdentity": "intruder"}},
+                               namespace=NS)
+        await asyncio.wait_for(elector.lost.wait(), timeout=2)
+        assert seen == [False], "halted synchronously, before the next callback ran"
+        await asyncio.sleep(0)
+        assert all(t.done() for t in controller.queue.tasks), "no reconcile worker is left"
+        # A request arriving now is seen by the cache but never reconciled.
+        await kube.create(NAMESPACES, {"metadata": {"name": "team"}})
+        await kube.create(CAPACITY_POOLS, objects.gpu_pool("gpu"))
+        await kube.create(POD_TEMPLATES, objects.pod_template(
+            "workers", namespace="team", requests={"cpu": "8", objects.GPU: "8"},
+            required_level=objects.RACK, tolerations=[objects.GPU_TOLERATION]),
+            namespace="team")
+        await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
+            "late", namespace="team", pod_sets=[("workers", 1)]), namespace="team")
+        await asyncio.sleep(1.0)
+        late = await kube.get(PROVISIONING_REQUESTS, "late", namespace="team")
+        assert not (late.get("status") or {}).get("conditions"), late.get("status")
+        assert not (await kube.list(NODES, label_selector="muster.dev/pool=gpu"))["items"]
+    finally:
+        await controller.stop()
 
 
 async def _renewed_since(kube: KubeClient, before: str) -> bool:
