@@ -112,8 +112,8 @@ async def _run(cfg: Any, *, kubeconfig: Path | None, context: str | None, in_clu
     kube = await connect()
     controller = Controller(kube=kube, config=cfg)
     # The Lease gets a client (connection pool) of its own, as controller-runtime does: the
-    # controller's hundreds of concurrent requests and long watches must never delay a
-    # renewal, and a connection its shutdown leaves behind must not stall the release.
+    # controller's hundreds of concurrent requests, long watches and shutdown must never
+    # delay a renewal or the release.
     lease_kube = await connect() if cfg.leader_election.enabled else None
     elector = from_config(lease_kube, cfg.leader_election) if lease_kube is not None else None
     probes = Probes(controller, elector)
@@ -205,6 +205,9 @@ async def _unless(work: Awaitable[None], *events: asyncio.Event) -> bool:
     waits = [asyncio.ensure_future(e.wait()) for e in events]
     try:
         await asyncio.wait([task, *waits], return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # cancelled ourselves: take the work down with us
+        task.cancel()
+        raise
     finally:
         for fut in waits:
             fut.cancel()
