@@ -39,6 +39,19 @@ def _env(probe: int, metrics: int, **extra: str) -> dict[str, str]:
     return env
 
 
+async def _until_ok(session: aiohttp.ClientSession, url: str,
+                    proc: asyncio.subprocess.Process) -> str:
+    """The body of ``url`` once it answers 200 (fails after 30 s or if Muster exits)."""
+    got = None
+    for _ in range(300):
+        got = await _get(session, url)
+        if (got and got[0] == 200) or proc.returncode is not None:
+            break
+        await asyncio.sleep(0.1)
+    assert got and got[0] == 200, f"{url} never answered 200: {got}"
+    return got[1]
+
+
 def _namespace(server: SandboxServer) -> None:
     # What `kubectl apply -k config/default` creates first; the Lease lives there.
     server.store.create("namespaces", {"metadata": {"name": "muster-system"}})
@@ -68,21 +81,10 @@ async def test_shipped_config_runs_probes_metrics_and_stops_on_sigterm(tmp_path:
         )
         try:
             async with aiohttp.ClientSession() as session:
-                healthy = None
-                for _ in range(300):
-                    healthy = await _get(session, f"http://127.0.0.1:{probe}/healthz")
-                    if (healthy and healthy[0] == 200) or proc.returncode is not None:
-                        break
-                    await asyncio.sleep(0.1)
-                assert healthy and healthy[0] == 200, f"/healthz never answered 200: {healthy}"
-                ready = None
-                for _ in range(300):
-                    ready = await _get(session, f"http://127.0.0.1:{probe}/readyz")
-                    if (ready and ready[0] == 200) or proc.returncode is not None:
-                        break
-                    await asyncio.sleep(0.1)
-                assert ready and ready[0] == 200, f"/readyz never answered 200: {ready}"
-                assert json.loads(ready[1])["role"] == "leader"
+                # Live first (served before the campaign), ready once leading and started.
+                await _until_ok(session, f"http://127.0.0.1:{probe}/healthz", proc)
+                ready = await _until_ok(session, f"http://127.0.0.1:{probe}/readyz", proc)
+                assert json.loads(ready)["role"] == "leader"
                 got = await _get(session, f"http://127.0.0.1:{metrics}/metrics")
                 assert got and got[0] == 200 and "muster_requests " in got[1], got
             proc.send_signal(signal.SIGTERM)
