@@ -214,8 +214,57 @@ class ServerConfig(_Section):
     )
     probe_port: int = Field(
         default=8080, ge=0, le=65535,
-        description="Port of /healthz (JSON counters; liveness and readiness probes).",
+        description="Port of /healthz (liveness, JSON counters) and /readyz (readiness).",
     )
+
+
+class LeaderElectionConfig(_Section):
+    enabled: bool = Field(
+        default=True,
+        description="`muster run` acts only while it holds a coordination.k8s.io Lease, so "
+        "several replicas can run and exactly one reconciles. Off only for a single replica "
+        "that must start without a Lease (`muster demo` and the tests never use it).",
+    )
+    lease_name: str = Field(
+        default="muster", min_length=1, max_length=253,
+        description="Name of the Lease (the RBAC in config/rbac names it too).",
+    )
+    namespace: str | None = Field(
+        default=None, min_length=1, max_length=63,
+        description="Namespace of the Lease; null: the pod's own namespace (its "
+        "service-account namespace file), else muster-system.",
+    )
+    lease_duration_seconds: int = Field(
+        default=15, ge=1,
+        description="How long standbys wait, after the record last changed, before taking "
+        "over a Lease whose holder stopped renewing.",
+    )
+    renew_deadline_seconds: float = Field(
+        default=10.0, gt=0,
+        description="The leader gives up (stops reconciling and exits) when no renewal "
+        "succeeded for this long; must be below lease_duration_seconds.",
+    )
+    retry_period_seconds: float = Field(
+        default=2.0, gt=0,
+        description="Between renewals of the leader and attempts of standbys (standbys add "
+        "up to 1.2x jitter).",
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> LeaderElectionConfig:
+        # client-go's own checks: the leader must give up before a standby may take over,
+        # and have at least one jittered retry before giving up.
+        if not self.lease_duration_seconds > self.renew_deadline_seconds:
+            raise ValueError(
+                f"lease_duration_seconds ({self.lease_duration_seconds}) must be greater "
+                f"than renew_deadline_seconds ({self.renew_deadline_seconds})"
+            )
+        if not self.renew_deadline_seconds > 1.2 * self.retry_period_seconds:
+            raise ValueError(
+                f"renew_deadline_seconds ({self.renew_deadline_seconds}) must be greater "
+                f"than 1.2 x retry_period_seconds ({self.retry_period_seconds})"
+            )
+        return self
 
 
 class MusterConfig(BaseSettings):
@@ -240,6 +289,7 @@ class MusterConfig(BaseSettings):
     budgets: BudgetsConfig = Field(default_factory=BudgetsConfig)
     providers: ProvidersConfig = Field(default_factory=ProvidersConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
+    leader_election: LeaderElectionConfig = Field(default_factory=LeaderElectionConfig)
     event_source: Literal["kopf", "watch"] = Field(
         default="kopf",
         description="Who watches ProvisioningRequests: kopf's event handlers, or Muster's own "

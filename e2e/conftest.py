@@ -18,7 +18,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -37,6 +37,8 @@ from controller.kube.resources import (
 E2E_CONFIG = Path(__file__).with_name("muster-e2e.yaml")
 CRD_DIR = Path(__file__).resolve().parents[1] / "crds"
 RUN_LABEL = "e2e.muster.dev/run"
+
+T = TypeVar("T")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -152,22 +154,23 @@ class Env:
         """Create equal requests at once; once each has a Provisioned condition, their
         ``status/reason`` pairs, sorted (``True/...`` last)."""
         await asyncio.gather(*(self.request(n, pod_sets, **kwargs) for n in names))
-
-        async def settled() -> list[str] | None:
-            reasons = []
-            for name in names:
-                cond = await self.condition(name, "Provisioned")
-                if cond is None:
-                    return None
-                reasons.append(f"{cond['status']}/{cond['reason']}")
-            return sorted(reasons)
-
-        got: list[str] = await eventually(settled)
+        got: list[str] = await eventually(lambda: self.provisioned_outcomes(*names))
         return got
 
     async def _cond_is(self, request: str, type_: str, status: str) -> dict[str, Any] | None:
         cond = await self.condition(request, type_)
         return cond if cond is not None and cond.get("status") == status else None
+
+    async def provisioned_outcomes(self, *requests: str) -> list[str] | None:
+        """Sorted ``status/reason`` of each request's Provisioned condition, or None while
+        any request has none yet (for races where only the set of outcomes is known)."""
+        outcomes = []
+        for request in requests:
+            cond = await self.condition(request, "Provisioned")
+            if cond is None:
+                return None
+            outcomes.append(f"{cond['status']}/{cond['reason']}")
+        return sorted(outcomes)
 
     async def pool_nodes(self, pool: str) -> list[Body]:
         listing = await self.kube.list(NODES, label_selector=f"muster.dev/pool={pool}")
@@ -179,18 +182,22 @@ class Env:
 
 
 async def eventually(
-    probe: Callable[[], Awaitable[Any]], *, within: float = 20.0, step: float = 0.1
-) -> Any:
-    """Poll ``probe`` until it returns something truthy; fail after ``within`` seconds."""
+    probe: Callable[[], Awaitable[T | None]], *, within: float = 20.0, step: float = 0.1,
+    what: str = "condition",
+) -> T:
+    """Poll ``probe`` until it returns something truthy and return that; fail after
+    ``within`` seconds naming ``what`` and the last value seen."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
-    last: Any = None
+    last: T | None = None
     while True:
         last = await probe()
         if last:
             return last
         if loop.time() > deadline:
-            raise AssertionError(f"not reached within {within}s (last: {last!r})")
+            raise AssertionError(
+                f"timed out after {within:g}s waiting for {what}; last: {last!r}"
+            )
         await asyncio.sleep(step)
 
 

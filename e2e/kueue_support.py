@@ -6,16 +6,14 @@ provider, and the sandbox scheduler. No Kueue runs here: the tests play Kueue's 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import tempfile
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -24,6 +22,7 @@ from controller.kube import ApiError, Body, KubeClient
 from controller.kube.resources import NAMESPACES
 from controller.kueue.resources import WORKLOADS
 from controller.reconcilers.operator import Controller
+from e2e.conftest import eventually
 from providers.kind import KindProvider
 from sandbox.scheduler import SandboxScheduler
 from sandbox.server import SandboxServer
@@ -31,24 +30,9 @@ from sandbox.server import SandboxServer
 ROOT = Path(__file__).resolve().parents[1]
 CRD_DIRS = (ROOT / "crds", ROOT / "e2e" / "kueue-crds")
 
-T = TypeVar("T")
-
 
 def now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-async def eventually(
-    probe: Callable[[], Awaitable[T | None]], *, within: float = 20.0, what: str = "condition"
-) -> T:
-    deadline = time.monotonic() + within
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = await probe()
-        if last:
-            return last
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out after {within:.0f}s waiting for {what}; last: {last!r}")
 
 
 @dataclass

@@ -31,7 +31,8 @@ from controller.kueue.resources import (
     WORKLOADS,
 )
 from controller.topology_defaults import MUSTER_REQUIRED, POOL_LABEL
-from e2e.kueue_support import KueueEnv, eventually, kueue_env, now, sandbox_only
+from e2e.conftest import eventually
+from e2e.kueue_support import KueueEnv, kueue_env, now, sandbox_only
 
 __all__ = ["kueue_env", "sandbox_only"]
 

@@ -20,9 +20,9 @@ from controller.kueue.resources import (
     WORKLOADS,
 )
 from controller.topology_defaults import HOSTNAME, MUSTER_REQUIRED, POOL_LABEL
+from e2e.conftest import eventually
 from e2e.kueue_support import (
     KueueEnv,
-    eventually,
     kueue_env,
     make_env,
     now,

@@ -2,9 +2,13 @@
 
 Reads the one config (``--config FILE`` plus ``MUSTER_*`` variables; a bad key stops it
 here with a message), sets up logging, and runs :class:`controller.reconcilers.operator.
-Controller` until SIGINT/SIGTERM. ``/healthz`` (JSON counters) is served on
-``server.probe_port`` and ``/metrics`` (the controller's Prometheus registry, plus the
-process collectors) on ``server.metrics_port``.
+Controller` until SIGINT/SIGTERM. With ``leader_election.enabled`` (the default) it first
+campaigns for a Lease (:mod:`controller.leader`) and starts the controller only once it
+leads; losing the Lease stops all reconciling at once and exits 1, so the pod restarts and
+campaigns again (never two leaders acting). A clean stop releases the Lease for a fast
+hand-over. ``/healthz`` (liveness) and ``/readyz`` (readiness, see
+:mod:`controller.commands.probes`) are served on ``server.probe_port``, ``/metrics`` (the
+controller's Prometheus registry, plus the process collectors) on ``server.metrics_port``.
 """
 
 from __future__ import annotations
@@ -14,15 +18,17 @@ import contextlib
 import json
 import logging
 import signal
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-if TYPE_CHECKING:
-    from aiohttp import web
-
+if TYPE_CHECKING:  # imported lazily at run time: `muster --help` stays fast
+    from controller.leader import LeaderElector
     from controller.reconcilers.operator import Controller
+
+log = logging.getLogger("muster")
 
 
 class _JsonFormatter(logging.Formatter):
@@ -72,59 +78,99 @@ def run_command(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     setup_logging(cfg.log_format, cfg.log_level)
+    from controller.leader import LeadershipLost
     from controller.reconcilers.operator import StartupError
 
     # Signal handlers stop the controller cleanly; a second Ctrl-C just exits.
     try:
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(_run(cfg, kubeconfig=kubeconfig, context=context, in_cluster=in_cluster))
-    except StartupError as exc:
+    except (StartupError, LeadershipLost) as exc:
+        # Non-zero either way: the kubelet restarts the container, which campaigns afresh.
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
 
 
-def probe_app(controller: Controller) -> web.Application:
-    """``/metrics`` (Prometheus text from the controller's registry) and ``/healthz``."""
-    from aiohttp import web
-
-    from controller.metrics import CONTENT_TYPE
-
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(body=controller.metrics.exposition(),
-                            headers={"Content-Type": CONTENT_TYPE})
-
-    async def healthz(_: web.Request) -> web.Response:
-        return web.json_response(controller.health())
-
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/healthz", healthz)
-    return app
+LOST_STOP_SECONDS = 5.0
+"""After losing the Lease, how long the controller may take to tear down before the process
+exits anyway (it already stopped acting: :meth:`Controller.halt` ran at the moment of loss)."""
 
 
 async def _run(cfg: Any, *, kubeconfig: Path | None, context: str | None, in_cluster: bool) -> None:
     from aiohttp import web
     from prometheus_client import PlatformCollector, ProcessCollector
 
+    from controller.commands.probes import Probes
     from controller.kube import KubeClient
+    from controller.leader import LeadershipLost, from_config
     from controller.reconcilers.operator import Controller
-    from controller.runtime import freeze_heap, tune_gc
 
-    log = logging.getLogger("muster")
-    kube = KubeClient.in_cluster() if in_cluster else await KubeClient.from_kubeconfig(
-        kubeconfig, context=context
-    )
+    async def connect() -> KubeClient:
+        if in_cluster:
+            return KubeClient.in_cluster()
+        return await KubeClient.from_kubeconfig(kubeconfig, context=context)
+
+    kube = await connect()
     controller = Controller(kube=kube, config=cfg)
     # Process metrics (CPU, memory, open fds) only here: in tests and the demo several
     # controllers share a process, and each would report the same figures.
     ProcessCollector(registry=controller.metrics.registry)
     PlatformCollector(registry=controller.metrics.registry)
-    stop = asyncio.Event()
-    runner = web.AppRunner(probe_app(controller), access_log=None)
+    # The Lease gets a client (connection pool) of its own, as controller-runtime does: the
+    # controller's hundreds of concurrent requests, long watches and shutdown must never
+    # delay a renewal or the release.
+    lease_kube = await connect() if cfg.leader_election.enabled else None
+    elector = from_config(lease_kube, cfg.leader_election) if lease_kube is not None else None
+    probes = Probes(controller, elector)
+    lost = elector.lost if elector is not None else asyncio.Event()
+    if elector is not None:
+
+        def stop_acting() -> None:
+            probes.stopping = True
+            controller.halt()
+
+        elector.on_lost(stop_acting)
+
+    runner = web.AppRunner(probes.app(), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "0.0.0.0", cfg.server.metrics_port).start()
     if cfg.server.probe_port != cfg.server.metrics_port:
         await web.TCPSite(runner, "0.0.0.0", cfg.server.probe_port).start()
+    stop = asyncio.Event()
+    try:
+        await _serve(cfg, controller, elector, stop, lost)
+    finally:
+        probes.stopping = True
+        log.info("stopping")
+        if lost.is_set():
+            # Not ours any more: no release, and a bounded teardown (controller-runtime
+            # exits at once; the successor may take over lease_duration after our last
+            # renewal).
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(LOST_STOP_SECONDS):
+                    await controller.stop()
+        else:
+            await controller.stop()
+            if elector is not None:
+                await elector.release()
+        await runner.cleanup()
+        await kube.close()
+        if lease_kube is not None:
+            await lease_kube.close()
+    if elector is not None and lost.is_set():
+        raise LeadershipLost(
+            f"lost the lease {elector.key}; exiting so the pod restarts and campaigns again"
+        )
+
+
+async def _serve(
+    cfg: Any, controller: Controller, elector: LeaderElector | None, stop: asyncio.Event,
+    lost: asyncio.Event,
+) -> None:
+    """Campaign (if enabled), start the controller once leading, run until a signal, the
+    loss of the Lease, or kopf ending on its own."""
+    from controller.runtime import freeze_heap, tune_gc
+
     loop = asyncio.get_running_loop()
 
     def take_signals() -> None:
@@ -132,32 +178,52 @@ async def _run(cfg: Any, *, kubeconfig: Path | None, context: str | None, in_clu
             with contextlib.suppress(NotImplementedError):
                 loop.add_signal_handler(sig, stop.set)
 
-    take_signals()  # a signal during start-up stops Muster once start-up is done
+    take_signals()  # a signal while standing by or starting stops Muster cleanly
+    if elector is not None:
+        log.info("campaigning for lease %s as %s", elector.key, elector.identity)
+        if not await _unless(elector.acquire(), stop):
+            return
     tune_gc()
-    try:
-        await controller.start()
-    except BaseException:
-        await runner.cleanup()
-        await kube.close()
-        raise
+    if not await _unless(controller.start(), stop, lost):
+        return
     freeze_heap()
     # kopf installs its own SIGINT/SIGTERM handlers while it starts, which would stop kopf
     # alone; take them back so a signal stops everything (kopf included).
     take_signals()
-    log.info("Muster is running against %s (cluster %s)", kube.host, cfg.cluster_name)
+    log.info("Muster is running against %s (cluster %s)", controller.kube.host, cfg.cluster_name)
+    waiters: set[asyncio.Future[Any]] = {
+        asyncio.ensure_future(stop.wait()), asyncio.ensure_future(lost.wait())
+    }
+    if controller.kopf_task is not None:
+        waiters.add(controller.kopf_task)
     try:
-        waiters: set[asyncio.Future[Any]] = {asyncio.ensure_future(stop.wait())}
-        if controller.kopf_task is not None:
-            waiters.add(controller.kopf_task)
-        _, pending = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        for fut in pending:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for fut in waiters:
             if fut is not controller.kopf_task:
                 fut.cancel()
-        if not stop.is_set():
-            # kopf ended by itself: it took a signal meant for Muster while starting, or failed.
-            log.warning("kopf stopped; stopping Muster")
+    if not stop.is_set() and not lost.is_set():
+        # kopf ended by itself: it took a signal meant for Muster while starting, or failed.
+        log.warning("kopf stopped; stopping Muster")
+
+
+async def _unless(work: Awaitable[None], *events: asyncio.Event) -> bool:
+    """Run ``work`` to its end (True; its exception propagates) unless one of ``events`` is
+    set first (False; ``work`` is cancelled)."""
+    task = asyncio.ensure_future(work)
+    waits = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait([task, *waits], return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # cancelled ourselves: take the work down with us
+        task.cancel()
+        raise
     finally:
-        log.info("stopping")
-        await controller.stop()
-        await runner.cleanup()
-        await kube.close()
+        for fut in waits:
+            fut.cancel()
+    if task.done():
+        task.result()
+        return True
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return False

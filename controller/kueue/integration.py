@@ -177,6 +177,15 @@ class KueueIntegration:
                 out.append(f"{pool} domain {i} lacks {', '.join(lacking)}")
         return out
 
+    @property
+    def tasks(self) -> list[asyncio.Task[None]]:
+        """The watch and worker tasks (for liveness)."""
+        return [*self._tasks, *self.queue.tasks]
+
+    def halt(self) -> None:
+        """Stop every Workload reconcile now, without waiting (leadership lost)."""
+        self.queue.halt()
+
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()

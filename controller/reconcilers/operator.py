@@ -114,6 +114,9 @@ class Controller:
         """kopf's operator task (event_source kopf): it ends on its own when kopf consumed
         a SIGTERM meant for Muster, and the caller then stops everything."""
         self._started = False
+        self.ready = False
+        """True once :meth:`start` returned (caches synced, start-up collection done,
+        reconciles running) until :meth:`halt` or :meth:`stop`: what /readyz reports."""
 
     def _enqueue(self, key: str) -> None:
         if self._started:
@@ -167,6 +170,40 @@ class Controller:
         self._tasks.append(asyncio.create_task(self._collect_loop(), name="collector"))
         if self.kueue is not None:
             await self.kueue.start()
+        self.ready = True
+
+    def halt(self) -> None:
+        """Stop acting at once, synchronously: called the moment leadership is lost, before
+        any other coroutine runs, so no reconcile, collection or Workload update gets past
+        its next await. :meth:`stop` then tears down the rest (watches, kopf, providers)."""
+        self.ready = False
+        self._started = False
+        self.providers.running = False
+        self.queue.halt()
+        if self.kueue is not None:
+            self.kueue.halt()
+        if self._kopf_stop is not None:
+            self._kopf_stop.set()
+        for task in self._tasks:
+            if task.get_name() != "kopf":
+                task.cancel()
+
+    def failed_tasks(self) -> list[str]:
+        """Names of the long-running tasks that ended while the controller runs (by an
+        exception or a cancellation nobody asked for): the liveness probe fails on any.
+
+        A task that returned normally is not failed (a DRA watch ends when the cluster does
+        not serve resource.k8s.io). The planner's task is private to controller.state.
+        """
+        if not self.ready:
+            return []
+        tasks = [*self._tasks, *self.queue.tasks, *self.feeds.tasks]
+        if self.kueue is not None:
+            tasks += self.kueue.tasks
+        return sorted(
+            t.get_name() for t in tasks
+            if t.done() and (t.cancelled() or t.exception() is not None)
+        )
 
     async def _start_kopf(self) -> None:
         self._kopf_stop = asyncio.Event()
@@ -211,6 +248,7 @@ class Controller:
                 raise StartupError(f"cannot reach the API server {self.kube.host}: {exc}") from None
 
     async def stop(self) -> None:
+        self.ready = False
         self._started = False
         self.providers.running = False
         if self.kueue is not None:

@@ -56,6 +56,17 @@ class WorkQueue:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
+    def halt(self) -> None:
+        """Cancel every worker and timer now, without waiting (leadership lost: no reconcile
+        may run past its next await). :meth:`stop` still awaits them."""
+        for task in [*self._tasks, *self._timers.values()]:
+            task.cancel()
+
+    @property
+    def tasks(self) -> list[asyncio.Task[None]]:
+        """The worker tasks (for liveness: a worker that died means keys nobody serves)."""
+        return list(self._tasks)
+
     def add(self, key: str) -> None:
         if key in self._running:
             self._dirty.add(key)

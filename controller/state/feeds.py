@@ -99,6 +99,11 @@ class Feeds:
             _events(lambda o: dra.upsert(kind, o), lambda o: dra.delete(kind, object_key(o))),
         )
 
+    @property
+    def tasks(self) -> list[asyncio.Task[None]]:
+        """The watch tasks (for liveness: a dead watch leaves the cache stale)."""
+        return list(self._tasks)
+
     async def wait_synced(self, within: float = 30.0) -> None:
         kinds = ["nodes", "pods", "podtemplates", "pools"]
         if self._with_requests:

@@ -38,10 +38,12 @@ collect_logs() {
     kubectl get nodes -o wide >"$ARTIFACTS/nodes.txt" 2>&1 || true
     kubectl get all,events -A -o wide >"$ARTIFACTS/all.txt" 2>&1 || true
     kubectl -n "$NAMESPACE" describe pods >"$ARTIFACTS/muster-pods.txt" 2>&1 || true
-    kubectl -n "$NAMESPACE" logs deployment/muster --all-containers --tail=-1 \
-        >"$ARTIFACTS/muster.log" 2>&1 || true
-    kubectl -n "$NAMESPACE" logs deployment/muster --all-containers --previous --tail=-1 \
-        >"$ARTIFACTS/muster-previous.log" 2>&1 || true
+    # Every replica, each line prefixed with its pod: the leader's is the interesting one,
+    # and `logs deployment/...` would pick a single pod (maybe the standby).
+    kubectl -n "$NAMESPACE" logs -l app.kubernetes.io/name=muster --prefix --all-containers \
+        --tail=-1 >"$ARTIFACTS/muster.log" 2>&1 || true
+    kubectl -n "$NAMESPACE" logs -l app.kubernetes.io/name=muster --prefix --all-containers \
+        --previous --tail=-1 >"$ARTIFACTS/muster-previous.log" 2>&1 || true
     kubectl -n kueue-system logs deployment/kueue-controller-manager --all-containers \
         --tail=-1 >"$ARTIFACTS/kueue.log" 2>&1 || true
     kubectl get provisioningrequests,podtemplates -A -o yaml \

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from controller.clock import ManualClock
 from controller.commands import objects
-from controller.commands.run import probe_app
+from controller.commands.probes import Probes
 from controller.config import MusterConfig
 from controller.kube import KubeClient
 from controller.kube.resources import (
@@ -57,7 +57,7 @@ async def running(kube: KubeClient) -> AsyncIterator[tuple[Controller, ManualClo
 
 
 async def _scrape(controller: Controller) -> Samples:
-    runner = web.AppRunner(probe_app(controller), access_log=None)
+    runner = web.AppRunner(Probes(controller, None).app(), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()

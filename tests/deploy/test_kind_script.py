@@ -119,7 +119,7 @@ def test_a_failing_suite_collects_logs_and_still_deletes_the_cluster(tmp_path: P
     proc, calls = _run(tmp_path, FAIL_ON="python3 -m pytest")
     assert proc.returncode == 1
     assert "e2e FAILED" in proc.stderr
-    _index(calls, "kubectl -n muster-system logs deployment/muster")
+    _index(calls, "kubectl -n muster-system logs -l app.kubernetes.io/name=muster --prefix")
     _index(calls, "kind export logs")
     assert calls[-1] == "kind delete cluster --name muster-e2e"
     assert (tmp_path / "art" / "muster.log").exists()

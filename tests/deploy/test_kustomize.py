@@ -129,7 +129,11 @@ def test_default_install_contents(default: list[Doc]) -> None:
         if doc["kind"] in ("ServiceAccount", "ConfigMap", "Service", "Deployment"):
             assert doc["metadata"]["namespace"] == NAMESPACE, doc["metadata"]
     # Leases of the fake provider's nodes live where the node lifecycle controller reads them.
-    assert one(default, "Role")["metadata"]["namespace"] == "kube-node-lease"
+    assert one(default, "Role", "muster-fake-provider")["metadata"]["namespace"] == \
+        "kube-node-lease"
+    # The leader-election Lease lives in Muster's own namespace (the pod's service-account
+    # namespace, which `muster run` reads when leader_election.namespace is unset).
+    assert one(default, "Role", "muster-leader-election")["metadata"]["namespace"] == NAMESPACE
 
 
 def test_shipped_config_is_valid_for_muster(
@@ -152,10 +156,17 @@ def test_shipped_config_is_valid_for_muster(
     assert cfg.log_format == "json", "the cluster config logs JSON for log collectors"
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"metrics": cfg.server.metrics_port, "probes": cfg.server.probe_port}
-    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+    paths = {"startupProbe": "/healthz", "livenessProbe": "/healthz", "readinessProbe": "/readyz"}
+    for probe, path in paths.items():
         get = container[probe]["httpGet"]
         assert get["port"] in ("probes", cfg.server.probe_port), probe
-        assert get["path"] == "/healthz", probe
+        assert get["path"] == path, probe
+    # The replicas elect a leader, and the RBAC lets them use exactly the configured Lease.
+    election = cfg.leader_election
+    assert election.enabled and election.namespace in (None, NAMESPACE)
+    role = one(default, "Role", "muster-leader-election")
+    named = [r for r in role["rules"] if r.get("resourceNames")]
+    assert [r["resourceNames"] for r in named] == [[election.lease_name]]
     svc = one(default, "Service", "muster-metrics")
     assert svc["spec"]["ports"][0]["targetPort"] in ("metrics", cfg.server.metrics_port)
     assert svc["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"][
@@ -164,7 +175,11 @@ def test_shipped_config_is_valid_for_muster(
 
 def test_deployment_is_locked_down(deployment: Doc, container: Doc) -> None:
     spec = deployment["spec"]
-    assert spec["replicas"] == 1 and spec["strategy"]["type"] == "Recreate"
+    # Leader election makes a standby safe: at least two replicas, and a rollout that never
+    # leaves fewer ready than asked (the new pod stands by until the old leader hands over).
+    assert spec["replicas"] >= 2
+    assert spec["strategy"]["type"] == "RollingUpdate"
+    assert spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
     pod = spec["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"

@@ -34,6 +34,7 @@ from controller.kube.resources import (
     PODS,
     PROVISIONING_REQUESTS,
 )
+from controller.leader import from_config
 from controller.reconcilers.operator import Controller
 from sandbox import SandboxServer
 from sandbox.errors import ApiError as SandboxApiError
@@ -165,7 +166,7 @@ def _kubeconfig(server: SandboxServer, path: Path, token: str) -> Path:
 
 @contextlib.asynccontextmanager
 async def _controller(
-    kube: KubeClient, tmp_path: Path, **extra: Any
+    kube: KubeClient, kubeconfig: Path, tmp_path: Path, **extra: Any
 ) -> AsyncIterator[Controller]:
     settings = yaml.safe_load((CONFIG / "manager" / "muster.yaml").read_text())
     settings.update(extra)
@@ -175,16 +176,30 @@ async def _controller(
     settings["acquisition"].update(node_ready_timeout_seconds=10, idle_ttl_seconds=0.5)
     settings.setdefault("providers", {}).setdefault("kind", {})["heartbeat_seconds"] = 0.2
     settings["acquisition"]["collect_interval_seconds"] = 0.3
+    # Renewals (get + patch of the Lease) happen within the scenario's seconds.
+    settings["leader_election"].update(
+        lease_duration_seconds=3, renew_deadline_seconds=2, retry_period_seconds=0.3)
     file = tmp_path / "muster.yaml"
     file.write_text(yaml.safe_dump(settings))
     config = load_config(file)
+    # As `muster run` does: campaign for the Lease (in the pod's namespace, muster-system
+    # here as no service-account file exists) on a client of its own, under the same
+    # service account; start once leading, release after stopping.
+    lease_kube = await KubeClient.from_kubeconfig(kubeconfig)
+    elector = from_config(lease_kube, config.leader_election)
+    await elector.acquire()
     # Providers come from the registry, as in `muster run`: nothing injected.
     controller = Controller(kube=kube, config=config)
     await controller.start()
     try:
         yield controller
     finally:
-        await controller.stop()
+        try:
+            await controller.stop()
+            assert elector.is_leader, "the Lease was renewed throughout"
+            assert await elector.release()
+        finally:
+            await lease_kube.close()
 
 
 async def _condition(kube: KubeClient, name: str, type_: str) -> Mapping[str, Any] | None:
@@ -206,6 +221,7 @@ async def test_controller_works_with_exactly_the_shipped_rbac(tmp_path: Path) ->
             _kubeconfig(server, tmp_path / "muster", MUSTER_TOKEN))
         try:
             await admin.create(NAMESPACES, {"metadata": {"name": NS}})
+            await admin.create(NAMESPACES, {"metadata": {"name": "muster-system"}})
             with contextlib.suppress(ApiError):  # the sandbox may already have it
                 await admin.create(NAMESPACES, {"metadata": {"name": "kube-node-lease"}})
             pool = objects.gpu_pool("gpu", blocks=1, racks_per_block=2, nodes_per_rack=4)
@@ -214,7 +230,7 @@ async def test_controller_works_with_exactly_the_shipped_rbac(tmp_path: Path) ->
                 "workers", namespace=NS, requests={"cpu": "8", objects.GPU: "8"},
                 required_level=objects.RACK, tolerations=[objects.GPU_TOLERATION])
             await admin.create(POD_TEMPLATES, template, namespace=NS)
-            async with _controller(muster, tmp_path):
+            async with _controller(muster, tmp_path / "muster", tmp_path):
                 await admin.create(PROVISIONING_REQUESTS, objects.provisioning_request(
                     "gang", pod_sets=[("workers", 3)], namespace=NS), namespace=NS)
                 await eventually(lambda: _condition(admin, "gang", "Provisioned"))
@@ -304,6 +320,7 @@ async def test_kueue_admission_check_works_with_exactly_its_rbac(tmp_path: Path)
 
         try:
             await admin.create(NAMESPACES, {"metadata": {"name": NS}})
+            await admin.create(NAMESPACES, {"metadata": {"name": "muster-system"}})
             await admin.create(CAPACITY_POOLS, objects.gpu_pool(
                 "gpu", blocks=1, racks_per_block=2, nodes_per_rack=4))
             await admin.create(RESOURCE_FLAVORS, kq.resource_flavor(
@@ -318,7 +335,8 @@ async def test_kueue_admission_check_works_with_exactly_its_rbac(tmp_path: Path)
                 checks=["muster-check"]))
             await admin.create(LOCAL_QUEUES, kq.local_queue("team", NS, "gpu-cq"), namespace=NS)
             await scheduler.start()
-            async with _controller(muster, tmp_path, kueue={"enabled": True}):
+            async with _controller(muster, tmp_path / "muster", tmp_path,
+                                   kueue={"enabled": True}):
                 await admin.create(WORKLOADS, kq.workload("train", NS, queue="team", pod_sets=[
                     kq.pod_set("workers", 3,
                                requests={"cpu": "8", "memory": "64Gi", objects.GPU: "8"},
@@ -365,6 +383,10 @@ def test_enforcement_refuses_what_is_not_granted() -> None:
     assert rbac.allows(Call("watch", "", "pods", None, None))
     assert rbac.allows(Call("patch", "coordination.k8s.io", "leases", "kube-node-lease", "n1"))
     assert not rbac.allows(Call("patch", "coordination.k8s.io", "leases", "default", "n1"))
+    assert rbac.allows(Call("patch", "coordination.k8s.io", "leases", "muster-system", "muster"))
+    assert not rbac.allows(Call("patch", "coordination.k8s.io", "leases", "muster-system",
+                                "other")), "only Muster's own Lease"
+    assert not rbac.allows(Call("list", "coordination.k8s.io", "leases", "muster-system", None))
     assert not rbac.allows(Call("get", "", "secrets", "muster-system", "x"))
     assert not rbac.allows(Call("delete", "", "pods", NS, "w0"))
     assert not rbac.allows(Call("patch", "", "nodes", None, "n1")), "status only"

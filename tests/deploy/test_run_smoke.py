@@ -1,8 +1,12 @@
 """What the Deployment runs, run here: ``muster run --config config/manager/muster.yaml``
 as a separate process against the API sandbox, with the ports moved by ``MUSTER_*`` variables
-(as a pod's env would). The probe endpoint answers, metrics are served, logs are JSON lines
-as the shipped config asks, SIGTERM (what the kubelet sends) stops it cleanly, and a bad
-config stops it at start-up naming the key."""
+(as a pod's env would). The probe endpoints answer, metrics are served, logs are JSON lines
+as the shipped config asks, SIGTERM (what the kubelet sends) stops it cleanly and releases
+its Lease, and a bad config stops it at start-up naming the key.
+
+With two replicas (two processes on one sandbox): exactly one leads and reconciles, the other
+stands by ready; stopping the leader hands over within a retry period; a leader whose Lease
+is taken away stops and exits 1 (the kubelet restarts it)."""
 
 from __future__ import annotations
 
@@ -28,10 +32,33 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _env(probe: int, metrics: int) -> dict[str, str]:
+def _env(probe: int, metrics: int, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MUSTER_")}
     env.update(MUSTER_SERVER__PROBE_PORT=str(probe), MUSTER_SERVER__METRICS_PORT=str(metrics))
+    env.update(extra)
     return env
+
+
+async def _until_ok(session: aiohttp.ClientSession, url: str,
+                    proc: asyncio.subprocess.Process) -> str:
+    """The body of ``url`` once it answers 200 (fails after 30 s or if Muster exits)."""
+    got = None
+    for _ in range(300):
+        got = await _get(session, url)
+        if (got and got[0] == 200) or proc.returncode is not None:
+            break
+        await asyncio.sleep(0.1)
+    assert got and got[0] == 200, f"{url} never answered 200: {got}"
+    return got[1]
+
+
+def _namespace(server: SandboxServer) -> None:
+    # What `kubectl apply -k config/default` creates first; the Lease lives there.
+    server.store.create("namespaces", {"metadata": {"name": "muster-system"}})
+
+
+def _lease(server: SandboxServer) -> dict[str, object]:
+    return dict(server.store.get("leases", "muster", "muster-system")["spec"])
 
 
 async def _get(session: aiohttp.ClientSession, url: str) -> tuple[int, str] | None:
@@ -45,6 +72,7 @@ async def _get(session: aiohttp.ClientSession, url: str) -> tuple[int, str] | No
 async def test_shipped_config_runs_probes_metrics_and_stops_on_sigterm(tmp_path: Path) -> None:
     probe, metrics = _free_port(), _free_port()
     async with SandboxServer(crd_dir=ROOT / "crds", seed=5) as server:
+        _namespace(server)
         kc = server.write_kubeconfig(tmp_path / "kubeconfig")
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "controller.cli", "run", "--config", str(SHIPPED_CONFIG),
@@ -53,13 +81,10 @@ async def test_shipped_config_runs_probes_metrics_and_stops_on_sigterm(tmp_path:
         )
         try:
             async with aiohttp.ClientSession() as session:
-                healthy = None
-                for _ in range(300):
-                    healthy = await _get(session, f"http://127.0.0.1:{probe}/healthz")
-                    if (healthy and healthy[0] == 200) or proc.returncode is not None:
-                        break
-                    await asyncio.sleep(0.1)
-                assert healthy and healthy[0] == 200, f"/healthz never answered 200: {healthy}"
+                # Live first (served before the campaign), ready once leading and started.
+                await _until_ok(session, f"http://127.0.0.1:{probe}/healthz", proc)
+                ready = await _until_ok(session, f"http://127.0.0.1:{probe}/readyz", proc)
+                assert json.loads(ready)["role"] == "leader"
                 got = await _get(session, f"http://127.0.0.1:{metrics}/metrics")
                 assert got and got[0] == 200, got
                 # The controller's registry (a gauge per phase) and the process collector.
@@ -73,7 +98,9 @@ async def test_shipped_config_runs_probes_metrics_and_stops_on_sigterm(tmp_path:
                 await proc.wait()
         assert proc.stdout is not None
         output = (await proc.stdout.read()).decode()
+        released = _lease(server)
     assert code == 0, output
+    assert released["holderIdentity"] == "", "a clean stop hands the Lease back"
     lines = [line for line in output.splitlines() if line.strip()]
     assert lines, "Muster logged nothing"
     for line in lines:
@@ -94,3 +121,110 @@ async def test_bad_config_stops_muster_at_start_up(tmp_path: Path) -> None:
     _, err = await asyncio.wait_for(proc.communicate(), timeout=60)
     assert proc.returncode == 2
     assert "duration_secs" in err.decode()
+
+
+# Short durations so the scenarios take seconds; the shipped ones are 15/10/2 s.
+FAST_ELECTION = {
+    "MUSTER_LEADER_ELECTION__LEASE_DURATION_SECONDS": "10",
+    "MUSTER_LEADER_ELECTION__RENEW_DEADLINE_SECONDS": "1",
+    "MUSTER_LEADER_ELECTION__RETRY_PERIOD_SECONDS": "0.2",
+    "MUSTER_LOG_FORMAT": "text",
+}
+
+
+class Replica:
+    """One `muster run` process, as one pod of the Deployment."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, probe: int) -> None:
+        self.proc = proc
+        self.probe = probe
+
+    async def readyz(self, session: aiohttp.ClientSession) -> tuple[int, dict[str, str]] | None:
+        got = await _get(session, f"http://127.0.0.1:{self.probe}/readyz")
+        return None if got is None else (got[0], json.loads(got[1]))
+
+    async def stop(self) -> str:
+        if self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
+        assert self.proc.stdout is not None
+        return (await self.proc.stdout.read()).decode()
+
+
+async def _replica(kubeconfig: Path) -> Replica:
+    probe = _free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "controller.cli", "run", "--config", str(SHIPPED_CONFIG),
+        "--kubeconfig", str(kubeconfig), cwd=ROOT,
+        env=_env(probe, _free_port(), **FAST_ELECTION),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )
+    return Replica(proc, probe)
+
+
+async def _wait_roles(session: aiohttp.ClientSession, replicas: list[Replica],
+                     want: list[str], *, within: float = 30.0) -> float:
+    """Wait until each replica's /readyz answers 200 with the wanted role; return when (loop
+    time). Fails after ``within`` seconds showing the last answers."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    last: list[tuple[int, str] | None] = []
+    while loop.time() < deadline:
+        answers = [await r.readyz(session) for r in replicas]
+        last = [None if a is None else (a[0], a[1]["role"]) for a in answers]
+        if last == [(200, role) for role in want]:
+            return loop.time()
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"replicas never reached {want}: {last}")
+
+
+async def test_two_replicas_one_leads_and_a_clean_stop_hands_over_fast(tmp_path: Path) -> None:
+    async with SandboxServer(crd_dir=ROOT / "crds", seed=6) as server:
+        _namespace(server)
+        kc = server.write_kubeconfig(tmp_path / "kubeconfig")
+        first = await _replica(kc)
+        replicas = [first]
+        try:
+            async with aiohttp.ClientSession() as session:
+                await _wait_roles(session, [first], ["leader"])
+                second = await _replica(kc)
+                replicas.append(second)
+                # The standby is ready (a RollingUpdate may go on) but does not lead, and
+                # keeps standing by while the leader renews.
+                await _wait_roles(session, [first, second], ["leader", "standby"])
+                await asyncio.sleep(1.5)
+                await _wait_roles(session, [first, second], ["leader", "standby"], within=0.5)
+                leader = _lease(server)["holderIdentity"]
+                first.proc.send_signal(signal.SIGTERM)
+                assert await asyncio.wait_for(first.proc.wait(), timeout=20) == 0
+                stopped = asyncio.get_running_loop().time()
+                took_over = await _wait_roles(session, [second], ["leader"])
+                # Well within the 10 s lease duration: the old leader released the Lease.
+                assert took_over - stopped < 5.0
+            spec = _lease(server)
+            assert spec["holderIdentity"] not in ("", leader)
+            assert spec["leaseTransitions"] == 1
+        finally:
+            outputs = [await r.stop() for r in replicas]
+    assert "released lease muster-system/muster" in outputs[0], outputs[0]
+    assert "acquired lease muster-system/muster" in outputs[1], outputs[1]
+
+
+async def test_a_leader_that_loses_its_lease_stops_and_exits_1(tmp_path: Path) -> None:
+    async with SandboxServer(crd_dir=ROOT / "crds", seed=7) as server:
+        _namespace(server)
+        kc = server.write_kubeconfig(tmp_path / "kubeconfig")
+        replica = await _replica(kc)
+        try:
+            async with aiohttp.ClientSession() as session:
+                await _wait_roles(session, [replica], ["leader"])
+            # Another holder appears (an operator's kubectl, a split-brain): Muster must stop.
+            server.store.patch("leases", "muster", {"spec": {"holderIdentity": "intruder"}},
+                               "muster-system")
+            code = await asyncio.wait_for(replica.proc.wait(), timeout=20)
+        finally:
+            output = await replica.stop()
+    assert code == 1, output
+    assert "lost lease muster-system/muster: the lease now names intruder" in output
+    assert "error: lost the lease muster-system/muster" in output
+    assert "released lease" not in output, "a lost Lease is not ours to release"

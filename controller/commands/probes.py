@@ -1,0 +1,101 @@
+"""The HTTP endpoints of ``muster run``: ``/healthz`` (liveness), ``/readyz`` (readiness) and
+``/metrics`` (Prometheus text).
+
+- ``/healthz`` answers 200 while the process works: the event loop serves the request (a
+  blocked loop fails the probe by timing out) and none of the controller's long-running tasks
+  (reconcile workers, watches, collector, kopf, Kueue) has died. A standby replica is live.
+  503 lists the dead tasks; the kubelet then restarts the container.
+- ``/readyz`` answers 200 when the replica does what its role asks: the leader once the
+  controller has started (caches synced, start-up collection done, reconciles running), a
+  standby while its last attempt on the Lease reached the API server. 503 otherwise: the
+  leader still starting, a standby that cannot reach the Lease, or a replica shutting down
+  or that lost the Lease.
+
+Standbys are *ready*, like controller-runtime's managers (their readyz checks know nothing
+of leader election). Nothing routes traffic to Muster, so readiness only gates rollouts:
+with a RollingUpdate, the new pod comes up as a standby while the old leader still holds
+the Lease, and the old pod is only stopped (handing the Lease over) once the new one is
+ready. Were standbys not ready, that rollout would wait forever. Who leads is in the body
+(``role``) and in ``muster_leader`` on ``/metrics``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from aiohttp import web
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from controller.leader import LeaderElector
+from controller.metrics import CONTENT_TYPE
+from controller.reconcilers.operator import Controller
+
+
+class Probes:
+    def __init__(self, controller: Controller, elector: LeaderElector | None) -> None:
+        self.controller = controller
+        self.elector = elector
+        self.stopping = False
+        """Set by ``muster run`` once it shuts down (signal, lost Lease, failed start)."""
+        controller.metrics.registry.register(self)
+
+    @property
+    def role(self) -> str:
+        if self.elector is None:
+            return "single"  # leader election off: this replica acts unconditionally
+        return "leader" if self.elector.is_leader else "standby"
+
+    def live(self) -> tuple[bool, dict[str, Any]]:
+        dead = self.controller.failed_tasks()
+        body: dict[str, Any] = {"role": self.role, **self.controller.health()}
+        if dead:
+            body["dead_tasks"] = dead
+        return not dead, body
+
+    def ready(self) -> tuple[bool, dict[str, Any]]:
+        role = self.role
+        body: dict[str, Any] = {"role": role}
+        if self.stopping:
+            ok, body["reason"] = False, "shutting down"
+        elif self.elector is not None and role == "standby":
+            error = self.elector.last_error
+            ok = error is None
+            body["reason"] = (f"standing by; lease held by {self.elector.holder or 'nobody'}"
+                              if ok else f"cannot reach the lease: {error}")
+        elif self.controller.ready:
+            ok, body["reason"] = True, "reconciling"
+        else:
+            ok, body["reason"] = False, "starting: caches syncing and start-up collection"
+        return ok, body
+
+    def metrics(self) -> bytes:
+        """The controller's Prometheus registry, ``muster_leader`` and ``muster_ready``
+        included."""
+        return self.controller.metrics.exposition()
+
+    def collect(self) -> Iterator[Metric]:
+        """Prometheus collector (registered on the controller's registry)."""
+        yield GaugeMetricFamily("muster_leader", "1 when this replica acts (leads, or leader "
+                                "election is off), 0 while standing by.",
+                                value=int(self.role in ("leader", "single")))
+        yield GaugeMetricFamily("muster_ready", "1 when /readyz answers 200.",
+                                value=int(self.ready()[0]))
+
+    def app(self) -> web.Application:
+        async def healthz(_: web.Request) -> web.Response:
+            ok, body = self.live()
+            return web.json_response(body, status=200 if ok else 503)
+
+        async def readyz(_: web.Request) -> web.Response:
+            ok, body = self.ready()
+            return web.json_response(body, status=200 if ok else 503)
+
+        async def metrics(_: web.Request) -> web.Response:
+            return web.Response(body=self.metrics(), headers={"Content-Type": CONTENT_TYPE})
+
+        app = web.Application()
+        app.router.add_get("/healthz", healthz)
+        app.router.add_get("/readyz", readyz)
+        app.router.add_get("/metrics", metrics)
+        return app
