@@ -88,6 +88,8 @@ class KubeClient:
             extra["server_hostname"] = rest.server_hostname
         self._extra = extra
         self._timeouts: dict[float | None, aiohttp.ClientTimeout] = {}
+        self._inflight: set[asyncio.Future[aiohttp.ClientResponse]] = set()
+        """Requests being sent, including those whose caller was cancelled (shielded)."""
 
     @classmethod
     async def from_kubeconfig(
@@ -131,6 +133,20 @@ class KubeClient:
             "username": cfg.username or None,
             "password": cfg.password or None,
         }
+
+    async def drain(self, within: float = 10.0) -> int:
+        """Wait (at most ``within`` seconds) for requests still being sent, those of
+        cancelled callers included; return how many are still running.
+
+        Before kopf stops: kopf's operator cancels every task created after it started,
+        and a request cancelled while it waits for its answer would leave its connection in
+        the pool with the answer still to come (the next request on it hangs).
+        """
+        pending = set(self._inflight)
+        if not pending:
+            return 0
+        _, still = await asyncio.wait(pending, timeout=within)
+        return len(still)
 
     async def close(self) -> None:
         await self._api.close()
@@ -204,6 +220,8 @@ class KubeClient:
                 method, url, headers=headers, data=data, timeout=timeout, **self._extra
             )
         )
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:

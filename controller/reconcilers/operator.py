@@ -11,6 +11,7 @@ mistaken for an orphan.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -43,6 +44,10 @@ from providers.base import Provider, ProviderConfigError
 from providers.registry import ProviderContext
 
 log = logging.getLogger(__name__)
+
+
+KOPF_STOP_SECONDS = 10.0
+"""How long stopping waits for unanswered API requests before it stops kopf."""
 
 
 class StartupError(Exception):
@@ -248,26 +253,28 @@ class Controller:
                 raise StartupError(f"cannot reach the API server {self.kube.host}: {exc}") from None
 
     async def stop(self) -> None:
+        """Stop everything; kopf last.
+
+        kopf's operator treats every task created after it started as its own and, when it
+        stops, cancels those still running. Muster's reconciles, watches and in-flight API
+        requests are therefore finished first: a request cancelled mid-answer would leave a
+        broken connection in the client's pool, and whoever uses the client next hangs.
+        """
         self.ready = False
         self._started = False
         self.providers.running = False
         if self.kueue is not None:
             await self.kueue.stop()
-        if self._kopf_stop is not None:
-            self._kopf_stop.set()
-        for task in self._tasks:
-            if task.get_name() != "kopf":
-                task.cancel()
-        for task in self._tasks:
-            # kopf finishes its own shutdown when it can, but its discovery retries can
-            # keep it for seconds after the stop flag; nothing of Muster's state is in it.
+        ours = [t for t in self._tasks if t is not self.kopf_task]
+        for task in ours:
+            task.cancel()
+        for task in ours:
             try:
-                await asyncio.wait_for(task, timeout=1.0)
-            except (TimeoutError, asyncio.CancelledError):
+                await task
+            except asyncio.CancelledError:
                 pass
             except Exception:
                 log.exception("task %s failed while stopping", task.get_name())
-        self._tasks = []
         await self.queue.stop()
         await self.planner.stop()
         await self.events.stop()  # after the queue: the last reconciles' events still go out
@@ -276,6 +283,19 @@ class Controller:
             stop = getattr(provider, "stop", None)
             if stop is not None:
                 await stop()
+        left = await self.kube.drain(within=KOPF_STOP_SECONDS)
+        if left:
+            log.warning("%d API request(s) still unanswered while stopping", left)
+        if self.kopf_task is not None and self._kopf_stop is not None:
+            self._kopf_stop.set()
+            # kopf finishes its own shutdown when it can, but its discovery retries can
+            # keep it for seconds after the stop flag; nothing of Muster's state is in it.
+            done, _ = await asyncio.wait({self.kopf_task}, timeout=1.0)
+            if not done:
+                self.kopf_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await self.kopf_task
+        self._tasks = []
 
     def health(self) -> dict[str, Any]:
         return {
