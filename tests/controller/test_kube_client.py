@@ -1,0 +1,56 @@
+"""KubeClient's request path: cancelled callers never poison the connection pool."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from controller.kube import ApiError, KubeClient
+from controller.kube.resources import NODES
+from sandbox.server import SandboxServer
+
+
+@pytest.fixture
+async def slow(tmp_path: Path) -> AsyncIterator[tuple[SandboxServer, KubeClient]]:
+    srv = SandboxServer()
+    await srv.start()
+    client = await KubeClient.from_kubeconfig(srv.write_kubeconfig(tmp_path / "kc"))
+    try:
+        yield srv, client
+    finally:
+        await client.close()
+        await srv.stop()
+
+
+async def test_a_cancelled_caller_lets_its_request_finish_and_drain_waits_for_it(
+    slow: tuple[SandboxServer, KubeClient],
+) -> None:
+    srv, client = slow
+    rule = srv.faults.add_latency(0.3, verbs="list", resources="nodes")
+    callers = [asyncio.create_task(client.list(NODES)) for _ in range(4)]
+    await asyncio.sleep(0.05)  # sent, waiting for the answers
+    for c in callers:
+        c.cancel()
+    await asyncio.gather(*callers, return_exceptions=True)
+    assert await client.drain(within=0.01) == 4, "the requests still run, shielded"
+    assert await client.drain(within=5) == 0
+    srv.faults.remove(rule)
+    # Every pooled connection answers the next requests at once.
+    got = await asyncio.wait_for(asyncio.gather(*(client.list(NODES) for _ in range(8))), 2)
+    assert all(g["items"] == [] for g in got)
+
+
+async def test_transport_failures_are_api_errors_with_status_0(tmp_path: Path) -> None:
+    srv = SandboxServer()
+    await srv.start()
+    client = await KubeClient.from_kubeconfig(srv.write_kubeconfig(tmp_path / "kc"))
+    await srv.stop()  # nothing listens any more
+    try:
+        with pytest.raises(ApiError) as info:
+            await client.list(NODES)
+        assert info.value.status == 0
+    finally:
+        await client.close()
