@@ -18,6 +18,7 @@ from controller.fit.types import (
     TopologyMode,
     TopologyRequest,
 )
+from providers.kind import KindProvider
 
 GPU8 = {"cpu": 90_000, "memory": 900 * 2**30, objects.GPU: 8, "pods": 1}
 
@@ -52,3 +53,10 @@ def plan_on(nodes: list[str], *, new: int = 0, pool: str = "p", rack: str = "b1-
         placements=(PodSetPlacement("workers", objects.RACK, rack, 1, domain),),
         cost_per_hour=1.5 * new,
     )
+
+
+def starve(provider: KindProvider) -> None:
+    """No stock left in any rack of the "gpu" pool."""
+    for b in (1, 2):
+        for r in range(1, 5):
+            provider.set_stock("gpu", {objects.BLOCK: f"b{b}", objects.RACK: f"b{b}-r{r}"}, 0)

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from controller.clock import ManualClock
+from controller.commands import objects
+from controller.config import MusterConfig
 from controller.kube import KubeClient
+from controller.kube.resources import CAPACITY_POOLS, NAMESPACES, POD_TEMPLATES
+from controller.reconcilers.operator import Controller
+from providers.kind import KindProvider
 from sandbox.server import SandboxServer
 
 CRDS = Path(__file__).resolve().parents[2] / "crds"
@@ -30,3 +37,26 @@ async def kube(server: SandboxServer, tmp_path: Path) -> AsyncIterator[KubeClien
         yield client
     finally:
         await client.close()
+
+
+@pytest.fixture
+async def running(kube: KubeClient) -> AsyncIterator[tuple[Controller, ManualClock, KindProvider]]:
+    """A controller (own watch) on virtual time with the kind provider, a "gpu" pool of 8-GPU
+    nodes in racks and a "workers" template (one 8-GPU pod per node, one rack) in "ns"."""
+    await kube.create(NAMESPACES, {"metadata": {"name": "ns"}})
+    await kube.create(CAPACITY_POOLS, objects.gpu_pool("gpu"))
+    await kube.create(POD_TEMPLATES, objects.pod_template(
+        "workers", namespace="ns", requests={"cpu": "90", objects.GPU: "8"},
+        required_level=objects.RACK, tolerations=[objects.GPU_TOLERATION],
+    ), namespace="ns")
+    # Virtual time starting now, so durations from the API server's timestamps make sense.
+    clock = ManualClock(start=datetime.now(UTC))
+    provider = KindProvider(kube, heartbeat_seconds=3600)
+    controller = Controller(kube=kube, config=MusterConfig(), clock=clock,
+                            providers={"kind": provider}, use_kopf=False)
+    await controller.start()
+    try:
+        yield controller, clock, provider
+    finally:
+        await controller.stop()
+

@@ -8,44 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
-
-import pytest
 
 from controller.clock import ManualClock
 from controller.commands import objects
-from controller.config import MusterConfig
 from controller.kube import KubeClient
 from controller.kube.resources import (
     CAPACITY_POOLS,
-    NAMESPACES,
     NODES,
-    POD_TEMPLATES,
     PROVISIONING_REQUESTS,
 )
 from controller.reconcilers.operator import Controller
 from providers.kind import KindProvider
+from tests.controller.builders import starve
 from tests.helpers import eventually
-
-
-@pytest.fixture
-async def running(kube: KubeClient) -> AsyncIterator[tuple[Controller, ManualClock, KindProvider]]:
-    await kube.create(NAMESPACES, {"metadata": {"name": "ns"}})
-    await kube.create(CAPACITY_POOLS, objects.gpu_pool("gpu"))
-    await kube.create(POD_TEMPLATES, objects.pod_template(
-        "workers", namespace="ns", requests={"cpu": "90", objects.GPU: "8"},
-        required_level=objects.RACK, tolerations=[objects.GPU_TOLERATION],
-    ), namespace="ns")
-    clock = ManualClock()
-    provider = KindProvider(kube, heartbeat_seconds=3600)
-    controller = Controller(kube=kube, config=MusterConfig(), clock=clock,
-                            providers={"kind": provider}, use_kopf=False)
-    await controller.start()
-    try:
-        yield controller, clock, provider
-    finally:
-        await controller.stop()
 
 
 async def _condition(kube: KubeClient, name: str, type_: str) -> dict[str, Any] | None:
@@ -90,9 +67,7 @@ async def test_stock_out_backs_off_on_the_clock_then_fails(
     kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider]
 ) -> None:
     controller, clock, provider = running
-    for b in (1, 2):
-        for r in range(1, 5):
-            provider.set_stock("gpu", {objects.BLOCK: f"b{b}", objects.RACK: f"b{b}-r{r}"}, 0)
+    starve(provider)
     await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
         "starved", namespace="ns", pod_sets=[("workers", 2)]), namespace="ns")
     retry = controller.config.retry

@@ -7,53 +7,27 @@ the same aiohttp app as in ``muster run`` on a loopback port.
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 
 import aiohttp
-import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.clock import ManualClock
 from controller.commands import objects
 from controller.commands.probes import Probes
-from controller.config import MusterConfig
 from controller.kube import KubeClient
 from controller.kube.resources import (
-    CAPACITY_POOLS,
-    NAMESPACES,
-    POD_TEMPLATES,
     PROVISIONING_REQUESTS,
 )
 from controller.metrics import ControllerMetrics
 from controller.reconcilers.operator import Controller
 from providers.kind import KindProvider
+from tests.controller.builders import starve
 from tests.helpers import eventually
 
 _until = functools.partial(eventually, within=10.0, step=0.02)
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-@pytest.fixture
-async def running(kube: KubeClient) -> AsyncIterator[tuple[Controller, ManualClock, KindProvider]]:
-    await kube.create(NAMESPACES, {"metadata": {"name": "ns"}})
-    await kube.create(CAPACITY_POOLS, objects.gpu_pool("gpu"))
-    await kube.create(POD_TEMPLATES, objects.pod_template(
-        "workers", namespace="ns", requests={"cpu": "90", objects.GPU: "8"},
-        required_level=objects.RACK, tolerations=[objects.GPU_TOLERATION],
-    ), namespace="ns")
-    # Virtual time starting now, so durations from the API server's timestamps make sense.
-    clock = ManualClock(start=datetime.now(UTC))
-    provider = KindProvider(kube, heartbeat_seconds=3600)
-    controller = Controller(kube=kube, config=MusterConfig(), clock=clock,
-                            providers={"kind": provider}, use_kopf=False)
-    await controller.start()
-    try:
-        yield controller, clock, provider
-    finally:
-        await controller.stop()
 
 
 async def _scrape(controller: Controller) -> Samples:
@@ -129,9 +103,7 @@ async def test_a_stock_out_is_counted_by_pool_and_reason(
     kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider]
 ) -> None:
     controller, _, provider = running
-    for b in (1, 2):
-        for r in range(1, 5):
-            provider.set_stock("gpu", {objects.BLOCK: f"b{b}", objects.RACK: f"b{b}-r{r}"}, 0)
+    starve(provider)
     await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
         "starved", namespace="ns", pod_sets=[("workers", 2)]), namespace="ns")
 
