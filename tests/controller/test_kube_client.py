@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -13,22 +12,10 @@ from controller.kube.resources import NODES
 from sandbox.server import SandboxServer
 
 
-@pytest.fixture
-async def slow(tmp_path: Path) -> AsyncIterator[tuple[SandboxServer, KubeClient]]:
-    srv = SandboxServer()
-    await srv.start()
-    client = await KubeClient.from_kubeconfig(srv.write_kubeconfig(tmp_path / "kc"))
-    try:
-        yield srv, client
-    finally:
-        await client.close()
-        await srv.stop()
-
-
 async def test_a_cancelled_caller_lets_its_request_finish_and_drain_waits_for_it(
-    slow: tuple[SandboxServer, KubeClient],
+    server: SandboxServer, kube: KubeClient,
 ) -> None:
-    srv, client = slow
+    srv, client = server, kube
     rule = srv.faults.add_latency(0.3, verbs="list", resources="nodes")
     callers = [asyncio.create_task(client.list(NODES)) for _ in range(4)]
     await asyncio.sleep(0.05)  # sent, waiting for the answers
