@@ -54,6 +54,24 @@ def build_registry(
     return registry
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """A diff base that is never kept: the last-handled state exists for change handlers,
+    and Muster registers event handlers only.
+
+    kopf still builds one for every event (a deep copy of the whole body, plan annotation
+    and status included), which was a tenth of kopf's cost per event at 1,000 requests.
+    """
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
+
+
 def configure_settings(settings: kopf.OperatorSettings) -> None:
     settings.posting.enabled = False
     settings.peering.standalone = True
@@ -61,9 +79,7 @@ def configure_settings(settings: kopf.OperatorSettings) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
         prefix="kopf.muster.dev"
     )
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix="kopf.muster.dev"
-    )
+    settings.persistence.diffbase_storage = NoDiffBase()
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.networking.request_timeout = 60
