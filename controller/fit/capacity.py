@@ -10,8 +10,11 @@ from controller.fit.devices import book
 from controller.fit.dra_types import DeviceResult
 from controller.fit.types import NodeState, Plan, PoolDomain, PoolState, Snapshot
 
+BookedMemo = dict[str, tuple[NodeState, dict[str, int], NodeState]]
+"""Node name -> (node, amounts taken, the node with them taken), from an earlier call."""
 
-def apply_plan(snapshot: Snapshot, plan: Plan) -> Snapshot:
+
+def apply_plan(snapshot: Snapshot, plan: Plan, *, memo: BookedMemo | None = None) -> Snapshot:
     """``snapshot`` with the plan's pods taken from their nodes' free capacity and the
     plan's new nodes taken from their pools' headroom (per domain and pool-wide), and the
     plan's DRA device allocations marked as used on their nodes.
@@ -19,6 +22,10 @@ def apply_plan(snapshot: Snapshot, plan: Plan) -> Snapshot:
     New-node slots are not added as nodes: their leftover capacity stays unbooked until the
     nodes register and show up in the next snapshot. Unknown node or pool names are ignored
     (the object may have gone away since the plan was made).
+
+    ``memo``: a caller applying every booking of the cluster on each planning pass keeps
+    this between calls; a node whose state object and booked amounts did not change is then
+    not rebuilt. The caller drops entries of nodes that are gone.
     """
     used: dict[str, dict[str, int]] = {}
     devices: dict[str, list[DeviceResult]] = {}
@@ -33,9 +40,14 @@ def apply_plan(snapshot: Snapshot, plan: Plan) -> Snapshot:
             slot[res] = slot.get(res, 0) + amount * a.pods
     # A plan of new nodes only leaves existing nodes as they are; skipping the walk over
     # every node keeps a planning pass of N such requests O(N), not O(N x nodes).
-    nodes = snapshot.nodes if not used else tuple(
-        _taken(n, used[n.name]) if n.name in used else n for n in snapshot.nodes
-    )
+    if not used:
+        nodes = snapshot.nodes
+    elif memo is None:
+        nodes = tuple(_taken(n, used[n.name]) if n.name in used else n for n in snapshot.nodes)
+    else:
+        nodes = tuple(
+            _remembered(n, used[n.name], memo) if n.name in used else n for n in snapshot.nodes
+        )
     if devices:
         nodes = tuple(
             replace(n, devices=book(n.devices, devices[n.name]))
@@ -47,6 +59,15 @@ def apply_plan(snapshot: Snapshot, plan: Plan) -> Snapshot:
         added.setdefault(nn.pool, []).append((nn.domain, nn.count))
     pools = tuple(_book_pool(p, added[p.name]) if p.name in added else p for p in snapshot.pools)
     return replace(snapshot, nodes=nodes, pools=pools)
+
+
+def _remembered(node: NodeState, amounts: dict[str, int], memo: BookedMemo) -> NodeState:
+    hit = memo.get(node.name)
+    if hit is not None and hit[0] is node and hit[1] == amounts:
+        return hit[2]
+    booked = _taken(node, amounts)
+    memo[node.name] = (node, amounts, booked)
+    return booked
 
 
 def _taken(node: NodeState, amounts: Mapping[str, int]) -> NodeState:

@@ -396,7 +396,15 @@ class Workspace:
         other.slot_count = {}
         other.allocations = {}
         other.pool_booked = _summed(self.pool_booked, self.pool_used)
-        other.domain_booked = _summed(self.domain_booked, self.domain_used)
+        # As apply_plan books them: a plan's new nodes are known by (pool, domain labels),
+        # so every domain of the pool listing the same labels loses that headroom.
+        booked = dict(self.domain_booked)
+        for (pi, di), count in self.domain_used.items():
+            domains = self.pools[pi].domains
+            for dj, dom in enumerate(domains):
+                if dom.labels == domains[di].labels:
+                    booked[(pi, dj)] = booked.get((pi, dj), 0) + count
+        other.domain_booked = booked
         other.pool_used = {}
         other.domain_used = {}
         return other

@@ -28,6 +28,7 @@ from controller.api.capacitypool import CapacityPool
 from controller.api.node import Node
 from controller.api.pod import Pod, PodTemplate
 from controller.fit import apply_plan
+from controller.fit.capacity import BookedMemo
 from controller.fit.types import NodeState, Plan, PoolState, Snapshot
 from controller.snapshot import node_state, pool_state
 from controller.state.bookings import (
@@ -107,7 +108,9 @@ class ClusterState:
         self._booking_text: dict[str, str] = {}
         """The annotation each booking was parsed from."""
         self._reserved: dict[str, Booking] = {}
-        self._held_cache: dict[str, tuple[Booking, tuple[Any, ...], Plan]] = {}
+        self._held_cache: dict[str, tuple[Booking, tuple[Any, ...], Plan, tuple[str, ...]]] = {}
+        self._booked_memo: BookedMemo = {}
+        """Nodes with their bookings applied, reused across passes (apply_plan's memo)."""
         self._short: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[int, datetime]] = {}
         self._pool_states: tuple[PoolState, ...] | None = None
         self.dra = DraState()
@@ -435,13 +438,16 @@ class ClusterState:
         (the booking, its consumers, its keys' registered nodes, its named nodes), so a
         planning pass costs O(changed bookings), not O(all bookings)."""
         consumers = self.scheduled_consumers(key)
-        signature = (
-            tuple(sorted(consumers.items())),
-            tuple(len(self._nodes_by_key.get(g.key, ())) for g in booking.groups),
-            tuple(n in self._nodes for n in _nodes_named(booking)),
-        )
         cached = self._held_cache.get(key)
-        if cached is not None and cached[0] is booking and cached[1] == signature:
+        same = cached is not None and cached[0] is booking
+        named = cached[3] if same and cached is not None else _nodes_named(booking)
+        nodes = self._nodes
+        signature = (
+            tuple(sorted(consumers.items())) if consumers else (),
+            tuple([len(self._nodes_by_key.get(g.key, ())) for g in booking.groups]),
+            tuple([n in nodes for n in named]),
+        )
+        if same and cached is not None and cached[1] == signature:
             return cached[2]
         plan = effective_plan(
             booking,
@@ -449,7 +455,7 @@ class ClusterState:
             scheduled_on=consumers,
             nodes_by_key=self._nodes_by_key,
         )
-        self._held_cache[key] = (booking, signature, plan)
+        self._held_cache[key] = (booking, signature, plan, named)
         return plan
 
     def mark_short(
@@ -528,7 +534,11 @@ class ClusterState:
         if len(self._held_cache) > 2 * len(bookings) + 64:
             self._held_cache = {k: v for k, v in self._held_cache.items() if k in bookings}
         merged = merge_plans(plans)
-        return snap if merged is None else apply_plan(snap, merged)
+        if merged is None:
+            return snap
+        if len(self._booked_memo) > 2 * len(self._nodes) + 64:
+            self._booked_memo = {k: v for k, v in self._booked_memo.items() if k in self._nodes}
+        return apply_plan(snap, merged, memo=self._booked_memo)
 
 
 def _nodes_named(booking: Booking) -> tuple[str, ...]:

@@ -19,6 +19,7 @@ from controller.fit import (
     apply_plan,
     plan,
 )
+from controller.state.bookings import merge_plans
 from tests.builders import LEVELS, Cluster, PoolB, level, shape
 from tests.fit.test_properties import SETTINGS, nodes, pod_sets, pools
 
@@ -98,3 +99,33 @@ def test_a_burst_of_equal_gangs_reuses_the_workspace_and_books_each_capacity_onc
     for p in placed:
         indexes = [a.new_node.index for a in p.assignments if a.new_node is not None]
         assert not indexes or min(indexes) == 0
+
+
+@SETTINGS
+@given(nodes(), pools(), gangs(), st.data())
+def test_apply_plan_with_a_memo_equals_without(
+    node_states: tuple[NodeState, ...],
+    pool_states: tuple[PoolState, ...],
+    sequence: list[tuple[GangRequest, Mode, bool]],
+    data: st.DataObject,
+) -> None:
+    # The cache applies every booking on each pass with one memo kept between passes, while
+    # nodes change (a pod lands: a new NodeState) and bookings come and go.
+    from dataclasses import replace
+
+    from controller.fit.capacity import BookedMemo
+
+    snap = Snapshot(node_states, pool_states, LEVELS)
+    plans = [r for r in _sequential(snap, sequence) if isinstance(r, Plan)]
+    memo: BookedMemo = {}
+    for _ in range(3):
+        chosen = data.draw(st.lists(st.sampled_from(plans), max_size=4)) if plans else []
+        if snap.nodes and data.draw(st.booleans()):
+            i = data.draw(st.integers(0, len(snap.nodes) - 1))
+            node = snap.nodes[i]
+            changed = replace(node, free={k: v - 1 for k, v in node.free.items()})
+            snap = replace(snap, nodes=(*snap.nodes[:i], changed, *snap.nodes[i + 1:]))
+        merged = merge_plans(chosen)
+        if merged is None:
+            continue
+        assert apply_plan(snap, merged, memo=memo) == apply_plan(snap, merged)
