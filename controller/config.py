@@ -293,7 +293,7 @@ class MusterConfig(BaseSettings):
     event_source: Literal["kopf", "watch"] = Field(
         default="kopf",
         description="Who watches ProvisioningRequests: kopf's event handlers, or Muster's own "
-        "list-then-watch loop (about 1.6x the throughput at 1,000 requests, see "
+        "list-then-watch loop (about 1.7x the throughput at 1,000 requests, see "
         "benchmarks/controller_bench.py).",
     )
     kueue: KueueConfig = Field(default_factory=KueueConfig)
