@@ -17,7 +17,7 @@ A pod set is placed only when all its pods fit; the workspace changes only on su
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from controller.fit.shapes import ShapeCounter, label_keys, pods_that_fit
@@ -54,6 +54,13 @@ class Outcome:
     placement: PodSetPlacement
 
 
+def one_batch_nodes(b: Batch, need: int, pool_left: Mapping[int, int]) -> int | None:
+    """New nodes of ``b`` holding ``need`` (> 0) pods, or None when its room is short."""
+    if min(b.nodes, pool_left.get(b.ref.pool_index, 0)) * b.per_node < need:
+        return None
+    return -(-need // b.per_node)
+
+
 def buy(batches: Sequence[Batch], need: int, pool_left: dict[int, int]) -> Purchase | None:
     """Cheapest new nodes for ``need`` pods, or None if the batches cannot hold them.
 
@@ -68,11 +75,10 @@ def buy(batches: Sequence[Batch], need: int, pool_left: dict[int, int]) -> Purch
         # The common case (one pool per topology domain): the general walk below reduces to
         # this, and a gang with a required level prices every domain of the cluster.
         b = batches[0]
-        pool = b.ref.pool_index
-        if min(b.nodes, pool_left.get(pool, 0)) * b.per_node < need:
+        k = one_batch_nodes(b, need, pool_left)
+        if k is None:
             return None
-        k = -(-need // b.per_node)
-        pool_left[pool] = pool_left.get(pool, 0) - k
+        pool_left[b.ref.pool_index] = pool_left.get(b.ref.pool_index, 0) - k
         return Purchase(((b, k, need),), k * b.price, k)
     ordered = sorted(batches, key=lambda b: (b.price / b.per_node, b.price, b.ref.sort_name))
     left = {id(b): b.nodes for b in ordered}
@@ -301,11 +307,12 @@ class PodSetPlanner:
             batches = by_key[key]
             rest = need - caps.get(key, 0)
             if len(batches) == 1 and rest > 0:
-                # buy()'s one-batch case, inlined: a required level prices every domain.
+                # buy()'s one-batch case without building a purchase: a required level
+                # prices every domain, and only the cheapest is bought.
                 b = batches[0]
-                if min(b.nodes, pool_left.get(b.ref.pool_index, 0)) * b.per_node < rest:
+                k = one_batch_nodes(b, rest, pool_left)
+                if k is None:
                     continue
-                k = -(-rest // b.per_node)
                 rank = (k * b.price, k, key)
             else:
                 purchase = buy(batches, rest, dict(pool_left))

@@ -439,15 +439,16 @@ class ClusterState:
         planning pass costs O(changed bookings), not O(all bookings)."""
         consumers = self.scheduled_consumers(key)
         cached = self._held_cache.get(key)
-        same = cached is not None and cached[0] is booking
-        named = cached[3] if same and cached is not None else _nodes_named(booking)
+        if cached is not None and cached[0] is not booking:
+            cached = None  # another booking: nothing of the memo applies
+        named = cached[3] if cached is not None else _nodes_named(booking)
         nodes = self._nodes
         signature = (
             tuple(sorted(consumers.items())) if consumers else (),
             tuple([len(self._nodes_by_key.get(g.key, ())) for g in booking.groups]),
             tuple([n in nodes for n in named]),
         )
-        if same and cached is not None and cached[1] == signature:
+        if cached is not None and cached[1] == signature:
             return cached[2]
         plan = effective_plan(
             booking,
