@@ -214,7 +214,7 @@ def node_state(
     for taken in (used or {}, booked or {}):
         for res, amount in taken.items():
             free[res] = free.get(res, 0) - amount
-    taints = tuple(Taint(t.key, t.value, t.effect) for t in node.spec.taints)
+    taints = tuple(Taint(t.key, t.value, t.effect) for t in node.lasting_taints)
     if taint_cache is not None:
         taints = taint_cache.setdefault(taints, taints)
     labels = dict(node.metadata.labels)

@@ -40,6 +40,19 @@ class NodeStatus(_Open):
     conditions: list[NodeCondition] = Field(default_factory=list)
 
 
+STARTUP_TAINTS = frozenset({
+    # TaintNodesByCondition admission puts this on every new Node; the node lifecycle
+    # controller lifts it as soon as it sees the node Ready.
+    "node.kubernetes.io/not-ready",
+    # The lifecycle controller's NoExecute twin for Ready=Unknown, lifted the same way.
+    "node.kubernetes.io/unreachable",
+    # The kubelet's --cloud-provider=external mark, lifted by the cloud-controller-manager
+    # once it initialised the node (AWS and GCP nodes register with it).
+    "node.cloudprovider.kubernetes.io/uninitialized",
+})
+"""Taints that say "this node is still starting" and go away without anyone acting."""
+
+
 class Node(_Open):
     api_version: Literal["v1"] = Field(default="v1", alias="apiVersion")
     kind: Literal["Node"] = "Node"
@@ -51,6 +64,22 @@ class Node(_Open):
     def ready(self) -> bool:
         """Ready=True. A node that has not reported a Ready condition is not ready."""
         return any(c.type == "Ready" and c.status == "True" for c in self.status.conditions)
+
+    @property
+    def lasting_taints(self) -> list[Taint]:
+        """The taints that decide placement once the node has settled: on a Ready node the
+        start-up taints are transient (the control plane lifts them within seconds), so a
+        plan must not count them; on a node that is not Ready they stay, and it is not
+        schedulable anyway."""
+        if not self.ready:
+            return self.spec.taints
+        return [t for t in self.spec.taints if t.key not in STARTUP_TAINTS]
+
+    @property
+    def settled(self) -> bool:
+        """Ready and carrying no start-up taint: the scheduler (and Kueue's topology
+        assignment, which reads taints too) can place pods on it now."""
+        return self.ready and not any(t.key in STARTUP_TAINTS for t in self.spec.taints)
 
     @property
     def schedulable(self) -> bool:

@@ -113,6 +113,9 @@ class ClusterState:
         """Nodes with their bookings applied, reused across passes (apply_plan's memo)."""
         self._short: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[int, datetime]] = {}
         self._pool_states: tuple[PoolState, ...] | None = None
+        self._deleting_pools: set[str] = set()
+        self.pools_changed = asyncio.Event()
+        """Set on every pool event (the pool finalizer loop waits on it)."""
         self.dra = DraState()
         """DRA objects (ResourceSlices, claims, classes, claim templates)."""
         self._sorted_nodes: tuple[NodeState, ...] | None = None
@@ -153,7 +156,7 @@ class ClusterState:
         # Pool headroom counts nodes by labels; heartbeats (status only) leave it as it is.
         if old is None or old.metadata.labels != labels:
             self._pool_states = None
-        if node.ready:
+        if node.settled:
             for fut in self._ready_waiters.pop(name, []):
                 if not fut.done():
                     fut.set_result(None)
@@ -216,8 +219,9 @@ class ClusterState:
         return name in self._nodes
 
     def node_ready(self, name: str) -> bool:
+        """Ready and settled (no start-up taint left): pods can be placed on it now."""
         node = self._nodes.get(name)
-        return node is not None and node.ready
+        return node is not None and node.settled
 
     def nodes(self) -> Mapping[str, Node]:
         return self._nodes
@@ -225,8 +229,9 @@ class ClusterState:
     async def wait_ready(
         self, names: Sequence[str], *, within: float, sleep: Callable[[float], Any]
     ) -> list[str]:
-        """Wait until every node in ``names`` is Ready or ``within`` seconds pass (injected
-        ``sleep``); return the names still not Ready."""
+        """Wait until every node in ``names`` is Ready and settled (see
+        :attr:`Node.settled`) or ``within`` seconds pass (injected ``sleep``); return the
+        names still not so."""
         pending = [n for n in names if not self.node_ready(n)]
         if not pending:
             return []
@@ -342,6 +347,8 @@ class ClusterState:
     def replace_pools(self, items: Iterable[Body]) -> None:
         self._pools.clear()
         self._pool_errors.clear()
+        self._deleting_pools.clear()
+        self._sorted_nodes = None
         for item in items:
             self.upsert_pool(item)
         self.synced["pools"].set()
@@ -349,6 +356,12 @@ class ClusterState:
     def upsert_pool(self, body: Body) -> None:
         name = str((body.get("metadata") or {}).get("name"))
         self._pool_states = None
+        self.pools_changed.set()
+        deleting = bool((body.get("metadata") or {}).get("deletionTimestamp"))
+        if deleting != (name in self._deleting_pools):
+            # Its nodes stop (or start) being plannable: node states are rebuilt.
+            self._deleting_pools.symmetric_difference_update({name})
+            self._sorted_nodes = None
         try:
             self._pools[name] = CapacityPool.model_validate(body)
             self._pool_errors.pop(name, None)
@@ -358,9 +371,22 @@ class ClusterState:
             log.warning("ignoring invalid CapacityPool %s: %s", name, self._pool_errors[name])
 
     def delete_pool(self, name: str) -> None:
+        self.pools_changed.set()
         self._pools.pop(name, None)
         self._pool_errors.pop(name, None)
         self._pool_states = None
+        if name in self._deleting_pools:
+            self._deleting_pools.discard(name)
+            self._sorted_nodes = None
+
+    def pool_deleting(self, name: str) -> bool:
+        """The pool has a deletionTimestamp: Muster adds no node to it, plans nothing new on
+        its nodes, and releases them as their bookings and pods end (its finalizer keeps
+        the object, and so the provider's settings, until then)."""
+        return name in self._deleting_pools
+
+    def pool_node_count(self, name: str) -> int:
+        return len(self._nodes_by_pool.get(name, ()))
 
     def pools(self) -> Mapping[str, CapacityPool]:
         return self._pools
@@ -513,11 +539,16 @@ class ClusterState:
         pool headroom capped where the provider recently ran out of stock (as of ``now``)."""
         if self._sorted_nodes is None:
             self._sorted_nodes = tuple(
-                self._node_states[n] for n in sorted(self._node_states)
+                replace(self._node_states[n], schedulable=False)
+                if self._node_states[n].pool in self._deleting_pools
+                else self._node_states[n]
+                for n in sorted(self._node_states)
             )
         if self._pool_states is None:
             states = []
             for name in sorted(self._pools):
+                if name in self._deleting_pools:
+                    continue
                 try:
                     states.append(self._pool_state(self._pools[name]))
                 except ValueError as exc:
