@@ -65,6 +65,25 @@ class WatchEvent:
     object: Body
 
 
+MAX_RETRY_AFTER = 10
+"""Retries of a request the API server answered with 429 or 5xx and a Retry-After header
+(client-go's ``maxRetries`` for the same case)."""
+
+
+def _retry_after(resp: aiohttp.ClientResponse) -> float | None:
+    """Seconds to wait before retrying, when the server asked for a retry; else None."""
+    if resp.status != 429 and not 500 <= resp.status <= 599:
+        return None
+    header = resp.headers.get("Retry-After")
+    if header is None:
+        return None
+    try:
+        seconds = float(header)
+    except ValueError:
+        return None
+    return min(max(seconds, 0.05), 10.0)
+
+
 BodyList = list[Body]
 """Alias: inside :class:`KubeClient`, ``list`` names the method."""
 
@@ -169,14 +188,22 @@ class KubeClient:
         content_type: str = "application/json",
         request_timeout: float | None = 60.0,
     ) -> Body:
-        resp = await self._send(method, path, query, body, content_type, request_timeout)
-        try:
-            data = await resp.read()
-        except BaseException:
-            # Cancelled or broken mid-body: never hand this connection back to the pool.
-            resp.close()
-            raise
-        resp.release()
+        for attempt in range(MAX_RETRY_AFTER + 1):
+            resp = await self._send(method, path, query, body, content_type, request_timeout)
+            try:
+                data = await resp.read()
+            except BaseException:
+                # Cancelled or broken mid-body: never hand this connection back to the pool.
+                resp.close()
+                raise
+            resp.release()
+            wait = _retry_after(resp)
+            if wait is None or attempt == MAX_RETRY_AFTER:
+                break
+            # The server asked us to come back (a 429 while a new resource's watch cache
+            # initialises, API priority and fairness, a 503 with Retry-After): client-go
+            # retries these itself, up to 10 times, and so do we.
+            await asyncio.sleep(wait)
         if not 200 <= resp.status <= 299:
             raise ApiError(resp.status, str(resp.reason), data.decode(errors="replace"))
         if not data:
@@ -229,6 +256,17 @@ class KubeClient:
             raise
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise ApiError(0, type(exc).__name__, str(exc)) from exc
+
+    async def serves(self, api_version: str) -> bool:
+        """Whether the API server serves ``api_version`` (``group/version``, or ``v1``)."""
+        path = f"/apis/{api_version}" if "/" in api_version else f"/api/{api_version}"
+        try:
+            await self._request("GET", path)
+        except ApiError as exc:
+            if exc.not_found:
+                return False
+            raise
+        return True
 
     # ------------------------------------------------------------------ CRUD
 
