@@ -10,7 +10,9 @@ nodes by acquisition key, and releases a group when:
   ``idle_ttl`` seconds: a gang's nodes are released together, never one by one.
 
 Groups of an active booking, or with an acquisition in flight in this process, are never
-touched.
+touched. A pool being deleted (its finalizer holds it, :mod:`controller.reconcilers.pools`)
+gets no new nodes and no new plans; each of its groups is released as soon as no booking
+holds it and no pod runs on it.
 """
 
 from __future__ import annotations
@@ -72,8 +74,9 @@ class Collector:
             except ProviderError as exc:
                 log.warning("listing pool %s failed: %s", pool.metadata.name, exc)
                 continue
+            deleting = self._state.pool_deleting(pool.metadata.name)
             for key, nodes in _by_key(provided).items():
-                why = self._verdict(key, nodes, owners)
+                why = self._verdict(key, nodes, owners, pool_deleting=deleting)
                 if why is None:
                     continue
                 group = Group(key=key, pool=pool.metadata.name, domain={}, count=len(nodes))
@@ -120,6 +123,8 @@ class Collector:
         key: str,
         nodes: list[ProvidedNode],
         owners: dict[str, tuple[Phase, frozenset[str]]],
+        *,
+        pool_deleting: bool = False,
     ) -> str | None:
         """Why the group must go now, or None to keep it."""
         if key in self._in_flight():
@@ -133,6 +138,9 @@ class Collector:
             self._seen_used.add(key)
             self._idle_since.pop(key, None)
             return None
+        if pool_deleting:
+            # Nothing new is planned on these nodes: waiting out the idle TTL buys nothing.
+            return "its CapacityPool is being deleted and no booking or pod uses it"
         ended_in_use = current and owner is not None and owner[0] is Phase.ENDED
         if key not in self._seen_used and not ended_in_use:
             if owner is None:

@@ -118,6 +118,11 @@ class CapacityPoolStatus(BaseModel):
     conditions: list[Condition] = Field(default_factory=list)
 
 
+POOL_FINALIZER = "muster.dev/release-nodes"
+"""Muster holds every pool it serves with this finalizer and plans on a pool only once it is
+there, so a deleted pool stays (with its provider settings) until its nodes are released."""
+
+
 class CapacityPool(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="ignore")
 

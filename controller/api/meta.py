@@ -20,6 +20,7 @@ class ObjectMeta(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
     deletion_timestamp: str | None = Field(default=None, alias="deletionTimestamp")
+    finalizers: list[str] = Field(default_factory=list)
     creation_timestamp: str | None = Field(default=None, alias="creationTimestamp")
 
 

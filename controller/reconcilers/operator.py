@@ -29,6 +29,7 @@ from controller.kueue.integration import EVENT_COMPONENT as KUEUE_EVENTS
 from controller.kueue.integration import KueueIntegration, KueueNotInstalled
 from controller.metrics import ControllerMetrics
 from controller.reconcilers.handlers import build_registry
+from controller.reconcilers.pools import sync_pool_finalizers
 from controller.reconcilers.service import ProvisioningService
 from controller.reconcilers.telemetry import (
     RequestTelemetry,
@@ -164,6 +165,7 @@ class Controller:
         released = await self.collector.run_once()
         if released:
             log.info("start-up collection released %d group(s)", len(released))
+        await sync_pool_finalizers(self.kube, self.state)
         self.events.start()
         self.planner.start()
         self.queue.start()
@@ -173,6 +175,7 @@ class Controller:
         if self.use_kopf:
             await self._start_kopf()
         self._tasks.append(asyncio.create_task(self._collect_loop(), name="collector"))
+        self._tasks.append(asyncio.create_task(self._pool_loop(), name="pool-finalizers"))
         if self.kueue is not None:
             await self.kueue.start()
         self.ready = True
@@ -311,6 +314,20 @@ class Controller:
         if params.get("server", "").startswith("http://"):
             params.pop("insecure", None)
         return kopf.ConnectionInfo(**params)
+
+    async def _pool_loop(self) -> None:
+        """Pool finalizers: added as soon as a pool appears (and, at the latest, by
+        ``hold_pools`` before anything is acquired through it); removed once a deleted
+        pool's last node is released (checked every collection interval, since node
+        deletions do not change the pool)."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.state.pools_changed.wait(), self.collect_interval)
+            self.state.pools_changed.clear()
+            try:
+                await sync_pool_finalizers(self.kube, self.state)
+            except ApiError as exc:
+                log.warning("updating CapacityPool finalizers failed: %s; trying again", exc)
 
     async def _collect_loop(self) -> None:
         while True:

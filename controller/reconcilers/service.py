@@ -45,6 +45,7 @@ from controller.config import MusterConfig
 from controller.fit.types import GangRequest, Mode, NoFit, Plan
 from controller.kube import ApiError, Body, KubeClient
 from controller.kube.resources import PROVISIONING_REQUESTS
+from controller.reconcilers.pools import hold_pools
 from controller.reconcilers.requests import RequestView
 from controller.snapshot import SnapshotError, gang_of, parse_object
 from controller.state.bookings import (
@@ -289,6 +290,7 @@ class ProvisioningService:
                             lambda: self._announce(req, booking)) if announce else None
         try:
             try:
+                await hold_pools(self.kube, {g.pool for g in booking.groups})
                 nodes = await acquire_all(
                     booking.groups,
                     owner=req.key,

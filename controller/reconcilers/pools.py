@@ -1,0 +1,77 @@
+"""CapacityPool finalizer: a pool is not gone until the nodes Muster acquired through it are.
+
+A provider releases nodes with the pool's own settings (region, project, instance
+parameters), so a pool deleted while it still had nodes used to leave them running for good,
+heartbeated and even planned on by later requests. Muster therefore holds every pool it
+serves with the ``muster.dev/release-nodes`` finalizer, added when the pool appears and, at
+the latest, before any node is acquired through it (:func:`hold_pools`), so no node is ever
+acquired through a pool that could vanish without waiting for it. When a pool is deleted,
+the cache
+stops planning on it (:meth:`ClusterState.pool_deleting`), the collector releases each of its
+node groups once no booking and no pod uses it, and this reconciler removes the finalizer
+when no node of the pool is left.
+
+Finalizer writes carry the pool's resourceVersion, so another controller's finalizer is
+never dropped (a 409 is retried on the next pass).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from controller.api.capacitypool import POOL_FINALIZER, CapacityPool
+from controller.kube import ApiError, KubeClient
+from controller.kube.resources import CAPACITY_POOLS
+from controller.state.cache import ClusterState
+
+log = logging.getLogger(__name__)
+
+async def sync_pool_finalizers(kube: KubeClient, state: ClusterState) -> None:
+    """Add the finalizer to live pools; remove it from deleted pools with no node left."""
+    for name, pool in list(state.pools().items()):
+        finalizers = pool.metadata.finalizers
+        held = POOL_FINALIZER in finalizers
+        if state.pool_deleting(name):
+            if not held or state.pool_node_count(name):
+                continue
+            wanted = [f for f in finalizers if f != POOL_FINALIZER]
+            log.info("CapacityPool %s: its last node is released; letting it go", name)
+        elif held:
+            continue
+        else:
+            wanted = [*finalizers, POOL_FINALIZER]
+        await _write_finalizers(kube, pool, wanted)
+
+
+async def hold_pools(kube: KubeClient, names: set[str]) -> None:
+    """Make sure each pool carries the finalizer before anything is acquired through it
+    (read fresh, written under its resourceVersion; a 409 reads again). Raises ApiError when
+    a pool is gone or keeps changing: the acquisition is then retried like any API error."""
+    for name in sorted(names):
+        for attempt in range(3):
+            body = await kube.get(CAPACITY_POOLS, name)
+            meta = body.get("metadata") or {}
+            finalizers = list(meta.get("finalizers") or [])
+            if POOL_FINALIZER in finalizers:
+                break
+            if meta.get("deletionTimestamp"):
+                raise ApiError(409, "Conflict", f"CapacityPool {name} is being deleted")
+            patch = {"metadata": {"finalizers": [*finalizers, POOL_FINALIZER],
+                                  "resourceVersion": meta.get("resourceVersion")}}
+            try:
+                await kube.merge_patch(CAPACITY_POOLS, name, patch)
+                break
+            except ApiError as exc:
+                if not exc.conflict or attempt == 2:
+                    raise
+
+
+async def _write_finalizers(kube: KubeClient, pool: CapacityPool, wanted: list[str]) -> None:
+    patch = {"metadata": {"finalizers": wanted,
+                          "resourceVersion": pool.metadata.resource_version}}
+    try:
+        await kube.merge_patch(CAPACITY_POOLS, pool.metadata.name, patch)
+    except ApiError as exc:
+        if exc.conflict or exc.not_found:
+            return  # changed or gone meanwhile: the watch brings the news, next pass redoes
+        raise
