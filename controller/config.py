@@ -188,9 +188,11 @@ class KindProviderConfig(_Section):
     )
     heartbeat_seconds: float = Field(
         default=10.0,
-        gt=0,
+        ge=0,
         description="Lease renewal and Ready heartbeat period, like kwok's (the node "
-        "lifecycle controller marks nodes NotReady after 40 s without one).",
+        "lifecycle controller marks nodes NotReady after 40 s without one). 0: the provider "
+        "never heartbeats, because kwok manages its nodes (they carry "
+        "`kwok.x-k8s.io/node: fake`), as on the real-cluster test tier.",
     )
     default_stock: int | None = Field(
         default=None,

@@ -6,7 +6,8 @@ chosen domain's topology labels, taints, capacity and allocatable), carry
 ``spec.providerID = kind://<pool>/<key>/<i>`` and labels naming pool, acquisition key and
 owner, so :meth:`KindProvider.list` finds them after a restart. A heartbeat task renews each
 node's Lease in ``kube-node-lease`` and its Ready condition, so a real node lifecycle
-controller keeps them Ready.
+controller keeps them Ready; with ``heartbeat_seconds=0`` that is left to kwok, which
+manages every node annotated ``kwok.x-k8s.io/node: fake`` (the real-cluster test tier).
 
 For tests it keeps the things a cloud has and a cluster lacks: stock per domain, acquisition
 latency, injected failures (next error, grant k of n); a partial creation is always rolled
@@ -47,6 +48,7 @@ PROVIDER_LABEL = "muster.dev/provider"
 OWNER_UID_LABEL = "muster.dev/owner-uid"
 OWNER_ANNOTATION = "muster.dev/owner"
 NODE_LEASE_NAMESPACE = "kube-node-lease"
+BOOT_DELAY_ANNOTATION = "muster.dev/boot-delay"
 KNOWN_PARAMETERS = frozenset({"stock", "defaultStock", "latencySeconds", "readyDelaySeconds"})
 
 Now = Callable[[], datetime]
@@ -230,7 +232,7 @@ class KindProvider:
         """Adopt nodes left by an earlier process and start the heartbeat task."""
         listing = await self._kube.list(NODES, label_selector=f"{PROVIDER_LABEL}={self.name}")
         self._owned.update(n["metadata"]["name"] for n in listing.get("items") or [])
-        if self._heartbeat_task is None:
+        if self._heartbeat_task is None and self.heartbeat_seconds > 0:
             self._heartbeat_task = asyncio.create_task(
                 self._heartbeat_loop(), name="kind-heartbeat"
             )
@@ -353,6 +355,9 @@ class KindProvider:
         ready_delay = float(pool.spec.parameters.get("readyDelaySeconds", 0.0))
         if ready_delay:
             body["status"]["conditions"] = [_ready_condition(False, _rfc3339_micro(self._now()))]
+            # Where kwok is the kubelet, its node-initialize stage waits this long before it
+            # reports Ready (e2e/cluster.py adds the delay to kwok's stage).
+            body["metadata"]["annotations"][BOOT_DELAY_ANNOTATION] = f"{ready_delay:g}s"
         fresh = True
         try:
             created = await self._kube.create(NODES, body)
