@@ -201,23 +201,38 @@ async def eventually(
         await asyncio.sleep(step)
 
 
-@pytest.fixture
+TIERS = [pytest.param("sandbox"), pytest.param("real", marks=pytest.mark.real)]
+
+
+@pytest.fixture(params=TIERS)
 async def env(request: pytest.FixtureRequest) -> AsyncIterator[Env]:
-    kubeconfig = request.config.getoption("--kubeconfig")
+    """One scenario's cluster: the in-process sandbox, or the real tier (the local control
+    plane with Muster as its own process; with ``--kubeconfig``, that cluster instead)."""
     run = uuid.uuid4().hex[:8]
     namespace = f"e2e-{run}"
     config = load_config(E2E_CONFIG)
-    if kubeconfig:
-        async with await KubeClient.from_kubeconfig(Path(kubeconfig)) as kube:
-            e = Env(kube=kube, namespace=namespace, run=run, external=True, config=config)
-            await _namespace(kube, namespace)
-            try:
-                yield e
-            finally:
-                await _cleanup(e)
+    if request.param == "sandbox":
+        async with _sandbox_env(namespace, run, config) as e:
+            yield e
         return
-    async with _sandbox_env(namespace, run, config) as e:
-        yield e
+    kubeconfig = request.config.getoption("--kubeconfig")
+    muster = None
+    if not kubeconfig:
+        muster = request.getfixturevalue("muster_rbac_clean")
+        kubeconfig = str(muster.cluster.admin_kubeconfig)
+    async with await KubeClient.from_kubeconfig(Path(kubeconfig)) as kube:
+        e = Env(kube=kube, namespace=namespace, run=run, external=True, config=config)
+        if muster is not None:
+            e.stop_controller = lambda: asyncio.to_thread(muster.stop)
+            e.start_controller = lambda: asyncio.to_thread(muster.start)
+            e.restart = lambda: asyncio.to_thread(muster.restart)
+        await _namespace(kube, namespace)
+        try:
+            yield e
+        finally:
+            if muster is not None and not muster.running:
+                await asyncio.to_thread(muster.start)
+            await _cleanup(e)
 
 
 @contextlib.asynccontextmanager
@@ -308,3 +323,21 @@ async def _cleanup(e: Env) -> None:
             await undo()
     with contextlib.suppress(ApiError):
         await e.kube.delete(NAMESPACES, e.namespace)
+
+    # A scenario leaves nothing behind: the run's nodes (its own and those Muster acquired
+    # for it) and its namespace (pods included) are gone, so the next run starts clean.
+    async def nodes_gone() -> bool:
+        left = await e.kube.list(NODES, label_selector=f"{RUN_LABEL}={e.run}")
+        return not left.get("items")
+
+    async def namespace_gone() -> bool:
+        return await e.kube.get_or_none(NAMESPACES, e.namespace) is None
+
+    async def pools_gone() -> bool:
+        left = await e.kube.list(CAPACITY_POOLS)
+        return not [p for p in left.get("items") or []
+                    if p["metadata"]["name"].endswith(f"-{e.run}")]
+
+    await eventually(nodes_gone, within=30, what=f"the nodes of run {e.run} to be released")
+    await eventually(pools_gone, within=15, what=f"the pools of run {e.run} to be gone")
+    await eventually(namespace_gone, within=60, what=f"namespace {e.namespace} to be deleted")

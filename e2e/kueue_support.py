@@ -1,7 +1,7 @@
 """Fixtures and helpers of the Kueue e2e tests: the sandbox with Muster's and the stand-in
 Kueue CRDs, Muster's controller with the Kueue admission check enabled and the kind
 provider, and the sandbox scheduler. No Kueue runs here: the tests play Kueue's part with
-:mod:`controller.kueue.objects` (the kind suite runs real Kueue instead, see the README).
+:mod:`controller.kueue.objects`; the real tier runs real Kueue (e2e/test_kueue_real.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from controller.kube import ApiError, Body, KubeClient
 from controller.kube.resources import NAMESPACES
 from controller.kueue.resources import WORKLOADS
 from controller.reconcilers.operator import Controller
-from e2e.conftest import eventually
+from e2e.conftest import TIERS, eventually
 from providers.kind import KindProvider
 from sandbox.scheduler import SandboxScheduler
 from sandbox.server import SandboxServer
@@ -121,16 +121,14 @@ async def make_env(**config: Any) -> AsyncIterator[KueueEnv]:
         tmp.cleanup()
 
 
-@pytest.fixture
+@pytest.fixture(params=TIERS)
 def sandbox_only(request: pytest.FixtureRequest) -> None:
-    """These tests play Kueue's part, which a cluster running real Kueue must not see."""
-    try:
-        external = request.config.getoption("--kubeconfig")
-    except ValueError:
-        external = None
-    if external:
-        pytest.skip("the Kueue e2e tests play Kueue in the sandbox; against a cluster with "
-                    "real Kueue run e2e/kind/kueue-suite.sh")
+    """These tests play Kueue's controllers by hand, which a cluster running real Kueue must
+    not see: on the real tier they are skipped, and e2e/test_kueue_real.py runs the same
+    paths with real Kueue instead."""
+    if request.param == "real":
+        pytest.skip("plays Kueue by hand; on the real tier real Kueue runs these paths "
+                    "(e2e/test_kueue_real.py)")
 
 
 @pytest.fixture

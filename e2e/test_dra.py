@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from controller.api.capacitypool import CapacityPool
 from controller.commands import objects
 from controller.dra_templates import NVIDIA_DRIVER, nvidia_gpu_node, render_resource_slices
@@ -26,6 +28,9 @@ PCIE = "resource.kubernetes.io/pcieRoot"
 
 
 async def _device_class(env: Env, name: str, expression: str) -> str:
+    if not await env.kube.serves("resource.k8s.io/v1"):
+        pytest.skip("this API server does not serve resource.k8s.io/v1 (DRA, Kubernetes "
+                    ">= 1.34)")
     full = env.name(name)
     await env.kube.create(DEVICE_CLASSES, {
         "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from controller.commands import objects
-from controller.kube.resources import NODES, PODS, PROVISIONING_REQUESTS
+from controller.kube.resources import CAPACITY_POOLS, NODES, PODS, PROVISIONING_REQUESTS
 from e2e.conftest import Env, eventually
 
 CHECK = "check-capacity.muster.dev"
@@ -178,7 +178,8 @@ async def test_gang_nodes_are_released_together_once_idle(env: Env) -> None:
 
 async def test_restart_mid_acquisition_neither_doubles_nor_leaks(env: Env) -> None:
     if env.restart is None or env.stop_controller is None or env.start_controller is None:
-        pytest.skip("needs the in-process controller: it is restarted mid-acquisition")
+        pytest.skip("needs a controller this test can stop: --kubeconfig names a cluster "
+                    "where Muster runs on its own")
     # Nodes take 2 s to become Ready, so the controller is stopped after the provider
     # created them but before the request was marked Provisioned.
     pool = await env.gpu_pool(parameters={"readyDelaySeconds": 2})
@@ -188,6 +189,7 @@ async def test_restart_mid_acquisition_neither_doubles_nor_leaks(env: Env) -> No
     pr = await env.get("resume")
     assert pr["metadata"]["annotations"]["muster.dev/phase"] == "Acquiring"
     await env.stop_controller()
+    before = {n["metadata"]["name"]: n["metadata"]["uid"] for n in await env.pool_nodes(pool)}
 
     # A node from an interrupted earlier attempt of this request: an orphan to collect.
     from controller.api.capacitypool import CapacityPool
@@ -209,8 +211,9 @@ async def test_restart_mid_acquisition_neither_doubles_nor_leaks(env: Env) -> No
     keys = {n["metadata"]["labels"]["muster.dev/acquisition-key"]
             for n in await env.pool_nodes(pool)}
     assert stale not in keys and len(keys) == 1
-    reused = [c for c in env.provider_calls() if c.op == "acquire" and c.outcome == "reused"]
-    assert reused, "the restarted controller should have found the nodes under the same key"
+    # The restarted controller found the nodes under the same key instead of making new ones.
+    after = {n["metadata"]["name"]: n["metadata"]["uid"] for n in await env.pool_nodes(pool)}
+    assert after == before
 
 
 async def _none_left(env: Env, pool: str) -> bool:
@@ -254,3 +257,34 @@ async def test_a_rack_out_of_stock_is_avoided_on_the_retry(env: Env) -> None:
     if env.provider is not None:
         tried = [dict(c.domain)[objects.RACK] for c in env.provider_calls() if c.op == "acquire"]
         assert tried[-1] == "b1-r2" and set(tried[:-1]) <= {"b1-r1"}
+
+
+async def test_a_deleted_pool_keeps_nodes_in_use_and_releases_them_when_idle(env: Env) -> None:
+    pool = await env.gpu_pool()
+    worker = await env.worker_template()
+    await env.request("job", [("workers", 2)], class_name=ATOMIC)
+    await env.wait_condition("job", "Provisioned")
+    await env.pods_for("job", worker, 2)
+    await env.wait_condition("job", "BookingExpired")
+    nodes = sorted(n["metadata"]["name"] for n in await env.pool_nodes(pool))
+
+    await env.kube.delete(CAPACITY_POOLS, pool)
+
+    # Muster's finalizer holds the pool (and so the provider's settings) while its nodes
+    # run the gang's pods; a new request can no longer get nodes from it.
+    held = await env.kube.get(CAPACITY_POOLS, pool)
+    assert held["metadata"].get("deletionTimestamp")
+    assert "muster.dev/release-nodes" in held["metadata"]["finalizers"]
+    await env.request("late", [("workers", 1)], class_name=ATOMIC)
+    late = await env.wait_condition("late", "Provisioned", "False")
+    assert late["reason"] != "CapacityIsProvisioned"
+    assert sorted(n["metadata"]["name"] for n in await env.pool_nodes(pool)) == nodes
+
+    for i in range(2):
+        await env.kube.delete(PODS, f"job-{i}", namespace=env.namespace)
+    await eventually(lambda: _none_left(env, pool), within=20, what="the pool's nodes to go")
+
+    async def pool_gone() -> bool:
+        return await env.kube.get_or_none(CAPACITY_POOLS, pool) is None
+
+    await eventually(pool_gone, within=10, what="the pool to be deleted")

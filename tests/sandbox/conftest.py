@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import ssl
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -11,6 +15,7 @@ import aiohttp
 import pytest
 from kubernetes_asyncio import client, config
 
+from e2e.conftest import TIERS
 from sandbox import SandboxServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,7 +72,11 @@ GADGET_CRD = {
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[SandboxServer]:
+async def _sandbox(request: pytest.FixtureRequest) -> AsyncIterator[SandboxServer | None]:
+    """The sandbox, or None where this test runs on the real tier."""
+    if _tier(request) == "real":
+        yield None
+        return
     srv = SandboxServer(seed=1, bookmark_interval=0.2)
     srv.store.register_crd(WIDGET_CRD)
     srv.store.register_crd(GADGET_CRD)
@@ -76,6 +85,14 @@ async def server() -> AsyncIterator[SandboxServer]:
         yield srv
     finally:
         await srv.stop()
+
+
+@pytest.fixture
+def server(_sandbox: SandboxServer | None) -> SandboxServer:
+    if _sandbox is None:
+        pytest.skip("also drives or inspects the sandbox's own store, which a real API "
+                    "server does not have")
+    return _sandbox
 
 
 @pytest.fixture
@@ -136,10 +153,104 @@ class Http:
         return await self.request("DELETE", path, body, params=params or None)
 
 
-@pytest.fixture
-async def http(server: SandboxServer) -> AsyncIterator[Http]:
-    async with aiohttp.ClientSession() as session:
-        yield Http(session, server.url)
+def _tier(request: pytest.FixtureRequest) -> str:
+    callspec = getattr(request.node, "callspec", None)
+    return str(callspec.params.get("http", "sandbox")) if callspec else "sandbox"
+
+
+@pytest.fixture(params=TIERS)
+async def http(request: pytest.FixtureRequest, _sandbox: SandboxServer | None
+               ) -> AsyncIterator[Http]:
+    """HTTP to the sandbox, or (tier real) to the real kube-apiserver with the same
+    assertions: the sandbox's fidelity, checked against the thing it imitates."""
+    if _sandbox is not None:
+        async with aiohttp.ClientSession() as session:
+            yield Http(session, _sandbox.url)
+        return
+    cluster = request.getfixturevalue("fidelity_cluster")
+    async with RealHttp.session(cluster) as real:
+        try:
+            yield real
+        finally:
+            await real.cleanup()
+
+
+@pytest.fixture(scope="session")
+def fidelity_cluster(real_cluster: Any) -> Any:
+    """The real control plane with the test CRDs (Widget, Gadget) installed."""
+    from e2e.cluster import kubectl
+
+    docs = json.dumps({"apiVersion": "v1", "kind": "List", "items": [WIDGET_CRD, GADGET_CRD]})
+    kubectl(real_cluster, "apply", "--server-side", "--force-conflicts", "-f", "-", stdin=docs)
+    kubectl(real_cluster, "wait", "--for=condition=Established", "--timeout=60s",
+            f"crd/{WIDGET_CRD['metadata']['name']}", f"crd/{GADGET_CRD['metadata']['name']}")
+    return real_cluster
+
+
+class RealHttp(Http):
+    """:class:`Http` against the real API server as its admin. Each test gets its own
+    namespace in place of ``default`` (paths and bodies), so lists see only its objects;
+    cluster-scoped objects it creates are deleted afterwards."""
+
+    def __init__(self, session: aiohttp.ClientSession, base: str, namespace: str) -> None:
+        super().__init__(session, base)
+        self.namespace = namespace
+        self.created: list[str] = []
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def session(cls, cluster: Any) -> AsyncIterator[RealHttp]:
+        pki = cluster.state / "pki"
+        ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+        namespace = f"fidelity-{uuid.uuid4().hex[:8]}"
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as session:
+            real = cls(session, cluster.server, namespace)
+            code, body = await Http.request(real, "POST", "/api/v1/namespaces", {
+                "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+            assert code == 201, body
+            # Pods need the namespace's "default" ServiceAccount (the controller-manager
+            # makes it), as on any real cluster.
+            for _ in range(100):
+                code, _ = await Http.request(
+                    real, "GET", f"/api/v1/namespaces/{namespace}/serviceaccounts/default")
+                if code == 200:
+                    break
+                await asyncio.sleep(0.1)
+            yield real
+
+    def _swap(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return value.replace("/namespaces/default/", f"/namespaces/{self.namespace}/")
+        if isinstance(value, dict):
+            out = {k: self._swap(v) for k, v in value.items()}
+            meta = out.get("metadata")
+            if isinstance(meta, dict) and meta.get("namespace") == "default":
+                meta["namespace"] = self.namespace
+            return out
+        if isinstance(value, list):
+            return [self._swap(v) for v in value]
+        return value
+
+    async def request(
+        self, method: str, path: str, body: Any = None, *, content_type: str | None = None,
+        params: dict[str, str] | None = None,
+    ) -> tuple[int, Any]:
+        path = self._swap(path)
+        if path.endswith("/namespaces/default"):
+            path = path[: -len("default")] + self.namespace
+        if isinstance(body, dict | list):
+            body = self._swap(body)
+        code, got = await super().request(method, path, body, content_type=content_type,
+                                          params=params)
+        if method == "POST" and code == 201 and "/namespaces/" not in path:
+            self.created.append(f"{path}/{got['metadata']['name']}")
+        return code, got
+
+    async def cleanup(self) -> None:
+        for path in reversed(self.created):
+            await Http.request(self, "DELETE", path)
+        await Http.request(self, "DELETE", f"/api/v1/namespaces/{self.namespace}")
 
 
 def pod(name: str, namespace: str = "default", **labels: str) -> dict[str, Any]:

@@ -1,0 +1,213 @@
+"""The real-cluster test tier: the control plane of :mod:`e2e.cluster` and Muster running on it
+as its own process, under its ServiceAccount's kubeconfig.
+
+Registered as a pytest plugin by the root ``conftest.py``, so ``tests/`` and ``e2e/`` share one
+cluster and one Muster per session. A test joins the tier by using :func:`real_cluster` (or a
+fixture built on it) and carrying the ``real`` marker; ``pytest -m "not real"`` runs the
+sandbox tier alone. The cluster is built on first use (cached) and started once; a cluster
+that was already up (``hack/cluster/up.sh``) is reused and left running.
+
+Muster's log is read after every test: a ``Forbidden`` answer from the real RBAC authorizer
+means the shipped manifests miss a grant, and fails the test that was running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e import cluster as cp
+
+ROOT = Path(__file__).resolve().parents[1]
+E2E_CONFIG = ROOT / "e2e" / "muster-e2e.yaml"
+FORBIDDEN = re.compile(r"forbidden", re.IGNORECASE)
+REAL = "real"
+
+
+class MusterProcess:
+    """``muster run`` against the cluster as Muster's ServiceAccount, restartable."""
+
+    def __init__(self, cluster: cp.Cluster, *, config: Path = E2E_CONFIG,
+                 extra_env: dict[str, str] | None = None) -> None:
+        self.cluster = cluster
+        self.config = config
+        self.log = cluster.logs / "muster.log"
+        self.probe_port = cluster.ports.base + 20
+        self.metrics_port = cluster.ports.base + 21
+        self.extra_env = dict(extra_env or {})
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._read = 0
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MUSTER_")}
+        env.update(
+            MUSTER_SERVER__PROBE_PORT=str(self.probe_port),
+            MUSTER_SERVER__METRICS_PORT=str(self.metrics_port),
+            # kwok is the kubelet of the fake provider's nodes here.
+            MUSTER_PROVIDERS__KIND__HEARTBEAT_SECONDS="0",
+            # A restarted process takes the Lease its predecessor released on SIGTERM at
+            # once; after SIGKILL it waits one lease duration, kept short for tests.
+            MUSTER_LEADER_ELECTION__LEASE_DURATION_SECONDS="4",
+            MUSTER_LEADER_ELECTION__RENEW_DEADLINE_SECONDS="3",
+            MUSTER_LEADER_ELECTION__RETRY_PERIOD_SECONDS="0.5",
+            MUSTER_LEADER_ELECTION__NAMESPACE=cp.MUSTER_NAMESPACE,
+        )
+        env.update(self.extra_env)
+        return env
+
+    def start(self, *, wait: bool = True) -> None:
+        if self.running:
+            return
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "controller.cli", "run",
+                 "--kubeconfig", str(self.cluster.muster_kubeconfig),
+                 "--config", str(self.config)],
+                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=self.env(), start_new_session=True,
+            )
+        if wait:
+            self.wait_ready()
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_ready(self, within: float = 60.0) -> None:
+        deadline = time.monotonic() + within
+        url = f"http://127.0.0.1:{self.probe_port}/readyz"
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"muster run exited {self.proc.returncode}:\n{self.tail()}")
+            with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1) as resp:
+                if resp.status == 200 and '"leader"' in resp.read().decode():
+                    return
+            time.sleep(0.1)
+        raise AssertionError(f"muster run never became the ready leader:\n{self.tail()}")
+
+    def stop(self, sig: int = signal.SIGTERM, within: float = 30.0) -> int | None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+            try:
+                proc.wait(within)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        return proc.returncode
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return "\n".join(text[-lines:])
+
+    def new_lines(self) -> list[str]:
+        """Log lines written since the last call."""
+        try:
+            with self.log.open("rb") as f:
+                f.seek(self._read)
+                data = f.read()
+        except OSError:
+            return []
+        self._read += len(data)
+        return data.decode(errors="replace").splitlines()
+
+
+def forbidden(lines: list[str]) -> list[str]:
+    return [line for line in lines if FORBIDDEN.search(line)]
+
+
+@pytest.fixture(scope="session")
+def real_cluster(request: pytest.FixtureRequest) -> Iterator[cp.Cluster]:
+    """The local control plane, started once per session (built first if needed)."""
+    cluster = cp.default_cluster()
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    ctx = capture.global_and_fixture_disabled() if capture else contextlib.nullcontext()
+    with ctx:
+        was_up = cp.running(cluster)
+        try:
+            cp.up(cluster)
+        except cp.ClusterError as exc:
+            pytest.fail(f"the real control plane did not start: {exc}", pytrace=False)
+    yield cluster
+    if not was_up and not os.environ.get("MUSTER_KEEP_CLUSTER"):
+        with ctx:
+            cp.down(cluster)
+
+
+@pytest.fixture(scope="session")
+def real_muster(real_cluster: cp.Cluster) -> Iterator[MusterProcess]:
+    """Muster as its own process, as its ServiceAccount, for the whole session."""
+    muster = MusterProcess(real_cluster)
+    muster.new_lines()  # earlier sessions' lines are not this session's business
+    muster.start()
+    yield muster
+    code = muster.stop()
+    refused = forbidden(muster.new_lines())
+    assert code == 0, f"muster run exited {code} on SIGTERM:\n{muster.tail()}"
+    assert not refused, "Muster was refused by RBAC:\n" + "\n".join(refused[:10])
+
+
+@pytest.fixture
+def muster_rbac_clean(real_muster: MusterProcess) -> Iterator[MusterProcess]:
+    """Fails the test if Muster met a Forbidden while it ran."""
+    real_muster.new_lines()
+    yield real_muster
+    refused = forbidden(real_muster.new_lines())
+    assert not refused, "Muster was refused by RBAC:\n" + "\n".join(refused[:10])
+
+
+# --------------------------------------------------------------------------- tier summary
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", f"{REAL}: runs against the real control plane (kube-apiserver, scheduler, "
+        "kwok, Kueue built by hack/cluster/build.sh)")
+
+
+def _tier(report: Any) -> str:
+    return REAL if REAL in report.keywords else "sandbox"
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    counts: dict[str, Counter[str]] = {"sandbox": Counter(), REAL: Counter()}
+    for outcome in ("passed", "failed", "skipped", "error", "xfailed", "xpassed"):
+        for report in terminalreporter.stats.get(outcome, []):
+            if not hasattr(report, "keywords"):
+                continue
+            when = getattr(report, "when", "call")
+            if outcome == "passed" and when != "call":
+                continue
+            key = "failed" if outcome in ("error", "xpassed") else outcome
+            key = "skipped" if key == "xfailed" else key
+            counts[_tier(report)][key] += 1
+    version = cp.default_cluster().version()
+    for tier, label in (("sandbox", "tier sandbox"),
+                        (REAL, f"tier real (kube-apiserver {version})")):
+        c = counts[tier]
+        terminalreporter.write_line(
+            f"{label}: {c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped")

@@ -1,0 +1,69 @@
+"""Muster under its own rights: the real RBAC authorizer, the shipped manifests
+(``config/rbac``), and Muster's ServiceAccount token. What the controller needs it has (the
+session's Muster process fails any test during which it met a ``Forbidden``); what it does
+not need it is refused: Secrets, namespaces, writes to pods and templates, other
+controllers' Leases."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from controller.kube import ApiError, KubeClient
+from controller.kube.resources import (
+    LEASES,
+    NAMESPACES,
+    NODES,
+    POD_TEMPLATES,
+    PODS,
+    PROVISIONING_REQUESTS,
+    Resource,
+)
+
+SECRETS = Resource("", "v1", "secrets", namespaced=True, kind="Secret")
+CONFIG_MAPS = Resource("", "v1", "configmaps", namespaced=True, kind="ConfigMap")
+
+pytestmark = pytest.mark.real
+
+
+@pytest.fixture
+async def as_muster(muster_rbac_clean: object) -> AsyncIterator[KubeClient]:
+    from e2e.cluster import default_cluster
+
+    async with await KubeClient.from_kubeconfig(default_cluster().muster_kubeconfig) as kube:
+        yield kube
+
+
+async def _refused(call: object) -> int:
+    try:
+        await call  # type: ignore[misc]
+    except ApiError as exc:
+        return exc.status
+    return 200
+
+
+async def test_muster_reads_what_it_plans_with(as_muster: KubeClient) -> None:
+    for res in (NODES, PODS, POD_TEMPLATES, PROVISIONING_REQUESTS):
+        listing = await as_muster.list(res)
+        assert "items" in listing
+
+
+async def test_muster_cannot_read_secrets_or_write_outside_its_grants(
+    as_muster: KubeClient,
+) -> None:
+    assert await _refused(as_muster.list(SECRETS)) == 403
+    assert await _refused(as_muster.list(SECRETS, namespace="muster-system")) == 403
+    assert await _refused(as_muster.list(CONFIG_MAPS)) == 403
+    assert await _refused(as_muster.create(NAMESPACES, {
+        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "muster-may-not"}})) == 403
+    assert await _refused(as_muster.create(PODS, {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x", "namespace": "default"},
+        "spec": {"containers": [{"name": "c", "image": "pause"}]}}, namespace="default")) == 403
+    assert await _refused(as_muster.delete(POD_TEMPLATES, "anything", namespace="default")) == 403
+    assert await _refused(as_muster.delete(
+        PROVISIONING_REQUESTS, "anything", namespace="default")) == 403
+    # Its Lease only: another controller's Lease in its namespace is out of reach.
+    assert await _refused(as_muster.merge_patch(
+        LEASES, "someone-else", {"spec": {"holderIdentity": "muster"}},
+        namespace="muster-system")) == 403
