@@ -538,6 +538,26 @@ def _kueue_webhooks(cluster: Cluster, bin_dir: Path, pki: Path) -> str:
     return yaml.safe_dump_all(docs)
 
 
+KUEUE_METRICS_CERTS = Path("/etc/kueue/metrics/certs")
+
+
+def _kueue_metrics_certs(pki: Path) -> None:
+    """Kueue 0.17 reads its metrics serving certificate from this fixed path whenever its
+    internal cert management is off (a pod mounts a Secret there), and exits without one.
+    We serve metrics on 127.0.0.1 only, with the webhook's certificate."""
+    try:
+        KUEUE_METRICS_CERTS.mkdir(parents=True, exist_ok=True)
+        for name, src in (("tls.crt", "kueue-webhook.crt"), ("tls.key", "kueue-webhook.key")):
+            target = KUEUE_METRICS_CERTS / name
+            if not target.exists() or target.read_bytes() != (pki / src).read_bytes():
+                shutil.copy(pki / src, target)
+    except OSError as exc:
+        raise ClusterError(
+            f"Kueue needs its metrics certificate in {KUEUE_METRICS_CERTS} (a fixed path in "
+            f"Kueue 0.17) and it cannot be written: {exc}; run as root or create it"
+        ) from exc
+
+
 def _start_kueue(cluster: Cluster, bin_dir: Path, pki: Path) -> None:
     kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f",
             str(_cache_dir(bin_dir) / "kueue-crds"))
@@ -545,6 +565,7 @@ def _start_kueue(cluster: Cluster, bin_dir: Path, pki: Path) -> None:
             str(_cache_dir(bin_dir) / "kueue-crds"))
     kubectl(cluster, "create", "namespace", "kueue-system", check=False)
     config = _kueue_config(cluster, pki)
+    _kueue_metrics_certs(pki)
     _start(cluster, "kueue", [
         str(bin_dir / "kueue"), f"--config={config}",
         f"--kubeconfig={cluster.admin_kubeconfig}",

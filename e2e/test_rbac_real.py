@@ -2,7 +2,8 @@
 (``config/rbac``), and Muster's ServiceAccount token. What the controller needs it has (the
 session's Muster process fails any test during which it met a ``Forbidden``); what it does
 not need it is refused: Secrets, namespaces, writes to pods and templates, other
-controllers' Leases."""
+controllers' Leases, CRDs. (Deleting ProvisioningRequests is granted: Muster's own Kueue
+admission check, config/rbac/kueue, deletes the requests it created.)"""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from controller.kube import ApiError, KubeClient
 from controller.kube.resources import (
+    CRDS,
     LEASES,
     NAMESPACES,
     NODES,
@@ -61,8 +63,7 @@ async def test_muster_cannot_read_secrets_or_write_outside_its_grants(
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x", "namespace": "default"},
         "spec": {"containers": [{"name": "c", "image": "pause"}]}}, namespace="default")) == 403
     assert await _refused(as_muster.delete(POD_TEMPLATES, "anything", namespace="default")) == 403
-    assert await _refused(as_muster.delete(
-        PROVISIONING_REQUESTS, "anything", namespace="default")) == 403
+    assert await _refused(as_muster.delete(CRDS, "capacitypools.muster.dev")) == 403
     # Its Lease only: another controller's Lease in its namespace is out of reach.
     assert await _refused(as_muster.merge_patch(
         LEASES, "someone-else", {"spec": {"holderIdentity": "muster"}},
