@@ -390,7 +390,8 @@ class SandboxServer:
 
     async def _apply_faults(self, verb: str, t: Target) -> None:
         for rule in list(self.faults.rules):
-            if not rule.applies(verb, t.rt.plural, t.rt.group) or not self.faults.draw(rule):
+            if (not rule.applies(verb, t.rt.plural, t.rt.group, t.subresource)
+                    or not self.faults.draw(rule)):
                 continue
             self.faults.injected += 1
             if rule.kind == "latency":
