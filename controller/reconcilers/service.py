@@ -436,7 +436,7 @@ class ProvisioningService:
         if booking is not None and cond is not None and (
             cond.get("reason") != Reason.BOOKING_CONSUMED
         ):
-            await self.release_unused(booking)
+            await self.release_unused(booking, req.key)
         if req.annotated_phase is not Phase.ENDED:
             await self.persist(req, annotations={PHASE_ANNOTATION: Phase.ENDED})
         return None
@@ -456,12 +456,15 @@ class ProvisioningService:
             return None
         return await self._finish_ending(req, booking)
 
-    async def release_unused(self, booking: Booking) -> int:
-        """Release groups none of whose nodes runs a pod; the collector handles the rest."""
+    async def release_unused(self, booking: Booking, owner: str) -> int:
+        """Release ``owner``'s groups none of whose nodes runs a pod or is counted on by
+        another live booking (a request booked on existing nodes this one acquired); the
+        collector handles the rest once they are idle."""
+        others = self.state.booked_nodes(exclude=owner)
         unused = [
             g for g in booking.groups
-            if self.group_nodes(g)
-            and not any(self.state.pods_on(n) for n in self.group_nodes(g))
+            if (nodes := self.group_nodes(g))
+            and not any(self.state.pods_on(n) or n in others for n in nodes)
         ]
         if not unused:
             return 0
@@ -482,7 +485,7 @@ class ProvisioningService:
         self.state.unreserve(req.key)
         booking = req.booking
         if booking is not None and req.phase is not Phase.FAILED:
-            await self.release_unused(booking)
+            await self.release_unused(booking, req.key)
         if req.has_finalizer:
             await self.persist(req, annotations={}, finalizer=False)
         return None

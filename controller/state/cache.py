@@ -431,6 +431,20 @@ class ClusterState:
         """Every active booking by request key (in-memory reservations win)."""
         return {**self._bookings, **self._reserved}
 
+    def booked_nodes(self, *, exclude: str | None = None) -> set[str]:
+        """Nodes some live booking (but ``exclude``'s) counts on: existing nodes its plan
+        places pods on, and the nodes of its own acquisitions. Whoever acquired a node, it
+        must not be released while any of these bookings lives."""
+        out: set[str] = set()
+        for key, booking in self.bookings().items():
+            if key == exclude:
+                continue
+            out.update(booking.existing_nodes)
+            for group in booking.groups:
+                out.update(group.nodes)
+                out.update(self._nodes_by_key.get(group.key, ()))
+        return out
+
     # ------------------------------------------------------------------ snapshot
 
     def _held(self, key: str, booking: Booking) -> Plan:

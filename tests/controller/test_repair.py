@@ -15,8 +15,9 @@ from controller.clock import ManualClock
 from controller.commands import objects
 from controller.config import MusterConfig
 from controller.kube import KubeClient
-from controller.kube.resources import NODES, PROVISIONING_REQUESTS
+from controller.kube.resources import NODES, POD_TEMPLATES, PROVISIONING_REQUESTS
 from controller.reconcilers.operator import Controller
+from controller.state.bookings import Booking
 from providers.kind import KindProvider
 from sandbox.server import SandboxServer
 from tests.controller.builders import gpu_node
@@ -125,3 +126,59 @@ async def test_a_503_on_ending_a_booking_still_says_it_expired_and_releases(
         return not (await kube.list(NODES, label_selector="muster.dev/pool=gpu"))["items"]
 
     await _until(released)
+
+
+async def _half_gpu_template(kube: KubeClient) -> None:
+    """Pods of half a node: a second request can book the other half of a node the first
+    one acquired."""
+    await kube.create(POD_TEMPLATES, objects.pod_template(
+        "half", namespace="ns", requests={"cpu": "40", objects.GPU: "4"},
+        required_level=objects.RACK, tolerations=[objects.GPU_TOLERATION],
+    ), namespace="ns")
+
+
+async def _booked_on(kube: KubeClient, name: str) -> list[str]:
+    pr = await kube.get(PROVISIONING_REQUESTS, name, namespace="ns")
+    plan = (pr["metadata"].get("annotations") or {}).get("muster.dev/plan")
+    if not plan:
+        return []
+    return sorted(n for n in Booking.from_annotation(plan).existing_nodes)
+
+
+async def test_a_node_another_booking_counts_on_outlives_the_booking_that_acquired_it(
+    kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider],
+) -> None:
+    controller, clock, provider = running
+    await _half_gpu_template(kube)
+    await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
+        "first", namespace="ns", pod_sets=[("half", 1)]), namespace="ns")
+    await _until(lambda: _condition(kube, "first", "Provisioned"))
+    acquired = [n["metadata"]["name"] for n in
+                (await kube.list(NODES, label_selector="muster.dev/pool=gpu"))["items"]]
+    assert len(acquired) == 1
+
+    await clock.advance(300)
+    await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
+        "second", namespace="ns", pod_sets=[("half", 1)]), namespace="ns")
+    second = await _until(lambda: _condition(kube, "second", "Provisioned"))
+    assert second["reason"] == "CapacityIsFound"
+    assert await _booked_on(kube, "second") == acquired
+
+    # The first booking expires (its unused nodes are released) and its request goes; the
+    # second still counts on the node.
+    await clock.advance(300)
+    await _until(lambda: _condition(kube, "first", "BookingExpired"))
+    await kube.delete(PROVISIONING_REQUESTS, "first", namespace="ns")
+
+    async def first_gone() -> bool:
+        return controller.state.request("ns/first") is None
+
+    await _until(first_gone)
+    assert not await controller.collector.run_once()
+    await clock.advance(controller.config.acquisition.idle_ttl_seconds)
+    assert not await controller.collector.run_once()
+    still = [n["metadata"]["name"] for n in
+             (await kube.list(NODES, label_selector="muster.dev/pool=gpu"))["items"]]
+    assert still == acquired
+    assert await _condition(kube, "second", "CapacityRevoked") is None
+    assert not [c for c in provider.calls if c.op == "release" and c.count]
