@@ -74,7 +74,8 @@ class Controller:
         self.use_kopf = config.event_source == "kopf" if use_kopf is None else use_kopf
         self.collect_interval = config.acquisition.collect_interval_seconds
         self.liveness_endpoint = liveness_endpoint
-        self.state = ClusterState(levels=config.topology.levels, notify=self._enqueue)
+        self.state = ClusterState(levels=config.topology.levels, notify=self._enqueue,
+                                  forget=self._forget)
         self.metrics = ControllerMetrics()
         """This controller's own registry: several controllers in one process never collide."""
         self.events = EventBroadcaster(kube, now=self.clock.now, queue_size=event_queue_size)
@@ -127,12 +128,17 @@ class Controller:
         if self._started:
             self.queue.add(key)
 
+    def _forget(self, key: str) -> None:
+        # A deleted request's timers (booking expiry, retry backoff) would hold it for up to
+        # a booking's duration.
+        if hasattr(self, "queue"):
+            self.queue.forget(key)
+
     def observe(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         """A ProvisioningRequest event (from kopf): update the cache, reconcile the key."""
         key = object_key(body)
         if event_type == "DELETED":
-            self.state.delete_request(key)
-            self.queue.forget(key)
+            self.state.delete_request(key, uid=(body.get("metadata") or {}).get("uid"))
             return
         self.state.upsert_request(dict(body))
         self._enqueue(key)

@@ -84,6 +84,8 @@ class WorkQueue:
         self._timers[key] = asyncio.create_task(self._later(key, delay))
 
     def forget(self, key: str) -> None:
+        """The key's object is gone: drop its timer and error count."""
+        self._failures.pop(key, None)
         timer = self._timers.pop(key, None)
         if timer is not None:
             timer.cancel()

@@ -64,7 +64,8 @@ class Feeds:
                     lambda items: _sync_requests(s, items),
                     _events(
                         lambda o: _upsert_and_notify(s, o),
-                        lambda o: s.delete_request(object_key(o)),
+                        lambda o: s.delete_request(
+                            object_key(o), uid=(o.get("metadata") or {}).get("uid")),
                     ),
                 )
             )
