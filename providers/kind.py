@@ -20,8 +20,8 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-from collections import defaultdict
-from collections.abc import Awaitable, Callable, Mapping
+from collections import defaultdict, deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -48,6 +48,9 @@ OWNER_UID_LABEL = "muster.dev/owner-uid"
 OWNER_ANNOTATION = "muster.dev/owner"
 NODE_LEASE_NAMESPACE = "kube-node-lease"
 KNOWN_PARAMETERS = frozenset({"stock", "defaultStock", "latencySeconds", "readyDelaySeconds"})
+CALLS_KEPT = 10_000
+"""The last calls :attr:`KindProvider.calls` keeps: a long-running controller's must not
+grow with every request it ever handled."""
 
 Now = Callable[[], datetime]
 Nodes = list[ProvidedNode]
@@ -95,10 +98,10 @@ class KindProvider:
         self.heartbeat_seconds = heartbeat_seconds
         self.default_stock = default_stock
         self._now = now or (lambda: datetime.now(UTC))
-        self.calls: list[ProviderCall] = []
+        self.calls: deque[ProviderCall] = deque(maxlen=CALLS_KEPT)
         self._stock: dict[tuple[str, str], int] = {}
         self._injected: dict[str, _Injected] = defaultdict(_Injected)
-        self._key_locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._key_locks: dict[str, asyncio.Lock] = {}
         self._owned: set[str] = set()
         self._since: dict[str, str] = {}
         self._heartbeat_task: asyncio.Task[None] | None = None
@@ -154,7 +157,7 @@ class KindProvider:
         pool = request.pool
         pool_name = pool.metadata.name
         names = [_node_name(pool_name, request.key, i) for i in range(request.count)]
-        async with self._key_locks[request.key]:
+        async with self._locked(request.key):
             try:
                 error = self._take_injected_error(pool_name)
                 if error is not None:
@@ -209,7 +212,7 @@ class KindProvider:
         return max(0, min(allowed, stock - others))
 
     async def release(self, pool: CapacityPool, key: str) -> int:
-        async with self._key_locks[key]:
+        async with self._locked(key):
             deleted = await self._delete_key(pool.metadata.name, key)
         self.calls.append(ProviderCall("release", pool.metadata.name, key, deleted))
         return deleted
@@ -291,6 +294,18 @@ class KindProvider:
 
     # ------------------------------------------------------------------ internals
 
+    @contextlib.asynccontextmanager
+    async def _locked(self, key: str) -> AsyncIterator[None]:
+        """One call per key at a time; the lock goes once nobody holds or waits for it (a
+        lock kept per key ever used grew with every request)."""
+        lock = self._key_locks.setdefault(key, asyncio.Lock())
+        try:
+            async with lock:
+                yield
+        finally:
+            if not lock.locked() and self._key_locks.get(key) is lock:
+                del self._key_locks[key]
+
     def _record(self, op: str, request: AcquireRequest, outcome: str) -> None:
         self.calls.append(
             ProviderCall(
@@ -340,6 +355,7 @@ class KindProvider:
 
     async def _delete_node(self, name: str) -> bool:
         self._owned.discard(name)
+        self._since.pop(name, None)
         deleted = await self._kube.delete(NODES, name)
         with contextlib.suppress(ApiError):
             await self._kube.delete(LEASES, name, namespace=NODE_LEASE_NAMESPACE)

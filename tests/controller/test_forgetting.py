@@ -106,6 +106,8 @@ async def test_deleted_requests_leave_the_cache_bookings_and_gauges_empty(
         assert not controller.state.bookings()
         assert not controller.state._consumed, "per-request consumer counts"
         assert not controller.queue._failures and not controller.queue._timers
+        assert not provider._key_locks and not provider._since, "the fake provider's"
+        assert provider.calls.maxlen, "its call log is bounded"
         assert not (await kube.list(NODES, label_selector="muster.dev/pool=gpu"))["items"]
     finally:
         await controller.stop()
