@@ -102,6 +102,7 @@ class KindProvider:
         self._stock: dict[tuple[str, str], int] = {}
         self._injected: dict[str, _Injected] = defaultdict(_Injected)
         self._key_locks: dict[str, asyncio.Lock] = {}
+        self._stock_locks: dict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
         self._owned: set[str] = set()
         self._since: dict[str, str] = {}
         self._heartbeat_task: asyncio.Task[None] | None = None
@@ -167,20 +168,25 @@ class KindProvider:
                 if latency:
                     await asyncio.sleep(latency)
                 grant = self._take_grant(pool_name)
-                allowed = await self._allowed(pool, request, grant)
-                # Node names are deterministic per key, so creating them is idempotent: a
-                # retry after a crash finds the ones already made (409) and adds the rest.
-                results = await asyncio.gather(
-                    *(self._create_node(pool, request, name) for name in names[:allowed])
-                )
-                if allowed < request.count:
-                    await self._delete_key(pool_name, request.key)
-                    raise CapacityUnavailable(
-                        f"pool {pool_name} could only launch {allowed} of {request.count} "
-                        f"node(s) in {domain_key(request.domain) or 'any domain'}; the partial "
-                        "launch was rolled back",
-                        available=allowed,
+                # Counting the domain's nodes and creating ours is one step per domain: two
+                # acquisitions that both counted before either created got more than stock.
+                async with self._stock_lock(pool, request.domain):
+                    allowed = await self._allowed(pool, request, grant)
+                    # Node names are deterministic per key, so creating them is idempotent:
+                    # a retry after a crash finds the ones already made (409) and adds the
+                    # rest.
+                    results = await asyncio.gather(
+                        *(self._create_node(pool, request, name) for name in names[:allowed])
                     )
+                    if allowed < request.count:
+                        await self._delete_key(pool_name, request.key)
+                        raise CapacityUnavailable(
+                            f"pool {pool_name} could only launch {allowed} of "
+                            f"{request.count} node(s) in "
+                            f"{domain_key(request.domain) or 'any domain'}; the partial "
+                            "launch was rolled back",
+                            available=allowed,
+                        )
             except ProviderError as exc:
                 self._record("acquire", request, exc.reason)
                 raise
@@ -293,6 +299,14 @@ class KindProvider:
                 await self._kube.create(LEASES, body, namespace=NODE_LEASE_NAMESPACE)
 
     # ------------------------------------------------------------------ internals
+
+    def _stock_lock(
+        self, pool: CapacityPool, domain: Mapping[str, str]
+    ) -> contextlib.AbstractAsyncContextManager[Any]:
+        """The domain's lock when its stock is limited (one per domain, not per request)."""
+        if self._stock_for(pool, domain) is None:
+            return contextlib.nullcontext()
+        return self._stock_locks[(pool.metadata.name, domain_key(domain))]
 
     @contextlib.asynccontextmanager
     async def _locked(self, key: str) -> AsyncIterator[None]:
