@@ -548,7 +548,8 @@ class ClusterState:
         for spec, d in zip(topo.domains, base.domains, strict=True):
             limit = spec.max_nodes if spec.max_nodes is not None else topo.max_nodes_per_domain
             have = per.get(repr(tuple(sorted(spec.labels.items()))), 0)
-            domains.append(replace(d, max_new_nodes=max(0, min(limit - have, max_new))))
+            domains.append(replace(d, max_new_nodes=max(0, min(limit - have, max_new)),
+                                   pool_nodes=have))
         return replace(base, domains=tuple(domains), max_new_nodes=max_new)
 
     def snapshot(self, *, exclude: str | None = None, now: datetime | None = None) -> Snapshot:
