@@ -180,6 +180,13 @@ class SandboxServer:
         out.write_text(yaml.safe_dump(self.kubeconfig(namespace), sort_keys=False))
         return out
 
+    def replace_store(self, store: Store) -> None:
+        """Serve ``store`` from now on and end every open watch: an API server that came
+        back with another etcd (empty, or restored from a backup), whose resourceVersions
+        start again."""
+        self._close_watches(frozenset())
+        self.store = store
+
     def _close_watches(self, resources: frozenset[str]) -> int:
         closed = 0
         for w in list(self._watchers):

@@ -51,6 +51,11 @@ class Probes:
         body: dict[str, Any] = {"role": self.role, **self.controller.health()}
         if dead:
             body["dead_tasks"] = dead
+        stalled = self.controller.stalled_watches()
+        if stalled:
+            # Reported, not fatal: a stalled watch re-lists by itself, and a restart cannot
+            # bring back an API server that is down.
+            body["stalled_watches"] = stalled
         return not dead, body
 
     def ready(self) -> tuple[bool, dict[str, Any]]:
@@ -63,6 +68,11 @@ class Probes:
             ok = error is None
             body["reason"] = (f"standing by; lease held by {self.elector.holder or 'nobody'}"
                               if ok else f"cannot reach the lease: {error}")
+        elif self.controller.ready and (stalled := self.controller.stalled_watches()):
+            ok, body["reason"] = False, (
+                f"watch(es) {', '.join(stalled)} made no progress for over "
+                f"{self.controller.stall_after:.0f}s")
+            body["stalled_watches"] = stalled
         elif self.controller.ready:
             ok, body["reason"] = True, "reconciling"
         else:
