@@ -237,17 +237,17 @@ class LeaderElectionConfig(_Section):
         "service-account namespace file), else muster-system.",
     )
     lease_duration_seconds: int = Field(
-        default=15, ge=1,
+        default=8, ge=1,
         description="How long standbys wait, after the record last changed, before taking "
         "over a Lease whose holder stopped renewing.",
     )
     renew_deadline_seconds: float = Field(
-        default=10.0, gt=0,
+        default=6.0, gt=0,
         description="The leader gives up (stops reconciling and exits) when no renewal "
         "succeeded for this long; must be below lease_duration_seconds.",
     )
     retry_period_seconds: float = Field(
-        default=2.0, gt=0,
+        default=1.0, gt=0,
         description="Between renewals of the leader and attempts of standbys (standbys add "
         "up to 1.2x jitter).",
     )

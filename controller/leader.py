@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 JITTER_FACTOR = 1.2
 """As client-go: a candidate waits between ``retry_period`` and ``2.2 x retry_period`` between
 attempts, so standbys that started together do not hit the API server in lockstep."""
+EXPIRY_MARGIN = 0.05
+"""A standby tries this long after the Lease it watches expires (by its own clock)."""
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 DEFAULT_NAMESPACE = "muster-system"
@@ -97,9 +99,9 @@ class LeaderElector:
         name: str,
         namespace: str,
         identity: str | None = None,
-        lease_duration_seconds: int = 15,
-        renew_deadline_seconds: float = 10.0,
-        retry_period_seconds: float = 2.0,
+        lease_duration_seconds: int = 8,
+        renew_deadline_seconds: float = 6.0,
+        retry_period_seconds: float = 1.0,
         clock: Clock | None = None,
     ) -> None:
         if lease_duration_seconds < 1:
@@ -175,11 +177,23 @@ class LeaderElector:
             if self.holder and self.holder != waiting_for:
                 waiting_for = self.holder
                 log.info("lease %s is held by %s; standing by", self.key, self.holder)
-            await asyncio.sleep(self.retry_period * (1 + random.random() * JITTER_FACTOR))
+            await asyncio.sleep(self._next_attempt_in())
         self._leading = True
         log.info("acquired lease %s as %s (transitions %d)", self.key, self.identity,
                  self.transitions)
         self._renewer = asyncio.create_task(self._renew_loop(), name="lease-renew")
+
+    def _next_attempt_in(self) -> float:
+        """A jittered retry period, or less: the moment the holder's record will have stood
+        unchanged for its lease duration. Takeover then comes at the lease duration after
+        the standby saw the last renewal, not up to 2.2 retry periods later."""
+        wait = self.retry_period * (1 + random.random() * JITTER_FACTOR)
+        spec = self._observed_spec
+        if spec and self.holder and self.holder != self.identity:
+            duration = int(spec.get("leaseDurationSeconds") or 0)
+            expires_in = self._observed_at + duration - self._now()
+            wait = min(wait, max(0.0, expires_in) + EXPIRY_MARGIN)
+        return wait
 
     async def _renew_loop(self) -> None:
         try:

@@ -267,7 +267,8 @@ def pool_state(
             limit = d.max_nodes if d.max_nodes is not None else topo.max_nodes_per_domain
             have = sum(1 for n in mine if _in_domain(n.metadata.labels, d.labels))
             domains.append(
-                PoolDomain(dict(d.labels), max(0, min(limit - have, max_new)), max_nodes=limit)
+                PoolDomain(dict(d.labels), max(0, min(limit - have, max_new)), max_nodes=limit,
+                           pool_nodes=have)
             )
     else:
         # Every acquisition creates a fresh domain (e.g. a new placement group): offer

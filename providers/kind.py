@@ -21,8 +21,8 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-from collections import defaultdict
-from collections.abc import Awaitable, Callable, Mapping
+from collections import defaultdict, deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -50,6 +50,9 @@ OWNER_ANNOTATION = "muster.dev/owner"
 NODE_LEASE_NAMESPACE = "kube-node-lease"
 BOOT_DELAY_ANNOTATION = "muster.dev/boot-delay"
 KNOWN_PARAMETERS = frozenset({"stock", "defaultStock", "latencySeconds", "readyDelaySeconds"})
+CALLS_KEPT = 10_000
+"""The last calls :attr:`KindProvider.calls` keeps: a long-running controller's must not
+grow with every request it ever handled."""
 
 Now = Callable[[], datetime]
 Nodes = list[ProvidedNode]
@@ -97,10 +100,11 @@ class KindProvider:
         self.heartbeat_seconds = heartbeat_seconds
         self.default_stock = default_stock
         self._now = now or (lambda: datetime.now(UTC))
-        self.calls: list[ProviderCall] = []
+        self.calls: deque[ProviderCall] = deque(maxlen=CALLS_KEPT)
         self._stock: dict[tuple[str, str], int] = {}
         self._injected: dict[str, _Injected] = defaultdict(_Injected)
-        self._key_locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._key_locks: dict[str, asyncio.Lock] = {}
+        self._stock_locks: dict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
         self._owned: set[str] = set()
         self._since: dict[str, str] = {}
         self._heartbeat_task: asyncio.Task[None] | None = None
@@ -156,7 +160,7 @@ class KindProvider:
         pool = request.pool
         pool_name = pool.metadata.name
         names = [_node_name(pool_name, request.key, i) for i in range(request.count)]
-        async with self._key_locks[request.key]:
+        async with self._locked(request.key):
             try:
                 error = self._take_injected_error(pool_name)
                 if error is not None:
@@ -166,20 +170,25 @@ class KindProvider:
                 if latency:
                     await asyncio.sleep(latency)
                 grant = self._take_grant(pool_name)
-                allowed = await self._allowed(pool, request, grant)
-                # Node names are deterministic per key, so creating them is idempotent: a
-                # retry after a crash finds the ones already made (409) and adds the rest.
-                results = await asyncio.gather(
-                    *(self._create_node(pool, request, name) for name in names[:allowed])
-                )
-                if allowed < request.count:
-                    await self._delete_key(pool_name, request.key)
-                    raise CapacityUnavailable(
-                        f"pool {pool_name} could only launch {allowed} of {request.count} "
-                        f"node(s) in {domain_key(request.domain) or 'any domain'}; the partial "
-                        "launch was rolled back",
-                        available=allowed,
+                # Counting the domain's nodes and creating ours is one step per domain: two
+                # acquisitions that both counted before either created got more than stock.
+                async with self._stock_lock(pool, request.domain):
+                    allowed = await self._allowed(pool, request, grant)
+                    # Node names are deterministic per key, so creating them is idempotent:
+                    # a retry after a crash finds the ones already made (409) and adds the
+                    # rest.
+                    results = await asyncio.gather(
+                        *(self._create_node(pool, request, name) for name in names[:allowed])
                     )
+                    if allowed < request.count:
+                        await self._delete_key(pool_name, request.key)
+                        raise CapacityUnavailable(
+                            f"pool {pool_name} could only launch {allowed} of "
+                            f"{request.count} node(s) in "
+                            f"{domain_key(request.domain) or 'any domain'}; the partial "
+                            "launch was rolled back",
+                            available=allowed,
+                        )
             except ProviderError as exc:
                 self._record("acquire", request, exc.reason)
                 raise
@@ -211,7 +220,7 @@ class KindProvider:
         return max(0, min(allowed, stock - others))
 
     async def release(self, pool: CapacityPool, key: str) -> int:
-        async with self._key_locks[key]:
+        async with self._locked(key):
             deleted = await self._delete_key(pool.metadata.name, key)
         self.calls.append(ProviderCall("release", pool.metadata.name, key, deleted))
         return deleted
@@ -293,6 +302,26 @@ class KindProvider:
 
     # ------------------------------------------------------------------ internals
 
+    def _stock_lock(
+        self, pool: CapacityPool, domain: Mapping[str, str]
+    ) -> contextlib.AbstractAsyncContextManager[Any]:
+        """The domain's lock when its stock is limited (one per domain, not per request)."""
+        if self._stock_for(pool, domain) is None:
+            return contextlib.nullcontext()
+        return self._stock_locks[(pool.metadata.name, domain_key(domain))]
+
+    @contextlib.asynccontextmanager
+    async def _locked(self, key: str) -> AsyncIterator[None]:
+        """One call per key at a time; the lock goes once nobody holds or waits for it (a
+        lock kept per key ever used grew with every request)."""
+        lock = self._key_locks.setdefault(key, asyncio.Lock())
+        try:
+            async with lock:
+                yield
+        finally:
+            if not lock.locked() and self._key_locks.get(key) is lock:
+                del self._key_locks[key]
+
     def _record(self, op: str, request: AcquireRequest, outcome: str) -> None:
         self.calls.append(
             ProviderCall(
@@ -342,6 +371,7 @@ class KindProvider:
 
     async def _delete_node(self, name: str) -> bool:
         self._owned.discard(name)
+        self._since.pop(name, None)
         deleted = await self._kube.delete(NODES, name)
         with contextlib.suppress(ApiError):
             await self._kube.delete(LEASES, name, namespace=NODE_LEASE_NAMESPACE)

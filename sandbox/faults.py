@@ -17,7 +17,11 @@ ALL_VERBS = frozenset({"get", "list", "watch", *WRITE_VERBS})
 
 @dataclass
 class Rule:
-    """One fault: applies to requests whose verb and resource match (empty set = any)."""
+    """One fault: applies to requests whose verb and resource match (empty set = any).
+
+    A resource names a subresource as RBAC does (``provisioningrequests/status``); the bare
+    plural matches the resource and all its subresources. ``times`` limits the rule to the
+    first N requests it matches (a proxy failing one write, then healthy again)."""
 
     kind: str  # "latency" | "error" | "conflict"
     probability: float = 1.0
@@ -25,13 +29,19 @@ class Rule:
     status: int = 500
     verbs: frozenset[str] = frozenset()
     resources: frozenset[str] = frozenset()
+    times: int | None = None
 
-    def applies(self, verb: str, resource: str, group: str) -> bool:
+    def applies(self, verb: str, resource: str, group: str, subresource: str | None = None) -> bool:
+        if self.times is not None and self.times <= 0:
+            return False
         if self.verbs and verb not in self.verbs:
             return False
         if self.resources:
             qualified = f"{resource}.{group}" if group else resource
-            if resource not in self.resources and qualified not in self.resources:
+            names = {resource, qualified}
+            if subresource:
+                names |= {f"{resource}/{subresource}", f"{qualified}/{subresource}"}
+            if not names & self.resources:
                 return False
         return True
 
@@ -90,13 +100,17 @@ class Faults:
         self, probability: float, *, status: int = 500,
         verbs: Iterable[str] | str | None = None,
         resources: Iterable[str] | str | None = None,
+        times: int | None = None,
     ) -> Rule:
-        """Answer matching requests with HTTP ``status`` (5xx or 429) with this probability."""
+        """Answer matching requests with HTTP ``status`` (5xx or 429) with this probability
+        (only the first ``times`` of them, when given)."""
         self._check_probability(probability)
         if not (500 <= status <= 599 or status == 429):
             raise ValueError(f"error faults must be 5xx or 429, got {status}")
+        if times is not None and times < 1:
+            raise ValueError(f"times must be >= 1, got {times}")
         rule = Rule("error", probability, status=status, verbs=self._verbs(verbs),
-                    resources=_set(resources))
+                    resources=_set(resources), times=times)
         self.rules.append(rule)
         return rule
 
@@ -140,7 +154,10 @@ class Faults:
         return chosen
 
     def draw(self, rule: Rule) -> bool:
-        return rule.probability >= 1.0 or self.rng.random() < rule.probability
+        hit = rule.probability >= 1.0 or self.rng.random() < rule.probability
+        if hit and rule.times is not None:
+            rule.times -= 1
+        return hit
 
     def watch_drop_applies(self, resource: str, group: str) -> int:
         if not self.drop_watch_every:

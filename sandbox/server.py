@@ -180,6 +180,13 @@ class SandboxServer:
         out.write_text(yaml.safe_dump(self.kubeconfig(namespace), sort_keys=False))
         return out
 
+    def replace_store(self, store: Store) -> None:
+        """Serve ``store`` from now on and end every open watch: an API server that came
+        back with another etcd (empty, or restored from a backup), whose resourceVersions
+        start again."""
+        self._close_watches(frozenset())
+        self.store = store
+
     def _close_watches(self, resources: frozenset[str]) -> int:
         closed = 0
         for w in list(self._watchers):
@@ -390,7 +397,8 @@ class SandboxServer:
 
     async def _apply_faults(self, verb: str, t: Target) -> None:
         for rule in list(self.faults.rules):
-            if not rule.applies(verb, t.rt.plural, t.rt.group) or not self.faults.draw(rule):
+            if (not rule.applies(verb, t.rt.plural, t.rt.group, t.subresource)
+                    or not self.faults.draw(rule)):
                 continue
             self.faults.injected += 1
             if rule.kind == "latency":

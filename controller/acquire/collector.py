@@ -9,7 +9,8 @@ nodes by acquisition key, and releases a group when:
 * its owner's booking ended (consumed, expired, revoked) and its nodes have had no pods for
   ``idle_ttl`` seconds: a gang's nodes are released together, never one by one.
 
-Groups of an active booking, or with an acquisition in flight in this process, are never
+Groups of an active booking, with an acquisition in flight in this process, or with a node
+any live booking counts on (another request booked on nodes this one acquired), are never
 touched. A pool being deleted (its finalizer holds it, :mod:`controller.reconcilers.pools`)
 gets no new nodes and no new plans; each of its groups is released as soon as no booking
 holds it and no pod runs on it.
@@ -66,6 +67,7 @@ class Collector:
     async def run_once(self) -> list[Released]:
         self._state.prune_vanished()
         owners = self._owners()
+        booked = self._state.booked_nodes()
         released: list[Released] = []
         pools = dict(self._state.pools())
         for pool in pools.values():
@@ -76,6 +78,9 @@ class Collector:
                 continue
             deleting = self._state.pool_deleting(pool.metadata.name)
             for key, nodes in _by_key(provided).items():
+                if any(n.name in booked for n in nodes):
+                    self._idle_since.pop(key, None)
+                    continue
                 why = self._verdict(key, nodes, owners, pool_deleting=deleting)
                 if why is None:
                     continue

@@ -14,10 +14,12 @@ from collections.abc import Mapping
 
 from controller.api.capacitypool import CapacityPool
 from controller.metrics import ControllerMetrics
+from controller.problems import ProblemLog, retrying
 from providers.base import AcquireRequest, ProvidedNode, Provider
 from providers.registry import ProviderContext, create
 
 log = logging.getLogger(__name__)
+_problems = ProblemLog(log)
 
 
 class ProviderSet:
@@ -68,7 +70,7 @@ class ProviderSet:
 
         async def run() -> None:
             try:
-                await start()
+                await retrying(start, f"starting provider {name}", _problems)
             except Exception:
                 log.exception("provider %s failed to start", name)
 

@@ -6,10 +6,12 @@
   (reconcile workers, watches, collector, kopf, Kueue) has died. A standby replica is live.
   503 lists the dead tasks; the kubelet then restarts the container.
 - ``/readyz`` answers 200 when the replica does what its role asks: the leader once the
-  controller has started (caches synced, start-up collection done, reconciles running), a
-  standby while its last attempt on the Lease reached the API server. 503 otherwise: the
-  leader still starting, a standby that cannot reach the Lease, or a replica shutting down
-  or that lost the Lease.
+  controller has started (caches synced, start-up collection done, reconciles running) and
+  while its watches make progress, a standby while its last attempt on the Lease reached the
+  API server. 503 otherwise: the leader still starting or with a stalled watch, a standby
+  that cannot reach the Lease, or a replica shutting down or that lost the Lease. A stalled
+  watch is listed in /healthz too, without failing it (a restart cannot bring back an API
+  server that is down, and the watch re-lists by itself).
 
 Standbys are *ready*, like controller-runtime's managers (their readyz checks know nothing
 of leader election). Nothing routes traffic to Muster, so readiness only gates rollouts:
@@ -51,6 +53,11 @@ class Probes:
         body: dict[str, Any] = {"role": self.role, **self.controller.health()}
         if dead:
             body["dead_tasks"] = dead
+        stalled = self.controller.stalled_watches()
+        if stalled:
+            # Reported, not fatal: a stalled watch re-lists by itself, and a restart cannot
+            # bring back an API server that is down.
+            body["stalled_watches"] = stalled
         return not dead, body
 
     def ready(self) -> tuple[bool, dict[str, Any]]:
@@ -63,6 +70,11 @@ class Probes:
             ok = error is None
             body["reason"] = (f"standing by; lease held by {self.elector.holder or 'nobody'}"
                               if ok else f"cannot reach the lease: {error}")
+        elif self.controller.ready and (stalled := self.controller.stalled_watches()):
+            ok, body["reason"] = False, (
+                f"watch(es) {', '.join(stalled)} made no progress for over "
+                f"{self.controller.stall_after:.0f}s")
+            body["stalled_watches"] = stalled
         elif self.controller.ready:
             ok, body["reason"] = True, "reconciling"
         else:

@@ -136,6 +136,8 @@ class PoolDomain:
     judging NeverFits."""
     booked_nodes: int = 0
     """New nodes already booked here by other requests (not in ``max_new_nodes``)."""
+    pool_nodes: int = 0
+    """Nodes of the pool that exist here now (within ``max_nodes``)."""
 
 
 @dataclass(frozen=True, slots=True)

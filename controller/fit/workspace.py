@@ -118,11 +118,15 @@ class PoolRef:
 def _at_maximum(pool: PoolState) -> PoolState:
     """The pool as if nothing were booked: bookings end; a domain's total limit bounds it.
 
-    Errs on the generous side (a domain's pool nodes that exist are counted both as nodes
-    and within ``max_nodes``): NeverFits is permanent, so it must never be claimed wrongly.
+    The pool's nodes that exist in a domain are nodes of the empty cluster already, so only
+    the rest of the limit is new: counting them twice let a gang larger than the domain
+    limit pass for "not now" and burn every retry.
     """
     domains = tuple(
-        replace(d, max_new_nodes=max(d.max_new_nodes + d.booked_nodes, d.max_nodes or 0))
+        replace(d, max_new_nodes=max(
+            d.max_new_nodes + d.booked_nodes,
+            0 if d.max_nodes is None else d.max_nodes - d.pool_nodes,
+        ))
         for d in pool.domains
     )
     return replace(pool, domains=domains, max_new_nodes=pool.max_new_nodes + pool.booked_nodes)

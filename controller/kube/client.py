@@ -26,9 +26,34 @@ import orjson
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 
+from controller.kube.problems import ProblemLog
 from controller.kube.resources import Resource
 
 log = logging.getLogger(__name__)
+_problems = ProblemLog(log)
+
+WATCH_TIMEOUT = 300
+"""Seconds a watch request asks the server to keep its stream open (``timeoutSeconds``)."""
+MAX_RETRY_DELAY = 8.0
+"""A failing watch re-lists after 1 s, doubling up to this: an API server that is down for a
+minute costs a few requests per watch, and one that came back is seen within seconds."""
+
+
+class _HistoryLost(Exception):
+    """The server does not have the resourceVersion a watch resumed from (it came back
+    empty or restarted): only a fresh list can tell what changed."""
+
+
+@dataclass(slots=True)
+class WatchHealth:
+    """What one watch has achieved, for the probes (monotonic seconds)."""
+
+    progress_at: float
+    """Last list, event or bookmark received: the watch's view is current as of then."""
+    error: str | None = None
+    """Why its last request failed, while it fails."""
+    failures: int = 0
+    """Failures in a row (the backoff)."""
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
@@ -109,6 +134,9 @@ class KubeClient:
         self._timeouts: dict[float | None, aiohttp.ClientTimeout] = {}
         self._inflight: set[asyncio.Future[aiohttp.ClientResponse]] = set()
         """Requests being sent, including those whose caller was cancelled (shielded)."""
+        self.watch_timeout = WATCH_TIMEOUT
+        self.watches: dict[str, WatchHealth] = {}
+        """Running watches by name (resource, namespace, selector)."""
 
     @classmethod
     async def from_kubeconfig(
@@ -360,38 +388,86 @@ class KubeClient:
         *,
         namespace: str | None = None,
         label_selector: str | None = None,
-        server_timeout: int = 300,
+        server_timeout: int | None = None,
         retry_delay: float = 1.0,
     ) -> None:
         """List, hand the full list to ``on_sync``, then stream changes to ``on_event``.
 
         Runs until cancelled. A 410 Gone (the resourceVersion fell out of the server's
         window), a dropped stream or a 5xx leads to a fresh list, so ``on_sync`` must replace
-        the caller's view rather than merge into it.
+        the caller's view rather than merge into it. So does a server that lost the history
+        the watch resumes from (it came back empty or restarted): resourceVersions going
+        back, "too large resource version", or a stream that ended without a single event
+        or bookmark (a server ahead of which the watch sits is silent). Failures are retried
+        with backoff and logged once per interval, not per attempt.
         """
-        while True:
-            try:
-                listing = await self.list(res, namespace=namespace, label_selector=label_selector)
-                await _maybe_await(on_sync(listing.get("items") or []))
-                rv = str(listing.get("metadata", {}).get("resourceVersion", ""))
-                while True:
-                    # A stream that ends (server timeout, dropped connection) resumes from
-                    # the last resourceVersion seen; only 410 Gone forces a re-list.
-                    try:
-                        rv = await self._watch_once(
-                            res, rv, on_event, namespace, label_selector, server_timeout
-                        )
-                    except aiohttp.ClientPayloadError:
-                        log.debug("watch %s stream dropped; resuming at %s", res.plural, rv)
-            except asyncio.CancelledError:
-                raise
-            except ApiError as exc:
-                if not exc.gone:
-                    log.warning("watch %s failed, re-listing: %s", res.plural, exc)
+        timeout = server_timeout or self.watch_timeout
+        name = ",".join(p for p in (res.plural, namespace, label_selector) if p)
+        health = self.watches[name] = WatchHealth(progress_at=_monotonic())
+        try:
+            while True:
+                try:
+                    await self._list_and_stream(
+                        res, on_sync, on_event, namespace, label_selector, timeout, health
+                    )
+                except asyncio.CancelledError:
+                    raise
+                except _HistoryLost as exc:
+                    _problems.warning(f"history {res.plural}", "watch %s: %s; re-listing",
+                                      res.plural, exc)
+                except ApiError as exc:
+                    if exc.gone or _too_large(exc):
+                        continue  # the window moved on: a fresh list, at once
+                    await self._failed(res, health, f"{exc.status or 'no answer'} {exc.reason}",
+                                       retry_delay)
+                except (aiohttp.ClientError, ConnectionError, TimeoutError) as exc:
+                    await self._failed(res, health, type(exc).__name__, retry_delay)
+                except Exception:
+                    log.exception("watch %s broke, re-listing", res.plural)
                     await asyncio.sleep(retry_delay)
-            except Exception:
-                log.exception("watch %s broke, re-listing", res.plural)
-                await asyncio.sleep(retry_delay)
+        finally:
+            if self.watches.get(name) is health:
+                del self.watches[name]
+
+    @staticmethod
+    async def _failed(res: Resource, health: WatchHealth, error: str, delay: float) -> None:
+        health.error = error
+        health.failures += 1
+        _problems.warning(f"watch {error}", "watch %s failed (%s); re-listing with backoff",
+                          res.plural, error)
+        await asyncio.sleep(min(MAX_RETRY_DELAY, delay * 2 ** (health.failures - 1)))
+
+    async def _list_and_stream(
+        self,
+        res: Resource,
+        on_sync: Callable[[BodyList], Awaitable[None] | None],
+        on_event: Callable[[WatchEvent], Awaitable[None] | None],
+        namespace: str | None,
+        label_selector: str | None,
+        server_timeout: int,
+        health: WatchHealth,
+    ) -> None:
+        """List, then stream until a re-list is needed (returns, or raises)."""
+        listing = await self.list(res, namespace=namespace, label_selector=label_selector)
+        await _maybe_await(on_sync(listing.get("items") or []))
+        health.progress_at, health.error = _monotonic(), None
+        if health.failures:
+            _problems.resolved(f"watch {res.plural}", "watch %s re-listed", res.plural)
+        health.failures = 0
+        rv = str(listing.get("metadata", {}).get("resourceVersion", ""))
+        while True:
+            # A stream that ends (server timeout, dropped connection) resumes from the last
+            # resourceVersion seen, when it proved the server knows it; otherwise re-list.
+            try:
+                rv, proven = await self._watch_once(
+                    res, rv, on_event, namespace, label_selector, server_timeout, health
+                )
+            except aiohttp.ClientPayloadError:
+                log.debug("watch %s stream dropped; resuming at %s", res.plural, rv)
+                continue
+            if not proven:
+                log.debug("watch %s: a stream without events; re-listing", res.plural)
+                return
 
     async def _watch_once(
         self,
@@ -401,9 +477,14 @@ class KubeClient:
         namespace: str | None,
         label_selector: str | None,
         server_timeout: int,
-    ) -> str:
-        """One watch request; return the last resourceVersion seen (raise ApiError(410))."""
+        health: WatchHealth | None = None,
+    ) -> tuple[str, bool]:
+        """One watch request; return the last resourceVersion seen and whether anything
+        arrived (raise ApiError(410), _HistoryLost)."""
+        health = health or WatchHealth(progress_at=_monotonic())
         stream = self._stream(res, rv, namespace, label_selector, server_timeout)
+        since = _int_rv(rv)
+        proven = False
         # aclosing: on cancellation the stream's response is closed now, not whenever the
         # generator is garbage-collected (until then its connection would stay half-used).
         async with contextlib.aclosing(stream) as events:
@@ -412,11 +493,21 @@ class KubeClient:
                 obj = ev.get("object") or {}
                 if kind == "ERROR":
                     raise ApiError(int(obj.get("code", 500)), str(obj.get("reason", "")), str(obj))
-                rv = str(obj.get("metadata", {}).get("resourceVersion", rv))
+                seen = str(obj.get("metadata", {}).get("resourceVersion", rv))
+                # resourceVersions are opaque, but every server Muster meets (etcd's
+                # revision) counts up: one lower than where the watch resumed means the
+                # server's history began again.
+                if since is not None and (now := _int_rv(seen)) is not None and now < since:
+                    raise _HistoryLost(
+                        f"the server's resourceVersion went back from {rv} to {seen} (it "
+                        "came back empty or restarted)"
+                    )
+                rv, proven = seen, True
+                health.progress_at = _monotonic()
                 if kind == "BOOKMARK":
                     continue
                 await _maybe_await(on_event(WatchEvent(str(kind), obj)))
-        return rv
+        return rv, proven
 
     async def _stream(
         self,
@@ -486,6 +577,19 @@ def _pooled(cfg: k8s_client.Configuration) -> k8s_client.Configuration:
     # minutes, so on a 2-core machine a handful of watches would starve all other calls.
     cfg.connection_pool_maxsize = CONNECTION_POOL_SIZE
     return cfg
+
+
+def _int_rv(rv: str) -> int | None:
+    return int(rv) if rv.isdigit() else None
+
+
+def _too_large(exc: ApiError) -> bool:
+    """The apiserver's answer to a watch from a resourceVersion it has not reached."""
+    return "too large resource version" in exc.body.lower()
+
+
+def _monotonic() -> float:
+    return asyncio.get_running_loop().time()
 
 
 async def _maybe_await(value: Awaitable[None] | None) -> None:

@@ -32,11 +32,13 @@ from controller.kueue.resources import (
 )
 from controller.kueue.settings import KueueConfig
 from controller.kueue.workloads import CheckReconciler, KueueView
+from controller.problems import ProblemLog, describe, retrying, transient
 from controller.reconcilers.workqueue import WorkQueue
 from controller.state.cache import ClusterState
 from controller.topology_defaults import DEFAULT_LEVELS, HOSTNAME, POOL_LABEL
 
 log = logging.getLogger(__name__)
+_problems = ProblemLog(log)
 
 EVENT_COMPONENT = "muster-admission-check"
 """The source of Events on Workloads (the request controller's is ``muster``)."""
@@ -96,8 +98,10 @@ class KueueIntegration:
 
     # ------------------------------------------------------------------ life cycle
 
-    async def start(self, *, sync_timeout: float = 30.0) -> None:
-        await self.preflight()
+    async def start(self, *, sync_timeout: float | None = None) -> None:
+        """Preflight (transient errors retried), watches, then wait for their first lists
+        (which the watches retry; ``sync_timeout`` None: as long as it takes)."""
+        await retrying(self.preflight, "checking Kueue's API", _problems)
         v = self.view
         self._watch(ADMISSION_CHECKS, v.checks, self._checks_changed)
         self._watch(RESOURCE_FLAVORS, v.flavors, self._all_workloads)
@@ -271,8 +275,12 @@ class KueueIntegration:
             if self.reconciler.ours(body):
                 try:
                     await self.reconciler.reconcile_check(name)
-                except Exception:
-                    log.exception("AdmissionCheck %s: setting Active failed", name)
+                except Exception as exc:
+                    if not transient(exc):
+                        log.exception("AdmissionCheck %s: setting Active failed", name)
+                        continue
+                    _problems.warning("check", "AdmissionCheck %s: setting Active failed "
+                                      "(%s); retried on its next change", name, describe(exc))
         self._all_workloads(None)
 
     def _request_changed(self, obj: Body | None) -> None:

@@ -28,6 +28,7 @@ from controller.kube.resources import CAPACITY_POOLS, PROVISIONING_REQUESTS
 from controller.kueue.integration import EVENT_COMPONENT as KUEUE_EVENTS
 from controller.kueue.integration import KueueIntegration, KueueNotInstalled
 from controller.metrics import ControllerMetrics
+from controller.problems import LOG_INTERVAL, ProblemLog, describe, retrying, transient
 from controller.reconcilers.handlers import build_registry
 from controller.reconcilers.pools import sync_pool_finalizers
 from controller.reconcilers.service import ProvisioningService
@@ -46,6 +47,10 @@ from providers.registry import ProviderContext
 
 log = logging.getLogger(__name__)
 
+
+WATCH_GRACE_SECONDS = 30.0
+"""Beyond a watch stream's length, how long its re-list may take before it counts as
+stalled."""
 
 KOPF_STOP_SECONDS = 10.0
 """How long stopping waits for unanswered API requests before it stops kopf."""
@@ -75,7 +80,8 @@ class Controller:
         self.use_kopf = config.event_source == "kopf" if use_kopf is None else use_kopf
         self.collect_interval = config.acquisition.collect_interval_seconds
         self.liveness_endpoint = liveness_endpoint
-        self.state = ClusterState(levels=config.topology.levels, notify=self._enqueue)
+        self.state = ClusterState(levels=config.topology.levels, notify=self._enqueue,
+                                  forget=self._forget)
         self.metrics = ControllerMetrics()
         """This controller's own registry: several controllers in one process never collide."""
         self.events = EventBroadcaster(kube, now=self.clock.now, queue_size=event_queue_size)
@@ -119,6 +125,11 @@ class Controller:
         self.kopf_task: asyncio.Task[None] | None = None
         """kopf's operator task (event_source kopf): it ends on its own when kopf consumed
         a SIGTERM meant for Muster, and the caller then stops everything."""
+        self.problems = ProblemLog(log)
+        """Start-up and loop trouble, logged once per interval."""
+        self.stall_after = kube.watch_timeout + WATCH_GRACE_SECONDS
+        """A watch whose view has not moved for this long is stalled (/readyz says so): a
+        healthy one gets an event, a bookmark or a fresh list at least once per stream."""
         self._started = False
         self.ready = False
         """True once :meth:`start` returned (caches synced, start-up collection done,
@@ -128,27 +139,37 @@ class Controller:
         if self._started:
             self.queue.add(key)
 
+    def _forget(self, key: str) -> None:
+        # A deleted request's timers (booking expiry, retry backoff) would hold it for up to
+        # a booking's duration.
+        if hasattr(self, "queue"):
+            self.queue.forget(key)
+
     def observe(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         """A ProvisioningRequest event (from kopf): update the cache, reconcile the key."""
         key = object_key(body)
         if event_type == "DELETED":
-            self.state.delete_request(key)
-            self.queue.forget(key)
+            self.state.delete_request(key, uid=(body.get("metadata") or {}).get("uid"))
             return
         self.state.upsert_request(dict(body))
         self._enqueue(key)
 
     async def start(self) -> None:
-        await self._check_crds()
+        """Start everything in order. A transient error on the way (no answer, 5xx, 429, a
+        provider's retryable error) is retried with backoff, never fatal: only what needs
+        someone to act (a missing CRD or Kueue, forbidden) stops start-up."""
+        await retrying(self._check_crds, "checking Muster's CRDs", self.problems)
         if self.kueue is not None:
             try:
-                await self.kueue.preflight()  # before anything runs: a missing Kueue is fatal
+                # Before anything runs: a missing Kueue is fatal.
+                await retrying(self.kueue.preflight, "checking Kueue's API", self.problems)
             except KueueNotInstalled as exc:
                 raise StartupError(str(exc)) from None
         self.feeds.start()
-        await self.feeds.wait_synced()
+        await self._wait_synced()
         if self.use_kopf:
-            listing = await self.kube.list(PROVISIONING_REQUESTS)
+            listing = await retrying(lambda: self.kube.list(PROVISIONING_REQUESTS),
+                                     "listing ProvisioningRequests", self.problems)
             self.state.replace_requests(listing.get("items") or [])
         # Every pool's provider, not only those already used: after a restart the kind
         # provider must adopt and heartbeat the nodes it created before.
@@ -157,12 +178,12 @@ class Controller:
                 self.providers.for_pool(pool)
             except ProviderConfigError as exc:  # the reconcile reports it on the request
                 log.warning("pool %s: %s", pool.metadata.name, exc)
-        for provider in self.providers.instances().values():
+        for name, provider in self.providers.instances().items():
             start = getattr(provider, "start", None)
             if start is not None:
-                await start()
+                await retrying(start, f"starting provider {name}", self.problems)
         self.providers.running = True
-        released = await self.collector.run_once()
+        released = await retrying(self.collector.run_once, "start-up collection", self.problems)
         if released:
             log.info("start-up collection released %d group(s)", len(released))
         await sync_pool_finalizers(self.kube, self.state)
@@ -179,6 +200,15 @@ class Controller:
         if self.kueue is not None:
             await self.kueue.start()
         self.ready = True
+
+    async def _wait_synced(self) -> None:
+        while True:  # the watches retry their lists themselves; this only waits and says so
+            try:
+                await self.feeds.wait_synced(within=LOG_INTERVAL)
+                return
+            except TimeoutError:
+                log.warning("caches not synced yet (%s); waiting",
+                            ", ".join(self.feeds.unsynced()))
 
     def halt(self) -> None:
         """Stop acting at once, synchronously: called the moment leadership is lost, before
@@ -212,6 +242,15 @@ class Controller:
             t.get_name() for t in tasks
             if t.done() and (t.cancelled() or t.exception() is not None)
         )
+
+    def stalled_watches(self) -> list[str]:
+        """The watches (of this controller's client) whose view has not moved for
+        :attr:`stall_after` seconds: failing to re-list (API server unreachable), or stuck."""
+        if not self.ready:
+            return []
+        now = asyncio.get_running_loop().time()
+        return sorted(name for name, health in self.kube.watches.items()
+                      if now - health.progress_at > self.stall_after)
 
     async def _start_kopf(self) -> None:
         self._kopf_stop = asyncio.Event()
@@ -253,7 +292,9 @@ class Controller:
                         f"the CRD {crd} is not installed in {self.kube.host}; "
                         "install Muster's CRDs first: kubectl apply -f crds/"
                     ) from None
-                raise StartupError(f"cannot reach the API server {self.kube.host}: {exc}") from None
+                if transient(exc):
+                    raise  # retried by start()
+                raise StartupError(f"the API server {self.kube.host} refuses: {exc}") from None
 
     async def stop(self) -> None:
         """Stop everything; kopf last.
@@ -334,5 +375,11 @@ class Controller:
             await self.clock.sleep(self.collect_interval)
             try:
                 await self.collector.run_once()
-            except Exception:
-                log.exception("orphan collection failed; trying again later")
+            except Exception as exc:
+                if not transient(exc):
+                    log.exception("orphan collection failed; trying again later")
+                    continue
+                self.problems.warning("collection", "orphan collection failed (%s); trying "
+                                      "again every %.0fs", describe(exc), self.collect_interval)
+            else:
+                self.problems.resolved("collection")

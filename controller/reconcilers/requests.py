@@ -103,13 +103,34 @@ class RequestView:
 
     @property
     def phase(self) -> Phase:
-        try:
-            phase = Phase(self.annotations.get(PHASE_ANNOTATION, ""))
-        except ValueError:
-            return Phase.NEW
+        """Where the request is. The status decides a terminal outcome (Failed, booking
+        ended): it is written first, so an annotation still saying otherwise is only a
+        write a crash or an error cut short, repaired by the reconcile."""
+        if self.condition_true(ConditionType.FAILED):
+            return Phase.FAILED
+        if self.ended_condition is not None:
+            return Phase.ENDED
+        phase = self.annotated_phase
         if phase is Phase.ACQUIRING and self.condition_true(ConditionType.PROVISIONED):
             return Phase.BOOKED
         return phase
+
+    @property
+    def annotated_phase(self) -> Phase:
+        """The ``muster.dev/phase`` annotation alone (what the cache and collector read)."""
+        try:
+            return Phase(self.annotations.get(PHASE_ANNOTATION, ""))
+        except ValueError:
+            return Phase.NEW
+
+    @property
+    def ended_condition(self) -> Mapping[str, Any] | None:
+        """BookingExpired=True or CapacityRevoked=True, if the booking ended."""
+        for type_ in (ConditionType.CAPACITY_REVOKED, ConditionType.BOOKING_EXPIRED):
+            cond = self.condition(type_)
+            if cond is not None and cond.get("status") == "True":
+                return cond
+        return None
 
     @property
     def attempt(self) -> int:

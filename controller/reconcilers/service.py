@@ -12,7 +12,11 @@ step for its phase (``muster.dev/phase``):
 * deleting: release unused nodes, drop the finalizer.
 
 Failures retry with exponential backoff up to ``retry.max_attempts``, then Failed. Muster's
-own state lives in annotations; conditions are written with ``/status`` merge patches. All
+own state lives in annotations; conditions are written with ``/status`` merge patches. Both
+cannot go in one write, so each change is ordered for repair: a plan is persisted (phase
+Acquiring) before the status write that makes it a booking, and an outcome (Failed, booking
+ended) is written to the status first, where it decides the phase, with the annotations
+following; whatever a crash or a failed write cuts short, the next reconcile redoes. All
 time comes from the injected clock. The kopf handlers (:mod:`controller.reconcilers.handlers`)
 only feed the cache and enqueue keys.
 """
@@ -50,7 +54,6 @@ from controller.reconcilers.requests import RequestView
 from controller.snapshot import SnapshotError, gang_of, parse_object
 from controller.state.bookings import (
     ATTEMPT_ANNOTATION,
-    BOOKED_AT_ANNOTATION,
     FINALIZER,
     PHASE_ANNOTATION,
     PLAN_ANNOTATION,
@@ -141,8 +144,10 @@ class ProvisioningService:
         if req.deleting:
             return await self.finalize(req)
         phase = req.phase
-        if phase in (Phase.FAILED, Phase.ENDED):
-            return None
+        if phase is Phase.FAILED:
+            return await self.repair_failed(req)
+        if phase is Phase.ENDED:
+            return await self.repair_ended(req)
         if phase is Phase.BOOKED:
             return await self.check_booking(req)
         if phase is Phase.ACQUIRING:
@@ -178,7 +183,20 @@ class ProvisioningService:
         if booking is None:  # the request was deleted while it was being planned
             return None
         if not booking.groups:
-            return await self.confirm(req, booking, Reason.CAPACITY_IS_FOUND)
+            # Persisted as Acquiring, like a plan with new nodes: should the status write
+            # below fail or the process die first, the resumed "acquisition" of nothing
+            # confirms it. (Persisting it as Booked left a booking that expired without
+            # Provisioned=True ever written.)
+            req = await self.persist(
+                req,
+                annotations={
+                    PLAN_ANNOTATION: booking.to_annotation(),
+                    ATTEMPT_ANNOTATION: str(attempt),
+                    PHASE_ANNOTATION: Phase.ACQUIRING,
+                    RETRY_AT_ANNOTATION: None,
+                },
+            )
+            return await self.confirm(req, booking)
         req = await self.persist(
             req,
             annotations={
@@ -327,7 +345,7 @@ class ProvisioningService:
             )
         finally:
             self.in_flight -= keys
-        return await self.confirm(req, booking, Reason.CAPACITY_IS_PROVISIONED)
+        return await self.confirm(req, booking)
 
     async def _announce(self, req: RequestView, booking: Booking) -> RequestView:
         new_nodes = sum(g.count for g in booking.groups)
@@ -336,23 +354,11 @@ class ProvisioningService:
             req, [_accepted(), (ConditionType.PROVISIONED, False, Reason.PROVISIONING, text)]
         )
 
-    async def confirm(self, req: RequestView, booking: Booking, reason: Reason) -> Delay:
-        """Persist the booking as Booked and set Provisioned=True with the placement."""
-        now = self.clock.now()
+    async def confirm(self, req: RequestView, booking: Booking) -> Delay:
+        """Set Provisioned=True with the placement: the one write that turns a persisted
+        plan (phase Acquiring) into a booking."""
+        reason = Reason.CAPACITY_IS_PROVISIONED if booking.groups else Reason.CAPACITY_IS_FOUND
         try:
-            if req.phase is not Phase.ACQUIRING:
-                # Fits existing nodes: nothing persisted yet. After an acquisition the plan
-                # and keys are on the object already and Provisioned=True marks it Booked.
-                req = await self.persist(
-                    req,
-                    annotations={
-                        PLAN_ANNOTATION: booking.to_annotation(),
-                        ATTEMPT_ANNOTATION: str(booking.attempt),
-                        PHASE_ANNOTATION: Phase.BOOKED,
-                        BOOKED_AT_ANNOTATION: rfc3339(now),
-                        RETRY_AT_ANNOTATION: None,
-                    },
-                )
             details = class_details(booking.plan)
             where = _where(booking.plan)
             text = (
@@ -375,13 +381,26 @@ class ProvisioningService:
         booking = req.booking
         if booking is None:
             return None
+        if not req.condition_true(ConditionType.PROVISIONED):
+            # Persisted as Booked by an earlier Muster whose status write never landed.
+            return await self.confirm(req, booking)
+        ending = self._ending(req, booking)
+        if ending is not None:
+            return await self.end_booking(req, booking, *ending)
+        booked_at = req.booked_at or self.clock.now()
+        duration = self.config.booking.duration_seconds
+        return (booked_at + timedelta(seconds=duration) - self.clock.now()).total_seconds()
+
+    def _ending(
+        self, req: RequestView, booking: Booking, *, expire: bool = False
+    ) -> tuple[ConditionType, Reason, str] | None:
+        """Why the booking ends now (consumed, revoked, expired), or None while it holds;
+        ``expire``: call it expired when nothing else applies."""
         scheduled = sum(self.state.scheduled_consumers(req.key).values())
         total = req.total_pods
         if scheduled >= total:
-            return await self.end_booking(
-                req, booking, ConditionType.BOOKING_EXPIRED, Reason.BOOKING_CONSUMED,
-                message(Reason.BOOKING_CONSUMED, total=total),
-            )
+            return (ConditionType.BOOKING_EXPIRED, Reason.BOOKING_CONSUMED,
+                    message(Reason.BOOKING_CONSUMED, total=total))
         vanished = [n for n in booking.existing_nodes if not self.state.node_exists(n)]
         for g in booking.groups:
             have = len(self.group_nodes(g))
@@ -390,20 +409,16 @@ class ProvisioningService:
                 vanished.append(f"{g.count - have} of {g.count} new node(s) of pool {g.pool} "
                                 f"({names})")
         if vanished and self.state.synced["nodes"].is_set():
-            return await self.end_booking(
-                req, booking, ConditionType.CAPACITY_REVOKED, Reason.NODES_VANISHED,
-                message(Reason.NODES_VANISHED, detail=", ".join(vanished[:10])),
-            )
+            return (ConditionType.CAPACITY_REVOKED, Reason.NODES_VANISHED,
+                    message(Reason.NODES_VANISHED, detail=", ".join(vanished[:10])))
         booked_at = req.booked_at or self.clock.now()
         duration = self.config.booking.duration_seconds
         left = (booked_at + timedelta(seconds=duration) - self.clock.now()).total_seconds()
-        if left <= 0:
-            return await self.end_booking(
-                req, booking, ConditionType.BOOKING_EXPIRED, Reason.RESERVATION_TIME_EXPIRED,
-                message(Reason.RESERVATION_TIME_EXPIRED, booked=scheduled, total=total,
-                        seconds=duration),
-            )
-        return left
+        if left <= 0 or expire:
+            return (ConditionType.BOOKING_EXPIRED, Reason.RESERVATION_TIME_EXPIRED,
+                    message(Reason.RESERVATION_TIME_EXPIRED, booked=scheduled, total=total,
+                            seconds=duration))
+        return None
 
     async def end_booking(
         self,
@@ -413,18 +428,45 @@ class ProvisioningService:
         reason: Reason,
         text: str,
     ) -> Delay:
-        req = await self.persist(req, annotations={PHASE_ANNOTATION: Phase.ENDED})
-        await self.write_status(req, [(type_, True, reason, text)])
-        if reason is not Reason.BOOKING_CONSUMED:
-            await self.release_unused(booking)
+        """Status first: the condition is the outcome (and makes the phase Ended); releasing
+        and the phase annotation follow and are redone by :meth:`repair_ended` if cut short."""
+        req = await self.write_status(req, [(type_, True, reason, text)])
+        return await self._finish_ending(req, booking)
+
+    async def _finish_ending(self, req: RequestView, booking: Booking | None) -> Delay:
+        cond = req.ended_condition
+        if booking is not None and cond is not None and (
+            cond.get("reason") != Reason.BOOKING_CONSUMED
+        ):
+            await self.release_unused(booking, req.key)
+        if req.annotated_phase is not Phase.ENDED:
+            await self.persist(req, annotations={PHASE_ANNOTATION: Phase.ENDED})
         return None
 
-    async def release_unused(self, booking: Booking) -> int:
-        """Release groups none of whose nodes runs a pod; the collector handles the rest."""
+    async def repair_ended(self, req: RequestView) -> Delay:
+        """A booking that ended: finish what a crash or a failed write left undone."""
+        booking = req.booking
+        if req.ended_condition is None:
+            # Phase Ended written by an earlier Muster, which wrote the status second.
+            if booking is None:
+                return None
+            ending = self._ending(req, booking, expire=True)
+            if ending is None:  # not with expire=True
+                return None
+            req = await self.write_status(req, [(ending[0], True, ending[1], ending[2])])
+        elif req.annotated_phase is Phase.ENDED:
+            return None
+        return await self._finish_ending(req, booking)
+
+    async def release_unused(self, booking: Booking, owner: str) -> int:
+        """Release ``owner``'s groups none of whose nodes runs a pod or is counted on by
+        another live booking (a request booked on existing nodes this one acquired); the
+        collector handles the rest once they are idle."""
+        others = self.state.booked_nodes(exclude=owner)
         unused = [
             g for g in booking.groups
-            if self.group_nodes(g)
-            and not any(self.state.pods_on(n) for n in self.group_nodes(g))
+            if (nodes := self.group_nodes(g))
+            and not any(self.state.pods_on(n) or n in others for n in nodes)
         ]
         if not unused:
             return 0
@@ -445,7 +487,7 @@ class ProvisioningService:
         self.state.unreserve(req.key)
         booking = req.booking
         if booking is not None and req.phase is not Phase.FAILED:
-            await self.release_unused(booking)
+            await self.release_unused(booking, req.key)
         if req.has_finalizer:
             await self.persist(req, annotations={}, finalizer=False)
         return None
@@ -500,21 +542,49 @@ class ProvisioningService:
     async def fail(
         self, req: RequestView, reason: Reason, text: str, *, attempt: int | None = None
     ) -> Delay:
+        """Failed=True first: it is the outcome and decides the phase. The annotations are
+        then only cleaned up (plan dropped, so the cache stops holding it), and only when
+        there is something to clean: a request failed before any plan costs one write."""
         self.state.unreserve(req.key)
-        annotations: dict[str, str | None] = {
-            PHASE_ANNOTATION: Phase.FAILED,
-            PLAN_ANNOTATION: None,
-            RETRY_AT_ANNOTATION: None,
-        }
-        if attempt is not None:
-            annotations[ATTEMPT_ANNOTATION] = str(attempt)
-        req = await self.persist(req, annotations=annotations)
-        await self.write_status(
+        req = await self.write_status(
             req,
             [_accepted(), (ConditionType.PROVISIONED, False, reason, text),
              (ConditionType.FAILED, True, reason, text)],
         )
+        return await self._clean_failed(req, attempt=attempt)
+
+    async def _clean_failed(self, req: RequestView, *, attempt: int | None = None) -> Delay:
+        held = req.annotations
+        if (PLAN_ANNOTATION in held or RETRY_AT_ANNOTATION in held
+                or (PHASE_ANNOTATION in held and req.annotated_phase is not Phase.FAILED)):
+            annotations: dict[str, str | None] = {
+                PHASE_ANNOTATION: Phase.FAILED,
+                PLAN_ANNOTATION: None,
+                RETRY_AT_ANNOTATION: None,
+            }
+            if attempt is not None:
+                annotations[ATTEMPT_ANNOTATION] = str(attempt)
+            await self.persist(req, annotations=annotations)
         return None
+
+    async def repair_failed(self, req: RequestView) -> Delay:
+        """A failed request: finish what a crash or a failed write left undone."""
+        self.state.unreserve(req.key)
+        if not req.condition_true(ConditionType.FAILED):
+            # Phase Failed written by an earlier Muster, which wrote the status second and
+            # lost it: the reason is gone, so say what is known.
+            last = req.condition(ConditionType.PROVISIONED) or {}
+            try:
+                reason = Reason(str(last.get("reason") or ""))
+            except ValueError:
+                reason = Reason.RETRIES_EXHAUSTED
+            text = (f"Muster failed this request, but a crash lost the reason; the last "
+                    f"status said: {last.get('message') or 'nothing'}. Recreate the request.")
+            req = await self.write_status(
+                req, [_accepted(), (ConditionType.PROVISIONED, False, reason, text),
+                      (ConditionType.FAILED, True, reason, text)],
+            )
+        return await self._clean_failed(req)
 
     # ------------------------------------------------------------------ writes
 

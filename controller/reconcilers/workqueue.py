@@ -15,6 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from controller.clock import Clock
+from controller.problems import ProblemLog, describe, transient
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,9 @@ class WorkQueue:
         self._tasks: list[asyncio.Task[None]] = []
         self._concurrency = concurrency
         self._failures: dict[str, int] = {}
+        self._problems = ProblemLog(log)
+        """Transient failures (API down, 5xx): one line per kind per interval for all
+        keys, not a traceback per key and attempt."""
 
     def start(self) -> None:
         if not self._tasks:
@@ -84,6 +88,8 @@ class WorkQueue:
         self._timers[key] = asyncio.create_task(self._later(key, delay))
 
     def forget(self, key: str) -> None:
+        """The key's object is gone: drop its timer and error count."""
+        self._failures.pop(key, None)
         timer = self._timers.pop(key, None)
         if timer is not None:
             timer.cancel()
@@ -119,11 +125,17 @@ class WorkQueue:
                 self._failures.pop(key, None)
             except asyncio.CancelledError:
                 raise
-            except Exception:
+            except Exception as exc:
                 failures = self._failures[key] = self._failures.get(key, 0) + 1
                 delay = min(ERROR_BACKOFF_MAX, ERROR_BACKOFF_BASE * 2 ** (failures - 1))
-                log.exception("reconciling %s failed (%d in a row); retrying in %.1fs",
-                              key, failures, delay)
+                if transient(exc):
+                    self._problems.warning(
+                        f"reconcile {describe(exc)}",
+                        "reconciling %s failed (%s, %d in a row); retrying in %.1fs",
+                        key, describe(exc), failures, delay)
+                else:
+                    log.exception("reconciling %s failed (%d in a row); retrying in %.1fs",
+                                  key, failures, delay)
             finally:
                 self._running.discard(key)
             if key in self._dirty:

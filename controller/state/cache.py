@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -50,6 +51,9 @@ CONSUME_ANNOTATION = "autoscaling.x-k8s.io/consume-provisioning-request"
 DEPRECATED_CONSUME_ANNOTATION = "cluster-autoscaler.kubernetes.io/consume-provisioning-request"
 
 ACTIVE_PHASES = frozenset({Phase.ACQUIRING, Phase.BOOKED})
+DELETED_MEMORY = 16_384
+"""How many deleted requests' uids are remembered: far more than requests deleted while one
+write can be in flight (its timeout is 60 s)."""
 KEY_LABEL = "muster.dev/acquisition-key"
 """Set by every provider on the nodes it acquires (see ``providers.kind``)."""
 
@@ -86,9 +90,12 @@ class ClusterState:
         *,
         levels: Sequence[str],
         notify: Callable[[str], None] | None = None,
+        forget: Callable[[str], None] | None = None,
     ) -> None:
         self.levels = tuple(levels)
         self.notify: Callable[[str], None] = notify or (lambda key: None)
+        self.forget: Callable[[str], None] = forget or (lambda key: None)
+        """Told of every request key deleted (the work queue drops its timers)."""
         self._nodes: dict[str, Node] = {}
         self._nodes_by_key: dict[str, set[str]] = {}
         self._gone_by_key: dict[str, set[str]] = {}
@@ -102,6 +109,9 @@ class ClusterState:
         self._pools: dict[str, CapacityPool] = {}
         self._pool_errors: dict[str, str] = {}
         self._requests: dict[str, Body] = {}
+        self._deleted: OrderedDict[str, None] = OrderedDict()
+        """uids of requests seen deleted, newest last (bounded): an answer to a write sent
+        before the deletion must not bring the request back into the cache."""
         self._bookings: dict[str, Booking] = {}
         self._nodes_by_pool: dict[str, set[str]] = {}
         """CapacityPool name (the node's pool label) -> its nodes."""
@@ -307,6 +317,8 @@ class ClusterState:
                 per_node[record.node] = per_node.get(record.node, 1) - 1
                 if per_node[record.node] <= 0:
                     del per_node[record.node]
+                if not per_node:
+                    self._consumed.pop(record.consumer, None)
         return record
 
     def scheduled_consumers(self, request_key: str) -> Mapping[str, int]:
@@ -403,8 +415,18 @@ class ClusterState:
         self.synced["requests"].set()
 
     def upsert_request(self, body: Body) -> bool:
-        """Store ``body`` unless an equal or newer version is held; True when stored."""
+        """Store ``body`` unless an equal or newer version is held, or the request was seen
+        deleted; True when stored."""
         key = object_key(body)
+        meta = body.get("metadata") or {}
+        uid = meta.get("uid")
+        if uid and uid in self._deleted:
+            return False
+        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            # Deleting with no finalizer left: gone from the API server already (the answer
+            # to the write that removed the last finalizer says so before the watch does).
+            self.delete_request(key, uid=uid)
+            return False
         old = self._requests.get(key)
         if old is not None:
             old_rv, new_rv = _rv(old), _rv(body)
@@ -433,12 +455,19 @@ class ClusterState:
             self._booking_text.pop(key, None)
         return True
 
-    def delete_request(self, key: str) -> None:
+    def delete_request(self, key: str, *, uid: str | None = None) -> None:
+        """Forget the request; ``uid`` (else the cached one's) is remembered as deleted."""
         self._booking_text.pop(key, None)
         self._held_cache.pop(key, None)
-        self._requests.pop(key, None)
+        old = self._requests.pop(key, None)
         self._bookings.pop(key, None)
         self._reserved.pop(key, None)
+        uid = uid or ((old or {}).get("metadata") or {}).get("uid")
+        if uid:
+            self._deleted[uid] = None
+            if len(self._deleted) > DELETED_MEMORY:
+                self._deleted.popitem(last=False)
+        self.forget(key)
 
     def request(self, key: str) -> Body | None:
         return self._requests.get(key)
@@ -456,6 +485,20 @@ class ClusterState:
     def bookings(self) -> dict[str, Booking]:
         """Every active booking by request key (in-memory reservations win)."""
         return {**self._bookings, **self._reserved}
+
+    def booked_nodes(self, *, exclude: str | None = None) -> set[str]:
+        """Nodes some live booking (but ``exclude``'s) counts on: existing nodes its plan
+        places pods on, and the nodes of its own acquisitions. Whoever acquired a node, it
+        must not be released while any of these bookings lives."""
+        out: set[str] = set()
+        for key, booking in self.bookings().items():
+            if key == exclude:
+                continue
+            out.update(booking.existing_nodes)
+            for group in booking.groups:
+                out.update(group.nodes)
+                out.update(self._nodes_by_key.get(group.key, ()))
+        return out
 
     # ------------------------------------------------------------------ snapshot
 
@@ -531,7 +574,8 @@ class ClusterState:
         for spec, d in zip(topo.domains, base.domains, strict=True):
             limit = spec.max_nodes if spec.max_nodes is not None else topo.max_nodes_per_domain
             have = per.get(repr(tuple(sorted(spec.labels.items()))), 0)
-            domains.append(replace(d, max_new_nodes=max(0, min(limit - have, max_new))))
+            domains.append(replace(d, max_new_nodes=max(0, min(limit - have, max_new)),
+                                   pool_nodes=have))
         return replace(base, domains=tuple(domains), max_new_nodes=max_new)
 
     def snapshot(self, *, exclude: str | None = None, now: datetime | None = None) -> Snapshot:

@@ -64,7 +64,8 @@ class Feeds:
                     lambda items: _sync_requests(s, items),
                     _events(
                         lambda o: _upsert_and_notify(s, o),
-                        lambda o: s.delete_request(object_key(o)),
+                        lambda o: s.delete_request(
+                            object_key(o), uid=(o.get("metadata") or {}).get("uid")),
                     ),
                 )
             )
@@ -104,13 +105,21 @@ class Feeds:
         """The watch tasks (for liveness: a dead watch leaves the cache stale)."""
         return list(self._tasks)
 
-    async def wait_synced(self, within: float = 30.0) -> None:
+    def _sync_events(self) -> dict[str, asyncio.Event]:
         kinds = ["nodes", "pods", "podtemplates", "pools"]
         if self._with_requests:
             kinds.append("requests")
-        events = [self._state.synced[k] for k in kinds]
-        events.extend(self._state.dra.synced.values())
+        events = {k: self._state.synced[k] for k in kinds}
+        events.update(self._state.dra.synced)
+        return events
+
+    async def wait_synced(self, within: float = 30.0) -> None:
+        events = self._sync_events().values()
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), within)
+
+    def unsynced(self) -> list[str]:
+        """The caches still waiting for their first list."""
+        return sorted(k for k, e in self._sync_events().items() if not e.is_set())
 
     async def stop(self) -> None:
         tasks, self._tasks = self._tasks, []

@@ -137,3 +137,17 @@ async def test_all_or_nothing_across_groups(kube: KubeClient) -> None:
                           provider_for=lambda _: provider)
     assert err.value.retryable and "1 of 2" in str(err.value)
     assert await _nodes(kube) == []
+
+
+async def test_overlapping_acquisitions_never_grant_more_than_the_stock(
+    kube: KubeClient,
+) -> None:
+    provider = KindProvider(kube)
+    provider.set_stock("gpu", R1, 3)
+    results = await asyncio.gather(
+        *(provider.acquire(req(f"k{i}", 2)) for i in range(4)), return_exceptions=True
+    )
+    granted = [r for r in results if not isinstance(r, BaseException)]
+    assert len(granted) == 1, results
+    assert all(isinstance(r, CapacityUnavailable) for r in results if r not in granted)
+    assert len(await _nodes(kube)) == 2

@@ -228,3 +228,31 @@ async def test_nodes_slow_to_become_ready_are_announced_as_provisioning(
         return cond is not None and cond["status"] == "True"
 
     await _until(provisioned)
+
+
+async def test_a_gang_larger_than_every_rack_limit_never_fits_even_beside_existing_nodes(
+    kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider]
+) -> None:
+    # Every rack may hold 2 nodes; one rack already has 2 (booked by another request). A gang
+    # of 3 in one rack can never fit: it must say so at once, not burn every retry.
+    controller, _, provider = running
+    pool = objects.gpu_pool("gpu")
+    for domain in pool["spec"]["topology"]["domains"]:
+        domain["maxNodes"] = 2
+    await kube.merge_patch(CAPACITY_POOLS, "gpu", {"spec": {"topology": pool["spec"]["topology"]}})
+
+    async def limited() -> bool:
+        found = controller.state.pools().get("gpu")
+        return found is not None and found.spec.topology is not None and all(
+            d.max_nodes == 2 for d in found.spec.topology.domains)
+
+    await _until(limited)
+    await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
+        "small", namespace="ns", pod_sets=[("workers", 2)]), namespace="ns")
+    await _until(lambda: _condition(kube, "small", "Provisioned"))
+    await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
+        "big", namespace="ns", pod_sets=[("workers", 3)]), namespace="ns")
+
+    failed = await _until(lambda: _condition(kube, "big", "Failed"))
+    assert failed["reason"] == "CapacityNeverFits", failed["message"]
+    assert len([c for c in provider.calls if c.op == "acquire"]) == 1  # the small one's

@@ -45,6 +45,19 @@ async def test_error_rate_on_chosen_verbs_returns_5xx_status(
     assert code == 200
 
 
+async def test_an_error_can_hit_one_subresource_a_given_number_of_times(
+    server: SandboxServer, http: Http,
+) -> None:
+    server.store.create("pods", pod("p"))
+    server.faults.add_errors(1.0, status=503, verbs="patch", resources="pods/status", times=1)
+    code, _ = await http.patch(f"{PODS}/p", {"metadata": {"labels": {"a": "b"}}})
+    assert code == 200, "the main resource is not the status subresource"
+    code, _ = await http.patch(f"{PODS}/p/status", {"status": {"phase": "Running"}})
+    assert code == 503
+    code, _ = await http.patch(f"{PODS}/p/status", {"status": {"phase": "Running"}})
+    assert code == 200, "only the first one"
+
+
 async def _failures(seed: int) -> list[int]:
     async with SandboxServer(seed=seed) as server, aiohttp.ClientSession() as session:
         server.faults.add_errors(0.5, verbs="get")
