@@ -8,7 +8,9 @@ leads; losing the Lease stops all reconciling at once and exits 1, so the pod re
 campaigns again (never two leaders acting). A clean stop releases the Lease for a fast
 hand-over. ``/healthz`` (liveness) and ``/readyz`` (readiness, see
 :mod:`controller.commands.probes`) are served on ``server.probe_port``, ``/metrics`` (the
-controller's Prometheus registry, plus the process collectors) on ``server.metrics_port``.
+controller's Prometheus registry, plus the process collectors) on ``server.metrics_port``:
+HTTPS for authenticated, authorized scrapers only unless ``server.metrics_secure`` is off
+(:mod:`controller.commands.metrics_auth`).
 """
 
 from __future__ import annotations
