@@ -6,8 +6,8 @@
 #   hack/install-helm.sh                  # -> ~/.cache/muster/helm/v3.22.0/helm
 #   HELM_VERSION=v3.22.0 MUSTER_CACHE=/somewhere hack/install-helm.sh
 #
-# Needs the go command (1.24 or newer) and the Go module proxy. The build takes about three
-# minutes on a 2-core machine when the module cache is cold.
+# Needs the go command (1.24 or newer) and the Go module proxy. The first build took 7 min on a
+# 2-core machine with cold Go caches (while other builds shared the CPU).
 set -euo pipefail
 
 HELM_VERSION=${HELM_VERSION:-v3.22.0}
