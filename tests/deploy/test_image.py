@@ -77,6 +77,7 @@ def image(request: pytest.FixtureRequest) -> Iterator[Built]:
         if reporter is None or capture is None:
             return
         with capture.global_and_fixture_disabled():
+            reporter.ensure_newline()  # not after the progress dots
             reporter.write_line(line)
 
     started = time.monotonic()
