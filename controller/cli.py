@@ -3,6 +3,8 @@ imports its heavy dependencies lazily so ``muster fit`` starts fast."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from controller import __version__
@@ -17,6 +19,23 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(__version__)
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True,
+                     help="Print Muster's version and exit."),
+    ] = False,
+) -> None:
+    """Gang-atomic, topology-aware provisioning for Kubernetes."""
 
 
 @app.command()

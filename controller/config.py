@@ -212,12 +212,32 @@ class ProvidersConfig(_Section):
 
 class ServerConfig(_Section):
     metrics_port: int = Field(
-        default=9090, ge=0, le=65535, description="Port of the Prometheus text at /metrics."
+        default=8443, ge=0, le=65535, description="Port of the Prometheus text at /metrics."
+    )
+    metrics_secure: bool = Field(
+        default=True,
+        description="/metrics over HTTPS, only for a bearer token the API server authenticates "
+        "(TokenReview) whose user may get /metrics (SubjectAccessReview; ClusterRole "
+        "muster-metrics-reader), as controller-runtime's secure metrics. false: plain HTTP "
+        "to anyone who reaches the port.",
+    )
+    metrics_cert_dir: str | None = Field(
+        default=None, min_length=1,
+        description="Directory with tls.crt and tls.key for /metrics (e.g. a cert-manager "
+        "Secret); null: a self-signed certificate made at start-up.",
     )
     probe_port: int = Field(
         default=8080, ge=0, le=65535,
         description="Port of /healthz (liveness, JSON counters) and /readyz (readiness).",
     )
+
+    @model_validator(mode="after")
+    def _secure_metrics_apart(self) -> ServerConfig:
+        if self.metrics_secure and self.metrics_port == self.probe_port and self.probe_port:
+            raise ValueError(
+                "metrics_port and probe_port must differ while metrics_secure is on: "
+                "/metrics is HTTPS, the kubelet probes plain HTTP")
+        return self
 
 
 class LeaderElectionConfig(_Section):

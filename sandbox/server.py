@@ -38,6 +38,8 @@ KUBE_VERSION = {
     "platform": "linux/amd64",
 }
 _TRUE = frozenset({"true", "True", "1", "yes"})
+TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
+SUBJECT_ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
 _Number = TypeVar("_Number", int, float)
 
 
@@ -107,6 +109,15 @@ class SandboxServer:
         self._runner: web.AppRunner | None = None
         self._sock: socket.socket | None = None
         self._watchers: set[Watcher] = set()
+        self.tokens: dict[str, dict[str, Any]] = {}
+        """Bearer token -> user info (``username``, ``uid``, ``groups``) that a TokenReview
+        answers with; any other token is not authenticated."""
+        self.non_resource_grants: set[tuple[str, str, str]] = set()
+        """``(username or group, verb, path)`` a SubjectAccessReview on a non-resource URL
+        allows (RBAC's ``nonResourceURLs`` rules, without wildcards); everything else is
+        denied."""
+        self.reviews: list[dict[str, Any]] = []
+        """Every TokenReview and SubjectAccessReview answered, with its status."""
         if crd_dir is not None:
             self.store.load_crd_dir(crd_dir)
 
@@ -223,6 +234,8 @@ class SandboxServer:
             return web.Response(text="ok")
         if head == "openapi" and len(parts) >= 2 and parts[1] == "v3":
             return _json_response(self._openapi_v3("/".join(parts[2:])))
+        if request.method == "POST" and request.path in (TOKEN_REVIEWS, SUBJECT_ACCESS_REVIEWS):
+            return await self._review(request)
         if head == "api":
             return await self._core_api(request, parts)
         if head == "apis":
@@ -252,6 +265,33 @@ class SandboxServer:
         if len(parts) == 3:
             return self._resource_list(parts[1], parts[2])
         return await self._resource(request, parts[1], parts[2], parts[3:])
+
+    async def _review(self, request: web.Request) -> web.Response:
+        """TokenReview and SubjectAccessReview (create only, nothing stored), answered from
+        ``tokens`` and ``non_resource_grants``: what a delegating authenticator and
+        authorizer (controller-runtime's secure metrics, kube-rbac-proxy) ask the API
+        server."""
+        body = await self._body(request)
+        spec = body.get("spec") if isinstance(body, dict) else None
+        if not isinstance(spec, dict):
+            raise bad_request("a review needs a spec")
+        status: dict[str, Any]
+        if request.path == TOKEN_REVIEWS:
+            user = self.tokens.get(str(spec.get("token", "")))
+            status = {"authenticated": True, "user": dict(user)} if user else {
+                "authenticated": False, "error": "invalid bearer token"}
+        else:
+            attrs = spec.get("nonResourceAttributes") or {}
+            subjects = [str(spec.get("user", "")), *map(str, spec.get("groups") or [])]
+            allowed = bool(attrs) and any(
+                (who, attrs.get("verb"), attrs.get("path")) in self.non_resource_grants
+                for who in subjects)
+            status = {"allowed": allowed}
+            if not allowed:
+                status["reason"] = "no RBAC rule allows it (sandbox non_resource_grants)"
+        out = {**body, "status": status}
+        self.reviews.append(out)
+        return _json_response(out, 201)
 
     # ------------------------------------------------------------------ discovery
 

@@ -27,6 +27,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from controller.commands import objects
+from controller.crds import crd_dir
 from controller.kube import KubeClient
 from controller.kube.resources import (
     CAPACITY_POOLS,
@@ -36,7 +37,6 @@ from controller.kube.resources import (
     PROVISIONING_REQUESTS,
 )
 
-CRD_DIR = Path(__file__).resolve().parents[2] / "crds"
 NAMESPACE = "default"
 REQUEST = "llm-train"
 
@@ -276,7 +276,7 @@ async def run_demo(
     from providers.kind import KindProvider
 
     async with demo_world(
-        crd_dirs=[CRD_DIR], kubeconfig_out=kubeconfig_out, prefix="muster-demo-"
+        crd_dirs=[crd_dir()], kubeconfig_out=kubeconfig_out, prefix="muster-demo-"
     ) as world:
         kube = world.kube
         await _seed(kube, workers=workers, latency=latency, ready_delay=ready_delay)

@@ -1,5 +1,6 @@
 """The HTTP endpoints of ``muster run``: ``/healthz`` (liveness), ``/readyz`` (readiness) and
-``/metrics`` (Prometheus text).
+``/metrics`` (Prometheus text; with ``server.metrics_secure``, HTTPS on its own port and
+only for authenticated, authorized scrapers: :mod:`controller.commands.metrics_auth`).
 
 - ``/healthz`` answers 200 while the process works: the event loop serves the request (a
   blocked loop fails the probe by timing out) and none of the controller's long-running tasks
@@ -29,6 +30,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from controller.commands.metrics_auth import MetricsAuth
 from controller.leader import LeaderElector
 from controller.metrics import CONTENT_TYPE
 from controller.reconcilers.operator import Controller
@@ -94,7 +96,11 @@ class Probes:
         yield GaugeMetricFamily("muster_ready", "1 when /readyz answers 200.",
                                 value=int(self.ready()[0]))
 
-    def app(self) -> web.Application:
+    def app(self, *, probes: bool = True, metrics: bool = True,
+            auth: MetricsAuth | None = None) -> web.Application:
+        """The probe endpoints, ``/metrics``, or both; with ``auth`` every ``/metrics``
+        request is authenticated and authorized first (see :mod:`metrics_auth`)."""
+
         async def healthz(_: web.Request) -> web.Response:
             ok, body = self.live()
             return web.json_response(body, status=200 if ok else 503)
@@ -103,11 +109,17 @@ class Probes:
             ok, body = self.ready()
             return web.json_response(body, status=200 if ok else 503)
 
-        async def metrics(_: web.Request) -> web.Response:
+        async def metrics_(request: web.Request) -> web.Response:
+            if auth is not None:
+                refused = await auth.check(request)
+                if refused is not None:
+                    return refused
             return web.Response(body=self.metrics(), headers={"Content-Type": CONTENT_TYPE})
 
         app = web.Application()
-        app.router.add_get("/healthz", healthz)
-        app.router.add_get("/readyz", readyz)
-        app.router.add_get("/metrics", metrics)
+        if probes:
+            app.router.add_get("/healthz", healthz)
+            app.router.add_get("/readyz", readyz)
+        if metrics:
+            app.router.add_get("/metrics", metrics_)
         return app

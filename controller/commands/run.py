@@ -8,7 +8,9 @@ leads; losing the Lease stops all reconciling at once and exits 1, so the pod re
 campaigns again (never two leaders acting). A clean stop releases the Lease for a fast
 hand-over. ``/healthz`` (liveness) and ``/readyz`` (readiness, see
 :mod:`controller.commands.probes`) are served on ``server.probe_port``, ``/metrics`` (the
-controller's Prometheus registry, plus the process collectors) on ``server.metrics_port``.
+controller's Prometheus registry, plus the process collectors) on ``server.metrics_port``:
+HTTPS for authenticated, authorized scrapers only unless ``server.metrics_secure`` is off
+(:mod:`controller.commands.metrics_auth`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import shutil
 import signal
+import tempfile
 from collections.abc import Awaitable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -25,6 +29,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:  # imported lazily at run time: `muster --help` stays fast
+    from aiohttp import web
+
+    from controller.commands.probes import Probes
+    from controller.kube import KubeClient
     from controller.leader import LeaderElector
     from controller.reconcilers.operator import Controller
 
@@ -97,7 +105,6 @@ exits anyway (it already stopped acting: :meth:`Controller.halt` ran at the mome
 
 
 async def _run(cfg: Any, *, kubeconfig: Path | None, context: str | None, in_cluster: bool) -> None:
-    from aiohttp import web
     from prometheus_client import PlatformCollector, ProcessCollector
 
     from controller.commands.probes import Probes
@@ -131,11 +138,9 @@ async def _run(cfg: Any, *, kubeconfig: Path | None, context: str | None, in_clu
 
         elector.on_lost(stop_acting)
 
-    runner = web.AppRunner(probes.app(), access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "0.0.0.0", cfg.server.metrics_port).start()
-    if cfg.server.probe_port != cfg.server.metrics_port:
-        await web.TCPSite(runner, "0.0.0.0", cfg.server.probe_port).start()
+    # /tmp (the pod's emptyDir): the self-signed certificate of /metrics, if one is made.
+    scratch = Path(tempfile.mkdtemp(prefix="muster-run-"))
+    runners = await _serve_endpoints(cfg, probes, kube, scratch)
     stop = asyncio.Event()
     try:
         await _serve(cfg, controller, elector, stop, lost)
@@ -153,7 +158,9 @@ async def _run(cfg: Any, *, kubeconfig: Path | None, context: str | None, in_clu
             await controller.stop()
             if elector is not None:
                 await elector.release()
-        await runner.cleanup()
+        for runner in runners:
+            await runner.cleanup()
+        shutil.rmtree(scratch, ignore_errors=True)
         await kube.close()
         if lease_kube is not None:
             await lease_kube.close()
@@ -161,6 +168,37 @@ async def _run(cfg: Any, *, kubeconfig: Path | None, context: str | None, in_clu
         raise LeadershipLost(
             f"lost the lease {elector.key}; exiting so the pod restarts and campaigns again"
         )
+
+
+async def _serve_endpoints(
+    cfg: Any, probes: Probes, kube: KubeClient, scratch: Path,
+) -> list[web.AppRunner]:
+    """The probes on plain HTTP (the kubelet's), /metrics on HTTPS behind authentication and
+    authorization when ``server.metrics_secure`` (else plain HTTP, sharing the probes' port
+    when both are the same)."""
+    from aiohttp import web
+
+    from controller.commands.metrics_auth import MetricsAuth, server_tls
+
+    server = cfg.server
+    apps: list[tuple[web.Application, int, Any]] = []
+    if server.metrics_secure:
+        cert_dir = Path(server.metrics_cert_dir) if server.metrics_cert_dir else None
+        tls = server_tls(cert_dir, scratch / "metrics-tls")
+        apps.append((probes.app(probes=False, auth=MetricsAuth(kube)), server.metrics_port, tls))
+        apps.append((probes.app(metrics=False), server.probe_port, None))
+    elif server.metrics_port == server.probe_port:
+        apps.append((probes.app(), server.probe_port, None))
+    else:
+        apps.append((probes.app(probes=False), server.metrics_port, None))
+        apps.append((probes.app(metrics=False), server.probe_port, None))
+    runners = []
+    for app, port, tls in apps:
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        runners.append(runner)
+        await web.TCPSite(runner, "0.0.0.0", port, ssl_context=tls).start()
+    return runners
 
 
 async def _serve(

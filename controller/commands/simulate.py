@@ -1,11 +1,13 @@
 """``muster simulate``: replay a GPU job trace under muster, pod-by-pod and
 gang-no-topology provisioning and compare what each pays, uses and strands.
 
-Exit codes: 0 done, 2 bad input (unreadable or malformed trace, nonsensical option).
+Exit codes: 0 done, 2 bad input (unreadable or malformed trace, nonsensical option) or
+the ``simulate`` extra missing (matplotlib, which the image leaves out).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -18,6 +20,9 @@ if TYPE_CHECKING:
     from controller.simulate.trace import Trace
 
 EXIT_BAD_INPUT = 2
+MISSING_EXTRA = (
+    "muster simulate needs the 'simulate' extra (matplotlib): pip install 'muster[simulate]'"
+)
 
 _TRACE = "Trace selection"
 _CLOUD = "Simulated cloud"
@@ -134,6 +139,8 @@ def simulate_command(
 ) -> None:
     """Replay a GPU job trace and compare gang-atomic, topology-aware provisioning (muster)
     with pod-by-pod autoscaling and gang-atomic provisioning blind to topology."""
+    if importlib.util.find_spec("matplotlib") is None:
+        raise _fail(MISSING_EXTRA)
     from controller.simulate.cloud import CloudConfig
     from controller.simulate.engine import SimConfig
     from controller.simulate.runner import run_strategies

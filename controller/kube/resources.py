@@ -76,3 +76,9 @@ CRDS = Resource(
     namespaced=False,
     kind="CustomResourceDefinition",
 )
+# Delegated authentication and authorization of `muster run`'s /metrics (create only).
+TOKEN_REVIEWS = Resource(
+    "authentication.k8s.io", "v1", "tokenreviews", namespaced=False, kind="TokenReview")
+SUBJECT_ACCESS_REVIEWS = Resource(
+    "authorization.k8s.io", "v1", "subjectaccessreviews", namespaced=False,
+    kind="SubjectAccessReview")

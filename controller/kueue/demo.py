@@ -25,6 +25,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from controller.commands import objects
+from controller.crds import crd_dir
 from controller.kube import ApiError, KubeClient
 from controller.kube.resources import CAPACITY_POOLS, NODES, PODS, PROVISIONING_REQUESTS
 from controller.kueue import objects as kq
@@ -38,8 +39,6 @@ from controller.kueue.resources import (
 )
 from controller.topology_defaults import MUSTER_REQUIRED
 
-ROOT = Path(__file__).resolve().parents[2]
-CRD_DIRS = (ROOT / "crds", ROOT / "e2e" / "kueue-crds")
 NAMESPACE = "default"
 WORKLOAD = "llm-train"
 CHECK = "muster-gang"
@@ -217,7 +216,8 @@ async def run_kueue_demo(
     from providers.kind import KindProvider
 
     async with demo_world(
-        crd_dirs=CRD_DIRS, kubeconfig_out=kubeconfig_out, prefix="muster-kueue-demo-"
+        crd_dirs=[crd_dir("crds"), crd_dir("kueue-crds")], kubeconfig_out=kubeconfig_out,
+        prefix="muster-kueue-demo-",
     ) as world:
         kube = world.kube
         await _seed(kube, latency=latency, ready_delay=ready_delay)

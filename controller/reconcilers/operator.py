@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import Mapping
 from typing import Any
 
@@ -263,6 +264,11 @@ class Controller:
                 registry=registry, clusterwide=True, standalone=True,
                 stop_flag=self._kopf_stop, ready_flag=ready,
                 liveness_endpoint=self.liveness_endpoint,
+                # Given, not detected: kopf's own detection asks the password database for
+                # the user's name, and the image's uid 65532 (like any uid the kubelet picks)
+                # has no entry there; kopf then dies at start-up. Standalone, kopf only
+                # logs it.
+                identity=f"muster@{socket.gethostname()}",  # type: ignore[arg-type]
             ),
             name="kopf",
         )

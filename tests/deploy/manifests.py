@@ -79,6 +79,8 @@ _MODEL_BY_KIND = {
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): "V1ClusterRoleBinding",
     ("rbac.authorization.k8s.io/v1", "Role"): "V1Role",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "V1RoleBinding",
+    ("policy/v1", "PodDisruptionBudget"): "V1PodDisruptionBudget",
+    ("scheduling.k8s.io/v1", "PriorityClass"): "V1PriorityClass",
 }
 
 

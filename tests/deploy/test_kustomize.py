@@ -122,14 +122,25 @@ def test_default_install_contents(default: list[Doc]) -> None:
     assert kinds == sorted({
         "Namespace", "CustomResourceDefinition", "ServiceAccount", "ClusterRole",
         "ClusterRoleBinding", "Role", "RoleBinding", "ConfigMap", "Service", "Deployment",
+        "PodDisruptionBudget", "PriorityClass",
     })
     ns = one(default, "Namespace", NAMESPACE)
     assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
     for doc in default:
         if doc["kind"] in ("ServiceAccount", "ConfigMap", "Service", "Deployment"):
             assert doc["metadata"]["namespace"] == NAMESPACE, doc["metadata"]
+    # Least privilege: no Node create/delete or node-Lease writes unless asked for (the fake
+    # provider's RBAC is its own kustomization, which e2e/kind adds).
+    assert not [d for d in default if "fake-provider" in d["metadata"]["name"]]
+    for role in find(default, "ClusterRole") + find(default, "Role"):
+        for rule in role["rules"]:
+            if "nodes" in rule.get("resources", []):
+                assert set(rule["verbs"]) <= {"list", "watch"}, role["metadata"]["name"]
+            if "leases" in rule.get("resources", []):
+                assert role["metadata"].get("namespace") == NAMESPACE
+    fake = render(CONFIG / "rbac" / "fake-provider")
     # Leases of the fake provider's nodes live where the node lifecycle controller reads them.
-    assert one(default, "Role", "muster-fake-provider")["metadata"]["namespace"] == \
+    assert one(fake, "Role", "muster-fake-provider")["metadata"]["namespace"] == \
         "kube-node-lease"
     # The leader-election Lease lives in Muster's own namespace (the pod's service-account
     # namespace, which `muster run` reads when leader_election.namespace is unset).
@@ -201,12 +212,41 @@ def test_deployment_is_locked_down(deployment: Doc, container: Doc) -> None:
     assert pod["serviceAccountName"] == "muster"
 
 
+def test_disruption_budget_and_priority(default: list[Doc], deployment: Doc) -> None:
+    pdb = one(default, "PodDisruptionBudget", "muster")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    # One replica may go (a drain) while the other takes the Lease over; never all of them.
+    assert pdb["spec"]["minAvailable"] == 1 < deployment["spec"]["replicas"]
+    name = deployment["spec"]["template"]["spec"]["priorityClassName"]
+    priority = one(default, "PriorityClass", name)
+    assert 0 < priority["value"] < 1_000_000_000, "above workloads, below the system classes"
+    assert priority["globalDefault"] is False
+
+
+def test_metrics_are_https_for_authorized_scrapers_only(default: list[Doc],
+                                                       container: Doc) -> None:
+    cm = find(default, "ConfigMap")[0]
+    server = yaml.safe_load(cm["data"]["config.yaml"])["server"]
+    assert server["metrics_secure"] is True
+    reader = one(default, "ClusterRole", "muster-metrics-reader")
+    assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    auth = one(default, "ClusterRole", "muster-metrics-auth")
+    assert {(r["apiGroups"][0], r["resources"][0], tuple(r["verbs"])) for r in auth["rules"]} == {
+        ("authentication.k8s.io", "tokenreviews", ("create",)),
+        ("authorization.k8s.io", "subjectaccessreviews", ("create",)),
+    }
+    # Bound to nobody: who scrapes is the cluster's choice (README: "Metrics").
+    assert not [b for b in find(default, "ClusterRoleBinding")
+                if b["roleRef"]["name"] == "muster-metrics-reader"]
+
+
 def test_rbac_binds_the_deployment_account_without_wildcards_or_secrets(
     default: list[Doc], deployment: Doc
 ) -> None:
     account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
     one(default, "ServiceAccount", account)
-    bound_roles = set()
+    bound_roles = {("ClusterRole", "muster-metrics-reader")}  # for Prometheus, bound by users
     for binding in find(default, "ClusterRoleBinding") + find(default, "RoleBinding"):
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}
@@ -220,9 +260,10 @@ def test_rbac_binds_the_deployment_account_without_wildcards_or_secrets(
     assert {(r["kind"], r["metadata"]["name"]) for r in roles} == bound_roles
     for role in roles:
         for rule in role["rules"]:
-            for key in ("apiGroups", "resources", "verbs"):
-                assert "*" not in rule[key], f"{role['metadata']['name']}: wildcard in {key}"
-            assert "secrets" not in rule["resources"]
+            for key in ("apiGroups", "resources", "verbs", "nonResourceURLs"):
+                assert "*" not in rule.get(key, []), (
+                    f"{role['metadata']['name']}: wildcard in {key}")
+            assert "secrets" not in rule.get("resources", [])
             assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
             assert "resourceNames" not in rule or rule["resourceNames"]
 
@@ -312,6 +353,8 @@ EXTRA_TYPES = [
     _builtin("rbac.authorization.k8s.io", "clusterrolebindings", "ClusterRoleBinding", False),
     _builtin("rbac.authorization.k8s.io", "roles", "Role", True),
     _builtin("rbac.authorization.k8s.io", "rolebindings", "RoleBinding", True),
+    _builtin("policy", "poddisruptionbudgets", "PodDisruptionBudget", True),
+    _builtin("scheduling.k8s.io", "priorityclasses", "PriorityClass", False),
 ]
 
 
@@ -331,6 +374,10 @@ async def test_kubectl_applies_install_and_samples_to_the_api_sandbox(tmp_path: 
         assert "provisioningrequest.autoscaling.x-k8s.io/llm-train created" in out
         # Re-applying changes nothing: the manifests round-trip through the server unchanged.
         out = await kubectl_async(kc, "apply", "-k", str(CONFIG / "default"))
+        # Except the PodDisruptionBudget, which this sandbox (serving it as a plain stored
+        # type, without its schema) reports as configured again; not seen on a real server.
+        out = "\n".join(line for line in out.splitlines()
+                        if line != "poddisruptionbudget.policy/muster configured")
         assert "created" not in out and "configured" not in out, out
         pools = yaml.safe_load(await kubectl_async(kc, "get", "capacitypools", "-o", "yaml"))
         assert sorted(p["metadata"]["name"] for p in pools["items"]) == ["fake-cpu", "fake-h100"]
@@ -370,8 +417,9 @@ def test_kind_overlay_runs_muster_with_the_e2e_config(tmp_path: Path) -> None:
     assert {"name": cm["metadata"]["name"]} == next(
         v["configMap"] for v in volumes if "configMap" in v
     )
-    # Everything else is config/default, unchanged.
+    # Everything else is config/default, unchanged, plus the fake provider's RBAC.
     base = {(d["kind"], d["metadata"]["name"]) for d in render(CONFIG / "default")}
+    base |= {(d["kind"], d["metadata"]["name"]) for d in render(CONFIG / "rbac" / "fake-provider")}
     assert {(d["kind"], d["metadata"]["name"]) for d in docs if d["kind"] != "ConfigMap"} == {
         k for k in base if k[0] != "ConfigMap"
     }

@@ -1,9 +1,11 @@
 """The shipped RBAC is exactly what Muster needs.
 
-The API sandbox is made to enforce the rendered ``config/default`` Roles for the controller's
-service-account token (403 Forbidden otherwise, as a real API server would answer), and the
-controller runs a whole gang through it: plan, acquire nodes from a fake-provider pool, keep
-them alive, see the pods arrive, release the nodes after the idle TTL. The test fails if any
+The API sandbox is made to enforce the rendered ``config/default`` Roles (plus
+``config/rbac/fake-provider``, as e2e/kind installs them: the scenario's pool uses the fake
+provider) for the controller's service-account token (403 Forbidden otherwise, as a real API
+server would answer), and the controller runs a whole gang through it: plan, acquire nodes
+from a fake-provider pool, keep them alive, see the pods arrive, release the nodes after the
+idle TTL. The test fails if any
 request the controller makes is refused (the ClusterRole is missing a verb) or if a granted
 verb was never used (the ClusterRole grants more than Muster needs), unless the grant is in
 UNEXERCISED with the reason.
@@ -54,6 +56,11 @@ UNEXERCISED: dict[tuple[str, str, str], str] = {
     "same event repeats (a request retrying); tests/controller/test_events.py covers it",
     ("resource.k8s.io", "resourceslices", "create"): "providers/kind.py publishes ResourceSlices "
     "only for pools whose nodeTemplate lists resourceSlices (DRA); e2e/test_dra.py covers it",
+    ("authentication.k8s.io", "tokenreviews", "create"): "`muster run`'s /metrics checks each "
+    "scraper's token (controller/commands/metrics_auth.py); tests/deploy/test_run_smoke.py "
+    "scrapes it",
+    ("authorization.k8s.io", "subjectaccessreviews", "create"): "`muster run`'s /metrics asks "
+    "whether the scraper may get /metrics; tests/deploy/test_run_smoke.py scrapes it",
 }
 # Requests Muster makes knowing they may be refused, each with why that is fine.
 TOLERATED_DENIALS: dict[tuple[str, str, str], str] = {
@@ -102,6 +109,8 @@ class Rbac:
         def has(key: str, value: str) -> bool:
             return value in rule.get(key, []) or "*" in rule.get(key, [])
 
+        if "nonResourceURLs" in rule:
+            return False  # the calls here are all on resources
         if not (has("apiGroups", call.group) and has("resources", call.resource)
                 and has("verbs", call.verb)):
             return False
@@ -124,8 +133,8 @@ class Rbac:
             if roles is not None and name not in roles:
                 continue
             for rule in rules:
-                for g in rule["apiGroups"]:
-                    for res in rule["resources"]:
+                for g in rule.get("apiGroups", []):  # nonResourceURLs rules have none
+                    for res in rule.get("resources", []):
                         for v in rule["verbs"]:
                             out.add((g, res, v))
         return out
@@ -155,6 +164,12 @@ class EnforcingSandbox(SandboxServer):
                 f'muster-system:muster" cannot {verb} resource "{resource}"',
             )
         return verb
+
+
+def _installed() -> list[Doc]:
+    """What e2e/kind installs for the controller: config/default and the fake provider's RBAC
+    (the scenarios' pools are fake-provider pools)."""
+    return render(CONFIG / "default") + render(CONFIG / "rbac" / "fake-provider")
 
 
 def _kubeconfig(server: SandboxServer, path: Path, token: str) -> Path:
@@ -212,7 +227,7 @@ async def _condition(kube: KubeClient, name: str, type_: str) -> Mapping[str, An
 
 @pytest.mark.timeout(120)
 async def test_controller_works_with_exactly_the_shipped_rbac(tmp_path: Path) -> None:
-    docs = render(CONFIG / "default")
+    docs = _installed()
     rbac = Rbac(docs, ("muster-system", "muster"))
     server = EnforcingSandbox(rbac, crd_dir=ROOT / "crds", bookmark_interval=0.3, seed=3)
     async with server:
@@ -261,7 +276,7 @@ async def test_controller_works_with_exactly_the_shipped_rbac(tmp_path: Path) ->
 
 
 def test_exceptions_name_real_grants() -> None:
-    rbac = Rbac(render(CONFIG / "default") + render(CONFIG / "rbac" / "kueue"),
+    rbac = Rbac(_installed() + render(CONFIG / "rbac" / "kueue"),
                 ("muster-system", "muster"))
     stale = {k for k in UNEXERCISED if k not in rbac.grants()}
     assert not stale, f"UNEXERCISED names grants the RBAC no longer has: {stale}"
@@ -292,7 +307,7 @@ async def test_kueue_admission_check_works_with_exactly_its_rbac(tmp_path: Path)
     )
     from sandbox.scheduler import SandboxScheduler
 
-    docs = render(CONFIG / "default") + render(CONFIG / "rbac" / "kueue")
+    docs = _installed() + render(CONFIG / "rbac" / "kueue")
     rbac = Rbac(docs, ("muster-system", "muster"))
     server = EnforcingSandbox(rbac, crd_dir=ROOT / "crds", bookmark_interval=0.3, seed=4)
     server.store.load_crd_dir(ROOT / "e2e" / "kueue-crds")
@@ -379,7 +394,7 @@ def _now() -> str:
 
 
 def test_enforcement_refuses_what_is_not_granted() -> None:
-    rbac = Rbac(render(CONFIG / "default"), ("muster-system", "muster"))
+    rbac = Rbac(_installed(), ("muster-system", "muster"))
     assert rbac.allows(Call("watch", "", "pods", None, None))
     assert rbac.allows(Call("patch", "coordination.k8s.io", "leases", "kube-node-lease", "n1"))
     assert not rbac.allows(Call("patch", "coordination.k8s.io", "leases", "default", "n1"))
@@ -390,6 +405,12 @@ def test_enforcement_refuses_what_is_not_granted() -> None:
     assert not rbac.allows(Call("get", "", "secrets", "muster-system", "x"))
     assert not rbac.allows(Call("delete", "", "pods", NS, "w0"))
     assert not rbac.allows(Call("patch", "", "nodes", None, "n1")), "status only"
-    assert not Rbac(render(CONFIG / "default"), ("default", "muster")).allows(
+    assert not Rbac(_installed(), ("default", "muster")).allows(
         Call("list", "", "pods", None, None)), "only the muster-system account is bound"
+    # config/default alone grants no Node writes and no node Leases.
+    default = Rbac(render(CONFIG / "default"), ("muster-system", "muster"))
+    assert not default.allows(Call("create", "", "nodes", None, "n1"))
+    assert not default.allows(Call("delete", "", "nodes", None, "n1"))
+    assert not default.allows(Call("patch", "coordination.k8s.io", "leases", "kube-node-lease",
+                                   "n1"))
 

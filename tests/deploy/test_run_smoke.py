@@ -1,6 +1,8 @@
 """What the Deployment runs, run here: ``muster run --config config/manager/muster.yaml``
 as a separate process against the API sandbox, with the ports moved by ``MUSTER_*`` variables
-(as a pod's env would). The probe endpoints answer, metrics are served, logs are JSON lines
+(as a pod's env would). The probe endpoints answer, metrics are served over HTTPS to an
+authenticated and authorized scraper only (the sandbox answers the TokenReviews and
+SubjectAccessReviews), logs are JSON lines
 as the shipped config asks, SIGTERM (what the kubelet sends) stops it cleanly and releases
 its Lease, and a bad config stops it at start-up naming the key.
 
@@ -56,6 +58,28 @@ async def _until_ok(session: aiohttp.ClientSession, url: str,
 def _namespace(server: SandboxServer) -> None:
     # What `kubectl apply -k config/default` creates first; the Lease lives there.
     server.store.create("namespaces", {"metadata": {"name": "muster-system"}})
+    # Who may scrape /metrics: Prometheus' ServiceAccount, bound to muster-metrics-reader.
+    server.tokens[PROMETHEUS_TOKEN] = PROMETHEUS
+    server.tokens[OTHER_TOKEN] = {"username": "system:serviceaccount:team-a:default",
+                                  "uid": "u-2", "groups": ["system:serviceaccounts"]}
+    server.non_resource_grants.add((PROMETHEUS["username"], "get", "/metrics"))
+
+
+PROMETHEUS_TOKEN, OTHER_TOKEN = "prometheus-token", "team-a-token"
+PROMETHEUS = {"username": "system:serviceaccount:monitoring:prometheus", "uid": "u-1",
+              "groups": ["system:serviceaccounts", "system:serviceaccounts:monitoring"]}
+
+
+async def _scrape(session: aiohttp.ClientSession, port: int,
+                  token: str | None) -> tuple[int, str] | None:
+    """GET /metrics over HTTPS as Prometheus does (the certificate is self-signed)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        async with session.get(f"https://127.0.0.1:{port}/metrics", headers=headers,
+                               ssl=False) as resp:
+            return resp.status, await resp.text()
+    except aiohttp.ClientError:
+        return None
 
 
 def _lease(server: SandboxServer) -> dict[str, object]:
@@ -86,11 +110,22 @@ async def test_shipped_config_runs_probes_metrics_and_stops_on_sigterm(tmp_path:
                 await _until_ok(session, f"http://127.0.0.1:{probe}/healthz", proc)
                 ready = await _until_ok(session, f"http://127.0.0.1:{probe}/readyz", proc)
                 assert json.loads(ready)["role"] == "leader"
-                got = await _get(session, f"http://127.0.0.1:{metrics}/metrics")
+                got = await _scrape(session, metrics, PROMETHEUS_TOKEN)
                 assert got and got[0] == 200, got
                 # The controller's registry (a gauge per phase) and the process collector.
                 assert 'muster_requests{phase="Pending"} 0.0' in got[1], got[1]
                 assert "process_resident_memory_bytes " in got[1], got[1]
+                # Secure metrics: no token or an unknown one 401, a user without the
+                # nonResourceURLs grant 403; only HTTPS; the probe port has no /metrics.
+                for token, status in ((None, 401), ("forged", 401), (OTHER_TOKEN, 403)):
+                    got = await _scrape(session, metrics, token)
+                    assert got and got[0] == status, (token, got)
+                assert await _get(session, f"http://127.0.0.1:{metrics}/metrics") is None
+                assert (await _get(session, f"http://127.0.0.1:{probe}/metrics") or [0])[0] == 404
+            checks = [r for r in server.reviews if r["kind"] == "SubjectAccessReview"]
+            assert checks and checks[0]["spec"]["nonResourceAttributes"] == {
+                "path": "/metrics", "verb": "get"}
+            assert checks[0]["spec"]["user"] == PROMETHEUS["username"]
             proc.send_signal(signal.SIGTERM)
             code = await asyncio.wait_for(proc.wait(), timeout=20)
         finally:

@@ -1,0 +1,33 @@
+"""The shell scripts CI and developers run (image build, helm build, lock refresh, CI entry
+point) parse with bash, pass shellcheck, are executable and fail fast."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = sorted([*ROOT.glob("hack/*.sh"), *ROOT.glob("hack/image/*.sh"), ROOT / ".ci" / "run"])
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_script_is_sound(script: Path) -> None:
+    assert os.access(script, os.X_OK), f"chmod +x {script}"
+    text = script.read_text()
+    assert text.startswith("#!/usr/bin/env bash\n")
+    assert "set -euo pipefail" in text
+    proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    shellcheck = shutil.which("shellcheck")
+    if shellcheck is None:
+        if os.environ.get("CI"):
+            pytest.fail("shellcheck is missing in CI; .ci/run installs it with apt-get")
+        pytest.skip("shellcheck is not installed (apt-get install -y shellcheck); bash -n ran")
+    proc = subprocess.run([shellcheck, "--severity=style", str(script)], capture_output=True,
+                          text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
