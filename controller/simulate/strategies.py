@@ -1,24 +1,26 @@
-"""The three provisioning strategies the simulator compares on the same jobs and seed.
+"""The provisioning strategies the simulator compares on the same jobs and seed.
 
-* :class:`PodByPod` mimics cluster-autoscaler plus kube-scheduler and deliberately does not
-  use the fit engine: every ``scan_interval_s`` it asks for as many nodes as the pending pods
-  need (minus nodes already booting), non-atomically, wherever the cloud has stock; pods bind
-  one by one to ready nodes as they land; a gang runs only once all its pods are bound.
+* :class:`~controller.simulate.autoscaler.PodByPod` and
+  :class:`~controller.simulate.autoscaler.BestEffortAtomic` model cluster-autoscaler
+  (ordinary pods; its best-effort-atomic ProvisioningRequest class) and do not use the fit
+  engine.
 * :class:`GangFit` asks the real fit engine (:func:`controller.fit.plan`) where the whole
   job fits on the current nodes plus the stock the cloud has, then acquires every new node
   it named or none. ``muster`` asks for one rack (``required`` at the rack level) and, when no
-  rack can hold the job, one block; ``gang-no-topology`` asks without any topology.
+  rack can hold the job, one block; ``muster-relax`` does the same for at most
+  ``relax_after_s`` of waiting, then asks for the most compact placement anywhere
+  (``preferred`` at the rack level: one rack, else one block, else the fewest blocks);
+  ``gang-no-topology`` asks without any topology.
 
-Both queue in arrival order and backfill (Kueue's BestEffortFIFO): a job that does not fit
+All queue in arrival order and backfill (Kueue's BestEffortFIFO): a job that does not fit
 does not block a later job that does. Pods go to the most-allocated node that holds them
 (bin-packing, the usual GPU cluster scoring) under every strategy.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from controller.fit import (
@@ -35,10 +37,11 @@ from controller.fit import (
     TopologyMode,
     TopologyRequest,
 )
+from controller.simulate.autoscaler import BestEffortAtomic, PodByPod
 from controller.simulate.engine import (
     PENDING,
     PLACED,
-    SCAN,
+    TIMER,
     JobRun,
     SimConfig,
     SimNode,
@@ -55,125 +58,10 @@ POOL = "gpu-nodes"
 Planner = Callable[[GangRequest, Snapshot, Mode], Plan | NoFit]
 
 
-def bins_needed(pending: Mapping[int, int], capacity: int) -> int:
-    """Nodes of ``capacity`` GPUs that first-fit-decreasing needs for the pending pods
-    (GPUs per pod -> count), as cluster-autoscaler's binpacking estimator does."""
-    sizes = [s for s in pending if pending[s] > 0]
-    if not sizes:
-        return 0
-    if all(capacity % s == 0 for s in sizes):
-        # Sizes that divide the node pack perfectly: FFD is exactly the volume bound.
-        total = sum(s * pending[s] for s in sizes)
-        return -(-total // capacity)
-    # General case: first-fit-decreasing over open bins grouped by remaining capacity.
-    open_bins = [0] * (capacity + 1)
-    bins = 0
-    for size in sorted(sizes, reverse=True):
-        for _ in range(pending[size]):
-            for room in range(size, capacity + 1):
-                if open_bins[room]:
-                    open_bins[room] -= 1
-                    open_bins[room - size] += 1
-                    break
-            else:
-                bins += 1
-                open_bins[capacity - size] += 1
-    return bins
-
-
-class PodByPod(Simulation):
-    """cluster-autoscaler + kube-scheduler, pod by pod (no fit engine, by design)."""
-
-    name = "pod-by-pod"
-    index_booting = False
-
-    def __init__(self, trace: Trace, config: SimConfig) -> None:
-        super().__init__(trace, config)
-        # Pending pods per GPU size: heap of ((submit, pod index, seq), run). Pods of jobs
-        # submitted in the same second interleave, as concurrent job controllers create them.
-        self.pending: dict[int, list[tuple[tuple[float, int, int], JobRun]]] = {}
-        self.pending_pods: dict[int, int] = {}
-        self.scan_scheduled = False
-
-    def on_arrival(self, run: JobRun) -> None:
-        size = run.pod_gpus
-        queue = self.pending.setdefault(size, [])
-        submit, seq = run.job.submit, run.job.seq
-        for k in range(run.pods):
-            heapq.heappush(queue, ((submit, k, seq), run))
-        self.pending_pods[size] = self.pending_pods.get(size, 0) + run.pods
-        self.bind()
-        if self.pending_pods[size]:
-            self.request_scan()
-
-    def on_capacity_freed(self) -> None:
-        self.bind()
-
-    def on_node_ready(self, node: SimNode) -> None:
-        self.bind()
-
-    def on_room(self) -> None:
-        if any(self.pending_pods.values()):
-            self.request_scan()
-
-    def on_cancel(self, run: JobRun) -> None:
-        self.pending_pods[run.pod_gpus] -= run.pods - run.bound
-
-    def request_scan(self) -> None:
-        if self.scan_scheduled:
-            return
-        self.scan_scheduled = True
-        interval = self.config.scan_interval_s
-        self.push((self.now // interval + 1) * interval, SCAN, None)
-
-    def on_scan(self, _: Any) -> None:
-        self.scan_scheduled = False
-        needed = bins_needed(self.pending_pods, self.gpus_per_node) - self.booting_nodes
-        if needed <= 0:
-            return
-        for rack, boot_s in self.cloud.acquire_any(needed):
-            self.add_node(rack, boot_s)
-
-    def bind(self) -> None:
-        """kube-scheduler: bind pending pods, oldest first, to the fullest ready node that
-        holds them. A size that finds no node stops every larger size this round."""
-        pending = self.pending
-        free_index = self.free_index
-        g = self.gpus_per_node
-        blocked = g + 1
-        while True:
-            best_key: tuple[float, int, int] | None = None
-            best_size = 0
-            for size, queue in pending.items():
-                if size >= blocked:
-                    continue
-                while queue and queue[0][1].status != PENDING:
-                    heapq.heappop(queue)  # a cancelled job's pods
-                if queue and (best_key is None or queue[0][0] < best_key):
-                    best_key = queue[0][0]
-                    best_size = size
-            if best_key is None:
-                return
-            node = None
-            for free in range(best_size, g + 1):
-                bucket = free_index[free]
-                if bucket:
-                    node = next(iter(bucket.values()))
-                    break
-            if node is None:
-                blocked = best_size
-                continue
-            _, run = heapq.heappop(pending[best_size])
-            self.pending_pods[best_size] -= 1
-            self.allocate(run, node, best_size)
-            run.bound += 1
-            if run.bound == run.pods:
-                self.start(run)
-
-
 class GangFit(Simulation):
     """All-or-nothing through the real fit engine; ``topology`` selects muster's rack-then-
-    block request or no topology at all."""
+    block request or no topology at all; ``relax`` lets a gang that waited
+    ``relax_after_s`` take the most compact placement anywhere."""
 
     index_booting = True
 
@@ -183,6 +71,7 @@ class GangFit(Simulation):
         config: SimConfig,
         *,
         topology: bool,
+        relax: bool = False,
         planner: Planner | None = None,
     ) -> None:
         super().__init__(trace, config)
@@ -192,7 +81,8 @@ class GangFit(Simulation):
             planner = plan
         self.planner: Planner = planner
         self.topology = topology
-        self.name = "muster" if topology else "gang-no-topology"
+        self.relax = relax and topology
+        self.name = ("muster-relax" if relax else "muster") if topology else "gang-no-topology"
         cc = config.cloud
         # Shapes of pending jobs -> their runs in arrival order.
         self.queues: dict[tuple[int, int], deque[JobRun]] = {}
@@ -216,7 +106,9 @@ class GangFit(Simulation):
                 TopologyRequest(TopologyMode.REQUIRED, RACK_LABEL),
                 TopologyRequest(TopologyMode.REQUIRED, BLOCK_LABEL),
             )
-            self._largest = min(cc.quota_nodes, cc.racks_per_block * cc.nodes_per_rack)
+            self._relaxed = (TopologyRequest(TopologyMode.PREFERRED, RACK_LABEL),)
+            block = cc.racks_per_block * cc.nodes_per_rack
+            self._largest = min(cc.quota_nodes, cc.racks * cc.nodes_per_rack if relax else block)
         else:
             self._attempts = (TopologyRequest(),)
             self._largest = min(cc.quota_nodes, cc.racks * cc.nodes_per_rack)
@@ -234,9 +126,12 @@ class GangFit(Simulation):
         if queue:
             # Others of this shape wait already: this one cannot fit either.
             queue.append(run)
+        elif self.try_place(run):
             return
-        if not self.try_place(run):
+        else:
             self.queues.setdefault(key, deque()).append(run)
+        if self.relax and run.pods > 1:
+            self.push(run.job.submit + self.config.relax_after_s, TIMER, run)
 
     def on_capacity_freed(self) -> None:
         self.drain()
@@ -249,6 +144,11 @@ class GangFit(Simulation):
 
     def on_cancel(self, run: JobRun) -> None:
         """Nothing to do: a cancelled run stays in its queue and is skipped there."""
+
+    def on_timer(self, run: Any) -> None:
+        """``run`` (a gang) has waited ``relax_after_s``: try again, relaxed."""
+        if run.status == PENDING:
+            self.drain()
 
     # ------------------------------------------------------------------ queue
     def drain(self) -> None:
@@ -305,6 +205,8 @@ class GangFit(Simulation):
             return False
         # One pod is always inside one rack: the block fallback could not place it either.
         attempts = self._attempts if run.pods > 1 else self._attempts[:1]
+        if self.relax and run.pods > 1 and self.now - run.job.submit >= self.config.relax_after_s:
+            attempts = attempts + self._relaxed
         for topology in attempts:
             request = GangRequest(
                 name=f"job-{run.job.seq}",
@@ -422,15 +324,19 @@ class GangFit(Simulation):
             self.start(run)
 
 
-STRATEGIES = ("muster", "pod-by-pod", "gang-no-topology")
+STRATEGIES = ("muster", "muster-relax", "pod-by-pod", "best-effort-atomic", "gang-no-topology")
 
 
 def make(name: str, trace: Trace, config: SimConfig, planner: Planner | None = None) -> Simulation:
     """The simulation of strategy ``name`` (one of :data:`STRATEGIES`)."""
     if name == "muster":
         return GangFit(trace, config, topology=True, planner=planner)
+    if name == "muster-relax":
+        return GangFit(trace, config, topology=True, relax=True, planner=planner)
     if name == "gang-no-topology":
         return GangFit(trace, config, topology=False, planner=planner)
     if name == "pod-by-pod":
         return PodByPod(trace, config)
+    if name == "best-effort-atomic":
+        return BestEffortAtomic(trace, config)
     raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")

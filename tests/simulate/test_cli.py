@@ -9,6 +9,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from controller.cli import app
+from controller.simulate.strategies import STRATEGIES
 
 runner = CliRunner()
 
@@ -60,7 +61,7 @@ def test_json_output(tmp_path: Path) -> None:
     data = json.loads(result.stdout)
     assert set(data) == {"trace", "config", "strategies"}
     assert data["trace"]["jobs"] == 4
-    assert list(data["strategies"]) == ["muster", "pod-by-pod", "gang-no-topology"]
+    assert list(data["strategies"]) == list(STRATEGIES)
     for r in data["strategies"].values():
         assert {
             "paid_gpu_h",
