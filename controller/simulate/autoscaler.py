@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -59,6 +60,9 @@ from controller.simulate.engine import PENDING, SCAN, TIMER, JobRun, SimConfig, 
 from controller.simulate.trace import Trace
 
 _PROVISION_TIMEOUT = "provision-timeout"
+_BIND = "bind"
+_BIND_NOW = "bind-now"
+_POD_MAX_BACKOFF_S = 10.0
 _BOOKING_END = "booking-end"
 
 
@@ -96,10 +100,15 @@ class PodByPod(Simulation):
 
     def __init__(self, trace: Trace, config: SimConfig) -> None:
         super().__init__(trace, config)
-        # Pending pods per GPU size: heap of ((queued at, pod index, seq), run). Pods of jobs
-        # submitted in the same second interleave, as concurrent job controllers create them.
-        self.pending: dict[int, list[tuple[tuple[float, int, int], JobRun]]] = {}
+        # Pods never tried yet per GPU size: heap of ((queued at, queued at, pod index, seq),
+        # run). Pods of jobs queued in the same second interleave, as concurrent job
+        # controllers create them.
+        self.pending: dict[int, list[tuple[tuple[float, float, int, int], JobRun]]] = {}
         self.pending_pods: dict[int, int] = {}
+        # Pods that were tried and found no node, per size, in cohorts that failed together.
+        self.cohorts: dict[int, list[_Cohort]] = {}
+        self.bind_timer_at = math.inf
+        self.bind_now_at = -math.inf
         self.scan_at = math.inf
         """Time of the one scan scheduled (inf: none)."""
         self.last_scale_up = -math.inf
@@ -115,23 +124,29 @@ class PodByPod(Simulation):
     # ------------------------------------------------------------------ hooks
     def on_arrival(self, run: JobRun) -> None:
         self.enqueue(run, run.job.submit)
-        self.bind()
-        if self.pending_pods[run.pod_gpus]:
-            self.request_scan()
+        self.request_bind()
+        self.request_scan()
 
     def enqueue(self, run: JobRun, queued_at: float) -> None:
         size = run.pod_gpus
         queue = self.pending.setdefault(size, [])
         seq = run.job.seq
         for k in range(run.bound, run.pods):
-            heapq.heappush(queue, ((queued_at, k, seq), run))
+            heapq.heappush(queue, ((queued_at, queued_at, k, seq), run))
         self.pending_pods[size] = self.pending_pods.get(size, 0) + run.pods - run.bound
 
     def on_capacity_freed(self) -> None:
-        self.bind()
+        self.request_bind()
 
     def on_node_ready(self, node: SimNode) -> None:
-        self.bind()
+        self.request_bind()
+
+    def request_bind(self) -> None:
+        """Run the scheduler once every event of this instant is in (nodes that become ready
+        together are all seen, pods that arrive together fail together)."""
+        if self.bind_now_at != self.now:
+            self.bind_now_at = self.now
+            self.push(self.now, TIMER, (_BIND_NOW, self.now))
 
     def on_room(self) -> None:
         if any(self.pending_pods.values()):
@@ -145,7 +160,14 @@ class PodByPod(Simulation):
 
     def on_timer(self, obj: Any) -> None:
         kind, payload = obj
-        if kind == _PROVISION_TIMEOUT:
+        if kind == _BIND_NOW:
+            self.bind_now_at = -math.inf
+            self.bind()
+        elif kind == _BIND:
+            if payload == self.bind_timer_at:
+                self.bind_timer_at = math.inf
+                self.bind()
+        elif kind == _PROVISION_TIMEOUT:
             # The missing nodes never registered: the scale-up timed out.
             self.phantom_nodes -= payload
             self.fail_scale_up()
@@ -237,38 +259,129 @@ class PodByPod(Simulation):
 
     # ------------------------------------------------------------------ the scheduler
     def bind(self) -> None:
-        """kube-scheduler: bind pending pods, oldest first, to the fullest ready node that
-        holds them. A size that finds no node stops every larger size this round."""
-        pending = self.pending
+        """kube-scheduler's queue. A pod is tried when it arrives; one that finds no node
+        backs off 1 s, doubling to 10 s per failed try (``podInitialBackoffSeconds``,
+        ``podMaxBackoffSeconds``) and is stamped with the time it failed. Pods out of backoff
+        are tried oldest stamp first (pods that failed together in arrival order) and bind
+        to the fullest ready node that holds them; a size that finds no node fails every
+        eligible pod at least as large. So a new gang's pods can take capacity that frees up
+        while an older gang's last pods back off, as in a real cluster."""
         free_index = self.free_index
         g = self.gpus_per_node
         blocked = g + 1
         while True:
-            best_key: tuple[float, int, int] | None = None
-            best_size = 0
-            for size, queue in pending.items():
-                if size >= blocked:
-                    continue
-                while queue and queue[0][1].status != PENDING:
-                    heapq.heappop(queue)  # a cancelled job's pods
-                if queue and (best_key is None or queue[0][0] < best_key):
-                    best_key = queue[0][0]
-                    best_size = size
-            if best_key is None:
-                return
+            size, cohort = self._next_pod(blocked)
+            if not size:
+                break
             node = None
-            for free in range(best_size, g + 1):
+            for free in range(size, g + 1):
                 bucket = free_index[free]
                 if bucket:
                     node = next(iter(bucket.values()))
                     break
             if node is None:
-                blocked = best_size
+                self._fail_sizes(size)
+                blocked = size
                 continue
-            _, run = heapq.heappop(pending[best_size])
-            self.pending_pods[best_size] -= 1
-            self.allocate(run, node, best_size)
+            if cohort is not None:
+                run = cohort.pods.popleft()[3]
+            else:
+                run = heapq.heappop(self.pending[size])[1]
+            self.pending_pods[size] -= 1
+            self.allocate(run, node, size)
             self.note_bound(run)
+        self._arm_bind_timer()
+
+    def _next_pod(self, blocked: int) -> tuple[int, _Cohort | None]:
+        """(size, cohort or None for a pod never tried) of the eligible pod with the oldest
+        stamp among sizes below ``blocked``; (0, None) when there is none."""
+        now = self.now
+        best_key: tuple[float, float, int, int] | None = None
+        best_size = 0
+        best_cohort: _Cohort | None = None
+        for size, queue in self.pending.items():
+            if size >= blocked:
+                continue
+            while queue and queue[0][1].status != PENDING:
+                heapq.heappop(queue)  # a cancelled job's pods
+            if queue and (best_key is None or queue[0][0] < best_key):
+                best_key, best_size, best_cohort = queue[0][0], size, None
+            for cohort in self.cohorts.get(size, ()):
+                if cohort.until > now:
+                    continue
+                pods = cohort.pods
+                while pods and pods[0][3].status != PENDING:
+                    pods.popleft()
+                if pods:
+                    head = pods[0]
+                    key = (cohort.stamp, head[0], head[1], head[2])
+                    if best_key is None or key < best_key:
+                        best_key, best_size, best_cohort = key, size, cohort
+        return best_size, best_cohort
+
+    def _fail_sizes(self, smallest: int) -> None:
+        """Every eligible pod of ``smallest`` GPUs or more was tried and found no node: pods
+        with the same number of failed tries fail together, in one cohort."""
+        now = self.now
+        for size, queue in self.pending.items():
+            if size < smallest:
+                continue
+            by_tries: dict[int, list[_Pod]] = {}
+            if queue:
+                by_tries[1] = [(q, k, seq, run) for (_, q, k, seq), run in queue]
+                queue.clear()
+            keep: list[_Cohort] = []
+            for cohort in self.cohorts.get(size, ()):
+                if cohort.until > now:
+                    if cohort.pods:
+                        keep.append(cohort)
+                    continue
+                tries = min(cohort.tries + 1, 5)
+                by_tries.setdefault(tries, []).extend(cohort.pods)
+            for tries, pods in by_tries.items():
+                pods = [p for p in pods if p[3].status == PENDING]
+                if pods:
+                    pods.sort(key=_pod_order)
+                    until = now + min(2.0 ** (tries - 1), _POD_MAX_BACKOFF_S)
+                    keep.append(_Cohort(until, now, tries, deque(pods)))
+            self.cohorts[size] = keep
+
+    def _arm_bind_timer(self) -> None:
+        """Wake the scheduler when a backed-off pod could bind on a node that has room."""
+        now = self.now
+        soonest = math.inf
+        g = self.gpus_per_node
+        for size, cohorts in self.cohorts.items():
+            for cohort in cohorts:
+                if (
+                    now < cohort.until < soonest
+                    and cohort.pods
+                    and any(self.free_index[f] for f in range(size, g + 1))
+                ):
+                    soonest = cohort.until
+        if soonest < math.inf and (soonest < self.bind_timer_at or self.bind_timer_at <= now):
+            self.bind_timer_at = soonest
+            self.push(soonest, TIMER, (_BIND, soonest))
+
+
+_Pod = tuple[float, int, int, JobRun]
+"""A pod that was tried: (queued at, pod index, job seq, run)."""
+
+
+def _pod_order(pod: _Pod) -> tuple[float, int, int]:
+    return pod[0], pod[1], pod[2]
+
+
+class _Cohort:
+    """Pods of one size that failed together with as many tries: one backoff, one stamp."""
+
+    __slots__ = ("pods", "stamp", "tries", "until")
+
+    def __init__(self, until: float, stamp: float, tries: int, pods: deque[_Pod]) -> None:
+        self.until = until
+        self.stamp = stamp
+        self.tries = tries
+        self.pods = pods
 
 
 class BestEffortAtomic(PodByPod):
@@ -302,7 +415,7 @@ class BestEffortAtomic(PodByPod):
         # else: a waiting request, dropped from self.requests when next looked at
 
     def on_capacity_freed(self) -> None:
-        self.bind()
+        self.request_bind()
         if self.requests:
             self.request_scan()
 
@@ -400,4 +513,4 @@ class BestEffortAtomic(PodByPod):
         self.booked.append((run, until))
         self.push(until, TIMER, (_BOOKING_END, run))
         self.enqueue(run, self.now)
-        self.bind()
+        self.request_bind()
