@@ -282,7 +282,7 @@ def _sweep(
         if png is not None:
             plots.sweep(
                 result.points,
-                [sw.mix_label(k) for k in spec.mixes],
+                [m.name for m in spec.mixes],
                 [level.name for level in spec.levels],
                 spec.strategies,
                 sw.subtitle(trace, spec, result),

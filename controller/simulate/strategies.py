@@ -9,7 +9,8 @@
   it named or none. ``muster`` asks for one rack (``required`` at the rack level) and, when no
   rack can hold the job, one block; ``muster-relax`` does the same for at most
   ``relax_after_s`` of waiting, then asks for the most compact placement anywhere
-  (``preferred`` at the rack level: one rack, else one block, else the fewest blocks);
+  (``preferred`` at the rack level: one rack, else one block, else the fewest blocks) and
+  holds a reservation: younger jobs may only use GPUs left on busy nodes until it starts;
   ``gang-no-topology`` asks without any topology.
 
 All queue in arrival order and backfill (Kueue's BestEffortFIFO): a job that does not fit
@@ -123,10 +124,11 @@ class GangFit(Simulation):
         queue = self.queues.get(key)
         while queue and queue[0].status != PENDING:
             queue.popleft()
+        reserve = self._reserving()
         if queue:
             # Others of this shape wait already: this one cannot fit either.
             queue.append(run)
-        elif self.try_place(run):
+        elif self.try_place(run, restricted=reserve is not None):
             return
         else:
             self.queues.setdefault(key, deque()).append(run)
@@ -153,11 +155,14 @@ class GangFit(Simulation):
     # ------------------------------------------------------------------ queue
     def drain(self) -> None:
         """Place waiting jobs, oldest first across shapes; a shape that does not fit stops
-        every shape at least as large in both pods and GPUs per pod this round."""
+        every shape at least as large in both pods and GPUs per pod this round. Under
+        muster-relax, jobs younger than a gang that has waited ``relax_after_s`` may only
+        use GPUs left on nodes that are already busy (the gang holds a reservation)."""
         queues = self.queues
         if not queues:
             return
         failed: list[tuple[int, int]] = []
+        reserve = self._reserving()
         while True:
             best: deque[JobRun] | None = None
             best_seq = -1
@@ -175,10 +180,32 @@ class GangFit(Simulation):
             if best is None:
                 return
             run = best[0]
-            if self.try_place(run):
+            restricted = reserve is not None and run.job.seq > reserve.job.seq
+            if self.try_place(run, restricted=restricted):
                 best.popleft()
+                if run is reserve:
+                    reserve = self._reserving()
             else:
                 failed.append((run.pods, run.pod_gpus))
+
+    def _reserving(self) -> JobRun | None:
+        """muster-relax: the oldest waiting gang that has waited ``relax_after_s``."""
+        if not self.relax:
+            return None
+        oldest_submit = self.now - self.config.relax_after_s
+        best: JobRun | None = None
+        for (pods, _), queue in self.queues.items():
+            if pods == 1:
+                continue
+            for run in queue:  # arrival order: the first pending one is the oldest
+                if run.status != PENDING:
+                    continue
+                if run.job.submit <= oldest_submit and (
+                    best is None or run.job.seq < best.job.seq
+                ):
+                    best = run
+                break
+        return best
 
     def _may_fit(self, run: JobRun) -> bool:
         """Cheap necessary condition, so hopeless engine calls are skipped: enough pod slots
@@ -200,8 +227,12 @@ class GangFit(Simulation):
         return False
 
     # ------------------------------------------------------------------ fit engine
-    def try_place(self, run: JobRun) -> bool:
-        if not self._may_fit(run):
+    def try_place(self, run: JobRun, restricted: bool = False) -> bool:
+        """Ask the engine for ``run`` and commit the plan; ``restricted``: only free GPUs
+        on nodes that are already busy, no new node."""
+        if restricted and run.pod_gpus >= self.gpus_per_node:
+            return False  # it needs empty nodes, which the reservation keeps
+        if not restricted and not self._may_fit(run):
             return False
         # One pod is always inside one rack: the block fallback could not place it either.
         attempts = self._attempts if run.pods > 1 else self._attempts[:1]
@@ -215,7 +246,8 @@ class GangFit(Simulation):
                 ),
             )
             self.fit_calls += 1
-            result = self.planner(request, self._snapshot(run.pods, run.pod_gpus), Mode.PROVISION)
+            snapshot = self._snapshot(run.pods, run.pod_gpus, restricted)
+            result = self.planner(request, snapshot, Mode.PROVISION)
             if isinstance(result, Plan):
                 self._commit(run, result)
                 return True
@@ -227,7 +259,7 @@ class GangFit(Simulation):
             shape = self._shapes[gpus] = PodShape(requests={GPU: gpus})
         return shape
 
-    def _snapshot(self, pods: int, gpus: int) -> Snapshot:
+    def _snapshot(self, pods: int, gpus: int, restricted: bool = False) -> Snapshot:
         """The cluster as the engine needs it for ``pods`` pods of ``gpus`` GPUs.
 
         Per rack only the ``pods`` fullest nodes that hold a pod are shown: each pod needs
@@ -238,7 +270,7 @@ class GangFit(Simulation):
         """
         g = self.gpus_per_node
         nodes: list[NodeState] = []
-        levels = range(gpus, g + 1)
+        levels = range(gpus, g if restricted else g + 1)
         for rack, buckets in enumerate(self.rack_index):
             left = pods
             for free in levels:
@@ -262,7 +294,8 @@ class GangFit(Simulation):
                         break
                 if left <= 0:
                     break
-        return Snapshot(nodes=tuple(nodes), pools=(self._pool_state(),), levels=LEVELS)
+        pools = () if restricted else (self._pool_state(),)
+        return Snapshot(nodes=tuple(nodes), pools=pools, levels=LEVELS)
 
     def _pool_state(self) -> PoolState:
         cloud = self.cloud

@@ -8,9 +8,10 @@ evenly over it, each with its own seed):
   and how fast other tenants free (``refill_prob``) and take (``drain_prob``) nodes. The
   cloud is sized from the peak too (racks of 8 nodes, 4 racks per block, about twice the peak
   in node slots), so a level means the same across windows and mixes.
-* **Gang-size mix** (:data:`MIXES`): every job's GPUs times ``k`` while only one job in ``k``
-  is kept (seeded), so the GPU demand stays about the same while jobs grow: x4 turns the
-  trace's 4- and 8-GPU jobs into 2- and 4-node gangs and its 16-GPU jobs into full racks.
+* **Gang-size mix** (:data:`MIXES`): the trace as it is (95% 1-GPU jobs, about 120
+  multi-node gangs); every job's GPUs x4 keeping one job in four (seeded: about the same GPU
+  demand, 2-GPU jobs fill a node, 4- and 8-GPU jobs become 2- and 4-node gangs, 16-GPU jobs
+  a full rack); and only the jobs of 2+ GPUs, x4 (gang-heavy: most jobs are gangs).
 
 Every (window, mix, level, strategy) run is independent; they run over ``workers``
 processes. The rows go to a CSV (one per run); the points (summed over windows; the gang
@@ -59,11 +60,22 @@ SCARCITY: tuple[Scarcity, ...] = (
     Scarcity("scarce", 0.5, 2, 0.4, 0.4),
     Scarcity("starved", 0.35, 0, 0.3, 0.5),
 )
-MIXES: tuple[int, ...] = (1, 2, 4)
+@dataclass(frozen=True, slots=True)
+class Mix:
+    name: str
+    factor: int = 1
+    """Every job's GPUs times this."""
+    keep: float = 1.0
+    """Keep each job with this probability (seeded)."""
+    min_gpus: int = 1
+    """Keep only jobs of at least this many GPUs (before the factor)."""
 
 
-def mix_label(k: int) -> str:
-    return "as traced" if k == 1 else f"x{k} GPUs, 1/{k} of jobs"
+MIXES: tuple[Mix, ...] = (
+    Mix("as traced"),
+    Mix("x4 GPUs, 1/4 of jobs", factor=4, keep=0.25),
+    Mix("2+ GPU jobs, x4", factor=4, min_gpus=2),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +84,7 @@ class SweepSpec:
     window_days: float = 14.0
     seed: int = 0
     strategies: tuple[str, ...] = STRATEGIES
-    mixes: tuple[int, ...] = MIXES
+    mixes: tuple[Mix, ...] = MIXES
     levels: tuple[Scarcity, ...] = SCARCITY
     base: SimConfig = field(default_factory=SimConfig)
     """Everything the sweep does not vary (boot latency, timeouts, policies, price)."""
@@ -84,8 +96,8 @@ class SweepSpec:
             raise ValueError(f"windows must be >= 1, got {self.windows}")
         if self.window_days <= 0:
             raise ValueError(f"window days must be > 0, got {self.window_days}")
-        if any(k < 1 for k in self.mixes):
-            raise ValueError("gang-size mix factors must be >= 1")
+        if any(m.factor < 1 or not 0.0 < m.keep <= 1.0 for m in self.mixes):
+            raise ValueError("gang-size mixes need factor >= 1 and keep in (0, 1]")
         unknown = [s for s in self.strategies if s not in STRATEGIES]
         if unknown:
             raise ValueError(f"unknown strategy {', '.join(unknown)}")
@@ -128,18 +140,22 @@ def cut(trace: Trace, start_s: float, days: float) -> Trace:
     )
 
 
-def mix(trace: Trace, k: int, seed: int) -> Trace:
-    """Every job's GPUs times ``k``, keeping each job with probability ``1/k`` (seeded)."""
-    if k == 1:
+def mix(trace: Trace, m: Mix, seed: int) -> Trace:
+    """``trace`` in the gang-size mix ``m`` (seeded), times relative to its first job."""
+    if m.factor == 1 and m.keep == 1.0 and m.min_gpus <= 1:
         return trace
-    rng = random.Random(f"{seed}/mix/{k}")
-    kept = [j for j in trace.jobs if rng.random() * k < 1.0]
+    rng = random.Random(f"{seed}/mix/{m.name}")
+    kept = [j for j in trace.jobs if j.gpus >= m.min_gpus and rng.random() < m.keep]
+    if not kept:
+        return Trace(jobs=(), origin=trace.origin, source=trace.source)
+    t0 = kept[0].submit
     return Trace(
         jobs=tuple(
-            Job(seq=i, submit=j.submit, duration=j.duration, gpus=j.gpus * k, cluster=j.cluster)
+            Job(seq=i, submit=j.submit - t0, duration=j.duration, gpus=j.gpus * m.factor,
+                cluster=j.cluster)
             for i, j in enumerate(kept)
         ),
-        origin=trace.origin,
+        origin=trace.origin + timedelta(seconds=t0),
         source=trace.source,
     )
 
@@ -203,7 +219,7 @@ def _prepared(task: Task) -> tuple[Trace, int]:
             raise RuntimeError("sweep worker without a trace")
         trace, spec = _STATE
         window = cut(trace, task.start_s, spec.window_days)
-        mixed = mix(window, task.mix, task.seed)
+        mixed = mix(window, spec.mixes[task.mix], task.seed)
         hit = _CACHE[key] = (mixed, peak_demand_gpus(mixed, spec.base.cloud.gpus_per_node))
     return hit
 
@@ -219,8 +235,7 @@ def run_task(task: Task) -> dict[str, Any]:
     r = make(task.strategy, trace, config).run()
     cc = config.cloud
     return {
-        "mix": mix_label(task.mix),
-        "mix_factor": task.mix,
+        "mix": spec.mixes[task.mix].name,
         "level": level.name,
         "level_index": task.level,
         "quota_fraction": level.quota_fraction,
@@ -266,7 +281,7 @@ def tasks_for(trace: Trace, spec: SweepSpec) -> list[Task]:
     tasks = [
         Task(w, start, k, li, name, spec.seed + w)
         for w, start in enumerate(starts)
-        for k in spec.mixes
+        for k in range(len(spec.mixes))
         for li in range(len(spec.levels))
         for name in spec.strategies
     ]
@@ -290,9 +305,14 @@ def run_sweep(trace: Trace, spec: SweepSpec, workers: int) -> SweepResult:
         _STATE = None
         _CACHE.clear()
     wall = time.perf_counter() - wall0
-    order = {(t.window, t.mix, t.level, t.strategy): i for i, t in enumerate(sorted(
-        tasks, key=lambda t: (t.mix, t.level, spec.strategies.index(t.strategy), t.window)
-    ))}
+    order = {
+        (t.window, t.mix, t.level, t.strategy): i
+        for i, t in enumerate(
+            sorted(
+                tasks, key=lambda t: (t.mix, t.level, spec.strategies.index(t.strategy), t.window)
+            )
+        )
+    }
     keyed = sorted(
         zip(tasks, rows, strict=True),
         key=lambda tr: order[(tr[0].window, tr[0].mix, tr[0].level, tr[0].strategy)],
@@ -335,8 +355,8 @@ def markdown(result: SweepResult, spec: SweepSpec) -> str:
     stranded GPU-h / gang wait p95 / never started / gangs across blocks / gangs deadlocked."""
     by_key = {(p.mix, p.level, p.strategy): p.metrics for p in result.points}
     out: list[str] = []
-    for k in spec.mixes:
-        name = mix_label(k)
+    for mx in spec.mixes:
+        name = mx.name
         out.append(f"**{name}** (stranded GPU-h / gang wait p95 / never started / "
                    "gangs across blocks / gangs deadlocked, summed over windows)\n")
         out.append("| scarcity | " + " | ".join(spec.strategies) + " |")
