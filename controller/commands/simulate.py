@@ -118,6 +118,11 @@ def simulate_command(
         typer.Option(help="muster-relax: seconds a gang waits for one rack or block before "
                      "taking the most compact placement anywhere.", rich_help_panel=_POLICY),
     ] = 900.0,
+    reserve: Annotated[
+        float,
+        typer.Option(help="muster-relax: seconds a gang past --relax-after holds a "
+                     "reservation against younger jobs (0: none).", rich_help_panel=_POLICY),
+    ] = 0.0,
     provreq_atomic: Annotated[
         bool,
         typer.Option("--provreq-atomic/--no-provreq-atomic",
@@ -219,6 +224,7 @@ def simulate_command(
         cross_block_slowdown=cross_block_slowdown,
         price_per_gpu_hour=price_per_gpu_hour,
         relax_after_s=relax_after,
+        reserve_s=reserve,
         provreq_atomic=provreq_atomic,
         stockout_reported=stockout_reported,
     )

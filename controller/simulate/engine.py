@@ -99,6 +99,9 @@ class SimConfig:
     relax_after_s: float = 900.0
     """muster-relax: a gang waits this long for one rack or block, then takes the most
     compact placement anywhere (preferred topology)."""
+    reserve_s: float = 0.0
+    """muster-relax: how long, once past ``relax_after_s``, a gang holds a reservation
+    (younger jobs use only GPUs left on busy nodes); 0 (default): none."""
     deadlock_check_s: float = 60.0
     """How often partially bound gangs are checked for a deadlock."""
     bin_seconds: float | None = None
@@ -126,6 +129,7 @@ class SimConfig:
             ),
             (self.booking_s >= 0, "booking duration must be >= 0 seconds"),
             (self.relax_after_s >= 0, "relax-after must be >= 0 seconds"),
+            (self.reserve_s >= 0, "reservation time must be >= 0 seconds"),
             (self.deadlock_check_s > 0, "deadlock check interval must be > 0 seconds"),
             (self.bin_seconds is None or self.bin_seconds > 0, "bin width must be > 0 seconds"),
         ]

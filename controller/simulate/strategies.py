@@ -9,8 +9,9 @@
   it named or none. ``muster`` asks for one rack (``required`` at the rack level) and, when no
   rack can hold the job, one block; ``muster-relax`` does the same for at most
   ``relax_after_s`` of waiting, then asks for the most compact placement anywhere
-  (``preferred`` at the rack level: one rack, else one block, else the fewest blocks) and
-  holds a reservation: younger jobs may only use GPUs left on busy nodes until it starts;
+  (``preferred`` at the rack level: one rack, else one block, else the fewest blocks); with
+  ``reserve_s`` (off by default) it also holds a reservation for that long: younger jobs may
+  only use GPUs left on busy nodes;
   ``gang-no-topology`` asks without any topology.
 
 All queue in arrival order and backfill (Kueue's BestEffortFIFO): a job that does not fit
@@ -133,7 +134,10 @@ class GangFit(Simulation):
         else:
             self.queues.setdefault(key, deque()).append(run)
         if self.relax and run.pods > 1:
-            self.push(run.job.submit + self.config.relax_after_s, TIMER, run)
+            relaxed = run.job.submit + self.config.relax_after_s
+            self.push(relaxed, TIMER, run)
+            if self.config.reserve_s:
+                self.push(relaxed + self.config.reserve_s, TIMER, run)  # reservation ends
 
     def on_capacity_freed(self) -> None:
         self.drain()
@@ -189,22 +193,24 @@ class GangFit(Simulation):
                 failed.append((run.pods, run.pod_gpus))
 
     def _reserving(self) -> JobRun | None:
-        """muster-relax: the oldest waiting gang that has waited ``relax_after_s``."""
-        if not self.relax:
+        """muster-relax: the oldest waiting gang whose wait is in
+        ``[relax_after_s, relax_after_s + reserve_s)``."""
+        if not self.relax or not self.config.reserve_s:
             return None
         oldest_submit = self.now - self.config.relax_after_s
+        newest_submit = oldest_submit - self.config.reserve_s
         best: JobRun | None = None
         for (pods, _), queue in self.queues.items():
             if pods == 1:
                 continue
-            for run in queue:  # arrival order: the first pending one is the oldest
-                if run.status != PENDING:
-                    continue
-                if run.job.submit <= oldest_submit and (
-                    best is None or run.job.seq < best.job.seq
-                ):
-                    best = run
-                break
+            for run in queue:  # arrival order
+                submit = run.job.submit
+                if submit > oldest_submit:
+                    break
+                if run.status == PENDING and submit > newest_submit:
+                    if best is None or run.job.seq < best.job.seq:
+                        best = run
+                    break
         return best
 
     def _may_fit(self, run: JobRun) -> bool:

@@ -195,11 +195,12 @@ def test_muster_relax_keeps_the_rack_when_one_frees_up_in_time() -> None:
         assert (r.gangs_one_rack, r.wait_p50_s) == (1, pytest.approx(700)), r.strategy
 
 
-def test_muster_relax_reserves_capacity_for_a_gang_that_waited_too_long() -> None:
+def test_muster_relax_can_reserve_capacity_for_a_gang_that_waited_too_long() -> None:
     # Quota 3 nodes. A (1 node, 1 h) runs 100..3700 s; gang G (3 nodes) arrives at 5 s and
     # cannot fit; B (1 node) arrives at 1000 s.
     jobs = trace((0, H, 8), (5, H, 24), (1000, H, 8))
-    muster, relax = run_strategies(jobs, config(quota_gpus=24), ["muster", "muster-relax"])
+    cfg = replace(config(quota_gpus=24), reserve_s=8 * H)
+    muster, relax = run_strategies(jobs, cfg, ["muster", "muster-relax"])
     # muster backfills B (ready 1100 s, runs to 4700 s); G needs 3 nodes at once and gets
     # them only when B ends: B's node plus 2 new ones, ready at 4800 s.
     assert muster.gang_wait_p50_s == pytest.approx(4800 - 5)
