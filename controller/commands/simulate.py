@@ -153,7 +153,7 @@ def simulate_command(
     ] = Path("muster-sweep"),
     windows: Annotated[
         int, typer.Option(help="Trace windows per sweep point.", rich_help_panel=_SWEEP)
-    ] = 3,
+    ] = 2,
     window_days: Annotated[
         float, typer.Option(help="Length of each window in days.", rich_help_panel=_SWEEP)
     ] = 14.0,
@@ -301,7 +301,7 @@ def _sweep(
     typer.echo(f"csv: {csv_path}" + (f"\nplot: {png}" if png is not None else ""))
     typer.echo(
         f"sweep: {len(result.rows)} runs ({len(spec.levels)} scarcity levels x "
-        f"{len(spec.mixes)} mixes x {spec.windows} windows x {len(spec.strategies)} "
+        f"{len(spec.mixes)} mixes x {spec.windows} window(s) x {len(spec.strategies)} "
         f"strategies) in {result.wall_s:.1f} s wall on {workers} processes, "
         f"{sum(r['wall_s'] for r in result.rows):.1f} s of simulation"
     )

@@ -247,6 +247,8 @@ class Simulation(abc.ABC):
         self.partial: dict[int, JobRun] = {}
         self.deadlock_check_scheduled = False
         self.deadlocked_gpu_s = 0.0
+        self.slowdown_gpu_s = 0.0
+        """GPU-time gangs ran longer because their pods spanned blocks (inside ``used``)."""
         self.handlers: list[Callable[[Any], None]] = [
             self._on_node_ready,
             self._on_finish,
@@ -449,7 +451,9 @@ class Simulation(abc.ABC):
             run.racks = len({node.rack for node, _ in run.allocs})
             run.blocks = len({node.block for node, _ in run.allocs})
             if run.blocks > 1:
-                duration *= self.config.cross_block_slowdown
+                extra = duration * (self.config.cross_block_slowdown - 1.0)
+                self.slowdown_gpu_s += run.total_gpus * extra
+                duration += extra
         else:
             run.racks = run.blocks = 1
         self.push(self.now + duration, FINISH, run)
@@ -583,6 +587,7 @@ class Simulation(abc.ABC):
             deadlocked_gpu_h=self.deadlocked_gpu_s / hour,
             paid_gpu_h=paid,
             used_gpu_h=used,
+            slowdown_gpu_h=self.slowdown_gpu_s / hour,
             stranded_gpu_h=paid - used,
             stranded_waiting_gpu_h=m.waiting_s / hour,
             stranded_idle_gpu_h=(m.paid_s - m.used_s - m.waiting_s - m.booting_s) / hour,

@@ -120,6 +120,8 @@ class StrategyResult:
     """GPU-hours those gangs held while in that state (sampled every ``deadlock_check_s``)."""
     paid_gpu_h: float
     used_gpu_h: float
+    slowdown_gpu_h: float
+    """Part of ``used_gpu_h``: the extra run time of gangs spread over blocks."""
     stranded_gpu_h: float
     stranded_waiting_gpu_h: float
     stranded_idle_gpu_h: float

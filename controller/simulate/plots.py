@@ -56,6 +56,7 @@ def timeline(
 
 # (metric key of SweepPoint.metrics, axis label)
 SWEEP_METRICS = (
+    ("paid_gpu_h", "GPU-hours paid\n(the cost)"),
     ("stranded_gpu_h", "GPU-hours stranded\n(paid - used)"),
     ("gang_wait_p95_h", "gang wait p95 (h)"),
     ("never_started", "jobs never started"),

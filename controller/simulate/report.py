@@ -45,6 +45,10 @@ def rows(results: Sequence[StrategyResult]) -> list[tuple[str, list[str]]]:
         ("GPU-hours paid", each(lambda r: f"{r.paid_gpu_h:,.0f}")),
         ("GPU-hours used by running jobs", each(lambda r: f"{r.used_gpu_h:,.0f}")),
         (
+            "used: extra run time of gangs across blocks",
+            each(lambda r: f"{r.slowdown_gpu_h:,.0f}"),
+        ),
+        (
             "GPU-hours stranded (share of paid)",
             each(lambda r: f"{r.stranded_gpu_h:,.0f} ({_pct(r.stranded_gpu_h, r.paid_gpu_h)})"),
         ),

@@ -50,7 +50,7 @@ class Scarcity:
 
     @property
     def label(self) -> str:
-        return f"{self.name}\nquota {self.quota_fraction:g}x peak"
+        return f"{self.name}\n{self.quota_fraction:g}x peak"
 
 
 SCARCITY: tuple[Scarcity, ...] = (
@@ -80,7 +80,7 @@ MIXES: tuple[Mix, ...] = (
 
 @dataclass(frozen=True, slots=True)
 class SweepSpec:
-    windows: int = 3
+    windows: int = 2
     window_days: float = 14.0
     seed: int = 0
     strategies: tuple[str, ...] = STRATEGIES
@@ -260,6 +260,7 @@ def run_task(task: Task) -> dict[str, Any]:
         "deadlocked_gpu_h": round(r.deadlocked_gpu_h, 3),
         "paid_gpu_h": round(r.paid_gpu_h, 3),
         "used_gpu_h": round(r.used_gpu_h, 3),
+        "slowdown_gpu_h": round(r.slowdown_gpu_h, 3),
         "stranded_gpu_h": round(r.stranded_gpu_h, 3),
         "stranded_waiting_gpu_h": round(r.stranded_waiting_gpu_h, 3),
         "gang_wait_p95_s": r.gang_wait_p95_s,
@@ -323,7 +324,8 @@ def run_sweep(trace: Trace, spec: SweepSpec, workers: int) -> SweepResult:
 
 SUMMED = (
     "jobs", "gangs", "never_started", "gangs_started", "gangs_cross_block", "gangs_deadlocked",
-    "deadlocked_gpu_h", "paid_gpu_h", "used_gpu_h", "stranded_gpu_h", "stranded_waiting_gpu_h",
+    "deadlocked_gpu_h", "paid_gpu_h", "used_gpu_h", "slowdown_gpu_h", "stranded_gpu_h",
+    "stranded_waiting_gpu_h",
 )
 
 
@@ -383,7 +385,8 @@ def markdown(result: SweepResult, spec: SweepSpec) -> str:
 
 def subtitle(trace: Trace, spec: SweepSpec, result: SweepResult) -> str:
     return (
-        f"{trace.source}: {spec.windows} windows of {spec.window_days:g} days, seeds "
-        f"{spec.seed}..{spec.seed + spec.windows - 1}; {len(result.rows)} runs in "
-        f"{result.wall_s:.0f} s on {result.workers} processes"
+        f"{Path(trace.source).name}: {spec.windows} window(s) of {spec.window_days:g} days, "
+        f"seeds {spec.seed}..{spec.seed + spec.windows - 1}; quota as a multiple of each "
+        f"window's peak demand; {len(result.rows)} runs in {result.wall_s:.0f} s on "
+        f"{result.workers} processes"
     )

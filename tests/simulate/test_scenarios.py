@@ -111,6 +111,7 @@ def test_gang_spread_over_blocks_runs_slower_and_muster_refuses_it() -> None:
     assert (muster.never_fits, muster.started, muster.paid_gpu_h) == (1, 0, 0)
     assert blind.gangs_cross_block == 1
     assert blind.used_gpu_h == pytest.approx(gpu_h(64, 1.5 * H))
+    assert blind.slowdown_gpu_h == pytest.approx(gpu_h(64, 0.5 * H))
 
 
 def test_metric_definitions_on_one_small_job() -> None:
