@@ -168,3 +168,17 @@ def test_best_effort_without_atomic_increase_size_can_strand_a_partial_gang() ->
     r = make("best-effort-atomic", trace((0, H, 32)), cfg).run()
     assert r.timed_out == 1
     assert r.stranded_waiting_gpu_h == pytest.approx(gpu_h(24, 7230 - 110))
+
+
+def test_a_newer_pod_binds_while_an_older_one_backs_off() -> None:
+    # kube-scheduler's queue (podInitialBackoffSeconds 1, podMaxBackoffSeconds 10): a pod
+    # that found no node backs off 1, 2, 4 s... after each failed try, and pods out of
+    # backoff are tried first. Quota 1 node: X and Y (4 GPUs each) share it from 110 s.
+    # A (8 GPUs, at 200 s) fails at 200, 1110 (X ends) and 1119 s (B arrives), so it backs
+    # off until 1123 s; B (8 GPUs) failed once at 1119 s, until 1120 s. When Y ends at
+    # 1120 s the node goes to B, the newer job; A gets it when B ends at 1220 s.
+    jobs = trace((0, 1000, 4), (0, 1010, 4), (200, H, 8), (1119, 100, 8))
+    sim, _ = pod_by_pod(jobs, config(quota_gpus=8))
+    starts = {run.job.seq: run.start for run in sim.runs}
+    assert starts[3] == pytest.approx(1120)
+    assert starts[2] == pytest.approx(1220)
