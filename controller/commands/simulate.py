@@ -1,5 +1,6 @@
-"""``muster simulate``: replay a GPU job trace under muster, pod-by-pod and
-gang-no-topology provisioning and compare what each pays, uses and strands.
+"""``muster simulate``: replay a GPU job trace under Muster's and cluster-autoscaler's
+provisioning and compare what each pays, uses and strands; ``--sweep`` does it across
+supply scarcity and gang-size mixes.
 
 Exit codes: 0 done, 2 bad input (unreadable or malformed trace, nonsensical option) or
 the ``simulate`` extra missing (matplotlib, which the image leaves out).
@@ -28,6 +29,7 @@ _TRACE = "Trace selection"
 _CLOUD = "Simulated cloud"
 _POLICY = "Policies"
 _OUTPUT = "Output"
+_SWEEP = "Sweep (--sweep)"
 
 
 def _fail(message: str) -> typer.Exit:
@@ -46,7 +48,8 @@ def simulate_command(
         list[str] | None,
         typer.Option(
             "--strategy",
-            help="muster, pod-by-pod or gang-no-topology; repeat for several (default: all).",
+            help="muster, muster-relax, pod-by-pod, best-effort-atomic or gang-no-topology; "
+            "repeat for several (default: all).",
         ),
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of every random draw.")] = 0,
@@ -115,6 +118,50 @@ def simulate_command(
         typer.Option(help="Run-time factor of a gang spread over blocks.", rich_help_panel=_POLICY),
     ] = 1.3,
     price_per_gpu_hour: Annotated[float, typer.Option(rich_help_panel=_POLICY)] = 2.5,
+    relax_after: Annotated[
+        float,
+        typer.Option(help="muster-relax: seconds a gang waits for one rack or block before "
+                     "taking the most compact placement anywhere.", rich_help_panel=_POLICY),
+    ] = 900.0,
+    reserve: Annotated[
+        float,
+        typer.Option(help="muster-relax: seconds a gang past --relax-after holds a "
+                     "reservation against younger jobs (0: none).", rich_help_panel=_POLICY),
+    ] = 0.0,
+    provreq_atomic: Annotated[
+        bool,
+        typer.Option("--provreq-atomic/--no-provreq-atomic",
+                     help="best-effort-atomic: the node group has AtomicIncreaseSize (all or "
+                     "none); without it IncreaseSize may give part of the nodes.",
+                     rich_help_panel=_POLICY),
+    ] = True,
+    stockout_reported: Annotated[
+        bool,
+        typer.Option("--stockout-reported/--stockout-silent",
+                     help="cluster-autoscaler learns at once of nodes the cloud could not "
+                     "create, or only after max-node-provision-time (15 min).",
+                     rich_help_panel=_POLICY),
+    ] = True,
+    workers: Annotated[
+        int | None,
+        typer.Option(help="Processes to run strategies (and sweep runs) in (default: CPUs).",
+                     rich_help_panel=_OUTPUT),
+    ] = None,
+    sweep: Annotated[
+        bool,
+        typer.Option("--sweep", help="Vary supply scarcity and the gang-size mix; write a CSV "
+                     "and a PNG and print a Markdown summary.", rich_help_panel=_SWEEP),
+    ] = False,
+    sweep_dir: Annotated[
+        Path, typer.Option(help="Where --sweep writes sweep.csv and sweep.png.",
+                           rich_help_panel=_SWEEP)
+    ] = Path("muster-sweep"),
+    windows: Annotated[
+        int, typer.Option(help="Trace windows per sweep point.", rich_help_panel=_SWEEP)
+    ] = 2,
+    window_days: Annotated[
+        float, typer.Option(help="Length of each window in days.", rich_help_panel=_SWEEP)
+    ] = 14.0,
     as_json: Annotated[
         bool,
         typer.Option("--json", help="Print JSON instead of the table.", rich_help_panel=_OUTPUT),
@@ -143,7 +190,7 @@ def simulate_command(
         raise _fail(MISSING_EXTRA)
     from controller.simulate.cloud import CloudConfig
     from controller.simulate.engine import SimConfig
-    from controller.simulate.runner import run_strategies
+    from controller.simulate.runner import default_workers, run_strategies
     from controller.simulate.strategies import STRATEGIES
     from controller.simulate.trace import TraceError, TraceFilter, load_trace, parse_time
 
@@ -183,6 +230,10 @@ def simulate_command(
         start_timeout_s=start_timeout,
         cross_block_slowdown=cross_block_slowdown,
         price_per_gpu_hour=price_per_gpu_hour,
+        relax_after_s=relax_after,
+        reserve_s=reserve,
+        provreq_atomic=provreq_atomic,
+        stockout_reported=stockout_reported,
     )
     try:
         config.validate()
@@ -195,7 +246,14 @@ def simulate_command(
     if not loaded.jobs:
         raise _fail(f"{trace}: no job left after the trace selection")
 
-    results = run_strategies(loaded, config, strategies)
+    procs = workers if workers is not None else default_workers()
+    if procs < 1:
+        raise _fail(f"--workers must be >= 1, got {procs}")
+    if sweep:
+        _sweep(loaded, config, strategies, procs, sweep_dir, windows, window_days,
+               None if no_plot else sweep_dir / "sweep.png")
+        return
+    results = run_strategies(loaded, config, strategies, workers=procs)
     _emit(
         results,
         loaded,
@@ -203,6 +261,56 @@ def simulate_command(
         style="json" if as_json else "markdown" if markdown else "table",
         plot=None if no_plot else plot,
         summary=summary,
+    )
+
+
+def _sweep(
+    trace: Trace,
+    config: SimConfig,
+    strategies: list[str],
+    workers: int,
+    out_dir: Path,
+    windows: int,
+    window_days: float,
+    png: Path | None,
+) -> None:
+    from controller.simulate import plots
+    from controller.simulate import sweep as sw
+
+    spec = sw.SweepSpec(
+        windows=windows,
+        window_days=window_days,
+        seed=config.seed,
+        strategies=tuple(strategies),
+        base=config,
+    )
+    try:
+        spec.validate()
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    result = sw.run_sweep(trace, spec, workers)
+    csv_path = out_dir / "sweep.csv"
+    try:
+        sw.write_csv(result.rows, csv_path)
+        if png is not None:
+            plots.sweep(
+                result.points,
+                [m.name for m in spec.mixes],
+                [level.name for level in spec.levels],
+                spec.strategies,
+                sw.subtitle(trace, spec, result),
+                png,
+                [level.label for level in spec.levels],
+            )
+    except OSError as exc:
+        raise _fail(f"cannot write under {out_dir}: {exc.strerror or exc}") from None
+    typer.echo(sw.markdown(result, spec))
+    typer.echo(f"csv: {csv_path}" + (f"\nplot: {png}" if png is not None else ""))
+    typer.echo(
+        f"sweep: {len(result.rows)} runs ({len(spec.levels)} scarcity levels x "
+        f"{len(spec.mixes)} mixes x {spec.windows} window(s) x {len(spec.strategies)} "
+        f"strategies) in {result.wall_s:.1f} s wall on {workers} processes, "
+        f"{sum(r['wall_s'] for r in result.rows):.1f} s of simulation"
     )
 
 
@@ -217,7 +325,7 @@ def _emit(
 ) -> None:
     from rich.console import Console
 
-    from controller.simulate import report
+    from controller.simulate import plots, report
 
     # With --json, stdout carries only the JSON (and the summary line): the rest goes to stderr.
     console = Console(stderr=style == "json")
@@ -231,7 +339,7 @@ def _emit(
         console.print(report.rich_table(results, trace, config))
     if plot is not None:
         try:
-            report.plot(results, trace, config, plot)
+            plots.timeline(results, trace, config, plot)
         except OSError as exc:
             raise _fail(f"cannot write the plot {plot}: {exc.strerror or exc}") from None
         console.print(f"plot: {plot}")

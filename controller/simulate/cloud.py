@@ -155,6 +155,13 @@ class Cloud:
                 count -= take
         return granted
 
+    def acquire_count_atomic(self, count: int) -> list[tuple[int, float]] | None:
+        """Take ``count`` nodes wherever there is stock, all or none (a node group's
+        ``AtomicIncreaseSize``: the cloud places them, the caller names no rack)."""
+        if count > self.quota_room_nodes() or count > self.total_stock():
+            return None
+        return self.acquire_any(count)
+
     def _take(self, rack: int, count: int) -> list[tuple[int, float]]:
         cfg = self.config
         self.stock[rack] -= count

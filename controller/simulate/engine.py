@@ -41,6 +41,9 @@ TIMEOUT = 3
 TICK = 4
 SCAN = 5
 RELEASE_PODS = 6
+DEADLOCK_CHECK = 7
+TIMER = 8
+"""A strategy's own timer: ``on_timer(obj)`` (backoff ends, bookings expire, waits relax)."""
 
 # Job status.
 PENDING = 0
@@ -67,7 +70,40 @@ class SimConfig:
     """Run-time factor of a gang whose pods span more than one block."""
     price_per_gpu_hour: float = 2.5
     scan_interval_s: float = 10.0
-    """cluster-autoscaler's scan interval (pod-by-pod only)."""
+    """cluster-autoscaler ``--scan-interval`` (the two cluster-autoscaler strategies)."""
+    scale_down_delay_after_add_s: float = 600.0
+    """cluster-autoscaler ``--scale-down-delay-after-add``: no node is removed this long after
+    a scale-up (cluster-autoscaler strategies only; Muster releases its own nodes)."""
+    backoff_initial_s: float = 300.0
+    """cluster-autoscaler ``--initial-node-group-backoff-duration`` after a failed scale-up."""
+    backoff_max_s: float = 1800.0
+    """cluster-autoscaler ``--max-node-group-backoff-duration``."""
+    backoff_reset_s: float = 3 * 3600.0
+    """cluster-autoscaler ``--node-group-backoff-reset-timeout``."""
+    max_node_provision_time_s: float = 900.0
+    """cluster-autoscaler ``--max-node-provision-time``: how long nodes the cloud silently
+    did not create count as upcoming before the scale-up is declared failed."""
+    stockout_reported: bool = True
+    """The cloud reports the nodes it could not create (an out-of-resources instance error,
+    handled at once); False: they never register and count as upcoming until
+    ``max_node_provision_time_s``."""
+    provreq_backoff_initial_s: float = 60.0
+    """cluster-autoscaler ``--provisioning-request-initial-backoff-time``."""
+    provreq_backoff_max_s: float = 600.0
+    """cluster-autoscaler ``--provisioning-request-max-backoff-time``."""
+    provreq_atomic: bool = True
+    """The node group implements ``AtomicIncreaseSize`` (all the nodes or none); False: the
+    best-effort-atomic class falls back to ``IncreaseSize`` and may get part of them."""
+    booking_s: float = 600.0
+    """How long a Provisioned request's capacity is kept for its pods (10 min upstream)."""
+    relax_after_s: float = 900.0
+    """muster-relax: a gang waits this long for one rack or block, then takes the most
+    compact placement anywhere (preferred topology)."""
+    reserve_s: float = 0.0
+    """muster-relax: how long, once past ``relax_after_s``, a gang holds a reservation
+    (younger jobs use only GPUs left on busy nodes); 0 (default): none."""
+    deadlock_check_s: float = 60.0
+    """How often partially bound gangs are checked for a deadlock."""
     bin_seconds: float | None = None
     """Width of the plot's time bins; default: the trace span / 500, at least 60 s."""
 
@@ -80,6 +116,21 @@ class SimConfig:
             (self.cross_block_slowdown >= 1.0, "cross-block slowdown must be >= 1"),
             (self.price_per_gpu_hour >= 0, "price per GPU-hour must be >= 0"),
             (self.scan_interval_s > 0, "scan interval must be > 0 seconds"),
+            (self.scale_down_delay_after_add_s >= 0, "scale-down delay after add must be >= 0"),
+            (
+                0 < self.backoff_initial_s <= self.backoff_max_s,
+                "node-group backoff needs 0 < initial <= max",
+            ),
+            (self.backoff_reset_s > 0, "backoff reset timeout must be > 0 seconds"),
+            (self.max_node_provision_time_s > 0, "max node provision time must be > 0 seconds"),
+            (
+                0 < self.provreq_backoff_initial_s <= self.provreq_backoff_max_s,
+                "ProvisioningRequest backoff needs 0 < initial <= max",
+            ),
+            (self.booking_s >= 0, "booking duration must be >= 0 seconds"),
+            (self.relax_after_s >= 0, "relax-after must be >= 0 seconds"),
+            (self.reserve_s >= 0, "reservation time must be >= 0 seconds"),
+            (self.deadlock_check_s > 0, "deadlock check interval must be > 0 seconds"),
             (self.bin_seconds is None or self.bin_seconds > 0, "bin width must be > 0 seconds"),
         ]
         for ok, message in checks:
@@ -129,6 +180,7 @@ class JobRun:
         "allocs",
         "blocks",
         "bound",
+        "deadlocked",
         "job",
         "nodes_waiting",
         "pod_gpus",
@@ -147,6 +199,8 @@ class JobRun:
         self.start = -1.0
         self.allocs: list[tuple[SimNode, int]] = []
         self.bound = 0
+        self.deadlocked = False
+        """Held GPUs at some check while other partial gangs held what it still needed."""
         self.nodes_waiting = 0
         self.racks = 0
         """Distinct racks (and blocks) the job's pods ran in; set when it starts."""
@@ -189,6 +243,12 @@ class Simulation(abc.ABC):
         self.nodes_acquired = 0
         self.events = 0
         self.fit_calls = 0
+        # Gangs with some but not all pods holding GPUs, by job seq (see check_deadlocks).
+        self.partial: dict[int, JobRun] = {}
+        self.deadlock_check_scheduled = False
+        self.deadlocked_gpu_s = 0.0
+        self.slowdown_gpu_s = 0.0
+        """GPU-time gangs ran longer because their pods spanned blocks (inside ``used``)."""
         self.handlers: list[Callable[[Any], None]] = [
             self._on_node_ready,
             self._on_finish,
@@ -197,6 +257,8 @@ class Simulation(abc.ABC):
             self._on_tick,
             self.on_scan,
             self._on_release_pods,
+            self._on_deadlock_check,
+            self.on_timer,
         ]
 
     # ------------------------------------------------------------------ hooks
@@ -223,6 +285,14 @@ class Simulation(abc.ABC):
     def on_scan(self, _: Any) -> None:
         """A periodic scan a strategy scheduled with ``push(at, SCAN, None)``."""
         raise RuntimeError(f"{self.name} scheduled a scan it does not handle")
+
+    def on_timer(self, obj: Any) -> None:
+        """A timer a strategy scheduled with ``push(at, TIMER, obj)``."""
+        raise RuntimeError(f"{self.name} scheduled a timer it does not handle")
+
+    def scale_down_not_before(self) -> float:
+        """No empty node is removed before this time (cluster-autoscaler's cooldown)."""
+        return 0.0
 
     # ------------------------------------------------------------------ loop
     def push(self, at: float, kind: int, obj: Any) -> None:
@@ -317,6 +387,10 @@ class Simulation(abc.ABC):
             return
         if not node.ready:
             return  # a booting node is never idle; it is armed again once ready
+        not_before = self.scale_down_not_before()
+        if self.now < not_before:
+            self.push(not_before, IDLE_CHECK, obj)  # same token: still void if it fills up
+            return
         self._index_remove(node)
         node.alive = False
         del self.nodes[node.name]
@@ -368,6 +442,7 @@ class Simulation(abc.ABC):
         """Every pod of ``run`` has its GPUs on a ready node: it runs from now."""
         run.status = RUNNING
         run.start = self.now
+        self.partial.pop(run.job.seq, None)
         meter = self.meter
         meter.waiting -= run.total_gpus
         meter.used += run.total_gpus
@@ -376,7 +451,9 @@ class Simulation(abc.ABC):
             run.racks = len({node.rack for node, _ in run.allocs})
             run.blocks = len({node.block for node, _ in run.allocs})
             if run.blocks > 1:
-                duration *= self.config.cross_block_slowdown
+                extra = duration * (self.config.cross_block_slowdown - 1.0)
+                self.slowdown_gpu_s += run.total_gpus * extra
+                duration += extra
         else:
             run.racks = run.blocks = 1
         self.push(self.now + duration, FINISH, run)
@@ -393,6 +470,7 @@ class Simulation(abc.ABC):
             return  # running, done, rejected, or placed and about to start
         run.status = TIMED_OUT
         self.open_jobs -= 1
+        self.partial.pop(run.job.seq, None)
         self.on_cancel(run)
         if run.allocs:
             self.push(self.now + self.config.cancel_grace_s, RELEASE_PODS, run)
@@ -404,6 +482,55 @@ class Simulation(abc.ABC):
                 meter.waiting -= gpus
         self._free_allocs(run)
         self.on_capacity_freed()
+
+    # ------------------------------------------------------------------ deadlocks
+    def note_bound(self, run: JobRun) -> None:
+        """One more pod of ``run`` holds GPUs (pod-by-pod binding); starts it when complete."""
+        run.bound += 1
+        if run.bound == run.pods:
+            self.start(run)
+        elif run.bound == 1:
+            self.partial[run.job.seq] = run
+            if not self.deadlock_check_scheduled:
+                self.deadlock_check_scheduled = True
+                self.push(self.now + self.config.deadlock_check_s, DEADLOCK_CHECK, None)
+
+    def _on_deadlock_check(self, _: Any) -> None:
+        self.deadlock_check_scheduled = False
+        if not self.partial:
+            return
+        self.check_deadlocks()
+        self.deadlock_check_scheduled = True
+        self.push(self.now + self.config.deadlock_check_s, DEADLOCK_CHECK, None)
+
+    def slots_obtainable(self, gpus: int) -> int:
+        """Pods of ``gpus`` GPUs that free capacity could still take: free GPUs on ready
+        nodes, empty booting nodes, and nodes the cloud has in stock within the quota."""
+        g = self.gpus_per_node
+        per_node = g // gpus
+        free_index = self.free_index
+        slots = sum(len(free_index[f]) * (f // gpus) for f in range(gpus, g + 1))
+        cloud = self.cloud
+        new = min(cloud.quota_room_nodes(), cloud.total_stock())
+        return slots + (self.booting_nodes + new) * per_node
+
+    def check_deadlocks(self) -> None:
+        """Flag every partial gang that cannot complete with the capacity that is free or
+        obtainable, but could if the other partial gangs let go of what they hold: it holds
+        GPUs while other gangs hold the rest (pods hold whole GPUs, so the held GPUs of the
+        others are counted in pods of this gang's size)."""
+        partial = list(self.partial.values())
+        held = [r.bound * r.pod_gpus for r in partial]
+        total_held = sum(held)
+        interval = self.config.deadlock_check_s
+        for run, mine in zip(partial, held, strict=True):
+            need = run.pods - run.bound
+            free = self.slots_obtainable(run.pod_gpus)
+            if need <= free:
+                continue
+            if need <= free + (total_held - mine) // run.pod_gpus:
+                run.deadlocked = True
+                self.deadlocked_gpu_s += mine * interval
 
     def reject(self, run: JobRun) -> None:
         """``run`` can never fit: it is counted as never started, at once."""
@@ -420,7 +547,7 @@ class Simulation(abc.ABC):
         runs = self.runs
         waits: list[float] = []
         gang_waits: list[float] = []
-        gangs = gangs_started = one_rack = cross_block = 0
+        gangs = gangs_started = one_rack = cross_block = deadlocked = 0
         timed_out = never_fits = 0
         for run in runs:
             if run.status == TIMED_OUT:
@@ -429,6 +556,7 @@ class Simulation(abc.ABC):
                 never_fits += 1
             if run.pods > 1:
                 gangs += 1
+                deadlocked += run.deadlocked
             if run.start < 0:
                 continue
             wait = run.start - run.job.submit
@@ -455,8 +583,11 @@ class Simulation(abc.ABC):
             gangs_started=gangs_started,
             gangs_one_rack=one_rack,
             gangs_cross_block=cross_block,
+            gangs_deadlocked=deadlocked,
+            deadlocked_gpu_h=self.deadlocked_gpu_s / hour,
             paid_gpu_h=paid,
             used_gpu_h=used,
+            slowdown_gpu_h=self.slowdown_gpu_s / hour,
             stranded_gpu_h=paid - used,
             stranded_waiting_gpu_h=m.waiting_s / hour,
             stranded_idle_gpu_h=(m.paid_s - m.used_s - m.waiting_s - m.booting_s) / hour,

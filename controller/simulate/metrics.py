@@ -113,8 +113,15 @@ class StrategyResult:
     gangs_started: int
     gangs_one_rack: int
     gangs_cross_block: int
+    gangs_deadlocked: int
+    """Gangs that, at some check, held GPUs while unable to start because other partially
+    bound gangs held the rest (see ``Simulation.check_deadlocks``)."""
+    deadlocked_gpu_h: float
+    """GPU-hours those gangs held while in that state (sampled every ``deadlock_check_s``)."""
     paid_gpu_h: float
     used_gpu_h: float
+    slowdown_gpu_h: float
+    """Part of ``used_gpu_h``: the extra run time of gangs spread over blocks."""
     stranded_gpu_h: float
     stranded_waiting_gpu_h: float
     stranded_idle_gpu_h: float

@@ -1,11 +1,11 @@
-"""Output of ``muster simulate``: a rich table, a Markdown table (for the README), JSON, the
-one-line summary, and a PNG of paid versus used GPUs over time per strategy."""
+"""Output of ``muster simulate``: a rich table, a Markdown table (for the README), JSON and
+the one-line summary. Charts are in :mod:`controller.simulate.plots`, the only module that
+needs matplotlib."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 from rich.table import Table
@@ -45,6 +45,10 @@ def rows(results: Sequence[StrategyResult]) -> list[tuple[str, list[str]]]:
         ("GPU-hours paid", each(lambda r: f"{r.paid_gpu_h:,.0f}")),
         ("GPU-hours used by running jobs", each(lambda r: f"{r.used_gpu_h:,.0f}")),
         (
+            "used: extra run time of gangs across blocks",
+            each(lambda r: f"{r.slowdown_gpu_h:,.0f}"),
+        ),
+        (
             "GPU-hours stranded (share of paid)",
             each(lambda r: f"{r.stranded_gpu_h:,.0f} ({_pct(r.stranded_gpu_h, r.paid_gpu_h)})"),
         ),
@@ -77,6 +81,10 @@ def rows(results: Sequence[StrategyResult]) -> list[tuple[str, list[str]]]:
                 lambda r: f"{r.gangs_started:,} / "
                 f"{_pct(r.gangs_one_rack, r.gangs_started)} / {r.gangs_cross_block:,}"
             ),
+        ),
+        (
+            "gangs deadlocked / GPU-hours they held",
+            each(lambda r: f"{r.gangs_deadlocked:,} / {r.deadlocked_gpu_h:,.0f}"),
         ),
         (
             "nodes acquired / peak GPUs paid",
@@ -142,34 +150,3 @@ def summary_line(results: Sequence[StrategyResult]) -> str:
         f"muster_paid_gpu_h={muster.paid_gpu_h:.1f} "
         f"podbypod_paid_gpu_h={pbp.paid_gpu_h:.1f}"
     )
-
-
-def plot(results: Sequence[StrategyResult], trace: Trace, config: SimConfig, path: Path) -> None:
-    """Paid and used GPUs over time, one panel per strategy (averaged per bin)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(
-        len(results), 1, figsize=(11, 2.6 * len(results) + 0.6), sharex=True, squeeze=False
-    )
-    for ax, r in zip(axes[:, 0], results, strict=True):
-        days = [i * r.series_bin_s / 86400.0 for i in range(len(r.series_paid))]
-        ax.fill_between(days, r.series_paid, step="post", alpha=0.35, label="paid", color="tab:red")
-        ax.step(days, r.series_used, where="post", label="used by running jobs", color="tab:blue")
-        ax.set_ylabel("GPUs")
-        ax.set_title(
-            f"{r.strategy}: paid {r.paid_gpu_h:,.0f} GPU-h, used {r.used_gpu_h:,.0f}, "
-            f"stranded {r.stranded_gpu_h:,.0f}",
-            fontsize=10,
-            loc="left",
-        )
-        ax.axhline(config.cloud.quota_gpus, color="grey", linestyle=":", linewidth=1)
-        ax.legend(loc="upper right", fontsize=8)
-    axes[-1, 0].set_xlabel(f"days since {trace.origin:%Y-%m-%d %H:%M} UTC")
-    fig.suptitle(title(trace, config), fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

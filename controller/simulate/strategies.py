@@ -1,24 +1,28 @@
-"""The three provisioning strategies the simulator compares on the same jobs and seed.
+"""The provisioning strategies the simulator compares on the same jobs and seed.
 
-* :class:`PodByPod` mimics cluster-autoscaler plus kube-scheduler and deliberately does not
-  use the fit engine: every ``scan_interval_s`` it asks for as many nodes as the pending pods
-  need (minus nodes already booting), non-atomically, wherever the cloud has stock; pods bind
-  one by one to ready nodes as they land; a gang runs only once all its pods are bound.
+* :class:`~controller.simulate.autoscaler.PodByPod` and
+  :class:`~controller.simulate.autoscaler.BestEffortAtomic` model cluster-autoscaler
+  (ordinary pods; its best-effort-atomic ProvisioningRequest class) and do not use the fit
+  engine.
 * :class:`GangFit` asks the real fit engine (:func:`controller.fit.plan`) where the whole
   job fits on the current nodes plus the stock the cloud has, then acquires every new node
   it named or none. ``muster`` asks for one rack (``required`` at the rack level) and, when no
-  rack can hold the job, one block; ``gang-no-topology`` asks without any topology.
+  rack can hold the job, one block; ``muster-relax`` does the same for at most
+  ``relax_after_s`` of waiting, then asks for the most compact placement anywhere
+  (``preferred`` at the rack level: one rack, else one block, else the fewest blocks); with
+  ``reserve_s`` (off by default) it also holds a reservation for that long: younger jobs may
+  only use GPUs left on busy nodes;
+  ``gang-no-topology`` asks without any topology.
 
-Both queue in arrival order and backfill (Kueue's BestEffortFIFO): a job that does not fit
+All queue in arrival order and backfill (Kueue's BestEffortFIFO): a job that does not fit
 does not block a later job that does. Pods go to the most-allocated node that holds them
 (bin-packing, the usual GPU cluster scoring) under every strategy.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from controller.fit import (
@@ -35,10 +39,11 @@ from controller.fit import (
     TopologyMode,
     TopologyRequest,
 )
+from controller.simulate.autoscaler import BestEffortAtomic, PodByPod
 from controller.simulate.engine import (
     PENDING,
     PLACED,
-    SCAN,
+    TIMER,
     JobRun,
     SimConfig,
     SimNode,
@@ -55,125 +60,10 @@ POOL = "gpu-nodes"
 Planner = Callable[[GangRequest, Snapshot, Mode], Plan | NoFit]
 
 
-def bins_needed(pending: Mapping[int, int], capacity: int) -> int:
-    """Nodes of ``capacity`` GPUs that first-fit-decreasing needs for the pending pods
-    (GPUs per pod -> count), as cluster-autoscaler's binpacking estimator does."""
-    sizes = [s for s in pending if pending[s] > 0]
-    if not sizes:
-        return 0
-    if all(capacity % s == 0 for s in sizes):
-        # Sizes that divide the node pack perfectly: FFD is exactly the volume bound.
-        total = sum(s * pending[s] for s in sizes)
-        return -(-total // capacity)
-    # General case: first-fit-decreasing over open bins grouped by remaining capacity.
-    open_bins = [0] * (capacity + 1)
-    bins = 0
-    for size in sorted(sizes, reverse=True):
-        for _ in range(pending[size]):
-            for room in range(size, capacity + 1):
-                if open_bins[room]:
-                    open_bins[room] -= 1
-                    open_bins[room - size] += 1
-                    break
-            else:
-                bins += 1
-                open_bins[capacity - size] += 1
-    return bins
-
-
-class PodByPod(Simulation):
-    """cluster-autoscaler + kube-scheduler, pod by pod (no fit engine, by design)."""
-
-    name = "pod-by-pod"
-    index_booting = False
-
-    def __init__(self, trace: Trace, config: SimConfig) -> None:
-        super().__init__(trace, config)
-        # Pending pods per GPU size: heap of ((submit, pod index, seq), run). Pods of jobs
-        # submitted in the same second interleave, as concurrent job controllers create them.
-        self.pending: dict[int, list[tuple[tuple[float, int, int], JobRun]]] = {}
-        self.pending_pods: dict[int, int] = {}
-        self.scan_scheduled = False
-
-    def on_arrival(self, run: JobRun) -> None:
-        size = run.pod_gpus
-        queue = self.pending.setdefault(size, [])
-        submit, seq = run.job.submit, run.job.seq
-        for k in range(run.pods):
-            heapq.heappush(queue, ((submit, k, seq), run))
-        self.pending_pods[size] = self.pending_pods.get(size, 0) + run.pods
-        self.bind()
-        if self.pending_pods[size]:
-            self.request_scan()
-
-    def on_capacity_freed(self) -> None:
-        self.bind()
-
-    def on_node_ready(self, node: SimNode) -> None:
-        self.bind()
-
-    def on_room(self) -> None:
-        if any(self.pending_pods.values()):
-            self.request_scan()
-
-    def on_cancel(self, run: JobRun) -> None:
-        self.pending_pods[run.pod_gpus] -= run.pods - run.bound
-
-    def request_scan(self) -> None:
-        if self.scan_scheduled:
-            return
-        self.scan_scheduled = True
-        interval = self.config.scan_interval_s
-        self.push((self.now // interval + 1) * interval, SCAN, None)
-
-    def on_scan(self, _: Any) -> None:
-        self.scan_scheduled = False
-        needed = bins_needed(self.pending_pods, self.gpus_per_node) - self.booting_nodes
-        if needed <= 0:
-            return
-        for rack, boot_s in self.cloud.acquire_any(needed):
-            self.add_node(rack, boot_s)
-
-    def bind(self) -> None:
-        """kube-scheduler: bind pending pods, oldest first, to the fullest ready node that
-        holds them. A size that finds no node stops every larger size this round."""
-        pending = self.pending
-        free_index = self.free_index
-        g = self.gpus_per_node
-        blocked = g + 1
-        while True:
-            best_key: tuple[float, int, int] | None = None
-            best_size = 0
-            for size, queue in pending.items():
-                if size >= blocked:
-                    continue
-                while queue and queue[0][1].status != PENDING:
-                    heapq.heappop(queue)  # a cancelled job's pods
-                if queue and (best_key is None or queue[0][0] < best_key):
-                    best_key = queue[0][0]
-                    best_size = size
-            if best_key is None:
-                return
-            node = None
-            for free in range(best_size, g + 1):
-                bucket = free_index[free]
-                if bucket:
-                    node = next(iter(bucket.values()))
-                    break
-            if node is None:
-                blocked = best_size
-                continue
-            _, run = heapq.heappop(pending[best_size])
-            self.pending_pods[best_size] -= 1
-            self.allocate(run, node, best_size)
-            run.bound += 1
-            if run.bound == run.pods:
-                self.start(run)
-
-
 class GangFit(Simulation):
     """All-or-nothing through the real fit engine; ``topology`` selects muster's rack-then-
-    block request or no topology at all."""
+    block request or no topology at all; ``relax`` lets a gang that waited
+    ``relax_after_s`` take the most compact placement anywhere."""
 
     index_booting = True
 
@@ -183,6 +73,7 @@ class GangFit(Simulation):
         config: SimConfig,
         *,
         topology: bool,
+        relax: bool = False,
         planner: Planner | None = None,
     ) -> None:
         super().__init__(trace, config)
@@ -192,7 +83,8 @@ class GangFit(Simulation):
             planner = plan
         self.planner: Planner = planner
         self.topology = topology
-        self.name = "muster" if topology else "gang-no-topology"
+        self.relax = relax and topology
+        self.name = ("muster-relax" if relax else "muster") if topology else "gang-no-topology"
         cc = config.cloud
         # Shapes of pending jobs -> their runs in arrival order.
         self.queues: dict[tuple[int, int], deque[JobRun]] = {}
@@ -216,7 +108,9 @@ class GangFit(Simulation):
                 TopologyRequest(TopologyMode.REQUIRED, RACK_LABEL),
                 TopologyRequest(TopologyMode.REQUIRED, BLOCK_LABEL),
             )
-            self._largest = min(cc.quota_nodes, cc.racks_per_block * cc.nodes_per_rack)
+            self._relaxed = (TopologyRequest(TopologyMode.PREFERRED, RACK_LABEL),)
+            block = cc.racks_per_block * cc.nodes_per_rack
+            self._largest = min(cc.quota_nodes, cc.racks * cc.nodes_per_rack if relax else block)
         else:
             self._attempts = (TopologyRequest(),)
             self._largest = min(cc.quota_nodes, cc.racks * cc.nodes_per_rack)
@@ -231,12 +125,19 @@ class GangFit(Simulation):
         queue = self.queues.get(key)
         while queue and queue[0].status != PENDING:
             queue.popleft()
+        reserve = self._reserving()
         if queue:
             # Others of this shape wait already: this one cannot fit either.
             queue.append(run)
+        elif self.try_place(run, restricted=reserve is not None):
             return
-        if not self.try_place(run):
+        else:
             self.queues.setdefault(key, deque()).append(run)
+        if self.relax and run.pods > 1:
+            relaxed = run.job.submit + self.config.relax_after_s
+            self.push(relaxed, TIMER, run)
+            if self.config.reserve_s:
+                self.push(relaxed + self.config.reserve_s, TIMER, run)  # reservation ends
 
     def on_capacity_freed(self) -> None:
         self.drain()
@@ -250,14 +151,22 @@ class GangFit(Simulation):
     def on_cancel(self, run: JobRun) -> None:
         """Nothing to do: a cancelled run stays in its queue and is skipped there."""
 
+    def on_timer(self, run: Any) -> None:
+        """``run`` (a gang) has waited ``relax_after_s``: try again, relaxed."""
+        if run.status == PENDING:
+            self.drain()
+
     # ------------------------------------------------------------------ queue
     def drain(self) -> None:
         """Place waiting jobs, oldest first across shapes; a shape that does not fit stops
-        every shape at least as large in both pods and GPUs per pod this round."""
+        every shape at least as large in both pods and GPUs per pod this round. Under
+        muster-relax, jobs younger than a gang that has waited ``relax_after_s`` may only
+        use GPUs left on nodes that are already busy (the gang holds a reservation)."""
         queues = self.queues
         if not queues:
             return
         failed: list[tuple[int, int]] = []
+        reserve = self._reserving()
         while True:
             best: deque[JobRun] | None = None
             best_seq = -1
@@ -275,10 +184,34 @@ class GangFit(Simulation):
             if best is None:
                 return
             run = best[0]
-            if self.try_place(run):
+            restricted = reserve is not None and run.job.seq > reserve.job.seq
+            if self.try_place(run, restricted=restricted):
                 best.popleft()
+                if run is reserve:
+                    reserve = self._reserving()
             else:
                 failed.append((run.pods, run.pod_gpus))
+
+    def _reserving(self) -> JobRun | None:
+        """muster-relax: the oldest waiting gang whose wait is in
+        ``[relax_after_s, relax_after_s + reserve_s)``."""
+        if not self.relax or not self.config.reserve_s:
+            return None
+        oldest_submit = self.now - self.config.relax_after_s
+        newest_submit = oldest_submit - self.config.reserve_s
+        best: JobRun | None = None
+        for (pods, _), queue in self.queues.items():
+            if pods == 1:
+                continue
+            for run in queue:  # arrival order
+                submit = run.job.submit
+                if submit > oldest_submit:
+                    break
+                if run.status == PENDING and submit > newest_submit:
+                    if best is None or run.job.seq < best.job.seq:
+                        best = run
+                    break
+        return best
 
     def _may_fit(self, run: JobRun) -> bool:
         """Cheap necessary condition, so hopeless engine calls are skipped: enough pod slots
@@ -300,11 +233,17 @@ class GangFit(Simulation):
         return False
 
     # ------------------------------------------------------------------ fit engine
-    def try_place(self, run: JobRun) -> bool:
-        if not self._may_fit(run):
+    def try_place(self, run: JobRun, restricted: bool = False) -> bool:
+        """Ask the engine for ``run`` and commit the plan; ``restricted``: only free GPUs
+        on nodes that are already busy, no new node."""
+        if restricted and run.pod_gpus >= self.gpus_per_node:
+            return False  # it needs empty nodes, which the reservation keeps
+        if not restricted and not self._may_fit(run):
             return False
         # One pod is always inside one rack: the block fallback could not place it either.
         attempts = self._attempts if run.pods > 1 else self._attempts[:1]
+        if self.relax and run.pods > 1 and self.now - run.job.submit >= self.config.relax_after_s:
+            attempts = attempts + self._relaxed
         for topology in attempts:
             request = GangRequest(
                 name=f"job-{run.job.seq}",
@@ -313,7 +252,8 @@ class GangFit(Simulation):
                 ),
             )
             self.fit_calls += 1
-            result = self.planner(request, self._snapshot(run.pods, run.pod_gpus), Mode.PROVISION)
+            snapshot = self._snapshot(run.pods, run.pod_gpus, restricted)
+            result = self.planner(request, snapshot, Mode.PROVISION)
             if isinstance(result, Plan):
                 self._commit(run, result)
                 return True
@@ -325,7 +265,7 @@ class GangFit(Simulation):
             shape = self._shapes[gpus] = PodShape(requests={GPU: gpus})
         return shape
 
-    def _snapshot(self, pods: int, gpus: int) -> Snapshot:
+    def _snapshot(self, pods: int, gpus: int, restricted: bool = False) -> Snapshot:
         """The cluster as the engine needs it for ``pods`` pods of ``gpus`` GPUs.
 
         Per rack only the ``pods`` fullest nodes that hold a pod are shown: each pod needs
@@ -336,7 +276,7 @@ class GangFit(Simulation):
         """
         g = self.gpus_per_node
         nodes: list[NodeState] = []
-        levels = range(gpus, g + 1)
+        levels = range(gpus, g if restricted else g + 1)
         for rack, buckets in enumerate(self.rack_index):
             left = pods
             for free in levels:
@@ -360,7 +300,8 @@ class GangFit(Simulation):
                         break
                 if left <= 0:
                     break
-        return Snapshot(nodes=tuple(nodes), pools=(self._pool_state(),), levels=LEVELS)
+        pools = () if restricted else (self._pool_state(),)
+        return Snapshot(nodes=tuple(nodes), pools=pools, levels=LEVELS)
 
     def _pool_state(self) -> PoolState:
         cloud = self.cloud
@@ -422,15 +363,19 @@ class GangFit(Simulation):
             self.start(run)
 
 
-STRATEGIES = ("muster", "pod-by-pod", "gang-no-topology")
+STRATEGIES = ("muster", "muster-relax", "pod-by-pod", "best-effort-atomic", "gang-no-topology")
 
 
 def make(name: str, trace: Trace, config: SimConfig, planner: Planner | None = None) -> Simulation:
     """The simulation of strategy ``name`` (one of :data:`STRATEGIES`)."""
     if name == "muster":
         return GangFit(trace, config, topology=True, planner=planner)
+    if name == "muster-relax":
+        return GangFit(trace, config, topology=True, relax=True, planner=planner)
     if name == "gang-no-topology":
         return GangFit(trace, config, topology=False, planner=planner)
     if name == "pod-by-pod":
         return PodByPod(trace, config)
+    if name == "best-effort-atomic":
+        return BestEffortAtomic(trace, config)
     raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")

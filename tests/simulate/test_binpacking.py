@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from controller.simulate.autoscaler import bins_needed
 from controller.simulate.engine import pods_for
-from controller.simulate.strategies import bins_needed
 
 
 @pytest.mark.parametrize(

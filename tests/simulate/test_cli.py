@@ -9,6 +9,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from controller.cli import app
+from controller.simulate.strategies import STRATEGIES
 
 runner = CliRunner()
 
@@ -60,7 +61,7 @@ def test_json_output(tmp_path: Path) -> None:
     data = json.loads(result.stdout)
     assert set(data) == {"trace", "config", "strategies"}
     assert data["trace"]["jobs"] == 4
-    assert list(data["strategies"]) == ["muster", "pod-by-pod", "gang-no-topology"]
+    assert list(data["strategies"]) == list(STRATEGIES)
     for r in data["strategies"].values():
         assert {
             "paid_gpu_h",
@@ -121,3 +122,21 @@ def test_bad_options_exit_2(tmp_path: Path) -> None:
         result = runner.invoke(app, ["simulate", "--trace", str(path), "--no-plot", *args])
         assert result.exit_code == 2, (args, result.output)
         assert message in result.output, (args, result.output)
+
+
+def test_sweep_writes_a_csv_and_a_png_and_states_its_time(tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    result = runner.invoke(
+        app,
+        ["simulate", "--trace", str(write(tmp_path)), "--sweep", "--sweep-dir", str(out),
+         "--windows", "1", "--window-days", "1", "--workers", "2",
+         "--strategy", "muster", "--strategy", "pod-by-pod"],
+    )
+    assert result.exit_code == 0, result.output
+    rows = (out / "sweep.csv").read_text().splitlines()
+    # 5 scarcity levels x 3 mixes x 1 window x 2 strategies, plus the header.
+    assert len(rows) == 1 + 5 * 3 * 2
+    assert rows[0].startswith("mix,level,level_index,quota_fraction")
+    assert (out / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| ample (1.5x peak) |" in result.output
+    assert re.search(r"sweep: 30 runs .* in \d+\.\d s wall on 2 processes", result.output)

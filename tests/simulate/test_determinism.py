@@ -89,3 +89,9 @@ def test_accounting_invariants(seed: int) -> None:
         assert sum(r.series_used) * r.series_bin_s / H == pytest.approx(r.used_gpu_h)
         if name == "muster":
             assert r.gangs_cross_block == 0
+
+
+def test_parallel_runs_give_the_same_numbers_in_the_same_order() -> None:
+    jobs = random_trace(2, jobs=120)
+    cfg = scarce(seed=5)
+    assert numbers(run_strategies(jobs, cfg, workers=2)) == numbers(run_strategies(jobs, cfg))

@@ -55,13 +55,14 @@ def test_stock_out_partial_nodes_under_pod_by_pod_muster_waits_for_refill() -> N
     cfg = config(initial_stock=(3, 0), refill_prob=1.0, refill_interval_s=1800.0)
     muster, pbp = run_strategies(jobs, cfg, ["muster", "pod-by-pod"])
 
-    # pod-by-pod asks for 4 at 10 s and gets the 3 in stock (ready 110 s, 3 pods bound);
-    # after the refill at 1800 s the scan at 1810 s gets the 4th (ready 1910 s). The gang runs
-    # 1910..5510 s; all four nodes go at 6110 s.
+    # pod-by-pod asks for 4 at 10 s and gets the 3 in stock (ready 110 s, 3 pods bound); the
+    # missing node backs the node group off (5 min), and the empty-handed retries at 310 s
+    # and 910 s double it (10, 20 min): the refill at 1800 s is used by the loop at 2110 s
+    # (ready 2210 s). The gang runs 2210..5810 s; all four nodes go at 6410 s.
     assert pbp.nodes_acquired == 4
-    assert pbp.wait_p50_s == pytest.approx(1910)
-    assert pbp.paid_gpu_h == pytest.approx(gpu_h(24, 6110 - 10) + gpu_h(8, 6110 - 1810))
-    assert pbp.stranded_waiting_gpu_h == pytest.approx(gpu_h(24, 1910 - 110))
+    assert pbp.wait_p50_s == pytest.approx(2210)
+    assert pbp.paid_gpu_h == pytest.approx(gpu_h(24, 6410 - 10) + gpu_h(8, 6410 - 2110))
+    assert pbp.stranded_waiting_gpu_h == pytest.approx(gpu_h(24, 2210 - 110))
     assert pbp.stranded_booting_gpu_h == pytest.approx(gpu_h(32, 100))
     assert pbp.stranded_idle_gpu_h == pytest.approx(gpu_h(32, 600))
 
@@ -110,6 +111,7 @@ def test_gang_spread_over_blocks_runs_slower_and_muster_refuses_it() -> None:
     assert (muster.never_fits, muster.started, muster.paid_gpu_h) == (1, 0, 0)
     assert blind.gangs_cross_block == 1
     assert blind.used_gpu_h == pytest.approx(gpu_h(64, 1.5 * H))
+    assert blind.slowdown_gpu_h == pytest.approx(gpu_h(64, 0.5 * H))
 
 
 def test_metric_definitions_on_one_small_job() -> None:
@@ -166,3 +168,46 @@ def test_small_jobs_backfill_while_a_gang_waits_for_room() -> None:
     assert muster.wait_p50_s == pytest.approx(100)
     assert muster.wait_p99_s == pytest.approx(3820 - 10)
     assert muster.gangs_one_rack == 2
+
+
+def test_muster_relax_spreads_a_gang_after_its_bounded_wait() -> None:
+    # Two blocks of one 4-node rack: an 8-node gang fits no block. muster never starts it;
+    # muster-relax asks for one rack or block until it has waited 900 s, then for the most
+    # compact placement anywhere (preferred topology): nodes at 900 s, ready at 1000 s,
+    # running 1.5x slower across the two blocks.
+    jobs = trace((0, H, 64))
+    cfg = config(blocks=2, racks_per_block=1, nodes_per_rack=4, initial_stock=(4, 4))
+    cfg = replace(cfg, cross_block_slowdown=1.5)
+    muster, relax = run_strategies(jobs, cfg, ["muster", "muster-relax"])
+    assert (muster.never_fits, muster.started) == (1, 0)
+    assert (relax.started, relax.gangs_cross_block) == (1, 1)
+    assert relax.wait_p50_s == pytest.approx(1000)
+    assert relax.used_gpu_h == pytest.approx(gpu_h(64, 1.5 * H))
+
+
+def test_muster_relax_keeps_the_rack_when_one_frees_up_in_time() -> None:
+    # Rack 0 has 2 nodes in stock, rack 1 none; every 600 s each rack's other tenants free
+    # one. A 3-node gang gets rack 0's third node at 600 s, before its 900 s bound: it
+    # stays in one rack, exactly as under muster.
+    jobs = trace((0, H, 24))
+    cfg = config(initial_stock=(2, 0), refill_prob=1.0, refill_interval_s=600.0)
+    muster, relax = run_strategies(jobs, cfg, ["muster", "muster-relax"])
+    for r in (muster, relax):
+        assert (r.gangs_one_rack, r.wait_p50_s) == (1, pytest.approx(700)), r.strategy
+
+
+def test_muster_relax_can_reserve_capacity_for_a_gang_that_waited_too_long() -> None:
+    # Quota 3 nodes. A (1 node, 1 h) runs 100..3700 s; gang G (3 nodes) arrives at 5 s and
+    # cannot fit; B (1 node) arrives at 1000 s.
+    jobs = trace((0, H, 8), (5, H, 24), (1000, H, 8))
+    cfg = replace(config(quota_gpus=24), reserve_s=8 * H)
+    muster, relax = run_strategies(jobs, cfg, ["muster", "muster-relax"])
+    # muster backfills B (ready 1100 s, runs to 4700 s); G needs 3 nodes at once and gets
+    # them only when B ends: B's node plus 2 new ones, ready at 4800 s.
+    assert muster.gang_wait_p50_s == pytest.approx(4800 - 5)
+    assert muster.wait_p50_s == pytest.approx(100)
+    # muster-relax: G has waited 900 s at 905 s and holds a reservation, so B (which needs
+    # an empty node) waits; at 3700 s G takes A's node plus 2 new ones (ready 3800 s) and
+    # B starts when G ends, at 7400 s.
+    assert relax.gang_wait_p50_s == pytest.approx(3800 - 5)
+    assert relax.wait_p99_s == pytest.approx(7400 - 1000)
