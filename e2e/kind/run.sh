@@ -121,4 +121,4 @@ kubectl -n "$NAMESPACE" rollout status deployment/muster --timeout=300s
 
 log "running the e2e suite against $KUBECONFIG"
 cd "$ROOT"
-python3 -m pytest e2e --kubeconfig "$KUBECONFIG" -q "$@"
+python3 -m pytest e2e -m real --kubeconfig "$KUBECONFIG" -q "$@"

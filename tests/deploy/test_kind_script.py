@@ -107,7 +107,7 @@ def test_steps_run_in_order_and_the_cluster_is_deleted(tmp_path: Path) -> None:
         "kubectl -n kueue-system wait deployment/kueue-controller-manager",
         f"kubectl kustomize --load-restrictor=LoadRestrictionsNone {ROOT}/e2e/kind",
         "kubectl -n muster-system rollout status deployment/muster",
-        f"python3 -m pytest e2e --kubeconfig {kubeconfig} -q -k smoke",
+        f"python3 -m pytest e2e -m real --kubeconfig {kubeconfig} -q -k smoke",
         "kind delete cluster --name muster-e2e",
     ]
     positions = [_index(calls, step) for step in order]

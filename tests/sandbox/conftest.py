@@ -45,7 +45,10 @@ WIDGET_CRD = {
                                 "type": "array",
                                 "x-kubernetes-list-type": "map",
                                 "x-kubernetes-list-map-keys": ["type"],
-                                "items": {"type": "object",
+                                # A real API server requires map keys to be declared,
+                                # required item properties.
+                                "items": {"type": "object", "required": ["type"],
+                                          "properties": {"type": {"type": "string"}},
                                           "x-kubernetes-preserve-unknown-fields": True},
                             },
                         },
