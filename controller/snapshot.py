@@ -29,6 +29,7 @@ from controller.dra_snapshot import (
     catalog_from_documents,
     with_claims,
 )
+from controller.fit.taints import effective_taints
 from controller.fit.types import (
     GangRequest,
     NodeState,
@@ -214,7 +215,10 @@ def node_state(
     for taken in (used or {}, booked or {}):
         for res, amount in taken.items():
             free[res] = free.get(res, 0) - amount
-    taints = tuple(Taint(t.key, t.value, t.effect) for t in node.spec.taints)
+    taints = effective_taints(
+        (Taint(t.key, t.value, t.effect) for t in node.spec.taints),
+        node.condition_statuses(), unschedulable=node.spec.unschedulable,
+    )
     if taint_cache is not None:
         taints = taint_cache.setdefault(taints, taints)
     labels = dict(node.metadata.labels)
@@ -224,7 +228,7 @@ def node_state(
         taints=taints,
         allocatable=allocatable,
         free=free,
-        schedulable=node.schedulable,
+        schedulable=node.usable,
         pool=labels.get(POOL_LABEL),
     )
 

@@ -52,6 +52,17 @@ class Node(_Open):
         """Ready=True. A node that has not reported a Ready condition is not ready."""
         return any(c.type == "Ready" and c.status == "True" for c in self.status.conditions)
 
+    def condition_statuses(self) -> dict[str, str]:
+        """Condition type -> status, as the node reports them."""
+        return {c.type: c.status for c in self.status.conditions}
+
+    @property
+    def usable(self) -> bool:
+        """Ready and not being deleted: what Muster plans on. A cordon is not in it: the
+        scheduler still places pods that tolerate ``node.kubernetes.io/unschedulable``
+        there (the fit engine sees the cordon as that taint)."""
+        return self.ready and self.metadata.deletion_timestamp is None
+
     @property
     def schedulable(self) -> bool:
         """Ready, not cordoned and not being deleted."""

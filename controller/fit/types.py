@@ -115,7 +115,9 @@ class NodeState:
     free: Resources
     """allocatable - requests of bound pods - capacity booked by other requests."""
     schedulable: bool = True
-    """False for NotReady or spec.unschedulable nodes: never used."""
+    """False for NotReady nodes and nodes being deleted: never used. A cordoned node
+    (``spec.unschedulable``) is schedulable with the ``node.kubernetes.io/unschedulable``
+    taint, as the scheduler sees it (:mod:`controller.fit.taints`)."""
     pool: str | None = None
     """CapacityPool that created the node, if any (counts against the pool's limits)."""
     devices: NodeDevices | None = None

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 from controller.fit.devices import ClaimFitter, PodPlan, emptied
 from controller.fit.dra_types import NodeDevices, PodDevices
 from controller.fit.shapes import ShapeCounter, label_keys, uses_node_name
+from controller.fit.taints import lasting_taints
 from controller.fit.topology import Levels
 from controller.fit.types import (
     NewNodeSlot,
@@ -128,6 +129,19 @@ def _at_maximum(pool: PoolState) -> PoolState:
     return replace(pool, domains=domains, max_new_nodes=pool.max_new_nodes + pool.booked_nodes)
 
 
+def _healthy(nodes: Sequence[NodeState]) -> list[NodeState]:
+    """``nodes`` with only their lasting taints (:mod:`controller.fit.taints`): condition
+    and cordon taints go away once a node is healthy and uncordoned."""
+    kept: dict[int, tuple[Taint, ...]] = {}
+    out: list[NodeState] = []
+    for node in nodes:
+        taints = kept.get(id(node.taints))
+        if taints is None:
+            taints = kept[id(node.taints)] = lasting_taints(node.taints)
+        out.append(node if taints is node.taints else replace(node, taints=taints))
+    return out
+
+
 class _NodeIndex:
     """Node name -> node, built on first use (only assigned nodes are ever looked up)."""
 
@@ -188,8 +202,9 @@ class Workspace:
         *,
         empty: bool = False,
     ) -> None:
-        """``empty``: every node as if nothing ran on it and it were schedulable (the
-        best the cluster could ever offer, for the NeverFits test)."""
+        """``empty``: every node as if nothing ran on it, it were Ready and not cordoned,
+        and its condition taints were gone (the best the cluster could ever offer, for the
+        NeverFits test)."""
         self.levels = levels
         self.pools = tuple(_at_maximum(p) for p in pools) if empty else tuple(pools)
         self.view = view = GangView.of(shapes)
@@ -221,7 +236,7 @@ class Workspace:
         self._taint_ids: dict[int, int] = {}
         self._taint_tokens: dict[tuple[Taint, ...], int] = {}
         self._taint_keep: list[tuple[Taint, ...]] = []
-        self._build(nodes, empty)
+        self._build(_healthy(nodes) if empty else nodes, empty)
         self.refs: list[PoolRef] = []
         for pi, pool in enumerate(self.pools):
             for di, dom in enumerate(pool.domains):
