@@ -99,6 +99,7 @@ def shape_of(spec: PodSpec) -> PodShape:
         node_selector=dict(spec.node_selector),
         affinity_terms=terms,
         tolerations=tolerations,
+        node_name=spec.node_name or None,
     )
 
 

@@ -14,6 +14,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 
 from controller.api.meta import ObjectMeta
 from controller.api.quantity import parse_quantity, to_resources
+from controller.fit.shapes import parse_int64
 
 
 def _quantity(value: Any) -> str:
@@ -73,10 +74,24 @@ class NodeSelectorRequirement(_Closed):
         if op in ("Gt", "Lt"):
             if len(self.values) != 1:
                 raise ValueError(f"operator {op} needs exactly one value")
-            try:
-                int(self.values[0])
-            except ValueError:
-                raise ValueError(f"operator {op} needs an integer value") from None
+            if parse_int64(self.values[0]) is None:
+                raise ValueError(f"operator {op} needs an integer value")
+        return self
+
+
+class NodeFieldSelectorRequirement(NodeSelectorRequirement):
+    """A matchFields entry: only ``metadata.name``, only In or NotIn, exactly one value
+    (the API server's ``ValidateNodeFieldSelectorRequirement``)."""
+
+    @model_validator(mode="after")
+    def _name_field_only(self) -> NodeFieldSelectorRequirement:
+        if self.key != "metadata.name":
+            raise ValueError(f"matchFields key {self.key!r} is not supported (only metadata.name)")
+        if self.operator not in ("In", "NotIn"):
+            raise ValueError(f"matchFields operator {self.operator} is not supported "
+                             "(only In and NotIn)")
+        if len(self.values) != 1:
+            raise ValueError("matchFields with In or NotIn needs exactly one value")
         return self
 
 
@@ -84,7 +99,9 @@ class NodeSelectorTerm(_Closed):
     match_expressions: list[NodeSelectorRequirement] = Field(
         default_factory=list, alias="matchExpressions"
     )
-    match_fields: list[NodeSelectorRequirement] = Field(default_factory=list, alias="matchFields")
+    match_fields: list[NodeFieldSelectorRequirement] = Field(
+        default_factory=list, alias="matchFields"
+    )
 
 
 class NodeSelector(_Closed):

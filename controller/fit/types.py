@@ -81,6 +81,9 @@ class PodShape:
     tolerations: tuple[Toleration, ...] = ()
     claims: tuple[ClaimShape, ...] = ()
     """DRA ResourceClaims each pod needs allocated on its node (see controller.fit.devices)."""
+    node_name: str | None = None
+    """``spec.nodeName``: the pod is bound to this existing node by its creator (no new node
+    can be it), and only the kubelet's admission applies (NoExecute taints, not NoSchedule)."""
 
 
 @dataclass(frozen=True, slots=True)
