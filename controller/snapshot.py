@@ -29,6 +29,7 @@ from controller.dra_snapshot import (
     catalog_from_documents,
     with_claims,
 )
+from controller.fit.ports import port_resources, unlisted
 from controller.fit.taints import effective_taints
 from controller.fit.types import (
     GangRequest,
@@ -73,10 +74,21 @@ class SnapshotError(ValueError):
 # ---------------------------------------------------------------------------- requests
 
 
-def shape_of(spec: PodSpec) -> PodShape:
-    """The placement-relevant view of one pod; every pod also takes one ``pods`` slot."""
+def pod_requests(spec: PodSpec) -> dict[str, int]:
+    """What one pod takes of its node: its effective requests, one ``pods`` slot, and its
+    host ports as resources (:mod:`controller.fit.ports`)."""
     requests = spec.effective_requests()
     requests["pods"] = requests.get("pods", 0) + 1
+    ports = spec.host_ports()
+    if ports:
+        for res, amount in port_resources(ports).items():
+            requests[res] = requests.get(res, 0) + amount
+    return requests
+
+
+def shape_of(spec: PodSpec) -> PodShape:
+    """The placement-relevant view of one pod; every pod also takes one ``pods`` slot."""
+    requests = pod_requests(spec)
     terms = tuple(
         SelectorTerm(
             match_expressions=tuple(
@@ -192,8 +204,7 @@ def usage_by_node(pods: Iterable[Pod]) -> dict[str, dict[str, int]]:
         if not pod.holds_capacity or pod.spec.node_name is None:
             continue
         slot = usage.setdefault(pod.spec.node_name, {})
-        requests = pod.spec.effective_requests()
-        requests["pods"] = requests.get("pods", 0) + 1
+        requests = pod_requests(pod.spec)
         for res, amount in requests.items():
             slot[res] = slot.get(res, 0) + amount
     return usage
@@ -215,7 +226,8 @@ def node_state(
     free = dict(allocatable)
     for taken in (used or {}, booked or {}):
         for res, amount in taken.items():
-            free[res] = free.get(res, 0) - amount
+            have = free.get(res)
+            free[res] = (unlisted(res) if have is None else have) - amount
     taints = effective_taints(
         (Taint(t.key, t.value, t.effect) for t in node.spec.taints),
         node.condition_statuses(), unschedulable=node.spec.unschedulable,

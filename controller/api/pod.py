@@ -48,10 +48,18 @@ class ResourceRequirements(_Open):
         return to_resources(merged)
 
 
+class ContainerPort(_Open):
+    container_port: int = Field(alias="containerPort", ge=1, le=65535)
+    host_port: int = Field(default=0, alias="hostPort", ge=0, le=65535)
+    protocol: Literal["TCP", "UDP", "SCTP"] = "TCP"
+    host_ip: str = Field(default="", alias="hostIP")
+
+
 class Container(_Open):
     name: str = ""
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
     restart_policy: str | None = Field(default=None, alias="restartPolicy")
+    ports: list[ContainerPort] = Field(default_factory=list)
 
     @property
     def is_sidecar(self) -> bool:
@@ -163,6 +171,19 @@ class PodSpec(_Open):
     resource_claims: list[PodResourceClaim] = Field(default_factory=list, alias="resourceClaims")
     node_name: str | None = Field(default=None, alias="nodeName")
     restart_policy: str | None = Field(default=None, alias="restartPolicy")
+    host_network: bool = Field(default=False, alias="hostNetwork")
+
+    def host_ports(self) -> list[tuple[str, str, int]]:
+        """(protocol, host IP, host port) the pod claims on its node: ports of its regular
+        containers with a hostPort, as the scheduler's NodePorts filter reads them (with
+        ``hostNetwork`` the API server defaults hostPort to containerPort)."""
+        out: list[tuple[str, str, int]] = []
+        for c in self.containers:
+            for p in c.ports:
+                port = p.host_port or (p.container_port if self.host_network else 0)
+                if port > 0:
+                    out.append((p.protocol, p.host_ip, port))
+        return out
 
     def effective_requests(self) -> dict[str, int]:
         """What the scheduler reserves for one pod (k8s ``resourcehelper.PodRequests``).

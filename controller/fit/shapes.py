@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 
 from controller.fit.devices import ClaimFitter, PodPlan, resolve, with_state
 from controller.fit.dra_types import NodeDevices, PodDevices
+from controller.fit.ports import is_port, unlisted
 from controller.fit.types import (
     PodShape,
     Resources,
@@ -131,7 +132,9 @@ def resource_fit(requests: Resources, free: Resources) -> int:
             continue
         have = free.get(name, 0)
         if have < amount:
-            return 0
+            if name in free or not is_port(name):
+                return 0
+            have = unlisted(name)  # a host port no pod on the node claims
         fit = min(fit, have // amount)
     return fit
 
@@ -192,7 +195,9 @@ class ShapeCounter:
         self.shape = shape
         self.owner = owner
         """The pod set, to file device allocations under."""
-        self._resources = tuple(sorted(r for r, v in shape.requests.items() if v > 0))
+        self._resources = tuple(
+            (r, unlisted(r)) for r in sorted(r for r, v in shape.requests.items() if v > 0)
+        )
         self._keys = label_keys(shape)
         self._names = uses_node_name(shape)
         self._cache: dict[tuple[object, ...], int] = {}
@@ -207,7 +212,7 @@ class ShapeCounter:
         devices: NodeDevices | None = None,
     ) -> int:
         key = (
-            tuple(free.get(r, 0) for r in self._resources),
+            tuple([free.get(r, d) for r, d in self._resources]),
             tuple(labels.get(k) for k in self._keys),
             taints,
             node_name if self._names else None,

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 from controller.fit.devices import ClaimFitter, PodPlan, emptied
 from controller.fit.dra_types import NodeDevices, PodDevices
+from controller.fit.ports import unlisted
 from controller.fit.shapes import ShapeCounter, label_keys, uses_node_name
 from controller.fit.taints import lasting_taints
 from controller.fit.topology import Levels
@@ -281,6 +282,7 @@ class Workspace:
         # The hot loop of a plan over a large cluster: keys from C-level itemgetters (a node
         # missing a key takes the slow path), taints as tokens, member names sorted once.
         res = self.resources
+        defaults = [(r, unlisted(r)) for r in res]
         free_of = _getter(res)
         sel_of = _getter(self.label_keys)
         path_of = _getter(self.levels.domain)
@@ -303,7 +305,7 @@ class Workspace:
             try:
                 fkey = free_of(free)
             except KeyError:
-                fkey = tuple([free.get(r, 0) for r in res])
+                fkey = tuple([free.get(r, d) for r, d in defaults])
             useless = False
             for i, least in floor:
                 if fkey[i] < least:
@@ -528,7 +530,7 @@ class Workspace:
             self.slots[name] = NewNodeSlot(ref.pool.name, dict(ref.domain.labels), index)
             self.slot_labels[name] = ref.labels
             free = {
-                r: ref.pool.allocatable.get(r, 0) - requests.get(r, 0) * count
+                r: ref.pool.allocatable.get(r, unlisted(r)) - requests.get(r, 0) * count
                 for r in self.resources
             }
             devices = ref.pool.devices if self.device_keys else None

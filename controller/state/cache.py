@@ -30,7 +30,7 @@ from controller.api.pod import Pod, PodTemplate
 from controller.fit import apply_plan
 from controller.fit.capacity import BookedMemo
 from controller.fit.types import NodeState, Plan, PoolState, Snapshot
-from controller.snapshot import node_state, pool_state
+from controller.snapshot import node_state, pod_requests, pool_state
 from controller.state.bookings import (
     PHASE_ANNOTATION,
     PLAN_ANNOTATION,
@@ -607,11 +607,10 @@ def _pod_record(body: Body) -> PodRecord | None:
     consumer = f"{meta.get('namespace')}/{consumer_name}" if consumer_name else None
     try:
         pod = Pod.model_validate(body)
-        requests = pod.spec.effective_requests()
+        requests = pod_requests(pod.spec)
     except (ValidationError, ValueError) as exc:
         log.warning("ignoring malformed Pod %s: %s", object_key(body), exc)
         return None
-    requests["pods"] = requests.get("pods", 0) + 1
     return PodRecord(
         node=pod.spec.node_name or None,
         requests=requests,
