@@ -43,6 +43,7 @@ class Reason(enum.StrEnum):
     NODES_NOT_READY = "NodesNotReady"
     NODES_VANISHED = "BookedNodesVanished"
     OVER_BUDGET = "OverBudget"
+    UNSUPPORTED_CONSTRAINT = "UnsupportedConstraint"
 
 
 MESSAGES: Mapping[Reason, str] = {
@@ -92,6 +93,11 @@ MESSAGES: Mapping[Reason, str] = {
     Reason.NODES_VANISHED: (
         "Booked node(s) disappeared before the pods used them: {detail}. Create a new "
         "request to book capacity again."
+    ),
+    Reason.UNSUPPORTED_CONSTRAINT: (
+        "The pods carry a placement constraint Muster does not plan: {detail}. Muster refuses "
+        "rather than book capacity the scheduler might not use; remove the constraint or "
+        "provision this gang another way (see docs/filter-parity.md)."
     ),
     Reason.OVER_BUDGET: (
         "The plan exceeds the budget: {detail}. Raise budgets.* in Muster's config or make "

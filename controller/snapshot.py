@@ -22,6 +22,7 @@ from controller.api.node import Node
 from controller.api.pod import Pod, PodSpec, PodTemplate
 from controller.api.provisioningrequest import ProvisioningRequest
 from controller.api.quantity import to_resources
+from controller.constraints import BoundPod, PodSetFacts, inter_pod
 from controller.dra_snapshot import (
     DraCatalog,
     DraError,
@@ -156,12 +157,17 @@ def gang_of(
     templates: Mapping[str, PodTemplate],
     levels: Sequence[str] = DEFAULT_LEVELS,
     dra: DraCatalog | None = None,
+    bound: Sequence[BoundPod] | None = None,
 ) -> GangRequest:
     """One pod set per ``spec.podSets`` entry; SnapshotError names a missing template.
-    ``dra``: DeviceClasses, ResourceClaimTemplates and ResourceClaims the pods' claims use."""
+    ``dra``: DeviceClasses, ResourceClaimTemplates and ResourceClaims the pods' claims use.
+    ``bound``: the running pods, for required pod (anti-)affinity (None: not known, so a
+    term that could select one is refused; see :mod:`controller.constraints`)."""
     name = request.metadata.name
+    namespace = request.metadata.namespace or "default"
     pod_sets: list[PodSetRequest] = []
     used: set[str] = set()
+    facts: list[PodSetFacts] = []
     for i, ps in enumerate(request.spec.pod_sets):
         ref = ps.pod_template_ref.name
         template = templates.get(ref)
@@ -173,13 +179,22 @@ def gang_of(
         if set_name in used:
             set_name = f"{set_name}-{i}"
         used.add(set_name)
+        facts.append(PodSetFacts(set_name, template.template.metadata.labels))
+    for i, ps in enumerate(request.spec.pod_sets):
+        ref = ps.pod_template_ref.name
+        template = templates[ref]
+        set_name = facts[i].name
+        spec = template.template.spec
         try:
-            shape = with_claims(shape_of(template.template.spec), template.template.spec,
-                                request.metadata.namespace or "default", dra or DraCatalog())
+            shape = with_claims(shape_of(spec), spec, namespace, dra or DraCatalog())
         except ValueError as exc:
             raise SnapshotError(f"PodTemplate {ref}: {exc}") from exc
         annotations = template.template.metadata.annotations
         topology = topology_of(annotations, levels)
+        shape, topology = inter_pod(
+            spec, shape, topology, own=facts[i], namespace=namespace,
+            others=[f for j, f in enumerate(facts) if j != i], levels=levels, bound=bound,
+        )
         try:
             sliced = slice_request(annotations, levels)
         except ValueError as exc:
@@ -423,7 +438,24 @@ def request_from_documents(
         for t in (parse_object(PodTemplate, d) for d in by_kind(docs, "PodTemplate"))
     }
     dra = catalog_from_documents([*docs, *cluster], parse_object)
-    return request, gang_of(request, templates, levels, dra)
+    nodes = [parse_object(Node, d) for d in by_kind(cluster, "Node")]
+    pods = [parse_object(Pod, d) for d in by_kind(cluster, "Pod")]
+    return request, gang_of(request, templates, levels, dra, bound_pods(nodes, pods))
+
+
+def bound_pods(nodes: Iterable[Node], pods: Iterable[Pod]) -> list[BoundPod]:
+    """The pods running on ``nodes``, for inter-pod constraints."""
+    labels = {n.metadata.name: n.metadata.labels for n in nodes}
+    out = []
+    for pod in pods:
+        node = pod.spec.node_name
+        if not pod.holds_capacity or node is None or node not in labels:
+            continue
+        aff = pod.spec.affinity
+        anti = tuple(aff.pod_anti_affinity.required) if aff and aff.pod_anti_affinity else ()
+        out.append(BoundPod(pod.metadata.namespace or "default", pod.metadata.labels,
+                            labels[node], anti))
+    return out
 
 
 def snapshot_from_documents(

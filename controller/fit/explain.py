@@ -122,6 +122,10 @@ def validate(request: GangRequest, snapshot: Snapshot) -> list[Reason]:
             for claim in ps.shape.claims
             if claim.error
         )
+        reasons.extend(
+            Reason(ReasonCode.UNSUPPORTED, ps.name, f"pod set {ps.name}: {why}")
+            for why in ps.shape.unsupported
+        )
     return reasons
 
 

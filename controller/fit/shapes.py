@@ -163,6 +163,8 @@ def pods_that_fit(
                                    bound=shape.node_name is not None):
         return 0
     fit = resource_fit(shape.requests, node_free)
+    if shape.max_per_node is not None and fit > shape.max_per_node:
+        fit = shape.max_per_node
     if shape.claims and fit > 0:
         fit = (fitter or ClaimFitter(shape.claims)).count(devices, fit)
     return fit

@@ -84,6 +84,12 @@ class PodShape:
     node_name: str | None = None
     """``spec.nodeName``: the pod is bound to this existing node by its creator (no new node
     can be it), and only the kubelet's admission applies (NoExecute taints, not NoSchedule)."""
+    max_per_node: int | None = None
+    """At most this many pods of the pod set on one node (required pod anti-affinity of the
+    pod set with itself on ``kubernetes.io/hostname``)."""
+    unsupported: tuple[str, ...] = ()
+    """Constraints of the pod spec the engine cannot plan, each naming its field: the gang
+    is refused (:attr:`ReasonCode.UNSUPPORTED`), never planned as if they were absent."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,6 +251,8 @@ class ReasonCode(enum.StrEnum):
     POOL_LIMIT = "PoolLimit"
     NEVER_FITS = "NeverFits"
     """Larger than anything the cluster plus every pool could ever hold."""
+    UNSUPPORTED = "Unsupported"
+    """The pods carry a placement constraint Muster does not plan (refused, not ignored)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +267,9 @@ class Reason:
     best: int = 0
 
 
+_PERMANENT = frozenset({ReasonCode.NEVER_FITS, ReasonCode.INVALID, ReasonCode.UNSUPPORTED})
+
+
 @dataclass(frozen=True, slots=True)
 class NoFit:
     request: str
@@ -267,8 +278,8 @@ class NoFit:
 
     @property
     def permanent(self) -> bool:
-        """True when no amount of waiting can help (NeverFits or Invalid)."""
-        return any(r.code in (ReasonCode.NEVER_FITS, ReasonCode.INVALID) for r in self.reasons)
+        """True when no amount of waiting can help (NeverFits, Invalid or Unsupported)."""
+        return any(r.code in _PERMANENT for r in self.reasons)
 
 
 Result = Plan | NoFit

@@ -42,7 +42,7 @@ from controller.conditions import (
     transitions,
 )
 from controller.config import MusterConfig
-from controller.fit.types import GangRequest, Mode, NoFit, Plan
+from controller.fit.types import GangRequest, Mode, NoFit, Plan, ReasonCode
 from controller.kube import ApiError, Body, KubeClient
 from controller.kube.resources import PROVISIONING_REQUESTS
 from controller.reconcilers.requests import RequestView
@@ -219,7 +219,13 @@ class ProvisioningService:
                 )
             templates[ref] = found
         try:
-            gang = gang_of(pr, templates, self.state.levels, self.state.dra.catalog())
+            every = any(
+                (aff := t.template.spec.affinity) is not None
+                and bool(aff.pod_affinity or aff.pod_anti_affinity)
+                for t in templates.values()
+            )
+            gang = gang_of(pr, templates, self.state.levels, self.state.dra.catalog(),
+                           self.state.bound_pods(every=every))
         except SnapshotError as exc:
             raise Invalid(Reason.FAILED_TO_CREATE_PODS, str(exc)) from None
         for pod_set in gang.pod_sets:
@@ -257,9 +263,10 @@ class ProvisioningService:
     async def no_fit(self, req: RequestView, mode: Mode, result: NoFit, attempt: int) -> Delay:
         detail = "; ".join(r.message for r in result.reasons) or "no capacity"
         if result.permanent:
+            codes = {r.code for r in result.reasons}
             reason = (
-                Reason.INVALID_PARAMETERS
-                if any(r.code == "Invalid" for r in result.reasons)
+                Reason.INVALID_PARAMETERS if ReasonCode.INVALID in codes
+                else Reason.UNSUPPORTED_CONSTRAINT if ReasonCode.UNSUPPORTED in codes
                 else Reason.NEVER_FITS
             )
             return await self.fail(req, reason, message(reason, detail=detail))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -26,7 +26,8 @@ from pydantic import ValidationError
 
 from controller.api.capacitypool import CapacityPool
 from controller.api.node import Node
-from controller.api.pod import Pod, PodTemplate
+from controller.api.pod import Pod, PodAffinityTerm, PodTemplate
+from controller.constraints import BoundPod
 from controller.fit import apply_plan
 from controller.fit.capacity import BookedMemo
 from controller.fit.types import NodeState, Plan, PoolState, Snapshot
@@ -76,6 +77,10 @@ class PodRecord:
     """Bound and not finished: counts against its node."""
     consumer: str | None
     """``<namespace>/<request>`` the pod consumes, if any."""
+    namespace: str = "default"
+    labels: Mapping[str, str] = field(default_factory=dict)
+    anti_affinity: tuple[PodAffinityTerm, ...] = ()
+    """Its required pod anti-affinity terms (they repel other pods from its domain)."""
 
 
 class ClusterState:
@@ -95,6 +100,8 @@ class ClusterState:
         self._node_states: dict[str, NodeState] = {}
         self._usage: dict[str, dict[str, int]] = {}
         self._pods: dict[str, PodRecord] = {}
+        self._repellers: set[str] = set()
+        """Pods with required anti-affinity terms (they repel other pods)."""
         self._consumed: dict[str, dict[str, int]] = {}
         self._pods_on: dict[str, int] = {}
         self._templates: dict[str, PodTemplate] = {}
@@ -270,6 +277,8 @@ class ClusterState:
         if record is None:
             return
         self._pods[key] = record
+        if record.anti_affinity:
+            self._repellers.add(key)
         if record.holds and record.node:
             usage = self._usage.setdefault(record.node, {})
             for res, amount in record.requests.items():
@@ -291,6 +300,7 @@ class ClusterState:
         record = self._pods.pop(key, None)
         if record is None:
             return None
+        self._repellers.discard(key)
         if record.holds and record.node:
             usage = self._usage.get(record.node, {})
             for res, amount in record.requests.items():
@@ -303,6 +313,22 @@ class ClusterState:
                 if per_node[record.node] <= 0:
                     del per_node[record.node]
         return record
+
+    def bound_pods(self, *, every: bool) -> list[BoundPod]:
+        """Running pods for inter-pod constraints: those with required anti-affinity (they
+        repel every gang), and with ``every`` all of them (for a gang with pod affinity or
+        anti-affinity terms of its own)."""
+        out = []
+        keys = self._pods if every else self._repellers
+        for key in keys:
+            record = self._pods[key]
+            if not (record.holds and record.node):
+                continue
+            node = self._nodes.get(record.node)
+            if node is not None:
+                out.append(BoundPod(record.namespace, record.labels, node.metadata.labels,
+                                    record.anti_affinity))
+        return out
 
     def scheduled_consumers(self, request_key: str) -> Mapping[str, int]:
         """Node -> bound pods consuming ``request_key`` (``<ns>/<name>``)."""
@@ -611,9 +637,14 @@ def _pod_record(body: Body) -> PodRecord | None:
     except (ValidationError, ValueError) as exc:
         log.warning("ignoring malformed Pod %s: %s", object_key(body), exc)
         return None
+    aff = pod.spec.affinity
     return PodRecord(
         node=pod.spec.node_name or None,
         requests=requests,
         holds=pod.holds_capacity,
         consumer=consumer,
+        namespace=pod.metadata.namespace or "default",
+        labels=pod.metadata.labels,
+        anti_affinity=tuple(aff.pod_anti_affinity.required)
+        if aff and aff.pod_anti_affinity else (),
     )
