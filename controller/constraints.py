@@ -13,8 +13,10 @@ What becomes what (docs/filter-parity.md has the whole table):
   the snapshot's levels;
 * everything else that constrains placement and the engine cannot plan is refused:
   affinity or anti-affinity between pod sets or with running pods Muster cannot see through,
-  DoNotSchedule topology spread, volumes bound to storage topology, RuntimeClasses, other
-  schedulers, restart rules needing node-declared features.
+  topology spread beyond the pod set's own pods, volumes bound to storage topology,
+  RuntimeClasses, other schedulers, restart rules needing node-declared features;
+* a DoNotSchedule topology spread constraint among the pod set's own pods:
+  :class:`controller.fit.types.Spread`.
 """
 
 from __future__ import annotations
@@ -22,11 +24,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from controller.api.pod import LabelSelector, PodAffinityTerm, PodSpec
+from controller.api.pod import (
+    LabelSelector,
+    PodAffinityTerm,
+    PodSpec,
+    TopologySpreadConstraint,
+)
 from controller.fit.types import (
     PodShape,
     SelectorRequirement,
     SelectorTerm,
+    Spread,
     TopologyMode,
     TopologyRequest,
 )
@@ -90,13 +98,59 @@ def refusals(spec: PodSpec) -> list[str]:
                     "feature the node declares (NodeDeclaredFeatures), which Muster does not "
                     "model"
                 )
-    for i, tsc in enumerate(spec.topology_spread_constraints):
-        if tsc.when_unsatisfiable == "DoNotSchedule":
-            out.append(
-                f"spec.topologySpreadConstraints[{i}] (DoNotSchedule on {tsc.topology_key}) "
-                "is not planned"
-            )
     return out
+
+
+def _spread_selects(
+    tsc: TopologySpreadConstraint, owner: Mapping[str, str], labels: Mapping[str, str]
+) -> bool:
+    if tsc.label_selector is None or not tsc.label_selector.matches(labels):
+        return False
+    return all(labels.get(k) == owner[k] for k in tsc.match_label_keys if k in owner)
+
+
+def _spread(
+    spec: PodSpec, shape: PodShape, topology: TopologyRequest, own: PodSetFacts,
+    namespace: str, others: Sequence[PodSetFacts], bound: Sequence[BoundPod] | None,
+) -> tuple[PodShape, list[str]]:
+    """DoNotSchedule topology spread: among the pod set's own pods (:class:`Spread`), or,
+    when it selects no pod at all, only "the node carries the key"."""
+    why: list[str] = []
+    hard = [(i, t) for i, t in enumerate(spec.topology_spread_constraints)
+            if t.when_unsatisfiable == "DoNotSchedule"]
+    for i, tsc in hard:
+        where = f"spec.topologySpreadConstraints[{i}] (DoNotSchedule on {tsc.topology_key})"
+        hit = [o.name for o in others if _spread_selects(tsc, own.labels, o.labels)]
+        if hit:
+            why.append(f"{where}: spreading together with pod set(s) {', '.join(hit)} is not "
+                       "planned")
+            continue
+        if bound is None:
+            why.append(f"{where}: the running pods it could count are not known here")
+            continue
+        if any(p.namespace == namespace and _spread_selects(tsc, own.labels, p.labels)
+               for p in bound):
+            why.append(f"{where}: spreading around running pods is not planned")
+            continue
+        if not _spread_selects(tsc, own.labels, own.labels):
+            # Counts nothing: only nodes without the key are filtered out.
+            req = SelectorRequirement(tsc.topology_key, "Exists")
+            terms = shape.affinity_terms or (SelectorTerm(),)
+            shape = replace(shape, affinity_terms=tuple(
+                replace(t, match_expressions=(*t.match_expressions, req)) for t in terms))
+            continue
+        if shape.spread is not None:
+            why.append(f"{where}: a second spread constraint on the pod set is not planned")
+        elif topology.mode is not TopologyMode.NONE:
+            why.append(f"{where}: spreading within a {topology.mode.value} topology on "
+                       f"{topology.level} is not planned")
+        else:
+            shape = replace(shape, spread=Spread(
+                tsc.topology_key, tsc.max_skew, tsc.min_domains or 1,
+                honor_affinity=tsc.node_affinity_policy != "Ignore",
+                honor_taints=tsc.node_taints_policy == "Honor",
+            ))
+    return shape, why
 
 
 def _selects(
@@ -169,6 +223,8 @@ def inter_pod(
         topology, why = _affinity(term, topology, where, own, namespace, others, levels,
                                   bound)
         unsupported.extend(why)
+    shape, why = _spread(spec, shape, topology, own, namespace, others, bound)
+    unsupported.extend(why)
     if bound:
         shape = _repelled(shape, own, namespace, bound)
     return replace(shape, unsupported=tuple(unsupported)), topology

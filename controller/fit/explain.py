@@ -56,8 +56,11 @@ def _needs(ps: PodSetRequest) -> str:
     devices = "".join(f" + {describe_claim(c)}" for c in ps.shape.claims)
     devices += "".join(f" + {describe(r)}" for r in sorted(ps.shape.requests)
                        if is_port(r) and r.count("/") == 2)
+    spread = ps.shape.spread
+    how = (f" spread over {spread.key.rsplit('/', 1)[-1]} (maxSkew {spread.max_skew})"
+           if spread is not None else "")
     return (f"pod set {ps.name} needs {ps.count} {pods} x "
-            f"{describe_shape(ps.shape.requests)}{devices}")
+            f"{describe_shape(ps.shape.requests)}{devices}{how}")
 
 
 def _device_failure(

@@ -176,6 +176,8 @@ def label_keys(shape: PodShape) -> tuple[str, ...]:
     keys = set(shape.node_selector)
     for term in shape.affinity_terms:
         keys.update(r.key for r in term.match_expressions)
+    if shape.spread is not None:
+        keys.add(shape.spread.key)
     return tuple(sorted(keys))
 
 

@@ -70,6 +70,21 @@ class SelectorTerm:
 
 
 @dataclass(frozen=True, slots=True)
+class Spread:
+    """A DoNotSchedule topology spread constraint that counts only the pod set's own pods:
+    over every eligible domain of ``key``, most pods minus fewest pods <= ``max_skew``."""
+
+    key: str
+    max_skew: int = 1
+    min_domains: int = 1
+    """With fewer eligible domains than this, the fewest is taken as 0."""
+    honor_affinity: bool = True
+    """nodeAffinityPolicy Honor: only nodes matching the pod's node affinity are domains."""
+    honor_taints: bool = False
+    """nodeTaintsPolicy Honor: only nodes whose taints the pod tolerates are domains."""
+
+
+@dataclass(frozen=True, slots=True)
 class PodShape:
     """What decides where one pod of a pod set can go."""
 
@@ -87,6 +102,8 @@ class PodShape:
     max_per_node: int | None = None
     """At most this many pods of the pod set on one node (required pod anti-affinity of the
     pod set with itself on ``kubernetes.io/hostname``)."""
+    spread: Spread | None = None
+    """A topology spread constraint among the pod set's own pods (:class:`Spread`)."""
     unsupported: tuple[str, ...] = ()
     """Constraints of the pod spec the engine cannot plan, each naming its field: the gang
     is refused (:attr:`ReasonCode.UNSUPPORTED`), never planned as if they were absent."""

@@ -147,12 +147,12 @@ class _NodeIndex:
     """Node name -> node, built on first use (only assigned nodes are ever looked up)."""
 
     def __init__(self, nodes: Sequence[NodeState]) -> None:
-        self._nodes = nodes
+        self.nodes = nodes
         self._by_name: dict[str, NodeState] | None = None
 
     def _node(self, name: str) -> NodeState:
         if self._by_name is None:
-            self._by_name = {n.name: n for n in self._nodes}
+            self._by_name = {n.name: n for n in self.nodes}
         return self._by_name[name]
 
     def labels(self, name: str) -> Mapping[str, str]:
@@ -425,6 +425,10 @@ class Workspace:
         other.pool_used = {}
         other.domain_used = {}
         return other
+
+    def all_nodes(self) -> Sequence[NodeState]:
+        """Every node of the snapshot, usable or not (topology spread counts them all)."""
+        return self._index.nodes
 
     def labels(self, name: str) -> Mapping[str, str]:
         """Labels of a node or slot (a slot carries its pool template's and domain's)."""
