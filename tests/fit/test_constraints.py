@@ -101,9 +101,11 @@ def test_self_affinity_on_a_level_is_a_required_topology() -> None:
      "spec.volumes[0] (data) is a persistentVolumeClaim volume"),
     ({"runtimeClassName": "gvisor"}, {}, "spec.runtimeClassName gvisor"),
     ({"schedulerName": "volcano"}, {}, "spec.schedulerName volcano"),
-    ({"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": RACK,
-                                     "whenUnsatisfiable": "DoNotSchedule"}]}, {},
-     "spec.topologySpreadConstraints[0]"),
+    ({"topologySpreadConstraints": [
+        {"maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": "DoNotSchedule",
+         "labelSelector": {"matchLabels": {"app": "w"}}} for key in (RACK, HOST)]},
+     {"app": "w"}, "spec.topologySpreadConstraints[1] (DoNotSchedule on kubernetes.io/hostname)"
+     ": a second spread constraint"),
 ])
 def test_refused_with_the_field_named(extra: dict[str, Any], labels: dict[str, str],
                                       field: str) -> None:
