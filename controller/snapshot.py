@@ -22,6 +22,7 @@ from controller.api.node import Node
 from controller.api.pod import Pod, PodSpec, PodTemplate
 from controller.api.provisioningrequest import ProvisioningRequest
 from controller.api.quantity import to_resources
+from controller.api.validation import pod_template_problems, unknown_fields
 from controller.constraints import BoundPod, PodSetFacts, inter_pod
 from controller.dra_snapshot import (
     DraCatalog,
@@ -48,7 +49,7 @@ from controller.fit.types import (
     TopologyRequest,
 )
 from controller.fit.types import Snapshot as FitSnapshot
-from controller.kueue.tas import expand_slices, slice_request
+from controller.kueue.tas import SLICE_SIZE, expand_slices, slice_request
 from controller.topology_defaults import (
     DEFAULT_LEVELS,
     DEFAULT_PODS_PER_NODE,
@@ -70,6 +71,11 @@ M = TypeVar("M", bound=BaseModel)
 
 class SnapshotError(ValueError):
     """Input that cannot be turned into a snapshot or request (names the object/field)."""
+
+
+class InvalidTemplate(SnapshotError):
+    """A PodTemplate the API server would refuse, or whose topology annotations contradict
+    each other or the request (names the template and the field)."""
 
 
 # ---------------------------------------------------------------------------- requests
@@ -122,6 +128,29 @@ def resolve_level(value: str, levels: Sequence[str]) -> str:
         return value
     short = [lv for lv in levels if lv.rsplit("/", 1)[-1] == value]
     return short[0] if len(short) == 1 else value
+
+
+def topology_conflicts(annotations: Mapping[str, str]) -> list[str]:
+    """Topology annotations of one template that contradict each other (Kueue's webhook
+    refuses more than one of its own; Muster's two exclude each other; a Muster annotation
+    naming another constraint than Kueue's is a contradiction, not a precedence)."""
+    out = []
+    muster = [k for k in (MUSTER_REQUIRED, MUSTER_PREFERRED) if annotations.get(k)]
+    if len(muster) > 1:
+        out.append(f"metadata.annotations: {' and '.join(muster)} are both set")
+    kueue = [k for k in (KUEUE_REQUIRED, KUEUE_PREFERRED) if annotations.get(k)]
+    if annotations.get(KUEUE_UNCONSTRAINED, "").lower() == "true":
+        kueue.append(KUEUE_UNCONSTRAINED)
+    if len(kueue) > 1:
+        out.append(f"metadata.annotations: {' and '.join(kueue)} are both set")
+    if len(muster) == 1 and len(kueue) == 1:
+        mode = {MUSTER_REQUIRED: "required", MUSTER_PREFERRED: "preferred"}[muster[0]]
+        other = {KUEUE_REQUIRED: "required", KUEUE_PREFERRED: "preferred",
+                 KUEUE_UNCONSTRAINED: "unconstrained"}[kueue[0]]
+        if (mode, annotations[muster[0]]) != (other, annotations.get(kueue[0])):
+            out.append(f"metadata.annotations: {muster[0]}={annotations[muster[0]]} "
+                       f"contradicts {kueue[0]}={annotations[kueue[0]]}")
+    return out
 
 
 def topology_of(annotations: Mapping[str, str], levels: Sequence[str]) -> TopologyRequest:
@@ -189,6 +218,11 @@ def gang_of(
             shape = with_claims(shape_of(spec), spec, namespace, dra or DraCatalog())
         except ValueError as exc:
             raise SnapshotError(f"PodTemplate {ref}: {exc}") from exc
+        problems = [*pod_template_problems(template),
+                    *topology_conflicts(template.template.metadata.annotations)]
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise InvalidTemplate(f"PodTemplate {ref}: {problems[0]}{more}")
         annotations = template.template.metadata.annotations
         topology = topology_of(annotations, levels)
         shape, topology = inter_pod(
@@ -198,7 +232,12 @@ def gang_of(
         try:
             sliced = slice_request(annotations, levels)
         except ValueError as exc:
-            raise SnapshotError(f"PodTemplate {ref}: {exc}") from exc
+            raise InvalidTemplate(f"PodTemplate {ref}: {exc}") from exc
+        if sliced is not None and ps.count % sliced[1]:
+            raise InvalidTemplate(
+                f"PodTemplate {ref}: metadata.annotations[{SLICE_SIZE}]: {sliced[1]} does not "
+                f"divide spec.podSets[{i}].count {ps.count}"
+            )
         pod_sets.extend(expand_slices(set_name, ps.count, shape, topology, sliced, levels))
     return GangRequest(f"{request.metadata.namespace or 'default'}/{name}", tuple(pod_sets))
 
@@ -426,7 +465,13 @@ def request_from_documents(
     cluster: Sequence[Mapping[str, Any]] = (),
 ) -> tuple[ProvisioningRequest, GangRequest]:
     """The ProvisioningRequest in ``docs`` and its gang (templates from the same docs; DRA
-    objects from ``docs`` and ``cluster``)."""
+    objects from ``docs`` and ``cluster``). PodTemplates are read with strict field
+    validation: a field the API server does not know is an error, as with ``kubectl``."""
+    for d in by_kind(docs, "PodTemplate"):
+        unknown = unknown_fields(d)
+        if unknown:
+            name = (d.get("metadata") or {}).get("name")
+            raise InvalidTemplate(f"PodTemplate {name}: {unknown[0]}")
     requests = by_kind(docs, "ProvisioningRequest")
     if len(requests) != 1:
         raise SnapshotError(

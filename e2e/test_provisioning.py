@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from controller.commands import objects
-from controller.kube.resources import NODES, PODS, PROVISIONING_REQUESTS
+from controller.kube.resources import NODES, POD_TEMPLATES, PODS, PROVISIONING_REQUESTS
 from e2e.conftest import Env, eventually
 
 CHECK = "check-capacity.muster.dev"
@@ -116,6 +116,26 @@ async def test_invalid_input_fails_with_a_precise_reason(
     await env.request("bad", pod_sets, class_name=ATOMIC, **kwargs)
 
     failed = await env.wait_condition("bad", "Failed")
+    assert failed["reason"] == reason
+    assert words in failed["message"]
+
+
+@pytest.mark.parametrize(("spec", "reason", "words"), [
+    pytest.param({"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "d"}}]},
+                 "UnsupportedConstraint", "spec.volumes[0] (data)", id="pvc-volume"),
+    pytest.param({"runtimeClassName": "gvisor"}, "UnsupportedConstraint",
+                 "spec.runtimeClassName gvisor", id="runtime-class"),
+])
+async def test_constraints_muster_cannot_plan_or_the_api_would_refuse_fail(
+    env: Env, spec: dict[str, object], reason: str, words: str,
+) -> None:
+    await env.gpu_pool(blocks=1, racks_per_block=2, nodes_per_rack=16)
+    body = objects.pod_template("odd", namespace=env.namespace, requests={"cpu": "1"},
+                                tolerations=[objects.GPU_TOLERATION])
+    body["template"]["spec"].update(spec)
+    await env.kube.create(POD_TEMPLATES, body, namespace=env.namespace)
+    await env.request("odd", [("odd", 2)], class_name=ATOMIC)
+    failed = await env.wait_condition("odd", "Failed")
     assert failed["reason"] == reason
     assert words in failed["message"]
 

@@ -46,7 +46,7 @@ from controller.fit.types import GangRequest, Mode, NoFit, Plan, ReasonCode
 from controller.kube import ApiError, Body, KubeClient
 from controller.kube.resources import PROVISIONING_REQUESTS
 from controller.reconcilers.requests import RequestView
-from controller.snapshot import SnapshotError, gang_of, parse_object
+from controller.snapshot import InvalidTemplate, SnapshotError, gang_of, parse_object
 from controller.state.bookings import (
     ATTEMPT_ANNOTATION,
     BOOKED_AT_ANNOTATION,
@@ -226,6 +226,8 @@ class ProvisioningService:
             )
             gang = gang_of(pr, templates, self.state.levels, self.state.dra.catalog(),
                            self.state.bound_pods(every=every))
+        except InvalidTemplate as exc:
+            raise Invalid(Reason.INVALID_PARAMETERS, str(exc)) from None
         except SnapshotError as exc:
             raise Invalid(Reason.FAILED_TO_CREATE_PODS, str(exc)) from None
         for pod_set in gang.pod_sets:
