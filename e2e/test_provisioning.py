@@ -7,6 +7,8 @@ the sandbox and a kind cluster.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from controller.commands import objects
@@ -274,3 +276,44 @@ async def test_a_rack_out_of_stock_is_avoided_on_the_retry(env: Env) -> None:
     if env.provider is not None:
         tried = [dict(c.domain)[objects.RACK] for c in env.provider_calls() if c.op == "acquire"]
         assert tried[-1] == "b1-r2" and set(tried[:-1]) <= {"b1-r1"}
+
+
+@pytest.mark.parametrize("change, reason", [
+    ("delete", "PodTemplateDeleted"),
+    ("edit", "PodTemplateChanged"),
+])
+async def test_booking_is_revoked_when_its_template_goes_or_changes(
+    env: Env, change: str, reason: str
+) -> None:
+    pool = await env.gpu_pool()
+    await env.worker_template()
+    await env.request("stale", [("workers", 2)], class_name=ATOMIC)
+    await env.wait_condition("stale", "Provisioned")
+    assert len(await env.pool_nodes(pool)) == 2
+    if change == "delete":
+        await env.kube.delete(POD_TEMPLATES, "workers", namespace=env.namespace)
+    else:
+        await env.kube.merge_patch(POD_TEMPLATES, "workers", {"template": {"spec": {
+            "nodeSelector": {"muster.dev/accelerator": "a100"}}}}, namespace=env.namespace)
+    revoked = await env.wait_condition("stale", "CapacityRevoked")
+    assert revoked["reason"] == reason
+    assert f"{env.namespace}/workers" in revoked["message"]
+    assert "revoked (not re-planned)" in revoked["message"]
+    await eventually(lambda: _none_left(env, pool))
+
+
+async def test_booking_survives_an_unrelated_template_edit(env: Env) -> None:
+    await env.gpu_pool()
+    await env.worker_template()
+    other = objects.pod_template("other", namespace=env.namespace, requests={"cpu": "1"})
+    await env.kube.create(POD_TEMPLATES, other, namespace=env.namespace)
+    await env.request("kept", [("workers", 1)], class_name=ATOMIC)
+    await env.wait_condition("kept", "Provisioned")
+    await env.kube.delete(POD_TEMPLATES, "other", namespace=env.namespace)
+    # Relabelling the template (not its pods) plans the same: the booking stays.
+    await env.kube.merge_patch(POD_TEMPLATES, "workers", {"metadata": {"labels": {"x": "y"}}},
+                               namespace=env.namespace)
+    await asyncio.sleep(0.5)  # the edits' notifications reconcile "kept" meanwhile
+    pr = await env.get("kept")
+    types = {c["type"] for c in (pr.get("status") or {}).get("conditions") or []}
+    assert "CapacityRevoked" not in types

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -54,9 +55,12 @@ from controller.state.bookings import (
     PHASE_ANNOTATION,
     PLAN_ANNOTATION,
     RETRY_AT_ANNOTATION,
+    TEMPLATES_ANNOTATION,
     Booking,
     Group,
     Phase,
+    stale_templates,
+    template_digest,
 )
 from controller.state.cache import ClusterState
 from controller.state.planner import Planner
@@ -165,6 +169,8 @@ class ProvisioningService:
             gang = self.gang(req, mode)
         except Invalid as exc:
             return await self.fail(req, exc.reason, message(exc.reason, detail=exc.detail))
+        digests = json.dumps(self.template_digests(req.namespace, req.template_names),
+                             sort_keys=True, separators=(",", ":"))
         attempt = req.attempt + 1
         result = await self.planner.plan(
             req.key, gang, mode, lambda plan: self.book(req, plan, attempt)
@@ -177,7 +183,7 @@ class ProvisioningService:
         if booking is None:  # the request was deleted while it was being planned
             return None
         if not booking.groups:
-            return await self.confirm(req, booking, Reason.CAPACITY_IS_FOUND)
+            return await self.confirm(req, booking, Reason.CAPACITY_IS_FOUND, digests)
         req = await self.persist(
             req,
             annotations={
@@ -185,6 +191,7 @@ class ProvisioningService:
                 ATTEMPT_ANNOTATION: str(attempt),
                 PHASE_ANNOTATION: Phase.ACQUIRING,
                 RETRY_AT_ANNOTATION: None,
+                TEMPLATES_ANNOTATION: digests,
             },
             finalizer=True,
         )
@@ -343,7 +350,24 @@ class ProvisioningService:
             req, [_accepted(), (ConditionType.PROVISIONED, False, Reason.PROVISIONING, text)]
         )
 
-    async def confirm(self, req: RequestView, booking: Booking, reason: Reason) -> Delay:
+    def template_digests(self, namespace: str, names: Sequence[str]) -> dict[str, str | None]:
+        """PodTemplate name -> digest of its content now (None: missing; a template the
+        cache could not parse digests its error)."""
+        out: dict[str, str | None] = {}
+        for name in names:
+            found = self.state.template(namespace, name)
+            if found is None:
+                out[name] = None
+            elif isinstance(found, str):
+                out[name] = template_digest({"invalid": found})
+            else:
+                out[name] = template_digest(found.template.model_dump(mode="json",
+                                                                      by_alias=True))
+        return out
+
+    async def confirm(
+        self, req: RequestView, booking: Booking, reason: Reason, digests: str | None = None
+    ) -> Delay:
         """Persist the booking as Booked and set Provisioned=True with the placement."""
         now = self.clock.now()
         try:
@@ -358,6 +382,7 @@ class ProvisioningService:
                         PHASE_ANNOTATION: Phase.BOOKED,
                         BOOKED_AT_ANNOTATION: rfc3339(now),
                         RETRY_AT_ANNOTATION: None,
+                        TEMPLATES_ANNOTATION: digests,
                     },
                 )
             details = class_details(booking.plan)
@@ -389,6 +414,13 @@ class ProvisioningService:
                 req, booking, ConditionType.BOOKING_EXPIRED, Reason.BOOKING_CONSUMED,
                 message(Reason.BOOKING_CONSUMED, total=total),
             )
+        stale = self.stale_templates(req)
+        if stale is not None:
+            reason, templates = stale
+            return await self.end_booking(
+                req, booking, ConditionType.CAPACITY_REVOKED, reason,
+                message(reason, detail=", ".join(f"{req.namespace}/{n}" for n in templates)),
+            )
         vanished = [n for n in booking.existing_nodes if not self.state.node_exists(n)]
         for g in booking.groups:
             have = len(self.group_nodes(g))
@@ -411,6 +443,24 @@ class ProvisioningService:
                         seconds=duration),
             )
         return left
+
+    def stale_templates(self, req: RequestView) -> tuple[Reason, list[str]] | None:
+        """Whether the PodTemplates the booking was planned from are gone or changed."""
+        text = req.annotations.get(TEMPLATES_ANNOTATION)
+        if not text or not self.state.synced["podtemplates"].is_set():
+            return None  # booked before Muster recorded templates, or the cache is cold
+        try:
+            recorded = {str(k): str(v) for k, v in json.loads(text).items()}
+        except (ValueError, AttributeError):
+            return None
+        deleted, changed = stale_templates(
+            recorded, self.template_digests(req.namespace, sorted(recorded))
+        )
+        if deleted:
+            return Reason.TEMPLATE_DELETED, deleted
+        if changed:
+            return Reason.TEMPLATE_CHANGED, changed
+        return None
 
     async def end_booking(
         self,

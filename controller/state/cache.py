@@ -355,10 +355,23 @@ class ClusterState:
         except ValidationError as exc:
             self._templates.pop(key, None)
             self._template_errors[key] = _first_error(exc)
+        self._notify_bookings_of(key)
 
     def delete_template(self, key: str) -> None:
         self._templates.pop(key, None)
         self._template_errors.pop(key, None)
+        self._notify_bookings_of(key)
+
+    def _notify_bookings_of(self, template_key: str) -> None:
+        """Requests holding a booking planned from this template re-check it."""
+        namespace, _, name = template_key.partition("/")
+        for key in list(self._bookings):
+            if not key.startswith(f"{namespace}/"):
+                continue
+            spec = (self._requests.get(key) or {}).get("spec") or {}
+            if any(((ps.get("podTemplateRef") or {}).get("name") == name)
+                   for ps in spec.get("podSets") or [] if isinstance(ps, dict)):
+                self.notify(key)
 
     def template(self, namespace: str, name: str) -> PodTemplate | str | None:
         """The parsed template, the reason it is malformed, or None when missing."""
