@@ -24,7 +24,7 @@ from controller.fit.devices import ClaimFitter, PodPlan, emptied
 from controller.fit.dra_types import NodeDevices, PodDevices
 from controller.fit.ports import unlisted
 from controller.fit.shapes import ShapeCounter, label_keys, uses_node_name
-from controller.fit.taints import lasting_taints
+from controller.fit.taints import lasting_taints, transient
 from controller.fit.topology import Levels
 from controller.fit.types import (
     NewNodeSlot,
@@ -130,19 +130,6 @@ def _at_maximum(pool: PoolState) -> PoolState:
     return replace(pool, domains=domains, max_new_nodes=pool.max_new_nodes + pool.booked_nodes)
 
 
-def _healthy(nodes: Sequence[NodeState]) -> list[NodeState]:
-    """``nodes`` with only their lasting taints (:mod:`controller.fit.taints`): condition
-    and cordon taints go away once a node is healthy and uncordoned."""
-    kept: dict[int, tuple[Taint, ...]] = {}
-    out: list[NodeState] = []
-    for node in nodes:
-        taints = kept.get(id(node.taints))
-        if taints is None:
-            taints = kept[id(node.taints)] = lasting_taints(node.taints)
-        out.append(node if taints is node.taints else replace(node, taints=taints))
-    return out
-
-
 class _NodeIndex:
     """Node name -> node, built on first use (only assigned nodes are ever looked up)."""
 
@@ -237,7 +224,9 @@ class Workspace:
         self._taint_ids: dict[int, int] = {}
         self._taint_tokens: dict[tuple[Taint, ...], int] = {}
         self._taint_keep: list[tuple[Taint, ...]] = []
-        self._build(_healthy(nodes) if empty else nodes, empty)
+        self._build(nodes, empty)
+        if empty:
+            self._heal()
         self.refs: list[PoolRef] = []
         for pi, pool in enumerate(self.pools):
             for di, dom in enumerate(pool.domains):
@@ -354,6 +343,23 @@ class Workspace:
                 node.name if by_name else None,
                 devices,
             )
+
+    def _heal(self) -> None:
+        """Classes as if their nodes were healthy and uncordoned: condition and cordon
+        taints dropped (:mod:`controller.fit.taints`); classes that become equal merge. Per
+        class, not per node: the NeverFits judgement runs after every plan that fails."""
+        if not any(transient(t) for taints in self._taint_tokens for t in taints):
+            return
+        healed: dict[ClassKey, NodeClass] = {}
+        for key, cls in self.classes.items():
+            taints = lasting_taints(cls.taints)
+            if taints is not cls.taints:
+                key = (*key[:2], self.taint_token(taints), *key[3:])
+                cls = cls._replace(key=key, taints=taints)
+            have = healed.get(key)
+            healed[key] = cls if have is None else have._replace(
+                members=tuple(sorted((*have.members, *cls.members))))
+        self.classes = healed
 
     def fork(self) -> Workspace:
         other = Workspace.__new__(Workspace)
