@@ -26,6 +26,10 @@ Conventions that make the two answers comparable:
 * a case Muster *refuses* (``Answer.refused``) names a constraint it does not plan; the
   scheduler may still place it: count those apart, they are documented limits, not
   disagreements (docs/filter-parity.md);
+* a ``"node-name"`` case has pods with ``spec.nodeName``: no scheduler places them, the
+  node's kubelet admits or rejects them (resources, ports, node affinity, NoExecute taints).
+  kwok does no admission, so on kwok nodes such a pod always "runs": judge those cases by
+  the pod's admission on a real kubelet, or leave them out;
 * several pod sets in one gang compete for nodes in the order the scheduler takes their
   pods, which Muster does not control (``"pod-sets"`` in ``Case.fields``); single pod set
   cases have no such order effect.
