@@ -22,7 +22,11 @@ from controller.api.node import Node
 from controller.api.pod import Pod, PodSpec, PodTemplate
 from controller.api.provisioningrequest import ProvisioningRequest
 from controller.api.quantity import to_resources
-from controller.api.validation import pod_template_problems, unknown_fields
+from controller.api.validation import (
+    pod_template_problems,
+    request_unknown_fields,
+    unknown_fields,
+)
 from controller.constraints import BoundPod, PodSetFacts, inter_pod
 from controller.dra_snapshot import (
     DraCatalog,
@@ -477,6 +481,10 @@ def request_from_documents(
         raise SnapshotError(
             f"expected exactly one ProvisioningRequest, found {len(requests)}"
         )
+    unknown = request_unknown_fields(requests[0])
+    if unknown:
+        name = (requests[0].get("metadata") or {}).get("name")
+        raise SnapshotError(f"ProvisioningRequest {name}: {unknown[0]}")
     request = parse_object(ProvisioningRequest, requests[0])
     templates = {
         t.metadata.name: t

@@ -253,5 +253,22 @@ def unknown_fields(doc: Mapping[str, Any]) -> list[str]:
     return out
 
 
+REQUEST_SPEC_FIELDS = frozenset({"podSets", "provisioningClassName", "parameters"})
+POD_SET_FIELDS = frozenset({"podTemplateRef", "count"})
+
+
+def request_unknown_fields(doc: Mapping[str, Any]) -> list[str]:
+    """Strict field validation of a ProvisioningRequest document's spec (its CRD schema)."""
+    spec = doc.get("spec")
+    if not isinstance(spec, Mapping):
+        return []
+    out = [f"spec.{k}: unknown field" for k in _unknown(spec, REQUEST_SPEC_FIELDS)]
+    for i, ps in enumerate(spec.get("podSets") or []):
+        if isinstance(ps, Mapping):
+            out.extend(f"spec.podSets[{i}].{k}: unknown field"
+                       for k in _unknown(ps, POD_SET_FIELDS))
+    return out
+
+
 def _unknown(obj: Mapping[str, Any], known: Iterable[str]) -> list[str]:
     return sorted(k for k in obj if k not in known)

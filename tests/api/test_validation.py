@@ -96,6 +96,15 @@ def test_files_are_read_with_strict_field_validation() -> None:
         request_from_documents(request(template(typo)))
 
 
+def test_request_files_are_read_strictly_too() -> None:
+    from controller.snapshot import SnapshotError
+
+    docs = request(template(container({})))
+    docs[0]["spec"]["parameter"] = {"noRetry": "true"}
+    with pytest.raises(SnapshotError, match=r"spec.parameter: unknown field"):
+        request_from_documents(docs)
+
+
 def reference_value(text: str) -> bool:
     """A label value, checked character by character."""
     if text == "":
