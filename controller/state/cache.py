@@ -344,10 +344,13 @@ class ClusterState:
         self._templates.clear()
         self._template_errors.clear()
         for item in items:
-            self.upsert_template(item)
+            self.upsert_template(item, notify=False)
         self.synced["podtemplates"].set()
+        # A relist may have missed deletions and edits: every booking re-checks, once.
+        for key in list(self._bookings):
+            self.notify(key)
 
-    def upsert_template(self, body: Body) -> None:
+    def upsert_template(self, body: Body, *, notify: bool = True) -> None:
         key = object_key(body)
         try:
             self._templates[key] = PodTemplate.model_validate(body)
@@ -355,7 +358,8 @@ class ClusterState:
         except ValidationError as exc:
             self._templates.pop(key, None)
             self._template_errors[key] = _first_error(exc)
-        self._notify_bookings_of(key)
+        if notify:
+            self._notify_bookings_of(key)
 
     def delete_template(self, key: str) -> None:
         self._templates.pop(key, None)
