@@ -89,6 +89,12 @@ def refusals(spec: PodSpec) -> list[str]:
             f"spec.schedulerName {spec.scheduler_name}: Muster plans for the default "
             "kube-scheduler"
         )
+    if spec.host_network and (spec.model_extra or {}).get("hostUsers") is False:
+        out.append(
+            "spec.hostNetwork with spec.hostUsers false: user namespaces on the host network "
+            "need a feature the node declares (NodeDeclaredFeatures), which Muster does not "
+            "model"
+        )
     for kind, containers in (("containers", spec.containers),
                              ("initContainers", spec.init_containers)):
         for i, c in enumerate(containers):

@@ -101,6 +101,10 @@ def test_self_affinity_on_a_level_is_a_required_topology() -> None:
      "spec.volumes[0] (data) is a persistentVolumeClaim volume"),
     ({"runtimeClassName": "gvisor"}, {}, "spec.runtimeClassName gvisor"),
     ({"schedulerName": "volcano"}, {}, "spec.schedulerName volcano"),
+    ({"hostNetwork": True, "hostUsers": False}, {}, "spec.hostNetwork with spec.hostUsers"),
+    ({"containers": [{"name": "c", "restartPolicyRules": [
+        {"action": "Restart", "exitCodes": {"operator": "In", "values": [42]}}]}]}, {},
+     "spec.containers[0].restartPolicyRules"),
     ({"topologySpreadConstraints": [
         {"maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": "DoNotSchedule",
          "labelSelector": {"matchLabels": {"app": "w"}}} for key in (RACK, HOST)]},
