@@ -66,6 +66,16 @@ class PodSetFacts:
     labels: Mapping[str, str]
 
 
+def needs_running_pods(spec: PodSpec) -> bool:
+    """Whether the pod's own constraints select running pods (pod affinity or anti-affinity,
+    a DoNotSchedule spread): then every running pod's labels matter, not only those of the
+    running pods that repel others."""
+    aff = spec.affinity
+    return bool(aff and (aff.pod_affinity or aff.pod_anti_affinity)) or any(
+        t.when_unsatisfiable == "DoNotSchedule" for t in spec.topology_spread_constraints
+    )
+
+
 def refusals(spec: PodSpec) -> list[str]:
     """Fields of ``spec`` that constrain placement in ways the engine does not plan."""
     out: list[str] = []

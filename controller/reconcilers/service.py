@@ -43,6 +43,7 @@ from controller.conditions import (
     transitions,
 )
 from controller.config import MusterConfig
+from controller.constraints import needs_running_pods
 from controller.fit.types import GangRequest, Mode, NoFit, Plan, ReasonCode
 from controller.kube import ApiError, Body, KubeClient
 from controller.kube.resources import PROVISIONING_REQUESTS
@@ -226,11 +227,7 @@ class ProvisioningService:
                 )
             templates[ref] = found
         try:
-            every = any(
-                (aff := t.template.spec.affinity) is not None
-                and bool(aff.pod_affinity or aff.pod_anti_affinity)
-                for t in templates.values()
-            )
+            every = any(needs_running_pods(t.template.spec) for t in templates.values())
             gang = gang_of(pr, templates, self.state.levels, self.state.dra.catalog(),
                            self.state.bound_pods(every=every))
         except InvalidTemplate as exc:
