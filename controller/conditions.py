@@ -43,6 +43,9 @@ class Reason(enum.StrEnum):
     NODES_NOT_READY = "NodesNotReady"
     NODES_VANISHED = "BookedNodesVanished"
     OVER_BUDGET = "OverBudget"
+    UNSUPPORTED_CONSTRAINT = "UnsupportedConstraint"
+    TEMPLATE_DELETED = "PodTemplateDeleted"
+    TEMPLATE_CHANGED = "PodTemplateChanged"
 
 
 MESSAGES: Mapping[Reason, str] = {
@@ -92,6 +95,21 @@ MESSAGES: Mapping[Reason, str] = {
     Reason.NODES_VANISHED: (
         "Booked node(s) disappeared before the pods used them: {detail}. Create a new "
         "request to book capacity again."
+    ),
+    Reason.UNSUPPORTED_CONSTRAINT: (
+        "The pods carry a placement constraint Muster does not plan: {detail}. Muster refuses "
+        "rather than book capacity the scheduler might not use; remove the constraint or "
+        "provision this gang another way (see docs/filter-parity.md)."
+    ),
+    Reason.TEMPLATE_DELETED: (
+        "PodTemplate(s) {detail} the booking was planned from were deleted before the "
+        "booking was consumed: the booking is revoked (not re-planned) and unused new nodes "
+        "are released. Recreate the templates and the request to book again."
+    ),
+    Reason.TEMPLATE_CHANGED: (
+        "PodTemplate(s) {detail} changed after the booking was planned from them: the "
+        "booking is revoked (not re-planned) and unused new nodes are released. Create a new "
+        "request to book for the new pods."
     ),
     Reason.OVER_BUDGET: (
         "The plan exceeds the budget: {detail}. Raise budgets.* in Muster's config or make "

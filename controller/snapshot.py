@@ -22,6 +22,12 @@ from controller.api.node import Node
 from controller.api.pod import Pod, PodSpec, PodTemplate
 from controller.api.provisioningrequest import ProvisioningRequest
 from controller.api.quantity import to_resources
+from controller.api.validation import (
+    pod_template_problems,
+    request_unknown_fields,
+    unknown_fields,
+)
+from controller.constraints import BoundPod, PodSetFacts, inter_pod
 from controller.dra_snapshot import (
     DraCatalog,
     DraError,
@@ -29,6 +35,8 @@ from controller.dra_snapshot import (
     catalog_from_documents,
     with_claims,
 )
+from controller.fit.ports import port_resources, unlisted
+from controller.fit.taints import effective_taints
 from controller.fit.types import (
     GangRequest,
     NodeState,
@@ -45,7 +53,7 @@ from controller.fit.types import (
     TopologyRequest,
 )
 from controller.fit.types import Snapshot as FitSnapshot
-from controller.kueue.tas import expand_slices, slice_request
+from controller.kueue.tas import SLICE_SIZE, expand_slices, slice_request
 from controller.topology_defaults import (
     DEFAULT_LEVELS,
     DEFAULT_PODS_PER_NODE,
@@ -69,13 +77,29 @@ class SnapshotError(ValueError):
     """Input that cannot be turned into a snapshot or request (names the object/field)."""
 
 
+class InvalidTemplate(SnapshotError):
+    """A PodTemplate the API server would refuse, or whose topology annotations contradict
+    each other or the request (names the template and the field)."""
+
+
 # ---------------------------------------------------------------------------- requests
+
+
+def pod_requests(spec: PodSpec) -> dict[str, int]:
+    """What one pod takes of its node: its effective requests, one ``pods`` slot, and its
+    host ports as resources (:mod:`controller.fit.ports`)."""
+    requests = spec.effective_requests()
+    requests["pods"] = requests.get("pods", 0) + 1
+    ports = spec.host_ports()
+    if ports:
+        for res, amount in port_resources(ports).items():
+            requests[res] = requests.get(res, 0) + amount
+    return requests
 
 
 def shape_of(spec: PodSpec) -> PodShape:
     """The placement-relevant view of one pod; every pod also takes one ``pods`` slot."""
-    requests = spec.effective_requests()
-    requests["pods"] = requests.get("pods", 0) + 1
+    requests = pod_requests(spec)
     terms = tuple(
         SelectorTerm(
             match_expressions=tuple(
@@ -98,6 +122,7 @@ def shape_of(spec: PodSpec) -> PodShape:
         node_selector=dict(spec.node_selector),
         affinity_terms=terms,
         tolerations=tolerations,
+        node_name=spec.node_name or None,
     )
 
 
@@ -107,6 +132,29 @@ def resolve_level(value: str, levels: Sequence[str]) -> str:
         return value
     short = [lv for lv in levels if lv.rsplit("/", 1)[-1] == value]
     return short[0] if len(short) == 1 else value
+
+
+def topology_conflicts(annotations: Mapping[str, str]) -> list[str]:
+    """Topology annotations of one template that contradict each other (Kueue's webhook
+    refuses more than one of its own; Muster's two exclude each other; a Muster annotation
+    naming another constraint than Kueue's is a contradiction, not a precedence)."""
+    out = []
+    muster = [k for k in (MUSTER_REQUIRED, MUSTER_PREFERRED) if annotations.get(k)]
+    if len(muster) > 1:
+        out.append(f"metadata.annotations: {' and '.join(muster)} are both set")
+    kueue = [k for k in (KUEUE_REQUIRED, KUEUE_PREFERRED) if annotations.get(k)]
+    if annotations.get(KUEUE_UNCONSTRAINED, "").lower() == "true":
+        kueue.append(KUEUE_UNCONSTRAINED)
+    if len(kueue) > 1:
+        out.append(f"metadata.annotations: {' and '.join(kueue)} are both set")
+    if len(muster) == 1 and len(kueue) == 1:
+        mode = {MUSTER_REQUIRED: "required", MUSTER_PREFERRED: "preferred"}[muster[0]]
+        other = {KUEUE_REQUIRED: "required", KUEUE_PREFERRED: "preferred",
+                 KUEUE_UNCONSTRAINED: "unconstrained"}[kueue[0]]
+        if (mode, annotations[muster[0]]) != (other, annotations.get(kueue[0])):
+            out.append(f"metadata.annotations: {muster[0]}={annotations[muster[0]]} "
+                       f"contradicts {kueue[0]}={annotations[kueue[0]]}")
+    return out
 
 
 def topology_of(annotations: Mapping[str, str], levels: Sequence[str]) -> TopologyRequest:
@@ -142,12 +190,17 @@ def gang_of(
     templates: Mapping[str, PodTemplate],
     levels: Sequence[str] = DEFAULT_LEVELS,
     dra: DraCatalog | None = None,
+    bound: Sequence[BoundPod] | None = None,
 ) -> GangRequest:
     """One pod set per ``spec.podSets`` entry; SnapshotError names a missing template.
-    ``dra``: DeviceClasses, ResourceClaimTemplates and ResourceClaims the pods' claims use."""
+    ``dra``: DeviceClasses, ResourceClaimTemplates and ResourceClaims the pods' claims use.
+    ``bound``: the running pods, for required pod (anti-)affinity (None: not known, so a
+    term that could select one is refused; see :mod:`controller.constraints`)."""
     name = request.metadata.name
+    namespace = request.metadata.namespace or "default"
     pod_sets: list[PodSetRequest] = []
     used: set[str] = set()
+    facts: list[PodSetFacts] = []
     for i, ps in enumerate(request.spec.pod_sets):
         ref = ps.pod_template_ref.name
         template = templates.get(ref)
@@ -159,17 +212,36 @@ def gang_of(
         if set_name in used:
             set_name = f"{set_name}-{i}"
         used.add(set_name)
+        facts.append(PodSetFacts(set_name, template.template.metadata.labels))
+    for i, ps in enumerate(request.spec.pod_sets):
+        ref = ps.pod_template_ref.name
+        template = templates[ref]
+        set_name = facts[i].name
+        spec = template.template.spec
         try:
-            shape = with_claims(shape_of(template.template.spec), template.template.spec,
-                                request.metadata.namespace or "default", dra or DraCatalog())
+            shape = with_claims(shape_of(spec), spec, namespace, dra or DraCatalog())
         except ValueError as exc:
             raise SnapshotError(f"PodTemplate {ref}: {exc}") from exc
+        problems = [*pod_template_problems(template),
+                    *topology_conflicts(template.template.metadata.annotations)]
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise InvalidTemplate(f"PodTemplate {ref}: {problems[0]}{more}")
         annotations = template.template.metadata.annotations
         topology = topology_of(annotations, levels)
+        shape, topology = inter_pod(
+            spec, shape, topology, own=facts[i], namespace=namespace,
+            others=[f for j, f in enumerate(facts) if j != i], levels=levels, bound=bound,
+        )
         try:
             sliced = slice_request(annotations, levels)
         except ValueError as exc:
-            raise SnapshotError(f"PodTemplate {ref}: {exc}") from exc
+            raise InvalidTemplate(f"PodTemplate {ref}: {exc}") from exc
+        if sliced is not None and ps.count % sliced[1]:
+            raise InvalidTemplate(
+                f"PodTemplate {ref}: metadata.annotations[{SLICE_SIZE}]: {sliced[1]} does not "
+                f"divide spec.podSets[{i}].count {ps.count}"
+            )
         pod_sets.extend(expand_slices(set_name, ps.count, shape, topology, sliced, levels))
     return GangRequest(f"{request.metadata.namespace or 'default'}/{name}", tuple(pod_sets))
 
@@ -190,8 +262,7 @@ def usage_by_node(pods: Iterable[Pod]) -> dict[str, dict[str, int]]:
         if not pod.holds_capacity or pod.spec.node_name is None:
             continue
         slot = usage.setdefault(pod.spec.node_name, {})
-        requests = pod.spec.effective_requests()
-        requests["pods"] = requests.get("pods", 0) + 1
+        requests = pod_requests(pod.spec)
         for res, amount in requests.items():
             slot[res] = slot.get(res, 0) + amount
     return usage
@@ -213,8 +284,12 @@ def node_state(
     free = dict(allocatable)
     for taken in (used or {}, booked or {}):
         for res, amount in taken.items():
-            free[res] = free.get(res, 0) - amount
-    taints = tuple(Taint(t.key, t.value, t.effect) for t in node.lasting_taints)
+            have = free.get(res)
+            free[res] = (unlisted(res) if have is None else have) - amount
+    taints = effective_taints(
+        (Taint(t.key, t.value, t.effect) for t in node.spec.taints),
+        node.condition_statuses(), unschedulable=node.spec.unschedulable,
+    )
     if taint_cache is not None:
         taints = taint_cache.setdefault(taints, taints)
     labels = dict(node.metadata.labels)
@@ -224,7 +299,7 @@ def node_state(
         taints=taints,
         allocatable=allocatable,
         free=free,
-        schedulable=node.schedulable,
+        schedulable=node.usable,
         pool=labels.get(POOL_LABEL),
     )
 
@@ -395,19 +470,46 @@ def request_from_documents(
     cluster: Sequence[Mapping[str, Any]] = (),
 ) -> tuple[ProvisioningRequest, GangRequest]:
     """The ProvisioningRequest in ``docs`` and its gang (templates from the same docs; DRA
-    objects from ``docs`` and ``cluster``)."""
+    objects from ``docs`` and ``cluster``). PodTemplates are read with strict field
+    validation: a field the API server does not know is an error, as with ``kubectl``."""
+    for d in by_kind(docs, "PodTemplate"):
+        unknown = unknown_fields(d)
+        if unknown:
+            name = (d.get("metadata") or {}).get("name")
+            raise InvalidTemplate(f"PodTemplate {name}: {unknown[0]}")
     requests = by_kind(docs, "ProvisioningRequest")
     if len(requests) != 1:
         raise SnapshotError(
             f"expected exactly one ProvisioningRequest, found {len(requests)}"
         )
+    unknown = request_unknown_fields(requests[0])
+    if unknown:
+        name = (requests[0].get("metadata") or {}).get("name")
+        raise SnapshotError(f"ProvisioningRequest {name}: {unknown[0]}")
     request = parse_object(ProvisioningRequest, requests[0])
     templates = {
         t.metadata.name: t
         for t in (parse_object(PodTemplate, d) for d in by_kind(docs, "PodTemplate"))
     }
     dra = catalog_from_documents([*docs, *cluster], parse_object)
-    return request, gang_of(request, templates, levels, dra)
+    nodes = [parse_object(Node, d) for d in by_kind(cluster, "Node")]
+    pods = [parse_object(Pod, d) for d in by_kind(cluster, "Pod")]
+    return request, gang_of(request, templates, levels, dra, bound_pods(nodes, pods))
+
+
+def bound_pods(nodes: Iterable[Node], pods: Iterable[Pod]) -> list[BoundPod]:
+    """The pods running on ``nodes``, for inter-pod constraints."""
+    labels = {n.metadata.name: n.metadata.labels for n in nodes}
+    out = []
+    for pod in pods:
+        node = pod.spec.node_name
+        if not pod.holds_capacity or node is None or node not in labels:
+            continue
+        aff = pod.spec.affinity
+        anti = tuple(aff.pod_anti_affinity.required) if aff and aff.pod_anti_affinity else ()
+        out.append(BoundPod(pod.metadata.namespace or "default", pod.metadata.labels,
+                            labels[node], anti))
+    return out
 
 
 def snapshot_from_documents(

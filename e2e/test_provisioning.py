@@ -7,10 +7,18 @@ the sandbox and a kind cluster.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from controller.commands import objects
-from controller.kube.resources import CAPACITY_POOLS, NODES, PODS, PROVISIONING_REQUESTS
+from controller.kube.resources import (
+    CAPACITY_POOLS,
+    NODES,
+    POD_TEMPLATES,
+    PODS,
+    PROVISIONING_REQUESTS,
+)
 from e2e.conftest import Env, eventually
 
 CHECK = "check-capacity.muster.dev"
@@ -116,6 +124,26 @@ async def test_invalid_input_fails_with_a_precise_reason(
     await env.request("bad", pod_sets, class_name=ATOMIC, **kwargs)
 
     failed = await env.wait_condition("bad", "Failed")
+    assert failed["reason"] == reason
+    assert words in failed["message"]
+
+
+@pytest.mark.parametrize(("spec", "reason", "words"), [
+    pytest.param({"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "d"}}]},
+                 "UnsupportedConstraint", "spec.volumes[0] (data)", id="pvc-volume"),
+    pytest.param({"runtimeClassName": "gvisor"}, "UnsupportedConstraint",
+                 "spec.runtimeClassName gvisor", id="runtime-class"),
+])
+async def test_constraints_muster_cannot_plan_or_the_api_would_refuse_fail(
+    env: Env, spec: dict[str, object], reason: str, words: str,
+) -> None:
+    await env.gpu_pool(blocks=1, racks_per_block=2, nodes_per_rack=16)
+    body = objects.pod_template("odd", namespace=env.namespace, requests={"cpu": "1"},
+                                tolerations=[objects.GPU_TOLERATION])
+    body["template"]["spec"].update(spec)
+    await env.kube.create(POD_TEMPLATES, body, namespace=env.namespace)
+    await env.request("odd", [("odd", 2)], class_name=ATOMIC)
+    failed = await env.wait_condition("odd", "Failed")
     assert failed["reason"] == reason
     assert words in failed["message"]
 
@@ -288,3 +316,44 @@ async def test_a_deleted_pool_keeps_nodes_in_use_and_releases_them_when_idle(env
         return await env.kube.get_or_none(CAPACITY_POOLS, pool) is None
 
     await eventually(pool_gone, within=10, what="the pool to be deleted")
+
+
+@pytest.mark.parametrize("change, reason", [
+    ("delete", "PodTemplateDeleted"),
+    ("edit", "PodTemplateChanged"),
+])
+async def test_booking_is_revoked_when_its_template_goes_or_changes(
+    env: Env, change: str, reason: str
+) -> None:
+    pool = await env.gpu_pool()
+    await env.worker_template()
+    await env.request("stale", [("workers", 2)], class_name=ATOMIC)
+    await env.wait_condition("stale", "Provisioned")
+    assert len(await env.pool_nodes(pool)) == 2
+    if change == "delete":
+        await env.kube.delete(POD_TEMPLATES, "workers", namespace=env.namespace)
+    else:
+        await env.kube.merge_patch(POD_TEMPLATES, "workers", {"template": {"spec": {
+            "nodeSelector": {"muster.dev/accelerator": "a100"}}}}, namespace=env.namespace)
+    revoked = await env.wait_condition("stale", "CapacityRevoked")
+    assert revoked["reason"] == reason
+    assert f"{env.namespace}/workers" in revoked["message"]
+    assert "revoked (not re-planned)" in revoked["message"]
+    await eventually(lambda: _none_left(env, pool))
+
+
+async def test_booking_survives_an_unrelated_template_edit(env: Env) -> None:
+    await env.gpu_pool()
+    await env.worker_template()
+    other = objects.pod_template("other", namespace=env.namespace, requests={"cpu": "1"})
+    await env.kube.create(POD_TEMPLATES, other, namespace=env.namespace)
+    await env.request("kept", [("workers", 1)], class_name=ATOMIC)
+    await env.wait_condition("kept", "Provisioned")
+    await env.kube.delete(POD_TEMPLATES, "other", namespace=env.namespace)
+    # Relabelling the template (not its pods) plans the same: the booking stays.
+    await env.kube.merge_patch(POD_TEMPLATES, "workers", {"metadata": {"labels": {"x": "y"}}},
+                               namespace=env.namespace)
+    await asyncio.sleep(0.5)  # the edits' notifications reconcile "kept" meanwhile
+    pr = await env.get("kept")
+    types = {c["type"] for c in (pr.get("status") or {}).get("conditions") or []}
+    assert "CapacityRevoked" not in types

@@ -65,15 +65,16 @@ class Node(_Open):
         """Ready=True. A node that has not reported a Ready condition is not ready."""
         return any(c.type == "Ready" and c.status == "True" for c in self.status.conditions)
 
+    def condition_statuses(self) -> dict[str, str]:
+        """Condition type -> status, as the node reports them."""
+        return {c.type: c.status for c in self.status.conditions}
+
     @property
-    def lasting_taints(self) -> list[Taint]:
-        """The taints that decide placement once the node has settled: on a Ready node the
-        start-up taints are transient (the control plane lifts them within seconds), so a
-        plan must not count them; on a node that is not Ready they stay, and it is not
-        schedulable anyway."""
-        if not self.ready:
-            return self.spec.taints
-        return [t for t in self.spec.taints if t.key not in STARTUP_TAINTS]
+    def usable(self) -> bool:
+        """Ready and not being deleted: what Muster plans on. A cordon is not in it: the
+        scheduler still places pods that tolerate ``node.kubernetes.io/unschedulable``
+        there (the fit engine sees the cordon as that taint)."""
+        return self.ready and self.metadata.deletion_timestamp is None
 
     @property
     def settled(self) -> bool:

@@ -8,12 +8,14 @@ one pod (containers, sidecars, init containers, overhead).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from controller.api.meta import ObjectMeta
 from controller.api.quantity import parse_quantity, to_resources
+from controller.fit.shapes import parse_int64
 
 
 def _quantity(value: Any) -> str:
@@ -37,6 +39,10 @@ class _Closed(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="ignore")
 
 
+POD_LEVEL_RESOURCES = frozenset({"cpu", "memory"})
+"""Resources ``spec.resources`` may set (and hugepages-*)."""
+
+
 class ResourceRequirements(_Open):
     requests: dict[str, Quantity] = Field(default_factory=dict)
     limits: dict[str, Quantity] = Field(default_factory=dict)
@@ -47,10 +53,21 @@ class ResourceRequirements(_Open):
         return to_resources(merged)
 
 
+class ContainerPort(_Open):
+    container_port: int = Field(alias="containerPort", ge=1, le=65535)
+    host_port: int = Field(default=0, alias="hostPort", ge=0, le=65535)
+    protocol: Literal["TCP", "UDP", "SCTP"] = "TCP"
+    host_ip: str = Field(default="", alias="hostIP")
+
+
 class Container(_Open):
     name: str = ""
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
     restart_policy: str | None = Field(default=None, alias="restartPolicy")
+    ports: list[ContainerPort] = Field(default_factory=list)
+    restart_policy_rules: list[dict[str, Any]] = Field(
+        default_factory=list, alias="restartPolicyRules"
+    )
 
     @property
     def is_sidecar(self) -> bool:
@@ -73,10 +90,24 @@ class NodeSelectorRequirement(_Closed):
         if op in ("Gt", "Lt"):
             if len(self.values) != 1:
                 raise ValueError(f"operator {op} needs exactly one value")
-            try:
-                int(self.values[0])
-            except ValueError:
-                raise ValueError(f"operator {op} needs an integer value") from None
+            if parse_int64(self.values[0]) is None:
+                raise ValueError(f"operator {op} needs an integer value")
+        return self
+
+
+class NodeFieldSelectorRequirement(NodeSelectorRequirement):
+    """A matchFields entry: only ``metadata.name``, only In or NotIn, exactly one value
+    (the API server's ``ValidateNodeFieldSelectorRequirement``)."""
+
+    @model_validator(mode="after")
+    def _name_field_only(self) -> NodeFieldSelectorRequirement:
+        if self.key != "metadata.name":
+            raise ValueError(f"matchFields key {self.key!r} is not supported (only metadata.name)")
+        if self.operator not in ("In", "NotIn"):
+            raise ValueError(f"matchFields operator {self.operator} is not supported "
+                             "(only In and NotIn)")
+        if len(self.values) != 1:
+            raise ValueError("matchFields with In or NotIn needs exactly one value")
         return self
 
 
@@ -84,7 +115,9 @@ class NodeSelectorTerm(_Closed):
     match_expressions: list[NodeSelectorRequirement] = Field(
         default_factory=list, alias="matchExpressions"
     )
-    match_fields: list[NodeSelectorRequirement] = Field(default_factory=list, alias="matchFields")
+    match_fields: list[NodeFieldSelectorRequirement] = Field(
+        default_factory=list, alias="matchFields"
+    )
 
 
 class NodeSelector(_Closed):
@@ -97,8 +130,91 @@ class NodeAffinity(_Open):
     )
 
 
+class _Strict(BaseModel):
+    """Scheduling constraints Muster plans from: a misspelt field is an error, as with the
+    API server's strict field validation, never a constraint silently dropped."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="forbid")
+
+
+class LabelSelectorRequirement(_Strict):
+    key: str = Field(min_length=1)
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _values_fit_operator(self) -> LabelSelectorRequirement:
+        if self.operator in ("In", "NotIn") and not self.values:
+            raise ValueError(f"operator {self.operator} needs at least one value")
+        if self.operator in ("Exists", "DoesNotExist") and self.values:
+            raise ValueError(f"operator {self.operator} takes no values")
+        return self
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        value = labels.get(self.key)
+        if self.operator == "In":
+            return value is not None and value in self.values
+        if self.operator == "NotIn":
+            return value is None or value not in self.values
+        return (value is not None) == (self.operator == "Exists")
+
+
+class LabelSelector(_Strict):
+    """metav1.LabelSelector; an empty selector matches every object."""
+
+    match_labels: dict[str, str] = Field(default_factory=dict, alias="matchLabels")
+    match_expressions: list[LabelSelectorRequirement] = Field(
+        default_factory=list, alias="matchExpressions"
+    )
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        return all(labels.get(k) == v for k, v in self.match_labels.items()) and all(
+            r.matches(labels) for r in self.match_expressions
+        )
+
+
+class PodAffinityTerm(_Strict):
+    label_selector: LabelSelector | None = Field(default=None, alias="labelSelector")
+    namespaces: list[str] = Field(default_factory=list)
+    namespace_selector: LabelSelector | None = Field(default=None, alias="namespaceSelector")
+    topology_key: str = Field(alias="topologyKey", min_length=1)
+    match_label_keys: list[str] = Field(default_factory=list, alias="matchLabelKeys")
+    mismatch_label_keys: list[str] = Field(default_factory=list, alias="mismatchLabelKeys")
+
+
+class PodAffinity(_Open):
+    required: list[PodAffinityTerm] = Field(
+        default_factory=list, alias="requiredDuringSchedulingIgnoredDuringExecution"
+    )
+
+
+class TopologySpreadConstraint(_Strict):
+    max_skew: int = Field(alias="maxSkew", ge=1)
+    topology_key: str = Field(alias="topologyKey", min_length=1)
+    when_unsatisfiable: Literal["DoNotSchedule", "ScheduleAnyway"] = Field(
+        alias="whenUnsatisfiable"
+    )
+    label_selector: LabelSelector | None = Field(default=None, alias="labelSelector")
+    min_domains: int | None = Field(default=None, alias="minDomains", ge=1)
+    node_affinity_policy: Literal["Honor", "Ignore"] | None = Field(
+        default=None, alias="nodeAffinityPolicy"
+    )
+    node_taints_policy: Literal["Honor", "Ignore"] | None = Field(
+        default=None, alias="nodeTaintsPolicy"
+    )
+    match_label_keys: list[str] = Field(default_factory=list, alias="matchLabelKeys")
+
+    @model_validator(mode="after")
+    def _min_domains_hard_only(self) -> TopologySpreadConstraint:
+        if self.min_domains is not None and self.when_unsatisfiable != "DoNotSchedule":
+            raise ValueError("minDomains can only be set with whenUnsatisfiable DoNotSchedule")
+        return self
+
+
 class Affinity(_Open):
     node_affinity: NodeAffinity | None = Field(default=None, alias="nodeAffinity")
+    pod_affinity: PodAffinity | None = Field(default=None, alias="podAffinity")
+    pod_anti_affinity: PodAffinity | None = Field(default=None, alias="podAntiAffinity")
 
 
 class Toleration(_Closed):
@@ -146,6 +262,27 @@ class PodSpec(_Open):
     resource_claims: list[PodResourceClaim] = Field(default_factory=list, alias="resourceClaims")
     node_name: str | None = Field(default=None, alias="nodeName")
     restart_policy: str | None = Field(default=None, alias="restartPolicy")
+    host_network: bool = Field(default=False, alias="hostNetwork")
+    topology_spread_constraints: list[TopologySpreadConstraint] = Field(
+        default_factory=list, alias="topologySpreadConstraints"
+    )
+    volumes: list[dict[str, Any]] = Field(default_factory=list)
+    runtime_class_name: str | None = Field(default=None, alias="runtimeClassName")
+    scheduler_name: str | None = Field(default=None, alias="schedulerName")
+    resources: ResourceRequirements | None = None
+    """Pod-level resources (PodLevelResources): they replace the containers' cpu and memory."""
+
+    def host_ports(self) -> list[tuple[str, str, int]]:
+        """(protocol, host IP, host port) the pod claims on its node: ports of its regular
+        containers with a hostPort, as the scheduler's NodePorts filter reads them (with
+        ``hostNetwork`` the API server defaults hostPort to containerPort)."""
+        out: list[tuple[str, str, int]] = []
+        for c in self.containers:
+            for p in c.ports:
+                port = p.host_port or (p.container_port if self.host_network else 0)
+                if port > 0:
+                    out.append((p.protocol, p.host_ip, port))
+        return out
 
     def effective_requests(self) -> dict[str, int]:
         """What the scheduler reserves for one pod (k8s ``resourcehelper.PodRequests``).
@@ -170,6 +307,12 @@ class PodSpec(_Open):
                 _max(init_peak, step)
         _add(total, sidecars)
         _max(total, init_peak)
+        if self.resources is not None:
+            # k8s resourcehelper.PodRequests: pod-level requests (limits standing in for
+            # unset requests) win for the resources that support them.
+            for res, amount in self.resources.effective().items():
+                if res in POD_LEVEL_RESOURCES or res.startswith("hugepages-"):
+                    total[res] = amount
         _add(total, to_resources(self.overhead))
         return total
 

@@ -99,7 +99,8 @@ def _print_plan(result: Plan, console: Console) -> None:
 def _print_nofit(result: NoFit, console: Console) -> None:
     from rich.table import Table
 
-    verdict = "NEVER FITS" if result.permanent else "DOES NOT FIT"
+    refused = any(r.code == "Unsupported" for r in result.reasons)
+    verdict = "REFUSED" if refused else "NEVER FITS" if result.permanent else "DOES NOT FIT"
     console.print(f"[bold red]{verdict}[/] {result.request} (mode {result.mode.value})")
     table = Table(title="Reasons")
     for col in ("Reason", "Pod set", "Detail"):

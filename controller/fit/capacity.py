@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from controller.fit.devices import book
 from controller.fit.dra_types import DeviceResult
+from controller.fit.ports import unlisted
 from controller.fit.types import NodeState, Plan, PoolDomain, PoolState, Snapshot
 
 BookedMemo = dict[str, tuple[NodeState, dict[str, int], NodeState]]
@@ -76,7 +77,8 @@ def _taken(node: NodeState, amounts: Mapping[str, int]) -> NodeState:
     snapshot applies every booking of the cluster to its nodes on each planning pass."""
     free = dict(node.free)
     for res, amount in amounts.items():
-        free[res] = free.get(res, 0) - amount
+        have = free.get(res)
+        free[res] = (unlisted(res) if have is None else have) - amount
     return NodeState(node.name, node.labels, node.taints, node.allocatable, free,
                      node.schedulable, node.pool, node.devices)
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from controller.fit.devices import ClaimFitter, describe_claim, emptied
 from controller.fit.dra_types import NodeDevices
 from controller.fit.planner import Batch, PodSetPlanner
+from controller.fit.ports import describe, is_port
 from controller.fit.shapes import pods_that_fit, resource_fit, selector_matches, untolerated
 from controller.fit.types import (
     GangRequest,
@@ -41,7 +42,8 @@ def format_amount(resource: str, amount: int) -> str:
 
 def describe_shape(requests: Mapping[str, int]) -> str:
     """The request that usually decides placement: an accelerator, else cpu, else memory."""
-    special = sorted(r for r, v in requests.items() if v > 0 and r not in _BASIC)
+    special = sorted(r for r, v in requests.items()
+                     if v > 0 and r not in _BASIC and not is_port(r))
     for res in (*special, "cpu", "memory"):
         amount = requests.get(res, 0)
         if amount > 0:
@@ -52,8 +54,13 @@ def describe_shape(requests: Mapping[str, int]) -> str:
 def _needs(ps: PodSetRequest) -> str:
     pods = "pod" if ps.count == 1 else "pods"
     devices = "".join(f" + {describe_claim(c)}" for c in ps.shape.claims)
+    devices += "".join(f" + {describe(r)}" for r in sorted(ps.shape.requests)
+                       if is_port(r) and r.count("/") == 2)
+    spread = ps.shape.spread
+    how = (f" spread over {spread.key.rsplit('/', 1)[-1]} (maxSkew {spread.max_skew})"
+           if spread is not None else "")
     return (f"pod set {ps.name} needs {ps.count} {pods} x "
-            f"{describe_shape(ps.shape.requests)}{devices}")
+            f"{describe_shape(ps.shape.requests)}{devices}{how}")
 
 
 def _device_failure(
@@ -117,6 +124,10 @@ def validate(request: GangRequest, snapshot: Snapshot) -> list[Reason]:
             Reason(ReasonCode.INVALID, ps.name, f"pod set {ps.name}: {claim.error}")
             for claim in ps.shape.claims
             if claim.error
+        )
+        reasons.extend(
+            Reason(ReasonCode.UNSUPPORTED, ps.name, f"pod set {ps.name}: {why}")
+            for why in ps.shape.unsupported
         )
     return reasons
 

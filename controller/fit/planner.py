@@ -236,6 +236,10 @@ class PodSetPlanner:
     # ------------------------------------------------------------------ strategies
 
     def place(self) -> Outcome | None:
+        if self.ps.shape.spread is not None:
+            from controller.fit.spread import spread_place  # it builds on this module
+
+            return spread_place(self, self.ps.shape.spread)
         topo = self.ps.topology
         if topo.mode is TopologyMode.NONE or topo.level is None:
             return self._anywhere(fewest_nodes=True)

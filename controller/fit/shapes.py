@@ -10,10 +10,12 @@ Pure functions; :class:`ShapeCounter` only memoises them per equivalence class.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 
 from controller.fit.devices import ClaimFitter, PodPlan, resolve, with_state
 from controller.fit.dra_types import NodeDevices, PodDevices
+from controller.fit.ports import is_port, unlisted
 from controller.fit.types import (
     PodShape,
     Resources,
@@ -31,6 +33,8 @@ limit."""
 BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 """PreferNoSchedule is a preference of the scheduler, not a barrier."""
 
+NO_EXECUTE = frozenset({"NoExecute"})
+
 NAME_FIELD = "metadata.name"
 
 
@@ -45,20 +49,32 @@ def tolerates(toleration: Toleration, taint: Taint) -> bool:
     return toleration.key == taint.key and toleration.value == taint.value
 
 
-def untolerated(taints: tuple[Taint, ...], tolerations: tuple[Toleration, ...]) -> list[Taint]:
-    """Taints that keep a pod with ``tolerations`` off the node."""
+def untolerated(
+    taints: tuple[Taint, ...], tolerations: tuple[Toleration, ...], *, bound: bool = False
+) -> list[Taint]:
+    """Taints that keep a pod with ``tolerations`` off the node. ``bound``: the pod names
+    its node (``spec.nodeName``), so no scheduler places it and only the kubelet's admission
+    applies, which checks NoExecute taints alone."""
+    effects = NO_EXECUTE if bound else BLOCKING_EFFECTS
     return [
         t
         for t in taints
-        if t.effect in BLOCKING_EFFECTS and not any(tolerates(tol, t) for tol in tolerations)
+        if t.effect in effects and not any(tolerates(tol, t) for tol in tolerations)
     ]
 
 
-def _as_int(value: str) -> int | None:
-    try:
-        return int(value)
-    except ValueError:
+_INT64 = re.compile(r"[+-]?[0-9]+")
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def parse_int64(value: str) -> int | None:
+    """Go's ``strconv.ParseInt(value, 10, 64)``, which Gt and Lt use on both the label value
+    and the requirement's value: an optional sign and ASCII digits, within int64 (Python's
+    ``int`` also takes blanks, underscores and non-ASCII digits)."""
+    if _INT64.fullmatch(value) is None:
         return None
+    number = int(value)
+    return number if _INT64_MIN <= number <= _INT64_MAX else None
 
 
 def requirement_matches(req: SelectorRequirement, value: str | None) -> bool:
@@ -75,7 +91,7 @@ def requirement_matches(req: SelectorRequirement, value: str | None) -> bool:
     if op in ("Gt", "Lt"):
         if value is None or len(req.values) != 1:
             return False
-        have, bound = _as_int(value), _as_int(req.values[0])
+        have, bound = parse_int64(value), parse_int64(req.values[0])
         if have is None or bound is None:
             return False
         return have > bound if op == "Gt" else have < bound
@@ -97,7 +113,9 @@ def term_matches(term: SelectorTerm, labels: Mapping[str, str], node_name: str |
 
 
 def selector_matches(shape: PodShape, labels: Mapping[str, str], node_name: str | None) -> bool:
-    """nodeSelector (all pairs) and required node affinity (any term)."""
+    """``spec.nodeName``, nodeSelector (all pairs) and required node affinity (any term)."""
+    if shape.node_name is not None and shape.node_name != node_name:
+        return False
     for key, value in shape.node_selector.items():
         if labels.get(key) != value:
             return False
@@ -114,7 +132,9 @@ def resource_fit(requests: Resources, free: Resources) -> int:
             continue
         have = free.get(name, 0)
         if have < amount:
-            return 0
+            if name in free or not is_port(name):
+                return 0
+            have = unlisted(name)  # a host port no pod on the node claims
         fit = min(fit, have // amount)
     return fit
 
@@ -139,9 +159,12 @@ def pods_that_fit(
     """
     if not selector_matches(shape, node_labels, node_name):
         return 0
-    if untolerated(node_taints, shape.tolerations):
+    if node_taints and untolerated(node_taints, shape.tolerations,
+                                   bound=shape.node_name is not None):
         return 0
     fit = resource_fit(shape.requests, node_free)
+    if shape.max_per_node is not None and fit > shape.max_per_node:
+        fit = shape.max_per_node
     if shape.claims and fit > 0:
         fit = (fitter or ClaimFitter(shape.claims)).count(devices, fit)
     return fit
@@ -153,11 +176,13 @@ def label_keys(shape: PodShape) -> tuple[str, ...]:
     keys = set(shape.node_selector)
     for term in shape.affinity_terms:
         keys.update(r.key for r in term.match_expressions)
+    if shape.spread is not None:
+        keys.add(shape.spread.key)
     return tuple(sorted(keys))
 
 
 def uses_node_name(shape: PodShape) -> bool:
-    return any(term.match_fields for term in shape.affinity_terms)
+    return shape.node_name is not None or any(term.match_fields for term in shape.affinity_terms)
 
 
 class ShapeCounter:
@@ -174,7 +199,9 @@ class ShapeCounter:
         self.shape = shape
         self.owner = owner
         """The pod set, to file device allocations under."""
-        self._resources = tuple(sorted(r for r, v in shape.requests.items() if v > 0))
+        self._resources = tuple(
+            (r, unlisted(r)) for r in sorted(r for r, v in shape.requests.items() if v > 0)
+        )
         self._keys = label_keys(shape)
         self._names = uses_node_name(shape)
         self._cache: dict[tuple[object, ...], int] = {}
@@ -189,7 +216,7 @@ class ShapeCounter:
         devices: NodeDevices | None = None,
     ) -> int:
         key = (
-            tuple(free.get(r, 0) for r in self._resources),
+            tuple([free.get(r, d) for r, d in self._resources]),
             tuple(labels.get(k) for k in self._keys),
             taints,
             node_name if self._names else None,

@@ -70,6 +70,21 @@ class SelectorTerm:
 
 
 @dataclass(frozen=True, slots=True)
+class Spread:
+    """A DoNotSchedule topology spread constraint that counts only the pod set's own pods:
+    over every eligible domain of ``key``, most pods minus fewest pods <= ``max_skew``."""
+
+    key: str
+    max_skew: int = 1
+    min_domains: int = 1
+    """With fewer eligible domains than this, the fewest is taken as 0."""
+    honor_affinity: bool = True
+    """nodeAffinityPolicy Honor: only nodes matching the pod's node affinity are domains."""
+    honor_taints: bool = False
+    """nodeTaintsPolicy Honor: only nodes whose taints the pod tolerates are domains."""
+
+
+@dataclass(frozen=True, slots=True)
 class PodShape:
     """What decides where one pod of a pod set can go."""
 
@@ -81,6 +96,17 @@ class PodShape:
     tolerations: tuple[Toleration, ...] = ()
     claims: tuple[ClaimShape, ...] = ()
     """DRA ResourceClaims each pod needs allocated on its node (see controller.fit.devices)."""
+    node_name: str | None = None
+    """``spec.nodeName``: the pod is bound to this existing node by its creator (no new node
+    can be it), and only the kubelet's admission applies (NoExecute taints, not NoSchedule)."""
+    max_per_node: int | None = None
+    """At most this many pods of the pod set on one node (required pod anti-affinity of the
+    pod set with itself on ``kubernetes.io/hostname``)."""
+    spread: Spread | None = None
+    """A topology spread constraint among the pod set's own pods (:class:`Spread`)."""
+    unsupported: tuple[str, ...] = ()
+    """Constraints of the pod spec the engine cannot plan, each naming its field: the gang
+    is refused (:attr:`ReasonCode.UNSUPPORTED`), never planned as if they were absent."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +141,9 @@ class NodeState:
     free: Resources
     """allocatable - requests of bound pods - capacity booked by other requests."""
     schedulable: bool = True
-    """False for NotReady or spec.unschedulable nodes: never used."""
+    """False for NotReady nodes and nodes being deleted: never used. A cordoned node
+    (``spec.unschedulable``) is schedulable with the ``node.kubernetes.io/unschedulable``
+    taint, as the scheduler sees it (:mod:`controller.fit.taints`)."""
     pool: str | None = None
     """CapacityPool that created the node, if any (counts against the pool's limits)."""
     devices: NodeDevices | None = None
@@ -242,6 +270,8 @@ class ReasonCode(enum.StrEnum):
     POOL_LIMIT = "PoolLimit"
     NEVER_FITS = "NeverFits"
     """Larger than anything the cluster plus every pool could ever hold."""
+    UNSUPPORTED = "Unsupported"
+    """The pods carry a placement constraint Muster does not plan (refused, not ignored)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,6 +286,9 @@ class Reason:
     best: int = 0
 
 
+_PERMANENT = frozenset({ReasonCode.NEVER_FITS, ReasonCode.INVALID, ReasonCode.UNSUPPORTED})
+
+
 @dataclass(frozen=True, slots=True)
 class NoFit:
     request: str
@@ -264,8 +297,8 @@ class NoFit:
 
     @property
     def permanent(self) -> bool:
-        """True when no amount of waiting can help (NeverFits or Invalid)."""
-        return any(r.code in (ReasonCode.NEVER_FITS, ReasonCode.INVALID) for r in self.reasons)
+        """True when no amount of waiting can help (NeverFits, Invalid or Unsupported)."""
+        return any(r.code in _PERMANENT for r in self.reasons)
 
 
 Result = Plan | NoFit

@@ -22,7 +22,9 @@ from typing import Any, NamedTuple
 
 from controller.fit.devices import ClaimFitter, PodPlan, emptied
 from controller.fit.dra_types import NodeDevices, PodDevices
+from controller.fit.ports import unlisted
 from controller.fit.shapes import ShapeCounter, label_keys, uses_node_name
+from controller.fit.taints import lasting_taints, transient
 from controller.fit.topology import Levels
 from controller.fit.types import (
     NewNodeSlot,
@@ -136,12 +138,12 @@ class _NodeIndex:
     """Node name -> node, built on first use (only assigned nodes are ever looked up)."""
 
     def __init__(self, nodes: Sequence[NodeState]) -> None:
-        self._nodes = nodes
+        self.nodes = nodes
         self._by_name: dict[str, NodeState] | None = None
 
     def _node(self, name: str) -> NodeState:
         if self._by_name is None:
-            self._by_name = {n.name: n for n in self._nodes}
+            self._by_name = {n.name: n for n in self.nodes}
         return self._by_name[name]
 
     def labels(self, name: str) -> Mapping[str, str]:
@@ -192,8 +194,9 @@ class Workspace:
         *,
         empty: bool = False,
     ) -> None:
-        """``empty``: every node as if nothing ran on it and it were schedulable (the
-        best the cluster could ever offer, for the NeverFits test)."""
+        """``empty``: every node as if nothing ran on it, it were Ready and not cordoned,
+        and its condition taints were gone (the best the cluster could ever offer, for the
+        NeverFits test)."""
         self.levels = levels
         self.pools = tuple(_at_maximum(p) for p in pools) if empty else tuple(pools)
         self.view = view = GangView.of(shapes)
@@ -226,6 +229,8 @@ class Workspace:
         self._taint_tokens: dict[tuple[Taint, ...], int] = {}
         self._taint_keep: list[tuple[Taint, ...]] = []
         self._build(nodes, empty)
+        if empty:
+            self._heal()
         self.refs: list[PoolRef] = []
         for pi, pool in enumerate(self.pools):
             for di, dom in enumerate(pool.domains):
@@ -270,6 +275,7 @@ class Workspace:
         # The hot loop of a plan over a large cluster: keys from C-level itemgetters (a node
         # missing a key takes the slow path), taints as tokens, member names sorted once.
         res = self.resources
+        defaults = [(r, unlisted(r)) for r in res]
         free_of = _getter(res)
         sel_of = _getter(self.label_keys)
         path_of = _getter(self.levels.domain)
@@ -292,7 +298,7 @@ class Workspace:
             try:
                 fkey = free_of(free)
             except KeyError:
-                fkey = tuple([free.get(r, 0) for r in res])
+                fkey = tuple([free.get(r, d) for r, d in defaults])
             useless = False
             for i, least in floor:
                 if fkey[i] < least:
@@ -341,6 +347,23 @@ class Workspace:
                 node.name if by_name else None,
                 devices,
             )
+
+    def _heal(self) -> None:
+        """Classes as if their nodes were healthy and uncordoned: condition and cordon
+        taints dropped (:mod:`controller.fit.taints`); classes that become equal merge. Per
+        class, not per node: the NeverFits judgement runs after every plan that fails."""
+        if not any(transient(t) for taints in self._taint_tokens for t in taints):
+            return
+        healed: dict[ClassKey, NodeClass] = {}
+        for key, cls in self.classes.items():
+            taints = lasting_taints(cls.taints)
+            if taints is not cls.taints:
+                key = (*key[:2], self.taint_token(taints), *key[3:])
+                cls = cls._replace(key=key, taints=taints)
+            have = healed.get(key)
+            healed[key] = cls if have is None else have._replace(
+                members=tuple(sorted((*have.members, *cls.members))))
+        self.classes = healed
 
     def fork(self) -> Workspace:
         other = Workspace.__new__(Workspace)
@@ -412,6 +435,10 @@ class Workspace:
         other.pool_used = {}
         other.domain_used = {}
         return other
+
+    def all_nodes(self) -> Sequence[NodeState]:
+        """Every node of the snapshot, usable or not (topology spread counts them all)."""
+        return self._index.nodes
 
     def labels(self, name: str) -> Mapping[str, str]:
         """Labels of a node or slot (a slot carries its pool template's and domain's)."""
@@ -517,7 +544,7 @@ class Workspace:
             self.slots[name] = NewNodeSlot(ref.pool.name, dict(ref.domain.labels), index)
             self.slot_labels[name] = ref.labels
             free = {
-                r: ref.pool.allocatable.get(r, 0) - requests.get(r, 0) * count
+                r: ref.pool.allocatable.get(r, unlisted(r)) - requests.get(r, 0) * count
                 for r in self.resources
             }
             devices = ref.pool.devices if self.device_keys else None

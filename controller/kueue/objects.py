@@ -13,6 +13,7 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from controller.api.validation import not_overcommitable
 from controller.kueue.models import API_VERSION, GROUP
 
 Body = dict[str, Any]
@@ -118,7 +119,9 @@ def pod_set(
     spec: Body = {
         "containers": [{
             "name": "main", "image": "registry.k8s.io/pause:3.9",
-            "resources": {"requests": dict(requests)},
+            # Extended resources need limits equal to requests (API server validation).
+            "resources": {"requests": dict(requests), "limits": {
+                k: v for k, v in requests.items() if not_overcommitable(k)}},
         }],
         "restartPolicy": "Never",
     }

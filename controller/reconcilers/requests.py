@@ -82,6 +82,16 @@ class RequestView:
         return self.spec.get("parameters") or {}
 
     @property
+    def template_names(self) -> list[str]:
+        """The PodTemplates ``spec.podSets`` refers to."""
+        out = []
+        for ps in self.spec.get("podSets") or []:
+            name = (ps.get("podTemplateRef") or {}).get("name") if isinstance(ps, dict) else None
+            if name and name not in out:
+                out.append(str(name))
+        return out
+
+    @property
     def total_pods(self) -> int:
         total = 0
         for ps in self.spec.get("podSets") or []:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -46,21 +47,25 @@ from controller.conditions import (
     transitions,
 )
 from controller.config import MusterConfig
-from controller.fit.types import GangRequest, Mode, NoFit, Plan
+from controller.constraints import needs_running_pods
+from controller.fit.types import GangRequest, Mode, NoFit, Plan, ReasonCode
 from controller.kube import ApiError, Body, KubeClient
 from controller.kube.resources import PROVISIONING_REQUESTS
 from controller.reconcilers.pools import hold_pools
 from controller.reconcilers.requests import RequestView
-from controller.snapshot import SnapshotError, gang_of, parse_object
+from controller.snapshot import InvalidTemplate, SnapshotError, gang_of, parse_object
 from controller.state.bookings import (
     ATTEMPT_ANNOTATION,
     FINALIZER,
     PHASE_ANNOTATION,
     PLAN_ANNOTATION,
     RETRY_AT_ANNOTATION,
+    TEMPLATES_ANNOTATION,
     Booking,
     Group,
     Phase,
+    stale_templates,
+    template_digest,
 )
 from controller.state.cache import ClusterState
 from controller.state.planner import Planner
@@ -171,6 +176,8 @@ class ProvisioningService:
             gang = self.gang(req, mode)
         except Invalid as exc:
             return await self.fail(req, exc.reason, message(exc.reason, detail=exc.detail))
+        digests = json.dumps(self.template_digests(req.namespace, req.template_names),
+                             sort_keys=True, separators=(",", ":"))
         attempt = req.attempt + 1
         result = await self.planner.plan(
             req.key, gang, mode, lambda plan: self.book(req, plan, attempt)
@@ -194,6 +201,7 @@ class ProvisioningService:
                     ATTEMPT_ANNOTATION: str(attempt),
                     PHASE_ANNOTATION: Phase.ACQUIRING,
                     RETRY_AT_ANNOTATION: None,
+                    TEMPLATES_ANNOTATION: digests,
                 },
             )
             return await self.confirm(req, booking)
@@ -204,6 +212,7 @@ class ProvisioningService:
                 ATTEMPT_ANNOTATION: str(attempt),
                 PHASE_ANNOTATION: Phase.ACQUIRING,
                 RETRY_AT_ANNOTATION: None,
+                TEMPLATES_ANNOTATION: digests,
             },
             finalizer=True,
         )
@@ -238,7 +247,11 @@ class ProvisioningService:
                 )
             templates[ref] = found
         try:
-            gang = gang_of(pr, templates, self.state.levels, self.state.dra.catalog())
+            every = any(needs_running_pods(t.template.spec) for t in templates.values())
+            gang = gang_of(pr, templates, self.state.levels, self.state.dra.catalog(),
+                           self.state.bound_pods(every=every))
+        except InvalidTemplate as exc:
+            raise Invalid(Reason.INVALID_PARAMETERS, str(exc)) from None
         except SnapshotError as exc:
             raise Invalid(Reason.FAILED_TO_CREATE_PODS, str(exc)) from None
         for pod_set in gang.pod_sets:
@@ -276,9 +289,10 @@ class ProvisioningService:
     async def no_fit(self, req: RequestView, mode: Mode, result: NoFit, attempt: int) -> Delay:
         detail = "; ".join(r.message for r in result.reasons) or "no capacity"
         if result.permanent:
+            codes = {r.code for r in result.reasons}
             reason = (
-                Reason.INVALID_PARAMETERS
-                if any(r.code == "Invalid" for r in result.reasons)
+                Reason.INVALID_PARAMETERS if ReasonCode.INVALID in codes
+                else Reason.UNSUPPORTED_CONSTRAINT if ReasonCode.UNSUPPORTED in codes
                 else Reason.NEVER_FITS
             )
             return await self.fail(req, reason, message(reason, detail=detail))
@@ -354,6 +368,21 @@ class ProvisioningService:
             req, [_accepted(), (ConditionType.PROVISIONED, False, Reason.PROVISIONING, text)]
         )
 
+    def template_digests(self, namespace: str, names: Sequence[str]) -> dict[str, str | None]:
+        """PodTemplate name -> digest of its content now (None: missing; a template the
+        cache could not parse digests its error)."""
+        out: dict[str, str | None] = {}
+        for name in names:
+            found = self.state.template(namespace, name)
+            if found is None:
+                out[name] = None
+            elif isinstance(found, str):
+                out[name] = template_digest({"invalid": found})
+            else:
+                out[name] = template_digest(found.template.model_dump(mode="json",
+                                                                      by_alias=True))
+        return out
+
     async def confirm(self, req: RequestView, booking: Booking) -> Delay:
         """Set Provisioned=True with the placement: the one write that turns a persisted
         plan (phase Acquiring) into a booking."""
@@ -401,6 +430,11 @@ class ProvisioningService:
         if scheduled >= total:
             return (ConditionType.BOOKING_EXPIRED, Reason.BOOKING_CONSUMED,
                     message(Reason.BOOKING_CONSUMED, total=total))
+        stale = self.stale_templates(req)
+        if stale is not None:
+            reason, templates = stale
+            return (ConditionType.CAPACITY_REVOKED, reason,
+                    message(reason, detail=", ".join(f"{req.namespace}/{n}" for n in templates)))
         vanished = [n for n in booking.existing_nodes if not self.state.node_exists(n)]
         for g in booking.groups:
             have = len(self.group_nodes(g))
@@ -418,6 +452,24 @@ class ProvisioningService:
             return (ConditionType.BOOKING_EXPIRED, Reason.RESERVATION_TIME_EXPIRED,
                     message(Reason.RESERVATION_TIME_EXPIRED, booked=scheduled, total=total,
                             seconds=duration))
+        return None
+
+    def stale_templates(self, req: RequestView) -> tuple[Reason, list[str]] | None:
+        """Whether the PodTemplates the booking was planned from are gone or changed."""
+        text = req.annotations.get(TEMPLATES_ANNOTATION)
+        if not text or not self.state.synced["podtemplates"].is_set():
+            return None  # booked before Muster recorded templates, or the cache is cold
+        try:
+            recorded = {str(k): str(v) for k, v in json.loads(text).items()}
+        except (ValueError, AttributeError):
+            return None
+        deleted, changed = stale_templates(
+            recorded, self.template_digests(req.namespace, sorted(recorded))
+        )
+        if deleted:
+            return Reason.TEMPLATE_DELETED, deleted
+        if changed:
+            return Reason.TEMPLATE_CHANGED, changed
         return None
 
     async def end_booking(

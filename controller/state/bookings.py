@@ -10,6 +10,7 @@ a booking still holds once some of its nodes exist and some of its pods run.
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -30,6 +31,8 @@ ATTEMPT_ANNOTATION = "muster.dev/attempt"
 PHASE_ANNOTATION = "muster.dev/phase"
 RETRY_AT_ANNOTATION = "muster.dev/retry-at"
 BOOKED_AT_ANNOTATION = "muster.dev/booked-at"
+TEMPLATES_ANNOTATION = "muster.dev/templates"
+"""PodTemplate name -> digest of what the plan was made from (``template_digest``)."""
 FINALIZER = "muster.dev/release-nodes"
 
 
@@ -132,6 +135,24 @@ class Booking:
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"malformed {PLAN_ANNOTATION} annotation: {exc}") from exc
+
+
+def template_digest(template: Mapping[str, Any]) -> str:
+    """A short digest of a PodTemplate's ``template`` (pod metadata and spec): equal for
+    templates that plan the same, whatever their uid or resourceVersion."""
+    text = json.dumps(template, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def stale_templates(
+    recorded: Mapping[str, str], current: Mapping[str, str | None]
+) -> tuple[list[str], list[str]]:
+    """(deleted, changed) template names: what a booking planned from that is gone or not
+    what it was. ``current``: name -> digest now, None when the template is missing."""
+    deleted = sorted(n for n in recorded if current.get(n) is None)
+    changed = sorted(n for n, d in recorded.items()
+                     if current.get(n) is not None and current[n] != d)
+    return deleted, changed
 
 
 def plan_to_json(plan: Plan) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -27,11 +27,12 @@ from pydantic import ValidationError
 
 from controller.api.capacitypool import CapacityPool
 from controller.api.node import Node
-from controller.api.pod import Pod, PodTemplate
+from controller.api.pod import Pod, PodAffinityTerm, PodTemplate
+from controller.constraints import BoundPod
 from controller.fit import apply_plan
 from controller.fit.capacity import BookedMemo
 from controller.fit.types import NodeState, Plan, PoolState, Snapshot
-from controller.snapshot import node_state, pool_state
+from controller.snapshot import node_state, pod_requests, pool_state
 from controller.state.bookings import (
     PHASE_ANNOTATION,
     PLAN_ANNOTATION,
@@ -80,6 +81,10 @@ class PodRecord:
     """Bound and not finished: counts against its node."""
     consumer: str | None
     """``<namespace>/<request>`` the pod consumes, if any."""
+    namespace: str = "default"
+    labels: Mapping[str, str] = field(default_factory=dict)
+    anti_affinity: tuple[PodAffinityTerm, ...] = ()
+    """Its required pod anti-affinity terms (they repel other pods from its domain)."""
 
 
 class ClusterState:
@@ -102,6 +107,8 @@ class ClusterState:
         self._node_states: dict[str, NodeState] = {}
         self._usage: dict[str, dict[str, int]] = {}
         self._pods: dict[str, PodRecord] = {}
+        self._repellers: set[str] = set()
+        """Pods with required anti-affinity terms (they repel other pods)."""
         self._consumed: dict[str, dict[str, int]] = {}
         self._pods_on: dict[str, int] = {}
         self._templates: dict[str, PodTemplate] = {}
@@ -285,6 +292,8 @@ class ClusterState:
         if record is None:
             return
         self._pods[key] = record
+        if record.anti_affinity:
+            self._repellers.add(key)
         if record.holds and record.node:
             usage = self._usage.setdefault(record.node, {})
             for res, amount in record.requests.items():
@@ -306,6 +315,7 @@ class ClusterState:
         record = self._pods.pop(key, None)
         if record is None:
             return None
+        self._repellers.discard(key)
         if record.holds and record.node:
             usage = self._usage.get(record.node, {})
             for res, amount in record.requests.items():
@@ -321,6 +331,22 @@ class ClusterState:
                     self._consumed.pop(record.consumer, None)
         return record
 
+    def bound_pods(self, *, every: bool) -> list[BoundPod]:
+        """Running pods for inter-pod constraints: those with required anti-affinity (they
+        repel every gang), and with ``every`` all of them (for a gang with pod affinity or
+        anti-affinity terms of its own)."""
+        out = []
+        keys = self._pods if every else self._repellers
+        for key in keys:
+            record = self._pods[key]
+            if not (record.holds and record.node):
+                continue
+            node = self._nodes.get(record.node)
+            if node is not None:
+                out.append(BoundPod(record.namespace, record.labels, node.metadata.labels,
+                                    record.anti_affinity))
+        return out
+
     def scheduled_consumers(self, request_key: str) -> Mapping[str, int]:
         """Node -> bound pods consuming ``request_key`` (``<ns>/<name>``)."""
         return self._consumed.get(request_key, {})
@@ -335,10 +361,13 @@ class ClusterState:
         self._templates.clear()
         self._template_errors.clear()
         for item in items:
-            self.upsert_template(item)
+            self.upsert_template(item, notify=False)
         self.synced["podtemplates"].set()
+        # A relist may have missed deletions and edits: every booking re-checks, once.
+        for key in list(self._bookings):
+            self.notify(key)
 
-    def upsert_template(self, body: Body) -> None:
+    def upsert_template(self, body: Body, *, notify: bool = True) -> None:
         key = object_key(body)
         try:
             self._templates[key] = PodTemplate.model_validate(body)
@@ -346,10 +375,24 @@ class ClusterState:
         except ValidationError as exc:
             self._templates.pop(key, None)
             self._template_errors[key] = _first_error(exc)
+        if notify:
+            self._notify_bookings_of(key)
 
     def delete_template(self, key: str) -> None:
         self._templates.pop(key, None)
         self._template_errors.pop(key, None)
+        self._notify_bookings_of(key)
+
+    def _notify_bookings_of(self, template_key: str) -> None:
+        """Requests holding a booking planned from this template re-check it."""
+        namespace, _, name = template_key.partition("/")
+        for key in list(self._bookings):
+            if not key.startswith(f"{namespace}/"):
+                continue
+            spec = (self._requests.get(key) or {}).get("spec") or {}
+            if any(((ps.get("podTemplateRef") or {}).get("name") == name)
+                   for ps in spec.get("podSets") or [] if isinstance(ps, dict)):
+                self.notify(key)
 
     def template(self, namespace: str, name: str) -> PodTemplate | str | None:
         """The parsed template, the reason it is malformed, or None when missing."""
@@ -682,14 +725,18 @@ def _pod_record(body: Body) -> PodRecord | None:
     consumer = f"{meta.get('namespace')}/{consumer_name}" if consumer_name else None
     try:
         pod = Pod.model_validate(body)
-        requests = pod.spec.effective_requests()
+        requests = pod_requests(pod.spec)
     except (ValidationError, ValueError) as exc:
         log.warning("ignoring malformed Pod %s: %s", object_key(body), exc)
         return None
-    requests["pods"] = requests.get("pods", 0) + 1
+    aff = pod.spec.affinity
     return PodRecord(
         node=pod.spec.node_name or None,
         requests=requests,
         holds=pod.holds_capacity,
         consumer=consumer,
+        namespace=pod.metadata.namespace or "default",
+        labels=pod.metadata.labels,
+        anti_affinity=tuple(aff.pod_anti_affinity.required)
+        if aff and aff.pod_anti_affinity else (),
     )

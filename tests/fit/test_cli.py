@@ -100,3 +100,28 @@ def test_bad_cluster_file(tmp_path: Path, content: str | None, fragment: str) ->
     assert result.exit_code == 2, result.output
     assert fragment in result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+def _edited_request(tmp_path: Path, edit: dict[str, object]) -> str:
+    docs = list(yaml.safe_load_all(Path(REQUEST).read_text()))
+    for doc in docs:
+        if doc and doc.get("kind") == "PodTemplate":
+            doc["template"]["spec"].update(edit)
+    path = tmp_path / "request.yaml"
+    path.write_text(yaml.safe_dump_all(docs))
+    return str(path)
+
+
+def test_a_constraint_muster_does_not_plan_is_refused(tmp_path: Path) -> None:
+    request = _edited_request(tmp_path, {"runtimeClassName": "gvisor"})
+    result = runner.invoke(app, ["fit", request, "--snapshot", CLUSTER, "--pools", POOLS])
+    assert result.exit_code == 1, result.output
+    assert "REFUSED" in result.output
+    assert "runtimeClassName" in result.output
+
+
+def test_a_misspelt_pod_spec_field_is_bad_input(tmp_path: Path) -> None:
+    request = _edited_request(tmp_path, {"nodeSelecter": {"zone": "a"}})
+    result = runner.invoke(app, ["fit", request, "--snapshot", CLUSTER, "--pools", POOLS])
+    assert result.exit_code == 2, result.output
+    assert "template.spec.nodeSelecter: unknown field" in result.output

@@ -40,6 +40,7 @@ from controller.fit import (
     plan,
     pods_that_fit,
 )
+from controller.fit.taints import lasting_taints
 from tests.builders import BLOCK, GPU, HOST, LEVELS, RACK
 
 SETTINGS = settings(max_examples=150, deadline=None,
@@ -193,7 +194,8 @@ def feasible(snap: Snapshot, ps: PodSetRequest, mode: Mode, *, empty: bool = Fal
         if not (n.schedulable or empty):
             continue
         free = n.allocatable if empty else n.free
-        caps.append((n.labels, pods_that_fit(ps.shape, free, n.labels, n.taints,
+        taints = lasting_taints(n.taints) if empty else n.taints
+        caps.append((n.labels, pods_that_fit(ps.shape, free, n.labels, taints,
                                              node_name=n.name)))
     units: list[tuple[int, int, int, Mapping[str, str]]] = []
     pool_max: dict[int, int] = {}

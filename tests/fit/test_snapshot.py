@@ -70,16 +70,17 @@ def pod(node: str | None, phase: str = "Running", gpus: str = "2") -> Pod:
 
 def test_free_capacity_from_bound_pods_and_bookings() -> None:
     snap = build_snapshot(
-        [gpu_node("a"), gpu_node("b", ready=False)],
+        [gpu_node("a"), gpu_node("b", ready=False), gpu_node("c")],
         [pod("a"), pod("a", "Succeeded"), pod(None, "Pending")],
         booked={"a": {"nvidia.com/gpu": 4}},
     )
-    a, b = snap.nodes
+    a, b, c = snap.nodes
     assert a.free["nvidia.com/gpu"] == 8 - 2 - 4
     assert a.free["cpu"] == 7000
     assert a.free["pods"] == 110 - 1
     assert not b.schedulable
-    assert a.taints is b.taints  # equal taint tuples are shared (engine fast path)
+    assert a.taints is c.taints  # equal taint tuples are shared (engine fast path)
+    assert b.taints[-1].key == "node.kubernetes.io/not-ready"  # NotReady: the taint follows
 
 
 def pool(topology: dict[str, Any] | None, max_nodes: int = 10, booked: int = 0) -> CapacityPool:
@@ -157,5 +158,8 @@ def test_cluster_sample_builds() -> None:
     snap = snapshot_from_documents(load_documents(SAMPLES / "fit-cluster.yaml"),
                                    load_documents(SAMPLES / "fit-pools.yaml"))
     assert len(snap.nodes) == 18
-    assert sum(1 for n in snap.nodes if not n.schedulable) == 2
+    # One NotReady node; one cordoned, which keeps only pods tolerating the cordon's taint.
+    assert sum(1 for n in snap.nodes if not n.schedulable) == 1
+    assert sum(1 for n in snap.nodes
+               if any(t.key == "node.kubernetes.io/unschedulable" for t in n.taints)) == 1
     assert [p.name for p in snap.pools] == ["p5-b1", "p5-placement-groups"]

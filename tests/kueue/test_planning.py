@@ -115,7 +115,7 @@ def test_slice_annotations_become_one_required_pod_set_per_slice() -> None:
             "metadata": {"name": "ppt-r-workers"},
             "template": {"metadata": {"annotations": annotations},
                          "spec": {"containers": [{"name": "c", "resources": {
-                             "requests": {GPU: "8"}}}]}},
+                             "requests": {GPU: "8"}, "limits": {GPU: "8"}}}]}},
         })
         pr = ProvisioningRequest.model_validate({
             "metadata": {"name": "r", "namespace": "ns"},
@@ -126,11 +126,15 @@ def test_slice_annotations_become_one_required_pod_set_per_slice() -> None:
 
     slices = {"kueue.x-k8s.io/podset-slice-required-topology": "topology.muster.dev/rack",
               "kueue.x-k8s.io/podset-slice-size": "4"}
-    g = gang(slices)
+    g = gang(slices, count=12)
     assert [(p.name, p.count, p.topology.mode, p.topology.level) for p in g.pod_sets] == [
         (f"workers-slice-{i}", n, TopologyMode.REQUIRED, "topology.muster.dev/rack")
-        for i, n in enumerate([4, 4, 2])]
-    outer = gang({**slices, "kueue.x-k8s.io/podset-required-topology": "topology.muster.dev/block"})
+        for i, n in enumerate([4, 4, 4])]
+    with pytest.raises(SnapshotError, match=r"podset-slice-size\]: 4 does not divide "
+                       r"spec.podSets\[0\].count 10"):
+        gang(slices)
+    outer = gang({**slices, "kueue.x-k8s.io/podset-required-topology":
+                  "topology.muster.dev/block"}, count=12)
     assert [(p.name, p.topology.level) for p in outer.pod_sets] == [
         ("workers", "topology.muster.dev/block")], "the outer requirement decides"
     with pytest.raises(SnapshotError, match="must be set together"):

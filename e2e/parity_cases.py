@@ -1,0 +1,414 @@
+"""Seeded cases for the differential test against the real kube-scheduler (issue 13).
+
+Each :class:`Case` is a small cluster (Nodes, and Pods already running on them) and a gang
+(a check-capacity ProvisioningRequest with its PodTemplates), all as Kubernetes JSON objects.
+Muster's answer comes from ``muster fit --mode check --json`` (:func:`muster_answer`); the
+scheduler's answer is: create ``case.nodes()`` and ``case.running()``, then ``case.pods()``,
+and see whether every pod gets bound. Typical use::
+
+    from e2e.parity_cases import cases, muster_answer
+    for case in cases(seed=0, count=500):
+        ours = muster_answer(case)          # Answer(fits=..., refused=..., reasons=...)
+        ...create case.namespace, case.nodes(), case.running(), then case.pods()...
+        theirs = all pods bound within the timeout
+        agree = ours.refused or ours.fits == theirs
+
+Conventions that make the two answers comparable:
+
+* every node carries ``parity.muster.dev/case=<case id>`` and every pod template selects it,
+  so a case's pods see only its own nodes even when cases share a cluster (the control-plane
+  node, other cases' nodes). Run cases one at a time or in their own namespaces; nodes are
+  cluster-scoped and named ``<case id>-n<i>``;
+* nodes report Ready (add them as kwok or fake nodes: no kubelet). A node marked
+  ``condition-taint`` is Ready yet still carries ``node.kubernetes.io/not-ready``, which the
+  node lifecycle controller removes: wait for that before judging;
+* ``running()`` pods carry ``spec.nodeName`` and hold capacity from creation;
+* a case Muster *refuses* (``Answer.refused``) names a constraint it does not plan; the
+  scheduler may still place it: count those apart, they are documented limits, not
+  disagreements (docs/filter-parity.md);
+* a ``"node-name"`` case has pods with ``spec.nodeName``: no scheduler places them, the
+  node's kubelet admits or rejects them (resources, ports, node affinity, NoExecute taints).
+  kwok does no admission, so on kwok nodes such a pod always "runs": judge those cases by
+  the pod's admission on a real kubelet, or leave them out;
+* several pod sets in one gang compete for nodes in the order the scheduler takes their
+  pods, which Muster does not control (``"pod-sets"`` in ``Case.fields``); single pod set
+  cases have no such order effect.
+
+``python3 -m e2e.parity_cases [--seed S] [--count N] [--out DIR]`` writes every case as
+``<id>/cluster.json``, ``<id>/request.json``, ``<id>/pods.json`` and Muster's answer as
+``<id>/muster.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+Body = dict[str, Any]
+
+CASE_LABEL = "parity.muster.dev/case"
+HOST = "kubernetes.io/hostname"
+ZONE = "topology.kubernetes.io/zone"
+BLOCK = "topology.muster.dev/block"
+RACK = "topology.muster.dev/rack"
+LEVELS = (BLOCK, RACK, HOST)
+EXT = "example.com/widget"
+PAUSE = "registry.k8s.io/pause:3.10"
+
+FIELDS = (
+    "resources", "pod-count", "extended-resource", "node-name", "node-selector",
+    "affinity-in", "affinity-notin", "affinity-exists", "affinity-gt-lt", "match-fields",
+    "taints", "no-execute", "prefer-no-schedule", "condition-taint", "unschedulable",
+    "host-port", "spread", "anti-affinity", "anti-affinity-running", "pod-affinity",
+    "pod-sets", "unsupported",
+)
+"""What a case exercises; case ``i`` always exercises ``FIELDS[i % len(FIELDS)]``."""
+
+
+@dataclass
+class Case:
+    id: str
+    seed: int
+    fields: tuple[str, ...]
+    namespace: str
+    node_objects: list[Body]
+    running_pods: list[Body]
+    templates: list[Body]
+    request: Body
+    counts: dict[str, int] = field(default_factory=dict)
+    """PodTemplate name -> pods of that pod set."""
+
+    def nodes(self) -> list[Body]:
+        return [json.loads(json.dumps(n)) for n in self.node_objects]
+
+    def running(self) -> list[Body]:
+        """Pods already bound (spec.nodeName) before the gang arrives."""
+        return [json.loads(json.dumps(p)) for p in self.running_pods]
+
+    def pods(self) -> list[Body]:
+        """The gang's pods, as a job controller would create them from the templates."""
+        out = []
+        for t in self.templates:
+            name = t["metadata"]["name"]
+            for i in range(self.counts[name]):
+                tpl = json.loads(json.dumps(t["template"]))
+                out.append({
+                    "apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": f"{name}-{i}", "namespace": self.namespace,
+                                 "labels": tpl["metadata"].get("labels", {}),
+                                 "annotations": tpl["metadata"].get("annotations", {})},
+                    "spec": tpl["spec"],
+                })
+        return out
+
+    def cluster_documents(self) -> list[Body]:
+        """What ``muster fit --snapshot`` reads: the nodes and the running pods."""
+        return [*self.nodes(), *self.running()]
+
+    def request_documents(self) -> list[Body]:
+        """What ``muster fit`` reads as the request: the ProvisioningRequest and templates."""
+        return [json.loads(json.dumps(self.request)), *(json.loads(json.dumps(t))
+                                                        for t in self.templates)]
+
+
+@dataclass(frozen=True)
+class Answer:
+    fits: bool
+    refused: bool
+    """Muster refused a constraint it does not plan (then ``fits`` is False)."""
+    reasons: tuple[str, ...]
+    exit_code: int
+    plan: Body | None = None
+
+
+def muster_answer(case: Case, *, workdir: Path | None = None) -> Answer:
+    """``muster fit REQUEST --snapshot CLUSTER --mode check --json`` on the case, run
+    in-process through the CLI (the same code path as the command)."""
+    from typer.testing import CliRunner
+
+    from controller.cli import app
+
+    with tempfile.TemporaryDirectory() as tmp:
+        where = workdir or Path(tmp)
+        where.mkdir(parents=True, exist_ok=True)
+        request = where / "request.json"
+        cluster = where / "cluster.json"
+        request.write_text(json.dumps({"kind": "List", "items": case.request_documents()}))
+        cluster.write_text(json.dumps({"kind": "List", "items": case.cluster_documents()}))
+        result = CliRunner().invoke(app, [
+            "fit", str(request), "--snapshot", str(cluster), "--mode", "check", "--json",
+            "--levels", ",".join(LEVELS),
+        ])
+    if result.exit_code not in (0, 1):
+        return Answer(False, True, (result.output.strip(),), result.exit_code)
+    payload = json.loads(result.stdout)
+    reasons = tuple(f"{r['code']}: {r['message']}" for r in payload.get("reasons") or ())
+    refused = any(r.get("code") == "Unsupported" for r in payload.get("reasons") or ())
+    return Answer(bool(payload["fits"]), refused, reasons, result.exit_code,
+                  payload if payload["fits"] else None)
+
+
+# ---------------------------------------------------------------------------- generation
+
+
+class _Gen:
+    def __init__(self, rng: random.Random, case_id: str, focus: str) -> None:
+        self.rng = rng
+        self.id = case_id
+        self.focus = focus
+        self.fields: set[str] = {focus}
+        self.namespace = case_id
+
+    def want(self, name: str, p: float) -> bool:
+        """Exercise ``name`` in this case: always when it is the focus, else with ``p``."""
+        if name == self.focus or self.rng.random() < p:
+            self.fields.add(name)
+            return True
+        return False
+
+    # ------------------------------------------------------------------ nodes
+
+    def node(self, i: int) -> Body:
+        rng = self.rng
+        name = f"{self.id}-n{i}"
+        labels = {HOST: name, CASE_LABEL: self.id, BLOCK: "b1", RACK: f"r{i % 2 + 1}",
+                  "disk": rng.choice(["ssd", "hdd"]), "gen": str(rng.randint(1, 5))}
+        if rng.random() < 0.85:
+            labels[ZONE] = f"z{i % 3}"
+        pods = rng.choice(["3", "5", "110"]) if "pod-count" in self.fields else "110"
+        alloc = {"cpu": rng.choice(["2", "4", "4", "8"]),
+                 "memory": rng.choice(["4Gi", "8Gi", "16Gi"]), "pods": pods}
+        if "extended-resource" in self.fields and rng.random() < 0.6:
+            alloc[EXT] = str(rng.randint(1, 4))
+        spec: Body = {"taints": self._taints()}
+        if "unschedulable" in self.fields and rng.random() < 0.5:
+            spec["unschedulable"] = True
+        if "condition-taint" in self.fields and rng.random() < 0.5:
+            spec["taints"].append({"key": "node.kubernetes.io/not-ready",
+                                   "effect": "NoSchedule"})
+        return {
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": labels,
+                         "annotations": {"kwok.x-k8s.io/node": "fake"}},
+            "spec": spec,
+            "status": {"capacity": dict(alloc), "allocatable": dict(alloc),
+                       "conditions": [{"type": "Ready", "status": "True",
+                                       "reason": "KubeletReady"}]},
+        }
+
+    def _taints(self) -> list[Body]:
+        rng = self.rng
+        out = []
+        if "taints" in self.fields and rng.random() < 0.5:
+            out.append({"key": "dedicated", "value": rng.choice(["ml", "db"]),
+                        "effect": "NoSchedule"})
+        if "no-execute" in self.fields and rng.random() < 0.5:
+            out.append({"key": "maintenance", "value": "true", "effect": "NoExecute"})
+        if "prefer-no-schedule" in self.fields and rng.random() < 0.5:
+            out.append({"key": "spot", "value": "true", "effect": "PreferNoSchedule"})
+        return out
+
+    # ------------------------------------------------------------------ pods
+
+    def tolerations(self) -> list[Body]:
+        rng = self.rng
+        out: list[Body] = []
+        if self.fields & {"taints", "no-execute", "unschedulable", "condition-taint"}:
+            for tol in (
+                {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"},
+                {"key": "dedicated", "operator": "Exists"},
+                {"key": "maintenance", "operator": "Exists", "effect": "NoExecute"},
+                {"key": "node.kubernetes.io/unschedulable", "operator": "Exists",
+                 "effect": "NoSchedule"},
+                {"operator": "Exists"},
+            ):
+                if rng.random() < 0.25:
+                    out.append(tol)
+        return out
+
+    def affinity_terms(self) -> list[Body]:
+        rng = self.rng
+        exprs: list[Body] = []
+        if self.want("affinity-in", 0.1):
+            exprs.append({"key": "disk", "operator": "In", "values": ["ssd"]})
+        if self.want("affinity-notin", 0.1):
+            exprs.append({"key": ZONE, "operator": "NotIn",
+                          "values": [rng.choice(["z0", "z1", "z2"])]})
+        if self.want("affinity-exists", 0.1):
+            exprs.append({"key": ZONE, "operator": rng.choice(["Exists", "DoesNotExist"])})
+        if self.want("affinity-gt-lt", 0.1):
+            exprs.append({"key": "gen", "operator": rng.choice(["Gt", "Lt"]),
+                          "values": [str(rng.randint(1, 5))]})
+        terms: list[Body] = []
+        if exprs:
+            terms.append({"matchExpressions": exprs})
+        return terms
+
+    def spec(self, set_name: str, nodes: list[Body], labels: dict[str, str]) -> Body:
+        rng = self.rng
+        requests = {"cpu": rng.choice(["250m", "500m", "1", "2", "3"]),
+                    "memory": rng.choice(["256Mi", "1Gi", "3Gi", "6Gi"])}
+        limits: dict[str, str] = {}
+        if "extended-resource" in self.fields and rng.random() < 0.7:
+            requests[EXT] = limits[EXT] = str(rng.randint(1, 2))
+        container: Body = {"name": "main", "image": PAUSE,
+                           "resources": {"requests": requests, "limits": limits}}
+        spec: Body = {"containers": [container], "terminationGracePeriodSeconds": 0,
+                      "nodeSelector": {CASE_LABEL: self.id}}
+        if self.want("host-port", 0.05):
+            container["ports"] = [{"containerPort": 80, "hostPort": rng.choice([8080, 8081]),
+                                   "protocol": "TCP"}]
+        if self.want("node-selector", 0.15):
+            spec["nodeSelector"]["disk"] = rng.choice(["ssd", "hdd"])
+        if self.want("node-name", 0.03):
+            spec["nodeName"] = rng.choice(nodes)["metadata"]["name"]
+        terms = self.affinity_terms()
+        if self.want("match-fields", 0.05):
+            field_term = {"matchFields": [{"key": "metadata.name",
+                                           "operator": rng.choice(["In", "NotIn"]),
+                                           "values": [rng.choice(nodes)["metadata"]["name"]]}]}
+            terms.append(field_term)
+        affinity: Body = {}
+        if terms:
+            affinity["nodeAffinity"] = {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}
+        if self.want("anti-affinity", 0.08):
+            affinity["podAntiAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchLabels": dict(labels)}, "topologyKey": HOST}]}
+        if "anti-affinity-running" in self.fields:
+            affinity.setdefault("podAntiAffinity", {}).setdefault(
+                "requiredDuringSchedulingIgnoredDuringExecution", []).append(
+                {"labelSelector": {"matchLabels": {"app": "db"}},
+                 "topologyKey": rng.choice([HOST, ZONE])})
+        if self.want("pod-affinity", 0.05):
+            affinity["podAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchLabels": dict(labels)},
+                 "topologyKey": rng.choice([RACK, HOST])}]}
+        if affinity:
+            spec["affinity"] = affinity
+        tolerations = self.tolerations()
+        if tolerations:
+            spec["tolerations"] = tolerations
+        if self.want("spread", 0.08):
+            tsc: Body = {"maxSkew": rng.choice([1, 1, 2]),
+                         "topologyKey": rng.choice([HOST, ZONE, RACK]),
+                         "whenUnsatisfiable": "DoNotSchedule",
+                         "labelSelector": {"matchLabels": dict(labels)}}
+            if rng.random() < 0.3:
+                tsc["minDomains"] = rng.randint(1, 4)
+            if rng.random() < 0.2:
+                tsc["nodeTaintsPolicy"] = "Honor"
+            spec["topologySpreadConstraints"] = [tsc]
+        if self.want("unsupported", 0.02):
+            choice = rng.choice(["pvc", "runtime", "scheduler"])
+            if choice == "pvc":
+                spec["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": "d"}}]
+                container["volumeMounts"] = [{"name": "data", "mountPath": "/data"}]
+            elif choice == "runtime":
+                spec["runtimeClassName"] = "gvisor"
+            else:
+                spec["schedulerName"] = "other-scheduler"
+        return spec
+
+    def running(self, nodes: list[Body]) -> list[Body]:
+        rng = self.rng
+        out: list[Body] = []
+        for i, node in enumerate(nodes):
+            if rng.random() > 0.4:
+                continue
+            container: Body = {"name": "main", "image": PAUSE, "resources": {"requests": {
+                "cpu": rng.choice(["500m", "1"]), "memory": "512Mi"}}}
+            if "host-port" in self.fields and rng.random() < 0.5:
+                container["ports"] = [{"containerPort": 80, "hostPort": 8080}]
+            labels = {"app": rng.choice(["db", "web"])}
+            spec: Body = {"nodeName": node["metadata"]["name"], "containers": [container],
+                          "terminationGracePeriodSeconds": 0,
+                          "tolerations": [{"operator": "Exists"}]}
+            if "anti-affinity-running" in self.fields and rng.random() < 0.3:
+                spec["affinity"] = {"podAntiAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": [
+                        {"labelSelector": {"matchLabels": {"set": "w"}}, "topologyKey": HOST}]}}
+            out.append({"apiVersion": "v1", "kind": "Pod",
+                        "metadata": {"name": f"running-{i}", "namespace": self.namespace,
+                                     "labels": labels},
+                        "spec": spec})
+        return out
+
+
+def _case(seed: int, index: int) -> Case:
+    rng = random.Random(f"{seed}/{index}")
+    focus = FIELDS[index % len(FIELDS)]
+    case_id = f"pc-{seed}-{index:04d}"
+    gen = _Gen(rng, case_id, focus)
+    for name in ("pod-count", "extended-resource", "taints", "no-execute",
+                 "prefer-no-schedule", "condition-taint", "unschedulable", "host-port",
+                 "anti-affinity-running"):
+        gen.want(name, 0.08)
+    gen.fields.add("resources")
+    nodes = [gen.node(i) for i in range(rng.randint(1, 5))]
+    running = gen.running(nodes)
+    sets = 2 if gen.want("pod-sets", 0.1) else 1
+    templates: list[Body] = []
+    counts: dict[str, int] = {}
+    for s in range(sets):
+        name = ["w", "l"][s]
+        labels = {"set": name, "case": case_id}
+        templates.append({
+            "apiVersion": "v1", "kind": "PodTemplate",
+            "metadata": {"name": name, "namespace": case_id},
+            "template": {"metadata": {"labels": labels},
+                         "spec": gen.spec(name, nodes, labels)},
+        })
+        counts[name] = rng.randint(1, 5)
+    request = {
+        "apiVersion": "autoscaling.x-k8s.io/v1", "kind": "ProvisioningRequest",
+        "metadata": {"name": "gang", "namespace": case_id},
+        "spec": {"provisioningClassName": "check-capacity.autoscaling.x-k8s.io",
+                 "podSets": [{"podTemplateRef": {"name": t["metadata"]["name"]},
+                              "count": counts[t["metadata"]["name"]]} for t in templates]},
+    }
+    return Case(case_id, seed, tuple(sorted(gen.fields)), case_id, nodes, running, templates,
+                request, counts)
+
+
+def iter_cases(seed: int = 0, count: int = 500) -> Iterator[Case]:
+    for index in range(count):
+        yield _case(seed, index)
+
+
+def cases(seed: int = 0, count: int = 500) -> list[Case]:
+    """``count`` cases, the same for the same ``seed`` (each also stands alone: case ``i``
+    of a seed does not depend on ``count``)."""
+    return list(iter_cases(seed, count))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--count", type=int, default=500)
+    parser.add_argument("--out", type=Path, default=Path("parity-cases"))
+    args = parser.parse_args(argv)
+    tally: dict[str, int] = {"fits": 0, "nofit": 0, "refused": 0}
+    for case in iter_cases(args.seed, args.count):
+        where = args.out / case.id
+        where.mkdir(parents=True, exist_ok=True)
+        (where / "cluster.json").write_text(json.dumps(case.cluster_documents(), indent=1))
+        (where / "request.json").write_text(json.dumps(case.request_documents(), indent=1))
+        (where / "pods.json").write_text(json.dumps(case.pods(), indent=1))
+        answer = muster_answer(case)
+        (where / "muster.json").write_text(json.dumps(
+            {"fits": answer.fits, "refused": answer.refused, "reasons": answer.reasons,
+             "fields": case.fields}, indent=1))
+        tally["refused" if answer.refused else "fits" if answer.fits else "nofit"] += 1
+    print(json.dumps({"cases": args.count, "seed": args.seed, **tally}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

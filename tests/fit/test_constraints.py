@@ -1,0 +1,153 @@
+"""Pod-spec constraints beyond node selection: planned (anti-affinity, self-affinity,
+pod-level resources) or refused with the field named (controller.constraints)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from controller.api.pod import PodSpec
+from controller.fit import Mode, NoFit, Plan, ReasonCode, plan
+from controller.fit.types import TopologyMode
+from controller.snapshot import request_from_documents, snapshot_from_documents
+from controller.topology_defaults import DEFAULT_LEVELS
+
+RACK = "topology.muster.dev/rack"
+HOST = "kubernetes.io/hostname"
+
+
+def node(name: str, rack: str = "r1", cpu: str = "8") -> dict[str, Any]:
+    return {"kind": "Node", "metadata": {"name": name, "labels": {
+        HOST: name, "topology.muster.dev/block": "b1", RACK: rack}},
+        "status": {"allocatable": {"cpu": cpu, "pods": "110"},
+                   "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def running(name: str, on: str, labels: dict[str, str], **spec: Any) -> dict[str, Any]:
+    return {"kind": "Pod", "metadata": {"name": name, "namespace": "ns", "labels": labels},
+            "spec": {"nodeName": on, "containers": [{"name": "c"}], **spec},
+            "status": {"phase": "Running"}}
+
+
+def request(*pod_sets: tuple[str, int, dict[str, Any], dict[str, str]]) -> list[dict[str, Any]]:
+    docs: list[dict[str, Any]] = [{
+        "apiVersion": "autoscaling.x-k8s.io/v1", "kind": "ProvisioningRequest",
+        "metadata": {"name": "g", "namespace": "ns"},
+        "spec": {"provisioningClassName": "check-capacity.autoscaling.x-k8s.io",
+                 "podSets": [{"podTemplateRef": {"name": n}, "count": c}
+                             for n, c, _, _ in pod_sets]}}]
+    for name, _, extra, labels in pod_sets:
+        spec = {"containers": [{"name": "c", "resources": {"requests": {"cpu": "1"}}}], **extra}
+        docs.append({"kind": "PodTemplate", "metadata": {"name": name, "namespace": "ns"},
+                     "template": {"metadata": {"labels": labels}, "spec": spec}})
+    return docs
+
+
+def check(docs: list[dict[str, Any]], cluster: list[dict[str, Any]]) -> Plan | NoFit:
+    _, gang = request_from_documents(docs, DEFAULT_LEVELS, cluster)
+    return plan(gang, snapshot_from_documents(cluster), Mode.CHECK)
+
+
+def anti(labels: dict[str, str], key: str = HOST) -> dict[str, Any]:
+    return {"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": labels}, "topologyKey": key}]}}}
+
+
+def affinity(labels: dict[str, str], key: str) -> dict[str, Any]:
+    return {"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": labels}, "topologyKey": key}]}}}
+
+
+CLUSTER = [node("a"), node("b"), node("c", rack="r2")]
+
+
+def test_self_anti_affinity_on_hostname_is_one_pod_per_node() -> None:
+    got = check(request(("w", 3, anti({"app": "w"}), {"app": "w"})), CLUSTER)
+    assert isinstance(got, Plan)
+    assert sorted(a.pods for a in got.assignments) == [1, 1, 1]
+    assert isinstance(check(request(("w", 4, anti({"app": "w"}), {"app": "w"})), CLUSTER), NoFit)
+
+
+def test_anti_affinity_keeps_off_nodes_running_a_selected_pod() -> None:
+    cluster = [*CLUSTER, running("x", "a", {"app": "db"})]
+    got = check(request(("w", 2, anti({"app": "db"}), {"app": "w"})), cluster)
+    assert isinstance(got, Plan)
+    assert "a" not in {a.node for a in got.assignments}
+
+
+def test_running_pods_anti_affinity_repels_the_gang() -> None:
+    cluster = [*CLUSTER, running("x", "c", {"app": "db"}, **anti({"app": "w"}, RACK))]
+    got = check(request(("w", 16, {}, {"app": "w"})), cluster)
+    assert isinstance(got, Plan)
+    assert "c" not in {a.node for a in got.assignments}
+
+
+def test_self_affinity_on_a_level_is_a_required_topology() -> None:
+    _, gang = request_from_documents(request(("w", 3, affinity({"app": "w"}, RACK),
+                                              {"app": "w"})), DEFAULT_LEVELS, CLUSTER)
+    topo = gang.pod_sets[0].topology
+    assert (topo.mode, topo.level) == (TopologyMode.REQUIRED, RACK)
+    got = check(request(("w", 12, affinity({"app": "w"}, RACK), {"app": "w"})), CLUSTER)
+    assert isinstance(got, Plan)
+    assert {a.domain[RACK] for a in got.assignments} == {"r1"}
+
+
+@pytest.mark.parametrize("extra, labels, field", [
+    (affinity({"app": "other"}, RACK), {"app": "w"}, "podAffinity.required[0]"),
+    (affinity({"app": "w"}, "zone"), {"app": "w"}, "not a topology level"),
+    (anti({"app": "w"}, RACK), {"app": "w"}, "planned only on kubernetes.io/hostname"),
+    ({"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "d"}}]}, {},
+     "spec.volumes[0] (data) is a persistentVolumeClaim volume"),
+    ({"runtimeClassName": "gvisor"}, {}, "spec.runtimeClassName gvisor"),
+    ({"schedulerName": "volcano"}, {}, "spec.schedulerName volcano"),
+    ({"hostNetwork": True, "hostUsers": False}, {}, "spec.hostNetwork with spec.hostUsers"),
+    ({"containers": [{"name": "c", "restartPolicyRules": [
+        {"action": "Restart", "exitCodes": {"operator": "In", "values": [42]}}]}]}, {},
+     "spec.containers[0].restartPolicyRules"),
+    ({"topologySpreadConstraints": [
+        {"maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": "DoNotSchedule",
+         "labelSelector": {"matchLabels": {"app": "w"}}} for key in (RACK, HOST)]},
+     {"app": "w"}, "spec.topologySpreadConstraints[1] (DoNotSchedule on kubernetes.io/hostname)"
+     ": a second spread constraint"),
+])
+def test_refused_with_the_field_named(extra: dict[str, Any], labels: dict[str, str],
+                                      field: str) -> None:
+    got = check(request(("w", 1, extra, labels)), CLUSTER)
+    assert isinstance(got, NoFit)
+    assert got.permanent
+    assert [r.code for r in got.reasons] == [ReasonCode.UNSUPPORTED]
+    assert field in got.reasons[0].message
+
+
+def test_anti_affinity_between_pod_sets_is_refused() -> None:
+    got = check(request(("w", 1, anti({"app": "l"}), {"app": "w"}),
+                        ("l", 1, {}, {"app": "l"})), CLUSTER)
+    assert isinstance(got, NoFit)
+    assert "pod set(s) l" in got.reasons[0].message
+
+
+def test_neutral_volumes_and_soft_spread_are_planned() -> None:
+    extra = {"volumes": [{"name": "cfg", "configMap": {"name": "x"}},
+                         {"name": "tmp", "emptyDir": {}}],
+             "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": RACK,
+                                            "whenUnsatisfiable": "ScheduleAnyway"}]}
+    assert isinstance(check(request(("w", 2, extra, {})), CLUSTER), Plan)
+
+
+def test_pod_level_resources_replace_the_containers() -> None:
+    spec = PodSpec.model_validate({
+        "resources": {"requests": {"cpu": "4"}, "limits": {"memory": "1Gi"}},
+        "containers": [{"name": "c", "resources": {"requests": {"cpu": "1", "memory": "64Mi",
+                                                                 "nvidia.com/gpu": "1"}}}],
+        "overhead": {"cpu": "100m"}})
+    assert spec.effective_requests() == {"cpu": 4100, "memory": 1 << 30, "nvidia.com/gpu": 1}
+
+
+def test_misspelt_constraint_field_is_an_error() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="labelSelecter"):
+        PodSpec.model_validate({"containers": [{"name": "c"}], "affinity": {"podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelecter": {}, "topologyKey": HOST}]}}})
