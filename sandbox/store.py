@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from sandbox import errors, yamlio
-from sandbox.errors import ApiError, bad_request
+from sandbox.errors import ApiError, bad_request, invalid
 from sandbox.jsoncopy import copy_obj, jcopy
 from sandbox.patch import apply_merge, json_patch, merge_patch, strategic_merge_patch
 from sandbox.resources import CRD_GROUP, Registry, ResourceType, types_from_crd
@@ -822,7 +822,10 @@ class Store:
     ) -> Obj:
         propagation = propagation or "Background"
         if propagation not in ("Background", "Foreground", "Orphan"):
-            raise bad_request(f"unsupported propagationPolicy {propagation!r}")
+            # A real API server validates DeleteOptions: 422 Invalid, not 400.
+            raise invalid("DeleteOptions", "", "", "propagationPolicy",
+                          f"Unsupported value: {propagation!r}: supported values: "
+                          '"Foreground", "Background", "Orphan"')
         obj = self.get_raw(rt, name, namespace)
         meta = obj["metadata"]
         self._check_preconditions(rt, meta, preconditions)

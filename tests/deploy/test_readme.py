@@ -18,8 +18,8 @@ README = (ROOT / "README.md").read_text()
 FRESH_MACHINE = (
     "pip install -e '.[dev]' && muster demo      # the controller, API sandbox and fake "
     "provider in one process\n"
-    "pip install -e '.[dev]' && python3 -m pytest -q   # the tests (lint, types and layering "
-    "included)\n"
+    "pip install -e '.[dev]' && python3 -m pytest -q   # the tests: lint, types, layering, "
+    "sandbox and real-cluster tiers\n"
 )
 
 

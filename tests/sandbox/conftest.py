@@ -170,6 +170,9 @@ async def http(request: pytest.FixtureRequest, _sandbox: SandboxServer | None
         async with aiohttp.ClientSession() as session:
             yield Http(session, _sandbox.url)
         return
+    approximation = request.node.get_closest_marker("sandbox_approximation")
+    if approximation is not None:
+        pytest.skip(f"a sandbox approximation (sandbox/README.md): {approximation.args[0]}")
     cluster = request.getfixturevalue("fidelity_cluster")
     async with RealHttp.session(cluster) as real:
         try:

@@ -4,6 +4,7 @@ and discovery lists them; deleting the CRD stops serving them."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from pathlib import Path
 
@@ -34,7 +35,12 @@ async def test_crd_posted_over_http_is_served_with_discovery(http: Http) -> None
     crd["spec"]["scope"] = "Cluster"
     code, _ = await http.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
     assert code == 201
-    code, groups = await http.get("/apis")
+    # A real API server publishes a new group in discovery moments after the create.
+    for _ in range(100):
+        code, groups = await http.get("/apis")
+        if "parts.example" in [g["name"] for g in groups["groups"]]:
+            break
+        await asyncio.sleep(0.1)
     assert "parts.example" in [g["name"] for g in groups["groups"]]
     code, resources = await http.get("/apis/parts.example/v1")
     names = {r["name"]: r for r in resources["resources"]}
@@ -49,7 +55,12 @@ async def test_crd_posted_over_http_is_served_with_discovery(http: Http) -> None
     code, _ = await http.delete(
         "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/sprockets.parts.example")
     assert code == 200
-    code, _ = await http.get("/apis/parts.example/v1/sprockets")
+    # A real API server removes the CRD's instances first, then stops serving it.
+    for _ in range(100):
+        code, _ = await http.get("/apis/parts.example/v1/sprockets")
+        if code == 404:
+            break
+        await asyncio.sleep(0.1)
     assert code == 404
 
 

@@ -195,10 +195,10 @@ async def test_binding_subresource_sets_node_name_once(server: SandboxServer, ht
 
 
 @pytest.mark.parametrize("policy", ["Sideways"])
-async def test_unknown_propagation_policy_is_400(http: Http, policy: str) -> None:
+async def test_unknown_propagation_policy_is_422_invalid(http: Http, policy: str) -> None:
     await http.post(WIDGETS, widget("w"))
-    code, _ = await http.delete(f"{WIDGETS}/w", propagationPolicy=policy)
-    assert code == 400
+    code, status = await http.delete(f"{WIDGETS}/w", propagationPolicy=policy)
+    assert code == 422 and status["reason"] == "Invalid"
 
 
 async def test_delete_collection_with_label_selector(server: SandboxServer, http: Http) -> None:
