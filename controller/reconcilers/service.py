@@ -189,22 +189,10 @@ class ProvisioningService:
         booking = self.state.bookings().get(req.key)
         if booking is None:  # the request was deleted while it was being planned
             return None
-        if not booking.groups:
-            # Persisted as Acquiring, like a plan with new nodes: should the status write
-            # below fail or the process die first, the resumed "acquisition" of nothing
-            # confirms it. (Persisting it as Booked left a booking that expired without
-            # Provisioned=True ever written.)
-            req = await self.persist(
-                req,
-                annotations={
-                    PLAN_ANNOTATION: booking.to_annotation(),
-                    ATTEMPT_ANNOTATION: str(attempt),
-                    PHASE_ANNOTATION: Phase.ACQUIRING,
-                    RETRY_AT_ANNOTATION: None,
-                    TEMPLATES_ANNOTATION: digests,
-                },
-            )
-            return await self.confirm(req, booking)
+        # Persisted as Acquiring even with no new nodes: should the status write that
+        # confirms it fail or the process die first, the resumed "acquisition" of nothing
+        # confirms it. (Persisting it as Booked left a booking that expired without
+        # Provisioned=True ever written.) Only acquired nodes need the release finalizer.
         req = await self.persist(
             req,
             annotations={
@@ -214,8 +202,10 @@ class ProvisioningService:
                 RETRY_AT_ANNOTATION: None,
                 TEMPLATES_ANNOTATION: digests,
             },
-            finalizer=True,
+            finalizer=True if booking.groups else None,
         )
+        if not booking.groups:
+            return await self.confirm(req, booking)
         return await self.acquire(req, booking, announce=True)
 
     def gang(self, req: RequestView, mode: Mode) -> GangRequest:

@@ -48,6 +48,9 @@ NS = "team-a"
 
 # Grants that the scenario below does not reach, each with the code path that needs it.
 UNEXERCISED: dict[tuple[str, str, str], str] = {
+    ("autoscaling.x-k8s.io", "provisioningrequests", "get"): "controller/reconcilers/"
+    "service.py re-reads a request whose write hit 409 or 404; the real tier provokes it "
+    "(and was refused before this grant)",
     ("", "nodes", "get"): "providers/kind.py re-reads a node whose create hit 409 (a retry "
     "after a crash re-creates a node that already exists)",
     ("kueue.x-k8s.io", "workloads", "get"): "controller/kueue/workloads.py re-reads a Workload "
