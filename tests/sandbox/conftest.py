@@ -7,7 +7,7 @@ import contextlib
 import json
 import ssl
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -182,15 +182,28 @@ async def http(request: pytest.FixtureRequest, _sandbox: SandboxServer | None
 
 
 @pytest.fixture(scope="session")
-def fidelity_cluster(real_cluster: Any) -> Any:
-    """The real control plane with the test CRDs (Widget, Gadget) installed."""
+def fidelity_cluster(real_cluster: Any) -> Iterator[Any]:
+    """The real control plane with the test CRDs (Widget, Gadget) installed. At the end of
+    the session every test's namespace must be gone (the namespace controller takes a few
+    seconds each, so this is checked once, not per test)."""
+    import time
+
     from e2e.cluster import kubectl
 
     docs = json.dumps({"apiVersion": "v1", "kind": "List", "items": [WIDGET_CRD, GADGET_CRD]})
     kubectl(real_cluster, "apply", "--server-side", "--force-conflicts", "-f", "-", stdin=docs)
     kubectl(real_cluster, "wait", "--for=condition=Established", "--timeout=60s",
             f"crd/{WIDGET_CRD['metadata']['name']}", f"crd/{GADGET_CRD['metadata']['name']}")
-    return real_cluster
+    yield real_cluster
+    deadline = time.monotonic() + 120
+    left: list[str] = []
+    while time.monotonic() < deadline:
+        out = kubectl(real_cluster, "get", "namespaces", "-o", "name").stdout.split()
+        left = [n for n in out if n.startswith("namespace/fidelity-")]
+        if not left:
+            return
+        time.sleep(1)
+    raise AssertionError(f"fidelity namespaces left behind: {left}")
 
 
 class RealHttp(Http):
@@ -256,6 +269,17 @@ class RealHttp(Http):
     async def cleanup(self) -> None:
         for path in reversed(self.created):
             await Http.request(self, "DELETE", path)
+        # Objects a test left with finalizers (nobody else will remove them) would hold the
+        # namespace in Terminating for good.
+        for kind in ("/api/v1/namespaces/{ns}/pods",
+                     "/apis/example.muster.dev/v1/namespaces/{ns}/widgets"):
+            base = kind.format(ns=self.namespace)
+            code, listing = await Http.request(self, "GET", base)
+            for item in (listing.get("items") or []) if code == 200 else []:
+                if item["metadata"].get("finalizers"):
+                    await Http.request(self, "PATCH", f"{base}/{item['metadata']['name']}",
+                                       {"metadata": {"finalizers": None}},
+                                       content_type="application/merge-patch+json")
         await Http.request(self, "DELETE", f"/api/v1/namespaces/{self.namespace}")
 
 
