@@ -219,3 +219,28 @@ def test_release_name_and_config_drive_the_names(helm: str, tmp_path: Path) -> N
     file = tmp_path / "config.yaml"
     file.write_text(one(docs, "ConfigMap")["data"]["config.yaml"])
     assert load_config(file).leader_election.lease_name == "gangs"
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("source", ["kustomize", "helm"])
+def test_the_install_is_accepted_by_a_real_api_server(
+    source: str, helm: str, real_cluster: Any,
+) -> None:
+    """Both install paths, applied server-side with dry run on the real control plane:
+    schemas, defaulting, admission (the namespace's Pod Security level) and the API server's
+    own validation accept every object. (Dry run: the real tier already runs Muster from
+    these RBAC rules; a second copy of the same cluster-scoped objects would collide.)"""
+    from e2e.cluster import kubectl
+
+    docs = (render(CONFIG / "default") if source == "kustomize"
+            else template(helm, "rbac.fakeProvider=true", "rbac.kueue=true"))
+    namespaces = [d for d in docs if d["kind"] == "Namespace"]
+    rest = [d for d in docs if d["kind"] != "Namespace"]
+    for batch in (namespaces, rest):
+        if not batch:
+            continue
+        body = yaml.safe_dump_all(batch)
+        done = kubectl(real_cluster, "apply", "--server-side", "--force-conflicts",
+                       "--dry-run=server", "--field-manager=muster-install-test", "-f", "-",
+                       stdin=body, check=False)
+        assert done.returncode == 0, done.stderr
