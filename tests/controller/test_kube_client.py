@@ -68,3 +68,32 @@ async def test_stopping_a_kopf_fed_controller_lets_requests_in_flight_finish(
     server.faults.remove(rule)
     got = await asyncio.wait_for(asyncio.gather(*(kube.list(NODES) for _ in range(8))), 5)
     assert len(got) == 8
+
+
+async def test_an_answer_with_retry_after_is_retried_as_client_go_does(
+    server: SandboxServer, kube: KubeClient,
+) -> None:
+    # A real API server answers 429 + Retry-After while a new CRD's watch cache initialises
+    # ("storage is (re)initializing"); Muster used to give up at once, even at start-up.
+    server.faults.add_errors(1.0, status=429, verbs="list", resources="nodes", times=2)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    listing = await kube.list(NODES)
+    assert listing["items"] == []
+    assert server.faults.injected == 2
+    assert loop.time() - start >= 2 * 0.9, "it waited the Retry-After each time"
+
+
+async def test_a_5xx_without_retry_after_is_not_retried(
+    server: SandboxServer, kube: KubeClient,
+) -> None:
+    server.faults.add_errors(1.0, status=500, verbs="list", resources="nodes", times=1)
+    with pytest.raises(ApiError) as info:
+        await kube.list(NODES)
+    assert info.value.status == 500 and server.faults.injected == 1
+
+
+async def test_serves_tells_which_api_versions_the_server_has(kube: KubeClient) -> None:
+    assert await kube.serves("v1")
+    assert await kube.serves("muster.dev/v1alpha1")
+    assert not await kube.serves("nothing.example/v1")
