@@ -146,6 +146,9 @@ def real_cluster(request: pytest.FixtureRequest) -> Iterator[cp.Cluster]:
     cluster = cp.default_cluster()
     capture = request.config.pluginmanager.getplugin("capturemanager")
     ctx = capture.global_and_fixture_disabled() if capture else contextlib.nullcontext()
+    if _BUILD_ERROR:
+        pytest.fail(f"the real control plane could not be built: {_BUILD_ERROR[0]}",
+                    pytrace=False)
     with ctx:
         was_up = cp.running(cluster)
         try:
@@ -187,6 +190,26 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", f"{REAL}: runs against the real control plane (kube-apiserver, scheduler, "
         "kwok, Kueue built by hack/cluster/build.sh)")
+
+
+_BUILD_ERROR: list[str] = []
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Build the control plane before the first test runs, when any selected test is on the
+    real tier: a cold build takes many minutes, more than one test's timeout allows."""
+    if config.option.collectonly or not any(REAL in item.keywords for item in items):
+        return
+    with contextlib.suppress(ValueError):
+        if config.getoption("--kubeconfig"):
+            return
+    capture = config.pluginmanager.getplugin("capturemanager")
+    ctx = capture.global_and_fixture_disabled() if capture else contextlib.nullcontext()
+    with ctx:
+        try:
+            cp.build()
+        except cp.ClusterError as exc:
+            _BUILD_ERROR.append(str(exc))
 
 
 def _tier(report: Any) -> str:
