@@ -581,12 +581,12 @@ def _start_kueue(cluster: Cluster, bin_dir: Path, pki: Path) -> None:
 
 
 def _install_muster(cluster: Cluster) -> None:
-    """The CRDs Muster serves and its RBAC, exactly as shipped."""
+    """The CRDs Muster serves, its RBAC and its admission policies, exactly as shipped."""
     kubectl(cluster, "apply", "--server-side", "--force-conflicts",
             "-k", str(ROOT / "config" / "crds" / "provisioningrequest"))
     kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
     kubectl(cluster, "create", "namespace", MUSTER_NAMESPACE, check=False)
-    for part in ("rbac", "rbac/fake-provider", "rbac/kueue"):
+    for part in ("rbac", "rbac/fake-provider", "rbac/kueue", "admission"):
         if (ROOT / "config" / part / "kustomization.yaml").exists():
             kubectl(cluster, "apply", "--server-side", "--force-conflicts",
                     "-k", str(ROOT / "config" / part))

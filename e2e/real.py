@@ -145,11 +145,16 @@ def real_cluster(request: pytest.FixtureRequest) -> Iterator[cp.Cluster]:
     """The local control plane, started once per session (built first if needed)."""
     cluster = cp.default_cluster()
     capture = request.config.pluginmanager.getplugin("capturemanager")
-    ctx = capture.global_and_fixture_disabled() if capture else contextlib.nullcontext()
+
+    def terminal() -> Any:
+        """Progress goes to the terminal, not to the captured output (a new context each
+        time: pytest's is single-use)."""
+        return capture.global_and_fixture_disabled() if capture else contextlib.nullcontext()
+
     if _BUILD_ERROR:
         pytest.fail(f"the real control plane could not be built: {_BUILD_ERROR[0]}",
                     pytrace=False)
-    with ctx:
+    with terminal():
         was_up = cp.running(cluster)
         try:
             cp.up(cluster)
@@ -157,7 +162,7 @@ def real_cluster(request: pytest.FixtureRequest) -> Iterator[cp.Cluster]:
             pytest.fail(f"the real control plane did not start: {exc}", pytrace=False)
     yield cluster
     if not was_up and not os.environ.get("MUSTER_KEEP_CLUSTER"):
-        with ctx:
+        with terminal():
             cp.down(cluster)
 
 

@@ -104,6 +104,7 @@ def test_renders_the_objects_of_config_default(chart: list[Doc], kustomized: lis
 @pytest.mark.parametrize("kind", [
     "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount", "Service",
     "PodDisruptionBudget", "PriorityClass", "CustomResourceDefinition",
+    "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
 ])
 def test_same_objects_as_the_kustomization(
     chart: list[Doc], kustomized: list[Doc], kind: str,

@@ -122,7 +122,8 @@ def test_default_install_contents(default: list[Doc]) -> None:
     assert kinds == sorted({
         "Namespace", "CustomResourceDefinition", "ServiceAccount", "ClusterRole",
         "ClusterRoleBinding", "Role", "RoleBinding", "ConfigMap", "Service", "Deployment",
-        "PodDisruptionBudget", "PriorityClass",
+        "PodDisruptionBudget", "PriorityClass", "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     })
     ns = one(default, "Namespace", NAMESPACE)
     assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
@@ -355,6 +356,11 @@ EXTRA_TYPES = [
     _builtin("rbac.authorization.k8s.io", "rolebindings", "RoleBinding", True),
     _builtin("policy", "poddisruptionbudgets", "PodDisruptionBudget", True),
     _builtin("scheduling.k8s.io", "priorityclasses", "PriorityClass", False),
+    # Stored, not enforced: the real tier (test_admission.py) is where the policies act.
+    _builtin("admissionregistration.k8s.io", "validatingadmissionpolicies",
+             "ValidatingAdmissionPolicy", False),
+    _builtin("admissionregistration.k8s.io", "validatingadmissionpolicybindings",
+             "ValidatingAdmissionPolicyBinding", False),
 ]
 
 

@@ -38,11 +38,11 @@ async def test_crd_posted_over_http_is_served_with_discovery(http: Http) -> None
     # A real API server publishes a new group in discovery moments after the create.
     for _ in range(100):
         code, groups = await http.get("/apis")
-        if "parts.example" in [g["name"] for g in groups["groups"]]:
+        code, resources = await http.get("/apis/parts.example/v1")
+        if code == 200 and "parts.example" in [g["name"] for g in groups["groups"]]:
             break
         await asyncio.sleep(0.1)
     assert "parts.example" in [g["name"] for g in groups["groups"]]
-    code, resources = await http.get("/apis/parts.example/v1")
     names = {r["name"]: r for r in resources["resources"]}
     assert names["sprockets"]["namespaced"] is False
     assert names["sprockets"]["kind"] == "Sprocket"
