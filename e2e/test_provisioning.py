@@ -196,12 +196,7 @@ async def test_deleting_a_request_releases_its_unused_nodes(env: Env) -> None:
 
 
 async def test_gang_nodes_are_released_together_once_idle(env: Env) -> None:
-    pool = await env.gpu_pool()
-    worker = await env.worker_template()
-    await env.request("job", [("workers", 2)], class_name=ATOMIC)
-    await env.wait_condition("job", "Provisioned")
-    await env.pods_for("job", worker, 2)
-    await env.wait_condition("job", "BookingExpired")
+    pool = await _gang_running_on_new_nodes(env, "job", 2)
 
     for i in range(2):
         await env.kube.delete(PODS, f"job-{i}", namespace=env.namespace)
@@ -251,6 +246,17 @@ async def test_restart_mid_acquisition_neither_doubles_nor_leaks(env: Env) -> No
     assert after == before
 
 
+async def _gang_running_on_new_nodes(env: Env, name: str, workers: int) -> str:
+    """A pool, a gang provisioned from it and its pods bound (booking consumed)."""
+    pool = await env.gpu_pool()
+    worker = await env.worker_template()
+    await env.request(name, [("workers", workers)], class_name=ATOMIC)
+    await env.wait_condition(name, "Provisioned")
+    await env.pods_for(name, worker, workers)
+    await env.wait_condition(name, "BookingExpired")
+    return pool
+
+
 async def _none_left(env: Env, pool: str) -> bool:
     return not await env.pool_nodes(pool)
 
@@ -295,12 +301,7 @@ async def test_a_rack_out_of_stock_is_avoided_on_the_retry(env: Env) -> None:
 
 
 async def test_a_deleted_pool_keeps_nodes_in_use_and_releases_them_when_idle(env: Env) -> None:
-    pool = await env.gpu_pool()
-    worker = await env.worker_template()
-    await env.request("job", [("workers", 2)], class_name=ATOMIC)
-    await env.wait_condition("job", "Provisioned")
-    await env.pods_for("job", worker, 2)
-    await env.wait_condition("job", "BookingExpired")
+    pool = await _gang_running_on_new_nodes(env, "job", 2)
     nodes = sorted(n["metadata"]["name"] for n in await env.pool_nodes(pool))
 
     await env.kube.delete(CAPACITY_POOLS, pool)
