@@ -436,8 +436,17 @@ class ProvisioningService:
         scheduled = sum(self.state.scheduled_consumers(req.key).values())
         total = req.total_pods
         if scheduled >= total:
-            return (ConditionType.BOOKING_EXPIRED, Reason.BOOKING_CONSUMED,
-                    message(Reason.BOOKING_CONSUMED, total=total))
+            text = message(Reason.BOOKING_CONSUMED, total=total)
+            elsewhere = self.consumed_elsewhere(req, booking)
+            if elsewhere:
+                text += (
+                    f" {sum(elsewhere.values())} of them run outside the booked nodes (on "
+                    f"{', '.join(sorted(elsewhere)[:5])}): the scheduler or Kueue TAS placed "
+                    "them elsewhere, and booked new nodes they leave unused are released now. "
+                    "With Kueue TAS, copy the booked domain into the pods with the "
+                    "ProvisioningRequestConfig's podSetUpdates.nodeSelector."
+                )
+            return (ConditionType.BOOKING_EXPIRED, Reason.BOOKING_CONSUMED, text)
         stale = self.stale_templates(req)
         if stale is not None:
             reason, templates = stale
@@ -461,6 +470,15 @@ class ProvisioningService:
                     message(Reason.RESERVATION_TIME_EXPIRED, booked=scheduled, total=total,
                             seconds=duration))
         return None
+
+    def consumed_elsewhere(self, req: RequestView, booking: Booking) -> dict[str, int]:
+        """Node -> scheduled pods consuming this request on nodes the booking does not hold
+        (a TAS assignment or the scheduler chose other free nodes)."""
+        booked = set(booking.existing_nodes) | set(booking.acquired_nodes)
+        for g in booking.groups:
+            booked.update(self.group_nodes(g))
+        return {n: c for n, c in self.state.scheduled_consumers(req.key).items()
+                if n not in booked}
 
     def stale_templates(self, req: RequestView) -> tuple[Reason, list[str]] | None:
         """Whether the PodTemplates the booking was planned from are gone or changed."""
@@ -497,6 +515,7 @@ class ProvisioningService:
         cond = req.ended_condition
         if booking is not None and cond is not None and (
             cond.get("reason") != Reason.BOOKING_CONSUMED
+            or self.consumed_elsewhere(req, booking)
         ):
             await self.release_unused(booking, req.key)
         if req.annotated_phase is not Phase.ENDED:
