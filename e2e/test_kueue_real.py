@@ -5,7 +5,16 @@ Path A (Kueue's built-in ``kueue.x-k8s.io/provisioning-request`` check with a
 ProvisioningRequestConfig naming a Muster class) on a TAS flavor: Kueue creates the Workload,
 the ProvisioningRequest and its PodTemplates; Muster provisions one rack; Kueue computes its
 topology assignment on the new nodes and admits; the kube-scheduler binds every pod, and
-each pod's node is in the rack that ``provisioningClassDetails`` names.
+each pod's node is in the rack that ``provisioningClassDetails`` names, which is also the rack
+of Kueue's ``topologyAssignment``. Also on path A: the parameters Kueue passes from the config
+and the Job (Muster ignores what it does not act on, saying so); where Kueue TAS and Muster
+could disagree (a rack freed while Muster acquires) and how the config's rack nodeSelector
+settles it, and what happens without it.
+
+Path B (Muster's own check, ``controllerName: muster.dev/provisioning``; the session's Muster
+runs with ``kueue.enabled``): Active, Pending -> Ready with podSetUpdates and pods bound on
+Muster's nodes; a gang that can never fit Rejected and the Workload deactivated; a stock-out
+Retry, Kueue's eviction and requeue after backoffBaseSeconds, attempt 2 succeeding.
 
 Only the real tier runs Kueue; on the sandbox tier these scenarios are skipped (the sandbox
 tests play Kueue by hand instead: test_kueue_provisioning_request.py and friends).
