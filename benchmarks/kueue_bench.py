@@ -21,6 +21,7 @@ from controller.config import MusterConfig
 from controller.kube import ApiError, KubeClient
 from controller.kube.resources import CAPACITY_POOLS, NODES, PROVISIONING_REQUESTS
 from controller.kueue import objects as kq
+from controller.kueue.planning import workload_of
 from controller.kueue.resources import (
     ADMISSION_CHECKS,
     PROVISIONING_REQUEST_CONFIGS,
@@ -125,7 +126,7 @@ async def wait_ready(
     deadline = time.monotonic() + 600
     while len(ready_at) < workloads and time.monotonic() < deadline:
         for pr in (await kube.list(PROVISIONING_REQUESTS, namespace=NS)).get("items") or []:
-            owner = pr["metadata"]["ownerReferences"][0]["name"]
+            owner = str(workload_of(pr)[0])
             created_at.setdefault(owner, time.monotonic())
             if any(c["type"] == "Provisioned" and c["status"] == "True"
                    for c in (pr.get("status") or {}).get("conditions") or []):

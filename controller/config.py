@@ -366,6 +366,19 @@ def load_config(path: Path | None = None, **overrides: Any) -> MusterConfig:
         _YAML_FILE.reset(token)
 
 
+OTHER_ENV_PREFIXES = ("AWS_", "GCP_")
+"""``MUSTER_<prefix>*`` variables read by someone else: the AWS and GCP providers' own settings
+(``providers/aws.py``, ``providers/gcp.py``)."""
+
+OTHER_ENV_NAMES = frozenset({
+    "CLUSTER_STATE", "CLUSTER_PORT_BASE", "CLUSTER_CACHE", "KEEP_CLUSTER",
+    "BENCH_SANDBOX_PREFIX",
+})
+"""``MUSTER_<name>`` variables of the project's tooling (the real-cluster test tier of
+``e2e/cluster.py`` and ``hack/cluster/``, the benchmarks), which a test process that also
+loads Muster's config sees."""
+
+
 def _unknown_env_keys(env: Mapping[str, str]) -> list[str]:
     # pydantic-settings silently skips MUSTER_* variables that match no field; a typo there
     # would otherwise leave a default in force without anyone noticing.
@@ -374,7 +387,10 @@ def _unknown_env_keys(env: Mapping[str, str]) -> list[str]:
     for key in env:
         if not key.startswith(ENV_PREFIX):
             continue
-        top = key[len(ENV_PREFIX) :].split("__", 1)[0]
+        rest = key[len(ENV_PREFIX) :]
+        if rest in OTHER_ENV_NAMES or rest.startswith(OTHER_ENV_PREFIXES):
+            continue
+        top = rest.split("__", 1)[0]
         if top not in fields:
             problems.append(
                 f"{key}: unknown setting (known: "

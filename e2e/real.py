@@ -63,6 +63,9 @@ class MusterProcess:
             MUSTER_LEADER_ELECTION__RENEW_DEADLINE_SECONDS="3",
             MUSTER_LEADER_ELECTION__RETRY_PERIOD_SECONDS="0.5",
             MUSTER_LEADER_ELECTION__NAMESPACE=cp.MUSTER_NAMESPACE,
+            # Muster's own admission check (path B) next to real Kueue; the tier installs
+            # config/rbac/kueue for it (e2e/test_kueue_real.py).
+            MUSTER_KUEUE__ENABLED="true",
         )
         env.update(self.extra_env)
         return env

@@ -141,11 +141,19 @@ async def test_path_b_pins_the_gang_to_one_provisioned_rack(kueue_env: KueueEnv)
     pr = await env.kube.get(PROVISIONING_REQUESTS, pr_name, namespace=env.namespace)
     wl = await env.workload("train")
     assert pr["spec"]["provisioningClassName"] == "atomic-provisioning.muster.dev"
-    assert [o["uid"] for o in pr["metadata"]["ownerReferences"]] == [wl["metadata"]["uid"]]
     assert {p["podTemplateRef"]["name"]: p["count"] for p in pr["spec"]["podSets"]} == {
         f"ppt-{pr_name}-workers": 16, f"ppt-{pr_name}-launcher": 1}
-    tpl = await env.kube.get(POD_TEMPLATES, f"ppt-{pr_name}-workers", namespace=env.namespace)
-    assert [o["uid"] for o in tpl["metadata"]["ownerReferences"]] == [pr["metadata"]["uid"]]
+    # Workload -> templates -> request: the request has no Workload owner, which real Kueue's
+    # provisioning controller would take for an unused request of its own and delete.
+    templates = {t: await env.kube.get(POD_TEMPLATES, f"ppt-{pr_name}-{t}",
+                                       namespace=env.namespace)
+                 for t in ("workers", "launcher")}
+    assert [(o["kind"], o["uid"], o["controller"]) for o in pr["metadata"]["ownerReferences"]
+            ] == [("PodTemplate", templates["workers"]["metadata"]["uid"], True),
+                  ("PodTemplate", templates["launcher"]["metadata"]["uid"], False)]
+    assert pr["metadata"]["annotations"]["muster.dev/workload-uid"] == wl["metadata"]["uid"]
+    tpl = templates["workers"]
+    assert [o["uid"] for o in tpl["metadata"]["ownerReferences"]] == [wl["metadata"]["uid"]]
     assert tpl["template"]["spec"]["nodeSelector"] == {"muster.dev/accelerator": "h100"}
     assert tpl["template"]["metadata"]["annotations"][MUSTER_REQUIRED] == objects.RACK
 

@@ -5,7 +5,16 @@ Path A (Kueue's built-in ``kueue.x-k8s.io/provisioning-request`` check with a
 ProvisioningRequestConfig naming a Muster class) on a TAS flavor: Kueue creates the Workload,
 the ProvisioningRequest and its PodTemplates; Muster provisions one rack; Kueue computes its
 topology assignment on the new nodes and admits; the kube-scheduler binds every pod, and
-each pod's node is in the rack that ``provisioningClassDetails`` names.
+each pod's node is in the rack that ``provisioningClassDetails`` names, which is also the rack
+of Kueue's ``topologyAssignment``. Also on path A: the parameters Kueue passes from the config
+and the Job (Muster ignores what it does not act on, saying so); where Kueue TAS and Muster
+could disagree (a rack freed while Muster acquires) and how the config's rack nodeSelector
+settles it, and what happens without it.
+
+Path B (Muster's own check, ``controllerName: muster.dev/provisioning``; the session's Muster
+runs with ``kueue.enabled``): Active, Pending -> Ready with podSetUpdates and pods bound on
+Muster's nodes; a gang that can never fit Rejected and the Workload deactivated; a stock-out
+Retry, Kueue's eviction and requeue after backoffBaseSeconds, attempt 2 succeeding.
 
 Only the real tier runs Kueue; on the sandbox tier these scenarios are skipped (the sandbox
 tests play Kueue by hand instead: test_kueue_provisioning_request.py and friends).
@@ -13,13 +22,29 @@ tests play Kueue by hand instead: test_kueue_provisioning_request.py and friends
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import pytest
 
 from controller.commands import objects
 from controller.kube import Body
-from controller.kube.resources import NODES, PODS, PROVISIONING_REQUESTS, Resource
+from controller.kube.resources import (
+    CAPACITY_POOLS,
+    EVENTS,
+    NODES,
+    POD_TEMPLATES,
+    PODS,
+    PROVISIONING_REQUESTS,
+    Resource,
+)
+from controller.kueue.decisions import (
+    CLASS_ANNOTATION,
+    CONSUME_ANNOTATION,
+    expand_topology_assignment,
+)
+from controller.kueue.models import TopologyAssignment
+from controller.kueue.planning import MANAGED_LABEL, WORKLOAD_UID_ANNOTATION
 from controller.kueue.resources import (
     ADMISSION_CHECKS,
     CLUSTER_QUEUES,
@@ -29,13 +54,15 @@ from controller.kueue.resources import (
     TOPOLOGIES,
     WORKLOADS,
 )
-from controller.topology_defaults import DEFAULT_LEVELS
+from controller.topology_defaults import DEFAULT_LEVELS, HOSTNAME, MUSTER_REQUIRED
 from e2e.conftest import Env, eventually
 
 JOBS = Resource("batch", "v1", "jobs", namespaced=True, kind="Job")
 ATOMIC = "atomic-provisioning.muster.dev"
 KUEUE_CHECK = "kueue.x-k8s.io/provisioning-request"
+MUSTER_CHECK = "muster.dev/provisioning"
 RACK_ANNOTATION = "kueue.x-k8s.io/podset-required-topology"
+PROVREQ_PREFIX = "provreq.kueue.x-k8s.io/"
 
 
 def _real_kueue(env: Env) -> None:
@@ -52,11 +79,16 @@ async def _create(env: Env, res: Resource, body: Body) -> Body:
     return created
 
 
-async def path_a_wiring(env: Env, *, tas: bool = True) -> dict[str, str]:
+async def path_a_wiring(
+    env: Env, *, tas: bool = True, parameters: dict[str, str] | None = None,
+    rack_selector: bool = True, pool_parameters: dict[str, Any] | None = None,
+) -> dict[str, str]:
     """A CapacityPool, Topology, flavor, ProvisioningRequestConfig, AdmissionCheck,
     ClusterQueue and LocalQueue for this run; the flavor's nodeLabels pin every pod to this
-    run's nodes."""
-    pool = await env.gpu_pool(blocks=1, racks_per_block=3, nodes_per_rack=4)
+    run's nodes. ``parameters``: the ProvisioningRequestConfig's; ``rack_selector``: its
+    podSetUpdates copy the rack from provisioningClassDetails into a nodeSelector."""
+    pool = await env.gpu_pool(blocks=1, racks_per_block=3, nodes_per_rack=4,
+                              parameters=pool_parameters)
     names = {k: env.name(k) for k in ("topology", "flavor", "config", "check", "cq")}
     names["pool"] = pool
     k = "kueue.x-k8s.io/v1beta2"
@@ -71,17 +103,20 @@ async def path_a_wiring(env: Env, *, tas: bool = True) -> dict[str, str]:
     if tas:
         flavor["spec"]["topologyName"] = names["topology"]
     await _create(env, RESOURCE_FLAVORS, flavor)
+    prc: Body = {
+        "provisioningClassName": ATOMIC,
+        "managedResources": [objects.GPU],
+        "retryStrategy": {"backoffLimitCount": 2, "backoffBaseSeconds": 1,
+                          "backoffMaxSeconds": 4},
+    }
+    if rack_selector:
+        prc["podSetUpdates"] = {"nodeSelector": [
+            {"key": objects.RACK, "valueFromProvisioningClassDetail": objects.RACK}]}
+    if parameters:
+        prc["parameters"] = dict(parameters)
     await _create(env, PROVISIONING_REQUEST_CONFIGS, {
         "apiVersion": k, "kind": "ProvisioningRequestConfig",
-        "metadata": {"name": names["config"]},
-        "spec": {
-            "provisioningClassName": ATOMIC,
-            "managedResources": [objects.GPU],
-            "retryStrategy": {"backoffLimitCount": 2, "backoffBaseSeconds": 1,
-                              "backoffMaxSeconds": 4},
-            "podSetUpdates": {"nodeSelector": [
-                {"key": objects.RACK, "valueFromProvisioningClassDetail": objects.RACK}]},
-        }})
+        "metadata": {"name": names["config"]}, "spec": prc})
     await _create(env, ADMISSION_CHECKS, {
         "apiVersion": k, "kind": "AdmissionCheck", "metadata": {"name": names["check"]},
         "spec": {"controllerName": KUEUE_CHECK, "parameters": {
@@ -115,18 +150,24 @@ async def path_a_wiring(env: Env, *, tas: bool = True) -> dict[str, str]:
     return names
 
 
-def gang_job(name: str, namespace: str, workers: int, *, rack_annotation: bool = True
-             ) -> Body:
-    annotations = {RACK_ANNOTATION: objects.RACK} if rack_annotation else {}
+def gang_job(name: str, namespace: str, workers: int, *, rack_annotation: bool = True,
+             annotations: dict[str, str] | None = None, queue: str = "training",
+             pod_annotations: dict[str, str] | None = None) -> Body:
+    """An Indexed Job of ``workers`` 8-GPU pods (one per node); ``annotations`` on the Job
+    (Kueue copies ``provreq.kueue.x-k8s.io/*`` ones to its Workload). The pods require one
+    rack through Kueue's TAS annotation unless ``pod_annotations`` says otherwise."""
+    if pod_annotations is None:
+        pod_annotations = {RACK_ANNOTATION: objects.RACK} if rack_annotation else {}
     return {
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": {"name": name, "namespace": namespace,
-                     "labels": {"kueue.x-k8s.io/queue-name": "training"}},
+                     "annotations": dict(annotations or {}),
+                     "labels": {"kueue.x-k8s.io/queue-name": queue}},
         "spec": {
             "suspend": True, "parallelism": workers, "completions": workers,
             "completionMode": "Indexed",
             "template": {
-                "metadata": {"annotations": annotations},
+                "metadata": {"annotations": pod_annotations},
                 "spec": {
                     "restartPolicy": "Never",
                     "terminationGracePeriodSeconds": 0,
@@ -165,6 +206,52 @@ async def _bound_pods(env: Env, job: str, count: int) -> list[Body] | None:
     return pods if len(pods) >= count else None
 
 
+async def _kueue_request(env: Env, wl_name: str, check: str, attempt: int = 1
+                         ) -> Body | None:
+    return await env.kube.get_or_none(PROVISIONING_REQUESTS, f"{wl_name}-{check}-{attempt}",
+                                      namespace=env.namespace)
+
+
+async def _provisioned(env: Env, pr_name: str) -> Body | None:
+    got = await env.kube.get(PROVISIONING_REQUESTS, pr_name, namespace=env.namespace)
+    cond = _condition(got, "Provisioned")
+    return got if cond and cond["status"] == "True" else None
+
+
+async def _admitted(env: Env, wl_name: str) -> Body | None:
+    got = await env.kube.get(WORKLOADS, wl_name, namespace=env.namespace)
+    cond = _condition(got, "Admitted")
+    return got if cond and cond["status"] == "True" else None
+
+
+def _check_entry(wl: Body, check: str) -> dict[str, Any]:
+    for entry in (wl.get("status") or {}).get("admissionChecks") or []:
+        if entry.get("name") == check:
+            return dict(entry)
+    raise AssertionError(f"Workload {wl['metadata']['name']} has no check {check}")
+
+
+async def _assigned_racks(env: Env, wl: Body) -> tuple[set[str], set[str]]:
+    """The racks and nodes of every pod set's Kueue TAS ``topologyAssignment``. With
+    ``kubernetes.io/hostname`` as its lowest level Kueue records the hostname level alone,
+    so a rack is read from the node's labels when the assignment does not name it."""
+    racks: set[str] = set()
+    hosts: set[str] = set()
+    for psa in wl["status"]["admission"]["podSetAssignments"]:
+        ta = psa.get("topologyAssignment")
+        assert ta, f"pod set {psa['name']} has no topologyAssignment: {psa}"
+        for labels, _count in expand_topology_assignment(TopologyAssignment.model_validate(ta)):
+            host = labels.get(HOSTNAME)
+            if host is not None:
+                hosts.add(host)
+            if objects.RACK in labels:
+                racks.add(labels[objects.RACK])
+            elif host is not None:
+                node = await env.kube.get(NODES, host)
+                racks.add(node["metadata"]["labels"][objects.RACK])
+    return racks, hosts
+
+
 async def test_path_a_job_to_pods_bound_in_the_provisioned_rack(env: Env) -> None:
     _real_kueue(env)
     names = await path_a_wiring(env)
@@ -172,32 +259,17 @@ async def test_path_a_job_to_pods_bound_in_the_provisioned_rack(env: Env) -> Non
 
     wl = await eventually(lambda: _workload_of(env, "train"), what="Kueue's Workload")
     wl_name = wl["metadata"]["name"]
-
-    async def kueue_request() -> Body | None:
-        listing = await env.kube.list(PROVISIONING_REQUESTS, namespace=env.namespace)
-        items = [p for p in listing.get("items") or []
-                 if p["metadata"]["name"].startswith(f"{wl_name}-{names['check']}-")]
-        return items[0] if items else None
-
-    pr = await eventually(kueue_request, within=30, what="Kueue's ProvisioningRequest")
+    pr = await eventually(lambda: _kueue_request(env, wl_name, names["check"]), within=30,
+                          what="Kueue's ProvisioningRequest")
     assert pr["spec"]["provisioningClassName"] == ATOMIC
     assert pr["metadata"]["labels"]["kueue.x-k8s.io/managed"] == "true"
 
-    async def provisioned() -> Body | None:
-        got = await env.kube.get(PROVISIONING_REQUESTS, pr["metadata"]["name"],
-                                 namespace=env.namespace)
-        cond = _condition(got, "Provisioned")
-        return got if cond and cond["status"] == "True" else None
-
-    pr = await eventually(provisioned, within=60, what="Muster to provision Kueue's request")
+    pr = await eventually(lambda: _provisioned(env, pr["metadata"]["name"]), within=60,
+                          what="Muster to provision Kueue's request")
     rack = pr["status"]["provisioningClassDetails"][objects.RACK]
 
-    async def admitted() -> Body | None:
-        got = await env.kube.get(WORKLOADS, wl_name, namespace=env.namespace)
-        cond = _condition(got, "Admitted")
-        return got if cond and cond["status"] == "True" else None
-
-    await eventually(admitted, within=60, what=f"Kueue to admit {wl_name}")
+    wl = await eventually(lambda: _admitted(env, wl_name), within=60,
+                          what=f"Kueue to admit {wl_name}")
     pods = await eventually(lambda: _bound_pods(env, "train", 4), within=60,
                             what="the scheduler to bind all 4 pods")
     pool_nodes = {n["metadata"]["name"]: n for n in await env.pool_nodes(names["pool"])}
@@ -208,6 +280,451 @@ async def test_path_a_job_to_pods_bound_in_the_provisioned_rack(env: Env) -> Non
         assert pool_nodes[node]["metadata"]["labels"][objects.RACK] == rack
     # Every pod of the gang on its own 8-GPU node.
     assert len({p["spec"]["nodeName"] for p in pods}) == 4
+    # Kueue's topology assignment, computed after provisioning, is Muster's rack and nodes.
+    racks, hosts = await _assigned_racks(env, wl)
+    assert racks == {rack}, f"Kueue TAS assigned {racks}, Muster provisioned {rack}"
+    assert hosts == set(pool_nodes)
 
     existing = await env.kube.list(NODES, label_selector=f"e2e.muster.dev/run={env.run}")
     assert {n["metadata"]["name"] for n in existing["items"]} == set(pool_nodes)
+
+
+async def test_path_a_parameters_from_the_config_and_the_job_are_accepted(env: Env) -> None:
+    """Kueue passes every ProvisioningRequestConfig parameter and every
+    ``provreq.kueue.x-k8s.io/<name>`` annotation (Job -> Workload -> request) unchecked;
+    Muster honours what it knows and ignores the rest, saying so. (An annotation that
+    overrides a parameter the config also sets is Kueue's churn, the next test.)"""
+    _real_kueue(env)
+    names = await path_a_wiring(env, parameters={
+        "maxRunDurationSeconds": "3600", "noRetry": "false"})
+    job = gang_job("params", env.namespace, 2, annotations={
+        f"{PROVREQ_PREFIX}ValidUntilSeconds": "900", f"{PROVREQ_PREFIX}colour": "blue"})
+    await env.kube.create(JOBS, job, namespace=env.namespace)
+
+    wl = await eventually(lambda: _workload_of(env, "params"), what="Kueue's Workload")
+    wl_name = wl["metadata"]["name"]
+    assert {k: v for k, v in wl["metadata"].get("annotations", {}).items()
+            if k.startswith(PROVREQ_PREFIX)} == job["metadata"]["annotations"]
+    pr = await eventually(lambda: _kueue_request(env, wl_name, names["check"]), within=30,
+                          what="Kueue's ProvisioningRequest")
+    assert pr["spec"]["parameters"] == {
+        "ValidUntilSeconds": "900", "maxRunDurationSeconds": "3600", "noRetry": "false",
+        "colour": "blue"}
+
+    pr = await eventually(lambda: _provisioned(env, pr["metadata"]["name"]), within=60,
+                          what="Muster to provision a request with parameters it ignores")
+    assert _condition(pr, "Failed") is None
+    accepted = _condition(pr, "Accepted")
+    assert accepted is not None and accepted["status"] == "True", accepted
+    assert "Muster ignores parameter(s) colour (not a parameter of" in accepted["message"]
+    assert "maxRunDurationSeconds (Muster does not bound how long nodes run" in (
+        accepted["message"])
+
+    wl = await eventually(lambda: _admitted(env, wl_name), within=60,
+                          what=f"Kueue to admit {wl_name}")
+    # Kueue copied the Provisioned message, with Muster's note, into the Workload.
+    entry = _check_entry(wl, names["check"])
+    assert entry["state"] == "Ready"
+    assert "Ignored parameter(s): colour, maxRunDurationSeconds" in entry["message"]
+    await eventually(lambda: _bound_pods(env, "params", 2), within=60,
+                     what="the scheduler to bind both pods")
+
+    async def warned() -> list[Body]:
+        listing = await env.kube.list(EVENTS, namespace=env.namespace)
+        return [e for e in listing.get("items") or []
+                if e.get("reason") == "ParametersIgnored"
+                and e["involvedObject"]["name"] == pr["metadata"]["name"]]
+
+    (event,) = await eventually(warned, within=20, what="the ParametersIgnored Event")
+    assert event["type"] == "Warning"
+
+
+async def test_path_a_an_annotation_overriding_a_config_parameter_churns_in_kueue(
+    env: Env,
+) -> None:
+    """A limit of Kueue 0.17, not of Muster: Kueue's docs let a Job annotation override a
+    parameter the ProvisioningRequestConfig sets, but its controller keeps a request only
+    while it carries every config parameter with the config's value
+    (``provReqSyncedWithConfig``), so it deletes the request it just created with the
+    annotation's value and creates it again, forever; the Workload is never admitted. Muster
+    takes each incarnation as a new request and releases what a deleted one acquired (the
+    fixture's clean-up checks no node is left). README, Kueue integration: set such a
+    parameter in the config or on the Job, not both."""
+    _real_kueue(env)
+    names = await path_a_wiring(env, parameters={"ValidUntilSeconds": "600"})
+    job = gang_job("override", env.namespace, 2,
+                   annotations={f"{PROVREQ_PREFIX}ValidUntilSeconds": "900"})
+    await env.kube.create(JOBS, job, namespace=env.namespace)
+    wl = await eventually(lambda: _workload_of(env, "override"), what="Kueue's Workload")
+    wl_name = wl["metadata"]["name"]
+    uids: set[str] = set()
+
+    async def recreated() -> bool:
+        pr = await _kueue_request(env, wl_name, names["check"])
+        if pr is not None:
+            assert pr["spec"]["parameters"] == {"ValidUntilSeconds": "900"}
+            uids.add(pr["metadata"]["uid"])
+        return len(uids) >= 3
+
+    await eventually(recreated, within=30, step=0.05,
+                     what="Kueue to delete and recreate its request")
+    assert await _admitted(env, wl_name) is None
+    await env.kube.delete(JOBS, "override", namespace=env.namespace)
+
+
+# ------------------------------------------------------------------ TAS: Kueue vs Muster
+
+
+async def _busy_rack(env: Env, rack: str, count: int) -> list[str]:
+    """``count`` kwok nodes of this run in ``rack`` (outside the pool), each full with a
+    running 8-GPU pod, like a rack another job still holds."""
+    block = rack.split("-")[0]
+    names = []
+    for i in range(count):
+        name = env.name(f"{rack}-{i}")
+        body = objects.node(
+            name, allocatable={"cpu": "96", "memory": "1024Gi", objects.GPU: "8"},
+            labels={**env.selector, "muster.dev/accelerator": "h100",
+                    objects.BLOCK: block, objects.RACK: rack},
+            taints=[objects.GPU_TAINT])
+        body["metadata"]["annotations"] = {"kwok.x-k8s.io/node": "fake"}
+        await env.kube.create(NODES, body)
+        env.cleanup.append(lambda n=name: env.kube.delete(NODES, n))
+        names.append(name)
+        await env.kube.create(PODS, {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"holder-{i}", "namespace": env.namespace,
+                         "labels": {"e2e.muster.dev/holder": "true"}},
+            "spec": {
+                "nodeName": name, "terminationGracePeriodSeconds": 0,
+                "tolerations": [objects.GPU_TOLERATION],
+                "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
+                                "resources": {"requests": {objects.GPU: "8"},
+                                              "limits": {objects.GPU: "8"}}}]},
+        }, namespace=env.namespace)
+    return names
+
+
+async def _free(env: Env, count: int) -> None:
+    for i in range(count):
+        await env.kube.delete(PODS, f"holder-{i}", namespace=env.namespace)
+
+    async def gone() -> bool:
+        left = await env.kube.list(PODS, namespace=env.namespace,
+                                   label_selector="e2e.muster.dev/holder=true")
+        return not left.get("items")
+
+    await eventually(gone, within=20, what="the holder pods to be gone")
+
+
+async def _another_rack_frees_up_while_muster_acquires(
+    env: Env, *, rack_selector: bool
+) -> tuple[dict[str, str], str, Body, list[str]]:
+    """Rack b0-r1 (outside the pool) is full when Muster plans, so Muster acquires a pool
+    rack; while the acquisition runs (the kind provider's latencySeconds) b0-r1 frees up,
+    so when Kueue computes its topology assignment after provisioning, two racks fit the
+    gang. Kueue TAS breaks the tie towards b0 (its BestFit orders equal domains by label
+    values). Returns the wiring, Muster's rack, the admitted Workload and b0-r1's nodes."""
+    names = await path_a_wiring(env, rack_selector=rack_selector,
+                                pool_parameters={"latencySeconds": 6})
+    busy = await _busy_rack(env, "b0-r1", 4)
+    await env.kube.create(JOBS, gang_job("tas", env.namespace, 4), namespace=env.namespace)
+    wl = await eventually(lambda: _workload_of(env, "tas"), what="Kueue's Workload")
+    wl_name = wl["metadata"]["name"]
+    pr = await eventually(lambda: _kueue_request(env, wl_name, names["check"]), within=30,
+                          what="Kueue's ProvisioningRequest")
+
+    async def planned() -> Body | None:
+        got = await env.kube.get(PROVISIONING_REQUESTS, pr["metadata"]["name"],
+                                 namespace=env.namespace)
+        phase = (got["metadata"].get("annotations") or {}).get("muster.dev/phase")
+        return got if phase == "Acquiring" else None
+
+    await eventually(planned, within=30, what="Muster to plan and start acquiring")
+    await _free(env, 4)
+    pr = await eventually(lambda: _provisioned(env, pr["metadata"]["name"]), within=60,
+                          what="Muster to provision")
+    rack = pr["status"]["provisioningClassDetails"][objects.RACK]
+    assert rack != "b0-r1" and rack.startswith("b1-"), rack
+    wl = await eventually(lambda: _admitted(env, wl_name), within=60,
+                          what=f"Kueue to admit {wl_name}")
+    return names, rack, wl, busy
+
+
+async def test_path_a_tas_places_the_gang_in_musters_rack_when_another_rack_frees_up(
+    env: Env,
+) -> None:
+    """With the ProvisioningRequestConfig's ``podSetUpdates.nodeSelector`` copying the rack
+    from provisioningClassDetails, Kueue TAS computes its assignment under that selector
+    (it merges a Ready check's podSetUpdates, for a Topology whose lowest level is
+    kubernetes.io/hostname): Muster's rack wins even when another rack fits as well."""
+    _real_kueue(env)
+    names, rack, wl, busy = await _another_rack_frees_up_while_muster_acquires(
+        env, rack_selector=True)
+    racks, hosts = await _assigned_racks(env, wl)
+    assert racks == {rack}, f"Kueue TAS assigned {racks}, Muster provisioned {rack}"
+    pool_nodes = {n["metadata"]["name"] for n in await env.pool_nodes(names["pool"])}
+    assert hosts == pool_nodes and not hosts & set(busy)
+    pods = await eventually(lambda: _bound_pods(env, "tas", 4), within=60,
+                            what="the scheduler to bind all 4 pods")
+    assert {p["spec"]["nodeName"] for p in pods} == pool_nodes
+
+
+async def test_path_a_tas_without_the_rack_selector_runs_the_gang_elsewhere(
+    env: Env,
+) -> None:
+    """The failure mode when the ProvisioningRequestConfig does not copy the rack into a
+    nodeSelector: Kueue TAS, free to choose, places the gang in the other free rack, the
+    pods run there, and the nodes Muster acquired are never used (the booking ends consumed,
+    its message saying the pods run elsewhere, and Muster releases the unused nodes at once:
+    an acquisition wasted, nothing leaked). Avoid it with
+    ``podSetUpdates.nodeSelector: [{key: <rack label>, valueFromProvisioningClassDetail:
+    <rack label>}]`` (README, Kueue integration)."""
+    _real_kueue(env)
+    names, rack, wl, busy = await _another_rack_frees_up_while_muster_acquires(
+        env, rack_selector=False)
+    racks, hosts = await _assigned_racks(env, wl)
+    assert racks == {"b0-r1"} and hosts == set(busy), (racks, hosts, rack)
+    pods = await eventually(lambda: _bound_pods(env, "tas", 4), within=60,
+                            what="the scheduler to bind all 4 pods")
+    assert {p["spec"]["nodeName"] for p in pods} == set(busy)
+
+    # Muster says so on the request and releases the nodes the gang left unused at once.
+    pr_name = f"{wl['metadata']['name']}-{names['check']}-1"
+
+    async def ended() -> dict[str, Any] | None:
+        return _condition(await env.get(pr_name), "BookingExpired")
+
+    cond = await eventually(ended, within=30, what="the booking to end")
+    assert cond["reason"] == "CapacityBookingConsumed"
+    assert "4 of them run outside the booked nodes" in cond["message"], cond
+
+    async def released() -> bool:
+        return not await env.pool_nodes(names["pool"])
+
+    await eventually(released, within=30, what="Muster to release the unused nodes")
+
+
+# ------------------------------------------------------------------ path B: Muster's check
+
+
+async def path_b_wiring(
+    env: Env, *, parameters: dict[str, str] | None = None, backoff_limit: int = 2,
+    backoff_base: int = 3, pool_parameters: dict[str, Any] | None = None,
+) -> dict[str, str]:
+    """A pool of two 4-node racks, a flavor without a Topology, a ProvisioningRequestConfig,
+    an AdmissionCheck with Muster's controllerName, a ClusterQueue and the LocalQueue
+    ``gangs``; returns once Muster marked the check Active and Kueue the queue."""
+    pool = await env.gpu_pool(blocks=1, racks_per_block=2, nodes_per_rack=4,
+                              parameters=pool_parameters)
+    names = {k: env.name(k) for k in ("flavor", "config", "check", "cq")}
+    names["pool"] = pool
+    k = "kueue.x-k8s.io/v1beta2"
+    await _create(env, RESOURCE_FLAVORS, {
+        "apiVersion": k, "kind": "ResourceFlavor", "metadata": {"name": names["flavor"]},
+        "spec": {"nodeLabels": {**env.selector, "muster.dev/accelerator": "h100"},
+                 "tolerations": [objects.GPU_TOLERATION]}})
+    prc: Body = {
+        "provisioningClassName": ATOMIC, "managedResources": [objects.GPU],
+        "retryStrategy": {"backoffLimitCount": backoff_limit,
+                          "backoffBaseSeconds": backoff_base, "backoffMaxSeconds": 60},
+    }
+    if parameters:
+        prc["parameters"] = dict(parameters)
+    await _create(env, PROVISIONING_REQUEST_CONFIGS, {
+        "apiVersion": k, "kind": "ProvisioningRequestConfig",
+        "metadata": {"name": names["config"]}, "spec": prc})
+    await _create(env, ADMISSION_CHECKS, {
+        "apiVersion": k, "kind": "AdmissionCheck", "metadata": {"name": names["check"]},
+        "spec": {"controllerName": MUSTER_CHECK, "parameters": {
+            "apiGroup": "kueue.x-k8s.io", "kind": "ProvisioningRequestConfig",
+            "name": names["config"]}}})
+    await _create(env, CLUSTER_QUEUES, {
+        "apiVersion": k, "kind": "ClusterQueue", "metadata": {"name": names["cq"]},
+        "spec": {
+            "namespaceSelector": {"matchLabels": {
+                "kubernetes.io/metadata.name": env.namespace}},
+            "resourceGroups": [{
+                "coveredResources": ["cpu", "memory", objects.GPU],
+                "flavors": [{"name": names["flavor"], "resources": [
+                    {"name": "cpu", "nominalQuota": "1000"},
+                    {"name": "memory", "nominalQuota": "10Ti"},
+                    {"name": objects.GPU, "nominalQuota": "96"}]}]}],
+            "admissionChecksStrategy": {"admissionChecks": [{"name": names["check"]}]},
+        }})
+    await env.kube.create(LOCAL_QUEUES, {
+        "apiVersion": k, "kind": "LocalQueue",
+        "metadata": {"name": "gangs", "namespace": env.namespace},
+        "spec": {"clusterQueue": names["cq"]}}, namespace=env.namespace)
+
+    async def check_active() -> dict[str, Any] | None:
+        return _true(await env.kube.get(ADMISSION_CHECKS, names["check"]), "Active")
+
+    async def queue_active() -> dict[str, Any] | None:
+        return _true(await env.kube.get(CLUSTER_QUEUES, names["cq"]), "Active")
+
+    active = await eventually(check_active, within=30,
+                              what=f"Muster to mark AdmissionCheck {names['check']} Active")
+    assert active["reason"] == "Active" and "Muster serves" in active["message"]
+    await eventually(queue_active, within=30, what=f"ClusterQueue {names['cq']} to be Active")
+    return names
+
+
+def _true(obj: Body, type_: str) -> dict[str, Any] | None:
+    cond = _condition(obj, type_)
+    return cond if cond is not None and cond["status"] == "True" else None
+
+
+def rack_gang(name: str, namespace: str, workers: int) -> Body:
+    """A path-B gang: ``workers`` 8-GPU pods required in one rack through Muster's own
+    annotation (Kueue ignores it on a flavor without a Topology)."""
+    return gang_job(name, namespace, workers, queue="gangs",
+                    pod_annotations={MUSTER_REQUIRED: objects.RACK})
+
+
+async def _check_states(env: Env, wl_name: str, check: str, seen: list[str]) -> dict[str, Any]:
+    """The check's entry now (empty before Kueue lists it), its state appended to ``seen``
+    when it changed."""
+    wl = await env.kube.get(WORKLOADS, wl_name, namespace=env.namespace)
+    entry = next((dict(e) for e in (wl.get("status") or {}).get("admissionChecks") or []
+                  if e.get("name") == check), {})
+    state = entry.get("state")
+    if state is not None and (not seen or seen[-1] != state):
+        seen.append(state)
+    return entry
+
+
+async def test_path_b_job_to_pods_bound_on_musters_nodes(env: Env) -> None:
+    """Muster's check with real Kueue: Active, Pending while Muster provisions, Ready with
+    podSetUpdates pinning the gang to the booked rack, Kueue admits, the scheduler binds
+    every pod on Muster's nodes in that rack."""
+    _real_kueue(env)
+    names = await path_b_wiring(env)
+    await env.kube.create(JOBS, rack_gang("gang", env.namespace, 4), namespace=env.namespace)
+    wl = await eventually(lambda: _workload_of(env, "gang"), what="Kueue's Workload")
+    wl_name = wl["metadata"]["name"]
+    seen: list[str] = []
+
+    async def ready() -> dict[str, Any] | None:
+        entry = await _check_states(env, wl_name, names["check"], seen)
+        return entry if entry.get("state") == "Ready" else None
+
+    entry = await eventually(ready, within=60, step=0.05, what="Muster's check to be Ready")
+    assert seen[0] == "Pending" and seen[-1] == "Ready" and "Retry" not in seen, seen
+    pr = await env.get(f"{wl_name}-{names['check']}-1")
+    assert pr["spec"]["provisioningClassName"] == ATOMIC
+    assert pr["metadata"]["labels"][MANAGED_LABEL] == "true"
+    # Workload -> templates -> request; a Workload-owned request would be deleted by Kueue's
+    # own provisioning controller (it takes it for an unused request of its checks).
+    assert pr["metadata"]["annotations"][WORKLOAD_UID_ANNOTATION] == wl["metadata"]["uid"]
+    (owner,) = pr["metadata"]["ownerReferences"]
+    assert owner["kind"] == "PodTemplate"
+    tpl = await env.kube.get(POD_TEMPLATES, owner["name"], namespace=env.namespace)
+    assert [o["uid"] for o in tpl["metadata"]["ownerReferences"]] == [wl["metadata"]["uid"]]
+    rack = pr["status"]["provisioningClassDetails"][objects.RACK]
+    (update,) = entry["podSetUpdates"]
+    assert update["nodeSelector"] == {objects.BLOCK: rack.split("-")[0], objects.RACK: rack}
+    assert update["annotations"] == {CONSUME_ANNOTATION: pr["metadata"]["name"],
+                                     CLASS_ANNOTATION: ATOMIC}
+
+    await eventually(lambda: _admitted(env, wl_name), within=60,
+                     what=f"Kueue to admit {wl_name}")
+    pods = await eventually(lambda: _bound_pods(env, "gang", 4), within=60,
+                            what="the scheduler to bind all 4 pods")
+    pool_nodes = {n["metadata"]["name"]: n for n in await env.pool_nodes(names["pool"])}
+    assert len(pool_nodes) == 4
+    for pod in pods:
+        assert pod["spec"]["nodeSelector"][objects.RACK] == rack
+        assert pod["metadata"]["annotations"][CONSUME_ANNOTATION] == pr["metadata"]["name"]
+        node = pod["spec"]["nodeName"]
+        assert node in pool_nodes and pool_nodes[node]["metadata"]["labels"][
+            objects.RACK] == rack
+
+
+async def test_path_b_a_gang_that_can_never_fit_is_rejected_and_deactivated(env: Env) -> None:
+    """Eight nodes in one rack of at most four: Muster's request fails CapacityNeverFits,
+    its check is Rejected at once (no retry can help), and Kueue deactivates the Workload.
+    Nothing is acquired."""
+    _real_kueue(env)
+    names = await path_b_wiring(env)
+    await env.kube.create(JOBS, rack_gang("huge", env.namespace, 8), namespace=env.namespace)
+    wl = await eventually(lambda: _workload_of(env, "huge"), what="Kueue's Workload")
+    wl_name = wl["metadata"]["name"]
+    seen: list[str] = []
+
+    async def rejected() -> dict[str, Any] | None:
+        entry = await _check_states(env, wl_name, names["check"], seen)
+        return entry if entry.get("state") == "Rejected" else None
+
+    entry = await eventually(rejected, within=60, step=0.05, what="the check to be Rejected")
+    assert "Retry" not in seen, seen
+    assert entry["message"].startswith("The request can never fit"), entry
+    failed = _condition(await env.get(f"{wl_name}-{names['check']}-1"), "Failed")
+    assert failed is not None and failed["reason"] == "CapacityNeverFits"
+
+    async def deactivated() -> bool:
+        got = await env.kube.get(WORKLOADS, wl_name, namespace=env.namespace)
+        return got["spec"].get("active") is False
+
+    await eventually(deactivated, within=30, what="Kueue to deactivate the Workload")
+    assert await env.pool_nodes(names["pool"]) == []
+
+
+async def test_path_b_a_stock_out_is_retried_after_kueues_backoff(env: Env) -> None:
+    """The provider has 2 nodes per rack for a gang of 4. With ``noRetry`` in the config,
+    Muster fails the first attempt at once; its check goes Retry with requeueAfterSeconds =
+    backoffBaseSeconds; Kueue evicts the Workload, requeues it no sooner than that, reserves
+    quota again and resets the check to Pending (retryCount 1); Muster creates attempt 2,
+    which finds the stock restored, and the gang runs."""
+    _real_kueue(env)
+    names = await path_b_wiring(env, parameters={"noRetry": "true"}, backoff_base=3,
+                                pool_parameters={"defaultStock": 2})
+    await env.kube.create(JOBS, rack_gang("starved", env.namespace, 4),
+                          namespace=env.namespace)
+    wl = await eventually(lambda: _workload_of(env, "starved"), what="Kueue's Workload")
+    wl_name = wl["metadata"]["name"]
+    seen: list[str] = []
+
+    async def retry() -> dict[str, Any] | None:
+        entry = await _check_states(env, wl_name, names["check"], seen)
+        return entry if entry.get("state") == "Retry" else None
+
+    entry = await eventually(retry, within=60, step=0.05, what="the check to be Retry")
+    assert entry["requeueAfterSeconds"] == 3, entry
+    assert entry["message"].startswith("Retrying after failure: Attempt 1 failed "
+                                       "(AcquisitionFailed)"), entry
+    assert "noRetry is set" in entry["message"]
+    retried_at = _time(entry["lastTransitionTime"])
+    # The cloud restocks while Kueue waits out the backoff.
+    await env.kube.merge_patch(CAPACITY_POOLS, names["pool"],
+                               {"spec": {"parameters": {"defaultStock": None}}})
+
+    second = f"{wl_name}-{names['check']}-2"
+    pr2 = await eventually(lambda: env.kube.get_or_none(
+        PROVISIONING_REQUESTS, second, namespace=env.namespace), within=60,
+        what="Muster's second attempt after Kueue requeued the Workload")
+    created = _time(pr2["metadata"]["creationTimestamp"])
+    # Timestamps have whole seconds: allow the one the truncation may cost.
+    assert (created - retried_at).total_seconds() >= 3 - 1, (retried_at, created)
+    assert await _kueue_request(env, wl_name, names["check"], 1) is None, (
+        "the evicted attempt's request is deleted")
+
+    async def ready() -> dict[str, Any] | None:
+        entry = await _check_states(env, wl_name, names["check"], seen)
+        return entry if entry.get("state") == "Ready" else None
+
+    entry = await eventually(ready, within=60, step=0.05, what="attempt 2 to be Ready")
+    assert entry.get("retryCount") == 1, entry
+    assert "Retry" in seen and seen.index("Retry") < len(seen) - 1, seen
+    wl = await eventually(lambda: _admitted(env, wl_name), within=60,
+                          what=f"Kueue to admit {wl_name}")
+    # Kueue evicted it for the Retry, then admitted it again.
+    evicted = _condition(wl, "Evicted")
+    assert evicted is not None and evicted["status"] == "False", evicted
+    assert "At least one admission check is false" in evicted["message"], evicted
+    await eventually(lambda: _bound_pods(env, "starved", 4), within=60,
+                     what="the scheduler to bind all 4 pods")
+
+
+def _time(stamp: str) -> datetime:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))

@@ -97,8 +97,8 @@ async def test_stock_out_is_retried_then_failed_without_leaking_nodes(env: Env) 
             id="missing-pod-template",
         ),
         pytest.param(
-            ["workers"], [("workers", 2)], {"parameters": {"colour": "blue"}},
-            "InvalidParameters", "colour", id="unknown-parameter",
+            ["workers"], [("workers", 2)], {"parameters": {"noRetry": "maybe"}},
+            "InvalidParameters", "noRetry must be true or false", id="unreadable-parameter",
         ),
         pytest.param(
             ["workers@galaxy"], [("workers", 2)], {}, "InvalidParameters", "galaxy",

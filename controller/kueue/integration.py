@@ -22,7 +22,7 @@ from controller.kube.events import EventBroadcaster, EventRecorder
 from controller.kube.resources import CAPACITY_POOLS, NODES, PROVISIONING_REQUESTS, Resource
 from controller.kueue.facts import StateFacts, WatchedFacts
 from controller.kueue.models import Topology
-from controller.kueue.planning import MANAGED_LABEL
+from controller.kueue.planning import MANAGED_LABEL, workload_of
 from controller.kueue.resources import (
     ADMISSION_CHECKS,
     PROVISIONING_REQUEST_CONFIGS,
@@ -298,9 +298,9 @@ class KueueIntegration:
         else:
             self._request_sigs[key] = sig
         ns = obj["metadata"].get("namespace")
-        for ref in obj["metadata"].get("ownerReferences") or []:
-            if ref.get("kind") == "Workload" and self._ready():
-                self.queue.add(f"{ns}/{ref.get('name')}")
+        workload, _ = workload_of(obj)
+        if workload and self._ready():
+            self.queue.add(f"{ns}/{workload}")
 
     def _pools_changed(self, _: Body | None) -> None:
         self._topologies_changed(None)

@@ -29,6 +29,11 @@ from controller.kueue.models import ResourceFlavor, TopologyAssignment, Workload
 
 MANAGED_LABEL = "muster.dev/kueue-check"
 """On every ProvisioningRequest and PodTemplate Muster creates for a Workload."""
+CHECK_ANNOTATION = "muster.dev/admission-check"
+WORKLOAD_ANNOTATION = "muster.dev/workload"
+WORKLOAD_UID_ANNOTATION = "muster.dev/workload-uid"
+"""On a request Muster creates: the check and the Workload (name, uid) it serves. The request
+is not owned by the Workload (see :func:`request_body`), so these say whose it is."""
 POD_SET_ANNOTATION = "muster.dev/kueue-podset"
 """On a PodTemplate: the Workload pod set it was built from."""
 
@@ -189,9 +194,18 @@ def request_body(
     name: str,
     namespace: str,
     plan: RequestPlan,
-    owner: Mapping[str, Any],
+    owners: Sequence[Mapping[str, Any]],
     check: str,
+    workload: Mapping[str, Any],
 ) -> dict[str, Any]:
+    """The request, owned by its PodTemplates (``owners``), which the Workload owns.
+
+    Not owned by the Workload itself: Kueue's built-in provisioning controller (0.17,
+    ``deleteUnusedProvisioningRequests``) deletes every ProvisioningRequest with an
+    ownerReference named like a Workload that is not the live request of one of Kueue's own
+    checks, so a Workload-owned request of Muster's check would be deleted as soon as it is
+    created. The chain Workload -> PodTemplates -> request keeps the garbage collection:
+    deleting the Workload takes the templates, and the templates the request."""
     spec: dict[str, Any] = {
         "provisioningClassName": plan.class_name,
         "podSets": [
@@ -208,11 +222,29 @@ def request_body(
             "name": name,
             "namespace": namespace,
             "labels": {MANAGED_LABEL: "true"},
-            "annotations": {"muster.dev/admission-check": check},
-            "ownerReferences": [dict(owner)],
+            "annotations": {
+                CHECK_ANNOTATION: check,
+                WORKLOAD_ANNOTATION: str((workload.get("metadata") or {}).get("name")),
+                WORKLOAD_UID_ANNOTATION: str((workload.get("metadata") or {}).get("uid")),
+            },
+            # At most one controller among the owners.
+            "ownerReferences": [dict(o, controller=i == 0) for i, o in enumerate(owners)],
         },
         "spec": spec,
     }
+
+
+def workload_of(request: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """(name, uid) of the Workload a request of Muster's check serves: its annotations, or,
+    for requests created before them, a Workload ownerReference."""
+    meta = request.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    if annotations.get(WORKLOAD_UID_ANNOTATION):
+        return annotations.get(WORKLOAD_ANNOTATION), annotations[WORKLOAD_UID_ANNOTATION]
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("kind") == "Workload":
+            return ref.get("name"), ref.get("uid")
+    return None, None
 
 
 def owner_reference(obj: Mapping[str, Any], *, controller: bool = True) -> dict[str, Any]:

@@ -61,6 +61,7 @@ from controller.kueue.planning import (
     plan_request,
     pod_template_body,
     request_body,
+    workload_of,
 )
 from controller.kueue.resources import ADMISSION_CHECKS, WORKLOADS
 from controller.kueue.settings import KueueConfig
@@ -71,6 +72,7 @@ from controller.topology_defaults import POOL_LABEL
 log = logging.getLogger(__name__)
 
 CONFLICT_RETRIES = 5
+TEMPLATE_WAIT_SECONDS = 1.0
 
 
 class KueueView:
@@ -178,14 +180,13 @@ class CheckReconciler:
         ns = wl.metadata.namespace or "default"
         return [
             r for r in self.view.requests.values()
-            if (r.get("metadata") or {}).get("namespace") == ns
-            and any(o.get("uid") == uid for o in (r["metadata"].get("ownerReferences") or []))
+            if (r.get("metadata") or {}).get("namespace") == ns and workload_of(r)[1] == uid
         ]
 
     async def reconcile_workload(self, key: str) -> float | None:
         body = self.view.workloads.get(key)
         if body is None:
-            return None  # owned requests go with it (ownerReferences)
+            return None  # its requests go with it (Workload -> templates -> request)
         try:
             wl = Workload.model_validate(body)
         except ValueError as exc:
@@ -207,9 +208,9 @@ class CheckReconciler:
             ):
                 await self.delete_requests(self.owned_requests(wl))
             return None
-        for check in checks:
-            await self.reconcile_one(wl, check)
-        return None
+        delays = [d for check in checks
+                  if (d := await self.reconcile_one(wl, check)) is not None]
+        return min(delays, default=None)
 
     async def delete_requests(self, requests: Sequence[Body]) -> None:
         for r in requests:
@@ -232,15 +233,15 @@ class CheckReconciler:
         except ValueError as exc:
             return f"ProvisioningRequestConfig {ac.spec.parameters.name} is invalid: {exc}"
 
-    async def reconcile_one(self, wl: Workload, check: str) -> None:
+    async def reconcile_one(self, wl: Workload, check: str) -> float | None:
         state = wl.check(check)
         if state is None:
-            return
+            return None
         prc = self.prc_for(check)
         if isinstance(prc, str):
             await self.write_state(wl, AdmissionCheckState(
                 name=check, state=PENDING, message=f"the check is not active: {prc}"))
-            return
+            return None
         attempt = (state.retry_count or 0) + 1
         name = request_name(wl.metadata.name, check, attempt)
         ns = wl.metadata.namespace or "default"
@@ -257,24 +258,22 @@ class CheckReconciler:
                     await self.write_state(wl, AdmissionCheckState(
                         name=check, state=v.state, message=v.message,
                         requeueAfterSeconds=v.requeue_after_seconds))
-            return
+            return None
         if state.state != PENDING:
-            return  # Retry / Rejected: Kueue evicts or deactivates; nothing to do until reset
+            return None  # Retry / Rejected: Kueue evicts or deactivates; nothing to do until reset
         stale = [r for r in owned if r["metadata"]["name"] != name]
         if stale:
             await self.delete_requests(stale)
         if current is not None and (
             (current.get("metadata") or {}).get("deletionTimestamp")
-            or not any(o.get("uid") == wl.metadata.uid
-                       for o in current["metadata"].get("ownerReferences") or [])
+            or workload_of(current)[1] != wl.metadata.uid
         ):
             # The same name from before an eviction (still releasing its nodes) or from an
             # earlier Workload of the same name (awaiting garbage collection): its
             # conditions describe another booking. Its DELETED event requeues us.
-            return
+            return None
         if current is None:
-            await self.create_request(wl, check, name, prc)
-            return
+            return await self.create_request(wl, check, name, prc)
         v = self._verdict(wl, current, attempt, state.retry_count or 0, prc)
         updates: list[PodSetUpdate] = []
         if v.ready:
@@ -286,6 +285,7 @@ class CheckReconciler:
             name=check, state=v.state, message=v.message,
             requeueAfterSeconds=v.requeue_after_seconds, podSetUpdates=updates,
         ))
+        return None
 
     def _verdict(
         self, wl: Workload, request: Body, attempt: int, retry_count: int,
@@ -334,36 +334,49 @@ class CheckReconciler:
 
     async def create_request(
         self, wl: Workload, check: str, name: str, prc: ProvisioningRequestConfig | None
-    ) -> None:
+    ) -> float | None:
+        """Templates (owned by the Workload), then the request (owned by the templates);
+        a delay when a stale template of the same name must go first."""
         ns = wl.metadata.namespace or "default"
         try:
             plan = self.plan_for(wl, name, prc)
         except PlanningError as exc:
             await self.write_state(wl, AdmissionCheckState(
                 name=check, state=REJECTED, message=f"cannot build the request: {exc}"))
-            return
+            return None
         if not plan.needed:
             await self.write_state(wl, AdmissionCheckState(
                 name=check, state=READY, message="the provisioning request is not needed"))
-            return
+            return None
         wl_body = self.view.workloads.get(f"{ns}/{wl.metadata.name}")
         if wl_body is None:
-            return  # deleted meanwhile: nothing to provision for
+            return None  # deleted meanwhile: nothing to provision for
         wl_owner = owner_reference(wl_body)
         # Templates first: Muster's request reconciler fails a request whose templates are
         # missing, so they must exist before the request does.
+        template_owners = []
         for ps in plan.pod_sets:
             try:
-                await self.kube.create(
+                tpl: Body | None = await self.kube.create(
                     POD_TEMPLATES, pod_template_body(ps.template_name, ns, ps.template, wl_owner),
                     namespace=ns,
                 )
             except ApiError as exc:
                 if not exc.conflict:
                     raise
+                tpl = await self.kube.get_or_none(POD_TEMPLATES, ps.template_name, namespace=ns)
+            if tpl is None or (tpl.get("metadata") or {}).get("deletionTimestamp") or not any(
+                o.get("uid") == wl.metadata.uid
+                for o in (tpl.get("metadata") or {}).get("ownerReferences") or []
+            ):
+                # An earlier Workload's template of the same name, awaiting collection:
+                # the request must not hang on it. Try again shortly.
+                return TEMPLATE_WAIT_SECONDS
+            template_owners.append(owner_reference(tpl))
         try:
             created = await self.kube.create(
-                PROVISIONING_REQUESTS, request_body(name, ns, plan, wl_owner, check),
+                PROVISIONING_REQUESTS,
+                request_body(name, ns, plan, template_owners, check, wl_body),
                 namespace=ns,
             )
         except ApiError as exc:
@@ -372,20 +385,14 @@ class CheckReconciler:
                     name=check, state=PENDING,
                     message=f"failed to create ProvisioningRequest {name}: {exc.reason}"))
                 raise
-            return
+            return None
         self.view.requests[f"{ns}/{name}"] = created
-        # The GC chain Kueue builds: Workload -> request -> templates.
-        pr_owner = owner_reference(created)
-        for ps in plan.pod_sets:
-            await self.kube.merge_patch(
-                POD_TEMPLATES, ps.template_name,
-                {"metadata": {"ownerReferences": [pr_owner]}}, namespace=ns,
-            )
         self.event(wl, "Normal", "ProvisioningRequestCreated",
                    f"Created ProvisioningRequest {name} ({plan.class_name})")
         await self.write_state(wl, AdmissionCheckState(
             name=check, state=PENDING,
             message=f"ProvisioningRequest {name} created ({plan.class_name})"))
+        return None
 
     # ------------------------------------------------------------------ Ready
 

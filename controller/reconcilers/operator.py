@@ -100,6 +100,7 @@ class Controller:
             config=config, clock=self.clock,
             on_transition=RequestTelemetry(recorder=self.events.recorder("muster"),
                                            metrics=self.metrics, now=self.clock.now),
+            recorder=self.events.recorder("muster"),
         )
         self.queue = WorkQueue(
             metered(self.service.reconcile, self.metrics), clock=self.clock,

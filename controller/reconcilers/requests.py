@@ -155,21 +155,21 @@ class RequestView:
 
     @property
     def retry_at(self) -> datetime | None:
-        return _parse_time(self.annotations.get(RETRY_AT_ANNOTATION))
+        return parse_time(self.annotations.get(RETRY_AT_ANNOTATION))
 
     @property
     def booked_at(self) -> datetime | None:
         """When Provisioned became True (the booking's start)."""
-        stamp = _parse_time(self.annotations.get(BOOKED_AT_ANNOTATION))
+        stamp = parse_time(self.annotations.get(BOOKED_AT_ANNOTATION))
         if stamp is not None:
             return stamp
         cond = self.condition(ConditionType.PROVISIONED)
         if cond is not None and cond.get("status") == "True":
-            return _parse_time(cond.get("lastTransitionTime"))
+            return parse_time(cond.get("lastTransitionTime"))
         return None
 
 
-def _parse_time(text: str | None) -> datetime | None:
+def parse_time(text: str | None) -> datetime | None:
     if not text:
         return None
     try:

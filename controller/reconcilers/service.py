@@ -29,7 +29,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from controller.acquire.atomic import AcquisitionFailed, acquire_all, release_groups
@@ -50,9 +50,16 @@ from controller.config import MusterConfig
 from controller.constraints import needs_running_pods
 from controller.fit.types import GangRequest, Mode, NoFit, Plan, ReasonCode
 from controller.kube import ApiError, Body, KubeClient
+from controller.kube.events import EventRecorder
 from controller.kube.resources import PROVISIONING_REQUESTS
+from controller.reconcilers.parameters import (
+    NO_RETRY,
+    VALID_UNTIL_SECONDS,
+    Parameters,
+    read_parameters,
+)
 from controller.reconcilers.pools import hold_pools
-from controller.reconcilers.requests import RequestView
+from controller.reconcilers.requests import RequestView, parse_time
 from controller.snapshot import InvalidTemplate, SnapshotError, gang_of, parse_object
 from controller.state.bookings import (
     ATTEMPT_ANNOTATION,
@@ -73,12 +80,6 @@ from controller.state.planner import Planner
 log = logging.getLogger(__name__)
 
 Delay = float | None
-
-PARAMETERS: Mapping[Mode, frozenset[str]] = {
-    Mode.CHECK: frozenset({"processorInstance", "noRetry"}),
-    Mode.PROVISION: frozenset({"ValidUntilSeconds"}),
-}
-"""Class parameters Muster understands; anything else is an invalid request."""
 
 TOPOLOGY_LEVEL_DETAIL = "muster.dev/topology-level"
 TOPOLOGY_DOMAIN_DETAIL = "muster.dev/topology-domain"
@@ -102,6 +103,7 @@ class ProvisioningService:
         config: MusterConfig,
         clock: Clock,
         on_transition: Callable[[Body, Sequence[Transition]], None] | None = None,
+        recorder: EventRecorder | None = None,
     ) -> None:
         self.kube = kube
         self.state = state
@@ -113,6 +115,8 @@ class ProvisioningService:
         """Acquisition keys with provider calls running in this process."""
         self.on_transition = on_transition
         """Told of every condition a status write changed (Events, metrics); must not block."""
+        self.recorder = recorder
+        """Posts the ParametersIgnored Warning when a request is first accepted."""
 
     # ------------------------------------------------------------------ entry point
 
@@ -210,13 +214,9 @@ class ProvisioningService:
 
     def gang(self, req: RequestView, mode: Mode) -> GangRequest:
         """The request as the fit engine sees it; :class:`Invalid` names what is wrong."""
-        unknown = sorted(set(req.parameters) - PARAMETERS[mode])
-        if unknown:
-            raise Invalid(
-                Reason.INVALID_PARAMETERS,
-                f"unknown parameter(s) {', '.join(unknown)} for class {req.class_name} "
-                f"(known: {', '.join(sorted(PARAMETERS[mode])) or 'none'})",
-            )
+        problems = self.parameters(req).problems
+        if problems:
+            raise Invalid(Reason.INVALID_PARAMETERS, "; ".join(problems))
         try:
             pr = parse_object(ProvisioningRequest, dict(req.body))
         except SnapshotError as exc:
@@ -254,6 +254,19 @@ class ProvisioningService:
                 )
         return gang
 
+    def parameters(self, req: RequestView) -> Parameters:
+        """The request's parameters as Muster reads them (see
+        :mod:`controller.reconcilers.parameters`)."""
+        mode = self.config.classes.mode_for(req.class_name, req.parameters) or Mode.PROVISION
+        return read_parameters(req.parameters, mode, req.class_name)
+
+    def valid_until(self, req: RequestView, params: Parameters) -> datetime | None:
+        """Creation + ValidUntilSeconds: no attempt starts after it."""
+        created = parse_time(req.meta.get("creationTimestamp"))
+        if params.valid_until_seconds is None or created is None:
+            return None
+        return created + timedelta(seconds=params.valid_until_seconds)
+
     def book(self, req: RequestView, plan: Plan, attempt: int) -> Booking | str:
         """The booking to reserve for ``plan``, or why the budget refuses it."""
         budgets = self.config.budgets
@@ -286,11 +299,6 @@ class ProvisioningService:
                 else Reason.NEVER_FITS
             )
             return await self.fail(req, reason, message(reason, detail=detail))
-        if mode is Mode.CHECK and req.parameters.get("noRetry", "").lower() == "true":
-            return await self.fail(
-                req, Reason.CAPACITY_IS_NOT_FOUND,
-                f"Capacity is not found: {detail}. noRetry is set, so Muster does not retry.",
-            )
         return await self.retry_or_fail(
             req, attempt=attempt, reason=Reason.CAPACITY_IS_NOT_FOUND, detail=detail
         )
@@ -418,8 +426,17 @@ class ProvisioningService:
         scheduled = sum(self.state.scheduled_consumers(req.key).values())
         total = req.total_pods
         if scheduled >= total:
-            return (ConditionType.BOOKING_EXPIRED, Reason.BOOKING_CONSUMED,
-                    message(Reason.BOOKING_CONSUMED, total=total))
+            text = message(Reason.BOOKING_CONSUMED, total=total)
+            elsewhere = self.consumed_elsewhere(req, booking)
+            if elsewhere:
+                text += (
+                    f" {sum(elsewhere.values())} of them run outside the booked nodes (on "
+                    f"{', '.join(sorted(elsewhere)[:5])}): the scheduler or Kueue TAS placed "
+                    "them elsewhere, and booked new nodes they leave unused are released now. "
+                    "With Kueue TAS, copy the booked domain into the pods with the "
+                    "ProvisioningRequestConfig's podSetUpdates.nodeSelector."
+                )
+            return (ConditionType.BOOKING_EXPIRED, Reason.BOOKING_CONSUMED, text)
         stale = self.stale_templates(req)
         if stale is not None:
             reason, templates = stale
@@ -443,6 +460,15 @@ class ProvisioningService:
                     message(Reason.RESERVATION_TIME_EXPIRED, booked=scheduled, total=total,
                             seconds=duration))
         return None
+
+    def consumed_elsewhere(self, req: RequestView, booking: Booking) -> dict[str, int]:
+        """Node -> scheduled pods consuming this request on nodes the booking does not hold
+        (a TAS assignment or the scheduler chose other free nodes)."""
+        booked = set(booking.existing_nodes) | set(booking.acquired_nodes)
+        for g in booking.groups:
+            booked.update(self.group_nodes(g))
+        return {n: c for n, c in self.state.scheduled_consumers(req.key).items()
+                if n not in booked}
 
     def stale_templates(self, req: RequestView) -> tuple[Reason, list[str]] | None:
         """Whether the PodTemplates the booking was planned from are gone or changed."""
@@ -479,6 +505,7 @@ class ProvisioningService:
         cond = req.ended_condition
         if booking is not None and cond is not None and (
             cond.get("reason") != Reason.BOOKING_CONSUMED
+            or self.consumed_elsewhere(req, booking)
         ):
             await self.release_unused(booking, req.key)
         if req.annotated_phase is not Phase.ENDED:
@@ -547,6 +574,26 @@ class ProvisioningService:
     ) -> Delay:
         self.state.unreserve(req.key)
         max_attempts = self.config.retry.max_attempts
+        params = self.parameters(req)
+        if not permanent and params.no_retry:
+            what = ("Capacity is not found" if reason is Reason.CAPACITY_IS_NOT_FOUND
+                    else f"Attempt {attempt} failed ({reason.value})")
+            return await self.fail(
+                req, reason, f"{what}: {detail}. {NO_RETRY} is set, so Muster does not retry.",
+                attempt=attempt,
+            )
+        delay = self.config.retry.backoff(attempt)
+        deadline = self.valid_until(req, params)
+        if (not permanent and attempt < max_attempts and deadline is not None
+                and self.clock.now() + timedelta(seconds=delay) > deadline):
+            return await self.fail(
+                req, Reason.RETRIES_EXHAUSTED,
+                f"Capacity is not found within {VALID_UNTIL_SECONDS}="
+                f"{params.valid_until_seconds} of the request's creation ({attempt} "
+                f"attempt(s); the next would start after {rfc3339(deadline)}): {detail}. "
+                "Free capacity or add stock, then recreate the request, or allow it longer.",
+                attempt=attempt,
+            )
         if permanent or attempt >= max_attempts:
             final = Reason.RETRIES_EXHAUSTED if not permanent else reason
             text = (
@@ -555,7 +602,6 @@ class ProvisioningService:
                 else f"{reason.value}: {detail}. Not retryable; fix the pool or provider."
             )
             return await self.fail(req, final, text, attempt=attempt)
-        delay = self.config.retry.backoff(attempt)
         retry_at = self.clock.now() + timedelta(seconds=delay)
         req = await self.persist(
             req,
@@ -665,7 +711,13 @@ class ProvisioningService:
     ) -> RequestView:
         now = self.clock.now()
         conditions = [dict(c) for c in req.conditions]
+        params = self.parameters(req)
         for type_, status, reason, text in changes:
+            if params.ignored and type_ is ConditionType.ACCEPTED:
+                text = f"{text} {params.note()}"
+            elif params.ignored and type_ is ConditionType.PROVISIONED:
+                # Kueue copies this message into the Workload's admission check.
+                text = f"{text} {params.short_note()}"
             conditions = set_condition(
                 conditions, type_=type_, status=status, reason=reason, message=text, now=now,
                 generation=req.generation,
@@ -677,10 +729,13 @@ class ProvisioningService:
             PROVISIONING_REQUESTS, req.name, patch, namespace=req.namespace
         )
         self._store(body)
-        if self.on_transition is not None:
-            changed = transitions(req.conditions, conditions)
-            if changed:
-                self.on_transition(body, changed)
+        changed = transitions(req.conditions, conditions)
+        if self.on_transition is not None and changed:
+            self.on_transition(body, changed)
+        if self.recorder is not None and params.ignored and any(
+            t.type == ConditionType.ACCEPTED and t.status for t in changed
+        ):
+            self.recorder.event(body, "Warning", "ParametersIgnored", params.note())
         return RequestView(body)
 
     def _store(self, body: Body) -> None:

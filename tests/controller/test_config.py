@@ -72,6 +72,25 @@ def test_bad_config_is_a_clear_error(
     assert words in str(err.value)
 
 
+@pytest.mark.parametrize("key", [
+    "MUSTER_AWS_REGION", "MUSTER_GCP_API_ENDPOINT", "MUSTER_CLUSTER_PORT_BASE",
+    "MUSTER_CLUSTER_STATE", "MUSTER_KEEP_CLUSTER",
+])
+def test_variables_read_by_the_providers_or_the_tooling_are_not_config_typos(
+    key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # MUSTER_AWS_REGION used to stop `muster run` ("unknown setting"), and the real-cluster
+    # tier's MUSTER_CLUSTER_PORT_BASE every test process that loaded e2e/muster-e2e.yaml.
+    monkeypatch.setenv(key, "1")
+    assert load_config().cluster_name == "muster"
+
+
+def test_a_typo_next_to_a_tooling_name_is_still_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MUSTER_CLUSTER_NAMEE", "x")
+    with pytest.raises(ConfigError, match="MUSTER_CLUSTER_NAMEE: unknown setting"):
+        load_config()
+
+
 def test_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="config file not found"):
         load_config(tmp_path / "absent.yaml")

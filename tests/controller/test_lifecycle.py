@@ -17,11 +17,13 @@ from controller.kube import KubeClient
 from controller.kube.resources import (
     CAPACITY_POOLS,
     NODES,
+    POD_TEMPLATES,
+    PODS,
     PROVISIONING_REQUESTS,
 )
 from controller.reconcilers.operator import Controller
 from providers.kind import KindProvider
-from tests.controller.builders import starve
+from tests.controller.builders import gpu_node, starve
 from tests.helpers import eventually
 
 
@@ -256,3 +258,36 @@ async def test_a_gang_larger_than_every_rack_limit_never_fits_even_beside_existi
     failed = await _until(lambda: _condition(kube, "big", "Failed"))
     assert failed["reason"] == "CapacityNeverFits", failed["message"]
     assert len([c for c in provider.calls if c.op == "acquire"]) == 1  # the small one's
+
+
+async def test_pods_consuming_the_booking_elsewhere_end_it_and_free_the_new_nodes(
+    kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider]
+) -> None:
+    # Kueue TAS without the rack nodeSelector (or the scheduler) may run the gang on other
+    # free nodes: the booking is consumed, the message says where, and the new nodes the
+    # pods left unused go at once instead of after the idle TTL.
+    await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
+        "gang", namespace="ns", pod_sets=[("workers", 2)]), namespace="ns")
+
+    async def provisioned() -> bool:
+        cond = await _condition(kube, "gang", "Provisioned")
+        return cond is not None and cond["status"] == "True"
+
+    await _until(provisioned)
+    assert len((await kube.list(NODES, label_selector="muster.dev/pool=gpu"))["items"]) == 2
+    template = await kube.get(POD_TEMPLATES, "workers", namespace="ns")
+    for i in range(2):
+        await kube.create(NODES, gpu_node(f"other-{i}", rack="b9-r9"))
+        pod = objects.consumer_pod(f"w-{i}", request="gang", template=template)
+        pod["spec"]["nodeName"] = f"other-{i}"
+        await kube.create(PODS, pod, namespace="ns")
+
+    ended = await _until(lambda: _condition(kube, "gang", "BookingExpired"))
+    assert ended["reason"] == "CapacityBookingConsumed"
+    assert "2 of them run outside the booked nodes (on other-0, other-1)" in ended["message"]
+
+    async def released() -> bool:
+        listing = await kube.list(NODES, label_selector="muster.dev/pool=gpu")
+        return not listing["items"]
+
+    await _until(released)  # no clock advance: not the idle TTL

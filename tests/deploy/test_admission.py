@@ -15,7 +15,7 @@ import yaml
 
 from controller.commands import objects
 from controller.fit.types import Mode
-from controller.reconcilers.service import PARAMETERS
+from controller.reconcilers.parameters import HONOURED, NO_RETRY, VALID_UNTIL_SECONDS
 from providers.kind import KNOWN_PARAMETERS
 from providers.registry import names
 from tests.deploy.manifests import CONFIG
@@ -42,10 +42,11 @@ def test_the_policies_know_what_the_code_knows() -> None:
     fake = next(r for r in rules if "parameters.all" in r)
     assert _quoted(fake) - {"kind", "fake"} == set(KNOWN_PARAMETERS)
     request = _policy("provisioningrequest")
-    known = request["spec"]["variables"][0]["expression"]
-    check, provision = known.split("?")[1].split(":")
-    assert _quoted(check) == set(PARAMETERS[Mode.CHECK])
-    assert _quoted(provision) == set(PARAMETERS[Mode.PROVISION])
+    checked = {name for v in request["spec"]["validations"]
+               for name in re.findall(r"'(\w+)' in variables.params", v["expression"])}
+    # The honoured parameters whose values Muster reads (and fails when it cannot).
+    assert checked == {NO_RETRY, VALID_UNTIL_SECONDS}
+    assert checked <= HONOURED[Mode.CHECK] | HONOURED[Mode.PROVISION]
 
 
 # --------------------------------------------------------------------------- real tier
@@ -107,15 +108,17 @@ def _request(cls: str, params: dict[str, str], labels: dict[str, str] | None = N
 
 @pytest.mark.real
 @pytest.mark.parametrize(("cls", "params", "labels", "refused"), [
-    pytest.param("atomic-provisioning.muster.dev", {"colour": "blue"}, None, True,
-                 id="unknown-parameter"),
-    pytest.param("check-capacity.muster.dev", {"ValidUntilSeconds": "60"}, None, True,
-                 id="another-class-parameter"),
-    pytest.param("check-capacity.muster.dev", {"noRetry": "true"}, None, False,
-                 id="known-parameter"),
-    pytest.param("atomic-provisioning.muster.dev", {"colour": "blue"},
+    pytest.param("atomic-provisioning.muster.dev", {"noRetry": "maybe"}, None, True,
+                 id="unreadable-noRetry"),
+    pytest.param("check-capacity.muster.dev", {"ValidUntilSeconds": "soon"}, None, True,
+                 id="unreadable-ValidUntilSeconds"),
+    pytest.param("check-capacity.muster.dev", {"noRetry": " True "}, None, False,
+                 id="readable-noRetry"),
+    pytest.param("atomic-provisioning.muster.dev", {"colour": "blue"}, None, False,
+                 id="unknown-name-is-ignored-by-muster-not-refused"),
+    pytest.param("atomic-provisioning.muster.dev", {"noRetry": "maybe"},
                  {"kueue.x-k8s.io/managed": "true"}, False, id="created-by-kueue"),
-    pytest.param("queued-provisioning.gke.io", {"colour": "blue"}, None, False,
+    pytest.param("queued-provisioning.gke.io", {"noRetry": "maybe"}, None, False,
                  id="not-a-muster-class"),
 ])
 def test_requests_of_muster_classes_are_checked_at_creation(

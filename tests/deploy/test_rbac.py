@@ -48,11 +48,14 @@ NS = "team-a"
 
 # Grants that the scenario below does not reach, each with the code path that needs it.
 UNEXERCISED: dict[tuple[str, str, str], str] = {
-    ("autoscaling.x-k8s.io", "provisioningrequests", "get"): "controller/reconcilers/"
-    "service.py re-reads a request whose write hit 409 or 404; the real tier provokes it "
-    "(and was refused before this grant)",
     ("", "nodes", "get"): "providers/kind.py re-reads a node whose create hit 409 (a retry "
     "after a crash re-creates a node that already exists)",
+    ("autoscaling.x-k8s.io", "provisioningrequests", "get"): "controller/reconcilers/"
+    "service.py re-reads a request whose write hit 409 or 404 (Kueue deleted and recreated "
+    "it, or another writer changed it); e2e/test_kueue_real.py met it under real Kueue",
+    ("", "podtemplates", "get"): "controller/kueue/workloads.py reads a template whose create "
+    "hit 409 (a retried create, or an earlier Workload's template of the same name) for its "
+    "uid, which the request's ownerReference needs",
     ("kueue.x-k8s.io", "workloads", "get"): "controller/kueue/workloads.py re-reads a Workload "
     "after a 409 on its status write (Kueue and other check controllers write it too)",
     ("", "events", "patch"): "controller/kube/events.py PATCHes the count of an Event when the "

@@ -1,0 +1,171 @@
+"""A request's parameters: what Muster honours, what it ignores (saying so), what it refuses.
+
+Kueue copies any ProvisioningRequestConfig parameter and any ``provreq.kueue.x-k8s.io/<name>``
+annotation into the request unchecked, so a name Muster does not know never fails a request
+(see controller/reconcilers/parameters.py; the real-Kueue test is in e2e/test_kueue_real.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import Any
+
+import pytest
+
+from controller.clock import ManualClock
+from controller.commands import objects
+from controller.fit.types import Mode
+from controller.kube import KubeClient
+from controller.kube.resources import EVENTS, PROVISIONING_REQUESTS
+from controller.reconcilers.operator import Controller
+from controller.reconcilers.parameters import read_parameters
+from providers.kind import KindProvider
+from tests.controller.builders import starve
+from tests.helpers import eventually
+
+ATOMIC = "atomic-provisioning.muster.dev"
+CHECK = "check-capacity.muster.dev"
+_until = functools.partial(eventually, within=10.0, step=0.02)
+
+
+# ----------------------------------------------------------------------------- pure
+
+
+def test_names_muster_does_not_act_on_are_ignored_with_the_reason() -> None:
+    params = read_parameters(
+        {"maxRunDurationSeconds": "3600", "colour": "blue", "processorInstance": "a",
+         "ValidUntilSeconds": "60", "noRetry": "false"}, Mode.PROVISION, ATOMIC)
+    assert not params.problems
+    assert params.valid_until_seconds == 60 and params.no_retry is False
+    assert set(params.ignored) == {"maxRunDurationSeconds", "colour", "processorInstance"}
+    assert "does not bound how long nodes run" in params.ignored["maxRunDurationSeconds"]
+    assert params.ignored["colour"] == f"not a parameter of {ATOMIC}"
+    assert "atomic requests are served whatever it says" in params.ignored["processorInstance"]
+    assert params.note().startswith("Muster ignores parameter(s) colour (")
+    assert "colour, maxRunDurationSeconds, processorInstance" in params.short_note()
+
+
+def test_check_capacity_honours_its_processor_instance() -> None:
+    params = read_parameters({"processorInstance": "a", "noRetry": "TRUE"}, Mode.CHECK, CHECK)
+    assert not params.ignored and not params.problems and params.no_retry
+
+
+def test_a_misspelt_name_is_ignored_with_a_suggestion() -> None:
+    params = read_parameters({"noretry": "true"}, Mode.PROVISION, ATOMIC)
+    assert params.no_retry is False
+    assert params.ignored["noretry"].endswith("did you mean noRetry?")
+
+
+@pytest.mark.parametrize(("params", "words"), [
+    ({"noRetry": "maybe"}, "noRetry must be true or false, got 'maybe'"),
+    ({"ValidUntilSeconds": "soon"}, "ValidUntilSeconds must be a whole number"),
+    ({"ValidUntilSeconds": "-5"}, "ValidUntilSeconds must be a whole number"),
+])
+def test_an_unreadable_value_of_an_honoured_parameter_is_a_problem(
+    params: dict[str, str], words: str
+) -> None:
+    got = read_parameters(params, Mode.PROVISION, ATOMIC)
+    assert any(words in p for p in got.problems), got.problems
+
+
+def test_no_parameters_no_note() -> None:
+    params = read_parameters({}, Mode.PROVISION, ATOMIC)
+    assert params.note() == "" and params.short_note() == ""
+
+
+# ----------------------------------------------------------------------------- controller
+
+
+async def _condition(kube: KubeClient, name: str, type_: str) -> dict[str, Any] | None:
+    pr = await kube.get(PROVISIONING_REQUESTS, name, namespace="ns")
+    return next((c for c in (pr.get("status") or {}).get("conditions") or []
+                 if c["type"] == type_), None)
+
+
+async def _true(kube: KubeClient, name: str, type_: str) -> dict[str, Any] | None:
+    cond = await _condition(kube, name, type_)
+    return cond if cond is not None and cond["status"] == "True" else None
+
+
+async def _create(kube: KubeClient, name: str, parameters: dict[str, str],
+                  class_name: str = ATOMIC) -> None:
+    await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
+        name, namespace="ns", pod_sets=[("workers", 2)], class_name=class_name,
+        parameters=parameters), namespace="ns")
+
+
+def _acquires(provider: KindProvider) -> int:
+    return sum(1 for c in provider.calls if c.op == "acquire")
+
+
+async def test_ignored_parameters_are_reported_and_the_gang_is_provisioned(
+    kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider]
+) -> None:
+    controller, _, _ = running
+    await _create(kube, "kueue", {"maxRunDurationSeconds": "3600", "colour": "blue",
+                                  "ValidUntilSeconds": "600"})
+    provisioned = await _until(lambda: _true(kube, "kueue", "Provisioned"))
+    assert provisioned["reason"] == "CapacityIsProvisioned"
+    # Kueue copies the Provisioned message into the Workload's admission check.
+    assert "Ignored parameter(s): colour, maxRunDurationSeconds" in provisioned["message"]
+    accepted = await _true(kube, "kueue", "Accepted")
+    assert accepted is not None and accepted["reason"] == "Accepted"
+    assert "Muster ignores parameter(s) colour (not a parameter of" in accepted["message"]
+    assert "maxRunDurationSeconds (Muster does not bound" in accepted["message"]
+    assert await _condition(kube, "kueue", "Failed") is None
+
+    async def warned() -> list[dict[str, Any]]:
+        await controller.events.flush()
+        items = (await kube.list(EVENTS, namespace="ns")).get("items") or []
+        return [e for e in items if e["involvedObject"]["name"] == "kueue"
+                and e["reason"] == "ParametersIgnored"]
+
+    (event,) = await _until(warned)
+    assert event["type"] == "Warning" and "colour" in event["message"]
+
+
+async def test_no_retry_fails_an_atomic_request_on_its_first_stock_out(
+    kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider]
+) -> None:
+    _, _, provider = running
+    starve(provider)
+    await _create(kube, "once", {"noRetry": "true"})
+    failed = await _until(lambda: _true(kube, "once", "Failed"))
+    assert failed["reason"] == "AcquisitionFailed"
+    assert "noRetry is set, so Muster does not retry" in failed["message"]
+    await asyncio.sleep(0.1)
+    assert _acquires(provider) == 1
+
+
+async def test_valid_until_seconds_stops_retrying_that_long_after_creation(
+    kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider]
+) -> None:
+    controller, clock, provider = running
+    starve(provider)
+    # Backoff 10 s then 20 s (the defaults): attempt 2 starts 10 s after creation, attempt 3
+    # would start 30 s after it, past the 15 s the request allows.
+    await _create(kube, "deadline", {"ValidUntilSeconds": "15"})
+
+    async def attempted() -> bool:
+        return _acquires(provider) >= 1
+
+    await _until(attempted)
+    await asyncio.sleep(0.05)
+    await clock.advance(controller.config.retry.backoff(1))
+    failed = await _until(lambda: _true(kube, "deadline", "Failed"))
+    assert failed["reason"] == "RetriesExhausted"
+    assert "within ValidUntilSeconds=15 of the request's creation (2 attempt(s)" in (
+        failed["message"])
+    assert _acquires(provider) == 2
+
+
+async def test_an_unreadable_value_fails_the_request_naming_it(
+    kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider]
+) -> None:
+    _, _, provider = running
+    await _create(kube, "maybe", {"noRetry": "maybe"})
+    failed = await _until(lambda: _true(kube, "maybe", "Failed"))
+    assert failed["reason"] == "InvalidParameters"
+    assert "noRetry must be true or false, got 'maybe'" in failed["message"]
+    assert _acquires(provider) == 0
