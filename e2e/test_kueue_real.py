@@ -114,14 +114,30 @@ async def path_a_wiring(
             {"key": objects.RACK, "valueFromProvisioningClassDetail": objects.RACK}]}
     if parameters:
         prc["parameters"] = dict(parameters)
+    await _check_and_queues(env, names, prc, KUEUE_CHECK, queue="training",
+                            on_flavors=[names["flavor"]])
+    return names
+
+
+async def _check_and_queues(
+    env: Env, names: dict[str, str], prc: Body, controller: str, *, queue: str,
+    on_flavors: list[str] | None = None,
+) -> None:
+    """The ProvisioningRequestConfig, an AdmissionCheck of ``controller`` using it, a
+    ClusterQueue of this run's namespace guarded by the check, and the LocalQueue ``queue``;
+    waits for the ClusterQueue to be Active."""
+    k = "kueue.x-k8s.io/v1beta2"
     await _create(env, PROVISIONING_REQUEST_CONFIGS, {
         "apiVersion": k, "kind": "ProvisioningRequestConfig",
         "metadata": {"name": names["config"]}, "spec": prc})
     await _create(env, ADMISSION_CHECKS, {
         "apiVersion": k, "kind": "AdmissionCheck", "metadata": {"name": names["check"]},
-        "spec": {"controllerName": KUEUE_CHECK, "parameters": {
+        "spec": {"controllerName": controller, "parameters": {
             "apiGroup": "kueue.x-k8s.io", "kind": "ProvisioningRequestConfig",
             "name": names["config"]}}})
+    check: Body = {"name": names["check"]}
+    if on_flavors:
+        check["onFlavors"] = on_flavors
     await _create(env, CLUSTER_QUEUES, {
         "apiVersion": k, "kind": "ClusterQueue", "metadata": {"name": names["cq"]},
         "spec": {
@@ -133,21 +149,17 @@ async def path_a_wiring(
                     {"name": "cpu", "nominalQuota": "1000"},
                     {"name": "memory", "nominalQuota": "10Ti"},
                     {"name": objects.GPU, "nominalQuota": "96"}]}]}],
-            "admissionChecksStrategy": {"admissionChecks": [
-                {"name": names["check"], "onFlavors": [names["flavor"]]}]},
+            "admissionChecksStrategy": {"admissionChecks": [check]},
         }})
     await env.kube.create(LOCAL_QUEUES, {
         "apiVersion": k, "kind": "LocalQueue",
-        "metadata": {"name": "training", "namespace": env.namespace},
+        "metadata": {"name": queue, "namespace": env.namespace},
         "spec": {"clusterQueue": names["cq"]}}, namespace=env.namespace)
 
-    async def active() -> bool:
-        cq = await env.kube.get(CLUSTER_QUEUES, names["cq"])
-        return any(c["type"] == "Active" and c["status"] == "True"
-                   for c in (cq.get("status") or {}).get("conditions") or [])
+    async def active() -> dict[str, Any] | None:
+        return _true(await env.kube.get(CLUSTER_QUEUES, names["cq"]), "Active")
 
     await eventually(active, within=30, what=f"ClusterQueue {names['cq']} to be Active")
-    return names
 
 
 def gang_job(name: str, namespace: str, workers: int, *, rack_annotation: bool = True,
@@ -531,42 +543,12 @@ async def path_b_wiring(
     }
     if parameters:
         prc["parameters"] = dict(parameters)
-    await _create(env, PROVISIONING_REQUEST_CONFIGS, {
-        "apiVersion": k, "kind": "ProvisioningRequestConfig",
-        "metadata": {"name": names["config"]}, "spec": prc})
-    await _create(env, ADMISSION_CHECKS, {
-        "apiVersion": k, "kind": "AdmissionCheck", "metadata": {"name": names["check"]},
-        "spec": {"controllerName": MUSTER_CHECK, "parameters": {
-            "apiGroup": "kueue.x-k8s.io", "kind": "ProvisioningRequestConfig",
-            "name": names["config"]}}})
-    await _create(env, CLUSTER_QUEUES, {
-        "apiVersion": k, "kind": "ClusterQueue", "metadata": {"name": names["cq"]},
-        "spec": {
-            "namespaceSelector": {"matchLabels": {
-                "kubernetes.io/metadata.name": env.namespace}},
-            "resourceGroups": [{
-                "coveredResources": ["cpu", "memory", objects.GPU],
-                "flavors": [{"name": names["flavor"], "resources": [
-                    {"name": "cpu", "nominalQuota": "1000"},
-                    {"name": "memory", "nominalQuota": "10Ti"},
-                    {"name": objects.GPU, "nominalQuota": "96"}]}]}],
-            "admissionChecksStrategy": {"admissionChecks": [{"name": names["check"]}]},
-        }})
-    await env.kube.create(LOCAL_QUEUES, {
-        "apiVersion": k, "kind": "LocalQueue",
-        "metadata": {"name": "gangs", "namespace": env.namespace},
-        "spec": {"clusterQueue": names["cq"]}}, namespace=env.namespace)
+    await _check_and_queues(env, names, prc, MUSTER_CHECK, queue="gangs")
 
-    async def check_active() -> dict[str, Any] | None:
-        return _true(await env.kube.get(ADMISSION_CHECKS, names["check"]), "Active")
-
-    async def queue_active() -> dict[str, Any] | None:
-        return _true(await env.kube.get(CLUSTER_QUEUES, names["cq"]), "Active")
-
-    active = await eventually(check_active, within=30,
-                              what=f"Muster to mark AdmissionCheck {names['check']} Active")
+    # The ClusterQueue is Active only once Muster marked its AdmissionCheck Active.
+    active = _true(await env.kube.get(ADMISSION_CHECKS, names["check"]), "Active")
+    assert active is not None, "Muster did not mark its AdmissionCheck Active"
     assert active["reason"] == "Active" and "Muster serves" in active["message"]
-    await eventually(queue_active, within=30, what=f"ClusterQueue {names['cq']} to be Active")
     return names
 
 
