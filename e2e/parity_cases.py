@@ -377,6 +377,11 @@ def _case(seed: int, index: int) -> Case:
                 request, counts)
 
 
+def case(seed: int, index: int) -> Case:
+    """Case ``index`` of ``seed`` alone (the same as ``cases(seed, n)[index]`` for any n)."""
+    return _case(seed, index)
+
+
 def iter_cases(seed: int = 0, count: int = 500) -> Iterator[Case]:
     for index in range(count):
         yield _case(seed, index)
