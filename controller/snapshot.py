@@ -250,9 +250,11 @@ def gang_of(
 
 
 def node_allocatable(node: Node) -> dict[str, int]:
-    values = to_resources(node.allocatable())
-    values.setdefault("pods", DEFAULT_PODS_PER_NODE)
-    return values
+    """What the scheduler counts on an existing node: ``status.allocatable`` (the API server
+    defaults it to capacity when a node reports none) and nothing else. A node that lists no
+    ``pods`` takes no pod: the scheduler allows ``allocatable.pods`` pods, 0 when unlisted
+    (NodeResourcesFit, "Too many pods"); every kubelet reports it."""
+    return to_resources(node.allocatable())
 
 
 def usage_by_node(pods: Iterable[Pod]) -> dict[str, dict[str, int]]:
