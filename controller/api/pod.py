@@ -273,11 +273,14 @@ class PodSpec(_Open):
     """Pod-level resources (PodLevelResources): they replace the containers' cpu and memory."""
 
     def host_ports(self) -> list[tuple[str, str, int]]:
-        """(protocol, host IP, host port) the pod claims on its node: ports of its regular
-        containers with a hostPort, as the scheduler's NodePorts filter reads them (with
-        ``hostNetwork`` the API server defaults hostPort to containerPort)."""
+        """(protocol, host IP, host port) the pod claims on its node: ports with a hostPort
+        of its sidecars (init containers with restartPolicy Always, which run for the pod's
+        whole life) and regular containers, as the scheduler's NodePorts filter reads them
+        (k8s ``schedutil.GetHostPorts``; with ``hostNetwork`` the API server defaults
+        hostPort to containerPort in init and regular containers alike)."""
         out: list[tuple[str, str, int]] = []
-        for c in self.containers:
+        running = [c for c in self.init_containers if c.is_sidecar]
+        for c in [*running, *self.containers]:
             for p in c.ports:
                 port = p.host_port or (p.container_port if self.host_network else 0)
                 if port > 0:
