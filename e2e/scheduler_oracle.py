@@ -2,14 +2,15 @@
 
 For each seeded case of :mod:`e2e.parity_cases` (a small cluster of existing nodes, pods
 already running on them, and a gang), Muster is asked in check mode whether the gang fits
-(``muster fit --mode check --json``, in-process); then, on a real control plane, the nodes are
-created (kwok-managed, Ready; the runner waits for the node lifecycle controller to lift the
-``node.kubernetes.io/not-ready`` taint that the API server's admission puts on every new
-node), the running pods are created bound, and the gang's pods are created for the default
-scheduler. The scheduler's answer is "fits" when it binds every pod, "does not fit" when every
-pod it did not bind carries ``PodScheduled=False`` with reason ``Unschedulable`` and nothing
-changes for ``--settle`` seconds (a pod the scheduler rejected may be retried after a later
-event; the settle time lets such a retry happen). The two answers agree when they are equal.
+(``muster fit --mode check --json``, in-process); then, on a real control plane, the nodes
+are created (kwok-managed, Ready; the runner waits for the node lifecycle controller to lift
+the ``node.kubernetes.io/not-ready`` taint that the API server's admission puts on every new
+node, and to make the pressure taints follow the nodes' conditions), the running pods are
+created bound, and the gang's pods are created for the default scheduler. The scheduler's
+answer is "fits" when it binds every pod, "does not fit" when every pod it did not bind
+carries ``PodScheduled=False`` with reason ``Unschedulable`` and nothing changes for
+``--settle`` seconds (a pod the scheduler rejected may be retried after a later event; the
+settle time lets such a retry happen). The two answers agree when they are equal.
 
 * A case Muster **refuses** (it names a constraint it does not plan, ``REFUSED``) is counted
   and not run: those are documented limits (docs/filter-parity.md), not agreements.
@@ -21,8 +22,11 @@ event; the settle time lets such a retry happen). The two answers agree when the
 
 Cases share the cluster: every node is labelled with its case and every pod selects its
 case's label, so a case's pods see only its own nodes; each case gets its own namespace
-(``<case id>-<run>``). Cases run ``--concurrency`` at a time. Every case cleans up after itself
-(pods deleted at once, then its nodes and namespace). Run one oracle at a time per cluster.
+(``<case id>-<run>``). Cases run ``--concurrency`` at a time, except a case whose spread
+constraint has ``nodeAffinityPolicy: Ignore``: it counts every node of the cluster, so it
+runs alone, once no other node is left. Every case cleans up after itself (pods deleted at
+once, then its nodes and namespace). Run one oracle at a time per cluster, on a cluster
+with no other nodes.
 
 ``python3 -m e2e.scheduler_oracle --seed 0 --count 500 [--kubeconfig PATH]`` prints the
 disagreements, a per-field table and one final line
@@ -41,7 +45,7 @@ import json
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -152,13 +156,36 @@ class Store:
         return value
 
 
-def _node_ready(node: Body | None) -> bool:
+CONDITION_TAINTS = {
+    # condition type, the status that taints -> the taint the node lifecycle controller keeps
+    ("Ready", "False"): NOT_READY,
+    ("Ready", "Unknown"): "node.kubernetes.io/unreachable",
+    ("MemoryPressure", "True"): "node.kubernetes.io/memory-pressure",
+    ("DiskPressure", "True"): "node.kubernetes.io/disk-pressure",
+    ("PIDPressure", "True"): "node.kubernetes.io/pid-pressure",
+    ("NetworkUnavailable", "True"): "node.kubernetes.io/network-unavailable",
+}
+UNSCHEDULABLE = "node.kubernetes.io/unschedulable"
+
+
+def _node_settled(node: Body | None) -> bool:
+    """Ready, and its NoSchedule condition taints are what the node lifecycle controller
+    makes of its conditions (it adds the API server's ``not-ready`` taint to every new node,
+    then lifts it; it adds and removes pressure taints as the conditions say)."""
     if node is None:
         return False
-    if any(t.get("key") == NOT_READY for t in node.get("spec", {}).get("taints") or []):
+    conditions = {c.get("type"): c.get("status")
+                  for c in (node.get("status") or {}).get("conditions") or []}
+    if conditions.get("Ready") != "True":
         return False
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in (node.get("status") or {}).get("conditions") or [])
+    want = {taint for (kind, status), taint in CONDITION_TAINTS.items()
+            if conditions.get(kind) == status}
+    if node.get("spec", {}).get("unschedulable"):
+        want.add(UNSCHEDULABLE)
+    managed = {*CONDITION_TAINTS.values(), UNSCHEDULABLE}
+    have = {t.get("key") for t in node.get("spec", {}).get("taints") or []
+            if t.get("key") in managed and t.get("effect") == "NoSchedule"}
+    return have == want
 
 
 def _pod_state(pod: Body | None) -> str:
@@ -214,10 +241,10 @@ class Oracle:
         await asyncio.gather(*(self._create_node(n) for n in nodes))
         names = [n["metadata"]["name"] for n in nodes]
         ready = await self.store.wait_for(
-            lambda: all(_node_ready(self.store.nodes.get(n)) for n in names), self.timeout)
+            lambda: all(_node_settled(self.store.nodes.get(n)) for n in names), self.timeout)
         if not ready:
-            return Outcome(case, answer, UNDECIDED, detail="nodes never became Ready "
-                           f"without the {NOT_READY} taint")
+            return Outcome(case, answer, UNDECIDED, detail="the nodes' condition taints never "
+                           "settled (node lifecycle controller)")
         await self._service_account(namespace)
         # Running pods first: the scheduler's pod informer sees them (bound, holding their
         # requests) before the gang's pods, as one watch stream keeps creation order.
@@ -304,13 +331,16 @@ class Oracle:
 
     async def judge_all(self, cases: Iterable[Case], *, concurrency: int,
                         progress: Callable[[Outcome], None] | None = None) -> list[Outcome]:
-        limit = asyncio.Semaphore(concurrency)
+        gate = _Gate(concurrency)
 
         async def one(case: Case) -> Outcome:
-            async with limit:
+            alone = cluster_wide(case)
+            async with gate.slot(alone):
                 # Muster's answer in-process (about 50 ms of CPU, blocking this loop briefly).
                 answer = muster_answer(case)
                 try:
+                    if alone and not answer.refused:
+                        await self._alone(case)
                     outcome = await self.judge(case, answer)
                 except (ApiError, TimeoutError) as exc:
                     outcome = Outcome(case, answer, UNDECIDED, detail=f"error: {exc}")
@@ -319,6 +349,22 @@ class Oracle:
             return outcome
 
         return list(await asyncio.gather(*(one(c) for c in cases)))
+
+    async def _alone(self, case: Case) -> None:
+        """Wait until no other node is in the cluster (those of the cases that just ended
+        are being deleted)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        while True:
+            listing = await self.kube.list(NODES)
+            others = [n["metadata"]["name"] for n in listing.get("items") or []
+                      if n["metadata"].get("labels", {}).get(CASE_LABEL) != case.id]
+            if not others:
+                return
+            if loop.time() > deadline:
+                raise TimeoutError(f"a cluster-wide case needs the cluster to itself; other "
+                                   f"nodes stay: {others[:5]}")
+            await asyncio.sleep(0.5)
 
     async def namespaces_left(self, within: float = 90.0) -> list[str]:
         loop = asyncio.get_running_loop()
@@ -329,6 +375,41 @@ class Oracle:
             if not left or loop.time() > deadline:
                 return left
             await asyncio.sleep(1.0)
+
+
+def cluster_wide(case: Case) -> bool:
+    """A spread constraint with ``nodeAffinityPolicy: Ignore`` counts domains of every node
+    in the cluster, not only the case's (its node selector no longer limits them): such a
+    case runs alone, on a cluster with no other node."""
+    return any(tsc.get("nodeAffinityPolicy") == "Ignore"
+               for t in case.templates
+               for tsc in t["template"]["spec"].get("topologySpreadConstraints") or [])
+
+
+class _Gate:
+    """``concurrency`` slots; a case that needs the cluster alone takes them all (and cases
+    arriving after it wait for it)."""
+
+    def __init__(self, slots: int) -> None:
+        self.slots = self.free = slots
+        self.alone_waiting = 0
+        self.cond = asyncio.Condition()
+
+    @contextlib.asynccontextmanager
+    async def slot(self, alone: bool) -> AsyncIterator[None]:
+        need = self.slots if alone else 1
+        async with self.cond:
+            self.alone_waiting += alone
+            await self.cond.wait_for(
+                lambda: self.free >= need and (alone or not self.alone_waiting))
+            self.alone_waiting -= alone
+            self.free -= need
+        try:
+            yield
+        finally:
+            async with self.cond:
+                self.free += need
+                self.cond.notify_all()
 
 
 async def oracle(cases: Iterable[Case], kubeconfig: Path, *, concurrency: int = 12,
