@@ -248,6 +248,11 @@ def inter_pod(
     them (then a term that could select a running pod is refused)."""
     unsupported = list(shape.unsupported)
     unsupported.extend(refusals(spec))
+    if spec.node_name:
+        # No scheduler places a pod that names its node: the kubelet admits it, checking
+        # resources, host ports, node name, node affinity and NoExecute taints, never pod
+        # (anti-)affinity or spread (found by tests/fit/reference_scheduler.py).
+        return replace(shape, unsupported=tuple(unsupported)), topology
     aff = spec.affinity
     anti = aff.pod_anti_affinity.required if aff and aff.pod_anti_affinity else []
     pro = aff.pod_affinity.required if aff and aff.pod_affinity else []
