@@ -30,7 +30,11 @@ with no other nodes.
 
 ``python3 -m e2e.scheduler_oracle --seed 0 --count 500 [--kubeconfig PATH]`` prints the
 disagreements, a per-field table and one final line
-``scheduler_oracle cases=N agree=A disagree=D refused=R excluded=E undecided=U``. Without
+``scheduler_oracle cases=N agree=A disagree=D refused=R excluded=E undecided=U
+known_limits=K`` (K of the D disagreements fall under a documented limit: Muster said "fits"
+for several pod sets, or for a pod set with affinity to itself, whose placement the
+scheduler's scores decide; docs/filter-parity.md). It exits 1 on any other disagreement
+or an undecided case. Without
 ``--kubeconfig`` it uses the control plane of :mod:`e2e.cluster` (``MUSTER_CLUSTER_STATE``,
 ``MUSTER_CLUSTER_PORT_BASE``), which must be up (``python3 -m e2e.cluster up``). ``--only``
 reruns single cases by index; ``--out FILE`` writes one JSON line per case.
@@ -69,6 +73,13 @@ EXCLUDED_FIELDS = {
                  "admits every pod",
 }
 
+KNOWN_LIMITS = {
+    # Muster says "fits" where the scheduler's scores, which Muster does not model, may
+    # strand pods (docs/filter-parity.md, "Limits"). Only that direction is a known limit.
+    "pod-sets": "several pod sets compete for nodes in the scheduler's order",
+    "pod-affinity": "the scheduler's scores choose the domain of the pod set's first pod",
+}
+
 
 @dataclass
 class Outcome:
@@ -81,9 +92,17 @@ class Outcome:
     detail: str = ""
     seconds: float = 0.0
 
+    @property
+    def known_limit(self) -> str | None:
+        """The documented limit this disagreement falls under, if any."""
+        if self.verdict != DISAGREE or not self.answer.fits or self.scheduler_fits:
+            return None
+        return next((why for f, why in KNOWN_LIMITS.items() if f in self.case.fields), None)
+
     def line(self) -> Body:
         return {
             "case": self.case.id, "fields": list(self.case.fields), "verdict": self.verdict,
+            "known_limit": self.known_limit,
             "muster_fits": self.answer.fits, "muster_refused": self.answer.refused,
             "muster_reasons": list(self.answer.reasons), "scheduler_fits": self.scheduler_fits,
             "pods": self.pods, "detail": self.detail, "seconds": round(self.seconds, 2),
@@ -458,18 +477,31 @@ def per_field(outcomes: list[Outcome]) -> dict[str, dict[str, int]]:
     return table
 
 
+def known(outcomes: list[Outcome]) -> int:
+    """Disagreements that fall under a documented limit (:data:`KNOWN_LIMITS`)."""
+    return sum(1 for o in outcomes if o.known_limit)
+
+
 def summary(outcomes: list[Outcome]) -> str:
     c = tally(outcomes)
     return (f"scheduler_oracle cases={len(outcomes)} agree={c[AGREE]} "
             f"disagree={c[DISAGREE]} refused={c[REFUSED]} excluded={c[EXCLUDED]} "
-            f"undecided={c[UNDECIDED]}")
+            f"undecided={c[UNDECIDED]} known_limits={known(outcomes)}")
+
+
+def failed(outcomes: list[Outcome]) -> bool:
+    """A disagreement outside the documented limits, or a case left undecided."""
+    c = tally(outcomes)
+    return c[DISAGREE] > known(outcomes) or c[UNDECIDED] > 0
 
 
 def report(outcomes: list[Outcome]) -> list[str]:
     lines = []
     for o in outcomes:
         if o.verdict in (DISAGREE, UNDECIDED):
-            lines.append(f"{o.verdict.upper()} {o.case.id} fields={','.join(o.case.fields)} "
+            limit = f" (known limit: {o.known_limit})" if o.known_limit else ""
+            lines.append(f"{o.verdict.upper()}{limit} {o.case.id} "
+                         f"fields={','.join(o.case.fields)} "
                          f"muster={'fits' if o.answer.fits else 'no fit'} "
                          f"scheduler={_fits_word(o.scheduler_fits)} {o.detail}".rstrip())
             lines.extend(f"    muster: {r}" for r in o.answer.reasons)
@@ -540,8 +572,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"seed {args.seed}, {len(cases)} cases, {time.monotonic() - started:.0f} s")
     for line in report(outcomes):
         print(line)
-    c = tally(outcomes)
-    return 0 if c[DISAGREE] == 0 and c[UNDECIDED] == 0 else 1
+    return 1 if failed(outcomes) else 0
 
 
 if __name__ == "__main__":
