@@ -117,6 +117,23 @@ def refusals(spec: PodSpec) -> list[str]:
     return out
 
 
+def node_affinity_terms(spec: PodSpec) -> tuple[SelectorTerm, ...]:
+    """The pod's own required node affinity (``nodeSelectorTerms``) as engine terms."""
+    return tuple(
+        SelectorTerm(
+            match_expressions=tuple(
+                SelectorRequirement(r.key, r.operator, tuple(r.values))
+                for r in term.match_expressions
+            ),
+            match_fields=tuple(
+                SelectorRequirement(r.key, r.operator, tuple(r.values))
+                for r in term.match_fields
+            ),
+        )
+        for term in spec.required_terms()
+    )
+
+
 def _spread_selects(
     tsc: TopologySpreadConstraint, owner: Mapping[str, str], labels: Mapping[str, str]
 ) -> bool:
@@ -165,6 +182,10 @@ def _spread(
                 tsc.topology_key, tsc.max_skew, tsc.min_domains or 1,
                 honor_affinity=tsc.node_affinity_policy != "Ignore",
                 honor_taints=tsc.node_taints_policy == "Honor",
+                # The pod's own node affinity: the exclusions Muster adds to the shape for
+                # inter-pod anti-affinity or allocated claims filter nodes, yet leave them
+                # eligible domains (found by the scheduler oracle).
+                affinity_terms=node_affinity_terms(spec),
             ))
     return shape, why
 
@@ -227,6 +248,11 @@ def inter_pod(
     them (then a term that could select a running pod is refused)."""
     unsupported = list(shape.unsupported)
     unsupported.extend(refusals(spec))
+    if spec.node_name:
+        # No scheduler places a pod that names its node: the kubelet admits it, checking
+        # resources, host ports, node name, node affinity and NoExecute taints, never pod
+        # (anti-)affinity or spread (found by tests/fit/reference_scheduler.py).
+        return replace(shape, unsupported=tuple(unsupported)), topology
     aff = spec.affinity
     anti = aff.pod_anti_affinity.required if aff and aff.pod_anti_affinity else []
     pro = aff.pod_affinity.required if aff and aff.pod_affinity else []

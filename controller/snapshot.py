@@ -27,7 +27,7 @@ from controller.api.validation import (
     request_unknown_fields,
     unknown_fields,
 )
-from controller.constraints import BoundPod, PodSetFacts, inter_pod
+from controller.constraints import BoundPod, PodSetFacts, inter_pod, node_affinity_terms
 from controller.dra_snapshot import (
     DraCatalog,
     DraError,
@@ -45,8 +45,6 @@ from controller.fit.types import (
     PoolDomain,
     PoolState,
     Resources,
-    SelectorRequirement,
-    SelectorTerm,
     Taint,
     Toleration,
     TopologyMode,
@@ -100,19 +98,7 @@ def pod_requests(spec: PodSpec) -> dict[str, int]:
 def shape_of(spec: PodSpec) -> PodShape:
     """The placement-relevant view of one pod; every pod also takes one ``pods`` slot."""
     requests = pod_requests(spec)
-    terms = tuple(
-        SelectorTerm(
-            match_expressions=tuple(
-                SelectorRequirement(r.key, r.operator, tuple(r.values))
-                for r in term.match_expressions
-            ),
-            match_fields=tuple(
-                SelectorRequirement(r.key, r.operator, tuple(r.values))
-                for r in term.match_fields
-            ),
-        )
-        for term in spec.required_terms()
-    )
+    terms = node_affinity_terms(spec)
     tolerations = tuple(
         Toleration(key=t.key, operator=t.operator, value=t.value, effect=t.effect)
         for t in spec.tolerations
@@ -250,9 +236,11 @@ def gang_of(
 
 
 def node_allocatable(node: Node) -> dict[str, int]:
-    values = to_resources(node.allocatable())
-    values.setdefault("pods", DEFAULT_PODS_PER_NODE)
-    return values
+    """What the scheduler counts on an existing node: ``status.allocatable`` (the API server
+    defaults it to capacity when a node reports none) and nothing else. A node that lists no
+    ``pods`` takes no pod: the scheduler allows ``allocatable.pods`` pods, 0 when unlisted
+    (NodeResourcesFit, "Too many pods"); every kubelet reports it."""
+    return to_resources(node.allocatable())
 
 
 def usage_by_node(pods: Iterable[Pod]) -> dict[str, dict[str, int]]:

@@ -49,6 +49,9 @@ RUNTIME_CONFIG = "scheduling.k8s.io/v1beta1=true"
 SERVICE_CIDR = "10.96.0.0/16"  # never routed: no Service traffic exists on these machines
 BOOT_DELAY_ANNOTATION = "muster.dev/boot-delay"  # providers/kind.py sets it
 MUSTER_NAMESPACE = "muster-system"
+HARNESS_VARIABLES = ("MUSTER_CLUSTER_STATE", "MUSTER_CLUSTER_PORT_BASE", "MUSTER_KEEP_CLUSTER")
+"""This harness's environment variables: they share Muster's ``MUSTER_`` prefix but are no
+Muster settings (``load_config`` refuses unknown ``MUSTER_*`` variables)."""
 MUSTER_SA = "muster"
 # The webhooks Kueue serves for what this cluster runs (its own objects and batch/v1 Jobs);
 # the manifests also list webhooks of frameworks that are not installed here.

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from controller.kube.resources import (
     PODS,
     PROVISIONING_REQUESTS,
 )
+from e2e.cluster import HARNESS_VARIABLES
 
 E2E_CONFIG = Path(__file__).with_name("muster-e2e.yaml")
 CRD_DIR = Path(__file__).resolve().parents[1] / "crds"
@@ -204,13 +206,24 @@ async def eventually(
 TIERS = [pytest.param("sandbox"), pytest.param("real", marks=pytest.mark.real)]
 
 
+def e2e_config() -> MusterConfig:
+    """Muster's config for the scenarios. load_config refuses unknown ``MUSTER_*``
+    variables, so the harness's own (a cluster on other ports, another state directory)
+    are set aside while it reads the environment."""
+    saved = {k: os.environ.pop(k) for k in HARNESS_VARIABLES if k in os.environ}
+    try:
+        return load_config(E2E_CONFIG)
+    finally:
+        os.environ.update(saved)
+
+
 @pytest.fixture(params=TIERS)
 async def env(request: pytest.FixtureRequest) -> AsyncIterator[Env]:
     """One scenario's cluster: the in-process sandbox, or the real tier (the local control
     plane with Muster as its own process; with ``--kubeconfig``, that cluster instead)."""
     run = uuid.uuid4().hex[:8]
     namespace = f"e2e-{run}"
-    config = load_config(E2E_CONFIG)
+    config = e2e_config()
     if request.param == "sandbox":
         async with _sandbox_env(namespace, run, config) as e:
             yield e

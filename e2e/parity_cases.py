@@ -30,6 +30,11 @@ Conventions that make the two answers comparable:
   node's kubelet admits or rejects them (resources, ports, node affinity, NoExecute taints).
   kwok does no admission, so on kwok nodes such a pod always "runs": judge those cases by
   the pod's admission on a real kubelet, or leave them out;
+* a node with a ``pressure`` condition (memory, disk, PID) may carry its taint or not: the
+  node lifecycle controller adds or removes it to follow the condition, so wait for that
+  too (``e2e.scheduler_oracle`` does);
+* a spread constraint with ``nodeAffinityPolicy: Ignore`` counts domains of every node in
+  the cluster, the other cases' included: run such a case alone;
 * several pod sets in one gang compete for nodes in the order the scheduler takes their
   pods, which Muster does not control (``"pod-sets"`` in ``Case.fields``); single pod set
   cases have no such order effect.
@@ -60,6 +65,9 @@ RACK = "topology.muster.dev/rack"
 LEVELS = (BLOCK, RACK, HOST)
 EXT = "example.com/widget"
 PAUSE = "registry.k8s.io/pause:3.10"
+PRESSURE = (("MemoryPressure", "node.kubernetes.io/memory-pressure"),
+            ("DiskPressure", "node.kubernetes.io/disk-pressure"),
+            ("PIDPressure", "node.kubernetes.io/pid-pressure"))
 
 FIELDS = (
     "resources", "pod-count", "extended-resource", "node-name", "node-selector",
@@ -67,6 +75,8 @@ FIELDS = (
     "taints", "no-execute", "prefer-no-schedule", "condition-taint", "unschedulable",
     "host-port", "spread", "anti-affinity", "anti-affinity-running", "pod-affinity",
     "pod-sets", "unsupported",
+    "init-containers", "pod-resources", "host-network", "pods-unreported", "no-cpu-request",
+    "quantities", "spread-policies", "pressure",
 )
 """What a case exercises; case ``i`` always exercises ``FIELDS[i % len(FIELDS)]``."""
 
@@ -182,24 +192,44 @@ class _Gen:
         if rng.random() < 0.85:
             labels[ZONE] = f"z{i % 3}"
         pods = rng.choice(["3", "5", "110"]) if "pod-count" in self.fields else "110"
-        alloc = {"cpu": rng.choice(["2", "4", "4", "8"]),
-                 "memory": rng.choice(["4Gi", "8Gi", "16Gi"]), "pods": pods}
+        if "quantities" in self.fields and rng.random() < 0.7:
+            cpu = rng.choice(["3800m", "3.5", "7900m", "2", "1.9"])
+            memory = rng.choice(["7.5Gi", "16093128Ki", "8000M", "15.5Gi", "4Gi"])
+        else:
+            cpu = rng.choice(["2", "4", "4", "8"])
+            memory = rng.choice(["4Gi", "8Gi", "16Gi"])
+        alloc = {"cpu": cpu, "memory": memory, "pods": pods}
+        capacity = dict(alloc)
+        if "pods-unreported" in self.fields and rng.random() < 0.5:
+            # A node whose status lists no pod count (no kubelet would, but nothing stops it).
+            del alloc["pods"]
+            if rng.random() < 0.5:
+                del capacity["pods"]
         if "extended-resource" in self.fields and rng.random() < 0.6:
-            alloc[EXT] = str(rng.randint(1, 4))
+            alloc[EXT] = capacity[EXT] = str(rng.randint(1, 4))
         spec: Body = {"taints": self._taints()}
         if "unschedulable" in self.fields and rng.random() < 0.5:
             spec["unschedulable"] = True
         if "condition-taint" in self.fields and rng.random() < 0.5:
             spec["taints"].append({"key": "node.kubernetes.io/not-ready",
                                    "effect": "NoSchedule"})
+        conditions = [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]
+        if "pressure" in self.fields and rng.random() < 0.6:
+            kind, taint = rng.choice(PRESSURE)
+            bad = rng.random() < 0.6
+            conditions.append({"type": kind, "status": "True" if bad else "False",
+                               "reason": f"Kubelet{'Has' if bad else 'HasNo'}{kind}"})
+            if rng.random() < 0.5:
+                # Present or not, the node lifecycle controller makes the taint follow the
+                # condition: the scheduler sees it once that happened.
+                spec["taints"].append({"key": taint, "effect": "NoSchedule"})
         return {
             "apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "labels": labels,
                          "annotations": {"kwok.x-k8s.io/node": "fake"}},
             "spec": spec,
-            "status": {"capacity": dict(alloc), "allocatable": dict(alloc),
-                       "conditions": [{"type": "Ready", "status": "True",
-                                       "reason": "KubeletReady"}]},
+            "status": {"capacity": capacity, "allocatable": alloc,
+                       "conditions": conditions},
         }
 
     def _taints(self) -> list[Body]:
@@ -230,6 +260,10 @@ class _Gen:
             ):
                 if rng.random() < 0.25:
                     out.append(tol)
+        if "pressure" in self.fields:
+            for _, taint in PRESSURE:
+                if rng.random() < 0.3:
+                    out.append({"key": taint, "operator": "Exists", "effect": "NoSchedule"})
         return out
 
     def affinity_terms(self) -> list[Body]:
@@ -250,10 +284,66 @@ class _Gen:
             terms.append({"matchExpressions": exprs})
         return terms
 
+    def requests(self) -> dict[str, str]:
+        rng = self.rng
+        if self.want("quantities", 0.08):
+            requests = {"cpu": rng.choice(["1500m", "1.5", "0.5", "100m", "2000m", "1e0"]),
+                        "memory": rng.choice(["1.5Gi", "1536Mi", "1G", "2.5e9", "750M"])}
+        else:
+            requests = {"cpu": rng.choice(["250m", "500m", "1", "2", "3"]),
+                        "memory": rng.choice(["256Mi", "1Gi", "3Gi", "6Gi"])}
+        if self.want("no-cpu-request", 0.04):
+            del requests["cpu"]
+        return requests
+
+    def init_containers(self, spec: Body) -> None:
+        rng = self.rng
+        inits = []
+        for k in range(rng.randint(1, 2)):
+            sidecar = rng.random() < 0.5
+            res = {"cpu": rng.choice(["250m", "500m", "1"] if sidecar else ["1", "2", "4"]),
+                   "memory": rng.choice(["256Mi", "1Gi", "4Gi"])}
+            init: Body = {"name": f"init-{k}", "image": PAUSE, "resources": {"requests": res}}
+            if sidecar:
+                init["restartPolicy"] = "Always"
+                if rng.random() < 0.3:
+                    init["ports"] = [{"containerPort": 8082 + k, "hostPort": 8082 + k,
+                                      "protocol": "TCP"}]
+            inits.append(init)
+        spec["initContainers"] = inits
+
+    def pod_resources(self, spec: Body) -> None:
+        """Pod-level requests, at least what the containers ask (the API server's rule)."""
+        from controller.api.pod import PodSpec
+
+        rng = self.rng
+        together = PodSpec.model_validate(spec).container_requests()
+        cpu, mem = together.get("cpu", 0), together.get("memory", 0)
+        cpu += rng.choice([0, 500, 1000, 2000])
+        mem += rng.choice([0, 1, 2]) << 30
+        spec["resources"] = {"requests": {"cpu": f"{max(cpu, 100)}m", "memory": str(mem)}}
+
+    def ports(self, container: Body, spec: Body) -> None:
+        rng = self.rng
+        if self.want("host-port", 0.05):
+            port: Body = {"containerPort": 80, "hostPort": rng.choice([8080, 8081]),
+                          "protocol": rng.choice(["TCP", "TCP", "UDP"])}
+            if rng.random() < 0.3:
+                port["hostIP"] = rng.choice(["127.0.0.1", "10.0.0.2"])
+            container["ports"] = [port]
+        if self.want("host-network", 0.04):
+            # The API server defaults hostPort to containerPort; one set must equal it.
+            spec["hostNetwork"] = True
+            ports = container.setdefault("ports", [])
+            for p in ports:
+                p["containerPort"] = p["hostPort"]
+            extra = rng.choice([8080, 9000])
+            if not any(p["containerPort"] == extra for p in ports):
+                ports.append({"containerPort": extra, "protocol": "TCP"})
+
     def spec(self, set_name: str, nodes: list[Body], labels: dict[str, str]) -> Body:
         rng = self.rng
-        requests = {"cpu": rng.choice(["250m", "500m", "1", "2", "3"]),
-                    "memory": rng.choice(["256Mi", "1Gi", "3Gi", "6Gi"])}
+        requests = self.requests()
         limits: dict[str, str] = {}
         if "extended-resource" in self.fields and rng.random() < 0.7:
             requests[EXT] = limits[EXT] = str(rng.randint(1, 2))
@@ -261,9 +351,11 @@ class _Gen:
                            "resources": {"requests": requests, "limits": limits}}
         spec: Body = {"containers": [container], "terminationGracePeriodSeconds": 0,
                       "nodeSelector": {CASE_LABEL: self.id}}
-        if self.want("host-port", 0.05):
-            container["ports"] = [{"containerPort": 80, "hostPort": rng.choice([8080, 8081]),
-                                   "protocol": "TCP"}]
+        if self.want("init-containers", 0.06):
+            self.init_containers(spec)
+        if self.want("pod-resources", 0.05):
+            self.pod_resources(spec)
+        self.ports(container, spec)
         if self.want("node-selector", 0.15):
             spec["nodeSelector"]["disk"] = rng.choice(["ssd", "hdd"])
         if self.want("node-name", 0.03):
@@ -295,7 +387,9 @@ class _Gen:
         tolerations = self.tolerations()
         if tolerations:
             spec["tolerations"] = tolerations
-        if self.want("spread", 0.08):
+        policies = self.want("spread-policies", 0.03)
+        if self.want("spread", 0.08) or policies:
+            self.fields.add("spread")
             tsc: Body = {"maxSkew": rng.choice([1, 1, 2]),
                          "topologyKey": rng.choice([HOST, ZONE, RACK]),
                          "whenUnsatisfiable": "DoNotSchedule",
@@ -304,6 +398,13 @@ class _Gen:
                 tsc["minDomains"] = rng.randint(1, 4)
             if rng.random() < 0.2:
                 tsc["nodeTaintsPolicy"] = "Honor"
+            if policies:
+                tsc["nodeAffinityPolicy"] = rng.choice(["Honor", "Ignore"])
+                tsc["nodeTaintsPolicy"] = rng.choice(["Honor", "Ignore"])
+                if rng.random() < 0.5:
+                    # A label the selector does not name: the pod's own value joins it.
+                    labels["rev"] = rng.choice(["a", "b"])
+                    tsc["matchLabelKeys"] = ["rev"]
             spec["topologySpreadConstraints"] = [tsc]
         if self.want("unsupported", 0.02):
             choice = rng.choice(["pvc", "runtime", "scheduler"])
@@ -322,14 +423,25 @@ class _Gen:
         for i, node in enumerate(nodes):
             if rng.random() > 0.4:
                 continue
+            # With no-cpu-request, running pods may overcommit cpu (no kubelet here refuses
+            # them): a pod asking no cpu still fits there.
+            cpus = ["2", "4", "8"] if "no-cpu-request" in self.fields else ["500m", "1"]
             container: Body = {"name": "main", "image": PAUSE, "resources": {"requests": {
-                "cpu": rng.choice(["500m", "1"]), "memory": "512Mi"}}}
+                "cpu": rng.choice(cpus), "memory": "512Mi"}}}
             if "host-port" in self.fields and rng.random() < 0.5:
-                container["ports"] = [{"containerPort": 80, "hostPort": 8080}]
+                port: Body = {"containerPort": 80, "hostPort": 8080}
+                if rng.random() < 0.3:
+                    port["hostIP"] = rng.choice(["127.0.0.1", "10.0.0.2"])
+                container["ports"] = [port]
             labels = {"app": rng.choice(["db", "web"])}
             spec: Body = {"nodeName": node["metadata"]["name"], "containers": [container],
                           "terminationGracePeriodSeconds": 0,
                           "tolerations": [{"operator": "Exists"}]}
+            if "init-containers" in self.fields and rng.random() < 0.4:
+                spec["initContainers"] = [{
+                    "name": "sidecar", "image": PAUSE, "restartPolicy": "Always",
+                    "resources": {"requests": {"cpu": rng.choice(["500m", "1"]),
+                                               "memory": "256Mi"}}}]
             if "anti-affinity-running" in self.fields and rng.random() < 0.3:
                 spec["affinity"] = {"podAntiAffinity": {
                     "requiredDuringSchedulingIgnoredDuringExecution": [
@@ -348,7 +460,8 @@ def _case(seed: int, index: int) -> Case:
     gen = _Gen(rng, case_id, focus)
     for name in ("pod-count", "extended-resource", "taints", "no-execute",
                  "prefer-no-schedule", "condition-taint", "unschedulable", "host-port",
-                 "anti-affinity-running"):
+                 "anti-affinity-running", "pods-unreported", "quantities", "pressure",
+                 "no-cpu-request", "init-containers"):
         gen.want(name, 0.08)
     gen.fields.add("resources")
     nodes = [gen.node(i) for i in range(rng.randint(1, 5))]
@@ -375,6 +488,11 @@ def _case(seed: int, index: int) -> Case:
     }
     return Case(case_id, seed, tuple(sorted(gen.fields)), case_id, nodes, running, templates,
                 request, counts)
+
+
+def case(seed: int, index: int) -> Case:
+    """Case ``index`` of ``seed`` alone (the same as ``cases(seed, n)[index]`` for any n)."""
+    return _case(seed, index)
 
 
 def iter_cases(seed: int = 0, count: int = 500) -> Iterator[Case]:

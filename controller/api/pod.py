@@ -273,11 +273,14 @@ class PodSpec(_Open):
     """Pod-level resources (PodLevelResources): they replace the containers' cpu and memory."""
 
     def host_ports(self) -> list[tuple[str, str, int]]:
-        """(protocol, host IP, host port) the pod claims on its node: ports of its regular
-        containers with a hostPort, as the scheduler's NodePorts filter reads them (with
-        ``hostNetwork`` the API server defaults hostPort to containerPort)."""
+        """(protocol, host IP, host port) the pod claims on its node: ports with a hostPort
+        of its sidecars (init containers with restartPolicy Always, which run for the pod's
+        whole life) and regular containers, as the scheduler's NodePorts filter reads them
+        (k8s ``schedutil.GetHostPorts``; with ``hostNetwork`` the API server defaults
+        hostPort to containerPort in init and regular containers alike)."""
         out: list[tuple[str, str, int]] = []
-        for c in self.containers:
+        running = [c for c in self.init_containers if c.is_sidecar]
+        for c in [*running, *self.containers]:
             for p in c.ports:
                 port = p.host_port or (p.container_port if self.host_network else 0)
                 if port > 0:
@@ -285,11 +288,25 @@ class PodSpec(_Open):
         return out
 
     def effective_requests(self) -> dict[str, int]:
-        """What the scheduler reserves for one pod (k8s ``resourcehelper.PodRequests``).
+        """What the scheduler reserves for one pod (k8s ``resourcehelper.PodRequests``):
+        the containers' requests (:meth:`container_requests`), pod-level requests in their
+        place where set, plus the overhead."""
+        total = self.container_requests()
+        if self.resources is not None:
+            # k8s resourcehelper.PodRequests: pod-level requests (limits standing in for
+            # unset requests) win for the resources that support them.
+            for res, amount in self.resources.effective().items():
+                if res in POD_LEVEL_RESOURCES or res.startswith("hugepages-"):
+                    total[res] = amount
+        _add(total, to_resources(self.overhead))
+        return total
+
+    def container_requests(self) -> dict[str, int]:
+        """The containers' requests together (k8s ``AggregateContainerRequests``).
 
         Regular containers and sidecars (init containers with restartPolicy Always) run
         together; each ordinary init container runs alone next to the sidecars started
-        before it; the pod needs the larger of the two, plus its overhead.
+        before it; the pod needs the larger of the two.
         """
         total: dict[str, int] = {}
         for c in self.containers:
@@ -307,13 +324,6 @@ class PodSpec(_Open):
                 _max(init_peak, step)
         _add(total, sidecars)
         _max(total, init_peak)
-        if self.resources is not None:
-            # k8s resourcehelper.PodRequests: pod-level requests (limits standing in for
-            # unset requests) win for the resources that support them.
-            for res, amount in self.resources.effective().items():
-                if res in POD_LEVEL_RESOURCES or res.startswith("hugepages-"):
-                    total[res] = amount
-        _add(total, to_resources(self.overhead))
         return total
 
     def required_terms(self) -> list[NodeSelectorTerm]:

@@ -18,7 +18,7 @@ from decimal import Decimal
 from typing import Any
 
 from controller.api.pod import Container, LabelSelector, PodSpec, PodTemplate
-from controller.api.quantity import parse_quantity
+from controller.api.quantity import parse_quantity, to_resources
 
 _NAME = r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
 _LABEL_VALUE = re.compile(rf"({_NAME})?")
@@ -149,8 +149,29 @@ def pod_spec_problems(spec: PodSpec, where: str = "spec") -> list[str]:
     if spec.resources is not None:
         out.extend(_resources(f"{where}.resources", spec.resources.requests,
                               spec.resources.limits))
+        out.extend(_pod_level(spec, where))
     return [*out, *_node_selection(spec, where), *_tolerations(spec, where),
             *_pod_affinity(spec, where), *_spread(spec, where)]
+
+
+def _pod_level(spec: PodSpec, where: str) -> list[str]:
+    """Pod-level requests hold at least what the containers ask together (the API server's
+    ``validatePodResourceConsistency``; found by the scheduler oracle)."""
+    if spec.resources is None:
+        return []
+    try:
+        containers = spec.container_requests()
+        given = to_resources(spec.resources.requests)
+    except ValueError:
+        return []  # a bad quantity, reported with its field already
+    return [f"{where}.resources.requests[{name}]: {spec.resources.requests[name]} must be "
+            f"greater than or equal to the containers' aggregate requests ({_amount(name, total)})"
+            for name, total in sorted(containers.items())
+            if name in given and given[name] < total]
+
+
+def _amount(name: str, value: int) -> str:
+    return f"{value}m" if name == "cpu" else str(value)
 
 
 def _claims(spec: PodSpec, where: str) -> list[str]:

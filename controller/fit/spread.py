@@ -21,6 +21,8 @@ Nodes without the key cannot take these pods at all.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from controller.fit.planner import Batch, Outcome, PodSetPlanner, Purchase, Take, buy
 from controller.fit.shapes import selector_matches, untolerated
 from controller.fit.topology import HOSTNAME
@@ -33,6 +35,8 @@ EVERY_NODE = 1 << 20
 
 def _eligible(p: PodSetPlanner, spread: Spread) -> set[str]:
     shape = p.ps.shape
+    if spread.affinity_terms is not None:
+        shape = replace(shape, affinity_terms=spread.affinity_terms)
     out: set[str] = set()
     for n in p.ws.all_nodes():
         value = n.labels.get(spread.key)

@@ -82,6 +82,11 @@ class Spread:
     """nodeAffinityPolicy Honor: only nodes matching the pod's node affinity are domains."""
     honor_taints: bool = False
     """nodeTaintsPolicy Honor: only nodes whose taints the pod tolerates are domains."""
+    affinity_terms: tuple[SelectorTerm, ...] | None = None
+    """The pod's own required node affinity, which nodeAffinityPolicy Honor reads (None:
+    the shape's). The shape's terms may also hold filters that are not node affinity (nodes
+    excluded for inter-pod anti-affinity, an allocated claim's nodes): the scheduler still
+    counts those nodes as domains."""
 
 
 @dataclass(frozen=True, slots=True)

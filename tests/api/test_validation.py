@@ -52,6 +52,13 @@ def problems(doc: dict[str, Any]) -> list[str]:
     (container({}, affinity={"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
         {"labelSelector": {"matchLabels": {"app": "a b"}}, "topologyKey": "h"}]}}),
      "labelSelector.matchLabels: invalid label value 'a b'"),
+    # Pod-level requests below what the containers ask together, an init container's peak
+    # included (found by the scheduler oracle: the API server answered 422).
+    (container({"cpu": "1"}, resources={"requests": {"cpu": "500m"}}),
+     "resources.requests[cpu]: 500m must be greater than or equal to the containers'"),
+    (container({"cpu": "1"}, resources={"requests": {"cpu": "2"}},
+               initContainers=[{"name": "i", "resources": {"requests": {"cpu": "3"}}}]),
+     "aggregate requests (3000m)"),
 ])
 def test_refused_like_the_api_server(spec: dict[str, Any], field: str) -> None:
     found = problems(template(spec))

@@ -8,6 +8,15 @@ import pytest
 
 from controller.config import ConfigError, load_config
 from controller.fit.types import Mode
+from e2e.cluster import HARNESS_VARIABLES
+
+
+@pytest.fixture(autouse=True)
+def _no_harness_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real tier's own MUSTER_CLUSTER_* variables (a cluster on other ports) are no
+    Muster settings; these tests read the environment as Muster would."""
+    for key in HARNESS_VARIABLES:
+        monkeypatch.delenv(key, raising=False)
 
 
 def _write(tmp_path: Path, text: str) -> Path:

@@ -29,24 +29,59 @@ def quantity(text: str | int) -> float:
     return float(text)
 
 
+def _container(c: Body) -> dict[str, float]:
+    res = c.get("resources") or {}
+    merged = {**(res.get("limits") or {}), **(res.get("requests") or {})}
+    return {k: quantity(v) for k, v in merged.items()}
+
+
+def _sidecar(c: Body) -> bool:
+    return c.get("restartPolicy") == "Always"
+
+
 def requests(pod: Body) -> dict[str, float]:
+    """resourcehelper.PodRequests: regular containers and sidecars run together; each
+    ordinary init container runs next to the sidecars started before it; the pod needs the
+    larger; pod-level cpu and memory requests replace the containers'."""
     spec = pod["spec"]
-    out: dict[str, float] = {"pods": 1}
+    total: dict[str, float] = {}
     for c in spec["containers"]:
-        res = c.get("resources") or {}
-        merged = {**(res.get("limits") or {}), **(res.get("requests") or {})}
-        for k, v in merged.items():
-            out[k] = out.get(k, 0) + quantity(v)
-    return out
+        for k, v in _container(c).items():
+            total[k] = total.get(k, 0) + v
+    sidecars: dict[str, float] = {}
+    peak: dict[str, float] = {}
+    for c in spec.get("initContainers") or []:
+        mine = _container(c)
+        if _sidecar(c):
+            for k, v in mine.items():
+                sidecars[k] = sidecars.get(k, 0) + v
+            step = dict(sidecars)
+        else:
+            step = {k: sidecars.get(k, 0) + mine.get(k, 0) for k in {*sidecars, *mine}}
+        for k, v in step.items():
+            peak[k] = max(peak.get(k, 0), v)
+    for k, v in sidecars.items():
+        total[k] = total.get(k, 0) + v
+    for k, v in peak.items():
+        total[k] = max(total.get(k, 0), v)
+    for k, v in _container({"resources": spec.get("resources") or {}}).items():
+        if k in ("cpu", "memory"):
+            total[k] = v
+    total["pods"] = 1
+    return total
 
 
 def ports(pod: Body) -> list[tuple[str, str, int]]:
+    """schedutil.GetHostPorts: sidecars' and regular containers' host ports (hostNetwork
+    defaults hostPort to containerPort)."""
+    spec = pod["spec"]
     out = []
-    for c in pod["spec"]["containers"]:
+    containers = [c for c in spec.get("initContainers") or [] if _sidecar(c)]
+    for c in [*containers, *spec["containers"]]:
         for p in c.get("ports") or []:
-            if p.get("hostPort"):
-                out.append((p.get("protocol", "TCP"), p.get("hostIP", "") or "0.0.0.0",
-                            p["hostPort"]))
+            port = p.get("hostPort") or (p["containerPort"] if spec.get("hostNetwork") else 0)
+            if port:
+                out.append((p.get("protocol", "TCP"), p.get("hostIP", "") or "0.0.0.0", port))
     return out
 
 
@@ -60,13 +95,23 @@ def _tolerates(tol: Body, taint: Body) -> bool:
     return tol.get("value", "") == taint.get("value", "")
 
 
+CONDITION_TAINTS = {("Ready", "False"): "node.kubernetes.io/not-ready",
+                    ("Ready", "Unknown"): "node.kubernetes.io/unreachable",
+                    ("MemoryPressure", "True"): "node.kubernetes.io/memory-pressure",
+                    ("DiskPressure", "True"): "node.kubernetes.io/disk-pressure",
+                    ("PIDPressure", "True"): "node.kubernetes.io/pid-pressure",
+                    ("NetworkUnavailable", "True"): "node.kubernetes.io/network-unavailable"}
+
+
 def node_taints(node: Body) -> list[Body]:
-    """The node's taints once the lifecycle controller has run: a Ready node loses
-    node.kubernetes.io/not-ready."""
-    ready = any(c["type"] == "Ready" and c["status"] == "True"
-                for c in node.get("status", {}).get("conditions", []))
-    return [t for t in node.get("spec", {}).get("taints") or []
-            if not (ready and t["key"] == "node.kubernetes.io/not-ready")]
+    """The node's taints once the node lifecycle controller has run: its NoSchedule
+    condition taints are exactly those its conditions call for."""
+    conditions = {c["type"]: c["status"] for c in node.get("status", {}).get("conditions", [])}
+    keep = [t for t in node.get("spec", {}).get("taints") or []
+            if not (t["key"] in CONDITION_TAINTS.values() and t["effect"] == "NoSchedule")]
+    return keep + [{"key": taint, "effect": "NoSchedule"}
+                   for (kind, status), taint in CONDITION_TAINTS.items()
+                   if conditions.get(kind) == status]
 
 
 def _requirement(req: Body, value: str | None) -> bool:

@@ -151,3 +151,14 @@ def test_misspelt_constraint_field_is_an_error() -> None:
         PodSpec.model_validate({"containers": [{"name": "c"}], "affinity": {"podAntiAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": [
                 {"labelSelecter": {}, "topologyKey": HOST}]}}})
+
+
+def test_pods_naming_their_node_are_admitted_without_inter_pod_rules() -> None:
+    """The kubelet admits a pod with spec.nodeName (resources, ports, node name and affinity,
+    NoExecute taints) and never checks pod (anti-)affinity or spread: three pods with
+    anti-affinity to each other on one node all run (found by the reference scheduler)."""
+    cluster = [node("a"), running("db", "a", {"app": "db"}, **anti({"app": "w"}))]
+    docs = request(("w", 3, {"nodeName": "a", **anti({"app": "w"})}, {"app": "w"}))
+    assert isinstance(check(docs, cluster), Plan)
+    docs = request(("w", 9, {"nodeName": "a"}, {"app": "w"}))
+    assert isinstance(check(docs, cluster), NoFit)  # 8 cpu: resources still count

@@ -107,6 +107,28 @@ def test_host_network_claims_the_container_ports() -> None:
                            Mode.CHECK), NoFit)
 
 
+def test_sidecars_claim_their_host_ports_and_init_containers_do_not() -> None:
+    """k8s ``schedutil.GetHostPorts``: sidecars (restartPolicy Always) run for the pod's
+    whole life and hold their ports; ordinary init containers have exited (found reading
+    the scheduler's code when the oracle's cases gained sidecars)."""
+    snap = build_snapshot([k8s_node("a")], levels=LEVELS)
+    port = [{"containerPort": 80, "hostPort": 8082}]
+    sidecar = {"name": "s", "restartPolicy": "Always", "ports": port}
+    assert isinstance(plan(gang(2, [], initContainers=[sidecar]), snap, Mode.CHECK), NoFit)
+    init = {"name": "i", "ports": port}
+    assert isinstance(plan(gang(2, [], initContainers=[init]), snap, Mode.CHECK), Plan)
+    # With hostNetwork the sidecar's container port is its host port too.
+    net = {"name": "s", "restartPolicy": "Always", "ports": [{"containerPort": 9000}]}
+    assert isinstance(plan(gang(2, [], initContainers=[net], hostNetwork=True), snap,
+                           Mode.CHECK), NoFit)
+    # A running pod's sidecar holds its port against the gang.
+    bound = Pod.model_validate({"metadata": {"name": "x"}, "status": {"phase": "Running"},
+                                "spec": {**spec([], initContainers=[sidecar]),
+                                         "nodeName": "a"}})
+    held = build_snapshot([k8s_node("a")], [bound], levels=LEVELS)
+    assert isinstance(plan(gang(1, port), held, Mode.CHECK), NoFit)
+
+
 def test_a_booking_holds_the_port_for_the_next_gang() -> None:
     snap = build_snapshot([k8s_node("a"), k8s_node("b")], levels=LEVELS)
     port = [{"containerPort": 80, "hostPort": 8080}]

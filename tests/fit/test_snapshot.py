@@ -54,7 +54,8 @@ def gpu_node(name: str, *, ready: bool = True, labels: dict[str, str] | None = N
     return Node.model_validate({
         "metadata": {"name": name, "labels": labels or {}},
         "spec": {"taints": [{"key": "gpu", "effect": "NoSchedule"}]},
-        "status": {"allocatable": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "8"},
+        "status": {"allocatable": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "8",
+                                   "pods": "110"},
                    "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
     })
 
@@ -81,6 +82,21 @@ def test_free_capacity_from_bound_pods_and_bookings() -> None:
     assert not b.schedulable
     assert a.taints is c.taints  # equal taint tuples are shared (engine fast path)
     assert b.taints[-1].key == "node.kubernetes.io/not-ready"  # NotReady: the taint follows
+
+
+def test_an_existing_node_that_lists_no_pod_count_takes_no_pod() -> None:
+    """The scheduler allows ``allocatable.pods`` pods on a node, 0 when it is not listed
+    (found by the scheduler oracle, e2e/scheduler_oracle.py); the API server defaults
+    allocatable to capacity only when a node reports no allocatable at all."""
+    def node(status: dict[str, Any]) -> Node:
+        return Node.model_validate({"metadata": {"name": "n"}, "status": {
+            **status, "conditions": [{"type": "Ready", "status": "True"}]}})
+
+    unlisted = build_snapshot([node({"allocatable": {"cpu": "8"},
+                                     "capacity": {"cpu": "8", "pods": "110"}})]).nodes[0]
+    assert unlisted.free.get("pods", 0) == 0
+    from_capacity = build_snapshot([node({"capacity": {"cpu": "8", "pods": "20"}})]).nodes[0]
+    assert from_capacity.free["pods"] == 20
 
 
 def pool(topology: dict[str, Any] | None, max_nodes: int = 10, booked: int = 0) -> CapacityPool:

@@ -21,7 +21,7 @@ from controller.fit import (
     Spread,
     plan,
 )
-from controller.snapshot import request_from_documents
+from controller.snapshot import request_from_documents, snapshot_from_documents
 from controller.topology_defaults import DEFAULT_LEVELS
 from tests.builders import BLOCK, HOST, LEVELS, RACK, node
 
@@ -132,7 +132,7 @@ def test_the_boundary_builds_a_spread_or_a_key_requirement() -> None:
            "labelSelector": {"matchLabels": {"app": "w"}}, "minDomains": 3,
            "nodeTaintsPolicy": "Honor"}
     _, gang = request_from_documents(docs(tsc, {"app": "w"}), DEFAULT_LEVELS, [])
-    assert gang.pod_sets[0].shape.spread == Spread(RACK, 2, 3, True, True)
+    assert gang.pod_sets[0].shape.spread == Spread(RACK, 2, 3, True, True, ())
     _, gang = request_from_documents(docs(tsc, {"app": "other"}), DEFAULT_LEVELS, [])
     shape = gang.pod_sets[0].shape
     assert shape.spread is None
@@ -150,3 +150,30 @@ def test_spread_around_running_pods_is_refused() -> None:
                 "spec": {"nodeName": "a", "containers": [{"name": "c"}]}}]
     _, gang = request_from_documents(docs(tsc, {"app": "w"}), DEFAULT_LEVELS, running)
     assert "spreading around running pods" in gang.pod_sets[0].shape.unsupported[0]
+
+
+def test_nodes_excluded_by_anti_affinity_still_count_as_domains() -> None:
+    """nodeAffinityPolicy Honor reads the pod's node affinity only: a node the pods may not
+    use because a running pod repels them (inter-pod anti-affinity) is still a domain with
+    none of them, so it caps every other domain at maxSkew. Found by the scheduler oracle
+    (case pc-2-0406): Muster had planned 2 + 3 pods on two nodes where the scheduler binds
+    one per node."""
+    tsc = {"maxSkew": 1, "topologyKey": HOST, "whenUnsatisfiable": "DoNotSchedule",
+           "labelSelector": {"matchLabels": {"app": "w"}}}
+    cluster: list[dict[str, Any]] = [
+        {"kind": "Node", "metadata": {"name": n, "labels": {HOST: n}},
+         "status": {"allocatable": {"cpu": "8", "pods": "110"},
+                    "conditions": [{"type": "Ready", "status": "True"}]}}
+        for n in ("a", "b", "c")]
+    cluster.append({"kind": "Pod", "metadata": {"name": "db", "namespace": "ns"},
+                    "status": {"phase": "Running"},
+                    "spec": {"nodeName": "c", "containers": [{"name": "c"}], "affinity": {
+                        "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                            {"labelSelector": {"matchLabels": {"app": "w"}},
+                             "topologyKey": HOST}]}}}})
+    snap = snapshot_from_documents(cluster, levels=DEFAULT_LEVELS)
+    request = docs(tsc, {"app": "w"})
+    for count, fits in ((2, True), (3, False)):
+        request[0]["spec"]["podSets"][0]["count"] = count
+        _, gang = request_from_documents(request, DEFAULT_LEVELS, cluster)
+        assert isinstance(plan(gang, snap, Mode.CHECK), Plan if fits else NoFit), count
