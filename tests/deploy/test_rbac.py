@@ -50,6 +50,9 @@ NS = "team-a"
 UNEXERCISED: dict[tuple[str, str, str], str] = {
     ("", "nodes", "get"): "providers/kind.py re-reads a node whose create hit 409 (a retry "
     "after a crash re-creates a node that already exists)",
+    ("autoscaling.x-k8s.io", "provisioningrequests", "get"): "controller/reconcilers/service.py "
+    "re-reads a request after a 409 or 404 on its write (e2e/test_rbac_real.py reads one as "
+    "Muster)",
     ("kueue.x-k8s.io", "workloads", "get"): "controller/kueue/workloads.py re-reads a Workload "
     "after a 409 on its status write (Kueue and other check controllers write it too)",
     ("", "events", "patch"): "controller/kube/events.py PATCHes the count of an Event when the "
