@@ -42,18 +42,20 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from benchmarks.target import Target, apf_report, apf_snapshot, open_target
+from benchmarks.target import RUN_LABEL, Target, apf_report, apf_snapshot, open_target
+from controller.api.node import STARTUP_TAINTS
 from controller.commands import objects
 from controller.config import MusterConfig
 from controller.kube import WatchEvent
 from controller.kube.resources import (
     CAPACITY_POOLS,
+    NODES,
     POD_TEMPLATES,
     PROVISIONING_REQUESTS,
 )
 from controller.reconcilers.operator import Controller
 from controller.runtime import freeze_heap, tune_gc
-from providers.kind import KindProvider
+from providers.kind import OWNER_ANNOTATION, KindProvider
 
 ROOT = Path(__file__).resolve().parents[1]
 CRDS = ROOT / "crds"
@@ -185,9 +187,14 @@ async def measure(t: Target, args: argparse.Namespace) -> dict[str, float]:
                 if len(provisioned) >= args.requests:
                     done.set()
 
-    watcher = asyncio.create_task(kube.watch(
-        PROVISIONING_REQUESTS, lambda items: None, on_event, namespace=t.namespace
-    ))
+    nodes = NodeTimes()
+    watchers = [
+        asyncio.create_task(kube.watch(
+            PROVISIONING_REQUESTS, lambda items: None, on_event, namespace=t.namespace)),
+        asyncio.create_task(kube.watch(
+            NODES, lambda items: None, nodes.on_event,
+            label_selector=f"{RUN_LABEL}={t.run}")),
+    ]
     limit = asyncio.Semaphore(64)
 
     async def create(i: int) -> None:
@@ -210,12 +217,15 @@ async def measure(t: Target, args: argparse.Namespace) -> dict[str, float]:
         except TimeoutError:
             print(f"timeout: {len(provisioned)} of {args.requests} provisioned", file=sys.stderr)
     finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
+        for w in watchers:
+            w.cancel()
+        for w in watchers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await w
     finished = max(provisioned.values(), default=time.monotonic())
     latencies = sorted(provisioned[n] - created[n] for n in provisioned if n in created)
     total = finished - started
+    nodes.report(f"{t.namespace}/", created, provisioned)
     return {
         "requests": float(len(provisioned)),
         "create_s": all_created - started,
@@ -225,6 +235,55 @@ async def measure(t: Target, args: argparse.Namespace) -> dict[str, float]:
         "p99_s": _quantile(latencies, 0.99),
         "max_s": latencies[-1] if latencies else math.nan,
     }
+
+
+class NodeTimes:
+    """When each of the run's nodes was first seen, and first seen settled (Ready, no
+    start-up taint: what Muster waits for), by the request that owns it."""
+
+    def __init__(self) -> None:
+        self.owner: dict[str, str] = {}
+        self.seen: dict[str, float] = {}
+        self.settled: dict[str, float] = {}
+
+    def on_event(self, event: WatchEvent) -> None:
+        node, now = event.object, time.monotonic()
+        name = node["metadata"]["name"]
+        if event.type == "DELETED" or name in self.settled:
+            return
+        self.seen.setdefault(name, now)
+        self.owner[name] = (node["metadata"].get("annotations") or {}).get(OWNER_ANNOTATION, "")
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                    for c in (node.get("status") or {}).get("conditions") or [])
+        tainted = any(tt.get("key") in STARTUP_TAINTS
+                      for tt in (node.get("spec") or {}).get("taints") or [])
+        if ready and not tainted:
+            self.settled[name] = now
+
+    def report(self, prefix: str, created: dict[str, float],
+               provisioned: dict[str, float]) -> None:
+        """Where each request's time went: Muster planning and creating its nodes, the
+        cluster making them Ready and lifting their start-up taints, Muster noticing and
+        writing Provisioned=True (p50 / p99 over the provisioned requests)."""
+        last_seen: dict[str, float] = {}
+        last_settled: dict[str, float] = {}
+        for node, owner in self.owner.items():
+            name = owner.removeprefix(prefix)
+            last_seen[name] = max(last_seen.get(name, 0.0), self.seen[node])
+            if node in self.settled:
+                last_settled[name] = max(last_settled.get(name, 0.0), self.settled[node])
+        done = [n for n in provisioned if n in created and n in last_settled]
+        if not done:
+            return
+        parts = []
+        for label, spans in (
+            ("created -> nodes created", [last_seen[n] - created[n] for n in done]),
+            ("nodes created -> settled", [last_settled[n] - last_seen[n] for n in done]),
+            ("settled -> Provisioned", [provisioned[n] - last_settled[n] for n in done]),
+        ):
+            spans.sort()
+            parts.append(f"{label} {_quantile(spans, 0.5):.3f}/{_quantile(spans, 0.99):.3f}s")
+        print("per request, p50/p99: " + "; ".join(parts))
 
 
 def _quantile(values: list[float], q: float) -> float:
