@@ -235,8 +235,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         try:
             await seed(t, names, args)
             # Path A needs no Kueue code in Muster: Kueue writes the requests.
-            config = MusterConfig(kueue={"enabled": args.path == "b"},
-                                  acquisition={"node_ready_timeout_seconds": 60})
+            # The default node-ready timeout (900 s): on a real cluster a burst of new nodes
+            # waits minutes for the node lifecycle controller to lift their not-ready taint.
+            config = MusterConfig(kueue={"enabled": args.path == "b"})
             # In the sandbox the provider heartbeats its nodes; on a real cluster kwok does.
             provider = KindProvider(own, heartbeat_seconds=0 if t.real else 30)
             controller = Controller(kube=own, config=config, use_kopf=False,
