@@ -366,13 +366,27 @@ def load_config(path: Path | None = None, **overrides: Any) -> MusterConfig:
         _YAML_FILE.reset(token)
 
 
+NOT_SETTINGS = frozenset({
+    # The real control plane of the e2e tier (e2e/cluster.py, e2e/real.py).
+    "MUSTER_CLUSTER_PORT_BASE", "MUSTER_CLUSTER_STATE", "MUSTER_CLUSTER_KCM_API_QPS",
+    "MUSTER_KEEP_CLUSTER",
+    # hack/install-helm.sh, hack/build-image.sh.
+    "MUSTER_CACHE",
+    # benchmarks/controller_bench.py.
+    "MUSTER_BENCH_SANDBOX_PREFIX",
+})
+"""``MUSTER_*`` variables of Muster's tooling, not settings; ``MUSTER_GCP_*`` are the GCP
+provider's own (providers/gcp.py)."""
+
+
 def _unknown_env_keys(env: Mapping[str, str]) -> list[str]:
     # pydantic-settings silently skips MUSTER_* variables that match no field; a typo there
     # would otherwise leave a default in force without anyone noticing.
     fields = {name.upper() for name in MusterConfig.model_fields}
     problems = []
     for key in env:
-        if not key.startswith(ENV_PREFIX):
+        if (not key.startswith(ENV_PREFIX) or key in NOT_SETTINGS
+                or key.startswith("MUSTER_GCP_")):
             continue
         top = key[len(ENV_PREFIX) :].split("__", 1)[0]
         if top not in fields:
