@@ -303,6 +303,9 @@ async def measure(t: Target, names: Names, args: argparse.Namespace) -> dict[str
             timeline.changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(timeline.changed.wait(), timeout=1.0)
+        missing = [w for w in workloads if w not in wanted]
+        if missing:
+            await explain(kube, t.namespace, names.check, missing)
     finally:
         for w in watches:
             w.cancel()
@@ -310,6 +313,27 @@ async def measure(t: Target, names: Names, args: argparse.Namespace) -> dict[str
             with contextlib.suppress(asyncio.CancelledError):
                 await w
     return summarize(timeline, workloads, started, real=t.real)
+
+
+async def explain(kube: KubeClient, namespace: str, check: str, missing: list[str]) -> None:
+    """Why the Workloads that did not finish are stuck: their check state and their
+    ProvisioningRequests' conditions (the first five)."""
+    print(f"{len(missing)} Workload(s) not done: {', '.join(missing[:10])}", file=sys.stderr)
+    requests = (await kube.list(PROVISIONING_REQUESTS, namespace=namespace)).get("items") or []
+    for name in missing[:5]:
+        wl = await kube.get_or_none(WORKLOADS, name, namespace=namespace) or {}
+        status = wl.get("status") or {}
+        conds = {c["type"]: f"{c['status']}/{c.get('reason', '')}"
+                 for c in status.get("conditions") or []}
+        states = [f"{c.get('state')}: {c.get('message', '')}"
+                  for c in status.get("admissionChecks") or [] if c.get("name") == check]
+        print(f"  {name}: {conds}; check {states}", file=sys.stderr)
+        for pr in requests:
+            if any(o.get("name") == name for o in pr["metadata"].get("ownerReferences") or []):
+                prc = [f"{c['type']}={c['status']}/{c.get('reason', '')}: "
+                       f"{c.get('message', '')[:160]}"
+                       for c in (pr.get("status") or {}).get("conditions") or []]
+                print(f"    {pr['metadata']['name']}: {prc}", file=sys.stderr)
 
 
 def summarize(tl: Timeline, workloads: list[str], started: float, *, real: bool
