@@ -38,7 +38,6 @@ def bench(*argv: str) -> str:
 def test_controller_bench_in_the_sandbox() -> None:
     out = bench("benchmarks.controller_bench", "--requests=5", "--lean")
     assert "controller_bench requests=5 " in out
-    assert "per request, p50/p99: created -> nodes created" in out
 
 
 @pytest.mark.slow
@@ -90,3 +89,5 @@ def test_benchmarks_on_the_real_cluster_leave_nothing_behind(
         assert m is not None, cleanup
         assert asyncio.run(_leftovers(real_cluster.admin_kubeconfig, m[1])) == []
         assert re.search(r"(controller|kueue)_bench (requests|workloads)=[23] ", out), out
+        if argv[0] == "benchmarks.controller_bench":
+            assert "per request, p50/p99: created -> nodes created" in out
