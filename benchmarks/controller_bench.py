@@ -17,6 +17,15 @@ Two ways to arrive:
 
     python3 -m benchmarks.controller_bench [--requests 1000] [--pods 2] [--lean] [--rate R]
 
+``--kubeconfig PATH`` runs it against that cluster instead of a sandbox (default 200
+requests there): the controller still runs here, as ``--muster-kubeconfig`` if given, with
+the kind provider leaving node heartbeats to kwok (``heartbeat_seconds=0``, as on the
+real-cluster test tier), and a Node counts as Ready only once the node lifecycle controller
+lifted its start-up taints. Everything the run creates is its own (:mod:`benchmarks.target`)
+and removed at the end. It also prints where each request's time went (Muster creating its
+nodes, the cluster settling them, Muster writing Provisioned) and what the API server's
+priority and fairness did.
+
 Last line: ``controller_bench requests=<n> per_s=<x> p99_s=<y>``.
 """
 
@@ -35,22 +44,37 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from benchmarks.target import RUN_LABEL, Target, apf_report, apf_snapshot, open_target
+from controller.api.node import STARTUP_TAINTS
 from controller.commands import objects
 from controller.config import MusterConfig
-from controller.kube import KubeClient, WatchEvent
+from controller.kube import WatchEvent
 from controller.kube.resources import (
     CAPACITY_POOLS,
-    NAMESPACES,
+    NODES,
     POD_TEMPLATES,
     PROVISIONING_REQUESTS,
 )
 from controller.reconcilers.operator import Controller
 from controller.runtime import freeze_heap, tune_gc
-from providers.kind import KindProvider
+from providers.kind import OWNER_ANNOTATION, KindProvider
 
 ROOT = Path(__file__).resolve().parents[1]
 CRDS = ROOT / "crds"
-NAMESPACE = "bench"
+REAL_DEFAULT_REQUESTS = 200
+SANDBOX_DEFAULT_REQUESTS = 1000
+
+
+@contextlib.asynccontextmanager
+async def target(args: argparse.Namespace) -> AsyncIterator[Target]:
+    """The cluster of ``--kubeconfig``, or a fresh sandbox."""
+    if args.kubeconfig:
+        async with open_target(args.kubeconfig, real=True,
+                               muster_kubeconfig=args.muster_kubeconfig) as t:
+            yield t
+        return
+    async with sandbox(args.in_process) as path, open_target(path, real=False) as t:
+        yield t
 
 
 @contextlib.asynccontextmanager
@@ -91,88 +115,121 @@ async def sandbox(in_process: bool) -> AsyncIterator[Path]:
         tmp.cleanup()
 
 
-async def seed(kube: KubeClient, *, requests: int, pods: int) -> None:
-    await kube.create(NAMESPACES, {"metadata": {"name": NAMESPACE}})
+async def seed(t: Target, *, requests: int, pods: int) -> None:
+    """The run's pool (its nodes labelled with the run) and the pod template selecting them."""
     racks_needed = math.ceil(requests * pods / 16) + 1
     racks_per_block = 8
     blocks = math.ceil(racks_needed / racks_per_block)
-    await kube.create(CAPACITY_POOLS, objects.gpu_pool(
-        "bench-gpu", blocks=blocks, racks_per_block=racks_per_block, nodes_per_rack=16,
+    pool = objects.gpu_pool(
+        t.name("bench-gpu"), blocks=blocks, racks_per_block=racks_per_block, nodes_per_rack=16,
         max_nodes=requests * pods + 16,
-    ))
-    await kube.create(POD_TEMPLATES, objects.pod_template(
-        "workers", namespace=NAMESPACE,
+    )
+    pool["spec"]["nodeTemplate"]["labels"].update(t.selector)
+    await t.create(CAPACITY_POOLS, pool)
+    await t.kube.create(POD_TEMPLATES, objects.pod_template(
+        "workers", namespace=t.namespace,
         requests={"cpu": "90", "memory": "900Gi", objects.GPU: "8"},
         required_level=objects.RACK, tolerations=[objects.GPU_TOLERATION],
-    ), namespace=NAMESPACE)
+        node_selector=t.selector,
+    ), namespace=t.namespace)
 
 
 async def run(args: argparse.Namespace) -> dict[str, float]:
-    async with sandbox(args.in_process) as kubeconfig:
-        kube = await KubeClient.from_kubeconfig(kubeconfig)
-        await seed(kube, requests=args.requests, pods=args.pods)
-        config = MusterConfig(
-            booking={"duration_seconds": 3600},
-            acquisition={"max_concurrent_reconciles": args.workers,
-                         "collect_interval_seconds": 3600},
-        )
-        provider = KindProvider(kube, heartbeat_seconds=3600)
-        controller = Controller(
-            kube=kube, config=config, providers={"kind": provider}, use_kopf=not args.lean
-        )
-        # As `muster run` does (controller/runtime.py).
-        tune_gc()
-        await controller.start()
-        freeze_heap()
+    async with target(args) as t:
+        own = await t.muster_client()
+        controller: Controller | None = None
+        try:
+            await seed(t, requests=args.requests, pods=args.pods)
+            config = MusterConfig(
+                booking={"duration_seconds": 3600},
+                acquisition={"max_concurrent_reconciles": args.workers,
+                             "collect_interval_seconds": 3600},
+            )
+            # In the sandbox nothing else heartbeats the nodes (and nothing reads
+            # heartbeats); on a real cluster kwok does, as on the real-cluster test tier.
+            provider = KindProvider(own, heartbeat_seconds=0 if t.real else 3600)
+            controller = Controller(
+                kube=own, config=config, providers={"kind": provider}, use_kopf=not args.lean
+            )
+            apf_before = await apf_snapshot(t.kubeconfig) if t.real else None
+            # As `muster run` does (controller/runtime.py).
+            tune_gc()
+            await controller.start()
+            freeze_heap()
+            result = await measure(t, args)
+            result["planner_passes"] = float(controller.planner.passes)
+            if t.real:
+                print(apf_report(apf_before, await apf_snapshot(t.kubeconfig)))
+        finally:
+            if t.real:
+                # With the controller still running: it releases the deleted requests' nodes.
+                running = controller is not None and controller.ready
+                print(await t.cleanup([PROVISIONING_REQUESTS], within=300 if running else 10))
+            if controller is not None:
+                await controller.stop()
+            await own.close()
+    return result
 
-        created: dict[str, float] = {}
-        provisioned: dict[str, float] = {}
-        done = asyncio.Event()
 
-        def on_event(event: WatchEvent) -> None:
-            meta = event.object.get("metadata") or {}
-            name = str(meta.get("name"))
-            if name in provisioned:
-                return
-            for cond in (event.object.get("status") or {}).get("conditions") or []:
-                if cond.get("type") == "Provisioned" and cond.get("status") == "True":
-                    provisioned[name] = time.monotonic()
-                    if len(provisioned) >= args.requests:
-                        done.set()
+async def measure(t: Target, args: argparse.Namespace) -> dict[str, float]:
+    """Create the requests; time each to its first Provisioned=True watch event."""
+    kube = t.kube
+    created: dict[str, float] = {}
+    provisioned: dict[str, float] = {}
+    done = asyncio.Event()
 
-        watcher = asyncio.create_task(kube.watch(
-            PROVISIONING_REQUESTS, lambda items: None, on_event, namespace=NAMESPACE
-        ))
-        limit = asyncio.Semaphore(64)
+    def on_event(event: WatchEvent) -> None:
+        meta = event.object.get("metadata") or {}
+        name = str(meta.get("name"))
+        if name in provisioned:
+            return
+        for cond in (event.object.get("status") or {}).get("conditions") or []:
+            if cond.get("type") == "Provisioned" and cond.get("status") == "True":
+                provisioned[name] = time.monotonic()
+                if len(provisioned) >= args.requests:
+                    done.set()
 
-        async def create(i: int) -> None:
-            name = f"req-{i:04d}"
-            if args.rate:
-                # Open loop: request i is due at i / rate whatever happened before it.
-                await asyncio.sleep(max(0.0, started + i / args.rate - time.monotonic()))
-            async with limit:
-                await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
-                    name, namespace=NAMESPACE, pod_sets=[("workers", args.pods)],
-                ), namespace=NAMESPACE)
-            created[name] = time.monotonic()
+    nodes = NodeTimes()
+    watchers = [asyncio.create_task(kube.watch(
+        PROVISIONING_REQUESTS, lambda items: None, on_event, namespace=t.namespace))]
+    if t.real:
+        # Where a request's time goes on a real cluster. Not in the sandbox, where nodes are
+        # Ready when created, and parsing every node event in the controller's process
+        # would cost its throughput there a noticeable share.
+        watchers.append(asyncio.create_task(kube.watch(
+            NODES, lambda items: None, nodes.on_event,
+            label_selector=f"{RUN_LABEL}={t.run}")))
+    limit = asyncio.Semaphore(64)
 
-        started = time.monotonic()
+    async def create(i: int) -> None:
+        name = f"req-{i:04d}"
+        if args.rate:
+            # Open loop: request i is due at i / rate whatever happened before it.
+            await asyncio.sleep(max(0.0, started + i / args.rate - time.monotonic()))
+        async with limit:
+            await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
+                name, namespace=t.namespace, pod_sets=[("workers", args.pods)],
+            ), namespace=t.namespace)
+        created[name] = time.monotonic()
+
+    started = time.monotonic()
+    try:
         await asyncio.gather(*(create(i) for i in range(args.requests)))
         all_created = time.monotonic()
         try:
             await asyncio.wait_for(done.wait(), timeout=args.timeout)
         except TimeoutError:
             print(f"timeout: {len(provisioned)} of {args.requests} provisioned", file=sys.stderr)
-        finished = max(provisioned.values(), default=time.monotonic())
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
-        passes = controller.planner.passes
-        await controller.stop()
-        await kube.close()
-
+    finally:
+        for w in watchers:
+            w.cancel()
+        for w in watchers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await w
+    finished = max(provisioned.values(), default=time.monotonic())
     latencies = sorted(provisioned[n] - created[n] for n in provisioned if n in created)
     total = finished - started
+    nodes.report(f"{t.namespace}/", created, provisioned)
     return {
         "requests": float(len(provisioned)),
         "create_s": all_created - started,
@@ -181,8 +238,56 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
         "p50_s": _quantile(latencies, 0.50),
         "p99_s": _quantile(latencies, 0.99),
         "max_s": latencies[-1] if latencies else math.nan,
-        "planner_passes": float(passes),
     }
+
+
+class NodeTimes:
+    """When each of the run's nodes was first seen, and first seen settled (Ready, no
+    start-up taint: what Muster waits for), by the request that owns it."""
+
+    def __init__(self) -> None:
+        self.owner: dict[str, str] = {}
+        self.seen: dict[str, float] = {}
+        self.settled: dict[str, float] = {}
+
+    def on_event(self, event: WatchEvent) -> None:
+        node, now = event.object, time.monotonic()
+        name = node["metadata"]["name"]
+        if event.type == "DELETED" or name in self.settled:
+            return
+        self.seen.setdefault(name, now)
+        self.owner[name] = (node["metadata"].get("annotations") or {}).get(OWNER_ANNOTATION, "")
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                    for c in (node.get("status") or {}).get("conditions") or [])
+        tainted = any(tt.get("key") in STARTUP_TAINTS
+                      for tt in (node.get("spec") or {}).get("taints") or [])
+        if ready and not tainted:
+            self.settled[name] = now
+
+    def report(self, prefix: str, created: dict[str, float],
+               provisioned: dict[str, float]) -> None:
+        """Where each request's time went: Muster planning and creating its nodes, the
+        cluster making them Ready and lifting their start-up taints, Muster noticing and
+        writing Provisioned=True (p50 / p99 over the provisioned requests)."""
+        last_seen: dict[str, float] = {}
+        last_settled: dict[str, float] = {}
+        for node, owner in self.owner.items():
+            name = owner.removeprefix(prefix)
+            last_seen[name] = max(last_seen.get(name, 0.0), self.seen[node])
+            if node in self.settled:
+                last_settled[name] = max(last_settled.get(name, 0.0), self.settled[node])
+        done = [n for n in provisioned if n in created and n in last_settled]
+        if not done:
+            return
+        parts = []
+        for label, spans in (
+            ("created -> nodes created", [last_seen[n] - created[n] for n in done]),
+            ("nodes created -> settled", [last_settled[n] - last_seen[n] for n in done]),
+            ("settled -> Provisioned", [provisioned[n] - last_settled[n] for n in done]),
+        ):
+            spans.sort()
+            parts.append(f"{label} {_quantile(spans, 0.5):.3f}/{_quantile(spans, 0.99):.3f}s")
+        print("per request, p50/p99: " + "; ".join(parts))
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -193,7 +298,9 @@ def _quantile(values: list[float], q: float) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="controller_bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--requests", type=int, default=None,
+                        help=f"default {SANDBOX_DEFAULT_REQUESTS}, or {REAL_DEFAULT_REQUESTS} "
+                        "with --kubeconfig")
     parser.add_argument("--pods", type=int, default=2, help="8-GPU workers per request")
     parser.add_argument("--workers", type=int, default=256, help="concurrent reconciles")
     parser.add_argument("--lean", action="store_true",
@@ -204,14 +311,23 @@ def main(argv: list[str] | None = None) -> None:
                         help="create requests at this many per second instead of all at once "
                         "(latency at a sustained arrival rate)")
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--kubeconfig", type=Path, default=None,
+                        help="run against this cluster (its own namespace, pool and nodes, "
+                        "all removed at the end) instead of a sandbox")
+    parser.add_argument("--muster-kubeconfig", type=Path, default=None,
+                        help="with --kubeconfig: the controller's credentials (default: "
+                        "--kubeconfig's), e.g. .cluster/muster.kubeconfig")
     args = parser.parse_args(argv)
+    if args.requests is None:
+        args.requests = REAL_DEFAULT_REQUESTS if args.kubeconfig else SANDBOX_DEFAULT_REQUESTS
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("kopf").setLevel(logging.ERROR)
     result = asyncio.run(run(args))
     mode = "lean watch" if args.lean else "kopf"
     arrivals = f"{args.rate:g} per second" if args.rate else "all at once"
-    print(f"event source: {mode}; sandbox: {'in-process' if args.in_process else 'subprocess'}; "
-          f"arrivals: {arrivals}")
+    where = (f"cluster: {args.kubeconfig}" if args.kubeconfig
+             else f"sandbox: {'in-process' if args.in_process else 'subprocess'}")
+    print(f"event source: {mode}; {where}; arrivals: {arrivals}")
     print(f"created {args.requests} requests in {result['create_s']:.2f}s; "
           f"{int(result['requests'])} Provisioned after {result['total_s']:.2f}s "
           f"({int(result['planner_passes'])} planner passes)")

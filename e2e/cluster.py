@@ -425,6 +425,20 @@ def stop_apiserver(cluster: Cluster) -> None:
     _stop(cluster, "kube-apiserver")
 
 
+def _kcm_client_limits() -> list[str]:
+    """``MUSTER_CLUSTER_KCM_API_QPS=N``: the controller-manager's client rate limit (burst
+    2N). Unset, it keeps its default of 20 QPS per controller, which bounds how fast the node
+    lifecycle controller lifts new nodes' not-ready taint (benchmarks/controller_bench.py)."""
+    qps = os.environ.get("MUSTER_CLUSTER_KCM_API_QPS")
+    if not qps:
+        return []
+    try:
+        value = int(qps)
+    except ValueError:
+        raise ClusterError(f"MUSTER_CLUSTER_KCM_API_QPS must be an integer, got {qps!r}") from None
+    return [f"--kube-api-qps={value}", f"--kube-api-burst={2 * value}"]
+
+
 def _start_controller_manager(cluster: Cluster, bin_dir: Path) -> None:
     pki = cluster.state / "pki"
     kc = str(cluster.admin_kubeconfig)
@@ -438,6 +452,7 @@ def _start_controller_manager(cluster: Cluster, bin_dir: Path) -> None:
         f"--root-ca-file={pki / 'ca.crt'}",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
         f"--feature-gates={FEATURE_GATES}",
+        *_kcm_client_limits(),
         "--v=1",
     ])
 

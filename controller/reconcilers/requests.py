@@ -58,6 +58,10 @@ class RequestView:
         return self.meta.get("annotations") or {}
 
     @property
+    def created_at(self) -> datetime | None:
+        return parse_time(self.meta.get("creationTimestamp"))
+
+    @property
     def finalizers(self) -> list[str]:
         return list(self.meta.get("finalizers") or [])
 

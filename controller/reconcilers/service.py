@@ -86,10 +86,18 @@ TOPOLOGY_DOMAIN_DETAIL = "muster.dev/topology-domain"
 NEW_NODES_DETAIL = "muster.dev/new-nodes"
 
 
+MISSING_TEMPLATE_GRACE_SECONDS = 10.0
+"""How long after its creation a request waits for a PodTemplate it names before failing.
+Requests and templates come through separate watches, and clients (Kueue among them) create
+them a moment apart: a template missing from the cache may only be late."""
+TEMPLATE_POLL_SECONDS = 0.5
+
+
 @dataclass(frozen=True, slots=True)
 class Invalid(Exception):
     reason: Reason
     detail: str
+    missing_template: bool = False
 
 
 class ProvisioningService:
@@ -179,6 +187,10 @@ class ProvisioningService:
         try:
             gang = self.gang(req, mode)
         except Invalid as exc:
+            if exc.missing_template:
+                wait = self.template_grace_left(req)
+                if wait > 0:
+                    return min(wait, TEMPLATE_POLL_SECONDS)
             return await self.fail(req, exc.reason, message(exc.reason, detail=exc.detail))
         digests = json.dumps(self.template_digests(req.namespace, req.template_names),
                              sort_keys=True, separators=(",", ":"))
@@ -212,6 +224,14 @@ class ProvisioningService:
             return await self.confirm(req, booking)
         return await self.acquire(req, booking, announce=True)
 
+    def template_grace_left(self, req: RequestView) -> float:
+        """Seconds this request still waits for a missing PodTemplate (0: fail it now)."""
+        created = req.created_at
+        if created is None:
+            return 0.0
+        age = max(0.0, (self.clock.now() - created).total_seconds())
+        return max(0.0, MISSING_TEMPLATE_GRACE_SECONDS - age)
+
     def gang(self, req: RequestView, mode: Mode) -> GangRequest:
         """The request as the fit engine sees it; :class:`Invalid` names what is wrong."""
         problems = self.parameters(req).problems
@@ -229,6 +249,7 @@ class ProvisioningService:
                 raise Invalid(
                     Reason.FAILED_TO_CREATE_PODS,
                     f"spec.podSets[{i}]: PodTemplate {req.namespace}/{ref} not found",
+                    missing_template=True,
                 )
             if isinstance(found, str):
                 raise Invalid(

@@ -100,6 +100,23 @@ def test_a_typo_next_to_a_tooling_name_is_still_caught(monkeypatch: pytest.Monke
         load_config()
 
 
+def test_variables_of_musters_tooling_are_not_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A second real control plane (README, "The real control plane"), its kept cluster, the
+    # image and helm caches, the GCP provider's own settings: set while the e2e tier loads
+    # e2e/muster-e2e.yaml in the test process, or beside `muster run`.
+    for key, value in (("MUSTER_CLUSTER_PORT_BASE", "27400"), ("MUSTER_CLUSTER_STATE", "/x"),
+                       ("MUSTER_CLUSTER_KCM_API_QPS", "200"), ("MUSTER_KEEP_CLUSTER", "1"),
+                       ("MUSTER_CACHE", "/c"), ("MUSTER_GCP_API_ENDPOINT", "http://x"),
+                       ("MUSTER_BENCH_SANDBOX_PREFIX", "")):
+        monkeypatch.setenv(key, value)
+    assert load_config(_write(tmp_path, "cluster_name: x\n")).cluster_name == "x"
+    monkeypatch.setenv("MUSTER_CLUSTER_NAMES", "y")
+    with pytest.raises(ConfigError, match="MUSTER_CLUSTER_NAMES: unknown setting"):
+        load_config(_write(tmp_path, ""))
+
+
 def test_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="config file not found"):
         load_config(tmp_path / "absent.yaml")

@@ -1,0 +1,74 @@
+"""A request that arrives before its PodTemplate (two watch streams, or a client that
+creates the request first) waits for it a little instead of failing at once; a template
+that never comes still fails the request (controller/reconcilers/service.py).
+
+Real Kueue (path A) creates the templates and then the request; under load Muster saw the
+request first and failed it with FailedToCreatePods (benchmarks/kueue_bench.py, 1 Workload
+in 200 on the real cluster), which costs the Workload an eviction and Kueue's retry backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import Any
+
+from controller.clock import ManualClock
+from controller.commands import objects
+from controller.kube import KubeClient
+from controller.kube.resources import POD_TEMPLATES, PROVISIONING_REQUESTS
+from controller.reconcilers.operator import Controller
+from controller.reconcilers.service import MISSING_TEMPLATE_GRACE_SECONDS
+from providers.kind import KindProvider
+from tests.helpers import eventually
+
+_until = functools.partial(eventually, within=10.0, step=0.02)
+
+
+async def _condition(kube: KubeClient, name: str, type_: str) -> dict[str, Any] | None:
+    pr = await kube.get(PROVISIONING_REQUESTS, name, namespace="ns")
+    return next((c for c in (pr.get("status") or {}).get("conditions") or []
+                 if c["type"] == type_), None)
+
+
+async def test_a_template_created_after_its_request_is_waited_for(
+    kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider]
+) -> None:
+    _, clock, _ = running
+    await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
+        "early", namespace="ns", pod_sets=[("late", 2)]), namespace="ns")
+    await clock.advance(1)
+    await asyncio.sleep(0.3)
+    assert await _condition(kube, "early", "Failed") is None
+
+    await kube.create(POD_TEMPLATES, objects.pod_template(
+        "late", namespace="ns", requests={"cpu": "90", objects.GPU: "8"},
+        required_level=objects.RACK, tolerations=[objects.GPU_TOLERATION],
+    ), namespace="ns")
+
+    async def provisioned() -> bool:
+        await clock.advance(0.5)
+        cond = await _condition(kube, "early", "Provisioned")
+        return cond is not None and cond["status"] == "True"
+
+    await _until(provisioned)
+    assert await _condition(kube, "early", "Failed") is None
+
+
+async def test_a_template_that_never_comes_fails_the_request_after_the_grace(
+    kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider]
+) -> None:
+    _, clock, _ = running
+    await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
+        "orphan", namespace="ns", pod_sets=[("absent", 2)]), namespace="ns")
+    await clock.advance(MISSING_TEMPLATE_GRACE_SECONDS / 2)
+    await asyncio.sleep(0.3)
+    assert await _condition(kube, "orphan", "Failed") is None
+
+    async def failed() -> dict[str, Any] | None:
+        await clock.advance(1)
+        return await _condition(kube, "orphan", "Failed")
+
+    cond = await _until(failed)
+    assert cond["reason"] == "FailedToCreatePods"
+    assert "PodTemplate ns/absent not found" in cond["message"]
