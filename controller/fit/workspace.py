@@ -43,10 +43,6 @@ taken first among equals."""
 ClassKey = tuple[object, ...]
 
 
-def _name(node: NodeState) -> str:
-    return node.name
-
-
 def _getter(keys: Sequence[str]) -> Callable[[Mapping[str, Any]], tuple[Any, ...]]:
     """A C-level getter returning a tuple of the values at ``keys`` (KeyError if missing)."""
     if not keys:
