@@ -187,7 +187,7 @@ def _any_match(
     return any(
         pods_that_fit(ps.shape, ref.pool.allocatable, ref.labels, ref.pool.taints,
                       devices=ref.pool.devices, fitter=fitter)
-        for ref in ws.refs
+        for ref in ws.index.refs
     )
 
 
@@ -195,7 +195,7 @@ def _pool_device_failures(ws: Workspace, fitter: ClaimFitter | None) -> str:
     if fitter is None:
         return ""
     seen: dict[str, str] = {}
-    for ref in ws.refs:
+    for ref in ws.index.refs:
         why = _device_failure(fitter, ref.pool.devices)
         if why is not None and ref.pool.name not in seen:
             seen[ref.pool.name] = why
@@ -209,7 +209,7 @@ def _pool_room(batches: list[Batch], ws: Workspace) -> tuple[int, list[str]]:
         by_pool.setdefault(b.ref.pool_index, []).append(b)
     room = 0
     phrases: list[str] = []
-    for pi in sorted(by_pool, key=lambda i: ws.pools[i].name):
+    for pi in sorted(by_pool, key=lambda i: ws.index.pools[i].name):
         group = sorted(by_pool[pi], key=lambda b: -b.per_node)
         left = ws.pool_headroom(pi)
         nodes = 0
@@ -220,7 +220,7 @@ def _pool_room(batches: list[Batch], ws: Workspace) -> tuple[int, list[str]]:
             nodes += k
         limits = sorted({b.ref.domain.max_nodes for b in group if b.ref.domain.max_nodes})
         limit = f" (its domain limit is {limits[0]})" if len(limits) == 1 else ""
-        phrases.append(f"pool {ws.pools[pi].name} can add {nodes} more nodes there{limit}")
+        phrases.append(f"pool {ws.index.pools[pi].name} can add {nodes} more nodes there{limit}")
     return room, phrases
 
 
@@ -234,7 +234,7 @@ def explain(
     fitter = ClaimFitter(ps.shape.claims) if ps.shape.claims else None
     if not planner.cands and not planner.batches and not _any_match(ps, snapshot, ws, fitter):
         pools = ""
-        if mode is Mode.PROVISION and ws.pools:
+        if mode is Mode.PROVISION and ws.index.pools:
             pools = "; no pool has a matching node template" + _pool_device_failures(ws, fitter)
         return Reason(
             ReasonCode.NO_MATCHING_NODES,
@@ -260,8 +260,8 @@ def explain(
 
 def _explain_required(planner: PodSetPlanner, level: str, suffix: str) -> Reason:
     ps, ws, mode = planner.ps, planner.ws, planner.mode
-    depth = ws.levels.index(level)
-    if depth == len(ws.levels.domain):
+    depth = ws.index.levels.index(level)
+    if depth == len(ws.index.levels.domain):
         best_node = max((c for _, c in planner.cands), default=0)  # per node
         new = max((b.per_node for b in planner.batches), default=0)
         tail = f"; a new node holds {new}" if planner.batches else ""

@@ -105,7 +105,7 @@ def _build(
     request: GangRequest, ws: Workspace, outcomes: dict[str, Outcome], mode: Mode
 ) -> Result:
     assignments: list[Assignment] = []
-    levels = ws.levels.all
+    levels = ws.index.levels.all
     for ps in request.pod_sets:
         got = outcomes[ps.name]
         merged: dict[str, int] = {}
@@ -114,7 +114,7 @@ def _build(
                 merged[name] = merged.get(name, 0) + pods
         requests = dict(ps.shape.requests)
         for name in sorted(merged):
-            slot = ws.slots.get(name)
+            slot = ws.usage.slots.get(name)
             labels = ws.labels(name)
             assignments.append(
                 Assignment(
@@ -124,13 +124,13 @@ def _build(
                     new_node=slot,
                     domain={k: labels[k] for k in levels if k in labels},
                     requests=requests,
-                    devices=tuple(ws.allocations.get((name, ps.name), ())),
+                    devices=tuple(ws.usage.allocations.get((name, ps.name), ())),
                 )
             )
     # One entry per (pool, domain labels), merging a pool's domains that share labels.
     counts: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[int, float]] = {}
-    for (pi, di), count in ws.domain_used.items():
-        pool = ws.pools[pi]
+    for (pi, di), count in ws.usage.domain_used.items():
+        pool = ws.index.pools[pi]
         key = (pool.name, tuple(sorted(pool.domains[di].labels.items())))
         have, _ = counts.get(key, (0, 0.0))
         counts[key] = (have + count, pool.price_per_node_hour)
