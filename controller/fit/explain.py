@@ -1,6 +1,6 @@
 """NoFit reasons: which constraint failed and by how much, in words an operator can act on.
 
-Built after a pod set failed to place, from the same workspace the planner saw, e.g.
+Built after a pod set failed to place, from the same workspace placement saw, e.g.
 "pod set workers needs 16 pods x 8 nvidia.com/gpu within one value of rack; the best rack
 (b1/r3) has room for 11; pool p5 can add 2 more nodes there (its domain limit is 8)".
 """
@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from controller.fit.devices import ClaimFitter, describe_claim, emptied
 from controller.fit.dra_types import NodeDevices
-from controller.fit.planner import Batch, PodSetPlanner
+from controller.fit.placement import Batch, PodSetPlacer
 from controller.fit.ports import describe, is_port
 from controller.fit.shapes import pods_that_fit, resource_fit, selector_matches, untolerated
 from controller.fit.types import (
@@ -228,11 +228,11 @@ def explain(
     ps: PodSetRequest, ws: Workspace, snapshot: Snapshot, mode: Mode
 ) -> Reason:
     """Why ``ps`` does not fit on ``ws``."""
-    planner = PodSetPlanner(ws, ps, mode)
-    existing = planner.existing_room()
+    placer = PodSetPlacer(ws, ps, mode)
+    existing = placer.existing_room()
     suffix = "" if mode is Mode.PROVISION else " (check mode: existing nodes only)"
     fitter = ClaimFitter(ps.shape.claims) if ps.shape.claims else None
-    if not planner.cands and not planner.batches and not _any_match(ps, snapshot, ws, fitter):
+    if not placer.cands and not placer.batches and not _any_match(ps, snapshot, ws, fitter):
         pools = ""
         if mode is Mode.PROVISION and ws.index.pools:
             pools = "; no pool has a matching node template" + _pool_device_failures(ws, fitter)
@@ -245,26 +245,26 @@ def explain(
         )
     topo = ps.topology
     if topo.mode is TopologyMode.REQUIRED and topo.level is not None:
-        return _explain_required(planner, topo.level, suffix)
-    new_room, phrases = _pool_room(planner.batches, ws)
+        return _explain_required(placer, topo.level, suffix)
+    new_room, phrases = _pool_room(placer.batches, ws)
     msg = f"{_needs(ps)}; existing nodes have room for {existing}"
     code = ReasonCode.INSUFFICIENT_CAPACITY
     if mode is Mode.PROVISION:
         msg += "; " + ("; ".join(p.replace(" there", "") for p in phrases) if phrases
                        else "no pool can add matching nodes")
         if any(ws.pool_headroom(b.ref.pool_index) < b.ref.domain.max_new_nodes
-               for b in planner.batches):
+               for b in placer.batches):
             code = ReasonCode.POOL_LIMIT
     return Reason(code, ps.name, msg + suffix, needed=ps.count, best=existing + new_room)
 
 
-def _explain_required(planner: PodSetPlanner, level: str, suffix: str) -> Reason:
-    ps, ws, mode = planner.ps, planner.ws, planner.mode
+def _explain_required(placer: PodSetPlacer, level: str, suffix: str) -> Reason:
+    ps, ws, mode = placer.ps, placer.ws, placer.mode
     depth = ws.index.levels.index(level)
     if depth == len(ws.index.levels.domain):
-        best_node = max((c for _, c in planner.cands), default=0)  # per node
-        new = max((b.per_node for b in planner.batches), default=0)
-        tail = f"; a new node holds {new}" if planner.batches else ""
+        best_node = max((c for _, c in placer.cands), default=0)  # per node
+        new = max((b.per_node for b in placer.batches), default=0)
+        tail = f"; a new node holds {new}" if placer.batches else ""
         return Reason(
             ReasonCode.TOPOLOGY,
             ps.name,
@@ -272,9 +272,9 @@ def _explain_required(planner: PodSetPlanner, level: str, suffix: str) -> Reason
             needed=ps.count,
             best=max(best_node, new),
         )
-    caps = planner.domain_caps(depth)
+    caps = placer.domain_caps(depth)
     by_key: dict[tuple[str, ...], list[Batch]] = {}
-    for b in planner.batches:
+    for b in placer.batches:
         if len(b.ref.path) > depth:
             by_key.setdefault(b.ref.path[: depth + 1], []).append(b)
     rooms: dict[tuple[str, ...], tuple[int, int, list[str]]] = {}

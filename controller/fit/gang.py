@@ -16,7 +16,7 @@ from itertools import chain, islice, permutations
 
 from controller.fit.cel import SelectorError
 from controller.fit.explain import explain, validate
-from controller.fit.planner import Outcome, PodSetPlanner
+from controller.fit.placement import Outcome, PodSetPlacer
 from controller.fit.topology import Levels
 from controller.fit.types import (
     Assignment,
@@ -89,7 +89,7 @@ def _attempt(
         outcomes: dict[str, Outcome] = {}
         for ps in order:
             before = ws.fork()
-            got = PodSetPlanner(ws, ps, mode).place()
+            got = PodSetPlacer(ws, ps, mode).place()
             if got is None:
                 if first_failure is None:
                     first_failure = _Failure(before, ps, tuple(outcomes))

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from operator import itemgetter
 from typing import Any, NamedTuple
 
-from controller.fit.devices import ClaimFitter, PodPlan, emptied
+from controller.fit.devices import ClaimFitter, PodAllocation, emptied
 from controller.fit.dra_types import NodeDevices, PodDevices
 from controller.fit.ports import unlisted
 from controller.fit.shapes import ShapeCounter, label_keys, uses_node_name
@@ -454,7 +454,7 @@ class Workspace:
         return names
 
     def _record(
-        self, names: Sequence[str], counter: ShapeCounter, plans: Sequence[PodPlan]
+        self, names: Sequence[str], counter: ShapeCounter, plans: Sequence[PodAllocation]
     ) -> None:
         for name in names:
             own = self.device_of(name)

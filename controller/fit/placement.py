@@ -119,7 +119,7 @@ Take = tuple[NodeClass, int, int]
 """(class, pods per node, nodes)."""
 
 
-class PodSetPlanner:
+class PodSetPlacer:
     """Places one pod set on a workspace (see the module docstring for the rules)."""
 
     def __init__(self, ws: Workspace, ps: PodSetRequest, mode: Mode) -> None:
