@@ -55,7 +55,7 @@ from controller.kube.resources import (
     POD_TEMPLATES,
     PROVISIONING_REQUESTS,
 )
-from controller.reconcilers.operator import Controller
+from controller.operator import Controller
 from controller.runtime import freeze_heap, tune_gc
 from providers.kind import OWNER_ANNOTATION, KindProvider
 

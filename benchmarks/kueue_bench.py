@@ -41,7 +41,7 @@ from controller.config import MusterConfig
 from controller.kube import ApiError, Body, KubeClient, WatchEvent
 from controller.kube.resources import CAPACITY_POOLS, NODES, PROVISIONING_REQUESTS
 from controller.kueue import objects as kq
-from controller.kueue.planning import workload_of
+from controller.kueue.drafts import workload_of
 from controller.kueue.resources import (
     ADMISSION_CHECKS,
     CLUSTER_QUEUES,
@@ -50,7 +50,7 @@ from controller.kueue.resources import (
     RESOURCE_FLAVORS,
     WORKLOADS,
 )
-from controller.reconcilers.operator import Controller
+from controller.operator import Controller
 from controller.topology_defaults import MUSTER_REQUIRED
 from providers.kind import KindProvider
 from sandbox.server import SandboxServer

@@ -51,7 +51,7 @@ from controller.fit.types import (
     TopologyRequest,
 )
 from controller.fit.types import Snapshot as FitSnapshot
-from controller.kueue.tas import SLICE_SIZE, expand_slices, slice_request
+from controller.tas_slices import SLICE_SIZE, expand_slices, slice_request
 from controller.topology_defaults import (
     DEFAULT_LEVELS,
     DEFAULT_PODS_PER_NODE,

@@ -21,7 +21,7 @@ from controller.config import MusterConfig
 from controller.kube import ApiError, Body, KubeClient
 from controller.kube.resources import NAMESPACES
 from controller.kueue.resources import WORKLOADS
-from controller.reconcilers.operator import Controller
+from controller.operator import Controller
 from e2e.conftest import TIERS, eventually
 from providers.kind import KindProvider
 from sandbox.scheduler import SandboxScheduler

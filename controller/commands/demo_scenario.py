@@ -46,12 +46,11 @@ class DemoFailed(Exception):
 
 
 @dataclass
-class View:
-    """What the demo shows, refreshed from the API server a few times a second."""
+class Timeline:
+    """What a demo shows, refreshed from the API server a few times a second: the nodes and
+    pods it watches and a timeline of what happened (both demos share it)."""
 
     started: float = field(default_factory=time.monotonic)
-    conditions: list[dict[str, Any]] = field(default_factory=list)
-    details: dict[str, str] = field(default_factory=dict)
     nodes: list[dict[str, Any]] = field(default_factory=list)
     pods: list[dict[str, Any]] = field(default_factory=list)
     log: list[str] = field(default_factory=list)
@@ -59,6 +58,20 @@ class View:
 
     def note(self, text: str) -> None:
         self.log.append(f"[dim]{time.monotonic() - self.started:5.1f}s[/] {text}")
+
+    def once(self, mark: str, text: str) -> None:
+        """Note ``text`` the first time ``mark`` is seen."""
+        if mark not in self.seen:
+            self.seen.add(mark)
+            self.note(text)
+
+
+@dataclass
+class View(Timeline):
+    """The ProvisioningRequest demo: the request's conditions and placement details too."""
+
+    conditions: list[dict[str, Any]] = field(default_factory=list)
+    details: dict[str, str] = field(default_factory=dict)
 
     def render(self, workers: int) -> Group:
         cond = Table(title=f"ProvisioningRequest {NAMESPACE}/{REQUEST}", expand=True)
@@ -135,22 +148,16 @@ async def _observe(kube: KubeClient, view: View) -> None:
         view.conditions = status.get("conditions") or []
         view.details = status.get("provisioningClassDetails") or {}
         for c in view.conditions:
-            mark = f"{c.get('type')}={c.get('status')}/{c.get('reason')}"
-            if mark not in view.seen:
-                view.seen.add(mark)
-                view.note(f"[bold]{c.get('type')}[/]={c.get('status')} ({c.get('reason')})")
+            view.once(f"{c.get('type')}={c.get('status')}/{c.get('reason')}",
+                      f"[bold]{c.get('type')}[/]={c.get('status')} ({c.get('reason')})")
     view.nodes = (await kube.list(NODES)).get("items") or []
     new = sum(1 for n in view.nodes if n["metadata"].get("labels", {}).get("muster.dev/pool"))
-    mark = f"nodes:{new}"
-    if new and mark not in view.seen:
-        view.seen.add(mark)
-        view.note(f"{new} new node(s) registered")
+    if new:
+        view.once(f"nodes:{new}", f"{new} new node(s) registered")
     view.pods = (await kube.list(PODS, namespace=NAMESPACE)).get("items") or []
     bound = sum(1 for p in view.pods if p.get("spec", {}).get("nodeName"))
-    mark = f"bound:{bound}"
-    if bound and mark not in view.seen:
-        view.seen.add(mark)
-        view.note(f"{bound} pod(s) bound")
+    if bound:
+        view.once(f"bound:{bound}", f"{bound} pod(s) bound")
 
 
 def _condition(view: View, type_: str) -> dict[str, Any] | None:
@@ -272,7 +279,7 @@ async def run_demo(
     kubeconfig_out: Path | None,
 ) -> None:
     from controller.config import MusterConfig
-    from controller.reconcilers.operator import Controller
+    from controller.operator import Controller
     from providers.kind import KindProvider
 
     async with demo_world(

@@ -42,7 +42,7 @@ from controller.state.bookings import (
     merge_plans,
 )
 from controller.state.dra import DraState
-from controller.topology_defaults import POOL_LABEL
+from controller.topology_defaults import KEY_LABEL, POOL_LABEL
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +55,6 @@ ACTIVE_PHASES = frozenset({Phase.ACQUIRING, Phase.BOOKED})
 DELETED_MEMORY = 16_384
 """How many deleted requests' uids are remembered: far more than requests deleted while one
 write can be in flight (its timeout is 60 s)."""
-KEY_LABEL = "muster.dev/acquisition-key"
-"""Set by every provider on the nodes it acquires (see ``providers.kind``)."""
 
 
 def object_key(obj: Mapping[str, Any]) -> str:

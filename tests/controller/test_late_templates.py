@@ -17,7 +17,7 @@ from controller.clock import ManualClock
 from controller.commands import objects
 from controller.kube import KubeClient
 from controller.kube.resources import POD_TEMPLATES, PROVISIONING_REQUESTS
-from controller.reconcilers.operator import Controller
+from controller.operator import Controller
 from controller.reconcilers.service import MISSING_TEMPLATE_GRACE_SECONDS
 from providers.kind import KindProvider
 from tests.helpers import eventually

@@ -37,7 +37,7 @@ from controller.kube.resources import (
     PROVISIONING_REQUESTS,
 )
 from controller.leader import from_config
-from controller.reconcilers.operator import Controller
+from controller.operator import Controller
 from sandbox import SandboxServer
 from sandbox.errors import ApiError as SandboxApiError
 from tests.deploy.manifests import CONFIG, ROOT, Doc, render

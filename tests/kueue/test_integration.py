@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from controller.clock import RealClock
+from controller.config import KueueConfig
 from controller.kube import KubeClient
 from controller.kueue import objects as kq
 from controller.kueue.integration import KueueIntegration, KueueNotInstalled
@@ -19,7 +20,6 @@ from controller.kueue.resources import (
     PROVISIONING_REQUEST_CONFIGS,
     TOPOLOGIES,
 )
-from controller.kueue.settings import KueueConfig
 from sandbox.server import SandboxServer
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -25,6 +25,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from controller.commands import objects
+from controller.commands.demo_scenario import Timeline, demo_world, show
 from controller.crds import crd_dir
 from controller.kube import ApiError, KubeClient
 from controller.kube.resources import CAPACITY_POOLS, NODES, PODS, PROVISIONING_REQUESTS
@@ -59,22 +60,11 @@ def _now() -> str:
 
 
 @dataclass
-class KueueView:
-    started: float = field(default_factory=time.monotonic)
+class KueueDemoView(Timeline):
+    """The Workload demo: Muster's admission check state and the request it created too."""
+
     check: dict[str, Any] = field(default_factory=dict)
     request: dict[str, Any] = field(default_factory=dict)
-    nodes: list[dict[str, Any]] = field(default_factory=list)
-    pods: list[dict[str, Any]] = field(default_factory=list)
-    log: list[str] = field(default_factory=list)
-    seen: set[str] = field(default_factory=set)
-
-    def note(self, text: str) -> None:
-        self.log.append(f"[dim]{time.monotonic() - self.started:5.1f}s[/] {text}")
-
-    def once(self, mark: str, text: str) -> None:
-        if mark not in self.seen:
-            self.seen.add(mark)
-            self.note(text)
 
     def render(self, workers: int) -> Group:
         state = Table(title=f"Workload {NAMESPACE}/{WORKLOAD}", show_header=False)
@@ -136,7 +126,7 @@ async def _write_status(kube: KubeClient, change: Any) -> dict[str, Any]:
     raise KueueDemoFailed("the Workload status kept conflicting")
 
 
-async def _observe(kube: KubeClient, view: KueueView) -> None:
+async def _observe(kube: KubeClient, view: KueueDemoView) -> None:
     ac = await kube.get(ADMISSION_CHECKS, CHECK)
     for c in (ac.get("status") or {}).get("conditions") or []:
         if c["type"] == "Active" and c["status"] == "True":
@@ -158,7 +148,7 @@ async def _observe(kube: KubeClient, view: KueueView) -> None:
     view.pods = (await kube.list(PODS, namespace=NAMESPACE)).get("items") or []
 
 
-async def _scenario(kube: KubeClient, view: KueueView, *, workers: int, refresh: Any,
+async def _scenario(kube: KubeClient, view: KueueDemoView, *, workers: int, refresh: Any,
                     time_limit: float) -> None:
     await kube.create(WORKLOADS, kq.workload(WORKLOAD, NAMESPACE, queue="gangs", pod_sets=[
         kq.pod_set("workers", workers,
@@ -210,9 +200,8 @@ async def run_kueue_demo(
     *, workers: int, time_limit: float, latency: float, ready_delay: float, console: Console,
     kubeconfig_out: Path | None,
 ) -> None:
-    from controller.commands.demo_scenario import demo_world, show
     from controller.config import MusterConfig
-    from controller.reconcilers.operator import Controller
+    from controller.operator import Controller
     from providers.kind import KindProvider
 
     async with demo_world(
@@ -232,7 +221,7 @@ async def run_kueue_demo(
         )
         await world.controller.start()
         await world.scheduler.start()
-        view = KueueView()
+        view = KueueDemoView()
         view.note(f"sandbox API server on {world.server.url} (kubeconfig {world.kubeconfig})")
         await show(view, console=console, workers=workers, scenario=lambda refresh: _scenario(
             kube, view, workers=workers, time_limit=time_limit, refresh=refresh))
