@@ -59,6 +59,9 @@ class Timeline:
     def note(self, text: str) -> None:
         self.log.append(f"[dim]{time.monotonic() - self.started:5.1f}s[/] {text}")
 
+    def render(self, workers: int) -> Group:
+        raise NotImplementedError
+
     def once(self, mark: str, text: str) -> None:
         """Note ``text`` the first time ``mark`` is seen."""
         if mark not in self.seen:
@@ -219,7 +222,29 @@ class DemoWorld:
     scheduler: Any
     kubeconfig: Path
     controller: Any = None
-    """Set by the demo once it started one; stopped on exit."""
+    """Set by :meth:`start`; stopped on exit."""
+
+    async def start(self, view: Timeline, *, use_kopf: bool | None = None,
+                    **sections: Any) -> None:
+        """Start Muster's controller (short timers, so a failing demo says so within its
+        time limit; the fake provider serves the pools; ``sections``: more configuration)
+        and the sandbox scheduler."""
+        from controller.config import MusterConfig
+        from controller.operator import Controller
+        from providers.kind import KindProvider
+
+        config = MusterConfig(
+            retry={"initial_backoff_seconds": 1, "max_backoff_seconds": 5, "max_attempts": 5},
+            acquisition={"node_ready_timeout_seconds": 30, "idle_ttl_seconds": 30},
+            **sections,
+        )
+        self.controller = Controller(
+            kube=self.kube, config=config,
+            providers={"kind": KindProvider(self.kube, heartbeat_seconds=5)}, use_kopf=use_kopf,
+        )
+        await self.controller.start()
+        await self.scheduler.start()
+        view.note(f"sandbox API server on {self.server.url} (kubeconfig {self.kubeconfig})")
 
 
 @contextlib.asynccontextmanager
@@ -253,7 +278,7 @@ async def demo_world(
 
 
 async def show(
-    view: Any, *, console: Console, workers: int,
+    view: Timeline, *, console: Console, workers: int,
     scenario: Callable[[Callable[[], None]], Awaitable[None]],
 ) -> None:
     """Run ``scenario(refresh)``: a live rich view on a terminal, plain lines elsewhere (CI
@@ -278,24 +303,12 @@ async def run_demo(
     *, workers: int, time_limit: float, latency: float, ready_delay: float, console: Console,
     kubeconfig_out: Path | None,
 ) -> None:
-    from controller.config import MusterConfig
-    from controller.operator import Controller
-    from providers.kind import KindProvider
-
     async with demo_world(
         crd_dirs=[crd_dir()], kubeconfig_out=kubeconfig_out, prefix="muster-demo-"
     ) as world:
         kube = world.kube
         await _seed(kube, workers=workers, latency=latency, ready_delay=ready_delay)
-        config = MusterConfig(
-            retry={"initial_backoff_seconds": 1, "max_backoff_seconds": 5, "max_attempts": 5},
-            acquisition={"node_ready_timeout_seconds": 30, "idle_ttl_seconds": 30},
-        )
-        provider = KindProvider(kube, heartbeat_seconds=5)
-        world.controller = Controller(kube=kube, config=config, providers={"kind": provider})
-        await world.controller.start()
-        await world.scheduler.start()
         view = View()
-        view.note(f"sandbox API server on {world.server.url} (kubeconfig {world.kubeconfig})")
+        await world.start(view)
         await show(view, console=console, workers=workers, scenario=lambda refresh: _scenario(
             kube, view, workers=workers, time_limit=time_limit, refresh=refresh))

@@ -200,28 +200,13 @@ async def run_kueue_demo(
     *, workers: int, time_limit: float, latency: float, ready_delay: float, console: Console,
     kubeconfig_out: Path | None,
 ) -> None:
-    from controller.config import MusterConfig
-    from controller.operator import Controller
-    from providers.kind import KindProvider
-
     async with demo_world(
         crd_dirs=[crd_dir("crds"), crd_dir("kueue-crds")], kubeconfig_out=kubeconfig_out,
         prefix="muster-kueue-demo-",
     ) as world:
         kube = world.kube
         await _seed(kube, latency=latency, ready_delay=ready_delay)
-        config = MusterConfig(
-            retry={"initial_backoff_seconds": 1, "max_backoff_seconds": 5, "max_attempts": 5},
-            acquisition={"node_ready_timeout_seconds": 30, "idle_ttl_seconds": 30},
-            kueue={"enabled": True},
-        )
-        world.controller = Controller(
-            kube=kube, config=config,
-            providers={"kind": KindProvider(kube, heartbeat_seconds=5)}, use_kopf=False,
-        )
-        await world.controller.start()
-        await world.scheduler.start()
         view = KueueDemoView()
-        view.note(f"sandbox API server on {world.server.url} (kubeconfig {world.kubeconfig})")
+        await world.start(view, use_kopf=False, kueue={"enabled": True})
         await show(view, console=console, workers=workers, scenario=lambda refresh: _scenario(
             kube, view, workers=workers, time_limit=time_limit, refresh=refresh))
