@@ -675,9 +675,14 @@ def _install_muster(cluster: Cluster) -> None:
 
 
 def _muster_kubeconfig(cluster: Cluster) -> None:
-    done = kubectl(cluster, "create", "token", MUSTER_SA, "-n", MUSTER_NAMESPACE,
-                   "--duration=48h")
-    _kubeconfig(cluster, cluster.muster_kubeconfig, {"token": done.stdout.strip()})
+    token_kubeconfig(cluster, cluster.muster_kubeconfig, MUSTER_SA, MUSTER_NAMESPACE)
+
+
+def token_kubeconfig(cluster: Cluster, path: Path, account: str, namespace: str) -> Path:
+    """A kubeconfig that authenticates as the ServiceAccount (a TokenRequest token)."""
+    done = kubectl(cluster, "create", "token", account, "-n", namespace, "--duration=48h")
+    _kubeconfig(cluster, path, {"token": done.stdout.strip()})
+    return path
 
 
 # --------------------------------------------------------------------------- up / down
@@ -695,10 +700,14 @@ def running(cluster: Cluster) -> bool:
     return _get(f"{cluster.server}/readyz", ctx) == 200
 
 
-def up(cluster: Cluster | None = None) -> Cluster:
-    """Start (or reuse) the control plane; returns it with both kubeconfigs written."""
+def up(cluster: Cluster | None = None, *, bare: bool = False) -> Cluster:
+    """Start (or reuse) the control plane; returns it with both kubeconfigs written.
+
+    ``bare``: only Kubernetes itself (etcd, apiserver, controller-manager, scheduler, kwok),
+    for a test that installs Muster as a user would (e2e/test_install_real.py); no Kueue, no
+    Muster kubeconfig, and never reused."""
     cluster = cluster or default_cluster()
-    if running(cluster):
+    if not bare and running(cluster):
         return cluster
     start = time.monotonic()
     bin_dir = build()
@@ -718,12 +727,13 @@ def up(cluster: Cluster | None = None) -> Cluster:
         _start_controller_manager(cluster, bin_dir)
         _start_scheduler(cluster, bin_dir)
         _start_kwok(cluster, bin_dir)
-        progress(f"installing CRDs and Muster's RBAC ({install_mode()})")
-        _install_muster(cluster)
-        (cluster.state / "install-mode").write_text(install_mode() + "\n")
-        progress("starting Kueue")
-        _start_kueue(cluster, bin_dir, pki)
-        _muster_kubeconfig(cluster)
+        if not bare:
+            progress(f"installing CRDs and Muster's RBAC ({install_mode()})")
+            _install_muster(cluster)
+            (cluster.state / "install-mode").write_text(install_mode() + "\n")
+            progress("starting Kueue")
+            _start_kueue(cluster, bin_dir, pki)
+            _muster_kubeconfig(cluster)
         _wait_components(cluster)
     except BaseException:
         down(cluster, quiet=True)
