@@ -5,9 +5,9 @@ with 1-8 GPUs taken (fixed seed). 20 CapacityPools: 14 add up to 16 nodes to eve
 rack of one block, 6 create fresh placement groups. Gangs of 8, 64, 512 and 1,024 pods x 8
 GPUs with required rack, required block and preferred rack, in check and provision modes.
 Prints median and p95 plan time per case, the median CPU time of the process per plan (what
-to compare on a shared machine, where wall time counts other jobs' turns), pods/s against the ~1,300 pods/s of the published
-Karpenter simulation, tracemalloc peak memory, and as its last line the worst 1,024-pod
-case: ``fit_bench gang=1024 nodes=10000 median_ms=<x> peak_mb=<y>``.
+to compare on a shared machine, where wall time counts other jobs' turns), pods/s against
+the ~1,300 pods/s of the published Karpenter simulation, tracemalloc peak memory, and as its
+last line the worst 1,024-pod case: ``fit_bench gang=1024 nodes=10000 median_ms=<x> peak_mb=<y>``.
 """
 
 from __future__ import annotations

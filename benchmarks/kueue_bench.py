@@ -42,11 +42,11 @@ from benchmarks.target import (
     apf_snapshot,
     target,
 )
+from controller.commands import kueue_objects as kq
 from controller.commands import objects
 from controller.config import MusterConfig
 from controller.kube import ApiError, Body, KubeClient, WatchEvent
 from controller.kube.resources import CAPACITY_POOLS, NODES, PROVISIONING_REQUESTS
-from controller.kueue import objects as kq
 from controller.kueue.drafts import workload_of
 from controller.kueue.resources import (
     ADMISSION_CHECKS,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from controller.commands import kueue_objects as kq
 from controller.commands import objects
 from controller.kube.resources import (
     CAPACITY_POOLS,
@@ -20,7 +21,6 @@ from controller.kube.resources import (
     PODS,
     PROVISIONING_REQUESTS,
 )
-from controller.kueue import objects as kq
 from controller.kueue.decisions import CLASS_ANNOTATION, CONSUME_ANNOTATION
 from controller.kueue.resources import (
     ADMISSION_CHECKS,

@@ -24,12 +24,12 @@ from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
 
+from controller.commands import kueue_objects as kq
 from controller.commands import objects
 from controller.commands.demo_scenario import Timeline, demo_world, show
 from controller.crds import crd_dir
 from controller.kube import ApiError, KubeClient
 from controller.kube.resources import CAPACITY_POOLS, NODES, PODS, PROVISIONING_REQUESTS
-from controller.kueue import objects as kq
 from controller.kueue.resources import (
     ADMISSION_CHECKS,
     CLUSTER_QUEUES,

@@ -302,7 +302,7 @@ def _check_audit(server: EnforcingSandbox, rbac: Rbac, roles: set[str] | None = 
 
 @pytest.mark.timeout(120)
 async def test_kueue_admission_check_works_with_exactly_its_rbac(tmp_path: Path) -> None:
-    from controller.kueue import objects as kq
+    from controller.commands import kueue_objects as kq
     from controller.kueue.resources import (
         ADMISSION_CHECKS,
         CLUSTER_QUEUES,

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from controller.kueue import objects as kq
+from controller.commands import kueue_objects as kq
 from controller.kueue.drafts import DraftError, PoolTaints, draft_request
 from controller.kueue.models import ResourceFlavor, Workload
 

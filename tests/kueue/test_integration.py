@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from controller.clock import RealClock
+from controller.commands import kueue_objects as kq
 from controller.config import KueueConfig
 from controller.kube import KubeClient
-from controller.kueue import objects as kq
 from controller.kueue.integration import KueueIntegration, KueueNotInstalled
 from controller.kueue.resources import (
     ADMISSION_CHECKS,
