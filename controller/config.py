@@ -11,13 +11,21 @@ reads the environment on its own.
 from __future__ import annotations
 
 import contextvars
+import ipaddress
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -129,6 +137,13 @@ class RetryConfig(_Section):
         description="Planning or acquisition attempts before a request that keeps missing "
         "capacity is marked Failed.",
     )
+    template_wait_seconds: float = Field(
+        default=10.0,
+        ge=0,
+        description="How long after its creation a request waits for a PodTemplate it names "
+        "before failing FailedToCreatePods (clients such as kubectl apply -k and Kueue "
+        "create the request and its templates a moment apart, in either order).",
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> RetryConfig:
@@ -230,6 +245,30 @@ class ServerConfig(_Section):
         default=8080, ge=0, le=65535,
         description="Port of /healthz (liveness, JSON counters) and /readyz (readiness).",
     )
+    metrics_address: str = Field(
+        default="0.0.0.0",
+        description="IP address /metrics listens on (0.0.0.0: every IPv4 interface, :: every "
+        "interface, 127.0.0.1 this host only).",
+    )
+    probe_address: str = Field(
+        default="0.0.0.0",
+        description="IP address /healthz and /readyz listen on (the kubelet probes the pod's "
+        "IP, so keep a wildcard in a pod).",
+    )
+
+    @field_validator("metrics_address", "probe_address")
+    @classmethod
+    def _ip_address(cls, value: str) -> str:
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            raise ValueError(f"not an IP address: {value!r}") from None
+        return value
+
+    @property
+    def shared_port(self) -> bool:
+        """/metrics and the probes on one plain-HTTP listener (same port, not secure)."""
+        return not self.metrics_secure and self.metrics_port == self.probe_port
 
     @model_validator(mode="after")
     def _secure_metrics_apart(self) -> ServerConfig:
@@ -237,6 +276,10 @@ class ServerConfig(_Section):
             raise ValueError(
                 "metrics_port and probe_port must differ while metrics_secure is on: "
                 "/metrics is HTTPS, the kubelet probes plain HTTP")
+        if self.shared_port and self.metrics_address != self.probe_address:
+            raise ValueError(
+                "metrics_port equals probe_port (one listener): metrics_address and "
+                "probe_address must then be equal")
         return self
 
 
