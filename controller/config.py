@@ -399,7 +399,8 @@ def load_config(path: Path | None = None, **overrides: Any) -> MusterConfig:
     if path is not None:
         problems += _check_yaml(path)
     if problems:
-        raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
+        sep = " " if len(problems) == 1 else "\n  "
+        raise ConfigError("invalid configuration:" + sep + "\n  ".join(problems))
     token = _YAML_FILE.set(path)
     try:
         return MusterConfig(**overrides)
@@ -448,8 +449,12 @@ def _check_yaml(path: Path) -> list[str]:
         return [f"{path}: config file not found"]
     try:
         data = yaml.safe_load(path.read_text())
+    except UnicodeDecodeError:
+        return [f"{path}: not a text file (not UTF-8); expected YAML"]
+    except OSError as exc:
+        return [f"{path}: {exc.strerror or exc}"]
     except yaml.YAMLError as exc:
-        return [f"{path}: not valid YAML: {exc}"]
+        return [f"{path}: not valid YAML: {' '.join(str(exc).split())}"]
     if data is not None and not isinstance(data, dict):
         return [f"{path}: must hold a mapping of settings, got {type(data).__name__}"]
     return []
@@ -458,10 +463,11 @@ def _check_yaml(path: Path) -> list[str]:
 def _describe(exc: ValidationError, path: Path | None) -> str:
     where = f" (file {path} and MUSTER_* variables)" if path else " (MUSTER_* variables)"
     lines = [f"invalid configuration{where}:"]
-    for err in exc.errors():
+    errors = exc.errors()
+    for err in errors:
         key = ".".join(str(p) for p in err["loc"]) or "<root>"
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = "unknown setting"
-        lines.append(f"  {key}: {msg} (got {err.get('input')!r})")
-    return "\n".join(lines)
+        lines.append(f"{key}: {msg} (got {err.get('input')!r})")
+    return " ".join(lines) if len(errors) == 1 else "\n  ".join(lines)

@@ -405,6 +405,8 @@ def load_documents(path: Path) -> list[dict[str, Any]]:
         raw = list(yaml.safe_load_all(path.read_text()))
     except OSError as exc:
         raise SnapshotError(f"{path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError:
+        raise SnapshotError(f"{path}: not a text file (not UTF-8); expected YAML") from None
     except yaml.YAMLError as exc:
         raise SnapshotError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from exc
     out: list[dict[str, Any]] = []

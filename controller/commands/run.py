@@ -271,9 +271,10 @@ async def _serve_endpoints(
             try:
                 await web.TCPSite(runner, address, port, ssl_context=tls).start()
             except OSError as exc:
+                why = os.strerror(exc.errno).lower() if exc.errno else str(exc)
                 raise UsageError(
                     f"{key}_address {address} {key}_port {port}: cannot listen there "
-                    f"({exc.strerror or exc})") from None
+                    f"({why})") from None
     except BaseException:
         for runner in runners:
             await runner.cleanup()
