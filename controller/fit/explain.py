@@ -426,5 +426,6 @@ def _explain_slices(planner: PodSetPlanner, suffix: str) -> Reason:
     msg = (f"{_needs(ps)}{outer}{_slices(ps)}{where} holds {have} of the {need} slices on "
            "existing nodes")
     if mode is Mode.PROVISION:
-        msg += f" and {new} more on the new nodes its pools can add"
+        msg += (f" and {new} more on the new nodes its pools can add" if planner.batches
+                else "; no pool can add matching nodes")
     return Reason(ReasonCode.TOPOLOGY, ps.name, msg + suffix, needed=need, best=have + new)

@@ -38,7 +38,7 @@ def test_a_block_with_room_but_no_rack_for_a_slice_does_not_fit() -> None:
         "gang ns/gang can never fit, even with every node empty and usable and every pool at "
         "its maximum: pod set w needs 4 pods x 8 nvidia.com/gpu within one value of block in "
         "slices of 4 pods, each within one rack; the best is block b1, which holds 0 of the 1 "
-        "slices on existing nodes and 0 more on the new nodes its pools can add",
+        "slices on existing nodes; no pool can add matching nodes",
         "now the best is block b1, which holds 0 of the 1 slices on existing nodes (check "
         "mode: existing nodes only)"]
     # Slices of 2 fit: 2 + 2 in the two racks of the block.
