@@ -138,7 +138,7 @@ async def test_pool_domains_lacking_a_topology_level_are_reported(
         if "full" in integration.topology_warnings:
             break
         await asyncio.sleep(0.05)
-    assert "flat domain 0 lacks topology.muster.dev/block" in integration.topology_warnings[
+    assert "CapacityPool flat spec.topology.domains[0] lacks topology.muster.dev/block" in integration.topology_warnings[
         "full"]
 
 
