@@ -17,7 +17,9 @@ from controller.kube.resources import (
     DEVICE_CLASSES,
     NODES,
     POD_TEMPLATES,
+    PODS,
     RESOURCE_CLAIM_TEMPLATES,
+    RESOURCE_CLAIMS,
     RESOURCE_SLICES,
 )
 from e2e.conftest import Env, eventually
@@ -109,7 +111,37 @@ async def test_gang_with_claim_template_is_provisioned_and_bound(env: Env) -> No
     assert len({d["attributes"]["uuid"]["string"] for d in gpus}) == 16
 
     await env.pods_for("dra", worker, 6)
-    assert await eventually(lambda: _bound(env, 6)) == 6
+    assert await eventually(lambda: _bound(env, 6), within=60) == 6
+    if env.external:
+        # The real kube-scheduler's DRA allocator, not Muster, allocated the claims: every
+        # placement Muster planned must be one it accepts.
+        await _claims_allocated_on_their_pods_nodes(env, slices, names, pods=6)
+
+
+async def _claims_allocated_on_their_pods_nodes(
+    env: Env, slices: list[dict[str, Any]], nodes: set[str], *, pods: int,
+) -> None:
+    """Each bound pod's claim is allocated by the scheduler on the pod's node, one of
+    ``nodes``: 2 GPUs and a NIC from that node's slices, all three on one PCIe root."""
+    devices = {(s["spec"]["driver"], s["spec"]["pool"]["name"], d["name"]):
+               (s["spec"]["nodeName"], d["attributes"][PCIE]["string"])
+               for s in slices for d in s["spec"]["devices"]}
+    claims = {c["metadata"]["name"]: c for c in
+              (await env.kube.list(RESOURCE_CLAIMS, namespace=env.namespace))["items"]}
+    listing = await env.kube.list(PODS, namespace=env.namespace)
+    seen = 0
+    for pod in listing["items"]:
+        node = pod["spec"]["nodeName"]
+        assert node in nodes, f"{pod['metadata']['name']} bound on {node}, not Muster's"
+        [status] = pod["status"]["resourceClaimStatuses"]
+        allocation = claims[status["resourceClaimName"]]["status"]["allocation"]
+        results = allocation["devices"]["results"]
+        where = {devices[(r["driver"], r["pool"], r["device"])] for r in results}
+        assert sorted(r["request"] for r in results) == ["gpu", "gpu", "nic"]
+        assert len(where) == 1 and next(iter(where))[0] == node, (pod["metadata"]["name"],
+                                                                  where)
+        seen += 1
+    assert seen == pods
 
 
 async def test_two_requests_never_count_the_same_devices(env: Env) -> None:
