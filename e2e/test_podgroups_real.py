@@ -35,8 +35,10 @@ async def _real(env: Env) -> None:
 
 
 async def gang(env: Env, name: str, pods: int, *, min_count: int | None = None,
-               topology: str | None = objects.RACK, gpus: int = 8) -> None:
-    """A PodGroup and its ``pods`` pods of ``gpus`` GPUs each, pinned to this run's nodes."""
+               topology: str | None = objects.RACK, gpus: int = 8,
+               claim_template: str | None = None) -> None:
+    """A PodGroup and its ``pods`` pods of ``gpus`` GPUs each (extended resource; or a claim
+    from ``claim_template``), pinned to this run's nodes."""
     spec: dict[str, Any] = {"schedulingPolicy": {"gang": {"minCount": min_count or pods}}}
     if topology:
         spec["schedulingConstraints"] = {"topology": [{"key": topology}]}
@@ -44,7 +46,19 @@ async def gang(env: Env, name: str, pods: int, *, min_count: int | None = None,
         "apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup",
         "metadata": {"name": name, "namespace": env.namespace}, "spec": spec,
     }, namespace=env.namespace)
+    requests = {"cpu": "8", "memory": "64Gi"}
+    if gpus:
+        requests[objects.GPU] = str(gpus)
     for i in range(pods):
+        container: dict[str, Any] = {"name": "w", "image": "trainer",
+                                     "resources": {"requests": dict(requests)}}
+        if gpus:
+            container["resources"]["limits"] = {objects.GPU: str(gpus)}
+        extra: dict[str, Any] = {}
+        if claim_template:
+            container["resources"]["claims"] = [{"name": "pair"}]
+            extra["resourceClaims"] = [{"name": "pair",
+                                        "resourceClaimTemplateName": claim_template}]
         await env.kube.create(PODS, {
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": f"{name}-{i}", "namespace": env.namespace,
@@ -53,9 +67,8 @@ async def gang(env: Env, name: str, pods: int, *, min_count: int | None = None,
                 "schedulingGroup": {"podGroupName": name},
                 "nodeSelector": dict(env.selector),
                 "tolerations": [objects.GPU_TOLERATION],
-                "containers": [{"name": "w", "image": "trainer", "resources": {
-                    "requests": {"cpu": "8", "memory": "64Gi", objects.GPU: str(gpus)},
-                    "limits": {objects.GPU: str(gpus)}}}],
+                "containers": [container],
+                **extra,
             },
         }, namespace=env.namespace)
 
@@ -85,7 +98,7 @@ async def _event(env: Env, group: str, reason: str, *, within: float = 60) -> Bo
     return await eventually(probe, within=within, what=f"Event {reason} on PodGroup {group}")
 
 
-async def _cleanup_groups(env: Env) -> None:
+async def cleanup_groups(env: Env) -> None:
     """Before the fixture deletes the namespace's requests: the PodGroups (which own their
     requests) and their pods go first, so Muster does not plan a still-pending group again."""
     listing = await env.kube.list(POD_GROUPS, namespace=env.namespace)
@@ -107,7 +120,7 @@ async def test_a_gang_podgroup_is_provisioned_in_one_rack_and_bound_there(env: E
     them; the booking is consumed by the group's pods."""
     await _real(env)
     pool = await env.gpu_pool(blocks=1, racks_per_block=3, nodes_per_rack=4)
-    env.cleanup.append(lambda: _cleanup_groups(env))
+    env.cleanup.append(lambda: cleanup_groups(env))
     try:
         await gang(env, "train", 4)
         started = await _event(env, "train", "GangProvisioning")
@@ -138,7 +151,7 @@ async def test_a_gang_podgroup_is_provisioned_in_one_rack_and_bound_there(env: E
         ended = _true(pr, "BookingExpired")
         assert ended is not None and ended["reason"] == "CapacityBookingConsumed", ended
     finally:
-        await _cleanup_groups(env)
+        await cleanup_groups(env)
 
 
 @pytest.mark.timeout(180)
@@ -147,7 +160,7 @@ async def test_a_gang_that_can_never_fit_gets_no_node_and_a_warning(env: Env) ->
     PodGroup carries a Warning Event naming the reason."""
     await _real(env)
     pool = await env.gpu_pool(blocks=1, racks_per_block=3, nodes_per_rack=4)
-    env.cleanup.append(lambda: _cleanup_groups(env))
+    env.cleanup.append(lambda: cleanup_groups(env))
     try:
         await gang(env, "huge", 8)
         warning = await _event(env, "huge", "GangNotProvisioned")
@@ -157,7 +170,7 @@ async def test_a_gang_that_can_never_fit_gets_no_node_and_a_warning(env: Env) ->
         assert await env.pool_nodes(pool) == []
         assert not [p for p in await _pods(env, "huge") if p["spec"].get("nodeName")]
     finally:
-        await _cleanup_groups(env)
+        await cleanup_groups(env)
 
 
 @pytest.mark.timeout(240)
@@ -167,7 +180,7 @@ async def test_two_gangs_competing_for_one_gangs_stock_never_split(env: Env) -> 
     gang) and a Warning Event; nothing deadlocks (the first runs)."""
     await _real(env)
     pool = await env.gpu_pool(blocks=1, racks_per_block=1, nodes_per_rack=4, max_nodes=4)
-    env.cleanup.append(lambda: _cleanup_groups(env))
+    env.cleanup.append(lambda: cleanup_groups(env))
     try:
         await asyncio.gather(gang(env, "alpha", 3), gang(env, "beta", 3))
 
@@ -199,4 +212,4 @@ async def test_two_gangs_competing_for_one_gangs_stock_never_split(env: Env) -> 
         listing = await env.kube.list(NODES, label_selector=f"muster.dev/pool={pool}")
         assert len(listing.get("items") or []) == 3
     finally:
-        await _cleanup_groups(env)
+        await cleanup_groups(env)
