@@ -164,7 +164,9 @@ def plan(
     templates: list[dict[str, Any]] = []
     pod_sets: list[dict[str, Any]] = []
     for i, (tpl, count) in enumerate(by_spec.values()):
-        tname = limit_object_name(f"{name}-{i}")
+        # The group's uid in the name: a template left by an earlier group of the same
+        # name (awaiting garbage collection) is never mistaken for this one's.
+        tname = limit_object_name(f"{name}-{group.uid[:8]}-{i}")
         templates.append({
             "apiVersion": "v1", "kind": "PodTemplate",
             "metadata": {"name": tname, "namespace": group.namespace, "labels": dict(labels),

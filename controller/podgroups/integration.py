@@ -25,6 +25,7 @@ from controller.kube.resources import POD_TEMPLATES, PODS, PROVISIONING_REQUESTS
 from controller.podgroups.gang import (
     API_VERSION,
     LABEL,
+    UID_ANNOTATION,
     GangPodGroup,
     Outcome,
     members,
@@ -160,8 +161,8 @@ class PodGroupIntegration:
         if group.min_count is None:
             return None  # basic policy: the scheduler places pod by pod; not a gang
         request = self.requests.get(f"{group.namespace}/{request_name(group.name)}")
-        if request is not None and (request.get("metadata") or {}).get(
-                "annotations", {}).get("muster.dev/podgroup-uid") not in (None, group.uid):
+        if request is not None and ((request.get("metadata") or {}).get(
+                "annotations") or {}).get(UID_ANNOTATION) not in (None, group.uid):
             return None  # an earlier PodGroup's request of that name, being collected
         if request is not None:
             return await self._follow(group, request)
@@ -213,7 +214,8 @@ class PodGroupIntegration:
             except ApiError as exc:
                 if not exc.conflict:
                     raise
-                # Left by an earlier attempt for this group (same owner, same pods): reused.
+                # Made by an earlier attempt for this very group (the name carries its uid):
+                # the same pods, reused.
         try:
             await self.kube.create(PROVISIONING_REQUESTS, gang.request,
                                    namespace=group.namespace)
