@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller.kueue.decisions import limit_object_name
-from controller.topology_defaults import HOSTNAME, MUSTER_REQUIRED
+from controller.topology_defaults import MUSTER_REQUIRED
 
 GROUP = "scheduling.k8s.io"
 VERSION = "v1beta1"
@@ -141,7 +141,7 @@ def template_of(pod: Mapping[str, Any], topology_key: str | None) -> dict[str, A
     out_meta: dict[str, Any] = {}
     if meta.get("labels"):
         out_meta["labels"] = dict(meta["labels"])
-    if topology_key and topology_key != HOSTNAME:
+    if topology_key:
         out_meta["annotations"] = {MUSTER_REQUIRED: topology_key}
     return {"metadata": out_meta, "spec": spec}
 
