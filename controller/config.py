@@ -35,6 +35,7 @@ from pydantic_settings import (
 
 from controller.fit.types import Mode
 from controller.kueue.settings import KueueConfig
+from controller.podgroups.settings import PodGroupsConfig
 from controller.topology_defaults import DEFAULT_LEVELS
 
 ENV_PREFIX = "MUSTER_"
@@ -362,6 +363,7 @@ class MusterConfig(BaseSettings):
         "benchmarks/controller_bench.py).",
     )
     kueue: KueueConfig = Field(default_factory=KueueConfig)
+    podgroups: PodGroupsConfig = Field(default_factory=PodGroupsConfig)
     log_format: Literal["text", "json"] = Field(
         default="text", description="json: one JSON object per line, for log collectors."
     )
