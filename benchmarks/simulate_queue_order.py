@@ -62,15 +62,16 @@ def main() -> None:
         cells = []
         for name in STRATEGIES:
             runs = [r for r in sims[name].runs if int(r.job.submit // HOUR) == hour]
-            never = sum(r.status == TIMED_OUT for r in runs)
+            gave_up = sum(r.status == TIMED_OUT for r in runs)
             waits = [r.start - r.job.submit for r in runs if r.start >= 0]
             mean = sum(waits) / len(waits) / HOUR if waits else 0.0
-            r = results[name]
-            lo, hi = int(hour * HOUR / r.series_bin_s), int((hour + 1) * HOUR / r.series_bin_s)
+            res = results[name]
+            lo = int(hour * HOUR / res.series_bin_s)
+            hi = int((hour + 1) * HOUR / res.series_bin_s)
             bins = max(1, hi - lo)
-            paid = sum(r.series_paid[lo:hi]) / bins
-            used = sum(r.series_used[lo:hi]) / bins
-            cells.append(f"{never:5d} / {mean:4.1f} / {paid:4.0f} / {used:4.0f}")
+            paid = sum(res.series_paid[lo:hi]) / bins
+            used = sum(res.series_used[lo:hi]) / bins
+            cells.append(f"{gave_up:5d} / {mean:4.1f} / {paid:4.0f} / {used:4.0f}")
         runs = [r for r in sims[STRATEGIES[0]].runs if int(r.job.submit // HOUR) == hour]
         mean_run = sum(r.job.duration for r in runs) / len(runs) / HOUR if runs else 0.0
         print(f"{hour:4d}  {len(runs):4d}  {mean_run:10.1f}  " + "  ".join(cells))
