@@ -29,6 +29,7 @@ from controller.fit import (
     PodShape,
     PoolDomain,
     PoolState,
+    Result,
     Snapshot,
     Taint,
     Toleration,
@@ -109,6 +110,23 @@ class Case:
     outcome: str
 
 
+def timed(
+    request: GangRequest, snap: Snapshot, mode: Mode, repeats: int
+) -> tuple[Result, list[float], list[float]]:
+    """The last result of ``repeats`` plans after a warm-up one (which also compiles any
+    CEL), with the wall times (sorted) and the process CPU times of each, in ms."""
+    times: list[float] = []
+    cpu: list[float] = []
+    result = plan(request, snap, mode)
+    for _ in range(repeats):
+        start, start_cpu = time.perf_counter(), time.process_time()
+        result = plan(request, snap, mode)
+        cpu.append((time.process_time() - start_cpu) * 1000)
+        times.append((time.perf_counter() - start) * 1000)
+    times.sort()
+    return result, times, cpu
+
+
 def run_case(snap: Snapshot, count: int, topo: str, mode: Mode, repeats: int) -> Case:
     tmode, level = {
         "required-rack": (TopologyMode.REQUIRED, RACK),
@@ -116,15 +134,7 @@ def run_case(snap: Snapshot, count: int, topo: str, mode: Mode, repeats: int) ->
         "preferred-rack": (TopologyMode.PREFERRED, RACK),
     }[topo]
     request = gang(count, tmode, level)
-    times: list[float] = []
-    cpu: list[float] = []
-    result = plan(request, snap, mode)  # warm-up
-    for _ in range(repeats):
-        start, start_cpu = time.perf_counter(), time.process_time()
-        result = plan(request, snap, mode)
-        cpu.append((time.process_time() - start_cpu) * 1000)
-        times.append((time.perf_counter() - start) * 1000)
-    times.sort()
+    result, times, cpu = timed(request, snap, mode, repeats)
     p95 = times[min(len(times) - 1, round(0.95 * (len(times) - 1)))]
     if isinstance(result, Plan):
         new = sum(n.count for n in result.new_nodes)
@@ -306,15 +316,7 @@ def dra_main(argv: list[str] | None = None) -> None:
                                ("required-rack", TopologyMode.REQUIRED, RACK)):
         for mode in (Mode.CHECK, Mode.PROVISION):
             request = dra_gang(1024, tmode, level)
-            result = plan(request, snap, mode)  # warm-up (compiles the CEL once)
-            times: list[float] = []
-            cpu: list[float] = []
-            for _ in range(args.repeats):
-                start, start_cpu = time.perf_counter(), time.process_time()
-                result = plan(request, snap, mode)
-                cpu.append((time.process_time() - start_cpu) * 1000)
-                times.append((time.perf_counter() - start) * 1000)
-            times.sort()
+            result, times, cpu = timed(request, snap, mode, args.repeats)
             p95 = times[min(len(times) - 1, round(0.95 * (len(times) - 1)))]
             med = statistics.median(times)
             if isinstance(result, Plan):
