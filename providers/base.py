@@ -105,3 +105,11 @@ class Provider(Protocol):
     async def list(self, pool: CapacityPool) -> list[ProvidedNode]:
         """Every node this provider holds for ``pool`` (found by tags/labels), so that a
         restarted controller can adopt or release what an interrupted attempt launched."""
+
+    async def start(self) -> None:
+        """Begin background work, once the controller's caches have synced and before its
+        first acquire (the fake provider adopts its nodes and heartbeats them); a provider
+        first needed later is started when first used. Cloud providers have none."""
+
+    async def stop(self) -> None:
+        """End what :meth:`start` began; called when the controller stops."""

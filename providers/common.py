@@ -17,6 +17,9 @@ from controller.api.capacitypool import CapacityPool
 from providers.base import ProviderConfigError
 from providers.retry import RetryPolicy
 
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+"""The well-known label every cloud node carries (kubelet sets it from the machine type)."""
+
 
 class PoolParameters(BaseModel):
     """Base of a provider's ``spec.parameters`` models: camelCase aliases, unknown keys

@@ -19,7 +19,7 @@ from controller.kube import KubeClient
 from controller.kube.resources import POD_TEMPLATES, PROVISIONING_REQUESTS
 from controller.reconcilers.operator import Controller
 from controller.reconcilers.service import MISSING_TEMPLATE_GRACE_SECONDS
-from providers.kind import KindProvider
+from providers.fake import FakeProvider
 from tests.helpers import eventually
 
 _until = functools.partial(eventually, within=10.0, step=0.02)
@@ -32,7 +32,7 @@ async def _condition(kube: KubeClient, name: str, type_: str) -> dict[str, Any] 
 
 
 async def test_a_template_created_after_its_request_is_waited_for(
-    kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider]
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
 ) -> None:
     _, clock, _ = running
     await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
@@ -56,7 +56,7 @@ async def test_a_template_created_after_its_request_is_waited_for(
 
 
 async def test_a_template_that_never_comes_fails_the_request_after_the_grace(
-    kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider]
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
 ) -> None:
     _, clock, _ = running
     await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
