@@ -326,12 +326,8 @@ class AwsProvider(AtomicProvider[Instance]):
         self._factory = client_factory or default_client_factory(self.settings)
         self._clients: dict[str | None, Any] = {}
         self._client_lock = asyncio.Lock()
-        self._calls: CloudCalls[str] = CloudCalls(
-            max_concurrency=self.settings.max_concurrency,
-            policy=self.settings.retry_policy(),
-            is_transient=is_transient,
-            map_error=map_error,
-            expected=_expected,
+        self._calls: CloudCalls[str] = self.settings.calls(
+            is_transient=is_transient, map_error=map_error, expected=_expected
         )
 
     # ---- the adapter ------------------------------------------------------------------

@@ -19,6 +19,7 @@ creation before the error is raised, so all-or-nothing holds. Every call is reco
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import hashlib
 import logging
@@ -26,7 +27,7 @@ from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from controller.api.capacitypool import CapacityPool
 from controller.dra_templates import render_resource_slices
@@ -56,6 +57,7 @@ CALLS_KEPT = 10_000
 """The last calls :attr:`FakeProvider.calls` keeps: a long-running controller's must not
 grow with every request it ever handled."""
 
+T = TypeVar("T")
 Now = Callable[[], datetime]
 Nodes = list[ProvidedNode]
 """Alias: inside the class, ``list`` names the Provider method."""
@@ -166,7 +168,13 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
         """The skeleton's acquire, recorded in :attr:`calls` ("reused": nothing launched,
         the key's nodes were there already, as after a crash or a timeout)."""
         self._launched.discard(request.key)
+        # The cloud's latency, outside the skeleton's per-domain guard: acquisitions in one
+        # domain take their time side by side, as a cloud's do.
+        latency = float(request.pool.spec.parameters.get("latencySeconds", 0.0))
+        latency = latency or self.acquire_latency_seconds
         try:
+            if latency:
+                await asyncio.sleep(latency)
             nodes = await super().acquire(request)
         except ProviderError as exc:
             self._record("acquire", request, exc.reason)
@@ -204,14 +212,10 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
         pool = request.pool
         pool_name = pool.metadata.name
         self._launched.add(request.key)
-        error = self._take_injected_error(pool_name)
+        error = self._take(pool_name, lambda i: i.errors)
         if error is not None:
             raise error
-        latency = float(pool.spec.parameters.get("latencySeconds", 0.0))
-        latency = latency or self.acquire_latency_seconds
-        if latency:
-            await asyncio.sleep(latency)
-        allowed = await self._allowed(pool, request, self._take_grant(pool_name))
+        allowed = await self._allowed(pool, request, self._take(pool_name, lambda i: i.grants))
         names = [_node_name(pool_name, request.key, i) for i in range(request.count)]
         try:
             created = await asyncio.gather(
@@ -340,18 +344,12 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
             )
         )
 
-    def _take_injected_error(self, pool: str) -> ProviderError | None:
+    def _take(self, pool: str, queue: Callable[[_Injected], builtins.list[T]]) -> T | None:
+        """The next injected value of ``queue`` for ``pool``, else for any pool."""
         for scope in (pool, "*"):
-            errors = self._injected[scope].errors
-            if errors:
-                return errors.pop(0)
-        return None
-
-    def _take_grant(self, pool: str) -> int | None:
-        for scope in (pool, "*"):
-            grants = self._injected[scope].grants
-            if grants:
-                return grants.pop(0)
+            values = queue(self._injected[scope])
+            if values:
+                return values.pop(0)
         return None
 
     def _stock_for(self, pool: CapacityPool, domain: Mapping[str, str]) -> int | None:

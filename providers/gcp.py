@@ -337,12 +337,8 @@ class GcpProvider(AtomicProvider[Any]):
         )
         self._clients: GcpClients | None = None
         self._client_lock = asyncio.Lock()
-        self._calls: CloudCalls[int] = CloudCalls(
-            max_concurrency=self.settings.max_concurrency,
-            policy=self.settings.retry_policy(),
-            is_transient=is_transient,
-            map_error=map_error,
-            expected=_expected,
+        self._calls: CloudCalls[int] = self.settings.calls(
+            is_transient=is_transient, map_error=map_error, expected=_expected
         )
 
     # ---- the adapter ------------------------------------------------------------------
