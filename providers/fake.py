@@ -95,6 +95,7 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
     """
 
     name = "kind"
+    launch_adopts = True
 
     def __init__(
         self,
@@ -165,7 +166,7 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
                 )
 
     async def acquire(self, request: AcquireRequest) -> Nodes:
-        """The skeleton's acquire, recorded in :attr:`calls` ("reused": nothing launched,
+        """The skeleton's acquire, recorded in :attr:`calls` ("reused": nothing created,
         the key's nodes were there already, as after a crash or a timeout)."""
         self._launched.discard(request.key)
         # The cloud's latency, outside the skeleton's per-domain guard: acquisitions in one
@@ -207,32 +208,34 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
         self, request: AcquireRequest, have: Sequence[ProvidedNode]
     ) -> Launch[ProvidedNode]:
         """Create the key's nodes, as many as stock and injected grants allow. Node names
-        are deterministic per key, so creating is idempotent: a retry finds the ones already
-        made (409) and adds the rest."""
+        are deterministic per key, so creating is idempotent and adopts: a retry finds the
+        ones already made (409) and adds the rest."""
         pool = request.pool
         pool_name = pool.metadata.name
-        self._launched.add(request.key)
         error = self._take(pool_name, lambda i: i.errors)
         if error is not None:
             raise error
         allowed = await self._allowed(pool, request, self._take(pool_name, lambda i: i.grants))
         names = [_node_name(pool_name, request.key, i) for i in range(request.count)]
         try:
-            created = await asyncio.gather(
+            results = await asyncio.gather(
                 *(self._create_node(pool, request, name) for name in names[:allowed])
             )
         except ApiError as exc:
             raise TransientProviderError(
                 f"pool {pool_name}: creating nodes failed: {exc}"
             ) from exc
+        created = [node for node, _ in results]
+        if any(fresh for _, fresh in results):
+            self._launched.add(request.key)
         if allowed < request.count:
-            return Launch(list(created), CapacityUnavailable(
+            return Launch(created, CapacityUnavailable(
                 f"pool {pool_name} could only launch {allowed} of {request.count} node(s) in "
                 f"{domain_key(request.domain) or 'any domain'}; the partial launch was "
                 "rolled back",
                 available=allowed,
             ))
-        return Launch(list(created))
+        return Launch(created)
 
     async def delete(self, pool: CapacityPool, key: str, known: Sequence[ProvidedNode]) -> int:
         nodes = await self.find(pool, key)
@@ -375,8 +378,8 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
 
     async def _create_node(
         self, pool: CapacityPool, request: AcquireRequest, name: str
-    ) -> ProvidedNode:
-        """Create one node (or find it made by an earlier call)."""
+    ) -> tuple[ProvidedNode, bool]:
+        """Create one node (or find it made by an earlier call); True when created now."""
         body = _node_body(pool, request, name, now=self._now(), provider=self.name)
         ready_delay = float(pool.spec.parameters.get("readyDelaySeconds", 0.0))
         if ready_delay:
@@ -400,7 +403,7 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
                 _later(self._set_ready(name, body["status"], ready_delay))
             else:
                 await self._kube.patch_status(NODES, name, body["status"])
-        return _provided(created)
+        return _provided(created), fresh
 
     async def _publish_devices(self, pool: CapacityPool, node: Body) -> None:
         """The ResourceSlices a DRA driver on the node would publish (pool template), owned
