@@ -58,7 +58,7 @@ DELETED_MEMORY = 16_384
 """How many deleted requests' uids are remembered: far more than requests deleted while one
 write can be in flight (its timeout is 60 s)."""
 KEY_LABEL = "muster.dev/acquisition-key"
-"""Set by every provider on the nodes it acquires (see ``providers.kind``)."""
+"""Set by every provider on the nodes it acquires (see ``providers.fake``)."""
 
 
 def object_key(obj: Mapping[str, Any]) -> str:
