@@ -237,6 +237,13 @@ class AcquisitionConfig(_Section):
         description="How long a gang's nodes stay after its last pod is gone before they "
         "are released together.",
     )
+    orphan_grace_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        description="How long the collector waits before releasing nodes no request holds "
+        "(an interrupted attempt, a request that is gone): the window in which a plan just "
+        "persisted, or persisted by a previous leader, may not have reached its cache yet.",
+    )
     collect_interval_seconds: float = Field(
         default=15.0,
         gt=0,
@@ -263,7 +270,7 @@ class BudgetsConfig(_Section):
     )
 
 
-class KindProviderConfig(_Section):
+class FakeProviderConfig(_Section):
     acquire_latency_seconds: float = Field(
         default=0.0, ge=0, description="Simulated time one acquisition of the fake provider takes."
     )
@@ -283,7 +290,7 @@ class KindProviderConfig(_Section):
 
 
 class ProvidersConfig(_Section):
-    kind: KindProviderConfig = Field(default_factory=KindProviderConfig)
+    kind: FakeProviderConfig = Field(default_factory=FakeProviderConfig)
     settings: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
         description="Settings of other providers by name (aws, gcp), validated by the "

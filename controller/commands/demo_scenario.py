@@ -1,7 +1,7 @@
 """What ``muster demo`` runs: the whole story in one process, in well under a minute.
 
 Starts the API sandbox (CRDs from ``crds/``), a few existing nodes, a CapacityPool of
-8-GPU nodes in racks grouped into blocks served by the kind provider, Muster's controller
+8-GPU nodes in racks grouped into blocks served by the fake provider, Muster's controller
 and the sandbox scheduler; submits a gang (N x 8-GPU workers required in one rack plus a
 launcher) as PodTemplates and a ProvisioningRequest; once Provisioned, creates the pods
 the way a Kueue-admitted job would (consume annotation, nodeSelector from
@@ -231,7 +231,7 @@ class DemoWorld:
         and the sandbox scheduler."""
         from controller.config import MusterConfig
         from controller.operator import Controller
-        from providers.kind import KindProvider
+        from providers.fake import FakeProvider
 
         config = MusterConfig(
             retry={"initial_backoff_seconds": 1, "max_backoff_seconds": 5, "max_attempts": 5},
@@ -240,7 +240,7 @@ class DemoWorld:
         )
         self.controller = Controller(
             kube=self.kube, config=config,
-            providers={"kind": KindProvider(self.kube, heartbeat_seconds=5)}, use_kopf=use_kopf,
+            providers={"kind": FakeProvider(self.kube, heartbeat_seconds=5)}, use_kopf=use_kopf,
         )
         await self.controller.start()
         await self.scheduler.start()
