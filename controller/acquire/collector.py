@@ -63,6 +63,9 @@ class Collector:
         self._in_flight = in_flight
         self._idle_since: dict[str, datetime] = {}
         self._seen_used: set[str] = set()
+        self._list_errors: dict[str, str] = {}
+        """Pool -> why listing it failed last pass (logged once per change, not per pass;
+        the pool's ProviderReady condition carries it meanwhile)."""
 
     async def run_once(self) -> list[Released]:
         self._state.prune_vanished()
@@ -71,11 +74,17 @@ class Collector:
         released: list[Released] = []
         pools = dict(self._state.pools())
         for pool in pools.values():
+            name = pool.metadata.name
             try:
                 provided = await self._providers.for_pool(pool).list(pool)
             except ProviderError as exc:
-                log.warning("listing pool %s failed: %s", pool.metadata.name, exc)
+                if self._list_errors.get(name) != str(exc):
+                    log.warning("listing pool %s failed: %s (logged again only if this "
+                                "changes; see its ProviderReady condition)", name, exc)
+                self._list_errors[name] = str(exc)
                 continue
+            if self._list_errors.pop(name, None) is not None:
+                log.info("listing pool %s works again", name)
             deleting = self._state.pool_deleting(pool.metadata.name)
             for key, nodes in _by_key(provided).items():
                 if any(n.name in booked for n in nodes):
@@ -86,13 +95,12 @@ class Collector:
                     continue
                 group = Group(key=key, pool=pool.metadata.name, domain={}, count=len(nodes))
                 count = await release_groups(
-                    [group], pools=pools, provider_for=self._providers.for_pool
+                    [group], pools=pools, provider_for=self._providers.for_pool,
+                    owner=nodes[0].owner, why=why,
                 )
                 self._idle_since.pop(key, None)
                 self._seen_used.discard(key)
                 released.append(Released(key, pool.metadata.name, count, why))
-                log.info("released %d node(s) of %s in pool %s: %s", count, key,
-                         pool.metadata.name, why)
         return released
 
     def _owners(self) -> dict[str, tuple[Phase, frozenset[str]]]:

@@ -114,7 +114,12 @@ class ClusterState:
         self._templates: dict[str, PodTemplate] = {}
         self._template_errors: dict[str, str] = {}
         self._pools: dict[str, CapacityPool] = {}
-        self._pool_errors: dict[str, str] = {}
+        self._pool_errors: dict[str, tuple[str, ...]] = {}
+        """Every validation error of a pool the model refuses (by name)."""
+        self._pool_state_errors: dict[str, str] = {}
+        """Pools the model accepts but the planner cannot use (a bad quantity)."""
+        self._pool_status: dict[str, Body] = {}
+        """Each pool's ``status`` as the API server holds it (for the status writer)."""
         self._requests: dict[str, Body] = {}
         self._deleted: OrderedDict[str, None] = OrderedDict()
         """uids of requests seen deleted, newest last (bounded): an answer to a write sent
@@ -401,38 +406,64 @@ class ClusterState:
 
     def replace_pools(self, items: Iterable[Body]) -> None:
         self._pools.clear()
-        self._pool_errors.clear()
+        errors, self._pool_errors = self._pool_errors, {}
+        self._pool_status.clear()
         self._deleting_pools.clear()
         self._sorted_nodes = None
         for item in items:
-            self.upsert_pool(item)
+            self.upsert_pool(item, known_errors=errors)
         self.synced["pools"].set()
 
-    def upsert_pool(self, body: Body) -> None:
+    def upsert_pool(
+        self, body: Body, *, known_errors: Mapping[str, tuple[str, ...]] | None = None
+    ) -> None:
         name = str((body.get("metadata") or {}).get("name"))
         self._pool_states = None
         self.pools_changed.set()
+        self._pool_status[name] = dict(body.get("status") or {})
         deleting = bool((body.get("metadata") or {}).get("deletionTimestamp"))
         if deleting != (name in self._deleting_pools):
             # Its nodes stop (or start) being plannable: node states are rebuilt.
             self._deleting_pools.symmetric_difference_update({name})
             self._sorted_nodes = None
+        before = (known_errors or self._pool_errors).get(name)
         try:
             self._pools[name] = CapacityPool.model_validate(body)
             self._pool_errors.pop(name, None)
         except ValidationError as exc:
             self._pools.pop(name, None)
-            self._pool_errors[name] = _first_error(exc)
-            log.warning("ignoring invalid CapacityPool %s: %s", name, self._pool_errors[name])
+            errors = _all_errors(exc)
+            self._pool_errors[name] = errors
+            # Once per change: every status write and finalizer patch brings the pool back.
+            if errors != before:
+                log.warning("ignoring invalid CapacityPool %s (%d problem(s)): %s", name,
+                            len(errors), "; ".join(errors))
 
     def delete_pool(self, name: str) -> None:
         self.pools_changed.set()
         self._pools.pop(name, None)
         self._pool_errors.pop(name, None)
+        self._pool_state_errors.pop(name, None)
+        self._pool_status.pop(name, None)
         self._pool_states = None
         if name in self._deleting_pools:
             self._deleting_pools.discard(name)
             self._sorted_nodes = None
+
+    def pool_errors(self, name: str) -> tuple[str, ...]:
+        """Why Muster does not plan on pool ``name`` (empty: it does): every error."""
+        if name in self._pool_errors:
+            return self._pool_errors[name]
+        found = self._pool_state_errors.get(name)
+        return (found,) if found else ()
+
+    def invalid_pools(self) -> Mapping[str, tuple[str, ...]]:
+        """Pools the model refuses, with every error."""
+        return self._pool_errors
+
+    def pool_status(self, name: str) -> Body:
+        """The pool's ``status`` as last seen from the API server."""
+        return self._pool_status.get(name, {})
 
     def pool_deleting(self, name: str) -> bool:
         """The pool has a deletionTimestamp: Muster adds no node to it, plans nothing new on
@@ -579,6 +610,14 @@ class ClusterState:
         self._short[(pool, tuple(sorted(domain.items())))] = (available, until)
         self._pool_states = None
 
+    def shortages(self, now: datetime) -> dict[str, list[tuple[dict[str, str], int, datetime]]]:
+        """Pool -> (domain, nodes available, until) of each stock-out still in force."""
+        out: dict[str, list[tuple[dict[str, str], int, datetime]]] = {}
+        for (pool, domain), (available, until) in sorted(self._short.items()):
+            if until > now:
+                out.setdefault(pool, []).append((dict(domain), available, until))
+        return out
+
     def _apply_shortages(self, states: tuple[PoolState, ...], now: datetime) -> tuple[
         PoolState, ...
     ]:
@@ -638,8 +677,12 @@ class ClusterState:
                     continue
                 try:
                     states.append(self._pool_state(self._pools[name]))
+                    self._pool_state_errors.pop(name, None)
                 except ValueError as exc:
-                    log.warning("ignoring CapacityPool %s: %s", name, exc)
+                    # Rebuilt whenever a node comes or goes: say it once per change.
+                    if self._pool_state_errors.get(name) != str(exc):
+                        log.warning("ignoring CapacityPool %s: %s", name, exc)
+                    self._pool_state_errors[name] = str(exc)
             self._pool_states = tuple(states)
         pools = self._pool_states
         if self._short and now is not None:
@@ -708,6 +751,13 @@ def _retrieve(fut: asyncio.Future[Any]) -> None:
     # Waiters are cancelled on timeout; fetch the outcome so asyncio does not log it.
     if not fut.cancelled():
         fut.exception()
+
+
+def _all_errors(exc: ValidationError) -> tuple[str, ...]:
+    return tuple(
+        f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}"
+        for err in exc.errors()
+    )
 
 
 def _first_error(exc: ValidationError) -> str:
