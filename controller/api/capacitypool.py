@@ -155,8 +155,11 @@ class PoolDomainStatus(BaseModel):
                                   description="The domain's limit (stock), if any.")
     stock_out_until: str | None = Field(
         default=None, alias="stockOutUntil",
-        description="The provider ran out of stock here: Muster plans at most the stock it "
-        "reported until this time (RFC 3339).")
+        description="The provider ran out of stock here: Muster plans at most "
+        "stockOutNodes new nodes here until this time (RFC 3339).")
+    stock_out_nodes: int | None = Field(
+        default=None, alias="stockOutNodes",
+        description="The stock the provider reported in its stock-out (see stockOutUntil).")
 
 
 class CapacityPoolStatus(BaseModel):

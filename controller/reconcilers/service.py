@@ -241,46 +241,7 @@ class ProvisioningService:
 
     def gang(self, req: RequestView, mode: Mode) -> GangRequest:
         """The request as the fit engine sees it; :class:`Invalid` names what is wrong."""
-        problems = self.parameters(req).problems
-        if problems:
-            raise Invalid(Reason.INVALID_PARAMETERS, "; ".join(problems))
-        try:
-            pr = parse_object(ProvisioningRequest, dict(req.body))
-        except SnapshotError as exc:
-            raise Invalid(Reason.INVALID_PARAMETERS, str(exc)) from None
-        templates = {}
-        for i, ps in enumerate(pr.spec.pod_sets):
-            ref = ps.pod_template_ref.name
-            found = self.state.template(req.namespace, ref)
-            if found is None:
-                raise Invalid(
-                    Reason.FAILED_TO_CREATE_PODS,
-                    f"spec.podSets[{i}]: PodTemplate {req.namespace}/{ref} not found",
-                    missing_template=True,
-                )
-            if isinstance(found, str):
-                raise Invalid(
-                    Reason.FAILED_TO_CREATE_PODS,
-                    f"spec.podSets[{i}]: PodTemplate {req.namespace}/{ref} is invalid: {found}",
-                )
-            templates[ref] = found
-        try:
-            every = any(needs_running_pods(t.template.spec) for t in templates.values())
-            gang = gang_of(pr, templates, self.state.levels, self.state.dra.catalog(),
-                           self.state.bound_pods(every=every))
-        except InvalidTemplate as exc:
-            raise Invalid(Reason.INVALID_PARAMETERS, str(exc)) from None
-        except SnapshotError as exc:
-            raise Invalid(Reason.FAILED_TO_CREATE_PODS, str(exc)) from None
-        for pod_set in gang.pod_sets:
-            level = pod_set.topology.level
-            if level is not None and level not in self.state.levels:
-                raise Invalid(
-                    Reason.INVALID_PARAMETERS,
-                    f"pod set {pod_set.name} asks for topology level {level!r}, which is not "
-                    f"configured (levels: {', '.join(self.state.levels)})",
-                )
-        return gang
+        return build_gang(req, self.state, self.config)
 
     def parameters(self, req: RequestView) -> Parameters:
         """The request's parameters as Muster reads them (see
@@ -794,6 +755,53 @@ class ProvisioningService:
     def _store(self, body: Body) -> None:
         if body.get("metadata"):
             self.state.upsert_request(body)
+
+
+def build_gang(req: RequestView, state: ClusterState, config: MusterConfig) -> GangRequest:
+    """The request as the fit engine sees it, from ``state``'s templates, DRA objects and
+    running pods (the controller's reconcile and ``kubectl muster fit`` alike);
+    :class:`Invalid` names what is wrong."""
+    mode = config.classes.mode_for(req.class_name, req.parameters) or Mode.PROVISION
+    problems = read_parameters(req.parameters, mode, req.class_name).problems
+    if problems:
+        raise Invalid(Reason.INVALID_PARAMETERS, "; ".join(problems))
+    try:
+        pr = parse_object(ProvisioningRequest, dict(req.body))
+    except SnapshotError as exc:
+        raise Invalid(Reason.INVALID_PARAMETERS, str(exc)) from None
+    templates = {}
+    for i, ps in enumerate(pr.spec.pod_sets):
+        ref = ps.pod_template_ref.name
+        found = state.template(req.namespace, ref)
+        if found is None:
+            raise Invalid(
+                Reason.FAILED_TO_CREATE_PODS,
+                f"spec.podSets[{i}]: PodTemplate {req.namespace}/{ref} not found",
+                missing_template=True,
+            )
+        if isinstance(found, str):
+            raise Invalid(
+                Reason.FAILED_TO_CREATE_PODS,
+                f"spec.podSets[{i}]: PodTemplate {req.namespace}/{ref} is invalid: {found}",
+            )
+        templates[ref] = found
+    try:
+        every = any(needs_running_pods(t.template.spec) for t in templates.values())
+        gang = gang_of(pr, templates, state.levels, state.dra.catalog(),
+                       state.bound_pods(every=every))
+    except InvalidTemplate as exc:
+        raise Invalid(Reason.INVALID_PARAMETERS, str(exc)) from None
+    except SnapshotError as exc:
+        raise Invalid(Reason.FAILED_TO_CREATE_PODS, str(exc)) from None
+    for pod_set in gang.pod_sets:
+        level = pod_set.topology.level
+        if level is not None and level not in state.levels:
+            raise Invalid(
+                Reason.INVALID_PARAMETERS,
+                f"pod set {pod_set.name} asks for topology level {level!r}, which is not "
+                f"configured (levels: {', '.join(state.levels)})",
+            )
+    return gang
 
 
 class _Later:

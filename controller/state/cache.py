@@ -28,6 +28,7 @@ from pydantic import ValidationError
 from controller.api.capacitypool import CapacityPool
 from controller.api.node import Node
 from controller.api.pod import Pod, PodAffinityTerm, PodTemplate
+from controller.api.quantity import to_resources
 from controller.constraints import BoundPod
 from controller.fit import apply_plan
 from controller.fit.capacity import BookedMemo
@@ -118,6 +119,8 @@ class ClusterState:
         """Every validation error of a pool the model refuses (by name)."""
         self._pool_state_errors: dict[str, str] = {}
         """Pools the model accepts but the planner cannot use (a bad quantity)."""
+        self._pool_quantity_errors: dict[str, tuple[str, ...]] = {}
+        """Every unreadable node-template amount of a pool the model accepts."""
         self._pool_status: dict[str, Body] = {}
         """Each pool's ``status`` as the API server holds it (for the status writer)."""
         self._requests: dict[str, Body] = {}
@@ -408,6 +411,7 @@ class ClusterState:
         self._pools.clear()
         errors, self._pool_errors = self._pool_errors, {}
         self._pool_status.clear()
+        self._pool_quantity_errors.clear()
         self._deleting_pools.clear()
         self._sorted_nodes = None
         for item in items:
@@ -427,12 +431,19 @@ class ClusterState:
             self._deleting_pools.symmetric_difference_update({name})
             self._sorted_nodes = None
         before = (known_errors or self._pool_errors).get(name)
+        quantities = _quantity_errors(body)
         try:
+            # A pool with unreadable amounts stays known (its nodes can still be released);
+            # the snapshot leaves it out of planning.
             self._pools[name] = CapacityPool.model_validate(body)
             self._pool_errors.pop(name, None)
+            if quantities:
+                self._pool_quantity_errors[name] = quantities
+            else:
+                self._pool_quantity_errors.pop(name, None)
         except ValidationError as exc:
             self._pools.pop(name, None)
-            errors = _all_errors(exc)
+            errors = (*_all_errors(exc), *quantities)
             self._pool_errors[name] = errors
             # Once per change: every status write and finalizer patch brings the pool back.
             if errors != before:
@@ -444,6 +455,7 @@ class ClusterState:
         self._pools.pop(name, None)
         self._pool_errors.pop(name, None)
         self._pool_state_errors.pop(name, None)
+        self._pool_quantity_errors.pop(name, None)
         self._pool_status.pop(name, None)
         self._pool_states = None
         if name in self._deleting_pools:
@@ -454,6 +466,8 @@ class ClusterState:
         """Why Muster does not plan on pool ``name`` (empty: it does): every error."""
         if name in self._pool_errors:
             return self._pool_errors[name]
+        if self._pool_quantity_errors.get(name):
+            return self._pool_quantity_errors[name]
         found = self._pool_state_errors.get(name)
         return (found,) if found else ()
 
@@ -751,6 +765,24 @@ def _retrieve(fut: asyncio.Future[Any]) -> None:
     # Waiters are cancelled on timeout; fetch the outcome so asyncio does not log it.
     if not fut.cancelled():
         fut.exception()
+
+
+def _quantity_errors(body: Mapping[str, Any]) -> tuple[str, ...]:
+    """Every node-template amount that is no Kubernetes quantity (the model keeps them as
+    strings; the planner could not read them)."""
+    template = ((body.get("spec") or {}).get("nodeTemplate") or {})
+    out = []
+    for part in ("allocatable", "capacity"):
+        amounts = template.get(part)
+        if not isinstance(amounts, Mapping):
+            continue
+        for res, value in amounts.items():
+            try:
+                to_resources({str(res): str(value)})
+            except ValueError as exc:
+                why = str(exc).removeprefix(f"{res}: ")
+                out.append(f"spec.nodeTemplate.{part}.{res}: {why}")
+    return tuple(out)
 
 
 def _all_errors(exc: ValidationError) -> tuple[str, ...]:

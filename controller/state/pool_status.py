@@ -225,6 +225,7 @@ def _row(
         row["maxNodes"] = limit
     if shortage is not None:
         row["stockOutUntil"] = rfc3339(shortage.until)
+        row["stockOutNodes"] = shortage.available
     return row
 
 
