@@ -81,7 +81,8 @@ async def test_pool_status_and_the_plugin_agree_with_what_the_controller_provisi
             status, "ProviderReady").get("status") == "True"
         return status if ok else None
 
-    status = await eventually(status_of_an_empty_pool, what="the pool's first status")
+    status = await eventually(status_of_an_empty_pool, within=60,
+                              what="the pool's first status")
     assert status["provisionableNodes"] == 8 and status["nodes"] == 0
     assert [(d["name"], d["provisionableNodes"], d["maxNodes"]) for d in status["domains"]] \
         == [("b1/b1-r1", 4, 4), ("b1/b1-r2", 4, 4)]
