@@ -23,8 +23,11 @@ from typing import Any
 
 from controller.acquire.providers import ProviderSet
 from controller.api.capacitypool import CapacityPool
+from controller.api.dra import DeviceClaim
 from controller.clock import Clock
 from controller.config import PoolStatusConfig
+from controller.dra_snapshot import DraCatalog, claim_shape
+from controller.fit.dra_types import ClaimShape
 from controller.kube import ApiError, Body, KubeClient
 from controller.kube.resources import CAPACITY_POOLS
 from controller.metrics import ControllerMetrics
@@ -82,6 +85,7 @@ class PoolStatusWriter:
         by_pool = {p.name: p for p in snap.pools}
         booked = self.state.booked_nodes()
         shortages = self.state.shortages(now)
+        classes = one_device_claims(self.state.dra.catalog())
         out: dict[str, Body] = {}
         pools = self.state.pools()
         self.providers.forget(set(pools) | set(self.state.invalid_pools()))
@@ -94,6 +98,7 @@ class PoolStatusWriter:
                 booked=booked,
                 shortages=[Shortage(d, a, u) for d, a, u in shortages.get(name, [])],
                 provider=self.providers.health.get(name), levels=self.state.levels,
+                device_classes=classes,
                 previous=self.state.pool_status(name).get("conditions") or [],
                 generation=pool.metadata.generation,
             )
@@ -159,6 +164,18 @@ class PoolStatusWriter:
     def _count(self, result: str) -> None:
         if self.metrics is not None:
             self.metrics.pool_status_writes.labels(result).inc()
+
+
+def one_device_claims(catalog: DraCatalog) -> dict[str, ClaimShape]:
+    """Per DeviceClass of the cluster, a claim of exactly one device of it."""
+    out = {}
+    for name in sorted(catalog.classes):
+        claim = DeviceClaim.model_validate(
+            {"requests": [{"name": "one", "exactly": {"deviceClassName": name}}]})
+        shape = claim_shape(f"one-{name}", "CapacityPool status", claim, catalog)
+        if shape.error is None:
+            out[name] = shape
+    return out
 
 
 def merge_patch(current: Any, desired: Any) -> Any:

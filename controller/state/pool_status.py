@@ -20,6 +20,8 @@ from typing import Any
 
 from controller.api.capacitypool import CapacityPool
 from controller.conditions import rfc3339
+from controller.fit.devices import ClaimFitter
+from controller.fit.dra_types import ClaimShape, NodeDevices
 from controller.fit.types import NodeState, PoolDomain, PoolState
 
 VALID = "Valid"
@@ -74,6 +76,10 @@ class PoolFacts:
     shortages: Sequence[Shortage] = ()
     provider: ProviderHealth | None = None
     levels: Sequence[str] = ()
+    device_classes: Mapping[str, ClaimShape] = field(default_factory=dict)
+    """Per DeviceClass, a claim of one device of it (what "a free device of the class"
+    means, selectors included): counted on nodes when the template's devices can satisfy
+    it."""
     previous: Sequence[Mapping[str, Any]] = field(default_factory=tuple)
     """The conditions on the pool now (lastTransitionTime moves only on a status flip)."""
     generation: int | None = None
@@ -170,14 +176,18 @@ def _domain_rows(
         for _, labels in sorted(seen.items()):
             declared.append((labels, None, topo.max_nodes_per_domain))
     keys = _key_resources(template)
+    classes = _template_classes(facts)
     short = {tuple(sorted(s.domain.items())): s for s in facts.shortages}
     rows = []
     placed: set[str] = set()
     for labels, domain, cap in declared:
         mine = [n for n in nodes if n.name not in placed and _in(n.labels, labels)]
         placed.update(n.name for n in mine)
-        rows.append(_row(facts, labels, domain, cap, mine, template, keys,
-                         short.get(tuple(sorted(labels.items())))))
+        row = _row(facts, labels, domain, cap, mine, template, keys,
+                   short.get(tuple(sorted(labels.items()))))
+        if classes:
+            row["freeDevices"] = _free_devices(classes, mine, facts.ready)
+        rows.append(row)
     if fresh and state is not None:
         row = _row(facts, {}, None, topo.max_nodes_per_domain if topo else None, [], template,
                    keys, None)
@@ -227,6 +237,40 @@ def _row(
         row["stockOutUntil"] = rfc3339(shortage.until)
         row["stockOutNodes"] = shortage.available
     return row
+
+
+def _template_classes(facts: PoolFacts) -> dict[str, ClaimFitter]:
+    """The DeviceClasses one device of which the pool's node template offers."""
+    devices = facts.state.devices if facts.state is not None else None
+    if devices is None:
+        return {}
+    out = {}
+    for name, shape in sorted(facts.device_classes.items()):
+        fitter = ClaimFitter((shape,))
+        if fitter.run(devices, 1).pods:
+            out[name] = fitter
+    return out
+
+
+def _device_count(devices: NodeDevices) -> int:
+    return len(devices.shape.inventory.devices)
+
+
+def _free_devices(
+    classes: Mapping[str, ClaimFitter], nodes: Sequence[NodeState], ready: Collection[str]
+) -> dict[str, int]:
+    """Devices of each class still allocatable on the Ready nodes (bookings subtracted:
+    the snapshot's device state carries them)."""
+    out = {}
+    for name, fitter in classes.items():
+        total = 0
+        for n in nodes:
+            if n.devices is None or n.name not in ready or not n.schedulable:
+                continue
+            limit = _device_count(n.devices)
+            total += min(limit, len(fitter.run(n.devices, limit).pods))
+        out[name] = total
+    return out
 
 
 def _times(template: Mapping[str, int], count: int) -> dict[str, str]:

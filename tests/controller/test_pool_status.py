@@ -268,3 +268,26 @@ async def _provisioned(kube: KubeClient, name: str) -> bool:
 
 async def _gone(kube: KubeClient, name: str) -> bool:
     return await kube.get_or_none(PROVISIONING_REQUESTS, name, namespace="ns") is None
+
+
+def test_free_dra_devices_are_counted_by_device_class() -> None:
+    from controller.dra_templates import nvidia_gpu_node
+    from controller.reconcilers.pool_status import one_device_claims
+    from tests.dra.world import CLASSES, dra_node, pool_doc
+
+    state = ClusterState(levels=DEFAULT_LEVELS)
+    slices = nvidia_gpu_node(gpus=8, nics=4)
+    state.replace_pools([pool_doc("p", slices)])
+    docs = dra_node("n1", slices, labels={POOL_LABEL: "p"})
+    state.replace_nodes([d for d in docs if d["kind"] == "Node"])
+    state.dra.replace("resourceslices", [d for d in docs if d["kind"] == "ResourceSlice"])
+    state.dra.replace("deviceclasses", CLASSES)
+    snap = state.snapshot(now=NOW)
+    facts = PoolFacts(
+        name="p", pool=state.pools()["p"], state=snap.pools[0], nodes=snap.nodes,
+        ready=frozenset({"n1"}), levels=DEFAULT_LEVELS,
+        device_classes=one_device_claims(state.dra.catalog()),
+    )
+    (row,) = pool_status(facts, NOW)["domains"]
+    # No MIG device in the template: that class is not the pool's to report.
+    assert row["freeDevices"] == {"any": 12, "gpu.nvidia.com": 8, "nic": 4}
