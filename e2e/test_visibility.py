@@ -217,6 +217,25 @@ async def test_an_invalid_pool_says_why_and_the_plugin_errors_are_one_line(
     status = await eventually(invalid, within=30, what="Valid=False on the pool")
     message = condition(status, "Valid")["message"]
     assert "spec.parameters" in message and "defaultStock" in message, message
+    assert status["provisionableNodes"] == 0
+
+    # Neither the plugin nor the controller plans on it: every acquisition would fail.
+    template = objects.pod_template(
+        "workers", namespace=env.namespace, requests={"cpu": "90", objects.GPU: "8"},
+        required_level=objects.RACK, tolerations=[objects.GPU_TOLERATION],
+        node_selector=env.selector,
+    )
+    code, out, err = await kubectl_muster(
+        env, "fit", "-f", str(request_file(env, tmp_path, "gang", template, 2)),
+        "-n", env.namespace, "-o", "json")
+    assert code == 1, err
+    said = json.loads(out)
+    assert said["fits"] is False and said["permanent"] is True
+    await env.kube.create(POD_TEMPLATES, template, namespace=env.namespace)
+    await env.request("gang", [("workers", 2)], class_name=ATOMIC)
+    failed = await env.wait_condition("gang", "Failed", within=60)
+    assert failed["reason"] == "CapacityNeverFits"
+    assert not await env.pool_nodes(body["metadata"]["name"])
     code, out, err = await kubectl_muster(env, "capacity")
     assert code == 0, err
     assert body["metadata"]["name"] in out and "defaultStock" in out

@@ -131,8 +131,9 @@ def _config(path: Path | None) -> MusterConfig:
 
 async def live_state(kube: KubeClient, config: MusterConfig) -> ClusterState:
     """The cluster as the controller's cache holds it (nodes, pods, templates, pools,
-    requests with their bookings, DRA objects), plus the stock-outs the controller reported
-    on its pools' status: what its planner would plan against now."""
+    requests with their bookings, DRA objects), plus what the controller reported on its
+    pools' status (stock-outs; pools it found invalid): what its planner would plan against
+    now."""
     from controller.state.cache import ClusterState
     from controller.state.feeds import Feeds
 
@@ -140,6 +141,9 @@ async def live_state(kube: KubeClient, config: MusterConfig) -> ClusterState:
     await Feeds(kube, state, with_requests=True).list_once()
     now = datetime.now(UTC)
     for name in state.pools():
+        valid = _condition(state.pool_status(name).get("conditions") or [], "Valid")
+        if valid.get("status") == "False":  # the controller does not plan on it either
+            state.set_pool_unusable(name, (str(valid.get("message") or "invalid"),))
         for domain in state.pool_status(name).get("domains") or []:
             until = _time(domain.get("stockOutUntil"))
             if until is not None and until > now:

@@ -10,7 +10,9 @@ interval, the longest-waiting first). Worst case: ``min(pools / interval_seconds
 max_writes_per_second)`` writes per second.
 
 The provider's parameters are validated (:meth:`Provider.validate`, local only) once per
-pool generation, so ``Valid`` lists them with the model's errors.
+pool generation, so ``Valid`` lists them with the model's errors, and a pool the provider
+refuses is left out of planning (:meth:`ClusterState.set_pool_unusable`) from the next pass
+on: every acquisition through it would fail.
 """
 
 from __future__ import annotations
@@ -81,13 +83,15 @@ class PoolStatusWriter:
     async def desired(self) -> dict[str, Body]:
         """Every pool's status as it should read now."""
         now = self.clock.now()
+        pools = dict(self.state.pools())  # a copy: the watch may change it while we await
+        for pool in pools.values():  # first: an unusable pool leaves the snapshot
+            self.state.set_pool_unusable(pool.metadata.name, await self._provider_errors(pool))
         snap = self.state.snapshot(now=now)
         by_pool = {p.name: p for p in snap.pools}
         booked = self.state.booked_nodes()
         shortages = self.state.shortages(now)
         classes = one_device_claims(self.state.dra.catalog())
         out: dict[str, Body] = {}
-        pools = self.state.pools()
         self.providers.forget(set(pools) | set(self.state.invalid_pools()))
         for name, pool in pools.items():
             errors = (*self.state.pool_errors(name), *await self._provider_errors(pool))

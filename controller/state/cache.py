@@ -121,6 +121,9 @@ class ClusterState:
         """Pools the model accepts but the planner cannot use (a bad quantity)."""
         self._pool_quantity_errors: dict[str, tuple[str, ...]] = {}
         """Every unreadable node-template amount of a pool the model accepts."""
+        self._unusable_pools: dict[str, tuple[str, ...]] = {}
+        """Pools whose provider refuses their parameters: left out of planning (every
+        acquisition through them would fail)."""
         self._pool_status: dict[str, Body] = {}
         """Each pool's ``status`` as the API server holds it (for the status writer)."""
         self._requests: dict[str, Body] = {}
@@ -456,6 +459,7 @@ class ClusterState:
         self._pool_errors.pop(name, None)
         self._pool_state_errors.pop(name, None)
         self._pool_quantity_errors.pop(name, None)
+        self._unusable_pools.pop(name, None)
         self._pool_status.pop(name, None)
         self._pool_states = None
         if name in self._deleting_pools:
@@ -470,6 +474,18 @@ class ClusterState:
             return self._pool_quantity_errors[name]
         found = self._pool_state_errors.get(name)
         return (found,) if found else ()
+
+    def set_pool_unusable(self, name: str, problems: Sequence[str]) -> None:
+        """The provider refuses pool ``name``'s parameters (``problems``; empty: it accepts
+        them): the planner leaves the pool out until they are fixed."""
+        problems = tuple(problems)
+        if self._unusable_pools.get(name, ()) == problems:
+            return
+        if problems:
+            self._unusable_pools[name] = problems
+        else:
+            self._unusable_pools.pop(name, None)
+        self._pool_states = None
 
     def invalid_pools(self) -> Mapping[str, tuple[str, ...]]:
         """Pools the model refuses, with every error."""
@@ -687,7 +703,7 @@ class ClusterState:
         if self._pool_states is None:
             states = []
             for name in sorted(self._pools):
-                if name in self._deleting_pools:
+                if name in self._deleting_pools or name in self._unusable_pools:
                     continue
                 try:
                     states.append(self._pool_state(self._pools[name]))

@@ -211,8 +211,10 @@ async def test_a_stock_out_shows_on_the_pool_until_the_backoff_ends(
     short = [d for d in status["domains"] if "stockOutUntil" in d]
     assert len(short) == 1 and short[0]["provisionableNodes"] == 0
     assert short[0]["name"] in stock["message"]
-    # The request's condition names the failed acquisition; after the backoff the stock-out
-    # is over and the pool says so.
+    # Once the backoff is over, the stock-out is too, and the pool says so (the request is
+    # gone first: its retry would run out of stock again).
+    await kube.delete(PROVISIONING_REQUESTS, "starved", namespace="ns")
+    await _until(lambda: _gone(kube, "starved"))
     await clock.advance(controller.config.retry.max_backoff_seconds + 1)
     await controller.pool_status.write_changed()
     status = (await kube.get(CAPACITY_POOLS, "gpu"))["status"]
@@ -291,3 +293,13 @@ def test_free_dra_devices_are_counted_by_device_class() -> None:
     (row,) = pool_status(facts, NOW)["domains"]
     # No MIG device in the template: that class is not the pool's to report.
     assert row["freeDevices"] == {"any": 12, "gpu.nvidia.com": 8, "nic": 4}
+
+
+def test_a_pool_its_provider_refuses_leaves_planning() -> None:
+    state = ClusterState(levels=DEFAULT_LEVELS)
+    state.replace_pools([_pool_body()])
+    assert [p.name for p in state.snapshot(now=NOW).pools] == ["p"]
+    state.set_pool_unusable("p", ["spec.parameters: defaultStock must be >= 0"])
+    assert state.snapshot(now=NOW).pools == ()
+    state.set_pool_unusable("p", [])
+    assert [p.name for p in state.snapshot(now=NOW).pools] == ["p"]
