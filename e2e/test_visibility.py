@@ -19,7 +19,7 @@ import yaml
 
 from controller.commands import objects
 from controller.kube import Body
-from controller.kube.resources import CAPACITY_POOLS, POD_TEMPLATES
+from controller.kube.resources import CAPACITY_POOLS, POD_TEMPLATES, PODS
 from e2e.conftest import Env, eventually
 
 ATOMIC = "atomic-provisioning.muster.dev"
@@ -198,6 +198,17 @@ async def test_a_waiting_request_says_its_shortfall_as_the_plugin_does(
     assert said["shortfall"] in explained["conditions"]["Provisioned"]["message"]
     if explained["conditions"].get("Failed", {}).get("status") != "True":
         assert explained["now"]["shortfall"] == said["shortfall"]
+
+    # No kubelet runs these nodes on the real tier: the pod goes at once, or its namespace
+    # would wait for the pod garbage collector once the node is deleted.
+    await env.kube._request("DELETE", PODS.path(namespace=env.namespace, name="first-0"),
+                            query={"gracePeriodSeconds": 0})
+    await eventually(lambda: _no_pods(env), within=60, what="the first pod to be gone")
+
+
+async def _no_pods(env: Env) -> bool:
+    listing = await env.kube.list(PODS, namespace=env.namespace)
+    return not listing.get("items")
 
 
 async def test_an_invalid_pool_says_why_and_the_plugin_errors_are_one_line(
