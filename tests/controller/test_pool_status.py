@@ -25,7 +25,7 @@ from controller.state.bookings import Booking
 from controller.state.cache import ClusterState
 from controller.state.pool_status import PoolFacts, ProviderHealth, Shortage, pool_status
 from controller.topology_defaults import DEFAULT_LEVELS, POOL_LABEL
-from providers.kind import KindProvider
+from providers.fake import FakeProvider
 from tests.controller.builders import gpu_node, plan_on, starve
 from tests.helpers import eventually
 
@@ -152,7 +152,7 @@ def test_merge_patch_removes_what_the_status_no_longer_has() -> None:
 
 
 async def test_the_writer_writes_only_changes_and_at_most_its_budget(
-    kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider]
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
 ) -> None:
     controller, _, _ = running
     writer = controller.pool_status
@@ -196,7 +196,7 @@ async def _has_pools(controller: Controller, n: int) -> bool:
 
 
 async def test_a_stock_out_shows_on_the_pool_until_the_backoff_ends(
-    kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider]
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
 ) -> None:
     controller, clock, provider = running
     starve(provider)
@@ -221,7 +221,7 @@ async def test_a_stock_out_shows_on_the_pool_until_the_backoff_ends(
     assert {c["type"]: c for c in status["conditions"]}["StockOut"]["status"] == "False"
 
 
-async def _acquired(provider: KindProvider) -> bool:
+async def _acquired(provider: FakeProvider) -> bool:
     return any(c.op == "acquire" for c in provider.calls)
 
 
@@ -244,7 +244,7 @@ def test_a_decision_is_one_json_line_with_its_fields(caplog: pytest.LogCaptureFi
 
 
 async def test_each_decision_of_a_gang_is_logged_once(
-    kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider],
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     with caplog.at_level(logging.INFO, logger="muster.decisions"):
