@@ -336,12 +336,12 @@ def pool_state(
     alike (``nodes`` may be every node or only the pool's).
 
     ``in_flight``: nodes acquired but not registered yet (defaults to
-    ``status.bookedNodes``); they count against ``maxNodes`` like registered ones.
+    ``status.inFlightNodes``); they count against ``maxNodes`` like registered ones.
     """
     name = pool.metadata.name
     spec = pool.spec
     have, per_domain = _pool_nodes(pool, nodes)
-    pending = pool.status.booked_nodes if in_flight is None else in_flight
+    pending = pool.status.in_flight_nodes if in_flight is None else in_flight
     max_new = max(0, spec.max_nodes - have - pending)
     template = spec.node_template
     try:

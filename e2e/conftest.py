@@ -67,6 +67,8 @@ class Env:
     start_controller: Callable[[], Awaitable[None]] | None = None
     providers: list[Any] = field(default_factory=list)
     """The in-process controller's providers, one per (re)start (empty against a cluster)."""
+    kubeconfig: Path | None = None
+    """An admin kubeconfig of the cluster (for clients in other processes: kubectl muster)."""
     cleanup: list[Callable[[], Awaitable[Any]]] = field(default_factory=list)
 
     @property
@@ -235,7 +237,8 @@ async def env(request: pytest.FixtureRequest) -> AsyncIterator[Env]:
         muster = request.getfixturevalue("muster_rbac_clean")
         kubeconfig = str(muster.cluster.admin_kubeconfig)
     async with await KubeClient.from_kubeconfig(Path(kubeconfig)) as kube:
-        e = Env(kube=kube, namespace=namespace, run=run, external=True, config=config)
+        e = Env(kube=kube, namespace=namespace, run=run, external=True, config=config,
+                kubeconfig=Path(kubeconfig))
         if muster is not None:
             e.stop_controller = lambda: asyncio.to_thread(muster.stop)
             e.start_controller = lambda: asyncio.to_thread(muster.start)
@@ -288,7 +291,8 @@ async def _sandbox_env(namespace: str, run: str, config: MusterConfig) -> AsyncI
         await start()
 
     e = Env(kube=kube, namespace=namespace, run=run, external=False, config=config,
-            restart=restart, stop_controller=stop, start_controller=start, providers=providers)
+            restart=restart, stop_controller=stop, start_controller=start, providers=providers,
+            kubeconfig=path)
     try:
         await _namespace(kube, namespace)
         await start()
