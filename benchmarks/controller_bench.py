@@ -62,7 +62,7 @@ from controller.kube.resources import (
     POD_TEMPLATES,
     PROVISIONING_REQUESTS,
 )
-from controller.reconcilers.operator import Controller
+from controller.operator import Controller
 from controller.runtime import freeze_heap, tune_gc
 from providers.fake import OWNER_ANNOTATION, FakeProvider
 

@@ -42,12 +42,12 @@ from benchmarks.target import (
     apf_snapshot,
     target,
 )
+from controller.commands import kueue_objects as kq
 from controller.commands import objects
 from controller.config import MusterConfig
 from controller.kube import ApiError, Body, KubeClient, WatchEvent
 from controller.kube.resources import CAPACITY_POOLS, NODES, PROVISIONING_REQUESTS
-from controller.kueue import objects as kq
-from controller.kueue.planning import workload_of
+from controller.kueue.drafts import workload_of
 from controller.kueue.resources import (
     ADMISSION_CHECKS,
     CLUSTER_QUEUES,
@@ -56,7 +56,7 @@ from controller.kueue.resources import (
     RESOURCE_FLAVORS,
     WORKLOADS,
 )
-from controller.reconcilers.operator import Controller
+from controller.operator import Controller
 from controller.topology_defaults import MUSTER_REQUIRED
 from providers.fake import FakeProvider
 from sandbox.server import SandboxServer

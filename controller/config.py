@@ -34,8 +34,6 @@ from pydantic_settings import (
 )
 
 from controller.fit.types import Mode
-from controller.kueue.settings import KueueConfig
-from controller.podgroups.settings import PodGroupsConfig
 from controller.topology_defaults import DEFAULT_LEVELS
 
 ENV_PREFIX = "MUSTER_"
@@ -160,6 +158,73 @@ class RetryConfig(_Section):
         return float(
             min(self.max_backoff_seconds, self.initial_backoff_seconds * 2 ** max(0, attempt - 1))
         )
+
+
+class KueueConfig(_Section):
+    """Muster's own Kueue admission check (path B); see :mod:`controller.kueue`."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Run Muster's own Kueue admission check (path B). Path A (Kueue's "
+        "built-in provisioning check with a Muster class) needs nothing here.",
+    )
+    controller_name: str = Field(
+        default="muster.dev/provisioning",
+        min_length=1,
+        max_length=253,
+        description="AdmissionChecks with this spec.controllerName are Muster's.",
+    )
+    provisioning_class: str = Field(
+        default="atomic-provisioning.muster.dev",
+        min_length=1,
+        description="Class of the ProvisioningRequests Muster creates when the "
+        "AdmissionCheck names no ProvisioningRequestConfig.",
+    )
+    check_capacity_class: str = Field(
+        default="check-capacity.muster.dev",
+        min_length=1,
+        description="Class used to book the nodes of a Workload Kueue TAS already placed.",
+    )
+    tolerate_pool_taints: bool = Field(
+        default=True,
+        description="A pod set whose nodeSelector (own plus flavor nodeLabels) selects a "
+        "CapacityPool may use the pool's tainted nodes: its ProvisioningRequest templates "
+        "tolerate the pool's taints and the Ready check adds those tolerations to the pods.",
+    )
+    backoff_limit_count: int = Field(
+        default=3, ge=0,
+        description="Path B retries of a failed request when the AdmissionCheck names no "
+        "ProvisioningRequestConfig (as Kueue's retryStrategy).",
+    )
+    backoff_base_seconds: int = Field(
+        default=60, ge=0, description="First retry delay of path B; doubles per retry."
+    )
+    backoff_max_seconds: int = Field(
+        default=1800, ge=0, description="Cap of path B's retry delay."
+    )
+
+
+class PodGroupsConfig(_Section):
+    """Native gangs: gang PodGroups provisioned as one; see :mod:`controller.podgroups`."""
+
+    enabled: bool = Field(
+        default=True,
+        description="Provision gang PodGroups (scheduling.k8s.io/v1beta1) the scheduler "
+        "cannot place, each as one gang. Off by itself, with a log line, on a cluster that "
+        "does not serve the API.",
+    )
+    provisioning_class: str = Field(
+        default="atomic-provisioning.muster.dev",
+        min_length=1,
+        description="Class of the ProvisioningRequest Muster creates for such a PodGroup.",
+    )
+    max_attempts: int = Field(
+        default=3,
+        ge=1,
+        description="Requests made for one PodGroup whose booking ended before the scheduler "
+        "placed the group (e.g. other pods took the nodes); then Muster gives up, saying so "
+        "in an Event on the PodGroup.",
+    )
 
 
 class AcquisitionConfig(_Section):

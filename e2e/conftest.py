@@ -256,7 +256,7 @@ async def env(request: pytest.FixtureRequest) -> AsyncIterator[Env]:
 async def _sandbox_env(namespace: str, run: str, config: MusterConfig) -> AsyncIterator[Env]:
     import tempfile
 
-    from controller.reconcilers.operator import Controller
+    from controller.operator import Controller
     from providers.fake import FakeProvider
     from sandbox.server import SandboxServer
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from controller.commands import kueue_objects as kq
 from controller.commands import objects
 from controller.kube.resources import CAPACITY_POOLS, NODES, PROVISIONING_REQUESTS
-from controller.kueue import objects as kq
 from controller.kueue.resources import (
     ADMISSION_CHECKS,
     PROVISIONING_REQUEST_CONFIGS,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from controller.commands import kueue_objects as kq
 from controller.commands import objects
 from controller.kube.resources import (
     CAPACITY_POOLS,
@@ -25,7 +26,6 @@ from controller.kube.resources import (
     POD_TEMPLATES,
     PROVISIONING_REQUESTS,
 )
-from controller.kueue import objects as kq
 from controller.kueue.resources import (
     ADMISSION_CHECKS,
     PROVISIONING_REQUEST_CONFIGS,

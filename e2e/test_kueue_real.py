@@ -43,8 +43,8 @@ from controller.kueue.decisions import (
     CONSUME_ANNOTATION,
     expand_topology_assignment,
 )
+from controller.kueue.drafts import MANAGED_LABEL, WORKLOAD_UID_ANNOTATION
 from controller.kueue.models import TopologyAssignment
-from controller.kueue.planning import MANAGED_LABEL, WORKLOAD_UID_ANNOTATION
 from controller.kueue.resources import (
     ADMISSION_CHECKS,
     CLUSTER_QUEUES,

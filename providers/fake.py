@@ -33,8 +33,7 @@ from controller.api.capacitypool import CapacityPool
 from controller.dra_templates import render_resource_slices
 from controller.kube import ApiError, Body, KubeClient
 from controller.kube.resources import LEASES, NAMESPACES, NODES, RESOURCE_SLICES
-from controller.state.cache import KEY_LABEL
-from controller.topology_defaults import POOL_LABEL
+from controller.topology_defaults import KEY_LABEL, POOL_LABEL
 from providers.atomic import AtomicProvider, Launch
 from providers.base import (
     AcquireRequest,

@@ -12,6 +12,7 @@ its containers, used on objects read from files.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterable, Mapping
 from decimal import Decimal
@@ -46,6 +47,20 @@ CONTAINER_FIELDS = frozenset({
     "tty",
 })
 RESOURCE_FIELDS = frozenset({"requests", "limits", "claims"})
+
+OBJECT_NAME_MAX = 253
+_HASH_LEN = 5
+_PREFIX_MAX = OBJECT_NAME_MAX - _HASH_LEN - 1  # 247, as Kueue's limitObjectName
+
+
+def limit_object_name(full: str) -> str:
+    """Kueue's ``limitObjectName``: names over 247 characters keep their first 247
+    characters plus ``-`` and the first 5 hex digits of the full name's sha1."""
+    if len(full) <= _PREFIX_MAX:
+        return full
+    digest = hashlib.sha1(full.encode()).hexdigest()[:_HASH_LEN]  # naming, not security
+    return f"{full[:_PREFIX_MAX]}-{digest}"
+
 
 
 def qualified_name(key: str) -> bool:

@@ -78,8 +78,8 @@ def _run_kueue(
     workers: int, timeout: float, latency: float, ready_delay: float, kubeconfig: Path | None,
     console: Console, started: float,
 ) -> None:
+    from controller.commands.kueue_demo import KueueDemoFailed, run_kueue_demo
     from controller.kube import ApiError
-    from controller.kueue.demo import KueueDemoFailed, run_kueue_demo
 
     try:
         asyncio.run(run_kueue_demo(

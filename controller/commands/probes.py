@@ -33,7 +33,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from controller.commands.metrics_auth import MetricsAuth
 from controller.leader import LeaderElector
 from controller.metrics import CONTENT_TYPE
-from controller.reconcilers.operator import Controller
+from controller.operator import Controller
 
 
 class Probes:

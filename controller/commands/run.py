@@ -1,7 +1,7 @@
 """``muster run``: the controller against the current kubeconfig (or in-cluster).
 
 Reads the one config (``--config FILE`` plus ``MUSTER_*`` variables; a bad key stops it
-here with a message), sets up logging, and runs :class:`controller.reconcilers.operator.
+here with a message), sets up logging, and runs :class:`controller.operator.
 Controller` until SIGINT/SIGTERM. With ``leader_election.enabled`` (the default) it first
 campaigns for a Lease (:mod:`controller.leader`) and starts the controller only once it
 leads; losing the Lease stops all reconciling at once and exits 1, so the pod restarts and
@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # imported lazily at run time: `muster --help` stays fast
     from controller.commands.probes import Probes
     from controller.kube import KubeClient
     from controller.leader import LeaderElector
-    from controller.reconcilers.operator import Controller
+    from controller.operator import Controller
 
 log = logging.getLogger("muster")
 
@@ -97,7 +97,7 @@ def run_command(
         raise typer.Exit(2)
     setup_logging(cfg.log_format, cfg.log_level)
     from controller.leader import LeadershipLost
-    from controller.reconcilers.operator import StartupError
+    from controller.operator import StartupError
 
     # Signal handlers stop the controller cleanly; a second Ctrl-C just exits.
     try:
@@ -180,7 +180,7 @@ async def _run(cfg: Any, *, kubeconfig: Path | None, context: str | None, in_clu
 
     from controller.commands.probes import Probes
     from controller.leader import LeadershipLost, from_config
-    from controller.reconcilers.operator import Controller
+    from controller.operator import Controller
 
     kube = await connect(kubeconfig, context, in_cluster)
     controller = Controller(kube=kube, config=cfg)

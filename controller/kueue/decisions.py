@@ -9,12 +9,12 @@ mean, the podSetUpdates a Ready check carries, and Kueue's retry backoff. The re
 from __future__ import annotations
 
 import copy
-import hashlib
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller.api.validation import limit_object_name
 from controller.kueue.models import (
     AdmissionCheckState,
     CheckStateValue,
@@ -24,9 +24,6 @@ from controller.kueue.models import (
     TopologyAssignment,
 )
 
-OBJECT_NAME_MAX = 253
-_HASH_LEN = 5
-_PREFIX_MAX = OBJECT_NAME_MAX - _HASH_LEN - 1  # 247, as Kueue's limitObjectName
 TEMPLATE_PREFIX = "ppt"
 
 CONSUME_ANNOTATION = "autoscaling.x-k8s.io/consume-provisioning-request"
@@ -55,13 +52,6 @@ REJECTED: CheckStateValue = "Rejected"
 # ---------------------------------------------------------------------------- names
 
 
-def limit_object_name(full: str) -> str:
-    """Kueue's ``limitObjectName``: names over 247 characters keep their first 247
-    characters plus ``-`` and the first 5 hex digits of the full name's sha1."""
-    if len(full) <= _PREFIX_MAX:
-        return full
-    digest = hashlib.sha1(full.encode()).hexdigest()[:_HASH_LEN]  # naming, not security
-    return f"{full[:_PREFIX_MAX]}-{digest}"
 
 
 def request_name(workload: str, check: str, attempt: int) -> str:

@@ -33,8 +33,8 @@ from controller.constraints import BoundPod
 from controller.fit import apply_plan
 from controller.fit.capacity import BookedMemo
 from controller.fit.types import NodeState, Plan, PoolState, Snapshot
-from controller.podgroups.gang import group_of
-from controller.podgroups.gang import request_name as gang_request_name
+from controller.pod_groups import group_of
+from controller.pod_groups import request_name as gang_request_name
 from controller.snapshot import node_state, pod_requests, pool_state
 from controller.state.bookings import (
     PHASE_ANNOTATION,
@@ -45,7 +45,7 @@ from controller.state.bookings import (
     merge_plans,
 )
 from controller.state.dra import DraState
-from controller.topology_defaults import POOL_LABEL
+from controller.topology_defaults import KEY_LABEL, POOL_LABEL
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +58,6 @@ ACTIVE_PHASES = frozenset({Phase.ACQUIRING, Phase.BOOKED})
 DELETED_MEMORY = 16_384
 """How many deleted requests' uids are remembered: far more than requests deleted while one
 write can be in flight (its timeout is 60 s)."""
-KEY_LABEL = "muster.dev/acquisition-key"
-"""Set by every provider on the nodes it acquires (see ``providers.fake``)."""
 
 
 def object_key(obj: Mapping[str, Any]) -> str:
@@ -669,29 +667,6 @@ class ClusterState:
             out.append(replace(pool, domains=domains))
         return tuple(out)
 
-    def _pool_state(self, pool: CapacityPool) -> PoolState:
-        """``controller.snapshot.pool_state`` with the node counting done in one pass.
-
-        The shared builder counts each declared domain over all the pool's nodes
-        (domains x nodes); with 1,000 requests adding nodes, the controller would spend most
-        of its time there. Headroom rules are the builder's: pool-wide ``maxNodes`` minus
-        the pool's nodes, each domain's limit minus its nodes, capped by the pool's headroom.
-        """
-        topo = pool.spec.topology
-        if topo is None or not topo.domains:
-            return pool_state(pool, list(self._nodes.values()), self.levels, in_flight=0)
-        base = pool_state(pool, [], self.levels, in_flight=0)
-        members = self._nodes_by_pool.get(pool.metadata.name, ())
-        total, per = _count_domains(pool, [self._nodes[n] for n in members])
-        max_new = max(0, pool.spec.max_nodes - total)
-        domains = []
-        for spec, d in zip(topo.domains, base.domains, strict=True):
-            limit = spec.max_nodes if spec.max_nodes is not None else topo.max_nodes_per_domain
-            have = per.get(repr(tuple(sorted(spec.labels.items()))), 0)
-            domains.append(replace(d, max_new_nodes=max(0, min(limit - have, max_new)),
-                                   pool_nodes=have))
-        return replace(base, domains=tuple(domains), max_new_nodes=max_new)
-
     def snapshot(self, *, exclude: str | None = None, now: datetime | None = None) -> Snapshot:
         """The fit engine's view: free capacity minus every booking but ``exclude``'s, and
         pool headroom capped where the provider recently ran out of stock (as of ``now``)."""
@@ -708,7 +683,11 @@ class ClusterState:
                 if name in self._deleting_pools or name in self._unusable_pools:
                     continue
                 try:
-                    states.append(self._pool_state(self._pools[name]))
+                    # Only the pool's own nodes: pool_state counts them in one pass.
+                    members = self._nodes_by_pool.get(name, ())
+                    states.append(pool_state(self._pools[name],
+                                             [self._nodes[n] for n in members],
+                                             self.levels, in_flight=0))
                     self._pool_state_errors.pop(name, None)
                 except ValueError as exc:
                     # Rebuilt whenever a node comes or goes: say it once per change.
@@ -737,28 +716,6 @@ class ClusterState:
 
 def _nodes_named(booking: Booking) -> tuple[str, ...]:
     return (*booking.existing_nodes, *booking.acquired_nodes)
-
-
-def _count_domains(pool: CapacityPool, nodes: Iterable[Node]) -> tuple[int, dict[str, int]]:
-    """(nodes of the pool, nodes of the pool per declared domain) in one pass over nodes."""
-    topo = pool.spec.topology
-    domains = [dict(d.labels) for d in topo.domains] if topo else []
-    label_keys = sorted({k for d in domains for k in d})
-    index = {tuple(d.get(k) for k in label_keys): repr(tuple(sorted(d.items())))
-             for d in reversed(domains)}
-    per: dict[str, int] = {}
-    total = 0
-    for node in nodes:
-        labels = node.metadata.labels
-        if labels.get(POOL_LABEL) != pool.metadata.name:
-            continue
-        total += 1
-        # Domains declare the same label keys in practice; a node matches the domain
-        # whose values it carries (nodes of other shapes count only towards the pool).
-        found = index.get(tuple(labels.get(k) for k in label_keys))
-        if found is not None:
-            per[found] = per.get(found, 0) + 1
-    return total, per
 
 
 class _Present(Mapping[str, bool]):

@@ -13,7 +13,7 @@ from controller.commands import objects
 from controller.config import MusterConfig
 from controller.kube import KubeClient
 from controller.kube.resources import CAPACITY_POOLS, NAMESPACES, POD_TEMPLATES
-from controller.reconcilers.operator import Controller
+from controller.operator import Controller
 from providers.fake import FakeProvider
 from sandbox.server import SandboxServer
 

@@ -25,7 +25,7 @@ from controller.kube.resources import (
     POD_TEMPLATES,
     PROVISIONING_REQUESTS,
 )
-from controller.reconcilers.operator import Controller
+from controller.operator import Controller
 from controller.reconcilers.telemetry import state_reading
 from providers.fake import FakeProvider
 from sandbox.server import SandboxServer

@@ -52,7 +52,7 @@ async def test_stopping_a_kopf_fed_controller_lets_requests_in_flight_finish(
     from controller.commands import objects
     from controller.config import MusterConfig
     from controller.kube.resources import CAPACITY_POOLS
-    from controller.reconcilers.operator import Controller
+    from controller.operator import Controller
 
     await kube.create(CAPACITY_POOLS, objects.gpu_pool("gpu"))
     controller = Controller(kube=kube, config=MusterConfig(), use_kopf=True)

@@ -17,7 +17,7 @@ from controller.clock import ManualClock
 from controller.commands import objects
 from controller.kube import KubeClient
 from controller.kube.resources import POD_TEMPLATES, PROVISIONING_REQUESTS
-from controller.reconcilers.operator import Controller
+from controller.operator import Controller
 from providers.fake import FakeProvider
 from tests.helpers import eventually
 

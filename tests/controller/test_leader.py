@@ -35,7 +35,7 @@ from controller.kube.resources import (
     Resource,
 )
 from controller.leader import LeaderElector, LeadershipLost, from_config, lease_namespace
-from controller.reconcilers.operator import Controller
+from controller.operator import Controller
 from providers.fake import FakeProvider
 from sandbox.server import SandboxServer
 from tests.helpers import eventually

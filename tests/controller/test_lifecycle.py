@@ -21,7 +21,7 @@ from controller.kube.resources import (
     PODS,
     PROVISIONING_REQUESTS,
 )
-from controller.reconcilers.operator import Controller
+from controller.operator import Controller
 from providers.fake import FakeProvider
 from tests.controller.builders import gpu_node, starve
 from tests.helpers import eventually

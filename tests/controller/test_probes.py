@@ -23,7 +23,7 @@ from controller.config import MusterConfig
 from controller.kube import KubeClient
 from controller.kube.resources import LEASES, NAMESPACES
 from controller.leader import LeaderElector
-from controller.reconcilers.operator import Controller
+from controller.operator import Controller
 from providers.fake import FakeProvider
 from tests.helpers import eventually
 

@@ -16,7 +16,7 @@ from controller.commands import objects
 from controller.config import MusterConfig
 from controller.kube import KubeClient
 from controller.kube.resources import NODES, POD_TEMPLATES, PROVISIONING_REQUESTS
-from controller.reconcilers.operator import Controller
+from controller.operator import Controller
 from controller.state.bookings import Booking
 from providers.fake import FakeProvider
 from sandbox.server import SandboxServer

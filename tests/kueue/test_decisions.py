@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.config import ATOMIC_CLASS, CHECK_CAPACITY_CLASS
+from controller.config import ATOMIC_CLASS, CHECK_CAPACITY_CLASS, KueueConfig
 from controller.kueue.decisions import (
     CLASS_ANNOTATION,
     CONSUME_ANNOTATION,
@@ -28,7 +28,6 @@ from controller.kueue.decisions import (
     verdict,
 )
 from controller.kueue.models import AdmissionCheckState, ResourceFlavor, TopologyAssignment
-from controller.kueue.settings import KueueConfig
 
 
 def cond(type_: str, status: str = "True", message: str = "", reason: str = "R") -> dict[str, Any]:

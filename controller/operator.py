@@ -42,10 +42,10 @@ from controller.reconcilers.telemetry import (
     planner_pass_observer,
     state_reading,
 )
-from controller.reconcilers.workqueue import WorkQueue
 from controller.state.cache import ClusterState, object_key
 from controller.state.feeds import Feeds
 from controller.state.planner import Planner
+from controller.workqueue import WorkQueue
 from providers.base import Provider, ProviderConfigError
 from providers.registry import ProviderContext
 
