@@ -57,7 +57,8 @@ from controller.kube.resources import (
 )
 from controller.reconcilers.operator import Controller
 from controller.runtime import freeze_heap, tune_gc
-from providers.kind import OWNER_ANNOTATION, KindProvider
+from controller.state.cache import OWNER_ANNOTATION
+from providers.kind import KindProvider
 
 ROOT = Path(__file__).resolve().parents[1]
 CRDS = ROOT / "crds"
