@@ -393,7 +393,7 @@ def load_config(path: Path | None = None, **overrides: Any) -> MusterConfig:
     if path is not None:
         problems += _check_yaml(path)
     if problems:
-        raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
+        raise ConfigError("invalid configuration: " + "; ".join(problems))
     token = _YAML_FILE.set(path)
     try:
         return MusterConfig(**overrides)
@@ -443,7 +443,7 @@ def _check_yaml(path: Path) -> list[str]:
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
-        return [f"{path}: not valid YAML: {exc}"]
+        return [f"{path}: not valid YAML: {' '.join(str(exc).split())}"]
     if data is not None and not isinstance(data, dict):
         return [f"{path}: must hold a mapping of settings, got {type(data).__name__}"]
     return []
@@ -451,11 +451,12 @@ def _check_yaml(path: Path) -> list[str]:
 
 def _describe(exc: ValidationError, path: Path | None) -> str:
     where = f" (file {path} and MUSTER_* variables)" if path else " (MUSTER_* variables)"
-    lines = [f"invalid configuration{where}:"]
+    problems = []
     for err in exc.errors():
         key = ".".join(str(p) for p in err["loc"]) or "<root>"
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = "unknown setting"
-        lines.append(f"  {key}: {msg} (got {err.get('input')!r})")
-    return "\n".join(lines)
+        problems.append(f"{key}: {msg} (got {err.get('input')!r})")
+    # One line (the CLI's rule for bad input), every problem named.
+    return f"invalid configuration{where}: " + "; ".join(problems)

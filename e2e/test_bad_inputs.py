@@ -15,7 +15,9 @@ import contextlib
 import copy
 import json
 import logging
-from collections.abc import Iterator
+import os
+import sys
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,14 +36,16 @@ from controller.kube.resources import (
 from controller.kueue.resources import WORKLOADS
 from controller.state.cache import KEY_LABEL
 from controller.state.tenancy import owner_uid_of_key
-from e2e.conftest import RUN_LABEL, Env
+from e2e.conftest import RUN_LABEL, TIERS, Env
 
-CORPUS = Path(__file__).resolve().parents[1] / "tests" / "corpus" / "bad_inputs.yaml"
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = ROOT / "tests" / "corpus" / "bad_inputs.yaml"
 POD_GROUPS = Resource("scheduling.k8s.io", "v1beta1", "podgroups", namespaced=True,
                       kind="PodGroup")
 ATOMIC = "atomic-provisioning.muster.dev"
 CASE_LABEL = "corpus.muster.dev/case"
 OBJECT_KINDS = ("ProvisioningRequest", "PodTemplate", "CapacityPool", "PodGroup", "Workload")
+"""The corpus's kinds of objects; ConfigFile and CLI cases run as command lines."""
 
 
 def corpus() -> dict[str, list[dict[str, Any]]]:
@@ -280,4 +284,98 @@ async def test_bad_inputs(env: Env, kind: str, request: pytest.FixtureRequest) -
         if env.unhealthy is not None:
             problems += [f"Muster unhealthy: {p}" for p in await env.unhealthy()]
     problems += [f"traceback logged: {t}" for t in tracebacks]
+    assert not problems, "\n".join(problems)
+
+
+# --------------------------------------------------------------------------- config, CLI
+
+MISSPELT = """\
+apiVersion: autoscaling.x-k8s.io/v1
+kind: ProvisioningRequest
+metadata: {name: r, namespace: default}
+spec:
+  provisioningClassName: atomic-provisioning.muster.dev
+  podSets: [{podTemplateRef: {name: t}, count: 1}]
+---
+apiVersion: v1
+kind: PodTemplate
+metadata: {name: t, namespace: default}
+template:
+  spec:
+    nodeSelektor: {a: b}
+    containers: [{name: c, image: pause}]
+"""
+
+
+async def _run_cli(args: list[str], env: dict[str, str]) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "controller.cli", *args, cwd=ROOT, env=env,
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        return -1, "", "timed out after 60 s (it did not stop at the bad input)"
+    return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+@contextlib.asynccontextmanager
+async def _tier_kubeconfig(tier: str, request: pytest.FixtureRequest,
+                           tmp: Path) -> AsyncIterator[Path]:
+    if tier == "real":
+        yield request.getfixturevalue("real_cluster").muster_kubeconfig
+        return
+    from sandbox.server import SandboxServer
+
+    async with SandboxServer() as server:
+        yield server.write_kubeconfig(tmp / "kubeconfig")
+
+
+@pytest.mark.parametrize("tier", TIERS)
+async def test_bad_config_files_and_command_lines(
+    tier: str, request: pytest.FixtureRequest, tmp_path: Path,
+) -> None:
+    data = corpus()
+    cases = [("ConfigFile", c) for c in data["ConfigFile"]] + [("CLI", c) for c in data["CLI"]]
+    (tmp_path / "ok.yaml").write_text("leader_election: {enabled: false}\n")
+    (tmp_path / "bad.yaml").write_text("not: [yaml\n")
+    (tmp_path / "misspelt.yaml").write_text(MISSPELT)
+    base_env = {k: v for k, v in os.environ.items()
+                if not k.startswith("MUSTER_") and k not in ("KUBERNETES_SERVICE_HOST",
+                                                             "KUBERNETES_SERVICE_PORT")}
+    problems: list[str] = []
+    async with _tier_kubeconfig(tier, request, tmp_path) as kubeconfig:
+        slots = {"kubeconfig": str(kubeconfig), "ok": str(tmp_path / "ok.yaml"),
+                 "bad_yaml": str(tmp_path / "bad.yaml"),
+                 "misspelt": str(tmp_path / "misspelt.yaml")}
+        gate = asyncio.Semaphore(4)
+
+        async def one(kind: str, case: dict[str, Any]) -> list[str]:
+            config = tmp_path / f"{case['id']}.yaml"
+            if "config" in case:
+                config.write_text(case["config"])
+            args = case.get("args") or ["run", "--config", str(config), "--kubeconfig",
+                                        "{kubeconfig}"]
+            args = [a.format(**slots) for a in args]
+            async with gate:
+                code, out, err = await _run_cli(args, {**base_env, **case.get("env", {})})
+            lines = [line for line in err.splitlines() if line.strip()]
+            where = f"{kind} {case['id']} (muster {' '.join(args)})"
+            found = []
+            if code != case.get("exit", 2):
+                found.append(f"{where}: exit {code}, expected {case.get('exit', 2)}: "
+                             f"{err[-500:]}")
+            if len(lines) != 1:
+                found.append(f"{where}: {len(lines)} lines on stderr, expected one: "
+                             f"{err[-800:]}")
+            if case["words"] not in err:
+                found.append(f"{where}: stderr lacks {case['words']!r}: {err[-500:]}")
+            if "Traceback" in err or "Traceback" in out:
+                found.append(f"{where}: a traceback")
+            return found
+
+        for found in await asyncio.gather(*(one(kind, case) for kind, case in cases)):
+            problems += found
     assert not problems, "\n".join(problems)

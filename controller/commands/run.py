@@ -86,6 +86,7 @@ def run_command(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     setup_logging(cfg.log_format, cfg.log_level)
+    from controller.kube import KubeconfigError
     from controller.leader import LeadershipLost
     from controller.reconcilers.operator import StartupError
 
@@ -93,6 +94,9 @@ def run_command(
     try:
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(_run(cfg, kubeconfig=kubeconfig, context=context, in_cluster=in_cluster))
+    except KubeconfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     except (StartupError, LeadershipLost) as exc:
         # Non-zero either way: the kubelet restarts the container, which campaigns afresh.
         typer.echo(f"error: {exc}", err=True)

@@ -113,6 +113,11 @@ BodyList = list[Body]
 """Alias: inside :class:`KubeClient`, ``list`` names the method."""
 
 
+class KubeconfigError(Exception):
+    """The kubeconfig (or the pod's service account) cannot be used: missing, unreadable,
+    or without the context asked for. Bad input, not a bug: said in one line."""
+
+
 class KubeClient:
     """Async access to one cluster. Create with :meth:`from_kubeconfig` or :meth:`in_cluster`;
     close with :meth:`close` (or ``async with``)."""
@@ -142,19 +147,28 @@ class KubeClient:
     async def from_kubeconfig(
         cls, path: Path | None = None, *, context: str | None = None
     ) -> KubeClient:
+        if path is not None and not os.path.isfile(path):  # noqa: ASYNC240 (a stat, once)
+            raise KubeconfigError(f"{path}: kubeconfig not found")
         cfg = k8s_client.Configuration()
-        await k8s_config.load_kube_config(
-            config_file=str(path) if path else None,
-            context=context,
-            client_configuration=cfg,
-            persist_config=False,
-        )
+        try:
+            await k8s_config.load_kube_config(
+                config_file=str(path) if path else None,
+                context=context,
+                client_configuration=cfg,
+                persist_config=False,
+            )
+        except (k8s_config.ConfigException, OSError, ValueError) as exc:
+            where = path or os.environ.get("KUBECONFIG") or "~/.kube/config"
+            raise KubeconfigError(f"{where}: {' '.join(str(exc).split())}") from None
         return cls(k8s_client.ApiClient(configuration=_pooled(cfg)))
 
     @classmethod
     def in_cluster(cls) -> KubeClient:
         cfg = k8s_client.Configuration()
-        k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+        try:
+            k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+        except k8s_config.ConfigException as exc:
+            raise KubeconfigError(f"--in-cluster: {exc}") from None
         return cls(k8s_client.ApiClient(configuration=_pooled(cfg)))
 
     @property
