@@ -222,11 +222,14 @@ async def test_bad_inputs(env: Env, kind: str, request: pytest.FixtureRequest) -
     await env.kube.create(POD_TEMPLATES, _worker(env, "workers"), namespace=env.namespace)
     bought: dict[str, str] = {}  # every node of the run seen meanwhile -> its key
 
+    async def sample_once() -> None:
+        nodes = await env.kube.list(NODES, label_selector=f"{RUN_LABEL}={env.run}")
+        for node in nodes.get("items") or []:
+            bought[node["metadata"]["name"]] = node["metadata"]["labels"].get(KEY_LABEL, "")
+
     async def sample() -> None:
         while True:
-            nodes = await env.kube.list(NODES, label_selector=f"{RUN_LABEL}={env.run}")
-            for node in nodes.get("items") or []:
-                bought[node["metadata"]["name"]] = node["metadata"]["labels"].get(KEY_LABEL, "")
+            await sample_once()
             await asyncio.sleep(0.1)
 
     sampler = asyncio.create_task(sample())
@@ -274,6 +277,7 @@ async def test_bad_inputs(env: Env, kind: str, request: pytest.FixtureRequest) -
         sampler.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await sampler
+        await sample_once()  # the control's nodes may have come and gone between samples
         control_uid = (await env.get("control"))["metadata"]["uid"]
         for node, key in sorted(bought.items()):
             if owner_uid_of_key(key) != control_uid:
