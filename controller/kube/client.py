@@ -26,6 +26,7 @@ import orjson
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 
+from controller import __version__
 from controller.kube.problems import ProblemLog
 from controller.kube.resources import Resource
 
@@ -118,12 +119,19 @@ class KubeconfigError(Exception):
     or without the context asked for. Bad input, not a bug: said in one line."""
 
 
+USER_AGENT = f"muster/{__version__}"
+"""How the API server's audit log, its priority-and-fairness metrics and its logs name
+Muster's requests (client-go sends ``<binary>/<version>`` the same way)."""
+
+
 class KubeClient:
     """Async access to one cluster. Create with :meth:`from_kubeconfig` or :meth:`in_cluster`;
     close with :meth:`close` (or ``async with``)."""
 
-    def __init__(self, api_client: k8s_client.ApiClient) -> None:
+    def __init__(self, api_client: k8s_client.ApiClient, *,
+                 user_agent: str = USER_AGENT) -> None:
         self._api = api_client
+        self._user_agent = user_agent
         _no_env_lookups(api_client)
         rest = api_client.rest_client
         self._session: aiohttp.ClientSession = rest.pool_manager
@@ -145,7 +153,8 @@ class KubeClient:
 
     @classmethod
     async def from_kubeconfig(
-        cls, path: Path | None = None, *, context: str | None = None
+        cls, path: Path | None = None, *, context: str | None = None,
+        user_agent: str = USER_AGENT,
     ) -> KubeClient:
         if path is not None and not os.path.isfile(path):  # noqa: ASYNC240 (a stat, once)
             raise KubeconfigError(f"{path}: kubeconfig not found")
@@ -160,16 +169,16 @@ class KubeClient:
         except (k8s_config.ConfigException, OSError, ValueError) as exc:
             where = path or os.environ.get("KUBECONFIG") or "~/.kube/config"
             raise KubeconfigError(f"{where}: {' '.join(str(exc).split())}") from None
-        return cls(k8s_client.ApiClient(configuration=_pooled(cfg)))
+        return cls(k8s_client.ApiClient(configuration=_pooled(cfg)), user_agent=user_agent)
 
     @classmethod
-    def in_cluster(cls) -> KubeClient:
+    def in_cluster(cls, *, user_agent: str = USER_AGENT) -> KubeClient:
         cfg = k8s_client.Configuration()
         try:
             k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
         except k8s_config.ConfigException as exc:
             raise KubeconfigError(f"--in-cluster: {exc}") from None
-        return cls(k8s_client.ApiClient(configuration=_pooled(cfg)))
+        return cls(k8s_client.ApiClient(configuration=_pooled(cfg)), user_agent=user_agent)
 
     @property
     def host(self) -> str:
@@ -269,7 +278,7 @@ class KubeClient:
         request on it then hangs until its timeout. Shielded, the request completes on its
         own and its response is closed.
         """
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": "application/json", "User-Agent": self._user_agent}
         data = None
         if body is not None:
             headers["Content-Type"] = content_type

@@ -420,3 +420,21 @@ def test_enforcement_refuses_what_is_not_granted() -> None:
     assert not default.allows(Call("patch", "coordination.k8s.io", "leases", "kube-node-lease",
                                    "n1"))
 
+
+def test_cloud_providers_hold_no_kubernetes_client() -> None:
+    # README "RBAC per provider": the aws and gcp rows grant nothing beyond config/rbac because
+    # only the fake provider (and the registry that hands it the client) talks to the API
+    # server; the real tier's audit log records what the controller itself calls.
+    import ast
+
+    allowed = {"__init__", "registry", "kind", "fake"}
+    offenders = []
+    for path in sorted((ROOT / "providers").glob("*.py")):
+        if path.stem in allowed:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{path.name}: {n}" for n in names
+                          if n.startswith(("controller.kube", "kubernetes_asyncio", "kopf"))]
+    assert not offenders
