@@ -11,13 +11,21 @@ reads the environment on its own.
 from __future__ import annotations
 
 import contextvars
+import ipaddress
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -27,6 +35,7 @@ from pydantic_settings import (
 
 from controller.fit.types import Mode
 from controller.kueue.settings import KueueConfig
+from controller.podgroups.settings import PodGroupsConfig
 from controller.topology_defaults import DEFAULT_LEVELS
 
 ENV_PREFIX = "MUSTER_"
@@ -129,6 +138,13 @@ class RetryConfig(_Section):
         description="Planning or acquisition attempts before a request that keeps missing "
         "capacity is marked Failed.",
     )
+    template_wait_seconds: float = Field(
+        default=10.0,
+        ge=0,
+        description="How long after its creation a request waits for a PodTemplate it names "
+        "before failing FailedToCreatePods (clients such as kubectl apply -k and Kueue "
+        "create the request and its templates a moment apart, in either order).",
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> RetryConfig:
@@ -155,6 +171,13 @@ class AcquisitionConfig(_Section):
         ge=0,
         description="How long a gang's nodes stay after its last pod is gone before they "
         "are released together.",
+    )
+    orphan_grace_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        description="How long the collector waits before releasing nodes no request holds "
+        "(an interrupted attempt, a request that is gone): the window in which a plan just "
+        "persisted, or persisted by a previous leader, may not have reached its cache yet.",
     )
     collect_interval_seconds: float = Field(
         default=15.0,
@@ -219,7 +242,7 @@ class BudgetsConfig(_Section):
         return self.namespaces.get(namespace, self.namespace_default)
 
 
-class KindProviderConfig(_Section):
+class FakeProviderConfig(_Section):
     acquire_latency_seconds: float = Field(
         default=0.0, ge=0, description="Simulated time one acquisition of the fake provider takes."
     )
@@ -239,7 +262,7 @@ class KindProviderConfig(_Section):
 
 
 class ProvidersConfig(_Section):
-    kind: KindProviderConfig = Field(default_factory=KindProviderConfig)
+    kind: FakeProviderConfig = Field(default_factory=FakeProviderConfig)
     settings: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
         description="Settings of other providers by name (aws, gcp), validated by the "
@@ -267,6 +290,30 @@ class ServerConfig(_Section):
         default=8080, ge=0, le=65535,
         description="Port of /healthz (liveness, JSON counters) and /readyz (readiness).",
     )
+    metrics_address: str = Field(
+        default="0.0.0.0",
+        description="IP address /metrics listens on (0.0.0.0: every IPv4 interface, :: every "
+        "interface, 127.0.0.1 this host only).",
+    )
+    probe_address: str = Field(
+        default="0.0.0.0",
+        description="IP address /healthz and /readyz listen on (the kubelet probes the pod's "
+        "IP, so keep a wildcard in a pod).",
+    )
+
+    @field_validator("metrics_address", "probe_address")
+    @classmethod
+    def _ip_address(cls, value: str) -> str:
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            raise ValueError(f"not an IP address: {value!r}") from None
+        return value
+
+    @property
+    def shared_port(self) -> bool:
+        """/metrics and the probes on one plain-HTTP listener (same port, not secure)."""
+        return not self.metrics_secure and self.metrics_port == self.probe_port
 
     @model_validator(mode="after")
     def _secure_metrics_apart(self) -> ServerConfig:
@@ -274,6 +321,10 @@ class ServerConfig(_Section):
             raise ValueError(
                 "metrics_port and probe_port must differ while metrics_secure is on: "
                 "/metrics is HTTPS, the kubelet probes plain HTTP")
+        if self.shared_port and self.metrics_address != self.probe_address:
+            raise ValueError(
+                "metrics_port equals probe_port (one listener): metrics_address and "
+                "probe_address must then be equal")
         return self
 
 
@@ -356,6 +407,7 @@ class MusterConfig(BaseSettings):
         "benchmarks/controller_bench.py).",
     )
     kueue: KueueConfig = Field(default_factory=KueueConfig)
+    podgroups: PodGroupsConfig = Field(default_factory=PodGroupsConfig)
     log_format: Literal["text", "json"] = Field(
         default="text", description="json: one JSON object per line, for log collectors."
     )
@@ -393,7 +445,8 @@ def load_config(path: Path | None = None, **overrides: Any) -> MusterConfig:
     if path is not None:
         problems += _check_yaml(path)
     if problems:
-        raise ConfigError("invalid configuration: " + "; ".join(problems))
+        sep = " " if len(problems) == 1 else "\n  "
+        raise ConfigError("invalid configuration:" + sep + "\n  ".join(problems))
     token = _YAML_FILE.set(path)
     try:
         return MusterConfig(**overrides)
@@ -442,6 +495,10 @@ def _check_yaml(path: Path) -> list[str]:
         return [f"{path}: config file not found"]
     try:
         data = yaml.safe_load(path.read_text())
+    except UnicodeDecodeError:
+        return [f"{path}: not a text file (not UTF-8); expected YAML"]
+    except OSError as exc:
+        return [f"{path}: {exc.strerror or exc}"]
     except yaml.YAMLError as exc:
         return [f"{path}: not valid YAML: {' '.join(str(exc).split())}"]
     if data is not None and not isinstance(data, dict):
@@ -451,12 +508,12 @@ def _check_yaml(path: Path) -> list[str]:
 
 def _describe(exc: ValidationError, path: Path | None) -> str:
     where = f" (file {path} and MUSTER_* variables)" if path else " (MUSTER_* variables)"
-    problems = []
-    for err in exc.errors():
+    lines = [f"invalid configuration{where}:"]
+    errors = exc.errors()
+    for err in errors:
         key = ".".join(str(p) for p in err["loc"]) or "<root>"
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = "unknown setting"
-        problems.append(f"{key}: {msg} (got {err.get('input')!r})")
-    # One line (the CLI's rule for bad input), every problem named.
-    return f"invalid configuration{where}: " + "; ".join(problems)
+        lines.append(f"{key}: {msg} (got {err.get('input')!r})")
+    return " ".join(lines) if len(errors) == 1 else "\n  ".join(lines)

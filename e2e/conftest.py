@@ -1,7 +1,7 @@
 """End-to-end fixtures: the same scenarios against the in-process sandbox or a real cluster.
 
 By default each test gets a fresh API sandbox with Muster's CRDs, Muster's controller
-(in-process, config ``e2e/muster-e2e.yaml``) with the kind provider, and the sandbox
+(in-process, config ``e2e/muster-e2e.yaml``) with the fake provider, and the sandbox
 scheduler. With ``--kubeconfig PATH`` the tests talk to that cluster instead, where Muster
 must already run with the same config (see the README, "End-to-end tests"); scenarios that
 need to restart the controller are skipped there, saying why.
@@ -74,7 +74,7 @@ class Env:
 
     @property
     def provider(self) -> Any:
-        """The running in-process controller's kind provider (None against a cluster)."""
+        """The running in-process controller's fake provider (None against a cluster)."""
         return self.providers[-1] if self.providers else None
 
     def provider_calls(self) -> list[Any]:
@@ -109,14 +109,15 @@ class Env:
         self.cleanup.append(lambda: self.kube.delete(CAPACITY_POOLS, body["metadata"]["name"]))
         return str(body["metadata"]["name"])
 
-    async def worker_template(self, name: str = "workers", *, level: str | None = objects.RACK
-                              ) -> Body:
+    async def worker_template(self, name: str = "workers", *, level: str | None = objects.RACK,
+                              annotations: dict[str, str] | None = None) -> Body:
         body = objects.pod_template(
             name, namespace=self.namespace,
             requests={"cpu": "90", "memory": "900Gi", objects.GPU: "8"},
             required_level=level, tolerations=[objects.GPU_TOLERATION],
             node_selector=self.selector,
         )
+        body["template"]["metadata"]["annotations"].update(annotations or {})
         await self.kube.create(POD_TEMPLATES, body, namespace=self.namespace)
         return body
 
@@ -257,7 +258,7 @@ async def _sandbox_env(namespace: str, run: str, config: MusterConfig) -> AsyncI
     import tempfile
 
     from controller.reconcilers.operator import Controller
-    from providers.kind import KindProvider
+    from providers.fake import FakeProvider
     from sandbox.server import SandboxServer
 
     server = SandboxServer(crd_dir=CRD_DIR, bookmark_interval=0.5)
@@ -267,12 +268,12 @@ async def _sandbox_env(namespace: str, run: str, config: MusterConfig) -> AsyncI
     kube = await KubeClient.from_kubeconfig(path)
     scheduler = _scheduler(server)
     holder: dict[str, Any] = {"controller": None, "kube": None}
-    providers: list[KindProvider] = []
+    providers: list[FakeProvider] = []
 
     async def start() -> None:
         # Like a restarted process: its own client (connections) and provider instance.
         own = await KubeClient.from_kubeconfig(path)
-        provider = KindProvider(own, heartbeat_seconds=config.providers.kind.heartbeat_seconds)
+        provider = FakeProvider(own, heartbeat_seconds=config.providers.kind.heartbeat_seconds)
         providers.append(provider)
         controller = Controller(kube=own, config=config, providers={"kind": provider})
         await controller.start()

@@ -75,10 +75,10 @@ def read(log: Path, user: str = MUSTER_USER, *, since: int = 0,
             if ref.get("subresource"):
                 resource += "/" + ref["subresource"]
             right = Right(ref.get("apiGroup", ""), resource, event.get("verb", ""))
-            code = (event.get("responseStatus") or {}).get("code", 200)
-            # A 403 the authorizer allowed is admission's (an Event posted into a namespace
-            # being deleted: NamespaceTerminating), not a missing grant.
+            # Refused by the authorizer, not by admission: a 403 the authorizer allowed is
+            # e.g. NamespaceLifecycle refusing an Event in a namespace being deleted.
             decision = (event.get("annotations") or {}).get("authorization.k8s.io/decision")
+            code = (event.get("responseStatus") or {}).get("code", 200)
             target = refused if code == 403 and decision != "allow" else used
             target[right] = target.get(right, 0) + 1
     return Usage(used, refused)

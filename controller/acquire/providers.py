@@ -1,7 +1,8 @@
 """Which provider serves a CapacityPool: ``spec.provider`` resolved once per name.
 
 Instances come from :mod:`providers.registry`, or are injected (the demo and the tests hand
-in their own :class:`providers.kind.KindProvider` to inspect its calls). With metrics,
+in their own :class:`providers.fake.FakeProvider` to inspect its calls; a pool may name it
+``kind`` or ``fake``, one instance serves both). With metrics,
 :meth:`ProviderSet.for_pool` hands out the provider behind :class:`MeteredProvider`, which
 counts acquire and release calls by pool and result, and the nodes they moved.
 """
@@ -16,7 +17,7 @@ from controller.api.capacitypool import CapacityPool
 from controller.metrics import ControllerMetrics
 from controller.problems import ProblemLog, retrying
 from providers.base import AcquireRequest, ProvidedNode, Provider
-from providers.registry import ProviderContext, create
+from providers.registry import ProviderContext, canonical, create
 
 log = logging.getLogger(__name__)
 _problems = ProblemLog(log)
@@ -46,11 +47,12 @@ class ProviderSet:
         return MeteredProvider(provider, self._metrics)
 
     def get(self, name: str) -> Provider:
+        given, name = name, canonical(name)
         provider = self._instances.get(name)
         if provider is None:
             ctx = ProviderContext(
                 kube=self._context.kube,
-                settings=dict(self._settings.get(name, {})),
+                settings=dict(self._settings.get(name) or self._settings.get(given) or {}),
                 now=self._context.now,
                 cluster_name=self._context.cluster_name,
             )
@@ -62,15 +64,11 @@ class ProviderSet:
 
     def _start_later(self, name: str, provider: Provider) -> None:
         # A provider first needed while Muster runs (a pool created after start-up) must be
-        # started too, or the kind provider's heartbeat never renews its nodes' Leases and the
+        # started too, or the fake provider's heartbeat never renews its nodes' Leases and the
         # node lifecycle controller marks them NotReady.
-        start = getattr(provider, "start", None)
-        if start is None:
-            return
-
         async def run() -> None:
             try:
-                await retrying(start, f"starting provider {name}", _problems)
+                await retrying(provider.start, f"starting provider {name}", _problems)
             except Exception:
                 log.exception("provider %s failed to start", name)
 
@@ -118,6 +116,12 @@ class MeteredProvider:
 
     async def list(self, pool: CapacityPool) -> list[ProvidedNode]:
         return await self.inner.list(pool)
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def stop(self) -> None:
+        await self.inner.stop()
 
 
 def _result(exc: BaseException) -> str:

@@ -114,11 +114,6 @@ BodyList = list[Body]
 """Alias: inside :class:`KubeClient`, ``list`` names the method."""
 
 
-class KubeconfigError(Exception):
-    """The kubeconfig (or the pod's service account) cannot be used: missing, unreadable,
-    or without the context asked for. Bad input, not a bug: said in one line."""
-
-
 USER_AGENT = f"muster/{__version__}"
 """How the API server's audit log, its priority-and-fairness metrics and its logs name
 Muster's requests (client-go sends ``<binary>/<version>`` the same way)."""
@@ -156,28 +151,19 @@ class KubeClient:
         cls, path: Path | None = None, *, context: str | None = None,
         user_agent: str = USER_AGENT,
     ) -> KubeClient:
-        if path is not None and not os.path.isfile(path):  # noqa: ASYNC240 (a stat, once)
-            raise KubeconfigError(f"{path}: kubeconfig not found")
         cfg = k8s_client.Configuration()
-        try:
-            await k8s_config.load_kube_config(
-                config_file=str(path) if path else None,
-                context=context,
-                client_configuration=cfg,
-                persist_config=False,
-            )
-        except (k8s_config.ConfigException, OSError, ValueError) as exc:
-            where = path or os.environ.get("KUBECONFIG") or "~/.kube/config"
-            raise KubeconfigError(f"{where}: {' '.join(str(exc).split())}") from None
+        await k8s_config.load_kube_config(
+            config_file=str(path) if path else None,
+            context=context,
+            client_configuration=cfg,
+            persist_config=False,
+        )
         return cls(k8s_client.ApiClient(configuration=_pooled(cfg)), user_agent=user_agent)
 
     @classmethod
     def in_cluster(cls, *, user_agent: str = USER_AGENT) -> KubeClient:
         cfg = k8s_client.Configuration()
-        try:
-            k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-        except k8s_config.ConfigException as exc:
-            raise KubeconfigError(f"--in-cluster: {exc}") from None
+        k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
         return cls(k8s_client.ApiClient(configuration=_pooled(cfg)), user_agent=user_agent)
 
     @property

@@ -29,6 +29,8 @@ from controller.kube.resources import CAPACITY_POOLS, PROVISIONING_REQUESTS
 from controller.kueue.integration import EVENT_COMPONENT as KUEUE_EVENTS
 from controller.kueue.integration import KueueIntegration, KueueNotInstalled
 from controller.metrics import ControllerMetrics
+from controller.podgroups.integration import EVENT_COMPONENT as GANG_EVENTS
+from controller.podgroups.integration import PodGroupIntegration
 from controller.problems import LOG_INTERVAL, ProblemLog, describe, retrying, transient
 from controller.reconcilers.handlers import build_registry
 from controller.reconcilers.pools import sync_pool_finalizers
@@ -88,8 +90,7 @@ class Controller:
         self.events = EventBroadcaster(kube, now=self.clock.now, queue_size=event_queue_size)
         self.providers = ProviderSet(
             ProviderContext(kube=kube, now=self.clock.now, cluster_name=config.cluster_name),
-            settings={"kind": config.providers.kind.model_dump(), "fake":
-                      config.providers.kind.model_dump(), **config.providers.settings},
+            settings={"kind": config.providers.kind.model_dump(), **config.providers.settings},
             instances=providers,
             metrics=self.metrics,
         )
@@ -112,7 +113,8 @@ class Controller:
         ))
         self.collector = Collector(
             state=self.state, providers=self.providers,
-            idle_ttl=config.acquisition.idle_ttl_seconds, now=self.clock.now,
+            idle_ttl=config.acquisition.idle_ttl_seconds,
+            grace=config.acquisition.orphan_grace_seconds, now=self.clock.now,
             in_flight=lambda: self.service.in_flight,
         )
         self.feeds = Feeds(kube, self.state, with_requests=not self.use_kopf)
@@ -121,6 +123,11 @@ class Controller:
                              levels=config.topology.levels, state=self.state,
                              events=self.events.recorder(KUEUE_EVENTS))
             if config.kueue.enabled else None
+        )
+        self.podgroups = (
+            PodGroupIntegration(kube=kube, config=config.podgroups, clock=self.clock,
+                                events=self.events.recorder(GANG_EVENTS))
+            if config.podgroups.enabled else None
         )
         self._tasks: list[asyncio.Task[None]] = []
         self._kopf_stop: asyncio.Event | None = None
@@ -181,9 +188,7 @@ class Controller:
             except ProviderConfigError as exc:  # the reconcile reports it on the request
                 log.warning("pool %s: %s", pool.metadata.name, exc)
         for name, provider in self.providers.instances().items():
-            start = getattr(provider, "start", None)
-            if start is not None:
-                await retrying(start, f"starting provider {name}", self.problems)
+            await retrying(provider.start, f"starting provider {name}", self.problems)
         self.providers.running = True
         released = await retrying(self.collector.run_once, "start-up collection", self.problems)
         if released:
@@ -199,9 +204,15 @@ class Controller:
             await self._start_kopf()
         self._tasks.append(asyncio.create_task(self._collect_loop(), name="collector"))
         self._tasks.append(asyncio.create_task(self._pool_loop(), name="pool-finalizers"))
+        await self._start_integrations()
+        self.ready = True
+
+    async def _start_integrations(self) -> None:
         if self.kueue is not None:
             await self.kueue.start()
-        self.ready = True
+        if self.podgroups is not None and not await retrying(
+                self.podgroups.start, "starting native gangs", self.problems):
+            self.podgroups = None  # the API is not served (logged)
 
     async def _wait_synced(self) -> None:
         while True:  # the watches retry their lists themselves; this only waits and says so
@@ -222,6 +233,8 @@ class Controller:
         self.queue.halt()
         if self.kueue is not None:
             self.kueue.halt()
+        if self.podgroups is not None:
+            self.podgroups.halt()
         if self._kopf_stop is not None:
             self._kopf_stop.set()
         for task in self._tasks:
@@ -240,6 +253,8 @@ class Controller:
         tasks = [*self._tasks, *self.queue.tasks, *self.feeds.tasks]
         if self.kueue is not None:
             tasks += self.kueue.tasks
+        if self.podgroups is not None:
+            tasks += self.podgroups.tasks
         return sorted(
             t.get_name() for t in tasks
             if t.done() and (t.cancelled() or t.exception() is not None)
@@ -316,6 +331,8 @@ class Controller:
         self.providers.running = False
         if self.kueue is not None:
             await self.kueue.stop()
+        if self.podgroups is not None:
+            await self.podgroups.stop()
         ours = [t for t in self._tasks if t is not self.kopf_task]
         for task in ours:
             task.cancel()
@@ -331,9 +348,7 @@ class Controller:
         await self.events.stop()  # after the queue: the last reconciles' events still go out
         await self.feeds.stop()
         for provider in self.providers.instances().values():
-            stop = getattr(provider, "stop", None)
-            if stop is not None:
-                await stop()
+            await provider.stop()
         left = await self.kube.drain(within=KOPF_STOP_SECONDS)
         if left:
             log.warning("%d API request(s) still unanswered while stopping", left)
