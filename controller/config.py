@@ -218,6 +218,23 @@ class NamespaceLimits(_Section):
                 or self.max_cost_per_hour is not None)
 
 
+class PoolStatusConfig(_Section):
+    interval_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="How often Muster recomputes every CapacityPool's status from its cache "
+        "(never per node heartbeat); a pool's status is written only when it changed, at "
+        "most once per interval.",
+    )
+    max_writes_per_second: float = Field(
+        default=2.0,
+        gt=0,
+        description="Cap of CapacityPool status writes across all pools; changes beyond it "
+        "wait for the next interval (oldest first). Worst case: min(pools / "
+        "interval_seconds, this) writes per second.",
+    )
+
+
 class BudgetsConfig(_Section):
     max_new_nodes_per_request: int | None = Field(
         default=None, ge=1, description="Refuse plans adding more nodes than this."
@@ -397,6 +414,7 @@ class MusterConfig(BaseSettings):
     retry: RetryConfig = Field(default_factory=RetryConfig)
     acquisition: AcquisitionConfig = Field(default_factory=AcquisitionConfig)
     budgets: BudgetsConfig = Field(default_factory=BudgetsConfig)
+    pool_status: PoolStatusConfig = Field(default_factory=PoolStatusConfig)
     providers: ProvidersConfig = Field(default_factory=ProvidersConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
     leader_election: LeaderElectionConfig = Field(default_factory=LeaderElectionConfig)

@@ -70,6 +70,8 @@ class Env:
     unhealthy: Callable[[], Awaitable[list[str]]] | None = None
     """What is wrong with the running Muster now (dead tasks, an exited process, a failing
     ``/healthz``); empty when healthy. None where no Muster of the test's is known."""
+    kubeconfig: Path | None = None
+    """An admin kubeconfig of the cluster (for clients in other processes: kubectl muster)."""
     cleanup: list[Callable[[], Awaitable[Any]]] = field(default_factory=list)
 
     @property
@@ -238,7 +240,8 @@ async def env(request: pytest.FixtureRequest) -> AsyncIterator[Env]:
         muster = request.getfixturevalue("muster_rbac_clean")
         kubeconfig = str(muster.cluster.admin_kubeconfig)
     async with await KubeClient.from_kubeconfig(Path(kubeconfig)) as kube:
-        e = Env(kube=kube, namespace=namespace, run=run, external=True, config=config)
+        e = Env(kube=kube, namespace=namespace, run=run, external=True, config=config,
+                kubeconfig=Path(kubeconfig))
         if muster is not None:
             e.unhealthy = lambda: asyncio.to_thread(_process_problems, muster)
             e.stop_controller = lambda: asyncio.to_thread(muster.stop)
@@ -299,7 +302,7 @@ async def _sandbox_env(namespace: str, run: str, config: MusterConfig) -> AsyncI
 
     e = Env(kube=kube, namespace=namespace, run=run, external=False, config=config,
             restart=restart, stop_controller=stop, start_controller=start, providers=providers,
-            unhealthy=unhealthy)
+            unhealthy=unhealthy, kubeconfig=path)
     try:
         await _namespace(kube, namespace)
         await start()

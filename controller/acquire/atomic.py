@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 
 from controller.api.capacitypool import CapacityPool
+from controller.decisions import decide
 from controller.state.bookings import Group
 from providers.base import AcquireRequest, CapacityUnavailable, Provider, ProviderError
 
@@ -88,7 +89,8 @@ async def acquire_all(
             acquired[group.key] = result
     if not failures:
         return acquired
-    await release_groups(groups, pools=pools, provider_for=provider_for)
+    await release_groups(groups, pools=pools, provider_for=provider_for, owner=owner,
+                         why="rolling back the failed acquisition (all or nothing)")
     first = failures[0]
     if isinstance(first, asyncio.CancelledError):
         raise first
@@ -124,8 +126,11 @@ async def release_groups(
     *,
     pools: Mapping[str, CapacityPool],
     provider_for: ProviderFor,
+    owner: str = "",
+    why: str = "",
 ) -> int:
-    """Release every group (idempotent); return how many nodes were deleted.
+    """Release every group (idempotent); return how many nodes were deleted. Each group
+    that deleted nodes is one ``release`` decision line naming ``owner`` and ``why``.
 
     Errors are logged and the remaining groups still released; the orphan collector retries
     whatever is left.
@@ -136,10 +141,16 @@ async def release_groups(
             log.warning("cannot release %s: CapacityPool %s is gone", group.key, group.pool)
             return 0
         try:
-            return await provider_for(pool).release(pool, group.key)
+            count = await provider_for(pool).release(pool, group.key)
         except ProviderError as exc:
             log.warning("releasing %s in pool %s failed: %s", group.key, group.pool, exc)
+            decide("release", owner or "-", outcome="failed", pool=group.pool, key=group.key,
+                   error=str(exc), why=why)
             return 0
+        if count:
+            decide("release", owner or "-", outcome="released", pool=group.pool,
+                   key=group.key, nodes=count, why=why)
+        return count
 
     counts: Sequence[int] = await asyncio.gather(*(one(g) for g in groups))
     return sum(counts)

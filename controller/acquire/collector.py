@@ -26,6 +26,7 @@ from datetime import datetime
 from controller.acquire.providers import ProviderSet
 from controller.acquire.recovery import GroupView, Seen, decide
 from controller.api.capacitypool import CapacityPool
+from controller.decisions import decide as log_decision
 from controller.state.bookings import PHASE_ANNOTATION, PLAN_ANNOTATION, Booking, Phase
 from controller.state.cache import ClusterState
 from providers.base import ProvidedNode, ProviderError
@@ -61,6 +62,9 @@ class Collector:
         self._seen: dict[str, Seen] = {}
         self._unfinished: dict[str, str] = {}
         """Key -> pool of a release that failed: retried until it succeeds."""
+        self._list_errors: dict[str, str] = {}
+        """Pool -> why listing it failed last pass (logged once per change, not per pass;
+        the pool's ProviderReady condition carries it meanwhile)."""
 
     async def run_once(self) -> list[Released]:
         self._state.prune_vanished()
@@ -72,10 +76,8 @@ class Collector:
         listed: set[str] = set()
         complete = True
         for pool in pools.values():
-            try:
-                provided = await self._providers.for_pool(pool).list(pool)
-            except ProviderError as exc:
-                log.warning("listing pool %s failed: %s", pool.metadata.name, exc)
+            provided = await self._list(pool)
+            if provided is None:
                 complete = False
                 continue
             deleting = self._state.pool_deleting(pool.metadata.name)
@@ -94,7 +96,8 @@ class Collector:
                                   grace=self._grace, idle_ttl=self._idle_ttl)
                 self._seen[key] = decision.seen
                 if decision.release:
-                    done = await self._release(pool, key, decision.why)
+                    done = await self._release(pool, key, decision.why,
+                                               owner=nodes[0].owner)
                     if done is not None:
                         released.append(done)
         for key, pool_name in sorted(self._unfinished.items()):
@@ -108,7 +111,25 @@ class Collector:
                 del self._seen[key]
         return released
 
-    async def _release(self, pool: CapacityPool, key: str, why: str) -> Released | None:
+    async def _list(self, pool: CapacityPool) -> list[ProvidedNode] | None:
+        """The pool's nodes as its provider lists them; None (logged once per change of
+        the error, not per pass) when it cannot."""
+        name = pool.metadata.name
+        try:
+            provided = await self._providers.for_pool(pool).list(pool)
+        except ProviderError as exc:
+            if self._list_errors.get(name) != str(exc):
+                log.warning("listing pool %s failed: %s (logged again only if this "
+                            "changes; see its ProviderReady condition)", name, exc)
+            self._list_errors[name] = str(exc)
+            return None
+        if self._list_errors.pop(name, None) is not None:
+            log.info("listing pool %s works again", name)
+        return provided
+
+    async def _release(
+        self, pool: CapacityPool, key: str, why: str, *, owner: str = ""
+    ) -> Released | None:
         name = pool.metadata.name
         try:
             count = await self._providers.for_pool(pool).release(pool, key)
@@ -116,10 +137,13 @@ class Collector:
             self._unfinished[key] = name
             log.warning("releasing %s in pool %s failed (retried at the next sweep): %s",
                         key, name, exc)
+            log_decision("release", owner or "-", outcome="failed", pool=name, key=key,
+                         error=str(exc), why=why)
             return None
         self._unfinished.pop(key, None)
         self._seen.pop(key, None)
-        log.info("released %d node(s) of %s in pool %s: %s", count, key, name, why)
+        log_decision("release", owner or "-", outcome="released", pool=name, key=key,
+                     nodes=count, why=why)
         return Released(key, name, count, why)
 
     def _owners(self) -> dict[str, tuple[Phase, frozenset[str]]]:

@@ -33,6 +33,7 @@ from controller.podgroups.integration import EVENT_COMPONENT as GANG_EVENTS
 from controller.podgroups.integration import PodGroupIntegration
 from controller.problems import LOG_INTERVAL, ProblemLog, describe, retrying, transient
 from controller.reconcilers.handlers import build_registry
+from controller.reconcilers.pool_status import PoolStatusWriter
 from controller.reconcilers.pools import sync_pool_finalizers
 from controller.reconcilers.service import ProvisioningService
 from controller.reconcilers.telemetry import (
@@ -116,6 +117,10 @@ class Controller:
             idle_ttl=config.acquisition.idle_ttl_seconds,
             grace=config.acquisition.orphan_grace_seconds, now=self.clock.now,
             in_flight=lambda: self.service.in_flight,
+        )
+        self.pool_status = PoolStatusWriter(
+            kube=kube, state=self.state, providers=self.providers, config=config.pool_status,
+            clock=self.clock, metrics=self.metrics,
         )
         self.feeds = Feeds(kube, self.state, with_requests=not self.use_kopf)
         self.kueue = (
@@ -204,6 +209,7 @@ class Controller:
             await self._start_kopf()
         self._tasks.append(asyncio.create_task(self._collect_loop(), name="collector"))
         self._tasks.append(asyncio.create_task(self._pool_loop(), name="pool-finalizers"))
+        self._tasks.append(asyncio.create_task(self.pool_status.run(), name="pool-status"))
         await self._start_integrations()
         self.ready = True
 

@@ -209,6 +209,7 @@ async def _controller(
     settings["acquisition"].update(node_ready_timeout_seconds=10, idle_ttl_seconds=0.5)
     settings.setdefault("providers", {}).setdefault("kind", {})["heartbeat_seconds"] = 0.2
     settings["acquisition"]["collect_interval_seconds"] = 0.3
+    settings["pool_status"] = {"interval_seconds": 0.3}
     # Renewals (get + patch of the Lease) happen within the scenario's seconds.
     settings["leader_election"].update(
         lease_duration_seconds=3, renew_deadline_seconds=2, retry_period_seconds=0.3)
