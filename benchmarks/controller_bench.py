@@ -64,7 +64,8 @@ from controller.kube.resources import (
 )
 from controller.operator import Controller
 from controller.runtime import freeze_heap, tune_gc
-from providers.fake import OWNER_ANNOTATION, FakeProvider
+from controller.topology_defaults import OWNER_ANNOTATION
+from providers.fake import FakeProvider
 
 ROOT = Path(__file__).resolve().parents[1]
 CRDS = ROOT / "crds"

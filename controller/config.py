@@ -261,6 +261,28 @@ class AcquisitionConfig(_Section):
     )
 
 
+class NamespaceLimits(_Section):
+    """What the requests of one namespace may hold at once: new nodes Muster bought for
+    them (planned, acquiring, booked, or still running after the booking ended)."""
+
+    max_nodes: int | None = Field(
+        default=None, ge=0, description="New nodes the namespace's requests may hold at once."
+    )
+    max_gpus: int | None = Field(
+        default=None, ge=0,
+        description="GPUs (allocatable `*/gpu` resources) of those nodes.",
+    )
+    max_cost_per_hour: float | None = Field(
+        default=None, ge=0,
+        description="Cost per hour of those nodes (the pools' pricePerNodeHour).",
+    )
+
+    @property
+    def limited(self) -> bool:
+        return (self.max_nodes is not None or self.max_gpus is not None
+                or self.max_cost_per_hour is not None)
+
+
 class PoolStatusConfig(_Section):
     interval_seconds: float = Field(
         default=10.0,
@@ -285,6 +307,21 @@ class BudgetsConfig(_Section):
     max_cost_per_hour_per_request: float | None = Field(
         default=None, gt=0, description="Refuse plans whose new nodes cost more per hour."
     )
+    namespace_default: NamespaceLimits = Field(
+        default_factory=NamespaceLimits,
+        description="Limits of every namespace not listed in budgets.namespaces.",
+    )
+    namespaces: dict[str, NamespaceLimits] = Field(
+        default_factory=dict,
+        description="Limits per namespace by name (replacing namespace_default for it): "
+        "max_nodes, max_gpus, max_cost_per_hour; unset means unlimited. A request that "
+        "alone exceeds its namespace's limit fails OverBudget; one that fits the limit but "
+        "not beside what the namespace already holds waits, as for a full pool "
+        "(NamespaceLimitReached, retried with backoff). See docs/tenancy.md.",
+    )
+
+    def for_namespace(self, namespace: str) -> NamespaceLimits:
+        return self.namespaces.get(namespace, self.namespace_default)
 
 
 class FakeProviderConfig(_Section):

@@ -143,9 +143,18 @@ def _resources(where: str, requests: Mapping[str, str], limits: Mapping[str, str
     return out
 
 
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
 def _container(where: str, c: Container, declared: set[str]) -> list[str]:
     res = c.resources
-    out = _resources(f"{where}.resources", res.requests, res.limits)
+    out = []
+    if c.name and (len(c.name) > 63 or _DNS_LABEL.fullmatch(c.name) is None):
+        # Not about placement, but the API server refuses the pods: a plan for them would
+        # buy nodes nothing can use.
+        out.append(f"{where}.name: {c.name!r} must be a lowercase RFC 1123 label (a-z, 0-9, "
+                   "'-', at most 63 characters)")
+    out += _resources(f"{where}.resources", res.requests, res.limits)
     for i, claim in enumerate((res.model_extra or {}).get("claims") or []):
         name = claim.get("name") if isinstance(claim, Mapping) else None
         if name not in declared:

@@ -75,7 +75,11 @@ class RequestView:
 
     @property
     def spec(self) -> Mapping[str, Any]:
-        return self.body.get("spec") or {}
+        # Shapes the CRD schema would refuse can still arrive (a cluster without the schema,
+        # the sandbox): every accessor reads them as absent, and the service fails the
+        # request naming the field (gang()).
+        spec = self.body.get("spec")
+        return spec if isinstance(spec, Mapping) else {}
 
     @property
     def class_name(self) -> str:
@@ -83,14 +87,17 @@ class RequestView:
 
     @property
     def parameters(self) -> Mapping[str, str]:
-        return self.spec.get("parameters") or {}
+        params = self.spec.get("parameters")
+        return params if isinstance(params, Mapping) else {}
 
     @property
     def template_names(self) -> list[str]:
         """The PodTemplates ``spec.podSets`` refers to."""
         out = []
-        for ps in self.spec.get("podSets") or []:
-            name = (ps.get("podTemplateRef") or {}).get("name") if isinstance(ps, dict) else None
+        pod_sets = self.spec.get("podSets")
+        for ps in pod_sets if isinstance(pod_sets, list) else []:
+            ref = ps.get("podTemplateRef") if isinstance(ps, dict) else None
+            name = ref.get("name") if isinstance(ref, dict) else None
             if name and name not in out:
                 out.append(str(name))
         return out
@@ -98,10 +105,11 @@ class RequestView:
     @property
     def total_pods(self) -> int:
         total = 0
-        for ps in self.spec.get("podSets") or []:
+        pod_sets = self.spec.get("podSets")
+        for ps in pod_sets if isinstance(pod_sets, list) else []:
             try:
                 total += int(ps.get("count", 0))
-            except (TypeError, ValueError):
+            except (AttributeError, TypeError, ValueError):
                 continue
         return total
 

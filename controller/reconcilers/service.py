@@ -77,7 +77,8 @@ from controller.state.bookings import (
     template_digest,
 )
 from controller.state.cache import ClusterState
-from controller.state.planner import Planner
+from controller.state.planner import Planner, Refusal
+from controller.state.tenancy import exceeded, foreign_request_owner
 
 log = logging.getLogger(__name__)
 
@@ -196,8 +197,13 @@ class ProvisioningService:
         result = await self.planner.plan(
             req.key, gang, mode, lambda plan: self.book(req, plan, attempt)
         )
-        if isinstance(result, str):
-            return await self.fail(req, Reason.OVER_BUDGET, result)
+        if isinstance(result, Refusal):
+            if result.wait:
+                return await self.retry_or_fail(
+                    req, attempt=attempt, reason=Reason.NAMESPACE_LIMIT_REACHED,
+                    detail=result.text,
+                )
+            return await self.fail(req, Reason.OVER_BUDGET, result.text)
         if isinstance(result, NoFit):
             return await self.no_fit(req, mode, result, attempt)
         booking = self.state.bookings().get(req.key)
@@ -254,25 +260,45 @@ class ProvisioningService:
             return None
         return created + timedelta(seconds=params.valid_until_seconds)
 
-    def book(self, req: RequestView, plan: Plan, attempt: int) -> Booking | str:
-        """The booking to reserve for ``plan``, or why the budget refuses it."""
+    def book(self, req: RequestView, plan: Plan, attempt: int) -> Booking | Refusal:
+        """The booking to reserve for ``plan``, or why a budget or the namespace's limits
+        refuse it. Runs in the planner's synchronous step (see :meth:`Planner.plan`), so the
+        namespace's usage read here includes every booking reserved before it."""
         budgets = self.config.budgets
         new_nodes = sum(n.count for n in plan.new_nodes)
         if budgets.max_new_nodes_per_request is not None and (
             new_nodes > budgets.max_new_nodes_per_request
         ):
-            return message(
+            return Refusal(message(
                 Reason.OVER_BUDGET,
                 detail=f"{new_nodes} new nodes > budgets.max_new_nodes_per_request "
                 f"({budgets.max_new_nodes_per_request})",
-            )
+            ))
         limit = budgets.max_cost_per_hour_per_request
         if limit is not None and plan.cost_per_hour > limit:
-            return message(
+            return Refusal(message(
                 Reason.OVER_BUDGET,
                 detail=f"new nodes cost {plan.cost_per_hour:.2f}/h > "
                 f"budgets.max_cost_per_hour_per_request ({limit:.2f})",
-            )
+            ))
+        limits = budgets.for_namespace(req.namespace)
+        if limits.limited and new_nodes:
+            want = self.state.plan_usage((n.pool, n.count) for n in plan.new_nodes)
+            alone = exceeded(limits, want)
+            if alone:
+                return Refusal(message(
+                    Reason.OVER_BUDGET,
+                    detail=f"its new nodes alone exceed namespace {req.namespace}'s limits "
+                    f"({'; '.join(alone)})",
+                ))
+            held = self.state.namespace_usage(req.namespace)
+            beside = exceeded(limits, held + want)
+            if beside:
+                return Refusal(
+                    f"namespace {req.namespace} holds {held.describe()}; this plan adds "
+                    f"{want.describe()}, which would exceed its limits ({'; '.join(beside)})",
+                    wait=True,
+                )
         return Booking(plan=plan, attempt=attempt,
                        groups=groups_for(plan, owner_uid=req.uid, attempt=attempt))
 
@@ -487,6 +513,16 @@ class ProvisioningService:
             return Reason.TEMPLATE_DELETED, deleted
         if changed:
             return Reason.TEMPLATE_CHANGED, changed
+        # Re-owned by another request: that request's now, and deleted with it.
+        taken = []
+        for name in sorted(recorded):
+            found = self.state.template(req.namespace, name)
+            if found is not None and not isinstance(found, str) and (
+                other := foreign_request_owner(found.metadata.model_extra, req.uid)
+            ) is not None:
+                taken.append(f"{name} (now owned by ProvisioningRequest {other})")
+        if taken:
+            return Reason.TEMPLATE_CHANGED, taken
         return None
 
     async def end_booking(
@@ -622,8 +658,8 @@ class ProvisioningService:
         text = (
             message(Reason.ACQUISITION_FAILED, **fields)
             if reason is Reason.ACQUISITION_FAILED
-            else message(Reason.CAPACITY_IS_NOT_FOUND, **fields)
-            if reason is Reason.CAPACITY_IS_NOT_FOUND
+            else message(reason, **fields)
+            if reason in (Reason.CAPACITY_IS_NOT_FOUND, Reason.NAMESPACE_LIMIT_REACHED)
             else message(reason, seconds=self.config.acquisition.node_ready_timeout_seconds,
                          detail=detail)
         )
@@ -781,6 +817,14 @@ def build_gang(req: RequestView, state: ClusterState, config: MusterConfig) -> G
             raise Invalid(
                 Reason.FAILED_TO_CREATE_PODS,
                 f"spec.podSets[{i}]: PodTemplate {req.namespace}/{ref} is invalid: {found}",
+            )
+        other = foreign_request_owner(found.metadata.model_extra, req.uid)
+        if other is not None:
+            raise Invalid(
+                Reason.INVALID_PARAMETERS,
+                f"spec.podSets[{i}]: PodTemplate {req.namespace}/{ref} belongs to "
+                f"ProvisioningRequest {other}, not to this request; a request plans only "
+                "from PodTemplates no other request owns",
             )
         templates[ref] = found
     try:

@@ -45,7 +45,8 @@ from controller.state.bookings import (
     merge_plans,
 )
 from controller.state.dra import DraState
-from controller.topology_defaults import KEY_LABEL, POOL_LABEL
+from controller.state.tenancy import Usage, gpus_of, owner_uid_of_key, pool_node
+from controller.topology_defaults import KEY_LABEL, OWNER_ANNOTATION, POOL_LABEL
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +128,9 @@ class ClusterState:
         self._pool_status: dict[str, Body] = {}
         """Each pool's ``status`` as the API server holds it (for the status writer)."""
         self._requests: dict[str, Body] = {}
+        self._uid_namespace: dict[str, str] = {}
+        """Request uid -> namespace, kept after a deletion while nodes acquired for the
+        request exist (they still count against the namespace's limits)."""
         self._deleted: OrderedDict[str, None] = OrderedDict()
         """uids of requests seen deleted, newest last (bounded): an answer to a write sent
         before the deletion must not bring the request back into the cache."""
@@ -220,10 +224,15 @@ class ClusterState:
         return sorted(self._gone_by_key.get(key, ()))
 
     def prune_vanished(self) -> None:
-        """Forget deleted-node records of keys no active booking holds (keeps memory flat)."""
+        """Forget deleted-node records of keys no active booking holds, and the namespaces of
+        deleted requests none of whose nodes is left (keeps memory flat)."""
         live = {g.key for b in self.bookings().values() for g in b.groups}
         for key in [k for k in self._gone_by_key if k not in live]:
             del self._gone_by_key[key]
+        held = {owner_uid_of_key(k) for k in self._nodes_by_key}
+        held.update(str((b.get("metadata") or {}).get("uid")) for b in self._requests.values())
+        for uid in [u for u in self._uid_namespace if u not in held]:
+            del self._uid_namespace[uid]
 
     def nodes_by_key(self) -> Mapping[str, set[str]]:
         """Acquisition key -> names of the registered nodes carrying it."""
@@ -537,6 +546,8 @@ class ClusterState:
             if old_rv is not None and new_rv is not None and new_rv < old_rv:
                 return False
         self._requests[key] = body
+        if uid and meta.get("namespace"):
+            self._uid_namespace[str(uid)] = str(meta["namespace"])
         annotations = (body.get("metadata") or {}).get("annotations") or {}
         phase = annotations.get(PHASE_ANNOTATION, "")
         text = annotations.get(PLAN_ANNOTATION)
@@ -603,6 +614,50 @@ class ClusterState:
                 out.update(group.nodes)
                 out.update(self._nodes_by_key.get(group.key, ()))
         return out
+
+    # ------------------------------------------------------------------ tenancy
+
+    def plan_usage(self, groups: Iterable[tuple[str, int]]) -> Usage:
+        """What new nodes ``(pool, count)`` would add to a namespace's usage."""
+        total = Usage()
+        for pool, count in groups:
+            total = total + pool_node(self._pools.get(pool)).times(count)
+        return total
+
+    def namespace_usage(self, namespace: str) -> Usage:
+        """What the requests of ``namespace`` hold now (see :mod:`controller.state.tenancy`):
+        their live bookings' planned new nodes, plus nodes acquired for them that no live
+        booking holds. Reservations made earlier in the same planning pass count, so a
+        burst of requests cannot jointly exceed a limit."""
+        prefix = f"{namespace}/"
+        held: set[str] = set()
+        total = Usage()
+        for key, booking in self.bookings().items():
+            if not key.startswith(prefix):
+                continue
+            for group in booking.groups:
+                held.add(group.key)
+                total = total + pool_node(self._pools.get(group.pool)).times(group.count)
+        for key, names in self._nodes_by_key.items():
+            if key in held:
+                continue
+            for name in names:
+                node = self._nodes.get(name)
+                if node is None or self._node_namespace(key, node) != namespace:
+                    continue
+                pool = self._pools.get(node.metadata.labels.get(POOL_LABEL, ""))
+                price = pool.spec.price_per_node_hour if pool is not None else 0.0
+                total = total + Usage(1, gpus_of(node.allocatable()), price)
+        return total
+
+    def _node_namespace(self, key: str, node: Node) -> str | None:
+        """The namespace of the request ``node`` was acquired for: its acquisition key's
+        uid, else the node's owner annotation (survives a restart after the deletion)."""
+        found = self._uid_namespace.get(owner_uid_of_key(key))
+        if found is not None:
+            return found
+        owner = node.metadata.annotations.get(OWNER_ANNOTATION, "")
+        return owner.partition("/")[0] if "/" in owner else None
 
     # ------------------------------------------------------------------ snapshot
 
