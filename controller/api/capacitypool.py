@@ -12,7 +12,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from controller.api.dra import ResourceSliceTemplate
 from controller.api.meta import Condition, ObjectMeta
-from controller.api.quantity import parse_quantity
 from controller.api.validation import label_value, qualified_name
 
 __all__ = [
@@ -66,17 +65,11 @@ class NodeTemplate(_Model):
 
     @model_validator(mode="after")
     def _what_the_api_server_accepts(self) -> NodeTemplate:
-        # The nodes are created with these: a value the API server or the node's own
-        # parsing would refuse makes every acquisition fail (or worse, in the sandbox, buy
-        # nodes nothing can read). Refused here, the pool is ignored and named in the log.
-        for field, values in (("allocatable", self.allocatable),
-                              ("capacity", self.capacity or {})):
-            for name, value in values.items():
-                try:
-                    parse_quantity(value)
-                except ValueError:
-                    raise ValueError(
-                        f"nodeTemplate.{field}.{name}: {value!r} is not a quantity") from None
+        # The nodes are created with these: a label or taint the API server would refuse
+        # makes every acquisition fail. Refused here, the pool is ignored and named in the
+        # log. Amounts that are no quantity are checked beside the model (the cache's
+        # _quantity_errors, which leaves such a pool out of planning), so that a pool's
+        # other errors are listed with them, not hidden behind the first.
         for key, value in self.labels.items():
             if not qualified_name(key) or not label_value(value):
                 raise ValueError(f"nodeTemplate.labels: {key}={value!r} is not a valid label")

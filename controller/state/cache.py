@@ -735,7 +735,8 @@ class ClusterState:
         if self._pool_states is None:
             states = []
             for name in sorted(self._pools):
-                if name in self._deleting_pools or name in self._unusable_pools:
+                if (name in self._deleting_pools or name in self._unusable_pools
+                        or self._pool_quantity_errors.get(name)):
                     continue
                 try:
                     # Only the pool's own nodes: pool_state counts them in one pass.
