@@ -18,6 +18,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -84,11 +85,11 @@ def read(log: Path, user: str = MUSTER_USER, *, since: int = 0,
     return Usage(used, refused)
 
 
-def _rules(docs: Iterable[dict[str, object]]) -> Iterator[Right]:
+def _rules(docs: Iterable[dict[str, Any]]) -> Iterator[Right]:
     for doc in docs:
         if doc.get("kind") not in ("ClusterRole", "Role"):
             continue
-        for rule in doc.get("rules") or []:  # type: ignore[attr-defined]
+        for rule in doc.get("rules") or []:
             for group in rule.get("apiGroups") or []:
                 for resource in rule.get("resources") or []:
                     for verb in rule.get("verbs") or []:
