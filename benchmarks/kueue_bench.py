@@ -241,7 +241,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             config = MusterConfig(kueue={"enabled": args.path == "b"})
             # In the sandbox the provider heartbeats its nodes; on a real cluster kwok does.
             provider = FakeProvider(own, heartbeat_seconds=0 if t.real else 30)
-            controller = Controller(kube=own, config=config, use_kopf=False,
+            controller = Controller(kube=own, config=config,
                                     providers={"kind": provider})
             await controller.start()
             apf_before = await apf_snapshot(t.kubeconfig) if t.real else None

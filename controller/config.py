@@ -483,19 +483,13 @@ class MusterConfig(BaseSettings):
     providers: ProvidersConfig = Field(default_factory=ProvidersConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
     leader_election: LeaderElectionConfig = Field(default_factory=LeaderElectionConfig)
-    event_source: Literal["kopf", "watch"] = Field(
-        default="kopf",
-        description="Who watches ProvisioningRequests: kopf's event handlers, or Muster's own "
-        "list-then-watch loop (about 1.7x the throughput at 1,000 requests, see "
-        "benchmarks/controller_bench.py).",
-    )
     kueue: KueueConfig = Field(default_factory=KueueConfig)
     podgroups: PodGroupsConfig = Field(default_factory=PodGroupsConfig)
     log_format: Literal["text", "json"] = Field(
         default="text", description="json: one JSON object per line, for log collectors."
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
-        default="INFO", description="Threshold of Muster's own logs (kopf's stay at WARNING+)."
+        default="INFO", description="Threshold of the controller's logs."
     )
 
     @classmethod
@@ -539,6 +533,13 @@ def load_config(path: Path | None = None, **overrides: Any) -> MusterConfig:
         _YAML_FILE.reset(token)
 
 
+REMOVED_SETTINGS = {
+    "event_source": "removed setting: Muster watches ProvisioningRequests with its own "
+    "list-then-watch loop, there is no kopf any more (README, Throughput); delete it",
+}
+"""Top-level settings an older Muster took: a config that still has one is refused with what
+became of it, not as an unknown setting."""
+
 OTHER_ENV_PREFIXES = ("AWS_", "GCP_")
 """``MUSTER_<prefix>*`` variables read by someone else: the AWS and GCP providers' own settings
 (``providers/aws.py``, ``providers/gcp.py``)."""
@@ -564,7 +565,9 @@ def _unknown_env_keys(env: Mapping[str, str]) -> list[str]:
         if rest in OTHER_ENV_NAMES or rest.startswith(OTHER_ENV_PREFIXES):
             continue
         top = rest.split("__", 1)[0]
-        if top not in fields:
+        if top.lower() in REMOVED_SETTINGS:
+            problems.append(f"{key}: {REMOVED_SETTINGS[top.lower()]}")
+        elif top not in fields:
             problems.append(
                 f"{key}: unknown setting (known: "
                 + ", ".join(sorted(f"{ENV_PREFIX}{f}" for f in fields))
@@ -597,6 +600,6 @@ def _describe(exc: ValidationError, path: Path | None) -> str:
         key = ".".join(str(p) for p in err["loc"]) or "<root>"
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
-            msg = "unknown setting"
+            msg = REMOVED_SETTINGS.get(key, "unknown setting")
         lines.append(f"{key}: {msg} (got {err.get('input')!r})")
     return " ".join(lines) if len(errors) == 1 else "\n  ".join(lines)

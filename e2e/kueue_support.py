@@ -108,7 +108,7 @@ async def make_env(**config: Any) -> AsyncIterator[KueueEnv]:
                                    "metadata": {"name": namespace}})
     provider = FakeProvider(kube, heartbeat_seconds=5)
     controller = Controller(kube=kube, config=muster_config(**config),
-                            providers={"kind": provider}, use_kopf=False)
+                            providers={"kind": provider})
     scheduler = SandboxScheduler(server.store)
     await controller.start()
     await scheduler.start()

@@ -25,8 +25,8 @@ import yaml
 from e2e.cluster import MUSTER_NAMESPACE, MUSTER_SA, ROOT, default_cluster
 
 MUSTER_USER = f"system:serviceaccount:{MUSTER_NAMESPACE}:{MUSTER_SA}"
-MUSTER_AGENTS = ("muster/", "kopf/")
-"""The controller's own requests (controller/kube/client.py USER_AGENT, kopf's session); a
+MUSTER_AGENTS = ("muster/",)
+"""The controller's own requests (controller/kube/client.py USER_AGENT); a
 test that acts as Muster's ServiceAccount to probe what it is refused sends another agent."""
 RBAC_PARTS = ("rbac", "rbac/fake-provider", "rbac/kueue")
 

@@ -224,8 +224,7 @@ class DemoWorld:
     controller: Any = None
     """Set by :meth:`start`; stopped on exit."""
 
-    async def start(self, view: Timeline, *, use_kopf: bool | None = None,
-                    **sections: Any) -> None:
+    async def start(self, view: Timeline, **sections: Any) -> None:
         """Start Muster's controller (short timers, so a failing demo says so within its
         time limit; the fake provider serves the pools; ``sections``: more configuration)
         and the sandbox scheduler."""
@@ -240,7 +239,7 @@ class DemoWorld:
         )
         self.controller = Controller(
             kube=self.kube, config=config,
-            providers={"kind": FakeProvider(self.kube, heartbeat_seconds=5)}, use_kopf=use_kopf,
+            providers={"kind": FakeProvider(self.kube, heartbeat_seconds=5)},
         )
         await self.controller.start()
         await self.scheduler.start()

@@ -207,6 +207,6 @@ async def run_kueue_demo(
         kube = world.kube
         await _seed(kube, latency=latency, ready_delay=ready_delay)
         view = KueueDemoView()
-        await world.start(view, use_kopf=False, kueue={"enabled": True})
+        await world.start(view, kueue={"enabled": True})
         await show(view, console=console, workers=workers, scenario=lambda refresh: _scenario(
             kube, view, workers=workers, time_limit=time_limit, refresh=refresh))

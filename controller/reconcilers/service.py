@@ -17,8 +17,8 @@ cannot go in one write, so each change is ordered for repair: a plan is persiste
 Acquiring) before the status write that makes it a booking, and an outcome (Failed, booking
 ended) is written to the status first, where it decides the phase, with the annotations
 following; whatever a crash or a failed write cuts short, the next reconcile redoes. All
-time comes from the injected clock. The kopf handlers (:mod:`controller.reconcilers.handlers`)
-only feed the cache and enqueue keys.
+time comes from the injected clock. Muster's own watch (:mod:`controller.state.feeds`) feeds
+the cache and enqueues keys; nothing else reaches the service.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ async def running(kube: KubeClient) -> AsyncIterator[tuple[Controller, ManualClo
     clock = ManualClock(start=datetime.now(UTC))
     provider = FakeProvider(kube, heartbeat_seconds=3600)
     controller = Controller(kube=kube, config=MusterConfig(), clock=clock,
-                            providers={"kind": provider}, use_kopf=False)
+                            providers={"kind": provider})
     await controller.start()
     try:
         yield controller, clock, provider

@@ -48,8 +48,7 @@ async def _world(kube: KubeClient) -> None:
 async def running(kube: KubeClient) -> AsyncIterator[Controller]:
     await _world(kube)
     controller = Controller(kube=kube, config=MusterConfig(), clock=ManualClock(),
-                            providers={"kind": FakeProvider(kube, heartbeat_seconds=3600)},
-                            use_kopf=False)
+                            providers={"kind": FakeProvider(kube, heartbeat_seconds=3600)})
     await controller.start()
     try:
         yield controller
@@ -107,7 +106,7 @@ async def test_a_hung_events_api_holds_no_reconcile_and_a_full_queue_drops(
     server.faults.add_latency(5.0, resources="events")
     controller = Controller(kube=kube, config=MusterConfig(), clock=ManualClock(),
                             providers={"kind": FakeProvider(kube, heartbeat_seconds=3600)},
-                            use_kopf=False, event_queue_size=1)
+                            event_queue_size=1)
     await controller.start()
     try:
         loop = asyncio.get_running_loop()

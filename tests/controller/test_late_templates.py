@@ -83,8 +83,7 @@ async def test_the_wait_for_a_template_is_the_configured_one(kube: KubeClient) -
     clock = ManualClock(start=datetime.now(UTC))
     cfg = load_config(retry={"template_wait_seconds": 60})
     controller = Controller(kube=kube, config=cfg, clock=clock,
-                            providers={"kind": FakeProvider(kube, heartbeat_seconds=3600)},
-                            use_kopf=False)
+                            providers={"kind": FakeProvider(kube, heartbeat_seconds=3600)})
     await controller.start()
     try:
         await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(

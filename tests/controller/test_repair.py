@@ -75,8 +75,7 @@ async def test_a_crash_between_the_writes_of_a_failure_is_repaired_on_restart(
     server.faults.clear()
     clock = ManualClock(start=datetime.now(UTC))
     second = Controller(kube=kube, config=MusterConfig(), clock=clock,
-                        providers={"kind": FakeProvider(kube, heartbeat_seconds=3600)},
-                        use_kopf=False)
+                        providers={"kind": FakeProvider(kube, heartbeat_seconds=3600)})
     await second.start()
     try:
         failed = await _until(_ticking(clock, lambda: _condition(kube, "huge", "Failed")))

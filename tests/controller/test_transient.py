@@ -53,8 +53,7 @@ async def _setup(kube: KubeClient) -> None:
 
 def _controller(kube: KubeClient) -> Controller:
     return Controller(kube=kube, config=MusterConfig(), clock=ManualClock(start=datetime.now(UTC)),
-                      providers={"kind": FakeProvider(kube, heartbeat_seconds=3600)},
-                      use_kopf=False)
+                      providers={"kind": FakeProvider(kube, heartbeat_seconds=3600)})
 
 
 async def _provisioned(kube: KubeClient, name: str) -> bool:
