@@ -449,5 +449,5 @@ def test_cloud_providers_hold_no_kubernetes_client() -> None:
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             offenders += [f"{path.name}: {n}" for n in names
-                          if n.startswith(("controller.kube", "kubernetes_asyncio", "kopf"))]
+                          if n.startswith(("controller.kube", "kubernetes_asyncio"))]
     assert not offenders
