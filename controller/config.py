@@ -136,12 +136,14 @@ class RetryConfig(_Section):
         description="Planning or acquisition attempts before a request that keeps missing "
         "capacity is marked Failed.",
     )
-    template_wait_seconds: float = Field(
+    arrival_wait_seconds: float = Field(
         default=10.0,
         ge=0,
-        description="How long after its creation a request waits for a PodTemplate it names "
-        "before failing FailedToCreatePods (clients such as kubectl apply -k and Kueue "
-        "create the request and its templates a moment apart, in either order).",
+        description="How long after its creation a request waits for objects created with it "
+        "before failing for good: a PodTemplate it names (else FailedToCreatePods) and the "
+        "CapacityPools or nodes that would let it fit (else CapacityNeverFits). Clients such "
+        "as kubectl apply and Kueue create them a moment apart, in either order, and each kind "
+        "reaches Muster through its own watch.",
     )
 
     @model_validator(mode="after")
