@@ -22,6 +22,8 @@ tests play Kueue by hand instead: test_kueue_provisioning_request.py and friends
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from datetime import datetime
 from typing import Any
 
@@ -29,6 +31,7 @@ import pytest
 
 from controller.commands import objects
 from controller.kube import Body
+from controller.kube.client import WatchEvent
 from controller.kube.resources import (
     CAPACITY_POOLS,
     EVENTS,
@@ -564,16 +567,80 @@ def rack_gang(name: str, namespace: str, workers: int) -> Body:
                     pod_annotations={MUSTER_REQUIRED: objects.RACK})
 
 
-async def _check_states(env: Env, wl_name: str, check: str, seen: list[str]) -> dict[str, Any]:
-    """The check's entry now (empty before Kueue lists it), its state appended to ``seen``
-    when it changed."""
-    wl = await env.kube.get(WORKLOADS, wl_name, namespace=env.namespace)
-    entry = next((dict(e) for e in (wl.get("status") or {}).get("admissionChecks") or []
-                  if e.get("name") == check), {})
-    state = entry.get("state")
-    if state is not None and (not seen or seen[-1] != state):
-        seen.append(state)
-    return entry
+class CheckStates:
+    """Every state the check named ``check`` goes through on each Workload of the run's
+    namespace, from a watch started before the Job is created (polling misses a state that
+    lasts less than one poll: Muster can turn Pending into Ready within milliseconds)."""
+
+    def __init__(self, env: Env, check: str) -> None:
+        self.env, self.check = env, check
+        self.history: dict[str, list[dict[str, Any]]] = {}
+        """Workload -> the check's entry at each change of its state."""
+        self._synced = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def _record(self, wl: Body) -> None:
+        name = wl["metadata"]["name"]
+        entry = next((dict(e) for e in (wl.get("status") or {}).get("admissionChecks") or []
+                      if e.get("name") == self.check), None)
+        if entry is None or not entry.get("state"):
+            return
+        history = self.history.setdefault(name, [])
+        if not history or history[-1]["state"] != entry["state"]:
+            history.append(entry)
+
+    def seen(self, wl_name: str) -> list[str]:
+        return [e["state"] for e in self.history.get(wl_name, [])]
+
+    def _sync(self, items: list[Body]) -> None:
+        for wl in items:
+            self._record(wl)
+        self._synced.set()
+
+    def _event(self, event: WatchEvent) -> None:
+        if event.type != "DELETED":
+            self._record(event.object)
+
+    async def __aenter__(self) -> CheckStates:
+        self._task = asyncio.create_task(self.env.kube.watch(
+            WORKLOADS, self._sync, self._event, namespace=self.env.namespace))
+        await asyncio.wait_for(self._synced.wait(), 30)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+    async def reach(self, wl_name: str, state: str, *, after: int = 0,
+                    within: float = 60) -> dict[str, Any]:
+        """The check's entry when it first went to ``state`` (at or after the ``after``-th
+        change); on a timeout, the states seen, the requests' conditions and the Workload's
+        conditions, to tell whose step stalled."""
+
+        async def there() -> dict[str, Any] | None:
+            history = self.history.get(wl_name, [])[after:]
+            return next((e for e in history if e["state"] == state), None)
+
+        try:
+            return await eventually(there, within=within, step=0.05,
+                                    what=f"the check to be {state}")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; {await self.explain(wl_name)}") from None
+
+    async def explain(self, wl_name: str) -> str:
+        wl = await self.env.kube.get_or_none(WORKLOADS, wl_name, namespace=self.env.namespace)
+        requests = (await self.env.kube.list(PROVISIONING_REQUESTS,
+                                             namespace=self.env.namespace)).get("items") or []
+        prs = {r["metadata"]["name"]: [
+            (c["type"], c["status"], c.get("reason"), c.get("message", "")[:200])
+            for c in (r.get("status") or {}).get("conditions") or []] for r in requests}
+        wl_conditions = [(c["type"], c["status"], c.get("reason"))
+                         for c in ((wl or {}).get("status") or {}).get("conditions") or []]
+        return (f"states seen {self.seen(wl_name)}, last entry "
+                f"{(self.history.get(wl_name) or [{}])[-1]}, "
+                f"Workload conditions {wl_conditions}, requests {prs}")
 
 
 async def test_path_b_job_to_pods_bound_on_musters_nodes(env: Env) -> None:
@@ -582,17 +649,14 @@ async def test_path_b_job_to_pods_bound_on_musters_nodes(env: Env) -> None:
     every pod on Muster's nodes in that rack."""
     _real_kueue(env)
     names = await path_b_wiring(env)
-    await env.kube.create(JOBS, rack_gang("gang", env.namespace, 4), namespace=env.namespace)
-    wl = await eventually(lambda: _workload_of(env, "gang"), what="Kueue's Workload")
-    wl_name = wl["metadata"]["name"]
-    seen: list[str] = []
-
-    async def ready() -> dict[str, Any] | None:
-        entry = await _check_states(env, wl_name, names["check"], seen)
-        return entry if entry.get("state") == "Ready" else None
-
-    entry = await eventually(ready, within=60, step=0.05, what="Muster's check to be Ready")
-    assert seen[0] == "Pending" and seen[-1] == "Ready" and "Retry" not in seen, seen
+    async with CheckStates(env, names["check"]) as states:
+        await env.kube.create(JOBS, rack_gang("gang", env.namespace, 4),
+                              namespace=env.namespace)
+        wl = await eventually(lambda: _workload_of(env, "gang"), what="Kueue's Workload")
+        wl_name = wl["metadata"]["name"]
+        entry = await states.reach(wl_name, "Ready")
+    seen = states.seen(wl_name)
+    assert seen == ["Pending", "Ready"], seen
     pr = await env.get(f"{wl_name}-{names['check']}-1")
     assert pr["spec"]["provisioningClassName"] == ATOMIC
     assert pr["metadata"]["labels"][MANAGED_LABEL] == "true"
@@ -629,16 +693,13 @@ async def test_path_b_a_gang_that_can_never_fit_is_rejected_and_deactivated(env:
     Nothing is acquired."""
     _real_kueue(env)
     names = await path_b_wiring(env)
-    await env.kube.create(JOBS, rack_gang("huge", env.namespace, 8), namespace=env.namespace)
-    wl = await eventually(lambda: _workload_of(env, "huge"), what="Kueue's Workload")
-    wl_name = wl["metadata"]["name"]
-    seen: list[str] = []
-
-    async def rejected() -> dict[str, Any] | None:
-        entry = await _check_states(env, wl_name, names["check"], seen)
-        return entry if entry.get("state") == "Rejected" else None
-
-    entry = await eventually(rejected, within=60, step=0.05, what="the check to be Rejected")
+    async with CheckStates(env, names["check"]) as states:
+        await env.kube.create(JOBS, rack_gang("huge", env.namespace, 8),
+                              namespace=env.namespace)
+        wl = await eventually(lambda: _workload_of(env, "huge"), what="Kueue's Workload")
+        wl_name = wl["metadata"]["name"]
+        entry = await states.reach(wl_name, "Rejected")
+    seen = states.seen(wl_name)
     assert "Retry" not in seen, seen
     assert entry["message"].startswith("The request can never fit"), entry
     failed = _condition(await env.get(f"{wl_name}-{names['check']}-1"), "Failed")
@@ -652,35 +713,18 @@ async def test_path_b_a_gang_that_can_never_fit_is_rejected_and_deactivated(env:
     assert await env.pool_nodes(names["pool"]) == []
 
 
-async def test_path_b_a_stock_out_is_retried_after_kueues_backoff(env: Env) -> None:
-    """The provider has 2 nodes per rack for a gang of 4. With ``noRetry`` in the config,
-    Muster fails the first attempt at once; its check goes Retry with requeueAfterSeconds =
-    backoffBaseSeconds; Kueue evicts the Workload, requeues it no sooner than that, reserves
-    quota again and resets the check to Pending (retryCount 1); Muster creates attempt 2,
-    which finds the stock restored, and the gang runs."""
-    _real_kueue(env)
-    names = await path_b_wiring(env, parameters={"noRetry": "true"}, backoff_base=3,
-                                pool_parameters={"defaultStock": 2})
-    await env.kube.create(JOBS, rack_gang("starved", env.namespace, 4),
-                          namespace=env.namespace)
-    wl = await eventually(lambda: _workload_of(env, "starved"), what="Kueue's Workload")
-    wl_name = wl["metadata"]["name"]
-    seen: list[str] = []
-
-    async def retry() -> dict[str, Any] | None:
-        entry = await _check_states(env, wl_name, names["check"], seen)
-        return entry if entry.get("state") == "Retry" else None
-
-    entry = await eventually(retry, within=60, step=0.05, what="the check to be Retry")
+async def _retried_after_backoff(
+    env: Env, names: dict[str, str], wl_name: str, entry: dict[str, Any]
+) -> None:
+    """Attempt 1's Retry says why and asks for Kueue's backoff; the cloud restocks; Kueue
+    creates attempt 2 no sooner than the backoff and deletes attempt 1's request."""
     assert entry["requeueAfterSeconds"] == 3, entry
     assert entry["message"].startswith("Retrying after failure: Attempt 1 failed "
                                        "(AcquisitionFailed)"), entry
     assert "noRetry is set" in entry["message"]
     retried_at = _time(entry["lastTransitionTime"])
-    # The cloud restocks while Kueue waits out the backoff.
     await env.kube.merge_patch(CAPACITY_POOLS, names["pool"],
                                {"spec": {"parameters": {"defaultStock": None}}})
-
     second = f"{wl_name}-{names['check']}-2"
     pr2 = await eventually(lambda: env.kube.get_or_none(
         PROVISIONING_REQUESTS, second, namespace=env.namespace), within=60,
@@ -691,11 +735,26 @@ async def test_path_b_a_stock_out_is_retried_after_kueues_backoff(env: Env) -> N
     assert await _kueue_request(env, wl_name, names["check"], 1) is None, (
         "the evicted attempt's request is deleted")
 
-    async def ready() -> dict[str, Any] | None:
-        entry = await _check_states(env, wl_name, names["check"], seen)
-        return entry if entry.get("state") == "Ready" else None
 
-    entry = await eventually(ready, within=60, step=0.05, what="attempt 2 to be Ready")
+async def test_path_b_a_stock_out_is_retried_after_kueues_backoff(env: Env) -> None:
+    """The provider has 2 nodes per rack for a gang of 4. With ``noRetry`` in the config,
+    Muster fails the first attempt at once; its check goes Retry with requeueAfterSeconds =
+    backoffBaseSeconds; Kueue evicts the Workload, requeues it no sooner than that, reserves
+    quota again and resets the check to Pending (retryCount 1); Muster creates attempt 2,
+    which finds the stock restored, and the gang runs."""
+    _real_kueue(env)
+    names = await path_b_wiring(env, parameters={"noRetry": "true"}, backoff_base=3,
+                                pool_parameters={"defaultStock": 2})
+    async with CheckStates(env, names["check"]) as states:
+        await env.kube.create(JOBS, rack_gang("starved", env.namespace, 4),
+                              namespace=env.namespace)
+        wl = await eventually(lambda: _workload_of(env, "starved"), what="Kueue's Workload")
+        wl_name = wl["metadata"]["name"]
+        entry = await states.reach(wl_name, "Retry")
+        await _retried_after_backoff(env, names, wl_name, entry)
+        entry = await states.reach(wl_name, "Ready", after=states.seen(wl_name).index("Retry"),
+                                   within=60)
+    seen = states.seen(wl_name)
     assert entry.get("retryCount") == 1, entry
     assert "Retry" in seen and seen.index("Retry") < len(seen) - 1, seen
     wl = await eventually(lambda: _admitted(env, wl_name), within=60,

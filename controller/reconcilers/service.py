@@ -337,9 +337,11 @@ class ProvisioningService:
         self.in_flight |= keys
         announcing = _Later(self.clock, self.config.acquisition.announce_after_seconds,
                             lambda: self._announce(req, booking)) if announce else None
+        pools = {g.pool for g in booking.groups}
+        self.state.begin_acquiring(pools)
         try:
             try:
-                await hold_pools(self.kube, {g.pool for g in booking.groups})
+                await hold_pools(self.kube, pools)
                 nodes = await acquire_all(
                     booking.groups,
                     owner=req.key,
@@ -384,6 +386,7 @@ class ProvisioningService:
             )
         finally:
             self.in_flight -= keys
+            self.state.end_acquiring(pools)
         return await self.confirm(req, booking)
 
     async def _announce(self, req: RequestView, booking: Booking) -> RequestView:

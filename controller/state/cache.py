@@ -146,6 +146,8 @@ class ClusterState:
         self._short: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[int, datetime]] = {}
         self._pool_states: tuple[PoolState, ...] | None = None
         self._deleting_pools: set[str] = set()
+        self._acquiring: dict[str, int] = {}
+        """Pool -> acquisitions running through it (their nodes may not be in the cache yet)."""
         self.pools_changed = asyncio.Event()
         """Set on every pool event (the pool finalizer loop waits on it)."""
         self.dra = DraState()
@@ -512,6 +514,25 @@ class ClusterState:
 
     def pool_node_count(self, name: str) -> int:
         return len(self._nodes_by_pool.get(name, ()))
+
+    def pool_in_use(self, name: str) -> bool:
+        """Nodes of the pool exist, or an acquisition through it runs: its finalizer must
+        stay, since releasing those nodes needs the pool's provider settings."""
+        return bool(self._nodes_by_pool.get(name)) or self._acquiring.get(name, 0) > 0
+
+    def begin_acquiring(self, pools: Iterable[str]) -> None:
+        """An acquisition through ``pools`` starts: from before the pools are held until
+        :meth:`end_acquiring`, once its nodes are in the cache or released."""
+        for name in set(pools):
+            self._acquiring[name] = self._acquiring.get(name, 0) + 1
+
+    def end_acquiring(self, pools: Iterable[str]) -> None:
+        for name in set(pools):
+            left = self._acquiring.get(name, 0) - 1
+            if left > 0:
+                self._acquiring[name] = left
+            else:
+                self._acquiring.pop(name, None)
 
     def pools(self) -> Mapping[str, CapacityPool]:
         return self._pools
