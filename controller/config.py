@@ -128,13 +128,18 @@ class RetryConfig(_Section):
         default=10.0, gt=0, description="Delay before the first retry; doubles per attempt."
     )
     max_backoff_seconds: float = Field(
-        default=300.0, gt=0, description="Cap of the doubling retry delay."
+        default=60.0,
+        gt=0,
+        description="Cap of the doubling retry delay. A waiting request sees capacity that "
+        "frees only at its next retry, and each retry writes the request twice "
+        "(annotations, condition).",
     )
     max_attempts: int = Field(
-        default=6,
+        default=720,
         ge=1,
         description="Planning or acquisition attempts before a request that keeps missing "
-        "capacity is marked Failed.",
+        "capacity is marked Failed (720: about 12 hours at the 60 s cap; the "
+        "ValidUntilSeconds parameter ends a request's retries sooner).",
     )
     arrival_wait_seconds: float = Field(
         default=10.0,
