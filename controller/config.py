@@ -141,6 +141,14 @@ class RetryConfig(_Section):
         "capacity is marked Failed (720: about 12 hours at the 60 s cap; the "
         "ValidUntilSeconds parameter ends a request's retries sooner).",
     )
+    max_unready_acquisitions: int = Field(
+        default=3,
+        ge=1,
+        description="Acquisitions whose nodes were not Ready within "
+        "acquisition.node_ready_timeout_seconds before the request is marked Failed. Each "
+        "such node was paid for and then released, so these have a budget of their own, far "
+        "below max_attempts (which counts waits for capacity, which cost nothing).",
+    )
     arrival_wait_seconds: float = Field(
         default=10.0,
         ge=0,

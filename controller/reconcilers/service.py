@@ -70,6 +70,7 @@ from controller.state.bookings import (
     PLAN_ANNOTATION,
     RETRY_AT_ANNOTATION,
     TEMPLATES_ANNOTATION,
+    UNREADY_ANNOTATION,
     Booking,
     Group,
     Phase,
@@ -643,6 +644,18 @@ class ProvisioningService:
                 "Free capacity or add stock, then recreate the request, or allow it longer.",
                 attempt=attempt,
             )
+        unready = req.unready_acquisitions + (reason is Reason.NODES_NOT_READY)
+        limit = self.config.retry.max_unready_acquisitions
+        if not permanent and reason is Reason.NODES_NOT_READY and unready >= limit:
+            return await self.fail(
+                req, Reason.RETRIES_EXHAUSTED,
+                f"{unready} acquisition(s) gave nodes that were not Ready within "
+                f"{self.config.acquisition.node_ready_timeout_seconds:.0f}s "
+                f"(retry.max_unready_acquisitions {limit}; each was paid for, then released): "
+                f"{detail}. Check the pool's node image and bootstrap, then recreate the "
+                "request.",
+                attempt=attempt,
+            )
         if permanent or attempt >= max_attempts:
             final = Reason.RETRIES_EXHAUSTED if not permanent else reason
             text = (
@@ -656,6 +669,7 @@ class ProvisioningService:
             req,
             annotations={
                 ATTEMPT_ANNOTATION: str(attempt),
+                UNREADY_ANNOTATION: str(unready) if unready else None,
                 RETRY_AT_ANNOTATION: rfc3339(retry_at),
                 PHASE_ANNOTATION: None,
                 PLAN_ANNOTATION: None,

@@ -304,3 +304,38 @@ async def test_pods_consuming_the_booking_elsewhere_end_it_and_free_the_new_node
         return not listing["items"]
 
     await _until(released)  # no clock advance: not the idle TTL
+
+
+async def test_nodes_that_never_become_ready_fail_the_request_after_a_small_budget(
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
+) -> None:
+    """Nodes that never become Ready (a broken image) are paid for until the ready timeout,
+    then released; that is retried only ``retry.max_unready_acquisitions`` times, not
+    ``retry.max_attempts`` (720 waits for capacity, which cost nothing)."""
+    controller, clock, provider = running
+    await kube.merge_patch(CAPACITY_POOLS, "gpu",
+                           {"spec": {"parameters": {"readyDelaySeconds": 3600.0}}})
+
+    async def pool_updated() -> bool:
+        pool = controller.state.pools().get("gpu")
+        return pool is not None and "readyDelaySeconds" in pool.spec.parameters
+
+    await _until(pool_updated)
+    await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
+        "broken", namespace="ns", pod_sets=[("workers", 2)]), namespace="ns")
+
+    async def failed() -> dict[str, Any] | None:
+        await clock.advance(60)  # past the ready timeout (900 s) and each retry's backoff
+        return await _condition(kube, "broken", "Failed")
+
+    cond = await eventually(failed, within=30.0, step=0.05)
+    limit = controller.config.retry.max_unready_acquisitions
+    assert cond["reason"] == "RetriesExhausted", cond
+    assert f"{limit} acquisition(s) gave nodes that were not Ready" in cond["message"], cond
+    assert len([c for c in provider.calls if c.op == "acquire"]) == limit
+    assert limit < controller.config.retry.max_attempts
+
+    async def released() -> bool:
+        return not (await kube.list(NODES, label_selector="muster.dev/pool=gpu"))["items"]
+
+    await _until(released)
