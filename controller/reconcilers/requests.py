@@ -14,6 +14,7 @@ from controller.state.bookings import (
     FINALIZER,
     PHASE_ANNOTATION,
     RETRY_AT_ANNOTATION,
+    UNREADY_ANNOTATION,
     Booking,
     Phase,
 )
@@ -158,6 +159,13 @@ class RequestView:
     def attempt(self) -> int:
         try:
             return int(self.annotations.get(ATTEMPT_ANNOTATION, "0"))
+        except ValueError:
+            return 0
+
+    @property
+    def unready_acquisitions(self) -> int:
+        try:
+            return int(self.annotations.get(UNREADY_ANNOTATION, "0"))
         except ValueError:
             return 0
 

@@ -28,6 +28,8 @@ from controller.fit.types import (
 
 PLAN_ANNOTATION = "muster.dev/plan"
 ATTEMPT_ANNOTATION = "muster.dev/attempt"
+UNREADY_ANNOTATION = "muster.dev/unready-acquisitions"
+"""Acquisitions of this request whose nodes were not Ready in time (launched, paid, released)."""
 PHASE_ANNOTATION = "muster.dev/phase"
 RETRY_AT_ANNOTATION = "muster.dev/retry-at"
 BOOKED_AT_ANNOTATION = "muster.dev/booked-at"
