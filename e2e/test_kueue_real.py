@@ -502,7 +502,7 @@ async def test_path_a_tas_without_the_rack_selector_runs_the_gang_elsewhere(
     assert racks == {"b0-r1"} and hosts == set(busy), (racks, hosts, rack)
     pods = await eventually(lambda: _bound_pods(env, "tas", 4), within=60,
                             what="the scheduler to bind all 4 pods")
-    assert {p["spec"]["nodeName"] for p in pods} == set(busy)
+    assert {p["spec"]["nodeName"] for p in pods} == set(busy), (pods, busy)
 
     # Muster says so on the request and releases the nodes the gang left unused at once.
     pr_name = f"{wl['metadata']['name']}-{names['check']}-1"
@@ -511,7 +511,7 @@ async def test_path_a_tas_without_the_rack_selector_runs_the_gang_elsewhere(
         return _condition(await env.get(pr_name), "BookingExpired")
 
     cond = await eventually(ended, within=30, what="the booking to end")
-    assert cond["reason"] == "CapacityBookingConsumed"
+    assert cond["reason"] == "CapacityBookingConsumed", cond
     assert "4 of them run outside the booked nodes" in cond["message"], cond
 
     async def released() -> bool:
