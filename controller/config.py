@@ -128,20 +128,27 @@ class RetryConfig(_Section):
         default=10.0, gt=0, description="Delay before the first retry; doubles per attempt."
     )
     max_backoff_seconds: float = Field(
-        default=300.0, gt=0, description="Cap of the doubling retry delay."
+        default=60.0,
+        gt=0,
+        description="Cap of the doubling retry delay. A waiting request sees capacity that "
+        "frees only at its next retry, and each retry writes the request twice "
+        "(annotations, condition).",
     )
     max_attempts: int = Field(
-        default=6,
+        default=720,
         ge=1,
         description="Planning or acquisition attempts before a request that keeps missing "
-        "capacity is marked Failed.",
+        "capacity is marked Failed (720: about 12 hours at the 60 s cap; the "
+        "ValidUntilSeconds parameter ends a request's retries sooner).",
     )
-    template_wait_seconds: float = Field(
+    arrival_wait_seconds: float = Field(
         default=10.0,
         ge=0,
-        description="How long after its creation a request waits for a PodTemplate it names "
-        "before failing FailedToCreatePods (clients such as kubectl apply -k and Kueue "
-        "create the request and its templates a moment apart, in either order).",
+        description="How long after its creation a request waits for objects created with it "
+        "before failing for good: a PodTemplate it names (else FailedToCreatePods) and the "
+        "CapacityPools or nodes that would let it fit (else CapacityNeverFits). Clients such "
+        "as kubectl apply and Kueue create them a moment apart, in either order, and each kind "
+        "reaches Muster through its own watch.",
     )
 
     @model_validator(mode="after")

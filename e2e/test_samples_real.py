@@ -2,7 +2,7 @@
 ``kubectl apply -k config/samples`` creates the namespace, the CapacityPools, the PodTemplates
 and the ProvisioningRequest in one go, in kustomize's order (the request may reach Muster
 before its templates). It must be provisioned on that FIRST apply: Muster waits
-``retry.template_wait_seconds`` for templates created after their request instead of failing
+``retry.arrival_wait_seconds`` for templates created after their request instead of failing
 it for good (which it did, so the README's command only worked when applied twice).
 """
 

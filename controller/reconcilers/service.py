@@ -89,7 +89,7 @@ TOPOLOGY_DOMAIN_DETAIL = "muster.dev/topology-domain"
 NEW_NODES_DETAIL = "muster.dev/new-nodes"
 
 
-TEMPLATE_POLL_SECONDS = 0.5
+ARRIVAL_POLL_SECONDS = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,9 +187,9 @@ class ProvisioningService:
             gang = self.gang(req, mode)
         except Invalid as exc:
             if exc.missing_template:
-                wait = self.template_grace_left(req)
+                wait = self.arrival_grace_left(req)
                 if wait > 0:
-                    return min(wait, TEMPLATE_POLL_SECONDS)
+                    return min(wait, ARRIVAL_POLL_SECONDS)
             return await self.fail(req, exc.reason, message(exc.reason, detail=exc.detail))
         digests = json.dumps(self.template_digests(req.namespace, req.template_names),
                              sort_keys=True, separators=(",", ":"))
@@ -233,15 +233,16 @@ class ProvisioningService:
             return await self.confirm(req, booking)
         return await self.acquire(req, booking, announce=True)
 
-    def template_grace_left(self, req: RequestView) -> float:
-        """Seconds this request still waits for a missing PodTemplate (0: fail it now)."""
+    def arrival_grace_left(self, req: RequestView) -> float:
+        """Seconds this request still waits for objects created with it (a PodTemplate, a
+        CapacityPool, nodes) before a verdict that they are missing is final (0: now)."""
         created = req.created_at
         if created is None:
             return 0.0
         age = max(0.0, (self.clock.now() - created).total_seconds())
-        # Requests and templates come through separate watches, and clients create them a
-        # moment apart in either order: a template missing from the cache may only be late.
-        return max(0.0, self.config.retry.template_wait_seconds - age)
+        # Requests, templates, pools and nodes come through separate watches, and clients
+        # create them a moment apart in either order: one missing from the cache may be late.
+        return max(0.0, self.config.retry.arrival_wait_seconds - age)
 
     def gang(self, req: RequestView, mode: Mode) -> GangRequest:
         """The request as the fit engine sees it; :class:`Invalid` names what is wrong."""
@@ -317,6 +318,10 @@ class ProvisioningService:
                 else Reason.UNSUPPORTED_CONSTRAINT if ReasonCode.UNSUPPORTED in codes
                 else Reason.NEVER_FITS
             )
+            wait = self.arrival_grace_left(req) if reason is Reason.NEVER_FITS else 0.0
+            if wait > 0:
+                # A pool or nodes created with the request may not be in the cache yet.
+                return min(wait, ARRIVAL_POLL_SECONDS)
             return await self.fail(req, reason, message(reason, detail=detail))
         return await self.retry_or_fail(
             req, attempt=attempt, reason=Reason.CAPACITY_IS_NOT_FOUND, detail=detail

@@ -11,8 +11,11 @@ import functools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import pytest
+
 from controller.clock import ManualClock
 from controller.commands import objects
+from controller.config import MusterConfig, RetryConfig
 from controller.kube import KubeClient
 from controller.kube.resources import (
     CAPACITY_POOLS,
@@ -65,6 +68,11 @@ async def test_booking_expires_after_ten_virtual_minutes(
     await _until(released)
 
 
+# The default budget (720 attempts, about 12 h at the 60 s cap) is too many to step through;
+# the schedule and the final Failed are the same with any budget.
+@pytest.mark.parametrize(
+    "muster_config", [MusterConfig(retry=RetryConfig(max_attempts=6))], ids=["6-attempts"]
+)
 async def test_stock_out_backs_off_on_the_clock_then_fails(
     kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
 ) -> None:
@@ -237,7 +245,7 @@ async def test_a_gang_larger_than_every_rack_limit_never_fits_even_beside_existi
 ) -> None:
     # Every rack may hold 2 nodes; one rack already has 2 (booked by another request). A gang
     # of 3 in one rack can never fit: it must say so at once, not burn every retry.
-    controller, _, provider = running
+    controller, clock, provider = running
     pool = objects.gpu_pool("gpu")
     for domain in pool["spec"]["topology"]["domains"]:
         domain["maxNodes"] = 2
@@ -255,8 +263,13 @@ async def test_a_gang_larger_than_every_rack_limit_never_fits_even_beside_existi
     await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
         "big", namespace="ns", pod_sets=[("workers", 3)]), namespace="ns")
 
-    failed = await _until(lambda: _condition(kube, "big", "Failed"))
+    async def failed_after_the_arrival_wait() -> dict[str, Any] | None:
+        await clock.advance(1)  # no retry: only retry.arrival_wait_seconds for late pools
+        return await _condition(kube, "big", "Failed")
+
+    failed = await _until(failed_after_the_arrival_wait)
     assert failed["reason"] == "CapacityNeverFits", failed["message"]
+    assert "Attempt" not in failed["message"], "decided on the first plan, no retry burnt"
     assert len([c for c in provider.calls if c.op == "acquire"]) == 1  # the small one's
 
 

@@ -1,6 +1,7 @@
-"""A request that arrives before its PodTemplate (two watch streams, or a client that
-creates the request first) waits for it a little instead of failing at once; a template
-that never comes still fails the request (controller/reconcilers/service.py).
+"""A request that arrives before its PodTemplate or the CapacityPool that lets it fit (separate
+watch streams, or a client that creates the request first) waits for them a little
+(``retry.arrival_wait_seconds``) instead of failing at once; what never comes still fails the
+request (controller/reconcilers/service.py).
 
 Real Kueue (path A) creates the templates and then the request; under load Muster saw the
 request first and failed it with FailedToCreatePods (benchmarks/kueue_bench.py, 1 Workload
@@ -16,7 +17,7 @@ from typing import Any
 from controller.clock import ManualClock
 from controller.commands import objects
 from controller.kube import KubeClient
-from controller.kube.resources import POD_TEMPLATES, PROVISIONING_REQUESTS
+from controller.kube.resources import CAPACITY_POOLS, POD_TEMPLATES, PROVISIONING_REQUESTS
 from controller.operator import Controller
 from providers.fake import FakeProvider
 from tests.helpers import eventually
@@ -60,7 +61,7 @@ async def test_a_template_that_never_comes_fails_the_request_after_the_grace(
     controller, clock, _ = running
     await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
         "orphan", namespace="ns", pod_sets=[("absent", 2)]), namespace="ns")
-    await clock.advance(controller.config.retry.template_wait_seconds / 2)
+    await clock.advance(controller.config.retry.arrival_wait_seconds / 2)
     await asyncio.sleep(0.3)
     assert await _condition(kube, "orphan", "Failed") is None
 
@@ -81,7 +82,7 @@ async def test_the_wait_for_a_template_is_the_configured_one(kube: KubeClient) -
 
     await kube.create(NAMESPACES, {"metadata": {"name": "ns"}})
     clock = ManualClock(start=datetime.now(UTC))
-    cfg = load_config(retry={"template_wait_seconds": 60})
+    cfg = load_config(retry={"arrival_wait_seconds": 60})
     controller = Controller(kube=kube, config=cfg, clock=clock,
                             providers={"kind": FakeProvider(kube, heartbeat_seconds=3600)},
                             use_kopf=False)
@@ -102,3 +103,45 @@ async def test_the_wait_for_a_template_is_the_configured_one(kube: KubeClient) -
         assert cond["reason"] == "FailedToCreatePods"
     finally:
         await controller.stop()
+
+
+async def test_a_pool_created_after_its_request_is_waited_for(
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
+) -> None:
+    """20 workers in one rack: racks of the "gpu" pool hold 16, so only a pool created a
+    moment after the request can take the gang (``kubectl apply`` of a pool and a request
+    together, whose watch events reach Muster in either order)."""
+    _, clock, _ = running
+    await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
+        "big", namespace="ns", pod_sets=[("workers", 20)]), namespace="ns")
+    await clock.advance(1)
+    await asyncio.sleep(0.3)
+    assert await _condition(kube, "big", "Failed") is None
+
+    await kube.create(CAPACITY_POOLS, objects.gpu_pool("wide", nodes_per_rack=32))
+
+    async def provisioned() -> bool:
+        await clock.advance(0.5)
+        cond = await _condition(kube, "big", "Provisioned")
+        return cond is not None and cond["status"] == "True"
+
+    await _until(provisioned)
+    assert await _condition(kube, "big", "Failed") is None
+
+
+async def test_a_gang_that_never_fits_fails_once_the_wait_is_over(
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
+) -> None:
+    controller, clock, _ = running
+    await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
+        "huge", namespace="ns", pod_sets=[("workers", 20)]), namespace="ns")
+    await clock.advance(controller.config.retry.arrival_wait_seconds / 2)
+    await asyncio.sleep(0.3)
+    assert await _condition(kube, "huge", "Failed") is None
+
+    async def failed() -> dict[str, Any] | None:
+        await clock.advance(1)
+        return await _condition(kube, "huge", "Failed")
+
+    cond = await _until(failed)
+    assert cond["reason"] == "CapacityNeverFits", cond
