@@ -720,20 +720,29 @@ class CheckStates:
                 f"Workload conditions {wl_conditions}, requests {prs}")
 
 
+async def _submit_and_reach(env: Env, check: str, job: Body, state: str
+                           ) -> tuple[str, dict[str, Any], list[str]]:
+    """Create ``job`` and wait for its Workload's ``check`` to reach ``state``: the
+    Workload's name, the check's entry then, and every state the check went through."""
+    async with CheckStates(env, check) as states:
+        await env.kube.create(JOBS, job, namespace=env.namespace)
+        name = job["metadata"]["name"]
+        wl = await eventually(lambda: _workload_of(env, name), what="Kueue's Workload")
+        wl_name = wl["metadata"]["name"]
+        entry = await states.reach(wl_name, state)
+    return wl_name, entry, states.seen(wl_name)
+
+
 async def test_path_b_job_to_pods_bound_on_musters_nodes(env: Env) -> None:
     """Muster's check with real Kueue: Active, Pending while Muster provisions, Ready with
     podSetUpdates pinning the gang to the booked rack, Kueue admits, the scheduler binds
     every pod on Muster's nodes in that rack."""
     _real_kueue(env)
     names = await path_b_wiring(env)
-    async with CheckStates(env, names["check"]) as states:
-        await env.kube.create(JOBS, rack_gang("gang", env.namespace, 4),
-                              namespace=env.namespace)
-        wl = await eventually(lambda: _workload_of(env, "gang"), what="Kueue's Workload")
-        wl_name = wl["metadata"]["name"]
-        entry = await states.reach(wl_name, "Ready")
-    seen = states.seen(wl_name)
+    wl_name, entry, seen = await _submit_and_reach(
+        env, names["check"], rack_gang("gang", env.namespace, 4), "Ready")
     assert seen == ["Pending", "Ready"], seen
+    wl = await env.kube.get(WORKLOADS, wl_name, namespace=env.namespace)
     pr = await env.get(f"{wl_name}-{names['check']}-1")
     assert pr["spec"]["provisioningClassName"] == ATOMIC
     assert pr["metadata"]["labels"][MANAGED_LABEL] == "true"
@@ -765,18 +774,14 @@ async def test_path_b_job_to_pods_bound_on_musters_nodes(env: Env) -> None:
 
 
 async def test_path_b_a_gang_that_can_never_fit_is_rejected_and_deactivated(env: Env) -> None:
-    """Eight nodes in one rack of at most four: Muster's request fails CapacityNeverFits,
-    its check is Rejected at once (no retry can help), and Kueue deactivates the Workload.
+    """Eight nodes in one rack of at most four: Muster's request fails CapacityNeverFits
+    (once retry.arrival_wait_seconds have passed without a pool that could hold it), its
+    check is Rejected without a Retry (none can help), and Kueue deactivates the Workload.
     Nothing is acquired."""
     _real_kueue(env)
     names = await path_b_wiring(env)
-    async with CheckStates(env, names["check"]) as states:
-        await env.kube.create(JOBS, rack_gang("huge", env.namespace, 8),
-                              namespace=env.namespace)
-        wl = await eventually(lambda: _workload_of(env, "huge"), what="Kueue's Workload")
-        wl_name = wl["metadata"]["name"]
-        entry = await states.reach(wl_name, "Rejected")
-    seen = states.seen(wl_name)
+    wl_name, entry, seen = await _submit_and_reach(
+        env, names["check"], rack_gang("huge", env.namespace, 8), "Rejected")
     assert "Retry" not in seen, seen
     assert entry["message"].startswith("The request can never fit"), entry
     # The request may already be gone (Muster deletes it once Kueue deactivates the
