@@ -305,6 +305,7 @@ class CheckReconciler:
             backoff_base=base, backoff_max=maximum, admitted=wl.condition_true("Admitted"),
             active=wl.is_active, finished=wl.condition_true("Finished"),
             reject_at_once=PERMANENT_FAILURES,
+            placed_by_kueue=_placed_by_kueue(wl, request, cfg.check_capacity_class),
         )
 
     # ------------------------------------------------------------------ creating requests
@@ -556,4 +557,16 @@ def _dedupe(items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _placed_by_kueue(wl: Workload, request: Body, check_capacity_class: str) -> bool:
+    """The request books nodes Kueue TAS chose: Muster drafts a Workload with a
+    ``topologyAssignment`` into a check-capacity request only when every pod set it books
+    is pinned that way."""
+    spec = request.get("spec") or {}
+    assignments = wl.status.admission.pod_set_assignments if wl.status.admission else []
+    return spec.get("provisioningClassName") == check_capacity_class and any(
+        a.topology_assignment is not None and a.topology_assignment.slices
+        for a in assignments)
+
+
 __all__ = ["POD_SET_ANNOTATION", "POOL_LABEL", "CheckReconciler", "KueueCache"]
+

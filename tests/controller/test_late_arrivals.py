@@ -14,6 +14,8 @@ import asyncio
 import functools
 from typing import Any
 
+import pytest
+
 from controller.clock import ManualClock
 from controller.commands import objects
 from controller.kube import KubeClient
@@ -31,20 +33,44 @@ async def _condition(kube: KubeClient, name: str, type_: str) -> dict[str, Any] 
                  if c["type"] == type_), None)
 
 
-async def test_a_template_created_after_its_request_is_waited_for(
-    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
-) -> None:
-    _, clock, _ = running
-    await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
-        "early", namespace="ns", pod_sets=[("late", 2)]), namespace="ns")
-    await clock.advance(1)
-    await asyncio.sleep(0.3)
-    assert await _condition(kube, "early", "Failed") is None
-
+async def _late_template(kube: KubeClient) -> None:
     await kube.create(POD_TEMPLATES, objects.pod_template(
         "late", namespace="ns", requests={"cpu": "90", objects.GPU: "8"},
         required_level=objects.RACK, tolerations=[objects.GPU_TOLERATION],
     ), namespace="ns")
+
+
+async def _late_pool(kube: KubeClient) -> None:
+    # Racks of the "gpu" pool hold 16 nodes; only this pool's take the 20-worker gang.
+    await kube.create(CAPACITY_POOLS, objects.gpu_pool("wide", nodes_per_rack=32))
+
+
+LATE = {
+    # what arrives late: (the request's pod set, what creates it, the reason if it never does)
+    "template": (("late", 2), _late_template, "FailedToCreatePods"),
+    "pool": (("workers", 20), _late_pool, "CapacityNeverFits"),
+}
+
+
+async def _created_and_waiting(kube: KubeClient, clock: ManualClock, name: str,
+                               pod_set: tuple[str, int], advance: float) -> None:
+    await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
+        name, namespace="ns", pod_sets=[pod_set]), namespace="ns")
+    await clock.advance(advance)
+    await asyncio.sleep(0.3)
+    assert await _condition(kube, name, "Failed") is None
+
+
+@pytest.mark.parametrize("kind", sorted(LATE))
+async def test_what_arrives_after_its_request_is_waited_for(
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider], kind: str
+) -> None:
+    """``kubectl apply`` of a request with its template or pool, whose watch events reach
+    Muster in either order: what arrives within the wait is used."""
+    _, clock, _ = running
+    pod_set, create, _ = LATE[kind]
+    await _created_and_waiting(kube, clock, "early", pod_set, 1)
+    await create(kube)
 
     async def provisioned() -> bool:
         await clock.advance(0.5)
@@ -55,23 +81,23 @@ async def test_a_template_created_after_its_request_is_waited_for(
     assert await _condition(kube, "early", "Failed") is None
 
 
-async def test_a_template_that_never_comes_fails_the_request_after_the_grace(
-    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
+@pytest.mark.parametrize("kind", sorted(LATE))
+async def test_what_never_comes_fails_the_request_after_the_wait(
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider], kind: str
 ) -> None:
     controller, clock, _ = running
-    await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
-        "orphan", namespace="ns", pod_sets=[("absent", 2)]), namespace="ns")
-    await clock.advance(controller.config.retry.arrival_wait_seconds / 2)
-    await asyncio.sleep(0.3)
-    assert await _condition(kube, "orphan", "Failed") is None
+    pod_set, _, reason = LATE[kind]
+    await _created_and_waiting(kube, clock, "orphan", pod_set,
+                               controller.config.retry.arrival_wait_seconds / 2)
 
     async def failed() -> dict[str, Any] | None:
         await clock.advance(1)
         return await _condition(kube, "orphan", "Failed")
 
     cond = await _until(failed)
-    assert cond["reason"] == "FailedToCreatePods"
-    assert "PodTemplate ns/absent not found" in cond["message"]
+    assert cond["reason"] == reason, cond
+    if kind == "template":
+        assert "PodTemplate ns/late not found" in cond["message"]
 
 
 async def test_the_wait_for_a_template_is_the_configured_one(kube: KubeClient) -> None:
@@ -103,44 +129,3 @@ async def test_the_wait_for_a_template_is_the_configured_one(kube: KubeClient) -
     finally:
         await controller.stop()
 
-
-async def test_a_pool_created_after_its_request_is_waited_for(
-    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
-) -> None:
-    """20 workers in one rack: racks of the "gpu" pool hold 16, so only a pool created a
-    moment after the request can take the gang (``kubectl apply`` of a pool and a request
-    together, whose watch events reach Muster in either order)."""
-    _, clock, _ = running
-    await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
-        "big", namespace="ns", pod_sets=[("workers", 20)]), namespace="ns")
-    await clock.advance(1)
-    await asyncio.sleep(0.3)
-    assert await _condition(kube, "big", "Failed") is None
-
-    await kube.create(CAPACITY_POOLS, objects.gpu_pool("wide", nodes_per_rack=32))
-
-    async def provisioned() -> bool:
-        await clock.advance(0.5)
-        cond = await _condition(kube, "big", "Provisioned")
-        return cond is not None and cond["status"] == "True"
-
-    await _until(provisioned)
-    assert await _condition(kube, "big", "Failed") is None
-
-
-async def test_a_gang_that_never_fits_fails_once_the_wait_is_over(
-    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
-) -> None:
-    controller, clock, _ = running
-    await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
-        "huge", namespace="ns", pod_sets=[("workers", 20)]), namespace="ns")
-    await clock.advance(controller.config.retry.arrival_wait_seconds / 2)
-    await asyncio.sleep(0.3)
-    assert await _condition(kube, "huge", "Failed") is None
-
-    async def failed() -> dict[str, Any] | None:
-        await clock.advance(1)
-        return await _condition(kube, "huge", "Failed")
-
-    cond = await _until(failed)
-    assert cond["reason"] == "CapacityNeverFits", cond
