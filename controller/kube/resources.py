@@ -69,6 +69,13 @@ RESOURCE_CLAIM_TEMPLATES = Resource(
 DEVICE_CLASSES = Resource(
     "resource.k8s.io", "v1", "deviceclasses", namespaced=False, kind="DeviceClass"
 )
+CRDS = Resource(
+    "apiextensions.k8s.io",
+    "v1",
+    "customresourcedefinitions",
+    namespaced=False,
+    kind="CustomResourceDefinition",
+)
 # Delegated authentication and authorization of `muster run`'s /metrics (create only).
 TOKEN_REVIEWS = Resource(
     "authentication.k8s.io", "v1", "tokenreviews", namespaced=False, kind="TokenReview")
