@@ -36,7 +36,7 @@ from controller.kube.resources import (
 from controller.kueue.resources import WORKLOADS
 from controller.state.cache import KEY_LABEL
 from controller.state.tenancy import owner_uid_of_key
-from e2e.conftest import RUN_LABEL, TIERS, Env
+from e2e.conftest import RUN_LABEL, TIERS, Env, eventually
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "tests" / "corpus" / "bad_inputs.yaml"
@@ -167,6 +167,16 @@ async def _create(env: Env, case: dict[str, Any], kind: str) -> tuple[str, ApiEr
             await env.kube.create(CAPACITY_POOLS, pool)
             env.cleanup.append(lambda n=pool["metadata"]["name"]: env.kube.delete(
                 CAPACITY_POOLS, n))
+
+            # The request comes once Muster judged the pool (its status written): a pool
+            # the provider refuses is left out of planning from then on, and a request
+            # planned before that moment met the provider's refusal instead (the outcome
+            # depended on which came first).
+            async def judged(name: str = pool["metadata"]["name"]) -> bool:
+                got = await env.kube.get(CAPACITY_POOLS, name)
+                return bool((got.get("status") or {}).get("conditions"))
+
+            await eventually(judged, within=30, what=f"Muster to judge pool {cid}")
             await env.kube.create(POD_TEMPLATES, _worker(env, cid, {CASE_LABEL: cid}),
                                   namespace=env.namespace)
             await env.kube.create(PROVISIONING_REQUESTS, _request(env, cid, cid),
