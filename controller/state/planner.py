@@ -95,6 +95,21 @@ class Planner:
         self._wakeup.set()
         return await future
 
+    def refused_pools_serving(self, key: str, gang: GangRequest, mode: Mode,
+                              now: datetime | None = None) -> dict[str, tuple[str, ...]]:
+        """The pools the provider refuses that would serve ``gang`` were they fixed: those
+        of the plan made as if they were usable (nothing is reserved), with their problems.
+        Empty when none is refused or the gang would not fit even with them."""
+        refused = self._state.unusable_pools()
+        if not refused:
+            return {}
+        what_if = self._state.snapshot(exclude=key, now=now, with_unusable=True)
+        result = PlanningPass(what_if).plan(gang, mode)
+        if not isinstance(result, Plan):
+            return {}
+        return {pool: refused[pool] for pool in sorted({n.pool for n in result.new_nodes})
+                if pool in refused}
+
     async def _loop(self) -> None:
         while True:
             await self._wakeup.wait()
