@@ -34,7 +34,6 @@ import asyncio
 import contextlib
 import gc
 import statistics
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -203,7 +202,7 @@ async def main(argv: list[str] | None = None) -> None:
             cpu = await measure(t, names, gets=args.gets, rounds=args.rounds)
         finally:
             await _each(names, lambda n: t.kube.delete(NODES, n))
-            print(await t.cleanup(()), file=sys.stderr)
+            print(await t.cleanup(()))
     where = "real cluster" if t.real else "sandbox: subprocess"
     print(f"kube_client_bench: {args.nodes} nodes, {args.gets} GETs, {args.rounds} rounds "
           f"({where})")
