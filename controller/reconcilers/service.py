@@ -310,7 +310,7 @@ class ProvisioningService:
         # then the engine's reasons in full.
         reasons = "; ".join(r.message for r in result.reasons) or "no capacity"
         detail = f"{shortfall(result)} In detail: {reasons}"
-        refused = self.planner.refused_pools_serving(req.key, gang, mode, self.clock.now())
+        refused = self.planner.refused_pools_serving(gang, mode, self.clock.now())
         decide("plan", req.key, outcome="no-fit", attempt=attempt, permanent=result.permanent,
                codes=sorted({r.code.value for r in result.reasons}),
                shortfall=shortfall(result), **({"unusable_pools": sorted(refused)}
