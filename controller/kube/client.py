@@ -4,14 +4,14 @@ kubernetes-asyncio loads the kubeconfig (or the in-cluster service account) and 
 client sends every request (``ApiClient.call_api``: TLS, auth and exec plugins' token
 refresh, proxies); Muster reads the raw answer (``_preload_content=False``) as plain JSON
 dicts with orjson. The library's model objects are skipped on purpose: per operation they
-cost 2.5x (a GET) to 19x (a LIST of 1,000 nodes) the client's CPU
+cost 2.3x-2.7x (a GET) to 16x-20x (a LIST of 1,000 nodes) the client's CPU
 (``benchmarks/kube_client_bench.py``), and its custom-object helpers would send dict
 patches as JSON-patch (a real server rejects those). Watches are Muster's own list-then-watch
 (:meth:`KubeClient.watch`) over the same client, not ``kubernetes_asyncio.watch.Watch``,
 which never re-lists, retries an expired resourceVersion once with the same expired
 resourceVersion, and resumes forever from a resourceVersion a server that came back with
-another etcd never had (tests/controller/test_kube_watch_library.py; README, "Why Muster
-keeps its own watch").
+another etcd never had (tests/controller/test_kube_watch_library.py; README, "The API
+client and why Muster keeps its own watch").
 """
 
 from __future__ import annotations
@@ -241,8 +241,7 @@ class KubeClient:
             headers["Content-Type"] = content_type
         # The library's API client builds and sends the request (auth, refreshing exec
         # plugins' tokens, proxy, TLS server name); its raw response is read here, since its
-        # model objects cost 2.5x (a GET) to 19x (a LIST) the CPU of plain dicts
-        # (benchmarks/kube_client_bench.py).
+        # model objects cost 2.3x-20x the CPU of plain dicts (benchmarks/kube_client_bench.py).
         task = asyncio.ensure_future(self._api.call_api(
             path, method, query_params=list(query.items()) if query else None,
             header_params=headers, body=body, auth_settings=["BearerToken"],
