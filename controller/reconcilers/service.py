@@ -322,7 +322,7 @@ class ProvisioningService:
                               for name, problems in refused.items())
             return await self.retry_or_fail(
                 req, attempt=attempt, reason=Reason.POOL_UNUSABLE,
-                detail=f"{pools}. Without it: {detail}",
+                detail=f"{pools}. Without {'it' if len(refused) == 1 else 'them'}: {detail}",
             )
         if result.permanent:
             codes = {r.code for r in result.reasons}

@@ -801,7 +801,6 @@ class ClusterState:
             self._booked_memo = {k: v for k, v in self._booked_memo.items() if k in self._nodes}
         return apply_plan(snap, merged, memo=self._booked_memo)
 
-
     def _unusable_states(self) -> list[PoolState]:
         out = []
         for name in sorted(self._unusable_pools):
