@@ -67,6 +67,7 @@ from controller.kueue.models import (
 from controller.kueue.resources import ADMISSION_CHECKS, WORKLOADS
 from controller.snapshot import pod_set_name
 from controller.state.bookings import Booking
+from controller.state.requests import RequestRecord
 from controller.topology_defaults import POOL_LABEL
 
 log = logging.getLogger(__name__)
@@ -84,8 +85,8 @@ class KueueCache:
         self.checks: dict[str, Body] = {}
         self.flavors: dict[str, Body] = {}
         self.configs: dict[str, Body] = {}
-        self.requests: dict[str, Body] = {}
-        """Muster-created requests by ``namespace/name``."""
+        self.requests: dict[str, RequestRecord] = {}
+        """Muster-created requests by ``namespace/name``, parsed once as they arrive."""
         self.facts: PoolFacts = WatchedFacts()
         """CapacityPools and which node each one made (see :mod:`controller.kueue.facts`)."""
 
@@ -175,12 +176,12 @@ class CheckReconciler:
             if s.name in self.cache.checks and self.ours(self.cache.checks[s.name])
         ]
 
-    def owned_requests(self, wl: Workload) -> list[Body]:
+    def owned_requests(self, wl: Workload) -> list[RequestRecord]:
         uid = wl.metadata.uid
         ns = wl.metadata.namespace or "default"
         return [
             r for r in self.cache.requests.values()
-            if (r.get("metadata") or {}).get("namespace") == ns and workload_of(r)[1] == uid
+            if r.namespace == ns and workload_of(r.body)[1] == uid
         ]
 
     async def reconcile_workload(self, key: str) -> float | None:
@@ -212,11 +213,9 @@ class CheckReconciler:
                   if (d := await self.reconcile_one(wl, check)) is not None]
         return min(delays, default=None)
 
-    async def delete_requests(self, requests: Sequence[Body]) -> None:
+    async def delete_requests(self, requests: Sequence[RequestRecord]) -> None:
         for r in requests:
-            meta = r["metadata"]
-            await self.kube.delete(PROVISIONING_REQUESTS, meta["name"],
-                                   namespace=meta.get("namespace"))
+            await self.kube.delete(PROVISIONING_REQUESTS, r.name, namespace=r.namespace)
 
     def prc_for(self, check: str) -> ProvisioningRequestConfig | str | None:
         """The check's ProvisioningRequestConfig, None when it has none, or a problem."""
@@ -246,7 +245,7 @@ class CheckReconciler:
         name = request_name(wl.metadata.name, check, attempt)
         ns = wl.metadata.namespace or "default"
         owned = [r for r in self.owned_requests(wl)
-                 if attempt_of(r["metadata"]["name"], wl.metadata.name, check) is not None]
+                 if attempt_of(r.name, wl.metadata.name, check) is not None]
         current = self.cache.requests.get(f"{ns}/{name}")
         if state.state == READY:
             # Kueue's rule: a Ready check's request is never re-created and its updates never
@@ -261,12 +260,11 @@ class CheckReconciler:
             return None
         if state.state != PENDING:
             return None  # Retry / Rejected: Kueue evicts or deactivates; nothing to do until reset
-        stale = [r for r in owned if r["metadata"]["name"] != name]
+        stale = [r for r in owned if r.name != name]
         if stale:
             await self.delete_requests(stale)
         if current is not None and (
-            (current.get("metadata") or {}).get("deletionTimestamp")
-            or workload_of(current)[1] != wl.metadata.uid
+            current.deleting or workload_of(current.body)[1] != wl.metadata.uid
         ):
             # The same name from before an eviction (still releasing its nodes) or from an
             # earlier Workload of the same name (awaiting garbage collection): its
@@ -288,7 +286,7 @@ class CheckReconciler:
         return None
 
     def _verdict(
-        self, wl: Workload, request: Body, attempt: int, retry_count: int,
+        self, wl: Workload, request: RequestRecord, attempt: int, retry_count: int,
         prc: ProvisioningRequestConfig | None,
     ) -> CheckVerdict:
         cfg = self.config
@@ -300,7 +298,7 @@ class CheckReconciler:
             else (cfg.backoff_limit_count, cfg.backoff_base_seconds, cfg.backoff_max_seconds)
         )
         return verdict(
-            (request.get("status") or {}).get("conditions") or [],
+            request.conditions,
             attempt=attempt, retry_count=retry_count, backoff_limit=limit,
             backoff_base=base, backoff_max=maximum, admitted=wl.condition_true("Admitted"),
             active=wl.is_active, finished=wl.condition_true("Finished"),
@@ -387,7 +385,7 @@ class CheckReconciler:
                     message=f"failed to create ProvisioningRequest {name}: {exc.reason}"))
                 raise
             return None
-        self.cache.requests[f"{ns}/{name}"] = created
+        self.cache.requests[f"{ns}/{name}"] = RequestRecord.parse(created)
         self.event(wl, "Normal", "ProvisioningRequestCreated",
                    f"Created ProvisioningRequest {name} ({draft.class_name})")
         await self.write_state(wl, AdmissionCheckState(
@@ -398,21 +396,17 @@ class CheckReconciler:
     # ------------------------------------------------------------------ Ready
 
     def ready_updates(
-        self, wl: Workload, request: Body, prc: ProvisioningRequestConfig | None
+        self, wl: Workload, request: RequestRecord, prc: ProvisioningRequestConfig | None
     ) -> list[PodSetUpdate]:
-        status = request.get("status") or {}
-        details: Mapping[str, str] = status.get("provisioningClassDetails") or {}
-        spec = request.get("spec") or {}
-        class_name = str(spec.get("provisioningClassName") or "")
-        booking = _booking(request)
+        details = request.class_details
+        booking = request.booking
         pools_by_name = {p.name: p for p in self.cache.facts.pools()}
         assignments = {a.name: a for a in (wl.status.admission.pod_set_assignments
                                            if wl.status.admission else [])}
         flavors = self.cache.flavors
         targets: dict[str, PodSetTarget] = {}
-        for ps in spec.get("podSets") or []:
-            tname = (ps.get("podTemplateRef") or {}).get("name", "")
-            pod_set = _pod_set_of(tname, request["metadata"]["name"], wl)
+        for tname in request.template_names:
+            pod_set = _pod_set_of(tname, request.name, wl)
             if pod_set is None or pod_set in targets:
                 continue
             wps = next(p for p in wl.spec.pod_sets if p.name == pod_set)
@@ -430,7 +424,7 @@ class CheckReconciler:
             if not pinned:
                 # The request reconciler keys details by its own pod set name, which is
                 # the template name without ``ppt-<request>-`` (the whole name if hashed).
-                fit_name = pod_set_name(tname, request["metadata"]["name"])
+                fit_name = pod_set_name(tname, request.name)
                 selector.update(parse_domain_detail(details.get(
                     f"{PODSET_DETAIL_PREFIX}{fit_name}", "")))
             if prc is not None:
@@ -447,13 +441,13 @@ class CheckReconciler:
                     tolerations.extend(taint_tolerations(
                         t for t in pool.taints if not tolerates(existing_tols, t)))
             targets[pod_set] = PodSetTarget(
-                name=pod_set, request=request["metadata"]["name"], node_selector=selector,
+                name=pod_set, request=request.name, node_selector=selector,
                 tolerations=_dedupe(tolerations), existing_selector=existing_selector,
                 existing_annotations=(wps.template.get("metadata") or {}).get("annotations")
                 or {},
                 existing_tolerations=existing_tols,
             )
-        return pod_set_updates(list(targets.values()), class_name)
+        return pod_set_updates(list(targets.values()), request.class_name)
 
     # ------------------------------------------------------------------ writes
 
@@ -513,10 +507,6 @@ class CheckReconciler:
                        "conflicting writes")
 
 
-def _booking(request: Mapping[str, Any]) -> Booking | None:
-    return Booking.of((request.get("metadata") or {}).get("annotations") or {})
-
-
 def _pools_used(
     booking: Booking, pod_set: str, pool_of: Callable[[str], str | None]
 ) -> list[str]:
@@ -557,13 +547,12 @@ def _dedupe(items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _placed_by_kueue(wl: Workload, request: Body, check_capacity_class: str) -> bool:
+def _placed_by_kueue(wl: Workload, request: RequestRecord, check_capacity_class: str) -> bool:
     """The request books nodes Kueue TAS chose: Muster drafts a Workload with a
     ``topologyAssignment`` into a check-capacity request only when every pod set it books
     is pinned that way."""
-    spec = request.get("spec") or {}
     assignments = wl.status.admission.pod_set_assignments if wl.status.admission else []
-    return spec.get("provisioningClassName") == check_capacity_class and any(
+    return request.class_name == check_capacity_class and any(
         a.topology_assignment is not None and a.topology_assignment.slices
         for a in assignments)
 
