@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from controller.clock import Clock
@@ -76,6 +77,13 @@ CONFLICT_RETRIES = 5
 TEMPLATE_WAIT_SECONDS = 1.0
 
 
+@dataclass(frozen=True, slots=True)
+class Inactive:
+    """Why one of Muster's AdmissionChecks cannot serve (its ``Active=False`` message)."""
+
+    message: str
+
+
 class KueueCache:
     """What the reconcilers read: the watched Kueue objects and Muster's requests, nodes
     and pools. Filled by :class:`controller.kueue.integration.KueueIntegration`."""
@@ -115,17 +123,17 @@ class CheckReconciler:
     def ours(self, ac: Mapping[str, Any]) -> bool:
         return (ac.get("spec") or {}).get("controllerName") == self.config.controller_name
 
-    def parameters_problem(self, ac: AdmissionCheck) -> str | None:
+    def parameters_problem(self, ac: AdmissionCheck) -> Inactive | None:
         ref = ac.spec.parameters
         if ref is None:
             return None
         if ref.api_group != GROUP or ref.kind != "ProvisioningRequestConfig":
-            return (
+            return Inactive(
                 f"spec.parameters must reference a {GROUP} ProvisioningRequestConfig, "
                 f"got {ref.api_group}/{ref.kind}"
             )
         if ref.name not in self.cache.configs:
-            return f"ProvisioningRequestConfig {ref.name} not found"
+            return Inactive(f"ProvisioningRequestConfig {ref.name} not found")
         return None
 
     async def reconcile_check(self, name: str) -> None:
@@ -138,10 +146,10 @@ class CheckReconciler:
             ac = AdmissionCheck.model_validate(body)
             problem = self.parameters_problem(ac)
         except ValueError as exc:
-            problem = f"invalid AdmissionCheck: {str(exc).splitlines()[0]}"
+            problem = Inactive(f"invalid AdmissionCheck: {str(exc).splitlines()[0]}")
         status, reason, text = (
             ("True", "Active", "Muster serves this admission check.")
-            if problem is None else ("False", "BadParametersRef", problem)
+            if problem is None else ("False", "BadParametersRef", problem.message)
         )
         conditions = [dict(c) for c in (body.get("status") or {}).get("conditions") or []]
         old = next((c for c in conditions if c.get("type") == "Active"), None)
@@ -217,8 +225,9 @@ class CheckReconciler:
         for r in requests:
             await self.kube.delete(PROVISIONING_REQUESTS, r.name, namespace=r.namespace)
 
-    def prc_for(self, check: str) -> ProvisioningRequestConfig | str | None:
-        """The check's ProvisioningRequestConfig, None when it has none, or a problem."""
+    def prc_for(self, check: str) -> ProvisioningRequestConfig | Inactive | None:
+        """The check's ProvisioningRequestConfig, None when it has none, or why the check
+        cannot serve."""
         ac = AdmissionCheck.model_validate(self.cache.checks[check])
         problem = self.parameters_problem(ac)
         if problem is not None:
@@ -230,16 +239,17 @@ class CheckReconciler:
                 self.cache.configs[ac.spec.parameters.name]
             )
         except ValueError as exc:
-            return f"ProvisioningRequestConfig {ac.spec.parameters.name} is invalid: {exc}"
+            return Inactive(
+                f"ProvisioningRequestConfig {ac.spec.parameters.name} is invalid: {exc}")
 
     async def reconcile_one(self, wl: Workload, check: str) -> float | None:
         state = wl.check(check)
         if state is None:
             return None
         prc = self.prc_for(check)
-        if isinstance(prc, str):
+        if isinstance(prc, Inactive):
             await self.write_state(wl, AdmissionCheckState(
-                name=check, state=PENDING, message=f"the check is not active: {prc}"))
+                name=check, state=PENDING, message=f"the check is not active: {prc.message}"))
             return None
         attempt = (state.retry_count or 0) + 1
         name = request_name(wl.metadata.name, check, attempt)

@@ -76,7 +76,7 @@ from controller.state.bookings import (
     stale_templates,
     template_digest,
 )
-from controller.state.cache import ClusterState, object_key
+from controller.state.cache import ClusterState, TemplateError, object_key
 from controller.state.planner import Planner, Refusal
 from controller.state.requests import RequestRecord
 from controller.state.tenancy import exceeded, foreign_request_owner
@@ -200,10 +200,9 @@ class ProvisioningService:
         if isinstance(result, Refusal):
             if result.wait:
                 return await self.retry_or_fail(
-                    req, attempt=attempt, reason=Reason.NAMESPACE_LIMIT_REACHED,
-                    detail=result.text,
+                    req, attempt=attempt, reason=result.reason, detail=result.text
                 )
-            return await self.fail(req, Reason.OVER_BUDGET, result.text)
+            return await self.fail(req, result.reason, result.text)
         if isinstance(result, NoFit):
             return await self.no_fit(req, mode, result, attempt)
         booking = self.state.bookings().get(req.key)
@@ -270,14 +269,14 @@ class ProvisioningService:
         if budgets.max_new_nodes_per_request is not None and (
             new_nodes > budgets.max_new_nodes_per_request
         ):
-            return Refusal(message(
+            return Refusal(Reason.OVER_BUDGET, message(
                 Reason.OVER_BUDGET,
                 detail=f"{new_nodes} new nodes > budgets.max_new_nodes_per_request "
                 f"({budgets.max_new_nodes_per_request})",
             ))
         limit = budgets.max_cost_per_hour_per_request
         if limit is not None and plan.cost_per_hour > limit:
-            return Refusal(message(
+            return Refusal(Reason.OVER_BUDGET, message(
                 Reason.OVER_BUDGET,
                 detail=f"new nodes cost {plan.cost_per_hour:.2f}/h > "
                 f"budgets.max_cost_per_hour_per_request ({limit:.2f})",
@@ -287,7 +286,7 @@ class ProvisioningService:
             want = self.state.plan_usage((n.pool, n.count) for n in plan.new_nodes)
             alone = exceeded(limits, want)
             if alone:
-                return Refusal(message(
+                return Refusal(Reason.OVER_BUDGET, message(
                     Reason.OVER_BUDGET,
                     detail=f"its new nodes alone exceed namespace {req.namespace}'s limits "
                     f"({'; '.join(alone)})",
@@ -296,9 +295,9 @@ class ProvisioningService:
             beside = exceeded(limits, held + want)
             if beside:
                 return Refusal(
+                    Reason.NAMESPACE_LIMIT_REACHED,
                     f"namespace {req.namespace} holds {held.describe()}; this plan adds "
                     f"{want.describe()}, which would exceed its limits ({'; '.join(beside)})",
-                    wait=True,
                 )
         return Booking(plan=plan, attempt=attempt,
                        groups=groups_for(plan, owner_uid=req.uid, attempt=attempt))
@@ -411,8 +410,8 @@ class ProvisioningService:
             found = self.state.template(namespace, name)
             if found is None:
                 out[name] = None
-            elif isinstance(found, str):
-                out[name] = template_digest({"invalid": found})
+            elif isinstance(found, TemplateError):
+                out[name] = template_digest({"invalid": found.detail})
             else:
                 out[name] = template_digest(found.template.model_dump(mode="json",
                                                                       by_alias=True))
@@ -527,7 +526,7 @@ class ProvisioningService:
         taken = []
         for name in sorted(recorded):
             found = self.state.template(req.namespace, name)
-            if found is not None and not isinstance(found, str) and (
+            if found is not None and not isinstance(found, TemplateError) and (
                 other := foreign_request_owner(found.metadata.model_extra, req.uid)
             ) is not None:
                 taken.append(f"{name} (now owned by ProvisioningRequest {other})")
@@ -837,10 +836,11 @@ def build_gang(req: RequestRecord, state: ClusterState, config: MusterConfig) ->
                 f"spec.podSets[{i}]: PodTemplate {req.namespace}/{ref} not found",
                 missing_template=True,
             )
-        if isinstance(found, str):
+        if isinstance(found, TemplateError):
             raise Invalid(
                 Reason.FAILED_TO_CREATE_PODS,
-                f"spec.podSets[{i}]: PodTemplate {req.namespace}/{ref} is invalid: {found}",
+                f"spec.podSets[{i}]: PodTemplate {req.namespace}/{ref} is invalid: "
+                f"{found.detail}",
             )
         other = foreign_request_owner(found.metadata.model_extra, req.uid)
         if other is not None:

@@ -88,6 +88,13 @@ class PodRecord:
     """Its required pod anti-affinity terms (they repel other pods from its domain)."""
 
 
+@dataclass(frozen=True, slots=True)
+class TemplateError:
+    """A PodTemplate the model refuses: ``detail`` names the first bad field."""
+
+    detail: str
+
+
 class ClusterState:
     """In-memory view of the cluster. ``notify`` is called with request keys to reconcile."""
 
@@ -113,7 +120,7 @@ class ClusterState:
         self._consumed: dict[str, dict[str, int]] = {}
         self._pods_on: dict[str, int] = {}
         self._templates: dict[str, PodTemplate] = {}
-        self._template_errors: dict[str, str] = {}
+        self._template_errors: dict[str, TemplateError] = {}
         self._pools: dict[str, CapacityPool] = {}
         self._pool_errors: dict[str, tuple[str, ...]] = {}
         """Every validation error of a pool the model refuses (by name)."""
@@ -393,7 +400,7 @@ class ClusterState:
             self._template_errors.pop(key, None)
         except ValidationError as exc:
             self._templates.pop(key, None)
-            self._template_errors[key] = _first_error(exc)
+            self._template_errors[key] = TemplateError(_first_error(exc))
         if notify:
             self._notify_bookings_of(key)
 
@@ -412,8 +419,8 @@ class ClusterState:
             if record is not None and name in record.template_names:
                 self.notify(key)
 
-    def template(self, namespace: str, name: str) -> PodTemplate | str | None:
-        """The parsed template, the reason it is malformed, or None when missing."""
+    def template(self, namespace: str, name: str) -> PodTemplate | TemplateError | None:
+        """The parsed template, why it is malformed, or None when missing."""
         key = f"{namespace}/{name}"
         return self._templates.get(key) or self._template_errors.get(key)
 
