@@ -35,6 +35,12 @@ from typing import Any
 from controller.acquire.atomic import AcquisitionFailed, acquire_all, release_groups
 from controller.acquire.keys import groups_for
 from controller.acquire.providers import ProviderSet
+from controller.api.parameters import (
+    NO_RETRY,
+    VALID_UNTIL_SECONDS,
+    Parameters,
+    read_parameters,
+)
 from controller.api.provisioningrequest import ProvisioningRequest
 from controller.clock import Clock
 from controller.conditions import (
@@ -54,12 +60,6 @@ from controller.fit.types import GangRequest, Mode, NoFit, Plan, ReasonCode
 from controller.kube import ApiError, Body, KubeClient
 from controller.kube.events import EventRecorder
 from controller.kube.resources import PROVISIONING_REQUESTS
-from controller.reconcilers.parameters import (
-    NO_RETRY,
-    VALID_UNTIL_SECONDS,
-    Parameters,
-    read_parameters,
-)
 from controller.reconcilers.pools import hold_pools
 from controller.snapshot import InvalidTemplate, SnapshotError, gang_of, parse_object
 from controller.state.bookings import (
@@ -249,16 +249,17 @@ class ProvisioningService:
 
     def parameters(self, req: RequestRecord) -> Parameters:
         """The request's parameters as Muster reads them (see
-        :mod:`controller.reconcilers.parameters`)."""
+        :mod:`controller.api.parameters`)."""
         mode = self.config.classes.mode_for(req.class_name, req.parameters) or Mode.PROVISION
         return read_parameters(req.parameters, mode, req.class_name)
 
     def valid_until(self, req: RequestRecord, params: Parameters) -> datetime | None:
         """Creation + ValidUntilSeconds: no attempt starts after it."""
         created = req.created_at
-        if params.valid_until_seconds is None or created is None:
+        seconds = params.values.valid_until_seconds
+        if seconds is None or created is None:
             return None
-        return created + timedelta(seconds=params.valid_until_seconds)
+        return created + timedelta(seconds=seconds)
 
     def book(self, req: RequestRecord, plan: Plan, attempt: int) -> Booking | Refusal:
         """The booking to reserve for ``plan``, or why a budget or the namespace's limits
@@ -625,7 +626,7 @@ class ProvisioningService:
         self.state.unreserve(req.key)
         max_attempts = self.config.retry.max_attempts
         params = self.parameters(req)
-        if not permanent and params.no_retry:
+        if not permanent and params.values.no_retry:
             what = ("Capacity is not found" if reason is Reason.CAPACITY_IS_NOT_FOUND
                     else f"Attempt {attempt} failed ({reason.value})")
             return await self.fail(
@@ -639,7 +640,7 @@ class ProvisioningService:
             return await self.fail(
                 req, Reason.RETRIES_EXHAUSTED,
                 f"Capacity is not found within {VALID_UNTIL_SECONDS}="
-                f"{params.valid_until_seconds} of the request's creation ({attempt} "
+                f"{params.values.valid_until_seconds} of the request's creation ({attempt} "
                 f"attempt(s); the next would start after {rfc3339(deadline)}): {detail}. "
                 "Free capacity or add stock, then recreate the request, or allow it longer.",
                 attempt=attempt,
