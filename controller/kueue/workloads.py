@@ -14,7 +14,7 @@ other checks' entries are never clobbered: a merge patch would replace the whole
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,12 +41,10 @@ from controller.kueue.decisions import (
     same_state,
     set_check_state,
     taint_tolerations,
-    template_name,
     tolerates,
     verdict,
 )
 from controller.kueue.drafts import (
-    POD_SET_ANNOTATION,
     DraftError,
     RequestDraft,
     draft_request,
@@ -60,6 +58,7 @@ from controller.kueue.models import (
     GROUP,
     AdmissionCheck,
     AdmissionCheckState,
+    PodSet,
     PodSetUpdate,
     ProvisioningRequestConfig,
     ResourceFlavor,
@@ -270,9 +269,8 @@ class CheckReconciler:
             return None
         if state.state != PENDING:
             return None  # Retry / Rejected: Kueue evicts or deactivates; nothing to do until reset
-        stale = [r for r in owned if r.name != name]
-        if stale:
-            await self.delete_requests(stale)
+        if await self._drop_stale(owned, name):
+            return None  # the current request was stale: its DELETED event requeues us
         if current is not None and (
             current.deleting or workload_of(current.body)[1] != wl.metadata.uid
         ):
@@ -294,6 +292,15 @@ class CheckReconciler:
             requeueAfterSeconds=v.requeue_after_seconds, podSetUpdates=updates,
         ))
         return None
+
+    async def _drop_stale(self, owned: Sequence[RequestRecord], name: str) -> bool:
+        """Delete the Workload's requests of earlier attempts, and any without the
+        ``muster.dev/pod-sets`` record (made by an earlier Muster, they cannot be mapped
+        back to the Workload's pod sets, so they are made anew); True when ``name`` went."""
+        stale = [r for r in owned if r.name != name or not r.template_pod_sets]
+        if stale:
+            await self.delete_requests(stale)
+        return any(r.name == name for r in stale)
 
     def _verdict(
         self, wl: Workload, request: RequestRecord, attempt: int, retry_count: int,
@@ -408,56 +415,66 @@ class CheckReconciler:
     def ready_updates(
         self, wl: Workload, request: RequestRecord, prc: ProvisioningRequestConfig | None
     ) -> list[PodSetUpdate]:
+        # Each template's Workload pod set as recorded when the request was created
+        # (muster.dev/pod-sets); the request reconciler names its own pod sets, and keys
+        # their details, by pod_set_name of the template.
+        fit_names: dict[str, list[str]] = {}
+        for tname in request.template_names:
+            pod_set = request.template_pod_sets.get(tname)
+            if pod_set is not None:
+                fit_names.setdefault(pod_set, []).append(pod_set_name(tname, request.name))
+        targets = [
+            self._target(wl, request, wps, fit_names[wps.name], prc)
+            for wps in wl.spec.pod_sets if wps.name in fit_names
+        ]
+        order = list(fit_names)
+        targets.sort(key=lambda t: order.index(t.name))
+        return pod_set_updates(targets, request.class_name)
+
+    def _target(
+        self, wl: Workload, request: RequestRecord, wps: PodSet, fit_names: Sequence[str],
+        prc: ProvisioningRequestConfig | None,
+    ) -> PodSetTarget:
+        """What the Ready check sets on Workload pod set ``wps``, whose pods the request
+        booked as its pod sets ``fit_names``."""
         details = request.class_details
-        booking = request.booking
-        pools_by_name = {p.name: p for p in self.cache.facts.pools()}
         assignments = {a.name: a for a in (wl.status.admission.pod_set_assignments
                                            if wl.status.admission else [])}
-        flavors = self.cache.flavors
-        targets: dict[str, PodSetTarget] = {}
-        for tname in request.template_names:
-            pod_set = _pod_set_of(tname, request.name, wl)
-            if pod_set is None or pod_set in targets:
-                continue
-            wps = next(p for p in wl.spec.pod_sets if p.name == pod_set)
-            tspec = (wps.template.get("spec") or {})
-            existing_selector = dict(tspec.get("nodeSelector") or {})
-            existing_tols = [dict(t) for t in tspec.get("tolerations") or []]
-            a = assignments.get(pod_set)
-            for fname in set((a.flavors if a else {}).values()):
-                fspec = ((flavors.get(fname) or {}).get("spec") or {})
-                existing_selector.update(fspec.get("nodeLabels") or {})
-                existing_tols.extend(dict(t) for t in fspec.get("tolerations") or [])
-            selector: dict[str, str] = {}
-            pinned = a is not None and a.topology_assignment is not None and bool(
-                a.topology_assignment.slices)
-            if not pinned:
-                # The request reconciler keys details by its own pod set name, which is
-                # the template name without ``ppt-<request>-`` (the whole name if hashed).
-                fit_name = pod_set_name(tname, request.name)
-                selector.update(parse_domain_detail(details.get(
-                    f"{PODSET_DETAIL_PREFIX}{fit_name}", "")))
-            if prc is not None:
-                for entry in prc.spec.pod_set_updates.node_selector:
-                    value = details.get(entry.value_from_provisioning_class_detail)
-                    if value is not None:
-                        selector[entry.key] = value
-            tolerations: list[dict[str, Any]] = []
-            if self.config.tolerate_pool_taints and booking is not None:
-                for pool_name in _pools_used(booking, pod_set, self.cache.facts.pool_of):
-                    pool = pools_by_name.get(pool_name)
-                    if pool is None:
-                        continue
-                    tolerations.extend(taint_tolerations(
-                        t for t in pool.taints if not tolerates(existing_tols, t)))
-            targets[pod_set] = PodSetTarget(
-                name=pod_set, request=request.name, node_selector=selector,
-                tolerations=_dedupe(tolerations), existing_selector=existing_selector,
-                existing_annotations=(wps.template.get("metadata") or {}).get("annotations")
-                or {},
-                existing_tolerations=existing_tols,
-            )
-        return pod_set_updates(list(targets.values()), request.class_name)
+        tspec = (wps.template.get("spec") or {})
+        existing_selector = dict(tspec.get("nodeSelector") or {})
+        existing_tols = [dict(t) for t in tspec.get("tolerations") or []]
+        a = assignments.get(wps.name)
+        for fname in set((a.flavors if a else {}).values()):
+            fspec = ((self.cache.flavors.get(fname) or {}).get("spec") or {})
+            existing_selector.update(fspec.get("nodeLabels") or {})
+            existing_tols.extend(dict(t) for t in fspec.get("tolerations") or [])
+        selector: dict[str, str] = {}
+        pinned = a is not None and a.topology_assignment is not None and bool(
+            a.topology_assignment.slices)
+        if not pinned:
+            # Not pinned: the pod set is one template, and one pod set of the request.
+            selector.update(parse_domain_detail(details.get(
+                f"{PODSET_DETAIL_PREFIX}{fit_names[0]}", "")))
+        if prc is not None:
+            for entry in prc.spec.pod_set_updates.node_selector:
+                value = details.get(entry.value_from_provisioning_class_detail)
+                if value is not None:
+                    selector[entry.key] = value
+        tolerations: list[dict[str, Any]] = []
+        if self.config.tolerate_pool_taints and request.booking is not None:
+            pools_by_name = {p.name: p for p in self.cache.facts.pools()}
+            for pool_name in _pools_used(request.booking, fit_names, self.cache.facts.pool_of):
+                pool = pools_by_name.get(pool_name)
+                if pool is None:
+                    continue
+                tolerations.extend(taint_tolerations(
+                    t for t in pool.taints if not tolerates(existing_tols, t)))
+        return PodSetTarget(
+            name=wps.name, request=request.name, node_selector=selector,
+            tolerations=_dedupe(tolerations), existing_selector=existing_selector,
+            existing_annotations=(wps.template.get("metadata") or {}).get("annotations") or {},
+            existing_tolerations=existing_tols,
+        )
 
     # ------------------------------------------------------------------ writes
 
@@ -518,35 +535,19 @@ class CheckReconciler:
 
 
 def _pools_used(
-    booking: Booking, pod_set: str, pool_of: Callable[[str], str | None]
+    booking: Booking, fit_names: Collection[str], pool_of: Callable[[str], str | None]
 ) -> list[str]:
-    """Pools whose nodes (new or existing) the booking puts ``pod_set``'s pods on."""
+    """Pools whose nodes (new or existing) the booking puts pods of the request's pod sets
+    ``fit_names`` on."""
     pools: list[str] = []
     for a in booking.plan.assignments:
-        if a.pod_set != pod_set and not a.pod_set.startswith(f"{pod_set}-"):
+        if a.pod_set not in fit_names:
             continue
         pool = a.new_node.pool if a.new_node is not None else (
             pool_of(a.node) if a.node else None)
         if pool and pool not in pools:
             pools.append(pool)
     return pools
-
-
-def _pod_set_of(template: str, request: str, wl: Workload) -> str | None:
-    """The Workload pod set a request template was built from: by the exact (possibly
-    hashed) name :func:`template_name` gives it, else by the ``ppt-<request>-`` prefix."""
-    names = {p.name for p in wl.spec.pod_sets}
-    for name in names:
-        if template_name(request, name) == template:
-            return name
-    prefix = f"ppt-{request}-"
-    rest = template[len(prefix):] if template.startswith(prefix) else template
-    if rest in names:
-        return rest
-    base, _, idx = rest.rpartition("-")
-    if base in names and idx.isdigit():
-        return base
-    return None
 
 
 def _dedupe(items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -567,5 +568,5 @@ def _placed_by_kueue(wl: Workload, request: RequestRecord, check_capacity_class:
         for a in assignments)
 
 
-__all__ = ["POD_SET_ANNOTATION", "POOL_LABEL", "CheckReconciler", "KueueCache"]
+__all__ = ["POOL_LABEL", "CheckReconciler", "KueueCache"]
 

@@ -10,6 +10,7 @@ the previous record (the snapshot's memoised plans hang on its identity).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -27,6 +28,10 @@ from controller.state.bookings import (
     Booking,
     Phase,
 )
+
+POD_SETS_ANNOTATION = "muster.dev/pod-sets"
+"""On the requests Muster's Kueue check creates: JSON, PodTemplate name -> the Workload pod set
+it was drafted from (a pod set Kueue TAS split over domains has one template per domain)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +62,8 @@ class RequestRecord:
     """The ``muster.dev/plan`` annotation, decoded; None when absent or unreadable."""
     booking_error: str | None
     """Why the annotation could not be read (a hand edit), None when it could."""
+    template_pod_sets: Mapping[str, str]
+    """``muster.dev/pod-sets``: template name -> Workload pod set (empty when absent)."""
 
     @classmethod
     def parse(cls, body: Mapping[str, Any], previous: RequestRecord | None = None) -> RequestRecord:
@@ -122,6 +129,7 @@ class RequestRecord:
             retry_at=parse_time(annotations.get(RETRY_AT_ANNOTATION)),
             booking=booking,
             booking_error=error,
+            template_pod_sets=_pod_sets(annotations.get(POD_SETS_ANNOTATION)),
         )
 
     @property
@@ -175,6 +183,18 @@ class RequestRecord:
         if cond is not None and cond.get("status") == "True":
             return parse_time(cond.get("lastTransitionTime"))
         return None
+
+
+def _pod_sets(text: str | None) -> Mapping[str, str]:
+    if not text:
+        return {}
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {str(k): str(v) for k, v in data.items()}
 
 
 def _int(text: str | None) -> int:
