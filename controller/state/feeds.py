@@ -37,10 +37,10 @@ class Feeds:
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
-        for res, on_sync, on_event in self._specs():
+        for res, on_page, on_event in self._specs():
             self._tasks.append(
                 asyncio.create_task(
-                    self._kube.watch(res, on_sync, on_event), name=f"watch-{res.plural}"
+                    self._kube.watch(res, on_page, on_event), name=f"watch-{res.plural}"
                 )
             )
         for res in (RESOURCE_SLICES, RESOURCE_CLAIMS, RESOURCE_CLAIM_TEMPLATES, DEVICE_CLASSES):
