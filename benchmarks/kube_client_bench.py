@@ -98,6 +98,9 @@ class Variants:
         self.core = k8s.CoreV1Api(_api_client(t.kube))
         self.selector = f"{RUN_LABEL}={t.run}"
         self.n = len(names)
+        # One request per LIST on both sides: the request paths are compared, not paging
+        # (Muster's watches list in pages of 500 to bound memory; benchmarks/memory.py).
+        self.kube.page_size = max(self.n, 1)
         self.picks = [names[i % self.n] for i in range(gets)]
 
     def all(self) -> dict[str, Callable[[], Awaitable[None]]]:

@@ -443,9 +443,46 @@ def start_apiserver(cluster: Cluster, bin_dir: Path) -> None:
           lambda: _get(f"{cluster.server}/readyz", ctx) == 200, within=60)
 
 
+RESTART_GRACE_SECONDS = 90.0
+"""After kube-apiserver restarts (etcd kept), its authorizer answers 403 until its RBAC
+informers have synced, for up to half a minute on the loaded 2-core machine, although
+/readyz is already 200: refusals in this window are no missing grant."""
+
+
+def restarted_at(cluster: Cluster) -> list[float]:
+    """When :func:`stop_apiserver` stopped a running API server (epoch seconds)."""
+    try:
+        return [float(x) for x in (cluster.state / "apiserver-restarts").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
 def stop_apiserver(cluster: Cluster) -> None:
-    """For tests of an API server restart: etcd (and so every object) stays."""
+    """For tests of an API server restart: etcd (and so every object) stays. The time is
+    recorded (:func:`restarted_at`) for the real tier's RBAC audit."""
+    with (cluster.state / "apiserver-restarts").open("a") as f:
+        f.write(f"{time.time():.3f}\n")
     _stop(cluster, "kube-apiserver")
+
+
+def restart_apiserver(cluster: Cluster, *, down_seconds: float = 0.0) -> None:
+    """Stop kube-apiserver, leave it down ``down_seconds``, start it again and wait until it
+    is ready; etcd keeps every object, so clients see the same resourceVersions after."""
+    bin_dir = build()
+    stop_apiserver(cluster)
+    if down_seconds:
+        time.sleep(down_seconds)
+    start_apiserver(cluster, bin_dir)
+
+
+def stop_controller_manager(cluster: Cluster) -> None:
+    """For benchmarks with kubelet-less nodes (its node lifecycle controller would mark them
+    NotReady): stopped until :func:`start_controller_manager`."""
+    _stop(cluster, "kube-controller-manager")
+
+
+def start_controller_manager(cluster: Cluster) -> None:
+    _start_controller_manager(cluster, build())
 
 
 def _kcm_client_limits() -> list[str]:
@@ -772,7 +809,9 @@ def down(cluster: Cluster | None = None, *, quiet: bool = False) -> None:
 
 def _leftovers(cluster: Cluster) -> Iterator[str]:
     """Processes still running from this cluster's state directory (by their arguments)."""
-    marker = str(cluster.state)
+    # With the separator: another cluster's state directory may start with this one's name
+    # (.cluster and .cluster-soak), and its processes are not ours to report.
+    marker = str(cluster.state).rstrip("/") + "/"
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or int(proc.name) == os.getpid():
             continue

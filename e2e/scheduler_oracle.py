@@ -55,7 +55,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from controller.kube import ApiError, Body, KubeClient
+from controller.kube import ApiError, Body, KubeClient, whole_listing
 from controller.kube.client import WatchEvent
 from controller.kube.resources import NAMESPACES, NODES, PODS, Resource
 from e2e.parity_cases import CASE_LABEL, FIELDS, Answer, Case, case, muster_answer
@@ -438,8 +438,8 @@ async def oracle(cases: Iterable[Case], kubeconfig: Path, *, concurrency: int = 
     store = Store()
     async with await KubeClient.from_kubeconfig(kubeconfig) as kube:
         watches = [
-            asyncio.create_task(kube.watch(PODS, store.sync_pods, store.pod_event)),
-            asyncio.create_task(kube.watch(NODES, store.sync_nodes, store.node_event,
+            asyncio.create_task(kube.watch(PODS, whole_listing(store.sync_pods), store.pod_event)),
+            asyncio.create_task(kube.watch(NODES, whole_listing(store.sync_nodes), store.node_event,
                                            label_selector=CASE_LABEL)),
         ]
         try:

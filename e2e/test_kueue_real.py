@@ -37,7 +37,7 @@ import pytest
 
 from controller.commands import objects
 from controller.config import CHECK_CAPACITY_CLASS
-from controller.kube import Body
+from controller.kube import Body, whole_listing
 from controller.kube.client import WatchEvent
 from controller.kube.resources import (
     CAPACITY_POOLS,
@@ -680,7 +680,7 @@ class CheckStates:
 
     async def __aenter__(self) -> CheckStates:
         self._task = asyncio.create_task(self.env.kube.watch(
-            WORKLOADS, self._sync, self._event, namespace=self.env.namespace))
+            WORKLOADS, whole_listing(self._sync), self._event, namespace=self.env.namespace))
         await asyncio.wait_for(self._synced.wait(), 30)
         return self
 

@@ -270,6 +270,12 @@ class Store:
         list_rv = str(self._rv)
         if continue_token:
             after, list_rv = self._decode_continue(continue_token)
+            if list_rv.isdigit() and int(list_rv) < table.compacted_rv:
+                # As the API server answers when the listing's snapshot was compacted away.
+                raise errors.gone(
+                    "The provided continue parameter is too old to display a consistent "
+                    "list result. You can start a new list without the continue parameter."
+                )
             selected = [(k, o) for k, o in selected if k > after]
         token = None
         if limit and limit > 0 and len(selected) > limit:

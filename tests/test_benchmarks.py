@@ -53,6 +53,15 @@ def test_kube_client_bench_in_the_sandbox() -> None:
     assert "kube_client_bench nodes=20 list_ratio=" in out
 
 
+@pytest.mark.slow
+def test_memory_bench_without_a_cluster() -> None:
+    out = bench("benchmarks.memory", "--nodes=20", "--pods=200")
+    line = re.search(r"memory nodes=20 pods=200 paged_rss_mb=(\d+) paged_peak_mb=(\d+) "
+                     r"whole_rss_mb=(\d+) whole_peak_mb=(\d+)", out)
+    assert line, out
+    assert "KB per node" in out and "B per pod" in out
+
+
 @pytest.fixture
 def no_session_muster(real_muster: MusterProcess) -> Iterator[None]:
     """The benchmark runs its own controller and refuses to start next to another Muster:

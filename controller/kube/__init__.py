@@ -4,7 +4,7 @@ Everything above it (state, acquire, reconcilers, the fake provider) calls
 :class:`KubeClient`; swapping the transport or faking the server touches only this package.
 """
 
-from controller.kube.client import ApiError, Body, KubeClient, WatchEvent
+from controller.kube.client import ApiError, Body, KubeClient, Page, WatchEvent, whole_listing
 
 # Re-exported so callers import the package, not its modules.
-__all__ = ["ApiError", "Body", "KubeClient", "WatchEvent"]
+__all__ = ["ApiError", "Body", "KubeClient", "Page", "WatchEvent", "whole_listing"]

@@ -18,7 +18,7 @@ from typing import Any
 
 from controller.clock import Clock
 from controller.config import KueueConfig
-from controller.kube import ApiError, Body, KubeClient, WatchEvent
+from controller.kube import ApiError, Body, KubeClient, WatchEvent, whole_listing
 from controller.kube.events import EventBroadcaster, EventRecorder
 from controller.kube.resources import CAPACITY_POOLS, NODES, PROVISIONING_REQUESTS, Resource
 from controller.kueue.drafts import MANAGED_LABEL, workload_of
@@ -250,7 +250,7 @@ class KueueIntegration:
                 await _maybe(changed(obj))
 
         self._tasks.append(asyncio.create_task(
-            self.kube.watch(res, on_sync, on_event, label_selector=label_selector),
+            self.kube.watch(res, whole_listing(on_sync), on_event, label_selector=label_selector),
             name=f"kueue-watch-{res.plural}",
         ))
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from controller.clock import Clock
 from controller.config import PodGroupsConfig
-from controller.kube import ApiError, Body, KubeClient, WatchEvent
+from controller.kube import ApiError, Body, KubeClient, WatchEvent, whole_listing
 from controller.kube.events import EventRecorder
 from controller.kube.resources import POD_TEMPLATES, PODS, PROVISIONING_REQUESTS, Resource
 from controller.pod_groups import request_name
@@ -133,7 +133,7 @@ class PodGroupIntegration:
             changed(obj)
 
         self._tasks.append(asyncio.create_task(
-            self.kube.watch(res, on_sync, on_event, label_selector=label_selector),
+            self.kube.watch(res, whole_listing(on_sync), on_event, label_selector=label_selector),
             name=f"podgroups-watch-{res.plural}",
         ))
 

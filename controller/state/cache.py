@@ -18,10 +18,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any
 
 from pydantic import ValidationError
@@ -87,6 +89,38 @@ class PodRecord:
     labels: Mapping[str, str] = field(default_factory=dict)
     anti_affinity: tuple[PodAffinityTerm, ...] = ()
     """Its required pod anti-affinity terms (they repel other pods from its domain)."""
+
+
+class Relist:
+    """One kind's listing fed into the cache page by page, replacing what the cache held:
+    each page's objects are stored as they come (``upsert``), and once the last page came,
+    every object no page held is dropped (``delete``), then ``done`` runs.
+
+    A listing that starts again (its continue token expired: ``first`` once more) forgets
+    what it had seen. Between pages the cache holds the old view with the listed objects
+    already updated: never staler than before the listing began."""
+
+    def __init__(
+        self,
+        keys: Callable[[], Iterable[str]],
+        upsert: Callable[[Body], object],
+        delete: Callable[[str], None],
+        done: Callable[[], None],
+    ) -> None:
+        self._keys, self._upsert, self._delete, self._done = keys, upsert, delete, done
+        self._seen: set[str] = set()
+
+    def page(self, items: Iterable[Body], *, first: bool, last: bool) -> None:
+        if first:
+            self._seen = set()
+        for item in items:
+            self._seen.add(object_key(item))
+            self._upsert(item)
+        if last:
+            seen, self._seen = self._seen, set()
+            for key in [k for k in self._keys() if k not in seen]:
+                self._delete(key)
+            self._done()
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,21 +196,24 @@ class ClusterState:
         self.synced: dict[str, asyncio.Event] = {
             kind: asyncio.Event() for kind in ("nodes", "pods", "podtemplates", "pools", "requests")
         }
+        self.relists: dict[str, Relist] = {
+            "nodes": Relist(lambda: self._nodes, self.upsert_node, self.delete_node,
+                            self.synced["nodes"].set),
+            "pods": Relist(lambda: self._pods, self.upsert_pod, self.delete_pod,
+                           self.synced["pods"].set),
+            "requests": Relist(lambda: self._requests, self.upsert_request,
+                               self.delete_request, self.synced["requests"].set),
+        }
+        """The kinds large enough to be listed page by page (see :class:`Relist`)."""
 
     # ------------------------------------------------------------------ nodes
 
     def replace_nodes(self, items: Iterable[Body]) -> None:
-        gone = set(self._nodes)
-        for item in items:
-            gone.discard(item["metadata"]["name"])
-            self.upsert_node(item)
-        for name in gone:
-            self.delete_node(name)
-        self.synced["nodes"].set()
+        self.relists["nodes"].page(items, first=True, last=True)
 
     def upsert_node(self, body: Body) -> None:
         try:
-            node = Node.model_validate(body)
+            node = Node.model_validate(_slim_node(body))
         except ValidationError as exc:
             log.warning("ignoring malformed Node %s: %s", object_key(body), exc)
             return
@@ -304,13 +341,7 @@ class ClusterState:
     # ------------------------------------------------------------------ pods
 
     def replace_pods(self, items: Iterable[Body]) -> None:
-        gone = set(self._pods)
-        for item in items:
-            gone.discard(object_key(item))
-            self.upsert_pod(item)
-        for key in gone:
-            self.delete_pod(key)
-        self.synced["pods"].set()
+        self.relists["pods"].page(items, first=True, last=True)
 
     def upsert_pod(self, body: Body) -> None:
         key = object_key(body)
@@ -548,13 +579,7 @@ class ClusterState:
     # ------------------------------------------------------------------ requests, bookings
 
     def replace_requests(self, items: Iterable[Body]) -> None:
-        gone = set(self._requests)
-        for item in items:
-            gone.discard(object_key(item))
-            self.upsert_request(item)
-        for key in gone:
-            self.delete_request(key)
-        self.synced["requests"].set()
+        self.relists["requests"].page(items, first=True, last=True)
 
     def upsert_request(self, body: Body) -> RequestRecord | None:
         """Parse and store ``body`` unless an equal or newer version is held, or the request
@@ -866,6 +891,33 @@ def _first_error(exc: ValidationError) -> str:
     return f"{where}: {err['msg']}"
 
 
+NODE_STATUS_KEPT = ("allocatable", "capacity", "conditions")
+NODE_CONDITION_KEPT = ("type", "status", "reason", "message")
+
+
+def _slim_node(body: Body) -> Body:
+    """What the cache keeps of a Node: the model keeps unknown fields, and managedFields,
+    images, nodeInfo, addresses and heartbeat times were two thirds of its memory
+    (``benchmarks/memory.py``) with nothing in Muster reading them."""
+    if not isinstance(body, Mapping):
+        return body  # a model already (tests build them)
+    meta = body.get("metadata")
+    status = body.get("status")
+    out = dict(body)
+    if isinstance(meta, Mapping) and "managedFields" in meta:
+        out["metadata"] = {k: v for k, v in meta.items() if k != "managedFields"}
+    if isinstance(status, Mapping):
+        slim = {k: status[k] for k in NODE_STATUS_KEPT if k in status}
+        conditions = slim.get("conditions")
+        if isinstance(conditions, list):
+            slim["conditions"] = [
+                {k: c[k] for k in NODE_CONDITION_KEPT if k in c} if isinstance(c, Mapping) else c
+                for c in conditions
+            ]
+        out["status"] = slim
+    return out
+
+
 def _pod_record(body: Body) -> PodRecord | None:
     meta = body.get("metadata") or {}
     annotations = meta.get("annotations") or {}
@@ -883,13 +935,36 @@ def _pod_record(body: Body) -> PodRecord | None:
         log.warning("ignoring malformed Pod %s: %s", object_key(body), exc)
         return None
     aff = pod.spec.affinity
+    # 100,000 records: their strings shared with equal ones (node names, namespaces, label
+    # keys and values), and equal request vectors held once.
+    node = pod.spec.node_name
+    labels = pod.metadata.labels
     return PodRecord(
-        node=pod.spec.node_name or None,
-        requests=requests,
+        node=sys.intern(node) if node else None,
+        requests=_shared_requests(requests),
         holds=pod.holds_capacity,
         consumer=consumer,
-        namespace=pod.metadata.namespace or "default",
-        labels=pod.metadata.labels,
+        namespace=sys.intern(pod.metadata.namespace or "default"),
+        labels={sys.intern(k): sys.intern(v) for k, v in labels.items()} if labels
+        else _NO_LABELS,
         anti_affinity=tuple(aff.pod_anti_affinity.required)
         if aff and aff.pod_anti_affinity else (),
     )
+
+
+_NO_LABELS: Mapping[str, str] = MappingProxyType({})
+SHARED_REQUESTS = 4096
+"""Distinct request vectors held once (pods of one workload ask for the same); beyond this
+many, new ones are kept per pod."""
+_requests_seen: dict[tuple[tuple[str, int], ...], Mapping[str, int]] = {}
+
+
+def _shared_requests(requests: Mapping[str, int]) -> Mapping[str, int]:
+    key = tuple(sorted(requests.items()))
+    found = _requests_seen.get(key)
+    if found is not None:
+        return found
+    frozen = MappingProxyType(dict(requests))
+    if len(_requests_seen) < SHARED_REQUESTS:
+        _requests_seen[key] = frozen
+    return frozen

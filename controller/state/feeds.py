@@ -13,7 +13,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from controller.kube import ApiError, KubeClient, WatchEvent
+from controller.kube import ApiError, KubeClient, Page, WatchEvent, whole_listing
 from controller.kube.resources import (
     CAPACITY_POOLS,
     DEVICE_CLASSES,
@@ -37,10 +37,10 @@ class Feeds:
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
-        for res, on_sync, on_event in self._specs():
+        for res, on_page, on_event in self._specs():
             self._tasks.append(
                 asyncio.create_task(
-                    self._kube.watch(res, on_sync, on_event), name=f"watch-{res.plural}"
+                    self._kube.watch(res, on_page, on_event), name=f"watch-{res.plural}"
                 )
             )
         for res in (RESOURCE_SLICES, RESOURCE_CLAIMS, RESOURCE_CLAIM_TEMPLATES, DEVICE_CLASSES):
@@ -51,9 +51,9 @@ class Feeds:
     async def list_once(self) -> None:
         """Fill the cache from one list of each kind, without watching: what a read-only
         client (``kubectl muster``) plans against, built by the controller's own code."""
-        for res, on_sync, _ in self._specs():
-            listing = await self._kube.list(res)
-            on_sync(listing.get("items") or [])
+        for res, on_page, _ in self._specs():
+            async for page in self._kube.pages(res):
+                on_page(page)
         for res in (RESOURCE_SLICES, RESOURCE_CLAIMS, RESOURCE_CLAIM_TEMPLATES, DEVICE_CLASSES):
             try:
                 listing = await self._kube.list(res)
@@ -66,29 +66,30 @@ class Feeds:
 
     def _specs(
         self,
-    ) -> list[tuple[Resource, Callable[[list[Body]], None], Callable[[WatchEvent], None]]]:
+    ) -> list[tuple[Resource, Callable[[Page], None], Callable[[WatchEvent], None]]]:
         s = self._state
-        specs: list[tuple[Resource, Callable[[list[Body]], None], Callable[[WatchEvent], None]]]
+        specs: list[tuple[Resource, Callable[[Page], None], Callable[[WatchEvent], None]]]
         specs = [
             (
                 NODES,
-                s.replace_nodes,
+                _paged(s, "nodes"),
                 _events(s.upsert_node, lambda o: s.delete_node(object_key(o))),
             ),
-            (PODS, s.replace_pods, _events(s.upsert_pod, lambda o: s.delete_pod(object_key(o)))),
+            (PODS, _paged(s, "pods"),
+             _events(s.upsert_pod, lambda o: s.delete_pod(object_key(o)))),
             (
                 POD_TEMPLATES,
-                s.replace_templates,
+                _whole(s.replace_templates),
                 _events(s.upsert_template, lambda o: s.delete_template(object_key(o))),
             ),
             (
                 CAPACITY_POOLS,
-                s.replace_pools,
+                _whole(s.replace_pools),
                 _events(s.upsert_pool, lambda o: s.delete_pool(object_key(o))),
             ),
             (
                 PROVISIONING_REQUESTS,
-                lambda items: _sync_requests(s, items),
+                lambda page: _sync_requests(s, page),
                 _events(
                     lambda o: _upsert_and_notify(s, o),
                     lambda o: s.delete_request(
@@ -114,7 +115,7 @@ class Feeds:
         dra, kind = self._state.dra, res.plural
         await self._kube.watch(
             res,
-            lambda items: dra.replace(kind, items),
+            _whole(lambda items: dra.replace(kind, items)),
             _events(lambda o: dra.upsert(kind, o), lambda o: dra.delete(kind, object_key(o))),
         )
 
@@ -146,10 +147,27 @@ class Feeds:
                 await task
 
 
-def _sync_requests(state: ClusterState, items: list[Body]) -> None:
-    state.replace_requests(items)
-    for key in list(state.requests()):
-        state.notify(key)
+def _paged(state: ClusterState, kind: str) -> Callable[[Page], None]:
+    """Pages of a large kind straight into the cache (nodes, pods: the bulk of a cluster)."""
+    relist = state.relists[kind]
+    return lambda page: relist.page(page.items, first=page.first, last=page.last)
+
+
+def _whole(replace: Callable[[list[Body]], None]) -> Callable[[Page], None]:
+    """A small kind's listing replaced at once (its replace resets derived state)."""
+    on_page = whole_listing(replace)
+
+    def handle(page: Page) -> None:
+        on_page(page)
+
+    return handle
+
+
+def _sync_requests(state: ClusterState, page: Page) -> None:
+    state.relists["requests"].page(page.items, first=page.first, last=page.last)
+    if page.last:
+        for key in list(state.requests()):
+            state.notify(key)
 
 
 def _upsert_and_notify(state: ClusterState, obj: Body) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from controller.kube import ApiError, KubeClient, WatchEvent
+from controller.kube import ApiError, KubeClient, WatchEvent, whole_listing
 from controller.kube.resources import NODES
 from sandbox.server import SandboxServer
 from sandbox.store import Store
@@ -82,7 +82,7 @@ async def test_410_after_the_list_leads_to_a_fresh_list(
             for i in range(10):
                 await kube.create(NODES, _node(f"late-{i}"))
 
-    task = asyncio.create_task(kube.watch(NODES, sync_then_churn, view.event))
+    task = asyncio.create_task(kube.watch(NODES, whole_listing(sync_then_churn), view.event))
     try:
         await _until(lambda: view.syncs >= 2 and len(view.names) == 11)
     finally:
@@ -97,7 +97,7 @@ async def test_dropped_streams_resume_without_losing_events(
     srv, kube = short_history
     srv.faults.drop_watches_every(2)
     view = View()
-    task = asyncio.create_task(kube.watch(NODES, view.sync, view.event))
+    task = asyncio.create_task(kube.watch(NODES, whole_listing(view.sync), view.event))
     try:
         await _until(lambda: view.syncs == 1)
         for i in range(12):
