@@ -29,7 +29,7 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import watch as k8s_watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from controller.kube import KubeClient
+from controller.kube import KubeClient, whole_listing
 from controller.kube.resources import NODES
 from sandbox.server import SandboxServer
 from sandbox.store import Store
@@ -121,7 +121,7 @@ async def test_after_the_server_came_back_with_another_etcd_the_library_stays_st
     tasks = [
         asyncio.create_task(_library_informer(k8s.CoreV1Api(kube._api), calls, library)),
         asyncio.create_task(kube.watch(
-            NODES, muster.sync, lambda ev: muster.event(ev.type, ev.object),
+            NODES, whole_listing(muster.sync), lambda ev: muster.event(ev.type, ev.object),
             server_timeout=2)),
     ]
     try:
