@@ -47,6 +47,7 @@ class Reason(enum.StrEnum):
     UNSUPPORTED_CONSTRAINT = "UnsupportedConstraint"
     TEMPLATE_DELETED = "PodTemplateDeleted"
     TEMPLATE_CHANGED = "PodTemplateChanged"
+    POOL_UNUSABLE = "PoolUnusable"
 
 
 MESSAGES: Mapping[Reason, str] = {
@@ -116,6 +117,12 @@ MESSAGES: Mapping[Reason, str] = {
         "Waiting for the namespace's limits: {detail}. Muster retries (attempt {attempt} of "
         "{max_attempts}, next in {delay:.0f}s); delete requests of this namespace or let "
         "their nodes go idle, or raise budgets.namespaces in Muster's config."
+    ),
+    Reason.POOL_UNUSABLE: (
+        "Waiting for a CapacityPool that would hold the gang but is unusable: {detail}. "
+        "Muster retries (attempt {attempt} of {max_attempts}, next in {delay:.0f}s); fix the "
+        "pool (its status names the problem) and the request provisions at its next attempt, "
+        "or delete the request."
     ),
     Reason.OVER_BUDGET: (
         "The plan exceeds the budget: {detail}. Raise budgets.* in Muster's config or make "
@@ -223,6 +230,7 @@ EventType = Literal["Normal", "Warning"]
 
 RETRY_REASONS = frozenset({
     Reason.CAPACITY_IS_NOT_FOUND, Reason.ACQUISITION_FAILED, Reason.NODES_NOT_READY,
+    Reason.POOL_UNUSABLE,
 })
 """Provisioned=False reasons of a request that Muster retries."""
 

@@ -169,9 +169,9 @@ async def _create(env: Env, case: dict[str, Any], kind: str) -> tuple[str, ApiEr
                 CAPACITY_POOLS, n))
 
             # The request comes once Muster judged the pool (its status written): a pool
-            # the provider refuses is left out of planning from then on, and a request
-            # planned before that moment met the provider's refusal instead (the outcome
-            # depended on which came first).
+            # the provider refuses is left out of planning from then on (its request waits
+            # for the fix, PoolUnusable), and a request planned before that moment met the
+            # provider's refusal instead (the outcome depended on which came first).
             async def judged(name: str = pool["metadata"]["name"]) -> bool:
                 got = await env.kube.get(CAPACITY_POOLS, name)
                 return bool((got.get("status") or {}).get("conditions"))

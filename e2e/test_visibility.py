@@ -244,8 +244,12 @@ async def test_an_invalid_pool_says_why_and_the_plugin_errors_are_one_line(
     assert said["fits"] is False and said["permanent"] is True
     await env.kube.create(POD_TEMPLATES, template, namespace=env.namespace)
     await env.request("gang", [("workers", 2)], class_name=ATOMIC)
+    # The controller's request waits for the pool's fix, naming it, within its retry budget
+    # (the e2e config's 3 attempts: RetriesExhausted within a second).
     failed = await env.wait_condition("gang", "Failed", within=60)
-    assert failed["reason"] == "CapacityNeverFits"
+    assert failed["reason"] == "RetriesExhausted", failed
+    assert f"CapacityPool {body['metadata']['name']} (spec.parameters:" in failed["message"]
+    assert "defaultStock" in failed["message"], failed["message"]
     assert not await env.pool_nodes(body["metadata"]["name"])
     code, out, err = await kubectl_muster(env, "capacity")
     assert code == 0, err

@@ -48,6 +48,12 @@ def test_kueue_bench_in_the_sandbox() -> None:
 
 
 @pytest.mark.slow
+def test_kube_client_bench_in_the_sandbox() -> None:
+    out = bench("benchmarks.kube_client_bench", "--nodes=20", "--gets=40", "--rounds=1")
+    assert "kube_client_bench nodes=20 list_ratio=" in out
+
+
+@pytest.mark.slow
 def test_memory_bench_without_a_cluster() -> None:
     out = bench("benchmarks.memory", "--nodes=20", "--pods=200")
     line = re.search(r"memory nodes=20 pods=200 paged_rss_mb=(\d+) paged_peak_mb=(\d+) "
@@ -90,13 +96,15 @@ def test_benchmarks_on_the_real_cluster_leave_nothing_behind(
     creds = [f"--kubeconfig={real_cluster.admin_kubeconfig}",
              f"--muster-kubeconfig={real_cluster.muster_kubeconfig}"]
     for argv in (("benchmarks.controller_bench", "--requests=3"),
-                 ("benchmarks.kueue_bench", "--workloads=2")):
+                 ("benchmarks.kueue_bench", "--workloads=2"),
+                 ("benchmarks.kube_client_bench", "--nodes=5", "--gets=10", "--rounds=1")):
         out = bench(*argv, *creds)
         cleanup = next(ln for ln in out.splitlines() if ln.startswith("cleanup:"))
         assert "FORCED" not in cleanup, cleanup
         m = re.search(r"namespace bench-(\w+)", cleanup)
         assert m is not None, cleanup
         assert asyncio.run(_leftovers(real_cluster.admin_kubeconfig, m[1])) == []
-        assert re.search(r"(controller|kueue)_bench (requests|workloads)=[23] ", out), out
+        assert re.search(r"(controller|kueue|kube_client)_bench (requests|workloads|nodes)="
+                         r"[235] ", out), out
         if argv[0] == "benchmarks.controller_bench":
             assert "per request, p50/p99: created -> nodes created" in out

@@ -1,12 +1,17 @@
 """The one place Muster talks to the Kubernetes API server.
 
-kubernetes-asyncio loads the kubeconfig (or the in-cluster service account), builds the TLS
-context and refreshes tokens (exec plugins); requests then go straight to its aiohttp
-session with orjson bodies and come back as plain JSON dicts. Its generated ``call_api``
-layer is skipped on purpose: its parameter walking and per-call task plumbing cost more than
-the controller's own work per ProvisioningRequest (``benchmarks/controller_bench.py``), and
-its custom-object helpers would turn dict patches into JSON-patch (a real server rejects
-those). Watches are list-then-watch with 410 Gone handling (:meth:`KubeClient.watch`).
+kubernetes-asyncio loads the kubeconfig (or the in-cluster service account) and its API
+client sends every request (``ApiClient.call_api``: TLS, auth and exec plugins' token
+refresh, proxies); Muster reads the raw answer (``_preload_content=False``) as plain JSON
+dicts with orjson. The library's model objects are skipped on purpose: per operation they
+cost 2.3x-2.7x (a GET) to 16x-20x (a LIST of 1,000 nodes) the client's CPU
+(``benchmarks/kube_client_bench.py``), and its custom-object helpers would send dict
+patches as JSON-patch (a real server rejects those). Watches are Muster's own list-then-watch
+(:meth:`KubeClient.watch`) over the same client, not ``kubernetes_asyncio.watch.Watch``,
+which never re-lists, retries an expired resourceVersion once with the same expired
+resourceVersion, and resumes forever from a resourceVersion a server that came back with
+another etcd never had (tests/controller/test_kube_watch_library.py; README, "The API
+client and why Muster keeps its own watch").
 """
 
 from __future__ import annotations
@@ -19,7 +24,6 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
 
 import aiohttp
 import orjson
@@ -165,20 +169,8 @@ class KubeClient:
     def __init__(self, api_client: k8s_client.ApiClient, *,
                  user_agent: str = USER_AGENT) -> None:
         self._api = api_client
-        self._user_agent = user_agent
+        api_client.user_agent = user_agent
         _no_env_lookups(api_client)
-        rest = api_client.rest_client
-        self._session: aiohttp.ClientSession = rest.pool_manager
-        self._host = str(api_client.configuration.host)
-        extra: dict[str, Any] = {}
-        if rest.proxy:
-            extra["proxy"] = rest.proxy
-        if rest.proxy_headers:
-            extra["proxy_headers"] = rest.proxy_headers
-        if rest.server_hostname:
-            extra["server_hostname"] = rest.server_hostname
-        self._extra = extra
-        self._timeouts: dict[float | None, aiohttp.ClientTimeout] = {}
         self._inflight: set[asyncio.Future[aiohttp.ClientResponse]] = set()
         """Requests being sent, including those whose caller was cancelled (shielded)."""
         self.watch_timeout = WATCH_TIMEOUT
@@ -285,26 +277,17 @@ class KubeClient:
         request on it then hangs until its timeout. Shielded, the request completes on its
         own and its response is closed.
         """
-        headers = {"Accept": "application/json", "User-Agent": self._user_agent}
-        data = None
+        headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = content_type
-            data = orjson.dumps(body)
-        # Bearer tokens from exec plugins expire: kubernetes-asyncio refreshes them here.
-        await self._api.update_params_for_auth(headers, [], ["BearerToken"])
-        url = self._host + path
-        if query:
-            url += "?" + urlencode(list(query.items()))
-        timeout = self._timeouts.get(request_timeout)
-        if timeout is None:
-            timeout = self._timeouts.setdefault(
-                request_timeout, aiohttp.ClientTimeout(total=request_timeout)
-            )
-        task = asyncio.ensure_future(
-            self._session.request(
-                method, url, headers=headers, data=data, timeout=timeout, **self._extra
-            )
-        )
+        # The library's API client builds and sends the request (auth, refreshing exec
+        # plugins' tokens, proxy, TLS server name); its raw response is read here, since its
+        # model objects cost 2.3x-20x the CPU of plain dicts (benchmarks/kube_client_bench.py).
+        task = asyncio.ensure_future(self._api.call_api(
+            path, method, query_params=list(query.items()) if query else None,
+            header_params=headers, body=body, auth_settings=["BearerToken"],
+            _preload_content=False, _request_timeout=request_timeout,
+        ))
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
         try:

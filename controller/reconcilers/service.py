@@ -204,7 +204,7 @@ class ProvisioningService:
                 )
             return await self.fail(req, result.reason, result.text)
         if isinstance(result, NoFit):
-            return await self.no_fit(req, mode, result, attempt)
+            return await self.no_fit(req, gang, mode, result, attempt)
         booking = self.state.bookings().get(req.key)
         if booking is None:  # the request was deleted while it was being planned
             return None
@@ -303,14 +303,26 @@ class ProvisioningService:
         return Booking(plan=plan, attempt=attempt,
                        groups=groups_for(plan, owner_uid=req.uid, attempt=attempt))
 
-    async def no_fit(self, req: RequestRecord, mode: Mode, result: NoFit, attempt: int) -> Delay:
+    async def no_fit(self, req: RequestRecord, gang: GangRequest, mode: Mode, result: NoFit,
+                     attempt: int) -> Delay:
         # The shortfall first (where it came closest, by how much, whether waiting helps),
         # then the engine's reasons in full.
         reasons = "; ".join(r.message for r in result.reasons) or "no capacity"
         detail = f"{shortfall(result)} In detail: {reasons}"
+        refused = self.planner.refused_pools_serving(gang, mode, self.clock.now())
         decide("plan", req.key, outcome="no-fit", attempt=attempt, permanent=result.permanent,
                codes=sorted({r.code.value for r in result.reasons}),
-               shortfall=shortfall(result))
+               shortfall=shortfall(result), **({"unusable_pools": sorted(refused)}
+                                               if refused else {}))
+        if refused:
+            # A pool the provider refuses would hold the gang: the fix is the pool's, and
+            # the request keeps its place until then (retry budget and ValidUntilSeconds).
+            pools = "; ".join(f"CapacityPool {name} ({'; '.join(problems)})"
+                              for name, problems in refused.items())
+            return await self.retry_or_fail(
+                req, attempt=attempt, reason=Reason.POOL_UNUSABLE,
+                detail=f"{pools}. Without {'it' if len(refused) == 1 else 'them'}: {detail}",
+            )
         if result.permanent:
             codes = {r.code for r in result.reasons}
             reason = (
@@ -682,7 +694,8 @@ class ProvisioningService:
             message(Reason.ACQUISITION_FAILED, **fields)
             if reason is Reason.ACQUISITION_FAILED
             else message(reason, **fields)
-            if reason in (Reason.CAPACITY_IS_NOT_FOUND, Reason.NAMESPACE_LIMIT_REACHED)
+            if reason in (Reason.CAPACITY_IS_NOT_FOUND, Reason.NAMESPACE_LIMIT_REACHED,
+                          Reason.POOL_UNUSABLE)
             else message(reason, seconds=self.config.acquisition.node_ready_timeout_seconds,
                          detail=detail)
         )

@@ -16,6 +16,7 @@ later already sees the capacity as taken.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
 from collections import OrderedDict
@@ -532,6 +533,10 @@ class ClusterState:
             self._unusable_pools.pop(name, None)
         self._pool_states = None
 
+    def unusable_pools(self) -> Mapping[str, tuple[str, ...]]:
+        """Pools the provider refuses (left out of planning), with its problems."""
+        return self._unusable_pools
+
     def invalid_pools(self) -> Mapping[str, tuple[str, ...]]:
         """Pools the model refuses, with every error."""
         return self._pool_errors
@@ -761,9 +766,13 @@ class ClusterState:
             out.append(replace(pool, domains=domains))
         return tuple(out)
 
-    def snapshot(self, *, exclude: str | None = None, now: datetime | None = None) -> Snapshot:
+    def snapshot(self, *, exclude: str | None = None, now: datetime | None = None,
+                 with_unusable: bool = False) -> Snapshot:
         """The fit engine's view: free capacity minus every booking but ``exclude``'s, and
-        pool headroom capped where the provider recently ran out of stock (as of ``now``)."""
+        pool headroom capped where the provider recently ran out of stock (as of ``now``).
+
+        ``with_unusable``: also the pools the provider refuses, as they would be once fixed
+        (to tell a request which of them would serve it; never to plan on)."""
         if self._sorted_nodes is None:
             self._sorted_nodes = tuple(
                 replace(self._node_states[n], schedulable=False)
@@ -791,6 +800,8 @@ class ClusterState:
                     self._pool_state_errors[name] = str(exc)
             self._pool_states = tuple(states)
         pools = self._pool_states
+        if with_unusable:
+            pools = tuple(sorted((*pools, *self._unusable_states()), key=lambda p: p.name))
         if self._short and now is not None:
             pools = self._apply_shortages(pools, now)
         nodes_now, pools_now = self.dra.attach(
@@ -807,6 +818,18 @@ class ClusterState:
         if len(self._booked_memo) > 2 * len(self._nodes) + 64:
             self._booked_memo = {k: v for k, v in self._booked_memo.items() if k in self._nodes}
         return apply_plan(snap, merged, memo=self._booked_memo)
+
+    def _unusable_states(self) -> list[PoolState]:
+        out = []
+        for name in sorted(self._unusable_pools):
+            if (name not in self._pools or name in self._deleting_pools
+                    or self._pool_quantity_errors.get(name)):
+                continue
+            with contextlib.suppress(ValueError):  # unreadable: no fix of parameters helps
+                out.append(pool_state(self._pools[name],
+                                      [self._nodes[n] for n in self._nodes_by_pool.get(name, ())],
+                                      self.levels, in_flight=0))
+        return out
 
 
 def _nodes_named(booking: Booking) -> tuple[str, ...]:

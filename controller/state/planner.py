@@ -75,6 +75,8 @@ class Planner:
         self._task: asyncio.Task[None] | None = None
         self.passes = 0
         self._last_pass_seconds = 0.0
+        self._what_if: tuple[int, PlanningPass] | None = None
+        """The pass it was built after, and the planning as if refused pools were usable."""
 
     def start(self) -> None:
         if self._task is None:
@@ -100,6 +102,26 @@ class Planner:
         self._pending.append(_Item(key, gang, mode, book, future))
         self._wakeup.set()
         return await future
+
+    def refused_pools_serving(self, gang: GangRequest, mode: Mode,
+                              now: datetime | None = None) -> dict[str, tuple[str, ...]]:
+        """The pools the provider refuses that would serve ``gang`` were they fixed: those
+        of the plan made as if they were usable (nothing is reserved), with their problems.
+        Empty when none is refused or the gang would not fit even with them.
+
+        For a request that found no fit (so it holds no booking): the snapshot is built
+        once per planning pass, so a burst of such requests costs one, as planning does."""
+        refused = self._state.unusable_pools()
+        if not refused:
+            return {}
+        if self._what_if is None or self._what_if[0] != self.passes:
+            snap = self._state.snapshot(now=now, with_unusable=True)
+            self._what_if = (self.passes, PlanningPass(snap))
+        result = self._what_if[1].plan(gang, mode)
+        if not isinstance(result, Plan):
+            return {}
+        return {pool: refused[pool] for pool in sorted({n.pool for n in result.new_nodes})
+                if pool in refused}
 
     async def _loop(self) -> None:
         while True:
