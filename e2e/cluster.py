@@ -425,6 +425,16 @@ def stop_apiserver(cluster: Cluster) -> None:
     _stop(cluster, "kube-apiserver")
 
 
+def restart_apiserver(cluster: Cluster, *, down_seconds: float = 0.0) -> None:
+    """Stop kube-apiserver, leave it down ``down_seconds``, start it again and wait until it
+    is ready; etcd keeps every object, so clients see the same resourceVersions after."""
+    bin_dir = build()
+    stop_apiserver(cluster)
+    if down_seconds:
+        time.sleep(down_seconds)
+    start_apiserver(cluster, bin_dir)
+
+
 def _kcm_client_limits() -> list[str]:
     """``MUSTER_CLUSTER_KCM_API_QPS=N``: the controller-manager's client rate limit (burst
     2N). Unset, it keeps its default of 20 QPS per controller, which bounds how fast the node

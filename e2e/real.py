@@ -14,6 +14,7 @@ means the shipped manifests miss a grant, and fails the test that was running.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -40,12 +41,14 @@ class MusterProcess:
     """``muster run`` against the cluster as Muster's ServiceAccount, restartable."""
 
     def __init__(self, cluster: cp.Cluster, *, config: Path = E2E_CONFIG,
-                 extra_env: dict[str, str] | None = None) -> None:
+                 extra_env: dict[str, str] | None = None, replica: int = 0) -> None:
+        """``replica`` > 0: another replica beside the first (its own ports and log), for
+        leader failover."""
         self.cluster = cluster
         self.config = config
-        self.log = cluster.logs / "muster.log"
-        self.probe_port = cluster.ports.base + 20
-        self.metrics_port = cluster.ports.base + 21
+        self.log = cluster.logs / ("muster.log" if not replica else f"muster-{replica}.log")
+        self.probe_port = cluster.ports.base + 20 + 2 * replica
+        self.metrics_port = cluster.ports.base + 21 + 2 * replica
         self.extra_env = dict(extra_env or {})
         self.proc: subprocess.Popen[bytes] | None = None
         self._read = 0
@@ -89,17 +92,27 @@ class MusterProcess:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def wait_ready(self, within: float = 60.0) -> None:
+    def wait_ready(self, within: float = 60.0, *, roles: tuple[str, ...] = ("leader", "single")
+                   ) -> None:
+        """Until /readyz is 200 in one of ``roles`` (``single``: leader election off)."""
         deadline = time.monotonic() + within
-        url = f"http://127.0.0.1:{self.probe_port}/readyz"
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
                 raise AssertionError(f"muster run exited {self.proc.returncode}:\n{self.tail()}")
-            with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1) as resp:
-                if resp.status == 200 and '"leader"' in resp.read().decode():
-                    return
+            if self.role(ready=True) in roles:
+                return
             time.sleep(0.1)
         raise AssertionError(f"muster run never became the ready leader:\n{self.tail()}")
+
+    def role(self, *, ready: bool = False) -> str | None:
+        """The replica's role from /healthz (or from /readyz when it answers 200 there,
+        with ``ready``); None when it does not answer."""
+        url = f"http://127.0.0.1:{self.probe_port}/{'readyz' if ready else 'healthz'}"
+        with contextlib.suppress(OSError, ValueError), \
+                urllib.request.urlopen(url, timeout=1) as resp:
+            if resp.status == 200:
+                return str(json.loads(resp.read().decode()).get("role"))
+        return None
 
     def stop(self, sig: int = signal.SIGTERM, within: float = 30.0) -> int | None:
         proc, self.proc = self.proc, None

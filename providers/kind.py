@@ -21,12 +21,14 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import random
 from collections import defaultdict, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from controller import crashpoints
 from controller.api.capacitypool import CapacityPool
 from controller.dra_templates import render_resource_slices
 from controller.kube import ApiError, Body, KubeClient
@@ -39,6 +41,7 @@ from providers.base import (
     ProvidedNode,
     ProviderConfigError,
     ProviderError,
+    QuotaExceeded,
     TransientProviderError,
 )
 
@@ -49,7 +52,24 @@ OWNER_UID_LABEL = "muster.dev/owner-uid"
 OWNER_ANNOTATION = "muster.dev/owner"
 NODE_LEASE_NAMESPACE = "kube-node-lease"
 BOOT_DELAY_ANNOTATION = "muster.dev/boot-delay"
-KNOWN_PARAMETERS = frozenset({"stock", "defaultStock", "latencySeconds", "readyDelaySeconds"})
+KNOWN_PARAMETERS = frozenset(
+    {"stock", "defaultStock", "latencySeconds", "readyDelaySeconds", "faults"}
+)
+FAULT_KINDS = ("stockOut", "quota", "throttle", "timeout", "partial", "releaseError")
+"""``parameters.faults``: each a probability (0-1) drawn per call; ``seed`` makes the draws
+repeatable, ``timeoutSeconds`` is how long a timed-out call hangs (default 2):
+
+* ``stockOut``: the acquire finds no stock (CapacityUnavailable, retryable, nothing created);
+* ``quota``: QuotaExceeded (not retryable: the request fails);
+* ``throttle``: the cloud throttles (ProviderUnavailable, retryable, nothing created);
+* ``timeout``: the nodes are created but the answer never comes (ProviderUnavailable after
+  ``timeoutSeconds``): the caller must roll back what it cannot see;
+* ``partial``: k of n nodes are granted (k drawn in 0..n-1), rolled back, CapacityUnavailable;
+* ``releaseError``: a release fails before deleting anything (ProviderUnavailable): someone
+  must retry it.
+
+A process's draws for a pool come from one ``random.Random(seed)``; patching the pool's
+parameters changes the probabilities at once (the draws go on from where they were)."""
 CALLS_KEPT = 10_000
 """The last calls :attr:`KindProvider.calls` keeps: a long-running controller's must not
 grow with every request it ever handled."""
@@ -108,6 +128,7 @@ class KindProvider:
         self._owned: set[str] = set()
         self._since: dict[str, str] = {}
         self._heartbeat_task: asyncio.Task[None] | None = None
+        self._fault_rngs: dict[str, random.Random] = {}
 
     # ------------------------------------------------------------------ test controls
 
@@ -145,6 +166,7 @@ class KindProvider:
                     f"pool {pool.metadata.name}: parameters.{name} must be a number >= 0, "
                     f"got {value!r}"
                 )
+        _validate_faults(pool.metadata.name, params.get("faults"))
         for i, entry in enumerate(params.get("stock") or []):
             if (
                 not isinstance(entry, dict)
@@ -162,7 +184,7 @@ class KindProvider:
         names = [_node_name(pool_name, request.key, i) for i in range(request.count)]
         async with self._locked(request.key):
             try:
-                error = self._take_injected_error(pool_name)
+                error = self._take_injected_error(pool_name) or self._drawn_error(pool)
                 if error is not None:
                     raise error
                 latency = float(pool.spec.parameters.get("latencySeconds", 0.0))
@@ -170,6 +192,9 @@ class KindProvider:
                 if latency:
                     await asyncio.sleep(latency)
                 grant = self._take_grant(pool_name)
+                if grant is None and request.count > 0 and self._draw(pool, "partial"):
+                    grant = self._fault_rng(pool).randrange(request.count)
+                timeout = self._draw(pool, "timeout")
                 # Counting the domain's nodes and creating ours is one step per domain: two
                 # acquisitions that both counted before either created got more than stock.
                 async with self._stock_lock(pool, request.domain):
@@ -189,6 +214,13 @@ class KindProvider:
                             "launch was rolled back",
                             available=allowed,
                         )
+                if timeout:
+                    # The cloud did the work; its answer is lost on the way back.
+                    await asyncio.sleep(self._fault_seconds(pool))
+                    raise TransientProviderError(
+                        f"pool {pool_name}: the acquire call timed out (injected fault); "
+                        "its nodes may exist"
+                    )
             except ProviderError as exc:
                 self._record("acquire", request, exc.reason)
                 raise
@@ -220,6 +252,13 @@ class KindProvider:
         return max(0, min(allowed, stock - others))
 
     async def release(self, pool: CapacityPool, key: str) -> int:
+        if self._draw(pool, "releaseError"):
+            self.calls.append(ProviderCall("release", pool.metadata.name, key, 0,
+                                           outcome="ProviderUnavailable"))
+            raise TransientProviderError(
+                f"pool {pool.metadata.name}: releasing {key} failed (injected fault); "
+                "nothing was deleted"
+            )
         async with self._locked(key):
             deleted = await self._delete_key(pool.metadata.name, key)
         self.calls.append(ProviderCall("release", pool.metadata.name, key, deleted))
@@ -330,6 +369,40 @@ class KindProvider:
             )
         )
 
+    def _faults(self, pool: CapacityPool) -> Mapping[str, Any]:
+        faults = pool.spec.parameters.get("faults")
+        return faults if isinstance(faults, dict) else {}
+
+    def _fault_rng(self, pool: CapacityPool) -> random.Random:
+        name = pool.metadata.name
+        rng = self._fault_rngs.get(name)
+        if rng is None:
+            seed = self._faults(pool).get("seed", 0)
+            rng = self._fault_rngs[name] = random.Random(f"{name}/{seed}")
+        return rng
+
+    def _draw(self, pool: CapacityPool, kind: str) -> bool:
+        """Whether the pool's ``parameters.faults`` injects ``kind`` into this call."""
+        p = float(self._faults(pool).get(kind, 0) or 0)
+        return p > 0 and self._fault_rng(pool).random() < p
+
+    def _fault_seconds(self, pool: CapacityPool) -> float:
+        return float(self._faults(pool).get("timeoutSeconds", 2.0))
+
+    def _drawn_error(self, pool: CapacityPool) -> ProviderError | None:
+        name = pool.metadata.name
+        if self._draw(pool, "stockOut"):
+            return CapacityUnavailable(
+                f"pool {name}: no stock in the domain right now (injected fault)", available=0
+            )
+        if self._draw(pool, "quota"):
+            return QuotaExceeded(f"pool {name}: account quota exceeded (injected fault)")
+        if self._draw(pool, "throttle"):
+            return TransientProviderError(
+                f"pool {name}: request rate exceeded, throttled (injected fault)"
+            )
+        return None
+
     def _take_injected_error(self, pool: str) -> ProviderError | None:
         for scope in (pool, "*"):
             errors = self._injected[scope].errors
@@ -373,6 +446,7 @@ class KindProvider:
         self._owned.discard(name)
         self._since.pop(name, None)
         deleted = await self._kube.delete(NODES, name)
+        crashpoints.reached("mid-release")
         with contextlib.suppress(ApiError):
             await self._kube.delete(LEASES, name, namespace=NODE_LEASE_NAMESPACE)
         return deleted
@@ -396,6 +470,7 @@ class KindProvider:
                 raise
             created, fresh = await self._kube.get(NODES, name), False
         self._owned.add(name)
+        crashpoints.reached("mid-acquisition")
         await self._publish_devices(pool, created)
         if fresh and (not created.get("status", {}).get("allocatable") or ready_delay):
             # API servers that drop status on create (or a simulated boot) get it from the
@@ -427,6 +502,37 @@ class KindProvider:
         status["conditions"] = [_ready_condition(True, _rfc3339_micro(self._now()))]
         with contextlib.suppress(ApiError):
             await self._kube.patch_status(NODES, name, status)
+
+
+def _validate_faults(pool: str, faults: Any) -> None:
+    if faults is None:
+        return
+    if not isinstance(faults, dict):
+        raise ProviderConfigError(
+            f"pool {pool}: parameters.faults must be a mapping of "
+            f"{', '.join(FAULT_KINDS)}, seed, timeoutSeconds"
+        )
+    unknown_faults = set(faults) - {*FAULT_KINDS, "seed", "timeoutSeconds"}
+    if unknown_faults:
+        raise ProviderConfigError(
+            f"pool {pool}: unknown parameters.faults key(s) "
+            f"{sorted(unknown_faults)}; known: "
+            f"{sorted({*FAULT_KINDS, 'seed', 'timeoutSeconds'})}"
+        )
+    for name in FAULT_KINDS:
+        value = faults.get(name, 0)
+        if not isinstance(value, int | float) or not 0 <= value <= 1:
+            raise ProviderConfigError(
+                f"pool {pool}: parameters.faults.{name} must be a "
+                f"probability between 0 and 1, got {value!r}"
+            )
+    for name in ("seed", "timeoutSeconds"):
+        value = faults.get(name, 0)
+        if not isinstance(value, int | float) or value < 0:
+            raise ProviderConfigError(
+                f"pool {pool}: parameters.faults.{name} must be a "
+                f"number >= 0, got {value!r}"
+            )
 
 
 _background: set[asyncio.Task[None]] = set()

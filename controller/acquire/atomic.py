@@ -15,10 +15,14 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 
 from controller.api.capacitypool import CapacityPool
+from controller.kube.problems import ProblemLog
 from controller.state.bookings import Group
 from providers.base import AcquireRequest, CapacityUnavailable, Provider, ProviderError
 
 log = logging.getLogger(__name__)
+_problems = ProblemLog(log)
+"""A provider refusing releases is retried by the collector every interval: said once per
+pool per interval, with the count, not once per key and attempt."""
 
 ProviderFor = Callable[[CapacityPool], Provider]
 
@@ -124,13 +128,18 @@ async def release_groups(
     async def one(group: Group) -> int:
         pool = pools.get(group.pool)
         if pool is None:
-            log.warning("cannot release %s: CapacityPool %s is gone", group.key, group.pool)
+            _problems.warning(f"release {group.pool} gone",
+                              "cannot release %s: CapacityPool %s is gone", group.key, group.pool)
             return 0
         try:
-            return await provider_for(pool).release(pool, group.key)
+            released = await provider_for(pool).release(pool, group.key)
         except ProviderError as exc:
-            log.warning("releasing %s in pool %s failed: %s", group.key, group.pool, exc)
+            _problems.warning(f"release {group.pool}", "releasing %s in pool %s failed: %s; "
+                              "the collector retries", group.key, group.pool, exc)
             return 0
+        _problems.resolved(f"release {group.pool}", "releases in pool %s succeed again",
+                           group.pool)
+        return released
 
     counts: Sequence[int] = await asyncio.gather(*(one(g) for g in groups))
     return sum(counts)

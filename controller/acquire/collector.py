@@ -25,6 +25,7 @@ from datetime import datetime
 
 from controller.acquire.atomic import release_groups
 from controller.acquire.providers import ProviderSet
+from controller.kube.problems import ProblemLog
 from controller.state.bookings import (
     PHASE_ANNOTATION,
     PLAN_ANNOTATION,
@@ -36,6 +37,7 @@ from controller.state.cache import ClusterState
 from providers.base import ProvidedNode, ProviderError
 
 log = logging.getLogger(__name__)
+_problems = ProblemLog(log)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,8 +76,10 @@ class Collector:
             try:
                 provided = await self._providers.for_pool(pool).list(pool)
             except ProviderError as exc:
-                log.warning("listing pool %s failed: %s", pool.metadata.name, exc)
+                _problems.warning(f"list {pool.metadata.name}", "listing pool %s failed: %s",
+                                  pool.metadata.name, exc)
                 continue
+            _problems.resolved(f"list {pool.metadata.name}")
             deleting = self._state.pool_deleting(pool.metadata.name)
             for key, nodes in _by_key(provided).items():
                 if any(n.name in booked for n in nodes):
@@ -88,6 +92,8 @@ class Collector:
                 count = await release_groups(
                     [group], pools=pools, provider_for=self._providers.for_pool
                 )
+                if not count and any(self._state.node_exists(n.name) for n in nodes):
+                    continue  # the release failed (said once per interval): next time
                 self._idle_since.pop(key, None)
                 self._seen_used.discard(key)
                 released.append(Released(key, pool.metadata.name, count, why))

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from controller import crashpoints
 from controller.acquire.atomic import AcquisitionFailed, acquire_all, release_groups
 from controller.acquire.keys import groups_for
 from controller.acquire.providers import ProviderSet
@@ -220,6 +221,7 @@ class ProvisioningService:
             },
             finalizer=True if booking.groups else None,
         )
+        crashpoints.reached("plan-persisted")
         if not booking.groups:
             return await self.confirm(req, booking)
         return await self.acquire(req, booking, announce=True)
@@ -349,6 +351,7 @@ class ProvisioningService:
                     pools=self.state.pools(),
                     provider_for=self.providers.for_pool,
                 )
+                crashpoints.reached("acquired")
                 booking = booking.with_nodes(nodes)
                 self.state.reserve(req.key, booking)
                 timeout = self.config.acquisition.node_ready_timeout_seconds
@@ -414,6 +417,7 @@ class ProvisioningService:
                 if reason is Reason.CAPACITY_IS_FOUND
                 else message(reason, where=where, new_nodes=len(booking.acquired_nodes))
             )
+            crashpoints.reached("before-confirm")
             await self.write_status(
                 req, [_accepted(), (ConditionType.PROVISIONED, True, reason, text)],
                 details=details,
@@ -520,6 +524,7 @@ class ProvisioningService:
         """Status first: the condition is the outcome (and makes the phase Ended); releasing
         and the phase annotation follow and are redone by :meth:`repair_ended` if cut short."""
         req = await self.write_status(req, [(type_, True, reason, text)])
+        crashpoints.reached("outcome-written")
         return await self._finish_ending(req, booking)
 
     async def _finish_ending(self, req: RequestView, booking: Booking | None) -> Delay:
@@ -660,6 +665,7 @@ class ProvisioningService:
             [_accepted(), (ConditionType.PROVISIONED, False, reason, text),
              (ConditionType.FAILED, True, reason, text)],
         )
+        crashpoints.reached("outcome-written")
         return await self._clean_failed(req, attempt=attempt)
 
     async def _clean_failed(self, req: RequestView, *, attempt: int | None = None) -> Delay:
