@@ -35,7 +35,8 @@ recorded from watches all along (resourceVersions order the events of nodes and 
    beyond its allocatable.
 
 The last line printed is ``chaos crashes=N requests=M violations=V``; exit 0 when V is 0.
-Bounded: ``--crashes`` and ``--max-minutes`` (whichever comes first).
+Bounded: ``--crashes`` and ``--max-minutes`` (whichever comes first); SIGINT or SIGTERM
+ends the crashing early, and the checks and the clean-up still run.
 """
 
 from __future__ import annotations
@@ -712,13 +713,19 @@ class Chaos:
 
     async def main(self) -> Result:
         self.kube = await KubeClient.from_kubeconfig(self.cluster.admin_kubeconfig)
+        # SIGINT/SIGTERM end the crashing: the checks and the clean-up still run.
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
         watcher: asyncio.Task[None] | None = None
         try:
             await self.setup()
             watcher = asyncio.create_task(self.watch())
             deadline = time.monotonic() + self.opts.max_minutes * 60
             round_ = 0
-            while self.result.crashes < self.opts.crashes and time.monotonic() < deadline:
+            while (self.result.crashes < self.opts.crashes and time.monotonic() < deadline
+                   and not stop.is_set()):
                 round_ += 1
                 if self.opts.failover_every and round_ % self.opts.failover_every == 0:
                     await self.failover_round()
