@@ -52,7 +52,7 @@ import sys
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -711,17 +711,34 @@ class Chaos:
             with contextlib.suppress(ApiError):
                 await kube.delete(NODES, node["metadata"]["name"])
 
-    async def main(self) -> Result:
+    @contextlib.asynccontextmanager
+    async def session(self) -> AsyncIterator[Chaos]:
+        """The run's objects and watches; on exit, the settled checks (into
+        :attr:`result`) and the clean-up. For scenarios composed elsewhere (the tests)."""
         self.kube = await KubeClient.from_kubeconfig(self.cluster.admin_kubeconfig)
+        watcher: asyncio.Task[None] | None = None
+        try:
+            await self.setup()
+            watcher = asyncio.create_task(self.watch())
+            yield self
+            await self.settle_and_check()
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
+            try:
+                await self.cleanup()
+            finally:
+                await self.kube.close()
+
+    async def main(self) -> Result:
         # SIGINT/SIGTERM end the crashing: the checks and the clean-up still run.
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        watcher: asyncio.Task[None] | None = None
-        try:
-            await self.setup()
-            watcher = asyncio.create_task(self.watch())
+        async with self.session():
             deadline = time.monotonic() + self.opts.max_minutes * 60
             round_ = 0
             while (self.result.crashes < self.opts.crashes and time.monotonic() < deadline
@@ -735,16 +752,6 @@ class Chaos:
                     await self.crash_round()
                 if round_ % 25 == 0:
                     log(f"{self.result.line()} ({dict(self.result.planned)})")
-            await self.settle_and_check()
-        finally:
-            if watcher is not None:
-                watcher.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await watcher
-            try:
-                await self.cleanup()
-            finally:
-                await self.kube.close()
         return self.result
 
 

@@ -41,10 +41,12 @@ class MusterProcess:
     """``muster run`` against the cluster as Muster's ServiceAccount, restartable."""
 
     def __init__(self, cluster: cp.Cluster, *, config: Path = E2E_CONFIG,
-                 extra_env: dict[str, str] | None = None, replica: int = 0) -> None:
+                 extra_env: dict[str, str] | None = None, replica: int = 0,
+                 kubeconfig: Path | None = None) -> None:
         """``replica`` > 0: another replica beside the first (its own ports and log), for
-        leader failover."""
+        leader failover; ``kubeconfig``: other than the ServiceAccount's own (a proxy)."""
         self.cluster = cluster
+        self.kubeconfig = kubeconfig or cluster.muster_kubeconfig
         self.config = config
         self.log = cluster.logs / ("muster.log" if not replica else f"muster-{replica}.log")
         self.probe_port = cluster.ports.base + 20 + 2 * replica
@@ -80,7 +82,7 @@ class MusterProcess:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "controller.cli", "run",
-                 "--kubeconfig", str(self.cluster.muster_kubeconfig),
+                 "--kubeconfig", str(self.kubeconfig),
                  "--config", str(self.config)],
                 cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=self.env(), start_new_session=True,

@@ -58,6 +58,10 @@ def setup_logging(fmt: str, level: str) -> None:
         handler.setFormatter(_JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    from controller.problems import RetryLinesFilter
+
+    # kopf's client logs each failed attempt; once per request target per interval here.
+    handler.addFilter(RetryLinesFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

@@ -146,3 +146,60 @@ async def test_an_api_outage_is_ridden_out_told_by_readyz_and_logged_once_per_pr
 
 async def _ready(probes: Probes) -> bool:
     return probes.ready()[0]
+
+
+async def test_watches_failing_for_seconds_fail_readyz_long_before_a_streams_length(
+    server: SandboxServer, kube: KubeClient,
+) -> None:
+    """The stream-length rule alone (330 s) would leave /readyz at 200 through a one-minute
+    outage: a watch whose every request fails counts as stalled after ``failing_after``."""
+    await _setup(kube)
+    controller = _controller(kube)
+    assert controller.stall_after > 300
+    controller.failing_after = 1.5
+    probes = Probes(controller, None)
+    await controller.start()
+    port = server.port
+    back: SandboxServer | None = None
+    try:
+        assert probes.ready()[0]
+        await server.stop()
+        await asyncio.sleep(0.5)
+        assert probes.ready()[0], "a failure or two is not yet a stall"
+
+        async def not_ready() -> bool:
+            return not probes.ready()[0]
+
+        await _until(not_ready)
+        assert "made no progress" in probes.ready()[1]["reason"]
+        assert probes.live()[0]
+        back = SandboxServer(port=port, store=server.store)
+        await back.start()
+        await _until(lambda: _ready(probes))
+    finally:
+        await controller.stop()
+        if back is not None:
+            await back.stop()
+
+
+def test_kopf_retry_lines_are_let_through_once_per_target_and_interval() -> None:
+    from controller.problems import RetryLinesFilter
+
+    f = RetryLinesFilter(interval=30)
+
+    def line(n: int, path: str = "/apis/x/v1/things") -> logging.LogRecord:
+        return logging.LogRecord(
+            "kopf._cogs.clients.watching", logging.ERROR, __file__, 1,
+            f"Request attempt #{n}/9 failed; will retry: GET https://h{path}?watch=true"
+            f"&resourceVersion={n} -> ClientConnectorError()", (), None)
+
+    passed = [f.filter(line(n)) for n in range(1, 10)]
+    assert passed == [True] + [False] * 8
+    assert f.filter(line(1, "/api/v1/nodes")), "another target is another problem"
+    own = logging.LogRecord("controller.kube.client", logging.WARNING, __file__, 1,
+                            "Request attempt #1/9 failed", (), None)
+    assert f.filter(own) and f.filter(own), "only kopf's lines are held back"
+    f.interval = 0
+    later = line(10)
+    assert f.filter(later)
+    assert "8 more failed attempt(s)" in later.getMessage()
