@@ -86,6 +86,13 @@ FAULTS = {"seed": 0, "stockOut": 0.1, "quota": 0.02, "throttle": 0.1, "timeout":
           "partial": 0.1, "releaseError": 0.3, "timeoutSeconds": 1}
 
 
+FAULT_PHRASES = {
+    "stockOut": "no stock in the domain", "quota": "quota exceeded", "throttle": "throttled",
+    "timeout": "timed out", "partial": "could only launch",
+}
+"""How each of the fake provider's injected faults reads in a request's condition."""
+
+
 def log(msg: str) -> None:
     print(f"[chaos {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -167,6 +174,8 @@ class Recorder:
     """Acquisition key -> planned count (from every plan seen)."""
     node_names_by_key: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
     node_rv: dict[str, int] = field(default_factory=dict)
+    faults: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    """Injected provider fault kind -> requests whose conditions reported it."""
 
     # nodes
     def node_sync(self, items: list[Body], list_rv: int) -> None:
@@ -229,6 +238,11 @@ class Recorder:
     def _request_seen(self, body: Body, rv: int) -> None:
         key = self._key(body)
         self.current[key] = body
+        for cond in conditions(body).values():
+            text = str(cond.get("message") or "")
+            for kind, phrase in FAULT_PHRASES.items():
+                if phrase in text:
+                    self.faults[kind].add(key)
         booking = booking_of(body)
         for g in (booking or {}).get("groups") or []:
             self.keys_count[g["key"]] = int(g["count"])
@@ -386,6 +400,9 @@ class Options:
     settle: float = 30.0
     arrivals: int = 3
     """Requests created per round."""
+    cycle_steps: bool = False
+    """Crash at each named step in turn (first passage), not at random ones: a short run
+    covers every step."""
 
 
 @dataclass
@@ -418,6 +435,7 @@ class Chaos:
         self.kube: KubeClient | None = None
         self.seq = 0
         self.alive: list[str] = []
+        self._cycled = 0
         self.muster = self._process(0)
         self.standby = self._process(1)
 
@@ -527,7 +545,11 @@ class Chaos:
     async def crash_round(self) -> None:
         """One crash: at a named step (the process kills itself there) or at random."""
         step = None
-        if self.rng.random() < 0.6:
+        if self.opts.cycle_steps:
+            step = crashpoints.STEPS[self._cycled % len(crashpoints.STEPS)]
+            self._cycled += 1
+            await self._start(self.muster, crash_at=f"{step}:1", wait=False)
+        elif self.rng.random() < 0.6:
             step = self.rng.choice(crashpoints.STEPS)
             nth = self.rng.randint(1, 3)
             await self._start(self.muster, crash_at=f"{step}:{nth}", wait=False)
