@@ -487,12 +487,13 @@ class Chaos:
 
     # ---------------------------------------------------------------- workload
 
-    async def arrive(self, count: int) -> None:
+    async def arrive(self, count: int, *, atomic: bool = False) -> None:
+        """``count`` new requests; ``atomic``: each needs new nodes (no check-capacity)."""
         assert self.kube is not None
         for _ in range(count):
             self.seq += 1
             name = f"r{self.seq}"
-            roll = self.rng.random()
+            roll = self.rng.uniform(0.25, 1.0) if atomic else self.rng.random()
             if roll < 0.25:
                 # Books existing nodes only, often ones another request acquired.
                 pod_sets, cls = [("w4", self.rng.randint(1, 3))], CHECK
