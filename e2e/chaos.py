@@ -285,7 +285,10 @@ def check_deletions(rec: Recorder) -> list[str]:
             if live is None:
                 continue
             if seen.key in live.keys or name in live.existing:
-                out.append(f"node {name} deleted (rv {hi}) under the live booking of {key}")
+                history = ", ".join(f"{e.rv}:{'live' if e.live else '-'}"
+                                    for e in rec.requests[key])
+                out.append(f"node {name} (key {seen.key}) deleted (rv {lo}..{hi}) under the "
+                           f"live booking of {key} (its history {history})")
     return out
 
 
@@ -316,6 +319,11 @@ def check_gangs_and_devices(rec: Recorder) -> list[str]:
                 became.append((entry.rv, key, entry))
             before = entry.live
     for rv, key, entry in became:
+        for name in sorted(entry.existing):
+            seen = rec.nodes.get(name)
+            if seen is not None and seen.deleted_rv is not None and seen.deleted_rv[1] <= rv:
+                out.append(f"{key}: Provisioned=True (rv {rv}) on node {name}, deleted at rv "
+                           f"{seen.deleted_rv[1]}")
         for gkey, count, _, _ in entry.groups:
             have = _nodes_at(rec, gkey, rv)
             if len(have) < count:
@@ -400,6 +408,8 @@ class Options:
     settle: float = 30.0
     arrivals: int = 3
     """Requests created per round."""
+    keep: bool = False
+    """Leave the run's objects (and Muster stopped) when a violation was found: to look."""
     cycle_steps: bool = False
     """Crash at each named step in turn (first passage), not at random ones: a short run
     covers every step."""
@@ -416,6 +426,8 @@ class Result:
     outcomes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     """Final state of the requests left at the end, and of those deleted on the way."""
     nodes_created: int = 0
+    revoked: list[str] = field(default_factory=list)
+    """Requests whose booking Muster revoked, with its message (nodes vanished: who?)."""
 
     def line(self) -> str:
         return (f"chaos crashes={self.crashes} requests={self.requests} "
@@ -444,7 +456,10 @@ class Chaos:
             "MUSTER_LEADER_ELECTION__ENABLED": "false",
             "MUSTER_KUEUE__ENABLED": "false",
         }
-        return MusterProcess(self.cluster, config=CHAOS_CONFIG, extra_env=env, replica=replica)
+        proc = MusterProcess(self.cluster, config=CHAOS_CONFIG, extra_env=env, replica=replica)
+        # Its own log: the test tier reads muster.log for the session's Muster.
+        proc.log = self.cluster.logs / f"chaos-muster-{replica}.log"
+        return proc
 
     # ---------------------------------------------------------------- setup
 
@@ -681,6 +696,9 @@ class Chaos:
                 c = conds.get(t)
                 if c and c.get("status") == "True":
                     self.result.outcomes[f"{t}/{c.get('reason')}"] += 1
+                    if t == "CapacityRevoked":
+                        self.result.revoked.append(f"{body['metadata']['name']}: "
+                                                   f"{c.get('message')}")
                     break
             else:
                 c = conds.get("Provisioned") or {}
@@ -751,7 +769,12 @@ class Chaos:
                 with contextlib.suppress(asyncio.CancelledError):
                     await watcher
             try:
-                await self.cleanup()
+                if self.opts.keep and self.result.violations:
+                    log(f"violations: keeping namespace {self.ns} and pool {self.pool}")
+                    self.muster.stop()
+                    self.standby.stop()
+                else:
+                    await self.cleanup()
             finally:
                 await self.kube.close()
 
@@ -794,10 +817,15 @@ def parse(argv: list[str] | None = None) -> Options:
     parser.add_argument("--settle", type=float, default=30.0,
                         help="seconds Muster runs undisturbed before the checks")
     parser.add_argument("--arrivals", type=int, default=3, help="requests created per round")
+    parser.add_argument("--keep", action="store_true",
+                        help="on violations, leave the run's objects for a look")
+    parser.add_argument("--cycle-steps", action="store_true",
+                        help="crash at each named step in turn instead of at random ones")
     a = parser.parse_args(argv)
     return Options(seed=a.seed, crashes=a.crashes, max_minutes=a.max_minutes,
                    failover_every=a.failover_every, apiserver_every=a.apiserver_every,
-                   faults=a.faults, settle=a.settle, arrivals=a.arrivals)
+                   faults=a.faults, settle=a.settle, arrivals=a.arrivals,
+                   cycle_steps=a.cycle_steps, keep=a.keep)
 
 
 @contextlib.contextmanager
@@ -822,6 +850,8 @@ def main(argv: list[str] | None = None) -> int:
           f"failovers {result.failovers}, apiserver restarts {result.apiserver_restarts}")
     print(f"requests at the end: {json.dumps(dict(result.outcomes), sort_keys=True)}; "
           f"nodes created {result.nodes_created}")
+    for line in result.revoked[:20]:
+        print(f"revoked: {line}")
     print(result.line(), flush=True)
     return 0 if not result.violations else 1
 

@@ -139,6 +139,8 @@ async def release_groups(
             return 0
         _problems.resolved(f"release {group.pool}", "releases in pool %s succeed again",
                            group.pool)
+        if released:
+            log.info("released %d node(s) of %s in pool %s", released, group.key, group.pool)
         return released
 
     counts: Sequence[int] = await asyncio.gather(*(one(g) for g in groups))

@@ -621,6 +621,23 @@ class ClusterState:
                                    pool_nodes=have))
         return replace(base, domains=tuple(domains), max_new_nodes=max_new)
 
+    def _unconfirmed_off(self, nodes: tuple[NodeState, ...], bookings: Mapping[str, Booking],
+                         exclude: str | None) -> tuple[NodeState, ...]:
+        """``nodes`` with those of acquisitions not yet confirmed (Provisioned=True not yet
+        written) made unschedulable for others: such an acquisition may still be rolled back
+        (a failure, nodes not Ready in time, a resumed attempt that fails), deleting its
+        nodes under whoever booked their spare capacity meanwhile."""
+        blocked: set[str] = set()
+        for key, booking in bookings.items():
+            if key == exclude or not booking.groups or _confirmed(self._requests.get(key)):
+                continue
+            for group in booking.groups:
+                blocked.update(self._nodes_by_key.get(group.key, ()))
+        if not blocked:
+            return nodes
+        return tuple(replace(n, schedulable=False) if n.name in blocked and n.schedulable
+                     else n for n in nodes)
+
     def snapshot(self, *, exclude: str | None = None, now: datetime | None = None) -> Snapshot:
         """The fit engine's view: free capacity minus every booking but ``exclude``'s, and
         pool headroom capped where the provider recently ran out of stock (as of ``now``)."""
@@ -644,11 +661,12 @@ class ClusterState:
         pools = self._pool_states
         if self._short and now is not None:
             pools = self._apply_shortages(pools, now)
+        bookings = self.bookings()
         nodes_now, pools_now = self.dra.attach(
-            self._sorted_nodes, pools, list(self._pools.values())
+            self._unconfirmed_off(self._sorted_nodes, bookings, exclude), pools,
+            list(self._pools.values())
         )
         snap = Snapshot(nodes=nodes_now, pools=pools_now, levels=self.levels)
-        bookings = self.bookings()
         plans = [self._held(key, b) for key, b in bookings.items() if key != exclude]
         if len(self._held_cache) > 2 * len(bookings) + 64:
             self._held_cache = {k: v for k, v in self._held_cache.items() if k in bookings}
@@ -658,6 +676,14 @@ class ClusterState:
         if len(self._booked_memo) > 2 * len(self._nodes) + 64:
             self._booked_memo = {k: v for k, v in self._booked_memo.items() if k in self._nodes}
         return apply_plan(snap, merged, memo=self._booked_memo)
+
+
+def _confirmed(body: Body | None) -> bool:
+    """Provisioned=True: the booking's acquisition is over and will not be rolled back."""
+    for cond in ((body or {}).get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Provisioned":
+            return bool(cond.get("status") == "True")
+    return False
 
 
 def _nodes_named(booking: Booking) -> tuple[str, ...]:

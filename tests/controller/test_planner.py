@@ -97,3 +97,32 @@ def test_pool_headroom_follows_node_registration_relabeling_and_deletion() -> No
     state.upsert_node(moved)
     state.delete_node("a")
     assert headroom() == (6, {"b1-r1": 4, "b1-r2": 4})
+
+
+def test_nodes_of_an_acquisition_not_yet_confirmed_are_offered_to_nobody_else() -> None:
+    """Found by the crash harness on the real control plane: a request booked the spare
+    capacity of nodes whose acquisition was resumed after a crash; the resumed attempt
+    failed and rolled back, deleting the nodes under that live booking."""
+    import json
+
+    from controller.state.bookings import Group
+    from controller.state.cache import KEY_LABEL
+
+    state = ClusterState(levels=DEFAULT_LEVELS)
+    state.replace_nodes([gpu_node("n0", **{KEY_LABEL: "k1"}), gpu_node("n1")])
+    from tests.controller.builders import plan_on
+
+    booking = Booking(plan_on(["n0"]), attempt=1,
+                      groups=(Group(key="k1", pool="p", domain={}, count=1),))
+    body = {"metadata": {"name": "a", "namespace": "ns", "uid": "u", "resourceVersion": "1",
+                         "annotations": {"muster.dev/phase": "Acquiring",
+                                         "muster.dev/plan": booking.to_annotation()}},
+            "spec": {}, "status": {"conditions": []}}
+    state.upsert_request(json.loads(json.dumps(body)))
+    schedulable = {n.name: n.schedulable for n in state.snapshot(exclude="ns/b").nodes}
+    assert schedulable == {"n0": False, "n1": True}
+    body["metadata"]["resourceVersion"] = "2"
+    body["status"]["conditions"] = [{"type": "Provisioned", "status": "True"}]
+    state.upsert_request(body)
+    assert all(n.schedulable for n in state.snapshot(exclude="ns/b").nodes), \
+        "once Provisioned=True, its spare capacity is anyone's (release_unused protects it)"
