@@ -53,8 +53,10 @@ async def acquire_all(
     owner_uid: str,
     pools: Mapping[str, CapacityPool],
     provider_for: ProviderFor,
+    releasing: set[str] | None = None,
 ) -> dict[str, list[str]]:
-    """Acquire every group or none; return node names by key."""
+    """Acquire every group or none; return node names by key (``releasing``: see
+    :func:`release_groups`)."""
     missing = sorted({g.pool for g in groups} - set(pools))
     if missing:
         raise AcquisitionFailed(
@@ -83,7 +85,7 @@ async def acquire_all(
             acquired[group.key] = result
     if not failures:
         return acquired
-    await release_groups(groups, pools=pools, provider_for=provider_for)
+    await release_groups(groups, pools=pools, provider_for=provider_for, releasing=releasing)
     first = failures[0]
     if isinstance(first, asyncio.CancelledError):
         raise first
@@ -119,12 +121,28 @@ async def release_groups(
     *,
     pools: Mapping[str, CapacityPool],
     provider_for: ProviderFor,
+    releasing: set[str] | None = None,
 ) -> int:
     """Release every group (idempotent); return how many nodes were deleted.
 
     Errors are logged and the remaining groups still released; the orphan collector retries
-    whatever is left.
+    whatever is left. ``releasing`` (the cache's) holds the groups' keys while their nodes
+    are being deleted, from before the first await: the planner offers those nodes to
+    nobody (a request booked on them meanwhile would be left with nodes that vanish).
     """
+    keys = {g.key for g in groups} - (releasing or set())
+    if releasing is not None:
+        releasing |= keys
+    try:
+        return await _release(groups, pools=pools, provider_for=provider_for)
+    finally:
+        if releasing is not None:
+            releasing -= keys
+
+
+async def _release(
+    groups: Sequence[Group], *, pools: Mapping[str, CapacityPool], provider_for: ProviderFor
+) -> int:
     async def one(group: Group) -> int:
         pool = pools.get(group.pool)
         if pool is None:

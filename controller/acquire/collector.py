@@ -69,7 +69,6 @@ class Collector:
     async def run_once(self) -> list[Released]:
         self._state.prune_vanished()
         owners = self._owners()
-        booked = self._state.booked_nodes()
         released: list[Released] = []
         pools = dict(self._state.pools())
         for pool in pools.values():
@@ -82,6 +81,8 @@ class Collector:
             _problems.resolved(f"list {pool.metadata.name}")
             deleting = self._state.pool_deleting(pool.metadata.name)
             for key, nodes in _by_key(provided).items():
+                # Bookings made while the provider listed or the last group was released.
+                booked = self._state.booked_nodes()
                 if any(n.name in booked for n in nodes):
                     self._idle_since.pop(key, None)
                     continue
@@ -90,7 +91,8 @@ class Collector:
                     continue
                 group = Group(key=key, pool=pool.metadata.name, domain={}, count=len(nodes))
                 count = await release_groups(
-                    [group], pools=pools, provider_for=self._providers.for_pool
+                    [group], pools=pools, provider_for=self._providers.for_pool,
+                    releasing=self._state.releasing,
                 )
                 if not count and any(self._state.node_exists(n.name) for n in nodes):
                     continue  # the release failed (said once per interval): next time

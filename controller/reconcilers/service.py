@@ -350,6 +350,7 @@ class ProvisioningService:
                     owner_uid=req.uid,
                     pools=self.state.pools(),
                     provider_for=self.providers.for_pool,
+                    releasing=self.state.releasing,
                 )
                 crashpoints.reached("acquired")
                 booking = booking.with_nodes(nodes)
@@ -364,7 +365,8 @@ class ProvisioningService:
                     req = await announcing.result(req)
             if not_ready:
                 await release_groups(
-                    booking.groups, pools=self.state.pools(), provider_for=self.providers.for_pool
+                    booking.groups, pools=self.state.pools(), provider_for=self.providers.for_pool,
+                    releasing=self.state.releasing,
                 )
                 return await self.retry_or_fail(
                     req, attempt=booking.attempt, reason=Reason.NODES_NOT_READY,
@@ -566,7 +568,8 @@ class ProvisioningService:
         if not unused:
             return 0
         return await release_groups(
-            unused, pools=self.state.pools(), provider_for=self.providers.for_pool
+            unused, pools=self.state.pools(), provider_for=self.providers.for_pool,
+            releasing=self.state.releasing,
         )
 
     def group_nodes(self, group: Group) -> tuple[str, ...]:

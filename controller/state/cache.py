@@ -125,6 +125,9 @@ class ClusterState:
         self._booking_text: dict[str, str] = {}
         """The annotation each booking was parsed from."""
         self._reserved: dict[str, Booking] = {}
+        self.releasing: set[str] = set()
+        """Acquisition keys whose nodes are being deleted (``release_groups``): offered to
+        no plan."""
         self._held_cache: dict[str, tuple[Booking, tuple[Any, ...], Plan, tuple[str, ...]]] = {}
         self._booked_memo: BookedMemo = {}
         """Nodes with their bookings applied, reused across passes (apply_plan's memo)."""
@@ -624,10 +627,12 @@ class ClusterState:
     def _unconfirmed_off(self, nodes: tuple[NodeState, ...], bookings: Mapping[str, Booking],
                          exclude: str | None) -> tuple[NodeState, ...]:
         """``nodes`` with those of acquisitions not yet confirmed (Provisioned=True not yet
-        written) made unschedulable for others: such an acquisition may still be rolled back
-        (a failure, nodes not Ready in time, a resumed attempt that fails), deleting its
-        nodes under whoever booked their spare capacity meanwhile."""
+        written) or being released made unschedulable for others: such an acquisition may
+        still be rolled back (a failure, nodes not Ready in time, a resumed attempt that
+        fails), deleting its nodes under whoever booked their spare capacity meanwhile."""
         blocked: set[str] = set()
+        for releasing in self.releasing:
+            blocked.update(self._nodes_by_key.get(releasing, ()))
         for key, booking in bookings.items():
             if key == exclude or not booking.groups or _confirmed(self._requests.get(key)):
                 continue
