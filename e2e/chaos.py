@@ -790,10 +790,10 @@ class Chaos:
             while (self.result.crashes < self.opts.crashes and time.monotonic() < deadline
                    and not stop.is_set()):
                 round_ += 1
-                if self.opts.failover_every and round_ % self.opts.failover_every == 0:
-                    await self.failover_round()
-                elif self.opts.apiserver_every and round_ % self.opts.apiserver_every == 0:
+                if self.opts.apiserver_every and round_ % self.opts.apiserver_every == 0:
                     await self.apiserver_round()
+                elif self.opts.failover_every and round_ % self.opts.failover_every == 0:
+                    await self.failover_round()
                 else:
                     await self.crash_round()
                 if round_ % 25 == 0:
