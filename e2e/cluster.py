@@ -435,6 +435,16 @@ def restart_apiserver(cluster: Cluster, *, down_seconds: float = 0.0) -> None:
     start_apiserver(cluster, bin_dir)
 
 
+def stop_controller_manager(cluster: Cluster) -> None:
+    """For benchmarks with kubelet-less nodes (its node lifecycle controller would mark them
+    NotReady): stopped until :func:`start_controller_manager`."""
+    _stop(cluster, "kube-controller-manager")
+
+
+def start_controller_manager(cluster: Cluster) -> None:
+    _start_controller_manager(cluster, build())
+
+
 def _kcm_client_limits() -> list[str]:
     """``MUSTER_CLUSTER_KCM_API_QPS=N``: the controller-manager's client rate limit (burst
     2N). Unset, it keeps its default of 20 QPS per controller, which bounds how fast the node
@@ -706,7 +716,9 @@ def down(cluster: Cluster | None = None, *, quiet: bool = False) -> None:
 
 def _leftovers(cluster: Cluster) -> Iterator[str]:
     """Processes still running from this cluster's state directory (by their arguments)."""
-    marker = str(cluster.state)
+    # With the separator: another cluster's state directory may start with this one's name
+    # (.cluster and .cluster-soak), and its processes are not ours to report.
+    marker = str(cluster.state).rstrip("/") + "/"
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or int(proc.name) == os.getpid():
             continue
