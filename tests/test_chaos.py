@@ -101,7 +101,8 @@ def test_a_node_deleted_under_a_live_booking_is_a_violation() -> None:
     assert check_deletions(rec) == []
     rec.node_event(WatchEvent("DELETED", _node("n1", 12, "k1")))
     found = check_deletions(rec)
-    assert len(found) == 1 and "n1 (key k1) deleted (rv 12..12) under the live booking of ns/a" in found[0]
+    assert len(found) == 1
+    assert "n1 (key k1) deleted (rv 12..12) under the live booking of ns/a" in found[0]
 
 
 def test_a_node_deleted_after_its_booking_ended_is_fine() -> None:

@@ -126,3 +126,36 @@ def test_nodes_of_an_acquisition_not_yet_confirmed_are_offered_to_nobody_else() 
     state.upsert_request(body)
     assert all(n.schedulable for n in state.snapshot(exclude="ns/b").nodes), \
         "once Provisioned=True, its spare capacity is anyone's (release_unused protects it)"
+
+
+def test_nodes_being_released_are_offered_to_no_plan() -> None:
+    """Found by the crash harness: a request planned onto the nodes of a group while their
+    release was in flight got Provisioned=True on nodes deleted a moment later."""
+    from controller.state.cache import KEY_LABEL
+
+    state = ClusterState(levels=DEFAULT_LEVELS)
+    state.replace_nodes([gpu_node("n0", **{KEY_LABEL: "k2"}), gpu_node("n1")])
+    state.releasing.add("k2")
+    assert {n.name: n.schedulable for n in state.snapshot().nodes} == {"n0": False, "n1": True}
+    state.releasing.discard("k2")
+    assert all(n.schedulable for n in state.snapshot().nodes)
+
+
+async def test_release_groups_holds_the_keys_while_it_deletes() -> None:
+    from controller.acquire.atomic import release_groups
+    from controller.state.bookings import Group
+
+    seen: list[set[str]] = []
+    releasing: set[str] = set()
+
+    class Provider:
+        async def release(self, pool: object, key: str) -> int:
+            seen.append(set(releasing))
+            await asyncio.sleep(0)
+            return 1
+
+    count = await release_groups([Group(key="k", pool="p", domain={}, count=1)],
+                                 pools={"p": object()},  # type: ignore[dict-item]
+                                 provider_for=lambda pool: Provider(),  # type: ignore[arg-type,return-value]
+                                 releasing=releasing)
+    assert count == 1 and seen == [{"k"}] and releasing == set()
