@@ -394,7 +394,7 @@ class Controller:
             try:
                 await self.collector.run_once()
             except Exception as exc:
-                if not transient(exc):
+                if not (transient(exc) or isinstance(exc, ApiError)):
                     log.exception("orphan collection failed; trying again later")
                     continue
                 self.problems.warning("collection", "orphan collection failed (%s); trying "

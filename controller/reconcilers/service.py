@@ -175,8 +175,25 @@ class ProvisioningService:
                     req, attempt=req.attempt, reason=Reason.ACQUISITION_FAILED,
                     detail=f"the {PLAN_ANNOTATION} annotation is unreadable",
                 )
-            return await self.acquire(req, booking)
+            return await self.resume(req, booking)
         return await self.provision(req, mode)
+
+    async def resume(self, req: RequestView, booking: Booking) -> Delay:
+        """An acquisition this call did not just persist (after a restart, or a retry after
+        an error): read the request from the API server first. A confirming status write
+        whose answer was lost (the API server went away mid-request) did land; the cache,
+        fed by a watch that was down too, still says Acquiring, and resuming from it would
+        roll back (nodes not Ready in time, a failed call) nodes of a live booking."""
+        fresh = await self.kube.get_or_none(
+            PROVISIONING_REQUESTS, req.name, namespace=req.namespace
+        )
+        if fresh is None:
+            return None
+        self.state.upsert_request(fresh)
+        current = RequestView(fresh)
+        if current.phase is not Phase.ACQUIRING or current.booking is None:
+            return 0.0  # the next reconcile takes it from its real phase
+        return await self.acquire(current, current.booking)
 
     # ------------------------------------------------------------------ new requests
 
