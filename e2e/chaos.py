@@ -405,7 +405,9 @@ class Options:
     failover_every: int = 0
     apiserver_every: int = 0
     faults: bool = False
-    settle: float = 30.0
+    settle: float = 45.0
+    """Longer than the controller's longest error backoff (30 s): a request whose
+    reconciles failed many times in a row is retried within it."""
     arrivals: int = 3
     """Requests created per round."""
     keep: bool = False
@@ -814,7 +816,7 @@ def parse(argv: list[str] | None = None) -> Options:
                         help="every Nth round: kube-apiserver restarted mid-run")
     parser.add_argument("--faults", action="store_true",
                         help="the fake provider's injected faults on the pool all along")
-    parser.add_argument("--settle", type=float, default=30.0,
+    parser.add_argument("--settle", type=float, default=45.0,
                         help="seconds Muster runs undisturbed before the checks")
     parser.add_argument("--arrivals", type=int, default=3, help="requests created per round")
     parser.add_argument("--keep", action="store_true",

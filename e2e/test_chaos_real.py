@@ -34,7 +34,7 @@ def test_crashes_at_every_step_a_failover_and_an_apiserver_restart_keep_every_pr
     muster_set_aside: cp.Cluster,
 ) -> None:
     opts = Options(seed=17, crashes=len(crashpoints.STEPS) + 2, max_minutes=5,
-                   failover_every=4, apiserver_every=7, settle=15, cycle_steps=True)
+                   failover_every=5, apiserver_every=7, settle=20, cycle_steps=True)
     result = asyncio.run(Chaos(muster_set_aside, opts).main())
     assert not result.violations, "\n".join(result.violations)
     assert result.crashes == len(crashpoints.STEPS) + 2

@@ -133,7 +133,7 @@ def test_a_5xx_and_409_storm_with_watches_cut_is_ridden_out_and_logged_once_per_
     async def scenario() -> tuple[Chaos, FaultProxy, list[str]]:
         proxy = FaultProxy(muster_set_aside, muster_set_aside.ports.base + 24, seed=29)
         await proxy.start()
-        chaos = Chaos(muster_set_aside, Options(seed=29, settle=25))
+        chaos = Chaos(muster_set_aside, Options(seed=29, settle=45))
         chaos.muster.kubeconfig = proxy.kubeconfig(tmp_path / "via-proxy.kubeconfig")
         try:
             async with chaos.session():
@@ -172,7 +172,7 @@ def test_an_apiserver_down_for_a_minute_is_told_by_readyz_and_ridden_out(
     down_seconds = 60.0
 
     async def scenario() -> tuple[Chaos, list[int], list[int], list[str]]:
-        chaos = Chaos(cluster, Options(seed=31, settle=25))
+        chaos = Chaos(cluster, Options(seed=31, settle=45))
         async with chaos.session():
             muster = chaos.muster
             await chaos._start(muster)
