@@ -81,7 +81,20 @@ def test_each_provider_fault_in_turn_then_all_at_once_with_crashes(
             muster = chaos.muster
             muster.new_lines()
             await chaos._start(muster)
+            assert chaos.kube is not None
+            kube = chaos.kube
+
+            async def pool_empty() -> bool:
+                listing = await kube.list(NODES, label_selector=f"muster.dev/pool={chaos.pool}")
+                return not listing.get("items")
+
             for kind in ("stockOut", "quota", "throttle", "timeout", "partial"):
+                # No node left from the kind before: the request must go to the provider
+                # (an atomic request fits existing free nodes first).
+                for old in list(chaos.alive):
+                    await kube.delete(PROVISIONING_REQUESTS, old, namespace=chaos.ns)
+                    chaos.alive.remove(old)
+                await _wait(pool_empty, 60, "the pool's nodes released")
                 await chaos._set_pool_parameter("faults", {kind: 1, "timeoutSeconds": 1})
                 await chaos.arrive(1, atomic=True)
                 name = f"{chaos.ns}/r{chaos.seq}"
