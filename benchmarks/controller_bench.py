@@ -44,7 +44,14 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from benchmarks.target import RUN_LABEL, Target, apf_report, apf_snapshot, open_target
+from benchmarks.target import (
+    RUN_LABEL,
+    Target,
+    add_target_arguments,
+    apf_report,
+    apf_snapshot,
+    target,
+)
 from controller.api.node import STARTUP_TAINTS
 from controller.commands import objects
 from controller.config import MusterConfig
@@ -63,18 +70,6 @@ ROOT = Path(__file__).resolve().parents[1]
 CRDS = ROOT / "crds"
 REAL_DEFAULT_REQUESTS = 200
 SANDBOX_DEFAULT_REQUESTS = 1000
-
-
-@contextlib.asynccontextmanager
-async def target(args: argparse.Namespace) -> AsyncIterator[Target]:
-    """The cluster of ``--kubeconfig``, or a fresh sandbox."""
-    if args.kubeconfig:
-        async with open_target(args.kubeconfig, real=True,
-                               muster_kubeconfig=args.muster_kubeconfig) as t:
-            yield t
-        return
-    async with sandbox(args.in_process) as path, open_target(path, real=False) as t:
-        yield t
 
 
 @contextlib.asynccontextmanager
@@ -135,7 +130,7 @@ async def seed(t: Target, *, requests: int, pods: int) -> None:
 
 
 async def run(args: argparse.Namespace) -> dict[str, float]:
-    async with target(args) as t:
+    async with target(args, lambda: sandbox(args.in_process)) as t:
         own = await t.muster_client()
         controller: Controller | None = None
         try:
@@ -311,12 +306,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="create requests at this many per second instead of all at once "
                         "(latency at a sustained arrival rate)")
     parser.add_argument("--timeout", type=float, default=300.0)
-    parser.add_argument("--kubeconfig", type=Path, default=None,
-                        help="run against this cluster (its own namespace, pool and nodes, "
-                        "all removed at the end) instead of a sandbox")
-    parser.add_argument("--muster-kubeconfig", type=Path, default=None,
-                        help="with --kubeconfig: the controller's credentials (default: "
-                        "--kubeconfig's), e.g. .cluster/muster.kubeconfig")
+    add_target_arguments(parser, "")
     args = parser.parse_args(argv)
     if args.requests is None:
         args.requests = REAL_DEFAULT_REQUESTS if args.kubeconfig else SANDBOX_DEFAULT_REQUESTS

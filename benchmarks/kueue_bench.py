@@ -35,7 +35,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.target import Target, apf_report, apf_snapshot, open_target
+from benchmarks.target import (
+    Target,
+    add_target_arguments,
+    apf_report,
+    apf_snapshot,
+    target,
+)
 from controller.commands import objects
 from controller.config import MusterConfig
 from controller.kube import ApiError, Body, KubeClient, WatchEvent
@@ -208,29 +214,22 @@ def workload_body(t: Target, name: str, workers: int) -> Body:
 
 
 @contextlib.asynccontextmanager
-async def target(args: argparse.Namespace) -> AsyncIterator[Target]:
-    """The cluster of ``--kubeconfig``, or a fresh in-process sandbox with Kueue's CRDs."""
-    if args.kubeconfig:
-        async with open_target(args.kubeconfig, real=True,
-                               muster_kubeconfig=args.muster_kubeconfig) as t:
-            yield t
-        return
+async def kueue_sandbox() -> AsyncIterator[Path]:
+    """A fresh in-process sandbox with Muster's and Kueue's CRDs; yields its kubeconfig."""
     server = SandboxServer()
     for d in (ROOT / "crds", ROOT / "e2e" / "kueue-crds"):
         server.store.load_crd_dir(d)
     await server.start()
     tmp = tempfile.TemporaryDirectory()
-    path = server.write_kubeconfig(Path(tmp.name) / "kubeconfig")
     try:
-        async with open_target(path, real=False) as t:
-            yield t
+        yield server.write_kubeconfig(Path(tmp.name) / "kubeconfig")
     finally:
         await server.stop()
         tmp.cleanup()
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    async with target(args) as t:
+    async with target(args, kueue_sandbox) as t:
         names = Names.of(t)
         own = await t.muster_client()
         controller: Controller | None = None
@@ -403,12 +402,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="b: Muster's own admission check (the default in the sandbox); "
                         "a: Kueue's built-in provisioning-request check with Muster's class "
                         "(the default with --kubeconfig; needs real Kueue)")
-    parser.add_argument("--kubeconfig", type=Path, default=None,
-                        help="run against this cluster and its real Kueue (own namespace, "
-                        "queues, flavors, pool and nodes, all removed at the end)")
-    parser.add_argument("--muster-kubeconfig", type=Path, default=None,
-                        help="with --kubeconfig: the controller's credentials (default: "
-                        "--kubeconfig's), e.g. .cluster/muster.kubeconfig")
+    add_target_arguments(parser, " and its real Kueue")
     args = parser.parse_args(argv)
     if args.path is None:
         args.path = "a" if args.kubeconfig else "b"

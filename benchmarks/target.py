@@ -21,6 +21,7 @@ server's flow-control counters before and after the run.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import functools
@@ -28,6 +29,7 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -112,6 +114,31 @@ class Target:
         if forced:
             summary += "; FORCED: " + "; ".join(forced)
         return summary
+
+
+def add_target_arguments(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--kubeconfig`` and ``--muster-kubeconfig``, the same in every benchmark."""
+    parser.add_argument("--kubeconfig", type=Path, default=None,
+                        help=f"run against this cluster{what} (own namespace, and everything "
+                        "else the run makes, all removed at the end) instead of a sandbox")
+    parser.add_argument("--muster-kubeconfig", type=Path, default=None,
+                        help="with --kubeconfig: the controller's credentials (default: "
+                        "--kubeconfig's), e.g. .cluster/muster.kubeconfig")
+
+
+@contextlib.asynccontextmanager
+async def target(args: argparse.Namespace,
+                 sandbox: Callable[[], AbstractAsyncContextManager[Path]]
+                 ) -> AsyncIterator[Target]:
+    """The cluster of ``--kubeconfig``, or a fresh sandbox (``sandbox()`` yields its
+    kubeconfig)."""
+    if args.kubeconfig:
+        async with open_target(args.kubeconfig, real=True,
+                               muster_kubeconfig=args.muster_kubeconfig) as t:
+            yield t
+        return
+    async with sandbox() as path, open_target(path, real=False) as t:
+        yield t
 
 
 @contextlib.asynccontextmanager

@@ -11,13 +11,21 @@ reads the environment on its own.
 from __future__ import annotations
 
 import contextvars
+import ipaddress
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -27,6 +35,7 @@ from pydantic_settings import (
 
 from controller.fit.types import Mode
 from controller.kueue.settings import KueueConfig
+from controller.podgroups.settings import PodGroupsConfig
 from controller.topology_defaults import DEFAULT_LEVELS
 
 ENV_PREFIX = "MUSTER_"
@@ -129,6 +138,13 @@ class RetryConfig(_Section):
         description="Planning or acquisition attempts before a request that keeps missing "
         "capacity is marked Failed.",
     )
+    template_wait_seconds: float = Field(
+        default=10.0,
+        ge=0,
+        description="How long after its creation a request waits for a PodTemplate it names "
+        "before failing FailedToCreatePods (clients such as kubectl apply -k and Kueue "
+        "create the request and its templates a moment apart, in either order).",
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> RetryConfig:
@@ -230,6 +246,30 @@ class ServerConfig(_Section):
         default=8080, ge=0, le=65535,
         description="Port of /healthz (liveness, JSON counters) and /readyz (readiness).",
     )
+    metrics_address: str = Field(
+        default="0.0.0.0",
+        description="IP address /metrics listens on (0.0.0.0: every IPv4 interface, :: every "
+        "interface, 127.0.0.1 this host only).",
+    )
+    probe_address: str = Field(
+        default="0.0.0.0",
+        description="IP address /healthz and /readyz listen on (the kubelet probes the pod's "
+        "IP, so keep a wildcard in a pod).",
+    )
+
+    @field_validator("metrics_address", "probe_address")
+    @classmethod
+    def _ip_address(cls, value: str) -> str:
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            raise ValueError(f"not an IP address: {value!r}") from None
+        return value
+
+    @property
+    def shared_port(self) -> bool:
+        """/metrics and the probes on one plain-HTTP listener (same port, not secure)."""
+        return not self.metrics_secure and self.metrics_port == self.probe_port
 
     @model_validator(mode="after")
     def _secure_metrics_apart(self) -> ServerConfig:
@@ -237,6 +277,10 @@ class ServerConfig(_Section):
             raise ValueError(
                 "metrics_port and probe_port must differ while metrics_secure is on: "
                 "/metrics is HTTPS, the kubelet probes plain HTTP")
+        if self.shared_port and self.metrics_address != self.probe_address:
+            raise ValueError(
+                "metrics_port equals probe_port (one listener): metrics_address and "
+                "probe_address must then be equal")
         return self
 
 
@@ -319,6 +363,7 @@ class MusterConfig(BaseSettings):
         "benchmarks/controller_bench.py).",
     )
     kueue: KueueConfig = Field(default_factory=KueueConfig)
+    podgroups: PodGroupsConfig = Field(default_factory=PodGroupsConfig)
     log_format: Literal["text", "json"] = Field(
         default="text", description="json: one JSON object per line, for log collectors."
     )
@@ -356,7 +401,8 @@ def load_config(path: Path | None = None, **overrides: Any) -> MusterConfig:
     if path is not None:
         problems += _check_yaml(path)
     if problems:
-        raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
+        sep = " " if len(problems) == 1 else "\n  "
+        raise ConfigError("invalid configuration:" + sep + "\n  ".join(problems))
     token = _YAML_FILE.set(path)
     try:
         return MusterConfig(**overrides)
@@ -406,8 +452,12 @@ def _check_yaml(path: Path) -> list[str]:
         return [f"{path}: config file not found"]
     try:
         data = yaml.safe_load(path.read_text())
+    except UnicodeDecodeError:
+        return [f"{path}: not a text file (not UTF-8); expected YAML"]
+    except OSError as exc:
+        return [f"{path}: {exc.strerror or exc}"]
     except yaml.YAMLError as exc:
-        return [f"{path}: not valid YAML: {exc}"]
+        return [f"{path}: not valid YAML: {' '.join(str(exc).split())}"]
     if data is not None and not isinstance(data, dict):
         return [f"{path}: must hold a mapping of settings, got {type(data).__name__}"]
     return []
@@ -416,10 +466,11 @@ def _check_yaml(path: Path) -> list[str]:
 def _describe(exc: ValidationError, path: Path | None) -> str:
     where = f" (file {path} and MUSTER_* variables)" if path else " (MUSTER_* variables)"
     lines = [f"invalid configuration{where}:"]
-    for err in exc.errors():
+    errors = exc.errors()
+    for err in errors:
         key = ".".join(str(p) for p in err["loc"]) or "<root>"
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = "unknown setting"
-        lines.append(f"  {key}: {msg} (got {err.get('input')!r})")
-    return "\n".join(lines)
+        lines.append(f"{key}: {msg} (got {err.get('input')!r})")
+    return " ".join(lines) if len(errors) == 1 else "\n  ".join(lines)

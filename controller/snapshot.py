@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -51,7 +52,7 @@ from controller.fit.types import (
     TopologyRequest,
 )
 from controller.fit.types import Snapshot as FitSnapshot
-from controller.kueue.tas import SLICE_SIZE, expand_slices, slice_request
+from controller.kueue.tas import SLICE_SIZE, slice_request
 from controller.topology_defaults import (
     DEFAULT_LEVELS,
     DEFAULT_PODS_PER_NODE,
@@ -228,7 +229,9 @@ def gang_of(
                 f"PodTemplate {ref}: metadata.annotations[{SLICE_SIZE}]: {sliced[1]} does not "
                 f"divide spec.podSets[{i}].count {ps.count}"
             )
-        pod_sets.extend(expand_slices(set_name, ps.count, shape, topology, sliced, levels))
+        if sliced is not None:
+            topology = replace(topology, slice_level=sliced[0], slice_size=sliced[1])
+        pod_sets.append(PodSetRequest(set_name, ps.count, shape, topology))
     return GangRequest(f"{request.metadata.namespace or 'default'}/{name}", tuple(pod_sets))
 
 
@@ -405,6 +408,8 @@ def load_documents(path: Path) -> list[dict[str, Any]]:
         raw = list(yaml.safe_load_all(path.read_text()))
     except OSError as exc:
         raise SnapshotError(f"{path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError:
+        raise SnapshotError(f"{path}: not a text file (not UTF-8); expected YAML") from None
     except yaml.YAMLError as exc:
         raise SnapshotError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from exc
     out: list[dict[str, Any]] = []

@@ -49,7 +49,8 @@ RUNTIME_CONFIG = "scheduling.k8s.io/v1beta1=true"
 SERVICE_CIDR = "10.96.0.0/16"  # never routed: no Service traffic exists on these machines
 BOOT_DELAY_ANNOTATION = "muster.dev/boot-delay"  # providers/kind.py sets it
 MUSTER_NAMESPACE = "muster-system"
-HARNESS_VARIABLES = ("MUSTER_CLUSTER_STATE", "MUSTER_CLUSTER_PORT_BASE", "MUSTER_KEEP_CLUSTER")
+HARNESS_VARIABLES = ("MUSTER_CLUSTER_STATE", "MUSTER_CLUSTER_PORT_BASE", "MUSTER_KEEP_CLUSTER",
+                     "MUSTER_CLUSTER_INSTALL")
 """This harness's environment variables: they share Muster's ``MUSTER_`` prefix but are no
 Muster settings (``load_config`` refuses unknown ``MUSTER_*`` variables)."""
 MUSTER_SA = "muster"
@@ -134,6 +135,10 @@ class Cluster:
 
     def log(self, component: str) -> Path:
         return self.logs / f"{component}.log"
+
+    @property
+    def audit_log(self) -> Path:
+        return self.logs / "audit.log"
 
     def version(self) -> str:
         return _versions()["KUBERNETES_VERSION"]
@@ -409,8 +414,26 @@ def _apiserver_argv(cluster: Cluster, bin_dir: Path) -> list[str]:
         f"--runtime-config={RUNTIME_CONFIG}",
         "--allow-privileged=true",
         "--profiling=false",
+        # Every request of a ServiceAccount in muster-system, at Metadata level: which rights
+        # Muster actually used on this cluster (e2e/rbac_audit.py).
+        f"--audit-policy-file={_audit_policy(cluster)}",
+        f"--audit-log-path={cluster.audit_log}",
+        "--audit-log-format=json", "--audit-log-maxsize=200", "--audit-log-maxbackup=1",
         "--v=1",
     ]
+
+
+def _audit_policy(cluster: Cluster) -> Path:
+    path = cluster.state / "audit-policy.yaml"
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "audit.k8s.io/v1", "kind": "Policy",
+        "omitStages": ["RequestReceived"],
+        "rules": [
+            {"level": "Metadata", "userGroups": [f"system:serviceaccounts:{MUSTER_NAMESPACE}"]},
+            {"level": "None"},
+        ],
+    }))
+    return path
 
 
 def start_apiserver(cluster: Cluster, bin_dir: Path) -> None:
@@ -618,24 +641,68 @@ def _start_kueue(cluster: Cluster, bin_dir: Path, pki: Path) -> None:
             stdin=_kueue_webhooks(cluster, bin_dir, pki))
 
 
+def install_mode() -> str:
+    """``MUSTER_CLUSTER_INSTALL``: ``kustomize`` (default: ``config/rbac`` and its parts) or
+    ``chart`` (``helm install`` of ``charts/muster``, so the tier runs as the chart's
+    ServiceAccount)."""
+    mode = os.environ.get("MUSTER_CLUSTER_INSTALL", "kustomize")
+    if mode not in ("kustomize", "chart"):
+        raise ClusterError(f"MUSTER_CLUSTER_INSTALL must be kustomize or chart, got {mode!r}")
+    return mode
+
+
+def helm_binary() -> str:
+    done = subprocess.run([str(ROOT / "hack" / "install-helm.sh")], capture_output=True,
+                          text=True, check=False)
+    if done.returncode != 0:
+        raise ClusterError(f"hack/install-helm.sh failed: {done.stderr.strip()[-2000:]}")
+    return done.stdout.strip().splitlines()[-1]
+
+
+# The chart's Deployment is installed as a user would, but nothing here can run its image
+# (kwok only pretends): its pods must not land on the fake provider's nodes, where kwok would
+# mark them Running and keep those nodes busy. Muster runs as a process instead (e2e/real.py).
+CHART_E2E_VALUES = {
+    "rbac": {"fakeProvider": True, "kueue": True},
+    "nodeSelector": {"muster.dev/e2e-unschedulable": "true"},
+}
+
+
 def _install_muster(cluster: Cluster) -> None:
     """The CRDs Muster serves, its RBAC and its admission policies, exactly as shipped."""
     kubectl(cluster, "apply", "--server-side", "--force-conflicts",
             "-k", str(ROOT / "config" / "crds" / "provisioningrequest"))
-    kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
-    kubectl(cluster, "create", "namespace", MUSTER_NAMESPACE, check=False)
-    for part in ("rbac", "rbac/fake-provider", "rbac/kueue", "admission"):
-        if (ROOT / "config" / part / "kustomization.yaml").exists():
-            kubectl(cluster, "apply", "--server-side", "--force-conflicts",
-                    "-k", str(ROOT / "config" / part))
+    if install_mode() == "chart":
+        values = cluster.state / "chart-values.yaml"
+        values.write_text(yaml.safe_dump(CHART_E2E_VALUES))
+        done = subprocess.run(
+            [helm_binary(), "--kubeconfig", str(cluster.admin_kubeconfig), "upgrade",
+             "--install", "muster", str(ROOT / "charts" / "muster"), "--namespace",
+             MUSTER_NAMESPACE, "--create-namespace", "--values", str(values), "--wait=false"],
+            capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise ClusterError(f"helm install of charts/muster failed: {done.stderr.strip()}")
+    else:
+        kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f",
+                str(ROOT / "crds"))
+        kubectl(cluster, "create", "namespace", MUSTER_NAMESPACE, check=False)
+        for part in ("rbac", "rbac/fake-provider", "rbac/kueue", "admission"):
+            if (ROOT / "config" / part / "kustomization.yaml").exists():
+                kubectl(cluster, "apply", "--server-side", "--force-conflicts",
+                        "-k", str(ROOT / "config" / part))
     kubectl(cluster, "wait", "--for=condition=Established", "--timeout=60s",
             "crd/provisioningrequests.autoscaling.x-k8s.io", "crd/capacitypools.muster.dev")
 
 
 def _muster_kubeconfig(cluster: Cluster) -> None:
-    done = kubectl(cluster, "create", "token", MUSTER_SA, "-n", MUSTER_NAMESPACE,
-                   "--duration=48h")
-    _kubeconfig(cluster, cluster.muster_kubeconfig, {"token": done.stdout.strip()})
+    token_kubeconfig(cluster, cluster.muster_kubeconfig, MUSTER_SA, MUSTER_NAMESPACE)
+
+
+def token_kubeconfig(cluster: Cluster, path: Path, account: str, namespace: str) -> Path:
+    """A kubeconfig that authenticates as the ServiceAccount (a TokenRequest token)."""
+    done = kubectl(cluster, "create", "token", account, "-n", namespace, "--duration=48h")
+    _kubeconfig(cluster, path, {"token": done.stdout.strip()})
+    return path
 
 
 # --------------------------------------------------------------------------- up / down
@@ -646,14 +713,21 @@ def running(cluster: Cluster) -> bool:
         return False
     if not cluster.admin_kubeconfig.exists() or not cluster.muster_kubeconfig.exists():
         return False
+    mode = cluster.state / "install-mode"
+    if not mode.exists() or mode.read_text().strip() != install_mode():
+        return False  # up again: Muster installed the other way
     ctx = _ssl_context(cluster, client=True)
     return _get(f"{cluster.server}/readyz", ctx) == 200
 
 
-def up(cluster: Cluster | None = None) -> Cluster:
-    """Start (or reuse) the control plane; returns it with both kubeconfigs written."""
+def up(cluster: Cluster | None = None, *, bare: bool = False) -> Cluster:
+    """Start (or reuse) the control plane; returns it with both kubeconfigs written.
+
+    ``bare``: only Kubernetes itself (etcd, apiserver, controller-manager, scheduler, kwok),
+    for a test that installs Muster as a user would (e2e/test_install_real.py); no Kueue, no
+    Muster kubeconfig, and never reused."""
     cluster = cluster or default_cluster()
-    if running(cluster):
+    if not bare and running(cluster):
         return cluster
     start = time.monotonic()
     bin_dir = build()
@@ -673,11 +747,13 @@ def up(cluster: Cluster | None = None) -> Cluster:
         _start_controller_manager(cluster, bin_dir)
         _start_scheduler(cluster, bin_dir)
         _start_kwok(cluster, bin_dir)
-        progress("installing CRDs and Muster's RBAC")
-        _install_muster(cluster)
-        progress("starting Kueue")
-        _start_kueue(cluster, bin_dir, pki)
-        _muster_kubeconfig(cluster)
+        if not bare:
+            progress(f"installing CRDs and Muster's RBAC ({install_mode()})")
+            _install_muster(cluster)
+            (cluster.state / "install-mode").write_text(install_mode() + "\n")
+            progress("starting Kueue")
+            _start_kueue(cluster, bin_dir, pki)
+            _muster_kubeconfig(cluster)
         _wait_components(cluster)
     except BaseException:
         down(cluster, quiet=True)

@@ -106,14 +106,15 @@ class Env:
         self.cleanup.append(lambda: self.kube.delete(CAPACITY_POOLS, body["metadata"]["name"]))
         return str(body["metadata"]["name"])
 
-    async def worker_template(self, name: str = "workers", *, level: str | None = objects.RACK
-                              ) -> Body:
+    async def worker_template(self, name: str = "workers", *, level: str | None = objects.RACK,
+                              annotations: dict[str, str] | None = None) -> Body:
         body = objects.pod_template(
             name, namespace=self.namespace,
             requests={"cpu": "90", "memory": "900Gi", objects.GPU: "8"},
             required_level=level, tolerations=[objects.GPU_TOLERATION],
             node_selector=self.selector,
         )
+        body["template"]["metadata"]["annotations"].update(annotations or {})
         await self.kube.create(POD_TEMPLATES, body, namespace=self.namespace)
         return body
 

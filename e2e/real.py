@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 from e2e import cluster as cp
+from e2e import rbac_audit
 
 ROOT = Path(__file__).resolve().parents[1]
 E2E_CONFIG = ROOT / "e2e" / "muster-e2e.yaml"
@@ -189,12 +190,22 @@ def real_muster(real_cluster: cp.Cluster) -> Iterator[MusterProcess]:
     """Muster as its own process, as its ServiceAccount, for the whole session."""
     muster = MusterProcess(real_cluster)
     muster.new_lines()  # earlier sessions' lines are not this session's business
+    audit = real_cluster.audit_log
+    since = audit.stat().st_size if audit.exists() else 0
     muster.start()
     yield muster
     code = muster.stop()
     refused = forbidden(muster.new_lines())
+    usage = rbac_audit.read(audit, since=since)
+    if audit.exists():  # a cluster this harness started (not one given by --kubeconfig)
+        _RBAC_REPORT[:] = rbac_audit.report(usage, rbac_audit.granted())
     assert code == 0, f"muster run exited {code} on SIGTERM:\n{muster.tail()}"
     assert not refused, "Muster was refused by RBAC:\n" + "\n".join(refused[:10])
+    assert not usage.refused, "the API server refused Muster (audit log):\n" + "\n".join(
+        _RBAC_REPORT)
+
+
+_RBAC_REPORT: list[str] = []
 
 
 @pytest.fixture
@@ -251,6 +262,8 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             key = "failed" if outcome in ("error", "xpassed") else outcome
             key = "skipped" if key == "xfailed" else key
             counts[_tier(report)][key] += 1
+    for line in _RBAC_REPORT:
+        terminalreporter.write_line(line)
     version = cp.default_cluster().version()
     for tier, label in (("sandbox", "tier sandbox"),
                         (REAL, f"tier real (kube-apiserver {version})")):

@@ -17,7 +17,9 @@ from controller.kube.resources import (
     DEVICE_CLASSES,
     NODES,
     POD_TEMPLATES,
+    PODS,
     RESOURCE_CLAIM_TEMPLATES,
+    RESOURCE_CLAIMS,
     RESOURCE_SLICES,
 )
 from e2e.conftest import Env, eventually
@@ -109,7 +111,75 @@ async def test_gang_with_claim_template_is_provisioned_and_bound(env: Env) -> No
     assert len({d["attributes"]["uuid"]["string"] for d in gpus}) == 16
 
     await env.pods_for("dra", worker, 6)
-    assert await eventually(lambda: _bound(env, 6)) == 6
+    assert await eventually(lambda: _bound(env, 6), within=60) == 6
+    if env.external:
+        # The real kube-scheduler's DRA allocator, not Muster, allocated the claims: every
+        # placement Muster planned must be one it accepts.
+        await _claims_allocated_on_their_pods_nodes(env, slices, names, pods=6)
+
+
+@pytest.mark.timeout(240)
+async def test_a_native_gang_with_claim_templates_is_allocated_by_the_real_scheduler(
+    env: Env,
+) -> None:
+    """A gang PodGroup (no request of the user's) of 6 pods, each claiming 2 GPUs and a NIC
+    on one PCIe root through the ResourceClaimTemplate, in one rack: Muster plans the claims
+    on nodes that do not exist yet and acquires 2 (4 pods' pairs per node); the fake provider
+    publishes their ResourceSlices; the kube-scheduler's gang scheduling binds all 6 and its
+    DRA allocator allocates every claim on the pod's node, as Muster planned."""
+    from e2e.test_podgroups_real import _real, cleanup_groups, gang
+
+    await _real(env)
+    pool = objects.gpu_pool(env.name("dra"), blocks=1, racks_per_block=2, nodes_per_rack=4,
+                            max_nodes=8)
+    template = pool["spec"]["nodeTemplate"]
+    template["allocatable"].pop(objects.GPU)
+    template["labels"].update(env.selector)
+    template["resourceSlices"] = nvidia_gpu_node(gpus=8, nics=8, roots=4)
+    await env.kube.create(CAPACITY_POOLS, pool)
+    pool_name = pool["metadata"]["name"]
+    env.cleanup.append(lambda: env.kube.delete(CAPACITY_POOLS, pool_name))
+    await _pair_template(env)
+    env.cleanup.append(lambda: cleanup_groups(env))
+    try:
+        await gang(env, "pairs", 6, gpus=0, claim_template="gpu-pair")
+        assert await eventually(lambda: _bound(env, 6), within=90,
+                                what="the scheduler to bind the 6 pods") == 6
+        nodes = await env.pool_nodes(pool_name)
+        assert len(nodes) == 2
+        assert len({n["metadata"]["labels"][objects.RACK] for n in nodes}) == 1
+        names = {n["metadata"]["name"] for n in nodes}
+        listing = await env.kube.list(RESOURCE_SLICES)
+        slices = [s for s in listing.get("items") or [] if s["spec"].get("nodeName") in names]
+        await _claims_allocated_on_their_pods_nodes(env, slices, names, pods=6)
+    finally:
+        await cleanup_groups(env)
+
+
+async def _claims_allocated_on_their_pods_nodes(
+    env: Env, slices: list[dict[str, Any]], nodes: set[str], *, pods: int,
+) -> None:
+    """Each bound pod's claim is allocated by the scheduler on the pod's node, one of
+    ``nodes``: 2 GPUs and a NIC from that node's slices, all three on one PCIe root."""
+    devices = {(s["spec"]["driver"], s["spec"]["pool"]["name"], d["name"]):
+               (s["spec"]["nodeName"], d["attributes"][PCIE]["string"])
+               for s in slices for d in s["spec"]["devices"]}
+    claims = {c["metadata"]["name"]: c for c in
+              (await env.kube.list(RESOURCE_CLAIMS, namespace=env.namespace))["items"]}
+    listing = await env.kube.list(PODS, namespace=env.namespace)
+    seen = 0
+    for pod in listing["items"]:
+        node = pod["spec"]["nodeName"]
+        assert node in nodes, f"{pod['metadata']['name']} bound on {node}, not Muster's"
+        [status] = pod["status"]["resourceClaimStatuses"]
+        allocation = claims[status["resourceClaimName"]]["status"]["allocation"]
+        results = allocation["devices"]["results"]
+        where = {devices[(r["driver"], r["pool"], r["device"])] for r in results}
+        assert sorted(r["request"] for r in results) == ["gpu", "gpu", "nic"]
+        assert len(where) == 1 and next(iter(where))[0] == node, (pod["metadata"]["name"],
+                                                                  where)
+        seen += 1
+    assert seen == pods
 
 
 async def test_two_requests_never_count_the_same_devices(env: Env) -> None:

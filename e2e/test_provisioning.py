@@ -365,3 +365,45 @@ async def test_booking_survives_an_unrelated_template_edit(env: Env) -> None:
     pr = await env.get("kept")
     types = {c["type"] for c in (pr.get("status") or {}).get("conditions") or []}
     assert "CapacityRevoked" not in types
+
+
+SLICES = {"kueue.x-k8s.io/podset-slice-required-topology": objects.RACK,
+          "kueue.x-k8s.io/podset-slice-size": "4"}
+
+
+async def test_slices_stay_whole_inside_the_required_block(env: Env) -> None:
+    # Every rack of block b1 can take 3 more nodes (9 in the block), those of b2 4 each:
+    # 8 workers in one block, in slices of 4 per rack, fit b1's room but no b1 rack holds a
+    # slice, so b2 it is (planning the block alone chose b1 and split the slices 3 + 3 + 2).
+    limits = {f"b{b}-r{r}": 3 if b == 1 else 4 for b in (1, 2) for r in range(1, 5)}
+    pool = await env.gpu_pool(rack_limits=limits)
+    worker = await env.worker_template(level=objects.BLOCK, annotations=SLICES)
+    await env.request("sliced", [("workers", 8)], class_name=ATOMIC)
+
+    cond = await env.wait_condition("sliced", "Provisioned")
+    assert cond["reason"] == "CapacityIsProvisioned"
+    new = await env.pool_nodes(pool)
+    per_rack: dict[str, int] = {}
+    for n in new:
+        rack = n["metadata"]["labels"][objects.RACK]
+        per_rack[rack] = per_rack.get(rack, 0) + 1
+    assert sum(per_rack.values()) == 8 and all(v % 4 == 0 for v in per_rack.values()), per_rack
+    assert {n["metadata"]["labels"][objects.BLOCK] for n in new} == {"b2"}
+    details = (await env.get("sliced"))["status"]["provisioningClassDetails"]
+    assert details[objects.BLOCK] == "b2"
+
+    await env.pods_for("sliced", worker, 8)
+    cond = await env.wait_condition("sliced", "BookingExpired")
+    assert cond["reason"] == "CapacityBookingConsumed"
+    assert await env.bound_pods() == 8
+
+
+async def test_slices_no_rack_can_hold_never_fit(env: Env) -> None:
+    await env.gpu_pool(rack_limits={f"b{b}-r{r}": 3 for b in (1, 2) for r in range(1, 5)})
+    await env.worker_template(level=objects.BLOCK, annotations=SLICES)
+    await env.request("unsliceable", [("workers", 8)], class_name=ATOMIC)
+
+    cond = await env.wait_condition("unsliceable", "Failed")
+    assert cond["reason"] == "CapacityNeverFits"
+    assert "in slices of 4 pods, each within one rack" in cond["message"], cond["message"]
+    assert "which holds 0 of the 2 slices" in cond["message"], cond["message"]

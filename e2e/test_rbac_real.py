@@ -7,6 +7,7 @@ admission check, config/rbac/kueue, deletes the requests it created.)"""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable
 
 import pytest
@@ -27,13 +28,17 @@ SECRETS = Resource("", "v1", "secrets", namespaced=True, kind="Secret")
 CONFIG_MAPS = Resource("", "v1", "configmaps", namespaced=True, kind="ConfigMap")
 
 pytestmark = pytest.mark.real
+# Not Muster's own agent: the audit check of e2e/real.py (every request Muster's controller
+# made was granted) leaves out the refusals these tests provoke on purpose.
+PROBE_AGENT = "muster-e2e-rbac-probe"
 
 
 @pytest.fixture
 async def as_muster(muster_rbac_clean: object) -> AsyncIterator[KubeClient]:
     from e2e.cluster import default_cluster
 
-    async with await KubeClient.from_kubeconfig(default_cluster().muster_kubeconfig) as kube:
+    async with await KubeClient.from_kubeconfig(default_cluster().muster_kubeconfig,
+                                               user_agent=PROBE_AGENT) as kube:
         yield kube
 
 
@@ -76,3 +81,21 @@ async def test_muster_cannot_read_secrets_or_write_outside_its_grants(
     assert await _refused(as_muster.merge_patch(
         LEASES, "someone-else", {"spec": {"holderIdentity": "muster"}},
         namespace="muster-system")) == 403
+
+
+async def test_the_audit_log_sees_what_muster_is_refused(as_muster: KubeClient) -> None:
+    # The session's check (e2e/real.py: no request of Muster's controller refused, per the
+    # API server's audit log) can fail: a refusal made as Muster's ServiceAccount is there.
+    from e2e import rbac_audit
+    from e2e.cluster import default_cluster
+
+    log = default_cluster().audit_log
+    since = log.stat().st_size
+    assert await _refused(as_muster.list(SECRETS, namespace="kube-system")) == 403
+    refused: dict[rbac_audit.Right, int] = {}
+    for _ in range(50):  # the audit backend writes in batches
+        refused = rbac_audit.read(log, since=since, agents=(PROBE_AGENT,)).refused
+        if refused:
+            break
+        await asyncio.sleep(0.1)
+    assert refused == {rbac_audit.Right("", "secrets", "list"): 1}

@@ -173,13 +173,17 @@ class Gang:
         required: str | None = None,
         preferred: str | None = None,
         pod_shape: PodShape | None = None,
+        slices: tuple[str, int] | None = None,
     ) -> Gang:
+        """``slices``: (level, size), Kueue's podset-slice-required-topology and -size."""
         if required is not None:
             topo = TopologyRequest(TopologyMode.REQUIRED, level(required))
         elif preferred is not None:
             topo = TopologyRequest(TopologyMode.PREFERRED, level(preferred))
         else:
             topo = TopologyRequest()
+        if slices is not None:
+            topo = replace(topo, slice_level=level(slices[0]), slice_size=slices[1])
         self.sets.append(PodSetRequest(name, count, pod_shape or shape(gpu, cpu), topo))
         return self
 

@@ -17,8 +17,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from controller.topology_defaults import DEFAULT_LEVELS
-
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -110,6 +108,51 @@ def _print_nofit(result: NoFit, console: Console) -> None:
     console.print(table)
 
 
+_DRA = {"DeviceClass", "ResourceClaim", "ResourceClaimTemplate"}
+SLOTS = {
+    # slot: (what it takes, kinds only it takes, kinds it accepts)
+    "REQUEST": ("the request and its PodTemplates (the first argument)",
+                {"ProvisioningRequest", "PodTemplate"},
+                {"ProvisioningRequest", "PodTemplate", *_DRA}),
+    "--snapshot": ("the cluster's Nodes and Pods (--snapshot)",
+                   {"Node", "Pod", "ResourceSlice"},
+                   {"Node", "Pod", "ResourceSlice", "CapacityPool", *_DRA}),
+    "--pools": ("CapacityPools (--pools)", {"CapacityPool"}, {"CapacityPool"}),
+}
+"""What each file of ``muster fit`` holds: a file holding another slot's kinds was given in
+the wrong place, and is named as such rather than read as an empty request or cluster."""
+
+
+def _slot_problem(slot: str, path: Path | None, docs: list[dict[str, Any]]) -> str | None:
+    """Why ``docs`` (the file given as ``slot``) are not what that slot takes, or None."""
+    kinds = {str(d.get("kind")) for d in docs}
+    what, _, accepted = SLOTS[slot]
+    for other, (theirs, only, _) in SLOTS.items():
+        misplaced = sorted((kinds & only) - accepted)
+        if other != slot and misplaced:
+            return (f"{slot} {path} holds {', '.join(misplaced)}: that file belongs in "
+                    f"{theirs}, and {slot} takes {what}")
+    return None
+
+
+def _unserved(name: str, class_name: str, parameters: Mapping[str, str] | None,
+              classes: Any) -> str:
+    from controller.config import UPSTREAM_ATOMIC_CLASS, UPSTREAM_CHECK_CAPACITY_CLASS
+
+    served = [*classes.check_capacity, *classes.atomic]
+    if classes.serve_upstream:
+        served += [UPSTREAM_CHECK_CAPACITY_CLASS, UPSTREAM_ATOMIC_CLASS]
+    if class_name in served:
+        instance = (parameters or {}).get("processorInstance", "")
+        return (f"ProvisioningRequest {name}: class {class_name} with processorInstance "
+                f"{instance!r} is left to another Muster instance (this one: "
+                f"classes.processor_instance {classes.processor_instance!r}); the controller "
+                "would not plan it (--mode plans it anyway)")
+    return (f"ProvisioningRequest {name}: spec.provisioningClassName {class_name!r} is not "
+            f"served by Muster (served: {', '.join(served)}); the controller would ignore it "
+            "(--mode plans it anyway)")
+
+
 def fit_command(
     request: Annotated[Path, typer.Argument(help="ProvisioningRequest and its PodTemplates.")],
     snapshot: Annotated[
@@ -126,14 +169,20 @@ def fit_command(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
     levels: Annotated[
         str | None,
-        typer.Option(help="Topology level labels, top to bottom, comma separated."),
+        typer.Option(help="Topology level labels, top to bottom, comma separated (default: "
+                     "the config's topology.levels)."),
+    ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", "-c", help="Muster's YAML config (as for muster run): the "
+                     "classes it serves and its topology levels."),
     ] = None,
 ) -> None:
     """Plan where a ProvisioningRequest's whole gang fits, or say why it cannot."""
     # Imported here so other sub-commands start without pydantic models and the engine.
     from rich.console import Console
 
-    from controller.api.provisioningrequest import CLASS_CHECK_CAPACITY
+    from controller.config import ConfigError, load_config
     from controller.fit import Mode, Plan, plan
     from controller.snapshot import (
         SnapshotError,
@@ -143,23 +192,37 @@ def fit_command(
     )
 
     err = Console(stderr=True)
+
+    def bad_input(text: str) -> typer.Exit:
+        err.print(f"muster fit: {text}", markup=False, highlight=False, soft_wrap=True)
+        return typer.Exit(EXIT_BAD_INPUT)
+
+    try:
+        cfg = load_config(config)
+    except ConfigError as exc:
+        raise bad_input(" ".join(str(exc).split())) from None
     level_keys = tuple(x.strip() for x in levels.split(",") if x.strip()) if levels else (
-        DEFAULT_LEVELS
+        tuple(cfg.topology.levels)
     )
     try:
         cluster = load_documents(snapshot)
-        pr, gang = request_from_documents(load_documents(request), level_keys, cluster)
-        snap = snapshot_from_documents(
-            cluster, load_documents(pools) if pools else (), level_keys
-        )
+        request_docs = load_documents(request)
+        pool_docs = load_documents(pools) if pools else []
+        for problem in (_slot_problem("REQUEST", request, request_docs),
+                        _slot_problem("--snapshot", snapshot, cluster),
+                        _slot_problem("--pools", pools, pool_docs) if pools else None):
+            if problem:
+                raise SnapshotError(problem)
+        pr, gang = request_from_documents(request_docs, level_keys, cluster)
+        snap = snapshot_from_documents(cluster, pool_docs, level_keys)
     except SnapshotError as exc:
-        err.print(f"muster fit: {exc}", markup=False, highlight=False, soft_wrap=True)
-        raise typer.Exit(EXIT_BAD_INPUT) from None
+        raise bad_input(str(exc)) from None
+    served = cfg.classes.mode_for(pr.spec.provisioning_class_name, pr.spec.parameters)
     if mode is ModeOption.AUTO:
-        chosen = (
-            Mode.CHECK if pr.spec.provisioning_class_name == CLASS_CHECK_CAPACITY
-            else Mode.PROVISION
-        )
+        if served is None:
+            raise bad_input(_unserved(pr.metadata.name, pr.spec.provisioning_class_name,
+                                      pr.spec.parameters, cfg.classes))
+        chosen = served
     else:
         chosen = Mode(mode.value)
     result = plan(gang, snap, chosen)

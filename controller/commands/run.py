@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import shutil
 import signal
 import tempfile
@@ -89,6 +90,10 @@ def run_command(
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    problem = _kubeconfig_problem(kubeconfig, in_cluster)
+    if problem:
+        typer.echo(f"error: {problem}", err=True)
+        raise typer.Exit(2)
     setup_logging(cfg.log_format, cfg.log_level)
     from controller.leader import LeadershipLost
     from controller.reconcilers.operator import StartupError
@@ -97,10 +102,71 @@ def run_command(
     try:
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(_run(cfg, kubeconfig=kubeconfig, context=context, in_cluster=in_cluster))
+    except UsageError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     except (StartupError, LeadershipLost) as exc:
         # Non-zero either way: the kubelet restarts the container, which campaigns afresh.
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
+
+
+def _kubeconfig_problem(kubeconfig: Path | None, in_cluster: bool) -> str | None:
+    """Why no kubeconfig file can be read, before the client library logs and raises."""
+    if in_cluster:
+        return None
+    if kubeconfig is not None:
+        if not kubeconfig.is_file():
+            what = "not a file" if kubeconfig.exists() else "no such file"
+            return f"--kubeconfig {kubeconfig}: {what}"
+        return None
+    env = os.environ.get("KUBECONFIG", "")
+    paths = [Path(p).expanduser() for p in env.split(os.pathsep) if p] or [
+        Path("~/.kube/config").expanduser()]
+    if not any(p.is_file() for p in paths):
+        where = f"$KUBECONFIG ({env})" if env else "~/.kube/config"
+        return (f"no kubeconfig: {where} does not exist; pass --kubeconfig, or --in-cluster "
+                "in a pod")
+    return None
+
+
+class UsageError(Exception):
+    """A mistake in how Muster was started (kubeconfig, context, --in-cluster, a port in use):
+    one line and exit 2, not a traceback."""
+
+
+async def connect(kubeconfig: Path | None, context: str | None, in_cluster: bool) -> KubeClient:
+    """A client from the pod's service account or a kubeconfig; :class:`UsageError` names
+    what is wrong with them."""
+    from kubernetes_asyncio.config import ConfigException
+
+    from controller.kube import KubeClient
+
+    if in_cluster:
+        try:
+            return KubeClient.in_cluster()
+        except ConfigException as exc:
+            raise UsageError(
+                f"--in-cluster: not running in a Kubernetes pod ({exc}); use --kubeconfig "
+                "outside a cluster") from None
+    where = (f"--kubeconfig {kubeconfig}" if kubeconfig
+             else "the default kubeconfig ($KUBECONFIG or ~/.kube/config)")
+    try:
+        return await KubeClient.from_kubeconfig(kubeconfig, context=context)
+    except ConfigException as exc:
+        text = " ".join(str(exc).split())
+        if context and "context" in text.lower():
+            raise UsageError(f"--context {context}: not in {where} ({text})") from None
+        raise UsageError(f"{where}: {text}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{where}: not a text file (not UTF-8)") from None
+    except OSError as exc:
+        raise UsageError(f"{where}: {exc.strerror or exc}") from None
+    except Exception as exc:
+        # A file that parses as YAML but is no kubeconfig fails deep in the loader with
+        # whatever it tripped on (TypeError, AttributeError, yaml errors ...).
+        raise UsageError(f"{where}: not a usable kubeconfig ({type(exc).__name__}: "
+                         f"{' '.join(str(exc).split())})") from None
 
 
 LOST_STOP_SECONDS = 5.0
@@ -112,16 +178,10 @@ async def _run(cfg: Any, *, kubeconfig: Path | None, context: str | None, in_clu
     from prometheus_client import PlatformCollector, ProcessCollector
 
     from controller.commands.probes import Probes
-    from controller.kube import KubeClient
     from controller.leader import LeadershipLost, from_config
     from controller.reconcilers.operator import Controller
 
-    async def connect() -> KubeClient:
-        if in_cluster:
-            return KubeClient.in_cluster()
-        return await KubeClient.from_kubeconfig(kubeconfig, context=context)
-
-    kube = await connect()
+    kube = await connect(kubeconfig, context, in_cluster)
     controller = Controller(kube=kube, config=cfg)
     # Process metrics (CPU, memory, open fds) only here: in tests and the demo several
     # controllers share a process, and each would report the same figures.
@@ -130,7 +190,8 @@ async def _run(cfg: Any, *, kubeconfig: Path | None, context: str | None, in_clu
     # The Lease gets a client (connection pool) of its own, as controller-runtime does: the
     # controller's hundreds of concurrent requests, long watches and shutdown must never
     # delay a renewal or the release.
-    lease_kube = await connect() if cfg.leader_election.enabled else None
+    lease_kube = (await connect(kubeconfig, context, in_cluster)
+                  if cfg.leader_election.enabled else None)
     elector = from_config(lease_kube, cfg.leader_election) if lease_kube is not None else None
     probes = Probes(controller, elector)
     lost = elector.lost if elector is not None else asyncio.Event()
@@ -144,7 +205,14 @@ async def _run(cfg: Any, *, kubeconfig: Path | None, context: str | None, in_clu
 
     # /tmp (the pod's emptyDir): the self-signed certificate of /metrics, if one is made.
     scratch = Path(tempfile.mkdtemp(prefix="muster-run-"))
-    runners = await _serve_endpoints(cfg, probes, kube, scratch)
+    try:
+        runners = await _serve_endpoints(cfg, probes, kube, scratch)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        await kube.close()
+        if lease_kube is not None:
+            await lease_kube.close()
+        raise
     stop = asyncio.Event()
     try:
         await _serve(cfg, controller, elector, stop, lost)
@@ -185,23 +253,36 @@ async def _serve_endpoints(
     from controller.commands.metrics_auth import MetricsAuth, server_tls
 
     server = cfg.server
-    apps: list[tuple[web.Application, int, Any]] = []
+    metrics = (server.metrics_address, server.metrics_port, "server.metrics")
+    probe = (server.probe_address, server.probe_port, "server.probe")
+    apps: list[tuple[web.Application, tuple[str, int, str], Any]] = []
     if server.metrics_secure:
         cert_dir = Path(server.metrics_cert_dir) if server.metrics_cert_dir else None
         tls = server_tls(cert_dir, scratch / "metrics-tls")
-        apps.append((probes.app(probes=False, auth=MetricsAuth(kube)), server.metrics_port, tls))
-        apps.append((probes.app(metrics=False), server.probe_port, None))
-    elif server.metrics_port == server.probe_port:
-        apps.append((probes.app(), server.probe_port, None))
+        apps.append((probes.app(probes=False, auth=MetricsAuth(kube)), metrics, tls))
+        apps.append((probes.app(metrics=False), probe, None))
+    elif server.shared_port:
+        apps.append((probes.app(), probe, None))
     else:
-        apps.append((probes.app(probes=False), server.metrics_port, None))
-        apps.append((probes.app(metrics=False), server.probe_port, None))
+        apps.append((probes.app(probes=False), metrics, None))
+        apps.append((probes.app(metrics=False), probe, None))
     runners = []
-    for app, port, tls in apps:
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        runners.append(runner)
-        await web.TCPSite(runner, "0.0.0.0", port, ssl_context=tls).start()
+    try:
+        for app, (address, port, key), tls in apps:
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            runners.append(runner)
+            try:
+                await web.TCPSite(runner, address, port, ssl_context=tls).start()
+            except OSError as exc:
+                why = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+                raise UsageError(
+                    f"{key}_address {address} {key}_port {port}: cannot listen there "
+                    f"({why})") from None
+    except BaseException:
+        for runner in runners:
+            await runner.cleanup()
+        raise
     return runners
 
 

@@ -128,6 +128,17 @@ def simulate_command(
         typer.Option(help="muster-relax: seconds a gang past --relax-after holds a "
                      "reservation against younger jobs (0: none).", rich_help_panel=_POLICY),
     ] = 0.0,
+    retry_initial: Annotated[
+        float,
+        typer.Option(help="muster-retry: seconds before a request that found no capacity is "
+                     "planned again, doubling per attempt (the controller's "
+                     "retry.initial_backoff_seconds).", rich_help_panel=_POLICY),
+    ] = 10.0,
+    retry_max: Annotated[
+        float,
+        typer.Option(help="muster-retry: cap of that delay (retry.max_backoff_seconds).",
+                     rich_help_panel=_POLICY),
+    ] = 300.0,
     provreq_atomic: Annotated[
         bool,
         typer.Option("--provreq-atomic/--no-provreq-atomic",
@@ -232,6 +243,8 @@ def simulate_command(
         price_per_gpu_hour=price_per_gpu_hour,
         relax_after_s=relax_after,
         reserve_s=reserve,
+        retry_initial_s=retry_initial,
+        retry_max_s=retry_max,
         provreq_atomic=provreq_atomic,
         stockout_reported=stockout_reported,
     )

@@ -7,20 +7,29 @@ Built after a pod set failed to place, from the same workspace the planner saw, 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from controller.fit.devices import ClaimFitter, describe_claim, emptied
 from controller.fit.dra_types import NodeDevices
 from controller.fit.planner import Batch, PodSetPlanner
 from controller.fit.ports import describe, is_port
-from controller.fit.shapes import pods_that_fit, resource_fit, selector_matches, untolerated
+from controller.fit.shapes import (
+    pods_that_fit,
+    requirement_matches,
+    resource_fit,
+    selector_matches,
+    untolerated,
+)
+from controller.fit.slices import applies
 from controller.fit.types import (
     GangRequest,
     Mode,
     NodeState,
     PodSetRequest,
+    PodShape,
     Reason,
     ReasonCode,
+    SelectorRequirement,
     Snapshot,
     TopologyMode,
 )
@@ -63,6 +72,17 @@ def _needs(ps: PodSetRequest) -> str:
             f"{describe_shape(ps.shape.requests)}{devices}{how}")
 
 
+def _slices(ps: PodSetRequest) -> str:
+    topo = ps.topology
+    if topo.slice_level is None or topo.slice_size < 1:
+        return ""
+    return f" in slices of {topo.slice_size} pods, each within one {_short(topo.slice_level)}"
+
+
+def _short(level: str) -> str:
+    return level.rsplit("/", 1)[-1]
+
+
 def _device_failure(
     fitter: ClaimFitter | None, devices: NodeDevices | None
 ) -> str | None:
@@ -73,8 +93,12 @@ def _device_failure(
     return run.failure if not run.pods else None
 
 
-def _key_text(key: tuple[str, ...]) -> str:
-    return "/".join(key)
+def domain_text(levels: Sequence[str], key: tuple[str, ...]) -> str:
+    """A domain as its users label it: ``rack b0-r1 (block b0)``, the value of its own level
+    and those of the levels above it (a rack value may repeat across blocks)."""
+    own = f"{_short(levels[len(key) - 1])} {key[-1]}"
+    above = ", ".join(f"{_short(lv)} {v}" for lv, v in zip(levels, key[:-1], strict=False))
+    return f"{own} ({above})" if above else own
 
 
 def validate(request: GangRequest, snapshot: Snapshot) -> list[Reason]:
@@ -120,6 +144,15 @@ def validate(request: GangRequest, snapshot: Snapshot) -> list[Reason]:
                         f"(levels: {known})",
                     )
                 )
+        if topo.slice_level is not None:
+            reasons.extend(Reason(ReasonCode.INVALID, ps.name, f"pod set {ps.name}: {why}")
+                           for why in _slice_problems(ps, snapshot))
+            if ps.shape.spread is not None:
+                reasons.append(Reason(
+                    ReasonCode.UNSUPPORTED, ps.name,
+                    f"pod set {ps.name}: a topology spread constraint on "
+                    f"{ps.shape.spread.key} together with slices of {topo.slice_size} pods in "
+                    f"one {topo.slice_level} is not planned"))
         reasons.extend(
             Reason(ReasonCode.INVALID, ps.name, f"pod set {ps.name}: {claim.error}")
             for claim in ps.shape.claims
@@ -132,6 +165,16 @@ def validate(request: GangRequest, snapshot: Snapshot) -> list[Reason]:
     return reasons
 
 
+def _slice_problems(ps: PodSetRequest, snapshot: Snapshot) -> list[str]:
+    topo = ps.topology
+    if topo.slice_level not in snapshot.levels:
+        known = ", ".join(snapshot.levels) or "none configured"
+        return [f"unknown slice topology level {topo.slice_level} (levels: {known})"]
+    if topo.slice_size < 1 or ps.count % topo.slice_size:
+        return [f"slice size {topo.slice_size} does not divide the pod count {ps.count}"]
+    return []
+
+
 def _exclusions(
     ps: PodSetRequest, nodes: tuple[NodeState, ...], ws: Workspace,
     fitter: ClaimFitter | None = None,
@@ -139,12 +182,15 @@ def _exclusions(
     unschedulable = taint = selector = small = no_devices = 0
     taint_names: set[str] = set()
     device_why: dict[str, int] = {}
+    misses: dict[str, int] = {}
     for node in nodes:
         if not node.schedulable:
             unschedulable += 1
             continue
         if not selector_matches(ps.shape, node.labels, node.name):
             selector += 1
+            miss = _selector_miss(ps.shape, node.labels, node.name)
+            misses[miss] = misses.get(miss, 0) + 1
             continue
         blocking = untolerated(node.taints, ps.shape.tolerations)
         if blocking:
@@ -162,7 +208,10 @@ def _exclusions(
     if unschedulable:
         parts.append(f"{unschedulable} unschedulable or NotReady")
     if selector:
-        parts.append(f"{selector} outside its nodeSelector/affinity")
+        # The clauses that excluded the most nodes first, each with its count.
+        top = sorted(misses, key=lambda m: (-misses[m], m))
+        parts.append(f"{selector} outside " + ", ".join(
+            f"{m} ({misses[m]})" if len(top) > 1 else m for m in top[:3]))
     if taint:
         parts.append(f"{taint} with untolerated taints ({', '.join(sorted(taint_names)[:3])})")
     if small:
@@ -172,6 +221,30 @@ def _exclusions(
         why = min(device_why, key=lambda w: (-device_why[w], w))
         parts.append(f"{no_devices} without the devices its claims need ({why})")
     return "; ".join(parts) if parts else "the snapshot has no nodes"
+
+
+def _requirement_text(req: SelectorRequirement) -> str:
+    values = f" ({', '.join(req.values)})" if req.values else ""
+    return f"{req.key} {req.operator}{values}"
+
+
+def _selector_miss(shape: PodShape, labels: Mapping[str, str], name: str | None) -> str:
+    """The first clause of the pod's node selection a node fails, as the pod spec says it."""
+    if shape.node_name is not None and shape.node_name != name:
+        return f"its spec.nodeName {shape.node_name}"
+    for key, value in sorted(shape.node_selector.items()):
+        if labels.get(key) != value:
+            return f"its nodeSelector {key}={value}"
+    failing = []
+    for term in shape.affinity_terms:
+        for req in term.match_expressions:
+            if not requirement_matches(req, labels.get(req.key)):
+                failing.append(_requirement_text(req))
+                break
+        else:
+            failing.append("matchFields " + ", ".join(_requirement_text(r)
+                                                     for r in term.match_fields))
+    return "its required node affinity " + " or ".join(failing or ["(no term)"])
 
 
 def _any_match(
@@ -244,6 +317,8 @@ def explain(
             needed=ps.count,
         )
     topo = ps.topology
+    if applies(topo, ws.levels):
+        return _explain_slices(planner, suffix)
     if topo.mode is TopologyMode.REQUIRED and topo.level is not None:
         return _explain_required(planner, topo.level, suffix)
     new_room, phrases = _pool_room(planner.batches, ws)
@@ -294,8 +369,8 @@ def _explain_required(planner: PodSetPlanner, level: str, suffix: str) -> Reason
     key = min(rooms, key=lambda k: (-(rooms[k][0] + rooms[k][1]), -rooms[k][0], k))
     have, new_room, phrases = rooms[key]
     msg = (
-        f"{_needs(ps)} within one value of {name}; the best {name} ({_key_text(key)}) "
-        f"has room for {have}"
+        f"{_needs(ps)} within one value of {name}; the best is "
+        f"{domain_text(ws.levels.domain, key)} with room for {have}"
     )
     code = ReasonCode.TOPOLOGY
     if mode is Mode.PROVISION:
@@ -304,3 +379,53 @@ def _explain_required(planner: PodSetPlanner, level: str, suffix: str) -> Reason
                for b in by_key.get(key, [])):
             code = ReasonCode.POOL_LIMIT
     return Reason(code, ps.name, msg + suffix, needed=ps.count, best=have + new_room)
+
+
+def _explain_slices(planner: PodSetPlanner, suffix: str) -> Reason:
+    """Slices that do not fit: how many whole slices the best domain of the pod set's
+    required level (else the cluster) holds, on existing nodes and with new ones."""
+    ps, ws, mode = planner.ps, planner.ws, planner.mode
+    topo = ps.topology
+    assert topo.slice_level is not None
+    size, need = topo.slice_size, ps.count // topo.slice_size
+    sdepth = ws.levels.index(topo.slice_level)
+    node_level = sdepth == len(ws.levels.domain)
+    depth = (ws.levels.index(topo.level) if topo.mode is TopologyMode.REQUIRED
+             and topo.level is not None else -1)
+    # Per slice domain (a node, for hostname slices): existing pods' room, new pods' room.
+    units: list[tuple[tuple[str, ...], int, int]] = []
+    if node_level:
+        units += [(cls.path, c // size * size, 0) for cls, c in planner.cands
+                  for _ in cls.members]
+        units += [(b.ref.path, 0, b.per_node // size * size * b.nodes) for b in planner.batches]
+    else:
+        caps = planner.domain_caps(sdepth)
+        news: dict[tuple[str, ...], list[Batch]] = {}
+        for b in planner.batches:
+            if len(b.ref.path) > sdepth:
+                news.setdefault(b.ref.path[: sdepth + 1], []).append(b)
+        for key in set(caps) | set(news):
+            units.append((key, caps.get(key, 0), _pool_room(news.get(key, []), ws)[0]))
+    tops: dict[tuple[str, ...], list[int]] = {}
+    for key, have, new in units:
+        if depth >= 0 and len(key) <= depth:
+            continue
+        top = tops.setdefault(key[: depth + 1] if depth >= 0 else (), [0, 0])
+        top[0] += have // size
+        top[1] += (have + new) // size - have // size if not node_level else new // size
+    if not tops:
+        msg = f"{_needs(ps)}; no matching node carries the {topo.slice_level} label"
+        return Reason(ReasonCode.TOPOLOGY, ps.name, msg + suffix, needed=need)
+    key = min(tops, key=lambda k: (-sum(tops[k]), -tops[k][0], k))
+    have, new = tops[key]
+    if depth >= 0:
+        outer = f" within one value of {_short(ws.levels.domain[depth])}"
+        where = f"; the best is {domain_text(ws.levels.domain, key)}, which"
+    else:
+        outer, where = "", "; the cluster"
+    msg = (f"{_needs(ps)}{outer}{_slices(ps)}{where} holds {have} of the {need} slices on "
+           "existing nodes")
+    if mode is Mode.PROVISION:
+        msg += (f" and {new} more on the new nodes its pools can add" if planner.batches
+                else "; no pool can add matching nodes")
+    return Reason(ReasonCode.TOPOLOGY, ps.name, msg + suffix, needed=need, best=have + new)

@@ -165,6 +165,19 @@ def plan(request: GangRequest, snapshot: Snapshot, mode: Mode) -> Result:
         return NoFit(request.name, mode, (Reason(ReasonCode.INVALID, None, str(exc)),))
 
 
+def _without_repeats(reason: Reason, earlier: str) -> Reason | None:
+    """``reason`` without the clauses ``earlier`` already said (the NeverFits reason before
+    it usually states the same need), None when it adds nothing."""
+    said = set(earlier.split("; "))
+    clauses = reason.message.split("; ")
+    kept = [c for c in clauses if c not in said]
+    if not kept:
+        return None
+    if len(kept) == len(clauses):
+        return reason
+    return replace(reason, message="now " + "; ".join(kept))
+
+
 def plan_on(
     request: GangRequest, base: Workspace, mode: Mode
 ) -> tuple[Plan, Workspace] | None:
@@ -197,6 +210,8 @@ def _plan(request: GangRequest, snapshot: Snapshot, mode: Mode) -> Result:
     )
     if isinstance(best, _Failure):
         why = best.explain(snapshot, Mode.PROVISION)
+        now = _without_repeats(reasons[0], why.message)
+        reasons = [now] if now is not None else []
         reasons.insert(
             0,
             Reason(

@@ -236,6 +236,11 @@ class PodSetPlanner:
     # ------------------------------------------------------------------ strategies
 
     def place(self) -> Outcome | None:
+        if self.ps.topology.slice_level is not None:
+            from controller.fit.slices import applies, sliced_place  # it builds on this module
+
+            if applies(self.ps.topology, self.ws.levels):
+                return sliced_place(self)
         if self.ps.shape.spread is not None:
             from controller.fit.spread import spread_place  # it builds on this module
 

@@ -119,6 +119,11 @@ class TopologyRequest:
     mode: TopologyMode = TopologyMode.NONE
     level: str | None = None
     """A node label key that is one of ``Snapshot.levels``."""
+    slice_level: str | None = None
+    """Kueue TAS slices (``podset-slice-required-topology``): every consecutive
+    ``slice_size`` pods of the pod set in one domain of this level, while ``mode`` and
+    ``level`` still hold for the whole pod set (:mod:`controller.fit.slices`)."""
+    slice_size: int = 0
 
 
 @dataclass(frozen=True, slots=True)

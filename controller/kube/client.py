@@ -26,6 +26,7 @@ import orjson
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 
+from controller import __version__
 from controller.kube.problems import ProblemLog
 from controller.kube.resources import Resource
 
@@ -113,12 +114,19 @@ BodyList = list[Body]
 """Alias: inside :class:`KubeClient`, ``list`` names the method."""
 
 
+USER_AGENT = f"muster/{__version__}"
+"""How the API server's audit log, its priority-and-fairness metrics and its logs name
+Muster's requests (client-go sends ``<binary>/<version>`` the same way)."""
+
+
 class KubeClient:
     """Async access to one cluster. Create with :meth:`from_kubeconfig` or :meth:`in_cluster`;
     close with :meth:`close` (or ``async with``)."""
 
-    def __init__(self, api_client: k8s_client.ApiClient) -> None:
+    def __init__(self, api_client: k8s_client.ApiClient, *,
+                 user_agent: str = USER_AGENT) -> None:
         self._api = api_client
+        self._user_agent = user_agent
         _no_env_lookups(api_client)
         rest = api_client.rest_client
         self._session: aiohttp.ClientSession = rest.pool_manager
@@ -140,7 +148,8 @@ class KubeClient:
 
     @classmethod
     async def from_kubeconfig(
-        cls, path: Path | None = None, *, context: str | None = None
+        cls, path: Path | None = None, *, context: str | None = None,
+        user_agent: str = USER_AGENT,
     ) -> KubeClient:
         cfg = k8s_client.Configuration()
         await k8s_config.load_kube_config(
@@ -149,13 +158,13 @@ class KubeClient:
             client_configuration=cfg,
             persist_config=False,
         )
-        return cls(k8s_client.ApiClient(configuration=_pooled(cfg)))
+        return cls(k8s_client.ApiClient(configuration=_pooled(cfg)), user_agent=user_agent)
 
     @classmethod
-    def in_cluster(cls) -> KubeClient:
+    def in_cluster(cls, *, user_agent: str = USER_AGENT) -> KubeClient:
         cfg = k8s_client.Configuration()
         k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-        return cls(k8s_client.ApiClient(configuration=_pooled(cfg)))
+        return cls(k8s_client.ApiClient(configuration=_pooled(cfg)), user_agent=user_agent)
 
     @property
     def host(self) -> str:
@@ -255,7 +264,7 @@ class KubeClient:
         request on it then hangs until its timeout. Shielded, the request completes on its
         own and its response is closed.
         """
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": "application/json", "User-Agent": self._user_agent}
         data = None
         if body is not None:
             headers["Content-Type"] = content_type

@@ -178,7 +178,8 @@ class KueueIntegration:
         for pool, i, labels in self.view.facts.domains():
             lacking = [lv for lv in wanted if lv not in labels]
             if lacking:
-                out.append(f"{pool} domain {i} lacks {', '.join(lacking)}")
+                out.append(f"CapacityPool {pool} spec.topology.domains[{i}] lacks "
+                           f"{', '.join(lacking)}")
         return out
 
     @property

@@ -29,6 +29,8 @@ from controller.kube.resources import CAPACITY_POOLS, PROVISIONING_REQUESTS
 from controller.kueue.integration import EVENT_COMPONENT as KUEUE_EVENTS
 from controller.kueue.integration import KueueIntegration, KueueNotInstalled
 from controller.metrics import ControllerMetrics
+from controller.podgroups.integration import EVENT_COMPONENT as GANG_EVENTS
+from controller.podgroups.integration import PodGroupIntegration
 from controller.problems import LOG_INTERVAL, ProblemLog, describe, retrying, transient
 from controller.reconcilers.handlers import build_registry
 from controller.reconcilers.pools import sync_pool_finalizers
@@ -127,6 +129,11 @@ class Controller:
                              events=self.events.recorder(KUEUE_EVENTS))
             if config.kueue.enabled else None
         )
+        self.podgroups = (
+            PodGroupIntegration(kube=kube, config=config.podgroups, clock=self.clock,
+                                events=self.events.recorder(GANG_EVENTS))
+            if config.podgroups.enabled else None
+        )
         self._tasks: list[asyncio.Task[None]] = []
         self._kopf_stop: asyncio.Event | None = None
         self.kopf_task: asyncio.Task[None] | None = None
@@ -206,9 +213,15 @@ class Controller:
             await self._start_kopf()
         self._tasks.append(asyncio.create_task(self._collect_loop(), name="collector"))
         self._tasks.append(asyncio.create_task(self._pool_loop(), name="pool-finalizers"))
+        await self._start_integrations()
+        self.ready = True
+
+    async def _start_integrations(self) -> None:
         if self.kueue is not None:
             await self.kueue.start()
-        self.ready = True
+        if self.podgroups is not None and not await retrying(
+                self.podgroups.start, "starting native gangs", self.problems):
+            self.podgroups = None  # the API is not served (logged)
 
     async def _wait_synced(self) -> None:
         while True:  # the watches retry their lists themselves; this only waits and says so
@@ -229,6 +242,8 @@ class Controller:
         self.queue.halt()
         if self.kueue is not None:
             self.kueue.halt()
+        if self.podgroups is not None:
+            self.podgroups.halt()
         if self._kopf_stop is not None:
             self._kopf_stop.set()
         for task in self._tasks:
@@ -247,6 +262,8 @@ class Controller:
         tasks = [*self._tasks, *self.queue.tasks, *self.feeds.tasks]
         if self.kueue is not None:
             tasks += self.kueue.tasks
+        if self.podgroups is not None:
+            tasks += self.podgroups.tasks
         return sorted(
             t.get_name() for t in tasks
             if t.done() and (t.cancelled() or t.exception() is not None)
@@ -327,6 +344,8 @@ class Controller:
         self.providers.running = False
         if self.kueue is not None:
             await self.kueue.stop()
+        if self.podgroups is not None:
+            await self.podgroups.stop()
         ours = [t for t in self._tasks if t is not self.kopf_task]
         for task in ours:
             task.cancel()

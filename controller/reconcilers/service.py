@@ -87,10 +87,6 @@ TOPOLOGY_DOMAIN_DETAIL = "muster.dev/topology-domain"
 NEW_NODES_DETAIL = "muster.dev/new-nodes"
 
 
-MISSING_TEMPLATE_GRACE_SECONDS = 10.0
-"""How long after its creation a request waits for a PodTemplate it names before failing.
-Requests and templates come through separate watches, and clients (Kueue among them) create
-them a moment apart: a template missing from the cache may only be late."""
 TEMPLATE_POLL_SECONDS = 0.5
 
 
@@ -249,7 +245,9 @@ class ProvisioningService:
         if created is None:
             return 0.0
         age = max(0.0, (self.clock.now() - created).total_seconds())
-        return max(0.0, MISSING_TEMPLATE_GRACE_SECONDS - age)
+        # Requests and templates come through separate watches, and clients create them a
+        # moment apart in either order: a template missing from the cache may only be late.
+        return max(0.0, self.config.retry.template_wait_seconds - age)
 
     def gang(self, req: RequestView, mode: Mode) -> GangRequest:
         """The request as the fit engine sees it; :class:`Invalid` names what is wrong."""

@@ -102,6 +102,11 @@ class SimConfig:
     reserve_s: float = 0.0
     """muster-relax: how long, once past ``relax_after_s``, a gang holds a reservation
     (younger jobs use only GPUs left on busy nodes); 0 (default): none."""
+    retry_initial_s: float = 10.0
+    """muster-retry: delay before a request that found no capacity is planned again,
+    doubling per attempt (the controller's ``retry.initial_backoff_seconds``)."""
+    retry_max_s: float = 300.0
+    """muster-retry: cap of that delay (the controller's ``retry.max_backoff_seconds``)."""
     deadlock_check_s: float = 60.0
     """How often partially bound gangs are checked for a deadlock."""
     bin_seconds: float | None = None
@@ -130,6 +135,10 @@ class SimConfig:
             (self.booking_s >= 0, "booking duration must be >= 0 seconds"),
             (self.relax_after_s >= 0, "relax-after must be >= 0 seconds"),
             (self.reserve_s >= 0, "reservation time must be >= 0 seconds"),
+            (
+                0 < self.retry_initial_s <= self.retry_max_s,
+                "retry backoff needs 0 < initial <= max",
+            ),
             (self.deadlock_check_s > 0, "deadlock check interval must be > 0 seconds"),
             (self.bin_seconds is None or self.bin_seconds > 0, "bin width must be > 0 seconds"),
         ]
@@ -243,6 +252,9 @@ class Simulation(abc.ABC):
         self.nodes_acquired = 0
         self.events = 0
         self.fit_calls = 0
+        self.capacity_version = 0
+        """Bumped whenever a node's placeable free GPUs change (a strategy may reuse an
+        answer computed on the same version)."""
         # Gangs with some but not all pods holding GPUs, by job seq (see check_deadlocks).
         self.partial: dict[int, JobRun] = {}
         self.deadlock_check_scheduled = False
@@ -399,17 +411,20 @@ class Simulation(abc.ABC):
         self.on_room()
 
     def _index_add(self, node: SimNode) -> None:
+        self.capacity_version += 1
         node.indexed = True
         self.free_index[node.free][node.id] = node
         self.rack_index[node.rack][node.free][node.id] = node
 
     def _index_remove(self, node: SimNode) -> None:
+        self.capacity_version += 1
         if node.indexed:
             node.indexed = False
             del self.free_index[node.free][node.id]
             del self.rack_index[node.rack][node.free][node.id]
 
     def _set_free(self, node: SimNode, free: int) -> None:
+        self.capacity_version += 1
         if node.indexed:
             old = node.free
             del self.free_index[old][node.id]

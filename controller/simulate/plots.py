@@ -66,6 +66,7 @@ SWEEP_METRICS = (
 _STYLE = {
     "muster": ("tab:green", "o", "-"),
     "muster-relax": ("tab:olive", "s", "--"),
+    "muster-retry": ("tab:cyan", "P", "-"),
     "pod-by-pod": ("tab:red", "v", "-"),
     "best-effort-atomic": ("tab:purple", "^", "-."),
     "gang-no-topology": ("tab:gray", "D", ":"),

@@ -14,9 +14,16 @@
   only use GPUs left on busy nodes;
   ``gang-no-topology`` asks without any topology.
 
-All queue in arrival order and backfill (Kueue's BestEffortFIFO): a job that does not fit
-does not block a later job that does. Pods go to the most-allocated node that holds them
-(bin-packing, the usual GPU cluster scoring) under every strategy.
+``muster``, ``muster-relax`` and ``gang-no-topology`` queue in arrival order and backfill
+(Kueue's BestEffortFIFO in front of Muster): a job that does not fit does not block a later
+job that does, and capacity that frees goes to the oldest waiting job that fits it.
+``muster-retry`` asks as ``muster`` does but orders the requests as Muster's controller does
+when they reach it without a queue in front: a request is planned when it is created, and
+one that found no capacity is planned again after its own backoff
+(:meth:`controller.config.RetryConfig.backoff`, the controller's ``retry`` settings), not
+when capacity frees; so a new request never waits behind older ones that do not fit.
+Pods go to the most-allocated node that holds them (bin-packing, the usual GPU cluster
+scoring) under every strategy.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from controller.config import RetryConfig
 from controller.fit import (
     GangRequest,
     Mode,
@@ -63,7 +71,8 @@ Planner = Callable[[GangRequest, Snapshot, Mode], Plan | NoFit]
 class GangFit(Simulation):
     """All-or-nothing through the real fit engine; ``topology`` selects muster's rack-then-
     block request or no topology at all; ``relax`` lets a gang that waited
-    ``relax_after_s`` take the most compact placement anywhere."""
+    ``relax_after_s`` take the most compact placement anywhere; ``retry`` replaces the
+    arrival-order queue with the controller's per-request retry backoff."""
 
     index_booting = True
 
@@ -74,6 +83,7 @@ class GangFit(Simulation):
         *,
         topology: bool,
         relax: bool = False,
+        retry: bool = False,
         planner: Planner | None = None,
     ) -> None:
         super().__init__(trace, config)
@@ -84,7 +94,23 @@ class GangFit(Simulation):
         self.planner: Planner = planner
         self.topology = topology
         self.relax = relax and topology
-        self.name = ("muster-relax" if relax else "muster") if topology else "gang-no-topology"
+        self.retry: RetryConfig | None = None
+        if retry:
+            if relax:
+                raise ValueError("muster-retry does not relax topology")
+            self.retry = RetryConfig(
+                initial_backoff_seconds=config.retry_initial_s,
+                max_backoff_seconds=config.retry_max_s,
+            )
+        self.attempts: dict[int, int] = {}
+        """muster-retry: job seq -> planning attempts that found no capacity."""
+        self._no_fit: dict[tuple[int, int], tuple[int, int]] = {}
+        """muster-retry: shape -> (capacity version, cloud version) it last found no fit
+        at; the same shape on the same cluster gets the same answer without the engine."""
+        if not topology:
+            self.name = "gang-no-topology"
+        else:
+            self.name = "muster-relax" if relax else "muster-retry" if retry else "muster"
         cc = config.cloud
         # Shapes of pending jobs -> their runs in arrival order.
         self.queues: dict[tuple[int, int], deque[JobRun]] = {}
@@ -121,6 +147,9 @@ class GangFit(Simulation):
             # More nodes than the quota (or, for muster, one block) can ever hold.
             self.reject(run)
             return
+        if self.retry is not None:
+            self._attempt(run)
+            return
         key = (run.pods, run.pod_gpus)
         queue = self.queues.get(key)
         while queue and queue[0].status != PENDING:
@@ -140,10 +169,14 @@ class GangFit(Simulation):
                 self.push(relaxed + self.config.reserve_s, TIMER, run)  # reservation ends
 
     def on_capacity_freed(self) -> None:
-        self.drain()
+        if self.retry is None:
+            self.drain()
 
     def on_room(self) -> None:
-        self.drain()
+        # muster-retry: the controller plans a waiting request again on its own timer only
+        # (nothing enqueues it when pods end or stock returns).
+        if self.retry is None:
+            self.drain()
 
     def on_node_ready(self, node: SimNode) -> None:
         """Nothing to do: a booting node's free GPUs were placeable already."""
@@ -152,9 +185,29 @@ class GangFit(Simulation):
         """Nothing to do: a cancelled run stays in its queue and is skipped there."""
 
     def on_timer(self, run: Any) -> None:
-        """``run`` (a gang) has waited ``relax_after_s``: try again, relaxed."""
-        if run.status == PENDING:
+        """muster-relax: ``run`` (a gang) has waited ``relax_after_s``: try again, relaxed.
+        muster-retry: ``run``'s backoff ended: plan it again."""
+        if run.status != PENDING:
+            return
+        if self.retry is not None:
+            self._attempt(run)
+        else:
             self.drain()
+
+    def _attempt(self, run: JobRun) -> None:
+        """muster-retry: plan ``run`` now; if it does not fit, again after the backoff of
+        its attempt (as :meth:`ProvisioningService.retry_or_fail` schedules it; the
+        simulator's start timeout, not ``retry.max_attempts``, ends the retries)."""
+        if self.try_place(run):
+            self.attempts.pop(run.job.seq, None)
+            return
+        retry = self.retry
+        if retry is None:
+            raise RuntimeError(f"{self.name}: a retry without a retry policy")
+        attempt = self.attempts.get(run.job.seq, 0) + 1
+        self.attempts[run.job.seq] = attempt
+        # Past the cap the delay no longer grows; clamping keeps 2**attempt a small number.
+        self.push(self.now + retry.backoff(min(attempt, 64)), TIMER, run)
 
     # ------------------------------------------------------------------ queue
     def drain(self) -> None:
@@ -240,6 +293,11 @@ class GangFit(Simulation):
             return False  # it needs empty nodes, which the reservation keeps
         if not restricted and not self._may_fit(run):
             return False
+        key = (run.pods, run.pod_gpus)
+        if self.retry is not None:
+            version = (self.capacity_version, self.cloud.version)
+            if self._no_fit.get(key) == version:
+                return False
         # One pod is always inside one rack: the block fallback could not place it either.
         attempts = self._attempts if run.pods > 1 else self._attempts[:1]
         if self.relax and run.pods > 1 and self.now - run.job.submit >= self.config.relax_after_s:
@@ -257,6 +315,8 @@ class GangFit(Simulation):
             if isinstance(result, Plan):
                 self._commit(run, result)
                 return True
+        if self.retry is not None and not restricted:
+            self._no_fit[key] = (self.capacity_version, self.cloud.version)
         return False
 
     def _shape(self, gpus: int) -> PodShape:
@@ -363,7 +423,14 @@ class GangFit(Simulation):
             self.start(run)
 
 
-STRATEGIES = ("muster", "muster-relax", "pod-by-pod", "best-effort-atomic", "gang-no-topology")
+STRATEGIES = (
+    "muster",
+    "muster-relax",
+    "muster-retry",
+    "pod-by-pod",
+    "best-effort-atomic",
+    "gang-no-topology",
+)
 
 
 def make(name: str, trace: Trace, config: SimConfig, planner: Planner | None = None) -> Simulation:
@@ -372,6 +439,8 @@ def make(name: str, trace: Trace, config: SimConfig, planner: Planner | None = N
         return GangFit(trace, config, topology=True, planner=planner)
     if name == "muster-relax":
         return GangFit(trace, config, topology=True, relax=True, planner=planner)
+    if name == "muster-retry":
+        return GangFit(trace, config, topology=True, retry=True, planner=planner)
     if name == "gang-no-topology":
         return GangFit(trace, config, topology=False, planner=planner)
     if name == "pod-by-pod":

@@ -32,6 +32,8 @@ from controller.constraints import BoundPod
 from controller.fit import apply_plan
 from controller.fit.capacity import BookedMemo
 from controller.fit.types import NodeState, Plan, PoolState, Snapshot
+from controller.podgroups.gang import group_of
+from controller.podgroups.gang import request_name as gang_request_name
 from controller.snapshot import node_state, pod_requests, pool_state
 from controller.state.bookings import (
     PHASE_ANNOTATION,
@@ -753,6 +755,9 @@ def _pod_record(body: Body) -> PodRecord | None:
     consumer_name = annotations.get(CONSUME_ANNOTATION) or annotations.get(
         DEPRECATED_CONSUME_ANNOTATION
     )
+    if not consumer_name and (group := group_of(body)):
+        # A gang PodGroup's pod consumes the one request Muster makes for its group.
+        consumer_name = gang_request_name(group)
     consumer = f"{meta.get('namespace')}/{consumer_name}" if consumer_name else None
     try:
         pod = Pod.model_validate(body)

@@ -18,7 +18,6 @@ from controller.commands import objects
 from controller.kube import KubeClient
 from controller.kube.resources import POD_TEMPLATES, PROVISIONING_REQUESTS
 from controller.reconcilers.operator import Controller
-from controller.reconcilers.service import MISSING_TEMPLATE_GRACE_SECONDS
 from providers.kind import KindProvider
 from tests.helpers import eventually
 
@@ -58,10 +57,10 @@ async def test_a_template_created_after_its_request_is_waited_for(
 async def test_a_template_that_never_comes_fails_the_request_after_the_grace(
     kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider]
 ) -> None:
-    _, clock, _ = running
+    controller, clock, _ = running
     await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
         "orphan", namespace="ns", pod_sets=[("absent", 2)]), namespace="ns")
-    await clock.advance(MISSING_TEMPLATE_GRACE_SECONDS / 2)
+    await clock.advance(controller.config.retry.template_wait_seconds / 2)
     await asyncio.sleep(0.3)
     assert await _condition(kube, "orphan", "Failed") is None
 
@@ -72,3 +71,34 @@ async def test_a_template_that_never_comes_fails_the_request_after_the_grace(
     cond = await _until(failed)
     assert cond["reason"] == "FailedToCreatePods"
     assert "PodTemplate ns/absent not found" in cond["message"]
+
+
+async def test_the_wait_for_a_template_is_the_configured_one(kube: KubeClient) -> None:
+    from datetime import UTC, datetime
+
+    from controller.config import load_config
+    from controller.kube.resources import NAMESPACES
+
+    await kube.create(NAMESPACES, {"metadata": {"name": "ns"}})
+    clock = ManualClock(start=datetime.now(UTC))
+    cfg = load_config(retry={"template_wait_seconds": 60})
+    controller = Controller(kube=kube, config=cfg, clock=clock,
+                            providers={"kind": KindProvider(kube, heartbeat_seconds=3600)},
+                            use_kopf=False)
+    await controller.start()
+    try:
+        await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
+            "patient", namespace="ns", pod_sets=[("absent", 2)]), namespace="ns")
+        # Past the default 10 s, within the configured 60 s: still waiting.
+        await clock.advance(40)
+        await asyncio.sleep(0.5)
+        assert await _condition(kube, "patient", "Failed") is None
+
+        async def failed() -> dict[str, Any] | None:
+            await clock.advance(2)
+            return await _condition(kube, "patient", "Failed")
+
+        cond = await _until(failed)
+        assert cond["reason"] == "FailedToCreatePods"
+    finally:
+        await controller.stop()

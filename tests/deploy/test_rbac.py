@@ -58,6 +58,18 @@ UNEXERCISED: dict[tuple[str, str, str], str] = {
     "uid, which the request's ownerReference needs",
     ("kueue.x-k8s.io", "workloads", "get"): "controller/kueue/workloads.py re-reads a Workload "
     "after a 409 on its status write (Kueue and other check controllers write it too)",
+    ("scheduling.k8s.io", "podgroups", "list"): "controller/podgroups watches gang PodGroups "
+    "where scheduling.k8s.io/v1beta1 is served (Kubernetes 1.37, GenericWorkload), which the "
+    "sandbox is not; e2e/test_podgroups_real.py runs it under the real RBAC authorizer",
+    ("scheduling.k8s.io", "podgroups", "watch"): "as podgroups list",
+    ("autoscaling.x-k8s.io", "provisioningrequests", "create"): "controller/podgroups creates "
+    "one request per gang PodGroup the scheduler cannot place (real tier: "
+    "e2e/test_podgroups_real.py)",
+    ("autoscaling.x-k8s.io", "provisioningrequests", "delete"): "controller/podgroups deletes "
+    "a PodGroup's request whose booking ended before the scheduler placed the group, to plan "
+    "it again",
+    ("", "podtemplates", "create"): "controller/podgroups creates the PodTemplates of a gang "
+    "PodGroup's request (real tier: e2e/test_podgroups_real.py)",
     ("", "events", "patch"): "controller/kube/events.py PATCHes the count of an Event when the "
     "same event repeats (a request retrying); tests/controller/test_events.py covers it",
     ("resource.k8s.io", "resourceslices", "create"): "providers/kind.py publishes ResourceSlices "
@@ -420,3 +432,21 @@ def test_enforcement_refuses_what_is_not_granted() -> None:
     assert not default.allows(Call("patch", "coordination.k8s.io", "leases", "kube-node-lease",
                                    "n1"))
 
+
+def test_cloud_providers_hold_no_kubernetes_client() -> None:
+    # README "RBAC per provider": the aws and gcp rows grant nothing beyond config/rbac because
+    # only the fake provider (and the registry that hands it the client) talks to the API
+    # server; the real tier's audit log records what the controller itself calls.
+    import ast
+
+    allowed = {"__init__", "registry", "kind", "fake"}
+    offenders = []
+    for path in sorted((ROOT / "providers").glob("*.py")):
+        if path.stem in allowed:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{path.name}: {n}" for n in names
+                          if n.startswith(("controller.kube", "kubernetes_asyncio", "kopf"))]
+    assert not offenders

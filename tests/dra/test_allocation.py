@@ -266,8 +266,10 @@ def test_nofit_when_devices_are_in_use() -> None:
     reason = got.reasons[-1]
     assert reason.code is ReasonCode.INSUFFICIENT_CAPACITY
     assert reason.needed == 5 and reason.best == 4
+    # The need is stated once, in the NeverFits reason before (one node holds 4 at most).
     assert "claim template gpu-nic (2 devices of class gpu.nvidia.com + 1 device of class " \
-           "nic, matching resource.kubernetes.io/pcieRoot)" in reason.message
+           "nic, matching resource.kubernetes.io/pcieRoot)" in got.reasons[0].message
+    assert reason.message == "now existing nodes have room for 4 (check mode: existing nodes only)"
 
 
 def test_nodes_without_devices_are_explained() -> None:

@@ -258,12 +258,12 @@ NOFITS = [
         .rack("b1", "r2", hosts=4, free=[8, 0, 8, 8]),
         Gang().pod_set("w", 4, gpu=8, required="rack"), CHECK,
         ReasonCode.TOPOLOGY, "needs 4 pods x 8 nvidia.com/gpu within one value of rack; the best "
-        "rack (b0/r0) has room for 3",
+        "is rack r0 (block b0) with room for 3",
         id="required-rack-split-capacity",
     ),
     pytest.param(
         two_racks(), Gang().pod_set("w", 5, gpu=8, required="rack"), CHECK,
-        ReasonCode.NEVER_FITS, "the best rack (b1/r2) has room for 4",
+        ReasonCode.NEVER_FITS, "the best is rack r2 (block b1) with room for 4",
         id="required-rack-larger-than-any-rack",
     ),
     pytest.param(
@@ -271,8 +271,9 @@ NOFITS = [
         .pool(PoolB("p5").domain("b0", "r3", 2, max_nodes=8)),
         Gang().pod_set("workers", 6, gpu=8, required="rack"), PROVISION,
         ReasonCode.TOPOLOGY,
-        "pod set workers needs 6 pods x 8 nvidia.com/gpu within one value of rack; the best rack "
-        "(b0/r3) has room for 3; pool p5 can add 2 more nodes there (its domain limit is 8)",
+        "pod set workers needs 6 pods x 8 nvidia.com/gpu within one value of rack; the best is "
+        "rack r3 (block b0) with room for 3; pool p5 can add 2 more nodes there (its domain "
+        "limit is 8)",
         id="issue-example-message",
     ),
     pytest.param(
@@ -286,7 +287,7 @@ NOFITS = [
                       node("b", schedulable=False), node("c", labels={"zone": "q"})),
         Gang().pod_set("w", 1, pod_shape=shape(gpu=8, selector={"zone": "z"})), CHECK,
         ReasonCode.NEVER_FITS, "needs 1 pod x 8 nvidia.com/gpu; no node has room for one: 1 "
-        "unschedulable or NotReady; 1 outside its nodeSelector/affinity; 1 with untolerated "
+        "unschedulable or NotReady; 1 outside its nodeSelector zone=z; 1 with untolerated "
         "taints (gpu=x:NoExecute)",
         id="nothing-matches",
     ),

@@ -138,8 +138,8 @@ async def test_pool_domains_lacking_a_topology_level_are_reported(
         if "full" in integration.topology_warnings:
             break
         await asyncio.sleep(0.05)
-    assert "flat domain 0 lacks topology.muster.dev/block" in integration.topology_warnings[
-        "full"]
+    assert ("CapacityPool flat spec.topology.domains[0] lacks topology.muster.dev/block"
+            in integration.topology_warnings["full"])
 
 
 async def test_a_workload_on_an_inactive_check_waits_with_the_reason(

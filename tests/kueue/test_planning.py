@@ -103,10 +103,10 @@ def test_tas_placed_pod_sets_are_pinned_per_domain_and_checked_not_planned() -> 
 # ---------------------------------------------------------------------------- TAS slices
 
 
-def test_slice_annotations_become_one_required_pod_set_per_slice() -> None:
+def test_slice_annotations_become_the_pod_sets_slices() -> None:
     from controller.api.pod import PodTemplate
     from controller.api.provisioningrequest import ProvisioningRequest
-    from controller.fit.types import TopologyMode
+    from controller.fit.types import TopologyMode, TopologyRequest
     from controller.snapshot import SnapshotError, gang_of
     from controller.topology_defaults import DEFAULT_LEVELS
 
@@ -127,16 +127,16 @@ def test_slice_annotations_become_one_required_pod_set_per_slice() -> None:
     slices = {"kueue.x-k8s.io/podset-slice-required-topology": "topology.muster.dev/rack",
               "kueue.x-k8s.io/podset-slice-size": "4"}
     g = gang(slices, count=12)
-    assert [(p.name, p.count, p.topology.mode, p.topology.level) for p in g.pod_sets] == [
-        (f"workers-slice-{i}", n, TopologyMode.REQUIRED, "topology.muster.dev/rack")
-        for i, n in enumerate([4, 4, 4])]
+    assert [(p.name, p.count, p.topology) for p in g.pod_sets] == [
+        ("workers", 12, TopologyRequest(slice_level="topology.muster.dev/rack", slice_size=4))]
     with pytest.raises(SnapshotError, match=r"podset-slice-size\]: 4 does not divide "
                        r"spec.podSets\[0\].count 10"):
         gang(slices)
     outer = gang({**slices, "kueue.x-k8s.io/podset-required-topology":
                   "topology.muster.dev/block"}, count=12)
-    assert [(p.name, p.topology.level) for p in outer.pod_sets] == [
-        ("workers", "topology.muster.dev/block")], "the outer requirement decides"
+    assert [(p.name, p.topology) for p in outer.pod_sets] == [
+        ("workers", TopologyRequest(TopologyMode.REQUIRED, "topology.muster.dev/block",
+                                    "topology.muster.dev/rack", 4))], "both hold"
     with pytest.raises(SnapshotError, match="must be set together"):
         gang({"kueue.x-k8s.io/podset-slice-size": "4"})
     with pytest.raises(SnapshotError, match="positive integer"):

@@ -12,6 +12,8 @@ from dataclasses import replace
 
 import pytest
 
+from controller.config import RetryConfig
+from controller.simulate.engine import SimConfig
 from controller.simulate.runner import run_strategies
 from controller.simulate.strategies import make
 from tests.simulate.helpers import H, config, trace
@@ -211,3 +213,32 @@ def test_muster_relax_can_reserve_capacity_for_a_gang_that_waited_too_long() -> 
     # B starts when G ends, at 7400 s.
     assert relax.gang_wait_p50_s == pytest.approx(3800 - 5)
     assert relax.wait_p99_s == pytest.approx(7400 - 1000)
+
+
+
+def test_muster_retry_plans_each_request_on_its_own_backoff_not_in_arrival_order() -> None:
+    # Quota 1 node. A runs 100..1100 s; B (10 s) and C (500 s) need the whole node too.
+    jobs = trace((0, 1000, 8), (10, 1000, 8), (500, 1000, 8))
+    cfg = config(quota_gpus=8)
+    fifo, retry = make("muster", jobs, cfg), make("muster-retry", jobs, cfg)
+    fifo_result, retry_result = fifo.run(), retry.run()
+    # muster (arrival order): B takes the node the moment A ends, C after B.
+    assert [r.start for r in fifo.runs] == [100, 1100, 2100]
+    # muster-retry (the controller's backoff, 10 s doubling to 300 s): B is planned at 10,
+    # 20, 40, 80, 160, 320, 620, 920, 1220 s; C at 500, 510, 530, 570, 650, 810, 1110 s. The
+    # node is empty from 1100 s and C's retry comes first: C starts at 1110 s, B at its
+    # retry at 2120 s (1220 + 3 x 300 s), after C ends at 2110 s.
+    assert [r.start for r in retry.runs] == [100, 2120, 1110]
+    # The node idles until a retry comes (10 s after A, 10 s after C), on top of the
+    # 600 s before it is released.
+    assert retry_result.stranded_idle_gpu_h == pytest.approx(
+        fifo_result.stranded_idle_gpu_h + gpu_h(8, 20)
+    )
+
+
+def test_muster_retry_uses_the_controllers_retry_defaults() -> None:
+    # The simulator models the controller's schedule, not its own idea of one.
+    sim, controller = SimConfig(), RetryConfig()
+    assert (sim.retry_initial_s, sim.retry_max_s) == (
+        controller.initial_backoff_seconds, controller.max_backoff_seconds,
+    )
