@@ -443,8 +443,25 @@ def start_apiserver(cluster: Cluster, bin_dir: Path) -> None:
           lambda: _get(f"{cluster.server}/readyz", ctx) == 200, within=60)
 
 
+RESTART_GRACE_SECONDS = 90.0
+"""After kube-apiserver restarts (etcd kept), its authorizer answers 403 until its RBAC
+informers have synced, for up to half a minute on the loaded 2-core machine, although
+/readyz is already 200: refusals in this window are no missing grant."""
+
+
+def restarted_at(cluster: Cluster) -> list[float]:
+    """When :func:`stop_apiserver` stopped a running API server (epoch seconds)."""
+    try:
+        return [float(x) for x in (cluster.state / "apiserver-restarts").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
 def stop_apiserver(cluster: Cluster) -> None:
-    """For tests of an API server restart: etcd (and so every object) stays."""
+    """For tests of an API server restart: etcd (and so every object) stays. The time is
+    recorded (:func:`restarted_at`) for the real tier's RBAC audit."""
+    with (cluster.state / "apiserver-restarts").open("a") as f:
+        f.write(f"{time.time():.3f}\n")
     _stop(cluster, "kube-apiserver")
 
 

@@ -196,7 +196,8 @@ def real_muster(real_cluster: cp.Cluster) -> Iterator[MusterProcess]:
     yield muster
     code = muster.stop()
     refused = forbidden(muster.new_lines())
-    usage = rbac_audit.read(audit, since=since)
+    usage = rbac_audit.read(audit, since=since, restarts=cp.restarted_at(real_cluster),
+                            grace=cp.RESTART_GRACE_SECONDS)
     if audit.exists():  # a cluster this harness started (not one given by --kubeconfig)
         _RBAC_REPORT[:] = rbac_audit.report(usage, rbac_audit.granted())
     assert code == 0, f"muster run exited {code} on SIGTERM:\n{muster.tail()}"

@@ -165,3 +165,23 @@ def test_requests_without_an_outcome_and_nodes_without_a_booking_are_found() -> 
     body = rec.current["ns/a"]
     body["metadata"]["annotations"]["muster.dev/phase"] = "Ended"
     assert unbooked_nodes(rec) == ["n0", "n1"]
+
+
+def test_refusals_right_after_an_api_server_restart_are_not_missing_grants(tmp_path: Any) -> None:
+    """A restarted kube-apiserver answers 403 until its RBAC caches synced (seen on the real
+    tier after the crash harness's restarts); the audit check must not call that a gap."""
+    from e2e.rbac_audit import MUSTER_USER, read
+
+    def event(stamp: str) -> str:
+        return json.dumps({
+            "user": {"username": MUSTER_USER}, "userAgent": "muster/0.1.0",
+            "objectRef": {"resource": "nodes", "apiGroup": ""}, "verb": "list",
+            "annotations": {"authorization.k8s.io/decision": "forbid"},
+            "responseStatus": {"code": 403}, "requestReceivedTimestamp": stamp})
+
+    log = tmp_path / "audit.log"
+    log.write_text(event("2026-11-30T21:58:01.042396Z") + "\n")
+    restart = 1796075870.0  # 2026-11-30T21:57:50Z
+    assert read(log).refused, "without a restart it is a refusal"
+    assert not read(log, restarts=[restart], grace=90).refused
+    assert read(log, restarts=[restart - 600], grace=90).refused
