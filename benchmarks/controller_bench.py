@@ -1,7 +1,7 @@
 """Controller throughput: N ProvisioningRequests created at once, time to Provisioned=True.
 
 The API sandbox runs in its own process (as an API server would; ``--in-process`` to share
-one), Muster's controller runs here with the kind provider at zero latency. Every request
+one), Muster's controller runs here with the fake provider at zero latency. Every request
 needs new nodes (``--pods`` 8-GPU workers required in one rack), so each one goes through
 the whole path: plan and book, persist plan and keys, acquire, wait for Ready, persist the
 booking, Provisioned=True. Latency is measured per request from its creation (POST
@@ -19,7 +19,7 @@ Two ways to arrive:
 
 ``--kubeconfig PATH`` runs it against that cluster instead of a sandbox (default 200
 requests there): the controller still runs here, as ``--muster-kubeconfig`` if given, with
-the kind provider leaving node heartbeats to kwok (``heartbeat_seconds=0``, as on the
+the fake provider leaving node heartbeats to kwok (``heartbeat_seconds=0``, as on the
 real-cluster test tier), and a Node counts as Ready only once the node lifecycle controller
 lifted its start-up taints. Everything the run creates is its own (:mod:`benchmarks.target`)
 and removed at the end. It also prints where each request's time went (Muster creating its
@@ -64,7 +64,7 @@ from controller.kube.resources import (
 )
 from controller.reconcilers.operator import Controller
 from controller.runtime import freeze_heap, tune_gc
-from providers.kind import OWNER_ANNOTATION, KindProvider
+from providers.fake import OWNER_ANNOTATION, FakeProvider
 
 ROOT = Path(__file__).resolve().parents[1]
 CRDS = ROOT / "crds"
@@ -142,7 +142,7 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
             )
             # In the sandbox nothing else heartbeats the nodes (and nothing reads
             # heartbeats); on a real cluster kwok does, as on the real-cluster test tier.
-            provider = KindProvider(own, heartbeat_seconds=0 if t.real else 3600)
+            provider = FakeProvider(own, heartbeat_seconds=0 if t.real else 3600)
             controller = Controller(
                 kube=own, config=config, providers={"kind": provider}, use_kopf=not args.lean
             )

@@ -1,7 +1,7 @@
 """Muster's Kueue admission check under load (run on demand: ``python3 -m benchmarks.kueue_bench``).
 
 Path B (Muster's own admission check, ``controllerName: muster.dev/provisioning``) with the
-kind provider at zero latency: ``--workloads`` Workloads (default 200), each 4 x 8-GPU
+fake provider at zero latency: ``--workloads`` Workloads (default 200), each 4 x 8-GPU
 workers required in one rack plus a launcher on an existing CPU node, all created first;
 then they get quota at once and the clock starts. The pool has enough racks for all of them.
 Muster's controller runs in this process in both cases.
@@ -58,7 +58,7 @@ from controller.kueue.resources import (
 )
 from controller.reconcilers.operator import Controller
 from controller.topology_defaults import MUSTER_REQUIRED
-from providers.kind import KindProvider
+from providers.fake import FakeProvider
 from sandbox.server import SandboxServer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -240,7 +240,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             # waits minutes for the node lifecycle controller to lift their not-ready taint.
             config = MusterConfig(kueue={"enabled": args.path == "b"})
             # In the sandbox the provider heartbeats its nodes; on a real cluster kwok does.
-            provider = KindProvider(own, heartbeat_seconds=0 if t.real else 30)
+            provider = FakeProvider(own, heartbeat_seconds=0 if t.real else 30)
             controller = Controller(kube=own, config=config, use_kopf=False,
                                     providers={"kind": provider})
             await controller.start()

@@ -172,6 +172,13 @@ class AcquisitionConfig(_Section):
         description="How long a gang's nodes stay after its last pod is gone before they "
         "are released together.",
     )
+    orphan_grace_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        description="How long the collector waits before releasing nodes no request holds "
+        "(an interrupted attempt, a request that is gone): the window in which a plan just "
+        "persisted, or persisted by a previous leader, may not have reached its cache yet.",
+    )
     collect_interval_seconds: float = Field(
         default=15.0,
         gt=0,
@@ -189,6 +196,23 @@ class AcquisitionConfig(_Section):
     )
 
 
+class PoolStatusConfig(_Section):
+    interval_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="How often Muster recomputes every CapacityPool's status from its cache "
+        "(never per node heartbeat); a pool's status is written only when it changed, at "
+        "most once per interval.",
+    )
+    max_writes_per_second: float = Field(
+        default=2.0,
+        gt=0,
+        description="Cap of CapacityPool status writes across all pools; changes beyond it "
+        "wait for the next interval (oldest first). Worst case: min(pools / "
+        "interval_seconds, this) writes per second.",
+    )
+
+
 class BudgetsConfig(_Section):
     max_new_nodes_per_request: int | None = Field(
         default=None, ge=1, description="Refuse plans adding more nodes than this."
@@ -198,7 +222,7 @@ class BudgetsConfig(_Section):
     )
 
 
-class KindProviderConfig(_Section):
+class FakeProviderConfig(_Section):
     acquire_latency_seconds: float = Field(
         default=0.0, ge=0, description="Simulated time one acquisition of the fake provider takes."
     )
@@ -218,7 +242,7 @@ class KindProviderConfig(_Section):
 
 
 class ProvidersConfig(_Section):
-    kind: KindProviderConfig = Field(default_factory=KindProviderConfig)
+    kind: FakeProviderConfig = Field(default_factory=FakeProviderConfig)
     settings: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
         description="Settings of other providers by name (aws, gcp), validated by the "
@@ -353,6 +377,7 @@ class MusterConfig(BaseSettings):
     retry: RetryConfig = Field(default_factory=RetryConfig)
     acquisition: AcquisitionConfig = Field(default_factory=AcquisitionConfig)
     budgets: BudgetsConfig = Field(default_factory=BudgetsConfig)
+    pool_status: PoolStatusConfig = Field(default_factory=PoolStatusConfig)
     providers: ProvidersConfig = Field(default_factory=ProvidersConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
     leader_election: LeaderElectionConfig = Field(default_factory=LeaderElectionConfig)

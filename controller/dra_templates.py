@@ -1,6 +1,6 @@
 """ResourceSlices for nodes Muster creates, and node templates shaped like real DRA drivers.
 
-:func:`render_resource_slices` is what a provider (the fake/kind provider in particular)
+:func:`render_resource_slices` is what a provider (the fake provider in particular)
 publishes for a node it created from a CapacityPool: the pool's
 ``spec.nodeTemplate.resourceSlices`` bound to the node (``nodeName``, pool named after the
 node unless the template names it, one pool per driver), with per-device identity the real

@@ -120,6 +120,11 @@ class ControllerMetrics:
             "muster_planner_pass_duration_seconds", "Duration of one planner pass.",
             buckets=PLANNER_BUCKETS, registry=r,
         )
+        self.pool_status_writes = Counter(
+            "muster_pool_status_writes", "CapacityPool status writes by result (written, "
+            "conflict, error); bounded by pool_status.max_writes_per_second.",
+            ["result"], registry=r,
+        )
         self._state: _StateCollector | None = None
 
     def watch_state(self, read: Callable[[], StateReading]) -> None:

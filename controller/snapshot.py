@@ -309,12 +309,12 @@ def pool_state(
     """Headroom of one pool given the nodes it already has.
 
     ``in_flight``: nodes acquired but not registered yet (defaults to
-    ``status.bookedNodes``); they count against ``maxNodes`` like registered ones.
+    ``status.inFlightNodes``); they count against ``maxNodes`` like registered ones.
     """
     name = pool.metadata.name
     spec = pool.spec
     mine = [n for n in nodes if n.metadata.labels.get(POOL_LABEL) == name]
-    pending = pool.status.booked_nodes if in_flight is None else in_flight
+    pending = pool.status.in_flight_nodes if in_flight is None else in_flight
     max_new = max(0, spec.max_nodes - len(mine) - pending)
     template = spec.node_template
     try:

@@ -47,7 +47,7 @@ DEFAULT_STATE = ROOT / ".cluster"
 FEATURE_GATES = "GenericWorkload=true,TopologyAwareWorkloadScheduling=true"
 RUNTIME_CONFIG = "scheduling.k8s.io/v1beta1=true"
 SERVICE_CIDR = "10.96.0.0/16"  # never routed: no Service traffic exists on these machines
-BOOT_DELAY_ANNOTATION = "muster.dev/boot-delay"  # providers/kind.py sets it
+BOOT_DELAY_ANNOTATION = "muster.dev/boot-delay"  # providers/fake.py sets it
 MUSTER_NAMESPACE = "muster-system"
 HARNESS_VARIABLES = ("MUSTER_CLUSTER_STATE", "MUSTER_CLUSTER_PORT_BASE", "MUSTER_KEEP_CLUSTER",
                      "MUSTER_CLUSTER_INSTALL")

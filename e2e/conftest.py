@@ -1,7 +1,7 @@
 """End-to-end fixtures: the same scenarios against the in-process sandbox or a real cluster.
 
 By default each test gets a fresh API sandbox with Muster's CRDs, Muster's controller
-(in-process, config ``e2e/muster-e2e.yaml``) with the kind provider, and the sandbox
+(in-process, config ``e2e/muster-e2e.yaml``) with the fake provider, and the sandbox
 scheduler. With ``--kubeconfig PATH`` the tests talk to that cluster instead, where Muster
 must already run with the same config (see the README, "End-to-end tests"); scenarios that
 need to restart the controller are skipped there, saying why.
@@ -67,11 +67,13 @@ class Env:
     start_controller: Callable[[], Awaitable[None]] | None = None
     providers: list[Any] = field(default_factory=list)
     """The in-process controller's providers, one per (re)start (empty against a cluster)."""
+    kubeconfig: Path | None = None
+    """An admin kubeconfig of the cluster (for clients in other processes: kubectl muster)."""
     cleanup: list[Callable[[], Awaitable[Any]]] = field(default_factory=list)
 
     @property
     def provider(self) -> Any:
-        """The running in-process controller's kind provider (None against a cluster)."""
+        """The running in-process controller's fake provider (None against a cluster)."""
         return self.providers[-1] if self.providers else None
 
     def provider_calls(self) -> list[Any]:
@@ -235,7 +237,8 @@ async def env(request: pytest.FixtureRequest) -> AsyncIterator[Env]:
         muster = request.getfixturevalue("muster_rbac_clean")
         kubeconfig = str(muster.cluster.admin_kubeconfig)
     async with await KubeClient.from_kubeconfig(Path(kubeconfig)) as kube:
-        e = Env(kube=kube, namespace=namespace, run=run, external=True, config=config)
+        e = Env(kube=kube, namespace=namespace, run=run, external=True, config=config,
+                kubeconfig=Path(kubeconfig))
         if muster is not None:
             e.stop_controller = lambda: asyncio.to_thread(muster.stop)
             e.start_controller = lambda: asyncio.to_thread(muster.start)
@@ -254,7 +257,7 @@ async def _sandbox_env(namespace: str, run: str, config: MusterConfig) -> AsyncI
     import tempfile
 
     from controller.reconcilers.operator import Controller
-    from providers.kind import KindProvider
+    from providers.fake import FakeProvider
     from sandbox.server import SandboxServer
 
     server = SandboxServer(crd_dir=CRD_DIR, bookmark_interval=0.5)
@@ -264,12 +267,12 @@ async def _sandbox_env(namespace: str, run: str, config: MusterConfig) -> AsyncI
     kube = await KubeClient.from_kubeconfig(path)
     scheduler = _scheduler(server)
     holder: dict[str, Any] = {"controller": None, "kube": None}
-    providers: list[KindProvider] = []
+    providers: list[FakeProvider] = []
 
     async def start() -> None:
         # Like a restarted process: its own client (connections) and provider instance.
         own = await KubeClient.from_kubeconfig(path)
-        provider = KindProvider(own, heartbeat_seconds=config.providers.kind.heartbeat_seconds)
+        provider = FakeProvider(own, heartbeat_seconds=config.providers.kind.heartbeat_seconds)
         providers.append(provider)
         controller = Controller(kube=own, config=config, providers={"kind": provider})
         await controller.start()
@@ -288,7 +291,8 @@ async def _sandbox_env(namespace: str, run: str, config: MusterConfig) -> AsyncI
         await start()
 
     e = Env(kube=kube, namespace=namespace, run=run, external=False, config=config,
-            restart=restart, stop_controller=stop, start_controller=start, providers=providers)
+            restart=restart, stop_controller=stop, start_controller=start, providers=providers,
+            kubeconfig=path)
     try:
         await _namespace(kube, namespace)
         await start()

@@ -23,7 +23,7 @@ from controller.kube.resources import NAMESPACES
 from controller.kueue.resources import WORKLOADS
 from controller.reconcilers.operator import Controller
 from e2e.conftest import TIERS, eventually
-from providers.kind import KindProvider
+from providers.fake import FakeProvider
 from sandbox.scheduler import SandboxScheduler
 from sandbox.server import SandboxServer
 
@@ -84,7 +84,8 @@ class KueueEnv:
 def muster_config(**overrides: Any) -> MusterConfig:
     settings: dict[str, Any] = {
         "retry": {"initial_backoff_seconds": 0.5, "max_backoff_seconds": 2, "max_attempts": 3},
-        "acquisition": {"node_ready_timeout_seconds": 20, "idle_ttl_seconds": 5},
+        "acquisition": {"node_ready_timeout_seconds": 20, "idle_ttl_seconds": 5,
+                        "orphan_grace_seconds": 1},
         "kueue": {"enabled": True},
     }
     settings.update(overrides)
@@ -105,7 +106,7 @@ async def make_env(**config: Any) -> AsyncIterator[KueueEnv]:
     namespace = f"kueue-{uuid.uuid4().hex[:6]}"
     await kube.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
                                    "metadata": {"name": namespace}})
-    provider = KindProvider(kube, heartbeat_seconds=5)
+    provider = FakeProvider(kube, heartbeat_seconds=5)
     controller = Controller(kube=kube, config=muster_config(**config),
                             providers={"kind": provider}, use_kopf=False)
     scheduler = SandboxScheduler(server.store)

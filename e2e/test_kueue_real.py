@@ -433,7 +433,7 @@ async def _another_rack_frees_up_while_muster_acquires(
     env: Env, *, rack_selector: bool
 ) -> tuple[dict[str, str], str, Body, list[str]]:
     """Rack b0-r1 (outside the pool) is full when Muster plans, so Muster acquires a pool
-    rack; while the acquisition runs (the kind provider's latencySeconds) b0-r1 frees up,
+    rack; while the acquisition runs (the fake provider's latencySeconds) b0-r1 frees up,
     so when Kueue computes its topology assignment after provisioning, two racks fit the
     gang. Kueue TAS breaks the tie towards b0 (its BestFit orders equal domains by label
     values). Returns the wiring, Muster's rack, the admitted Workload and b0-r1's nodes."""

@@ -225,11 +225,11 @@ async def test_restart_mid_acquisition_neither_doubles_nor_leaks(env: Env) -> No
     from controller.api.capacitypool import CapacityPool
     from controller.kube.resources import CAPACITY_POOLS
     from providers.base import AcquireRequest
-    from providers.kind import KindProvider
+    from providers.fake import FakeProvider
 
     pool_obj = CapacityPool.model_validate(await env.kube.get(CAPACITY_POOLS, pool))
     stale = f"{pr['metadata']['uid']}-0-0"
-    await KindProvider(env.kube).acquire(AcquireRequest(
+    await FakeProvider(env.kube).acquire(AcquireRequest(
         key=stale, pool=pool_obj, count=1, domain={objects.BLOCK: "b2", objects.RACK: "b2-r4"},
         owner=f"{env.namespace}/resume", owner_uid=pr["metadata"]["uid"],
     ))

@@ -1,18 +1,16 @@
 """AWS EC2 provider: N instances all or nothing with one instant EC2 Fleet.
 
-How it keeps the Protocol's promises:
+The adapter of the all-or-nothing skeleton (:mod:`providers.atomic`, which adopts by key,
+recounts and compensates) over EC2:
 
-* **All or nothing.** ``CreateFleet Type=instant`` with ``OnDemandOptions.MinTargetCapacity
-  = N`` plus ``SingleInstanceType``/``SingleAvailabilityZone`` asks EC2 itself for N or
-  nothing. Muster still counts: any response with fewer than N live instances is a failure,
-  and everything launched under the key is terminated before the error is raised
-  (compensation), together with the per-acquisition placement group.
-* **Idempotent.** The fleet's ``ClientToken`` is derived from the acquisition key, and
-  ``acquire`` first looks for instances already tagged with the key. A retry (throttling,
-  or a controller restart) creates nothing new.
-* **Recoverable.** Every instance and fleet is tagged with pool, key, owner and cluster;
-  :meth:`AwsProvider.list` finds them by tag so :mod:`providers.recovery` can adopt or
-  release them.
+* **launch**: ``CreateFleet Type=instant`` with ``OnDemandOptions.MinTargetCapacity = N``
+  plus ``SingleInstanceType``/``SingleAvailabilityZone`` asks EC2 itself for N or nothing;
+  the fleet's ``ClientToken`` is derived from the acquisition key, so a repeated launch
+  creates nothing new. A fleet short of N reports its error codes (quota, capacity).
+* **find / delete**: every instance and fleet is tagged with pool, key, owner and cluster;
+  instances are found by tag, deleted by tag and id, with the per-acquisition placement
+  group. :meth:`AwsProvider.list` lets the controller's collector find what an abandoned
+  key left.
 
 Credentials come only from the standard AWS chain (IRSA web identity, EKS Pod Identity,
 instance profile, environment); never from a CapacityPool.
@@ -35,6 +33,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from controller.api.capacitypool import CapacityPool
+from providers.atomic import AtomicProvider, Launch
 from providers.base import (
     AcquireRequest,
     CapacityUnavailable,
@@ -44,7 +43,12 @@ from providers.base import (
     QuotaExceeded,
     TransientProviderError,
 )
-from providers.common import CloudProviderSettings, PoolParameters, parse_pool_parameters
+from providers.common import (
+    INSTANCE_TYPE_LABEL,
+    CloudProviderSettings,
+    PoolParameters,
+    parse_pool_parameters,
+)
 from providers.naming import aws_client_token, aws_placement_group_name
 from providers.retry import CloudCalls
 
@@ -58,7 +62,6 @@ TAG_CLUSTER = "muster.dev/cluster"
 RESERVED_TAG_PREFIX = "muster.dev/"
 
 TOPOLOGY_LABEL_PREFIX = "topology.k8s.aws/network-node-layer-"
-INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 
 LIVE_STATES = ("pending", "running", "stopping", "stopped")
 GONE_STATES = frozenset({"shutting-down", "terminated"})
@@ -281,17 +284,17 @@ def _error_for_codes(
 
 
 @dataclass(frozen=True, slots=True)
-class ExpectedError:
+class ExpectedCode:
     """An EC2 error code the caller asked to handle itself (``expect`` of ``CloudCalls.call``)."""
 
     code: str
 
 
-def _expected(exc: BaseException, expect: Collection[str]) -> ExpectedError | None:
+def _expected(exc: BaseException, expect: Collection[str]) -> ExpectedCode | None:
     from botocore.exceptions import ClientError
 
     if isinstance(exc, ClientError) and _error_code(exc) in expect:
-        return ExpectedError(_error_code(exc))
+        return ExpectedCode(_error_code(exc))
     return None
 
 
@@ -306,8 +309,9 @@ def _tags_dict(instance: Mapping[str, Any]) -> dict[str, str]:
     return {t["Key"]: t.get("Value", "") for t in instance.get("Tags", []) or []}
 
 
-class AwsProvider:
-    """The ``aws`` provider. Safe to share between concurrent reconcilers."""
+class AwsProvider(AtomicProvider[Instance]):
+    """The ``aws`` provider: the all-or-nothing skeleton over EC2. Safe to share between
+    concurrent reconcilers."""
 
     name = "aws"
 
@@ -317,93 +321,88 @@ class AwsProvider:
         *,
         client_factory: ClientFactory | None = None,
     ) -> None:
+        super().__init__()
         self.settings = settings or AwsProviderSettings()
         self._factory = client_factory or default_client_factory(self.settings)
         self._clients: dict[str | None, Any] = {}
         self._client_lock = asyncio.Lock()
-        self._calls: CloudCalls[str] = CloudCalls(
-            max_concurrency=self.settings.max_concurrency,
-            policy=self.settings.retry_policy(),
-            is_transient=is_transient,
-            map_error=map_error,
-            expected=_expected,
+        self._calls: CloudCalls[str] = self.settings.calls(
+            is_transient=is_transient, map_error=map_error, expected=_expected
         )
 
-    # ---- Protocol ---------------------------------------------------------------------
+    # ---- the adapter ------------------------------------------------------------------
 
     async def validate(self, pool: CapacityPool) -> None:
         parse_parameters(pool)
 
-    async def acquire(self, request: AcquireRequest) -> Nodes:
+    def check(self, request: AcquireRequest) -> None:
+        self._zone_for(parse_parameters(request.pool), request)
+
+    async def find(self, pool: CapacityPool, key: str | None) -> Instances:
+        params = parse_parameters(pool)
+        ec2 = await self._client(params.region)
+        return await self._describe_by_tags(ec2, pool.metadata.name, key=key)
+
+    async def launch(self, request: AcquireRequest, have: Sequence[Instance]) -> Launch[Instance]:
+        """One instant EC2 Fleet under the key's ``ClientToken`` (a repeated call returns the
+        first one's instances), then the launched instances described by id: a listing by tag
+        may not show them yet."""
         params = parse_parameters(request.pool)
-        if request.count < 1:
-            raise ProviderConfigError(f"acquire {request.key}: count must be >= 1")
         zone, subnet = self._zone_for(params, request)
         ec2 = await self._client(params.region)
-        pool = request.pool.metadata.name
-
-        existing = await self._describe_by_tags(ec2, pool, key=request.key)
-        if len(existing) == request.count:
-            log.info("acquire %s: %d instances already exist, adopting", request.key, len(existing))
-            if params.node_name_from == "privateDnsName" and not all(
-                i.get("PrivateDnsName") for i in existing
-            ):
-                existing = await self._describe_launched(
-                    ec2, params, [i["InstanceId"] for i in existing]
-                )
-            return await self._nodes(ec2, params, request, existing)
-
         group = await self._ensure_placement_group(ec2, params, request)
-        try:
-            response = await self._calls.call(
-                ec2.create_fleet,
-                what="CreateFleet",
-                **self._fleet_request(params, request, zone, subnet, group),
-            )
-        except ProviderError:
-            await self._compensate(ec2, params, request, [i["InstanceId"] for i in existing])
-            raise
-
+        response = await self._calls.call(
+            ec2.create_fleet,
+            what="CreateFleet",
+            **self._fleet_request(params, request, zone, subnet, group),
+        )
         launched = [
             instance_id
             for entry in response.get("Instances", []) or []
             for instance_id in entry.get("InstanceIds", []) or []
         ]
-        ids = sorted(set(launched) | {i["InstanceId"] for i in existing})
+        ids = sorted(set(launched) | {i["InstanceId"] for i in have})
         errors = response.get("Errors", []) or []
         if len(ids) != request.count:
-            await self._compensate(ec2, params, request, ids)
-            raise self._fleet_failure(request, len(ids), errors)
-
-        instances = await self._describe_launched(ec2, params, ids)
-        alive = [i for i in instances if i["State"]["Name"] not in GONE_STATES]
-        if len(alive) != request.count:
-            await self._compensate(ec2, params, request, ids)
-            raise CapacityUnavailable(
-                f"acquire {request.key}: only {len(alive)} of {request.count} instances are "
-                "alive (terminated while launching); all were released",
-                available=len(alive),
-            )
+            return Launch([{"InstanceId": i} for i in ids],
+                          self._fleet_failure(request, len(ids), errors))
+        try:
+            instances = await self._describe_launched(ec2, params, ids)
+        except ProviderError as exc:
+            return Launch([{"InstanceId": i} for i in ids], exc)
         if errors:
             log.info("acquire %s: fleet complete despite errors %s", request.key, errors)
-        return await self._nodes(ec2, params, request, alive)
+        return Launch([i for i in instances if i["State"]["Name"] not in GONE_STATES])
 
-    async def release(self, pool: CapacityPool, key: str) -> int:
+    async def delete(self, pool: CapacityPool, key: str, known: Sequence[Instance]) -> int:
+        """Terminate the key's instances (by tag, and ``known`` by id) and its placement
+        group."""
         params = parse_parameters(pool)
         ec2 = await self._client(params.region)
-        instances = await self._describe_by_tags(ec2, pool.metadata.name, key=key)
-        ids = [i["InstanceId"] for i in instances]
+        tagged = await self._describe_by_tags(ec2, pool.metadata.name, key=key)
+        ids = sorted({i["InstanceId"] for i in tagged} | {i["InstanceId"] for i in known})
         await self._terminate(ec2, ids, what=f"release {key}")
         if params.placement_group is not None and params.placement_group.per_acquisition:
             await self._delete_placement_group(ec2, aws_placement_group_name(key))
         log.info("release %s: terminated %d instances", key, len(ids))
         return len(ids)
 
-    async def list(self, pool: CapacityPool) -> Nodes:
+    async def to_nodes(
+        self, pool: CapacityPool, machines: Sequence[Instance], request: AcquireRequest | None
+    ) -> Nodes:
+        """Nodes named as kubelet registers them; an acquisition's also get the domain's
+        labels and the instances' network topology."""
         params = parse_parameters(pool)
+        if request is None:
+            return [self._node(params, pool.metadata.name, i, {}) for i in machines]
         ec2 = await self._client(params.region)
-        instances = await self._describe_by_tags(ec2, pool.metadata.name, key=None)
-        return [self._node(params, pool.metadata.name, i, {}) for i in instances]
+        if params.node_name_from == "privateDnsName" and not all(
+            i.get("PrivateDnsName") for i in machines
+        ):
+            machines = await self._describe_launched(
+                ec2, params, [i["InstanceId"] for i in machines]
+            )
+        return await self._nodes(ec2, params, request, machines)
 
     # ---- requests ---------------------------------------------------------------------
 
@@ -510,7 +509,7 @@ class AwsProvider:
 
     async def _describe(
         self, ec2: Any, *, expect: Collection[str] = (), **kwargs: Any
-    ) -> Instances | ExpectedError:
+    ) -> Instances | ExpectedCode:
         def pages() -> Instances:
             paginator = ec2.get_paginator("describe_instances")
             return [
@@ -520,7 +519,7 @@ class AwsProvider:
                 for instance in reservation.get("Instances", [])
             ]
 
-        result: Instances | ExpectedError = await self._calls.call(
+        result: Instances | ExpectedCode = await self._calls.call(
             pages, what="DescribeInstances", expect=expect
         )
         return result
@@ -536,7 +535,7 @@ class AwsProvider:
         if key is not None:
             filters.insert(2, {"Name": f"tag:{TAG_KEY}", "Values": [key]})
         instances = await self._describe(ec2, Filters=filters)
-        assert not isinstance(instances, ExpectedError)
+        assert not isinstance(instances, ExpectedCode)
         # Filtering is the server's job, but a terminated instance must never be adopted.
         return [i for i in instances if i.get("State", {}).get("Name") not in GONE_STATES]
 
@@ -550,7 +549,7 @@ class AwsProvider:
             found = await self._describe(
                 ec2, expect={"InvalidInstanceID.NotFound"}, InstanceIds=list(ids)
             )
-            instances = [] if isinstance(found, ExpectedError) else found
+            instances = [] if isinstance(found, ExpectedCode) else found
             named = all(
                 i.get("PrivateDnsName") or params.node_name_from == "instanceId"
                 for i in instances
@@ -579,7 +578,7 @@ class AwsProvider:
                 expect={"InvalidInstanceID.NotFound"},
                 InstanceIds=chunk,
             )
-            if isinstance(result, ExpectedError):
+            if isinstance(result, ExpectedCode):
                 # One unknown id fails the whole call: retry with the ids EC2 still knows.
                 known = await self._describe_known(ec2, chunk)
                 if known:
@@ -592,36 +591,12 @@ class AwsProvider:
             found = await self._describe(
                 ec2, expect={"InvalidInstanceID.NotFound"}, InstanceIds=[instance_id]
             )
-            if isinstance(found, ExpectedError):
+            if isinstance(found, ExpectedCode):
                 continue
             known.extend(
                 i["InstanceId"] for i in found if i["State"]["Name"] not in GONE_STATES
             )
         return known
-
-    async def _compensate(
-        self,
-        ec2: Any,
-        params: AwsPoolParameters,
-        request: AcquireRequest,
-        ids: Sequence[str],
-    ) -> None:
-        """Undo a failed acquisition: terminate what launched (by id and by tag, since a
-        freshly launched instance may not be listed yet) and delete the key's group."""
-        try:
-            tagged = await self._describe_by_tags(ec2, request.pool.metadata.name,
-                                                  key=request.key)
-            all_ids = sorted(set(ids) | {i["InstanceId"] for i in tagged})
-            if all_ids:
-                log.warning("acquire %s failed: terminating %d launched instances",
-                            request.key, len(all_ids))
-            await self._terminate(ec2, all_ids, what=f"compensate {request.key}")
-            if params.placement_group is not None and params.placement_group.per_acquisition:
-                await self._delete_placement_group(ec2, aws_placement_group_name(request.key))
-        except ProviderError as exc:
-            # The original failure matters more; recovery releases the rest later.
-            log.error("acquire %s: compensation incomplete, recovery will retry: %s",
-                      request.key, exc)
 
     async def _ensure_placement_group(
         self, ec2: Any, params: AwsPoolParameters, request: AcquireRequest
@@ -656,7 +631,7 @@ class AwsProvider:
                 expect={"InvalidPlacementGroup.Unknown", "InvalidPlacementGroup.InUse"},
                 GroupName=name,
             )
-            if not isinstance(result, ExpectedError) or result.code.endswith("Unknown"):
+            if not isinstance(result, ExpectedCode) or result.code.endswith("Unknown"):
                 return
             if loop.time() >= deadline:
                 raise TransientProviderError(

@@ -1,9 +1,12 @@
-"""The provider interface: acquire N nodes all or nothing, release, list.
+"""The provider interface: acquire N nodes all or nothing, release, list, start, stop.
 
-Every provider (fake/kind, AWS, GCP) implements :class:`Provider`. Muster owns atomicity:
-a provider either returns exactly ``count`` nodes or raises after cleaning up whatever it
-launched. Idempotency keys are deterministic per (request uid, attempt, pool, domain), so a
-controller that crashes after the cloud call finds the same nodes again with :meth:`list`.
+Every provider (fake, AWS, GCP) implements :class:`Provider` through one skeleton,
+:class:`providers.atomic.AtomicProvider`: a provider either returns exactly ``count`` nodes
+or raises after deleting whatever it launched. The controller derives each acquisition's key
+(:func:`controller.acquire.keys.acquisition_key`, deterministic per request uid, attempt and
+group) and persists it before the call, so a controller that crashes after the cloud call
+acquires again with the same key and gets the same nodes back, and its collector finds what
+an abandoned key left with :meth:`Provider.list`.
 """
 
 from __future__ import annotations
@@ -105,3 +108,11 @@ class Provider(Protocol):
     async def list(self, pool: CapacityPool) -> list[ProvidedNode]:
         """Every node this provider holds for ``pool`` (found by tags/labels), so that a
         restarted controller can adopt or release what an interrupted attempt launched."""
+
+    async def start(self) -> None:
+        """Begin background work, once the controller's caches have synced and before its
+        first acquire (the fake provider adopts its nodes and heartbeats them); a provider
+        first needed later is started when first used. Cloud providers have none."""
+
+    async def stop(self) -> None:
+        """End what :meth:`start` began; called when the controller stops."""

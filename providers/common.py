@@ -8,14 +8,18 @@ that is the same for every provider lives here, so a fix to it reaches all of th
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
 from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_settings import BaseSettings
 
 from controller.api.capacitypool import CapacityPool
-from providers.base import ProviderConfigError
-from providers.retry import RetryPolicy
+from providers.base import ProviderConfigError, ProviderError
+from providers.retry import CloudCalls, RetryPolicy
+
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+"""The well-known label every cloud node carries (kubelet sets it from the machine type)."""
 
 
 class PoolParameters(BaseModel):
@@ -26,6 +30,7 @@ class PoolParameters(BaseModel):
 
 
 ParamsT = TypeVar("ParamsT", bound=PoolParameters)
+K = TypeVar("K")
 
 
 def parse_pool_parameters(model: type[ParamsT], pool: CapacityPool) -> ParamsT:
@@ -51,6 +56,18 @@ class CloudProviderSettings(BaseSettings):
     retry_initial_backoff: float = Field(default=0.5, ge=0)
     retry_max_backoff: float = Field(default=20.0, ge=0)
     retry_deadline_seconds: float = Field(default=120.0, ge=0)
+
+    def calls(
+        self,
+        *,
+        is_transient: Callable[[BaseException], bool],
+        map_error: Callable[[BaseException, str], ProviderError],
+        expected: Callable[[BaseException, Collection[K]], object | None],
+    ) -> CloudCalls[K]:
+        """The provider's one way to call its SDK, bounded and retried per these settings
+        with the SDK's own error rules."""
+        return CloudCalls(max_concurrency=self.max_concurrency, policy=self.retry_policy(),
+                          is_transient=is_transient, map_error=map_error, expected=expected)
 
     def retry_policy(self) -> RetryPolicy:
         return RetryPolicy(

@@ -1,15 +1,14 @@
 """GCP Compute Engine provider: N VMs all or nothing with one zonal bulkInsert.
 
-How it keeps the Protocol's promises:
+The adapter of the all-or-nothing skeleton (:mod:`providers.atomic`, which adopts by key,
+recounts and compensates) over Compute Engine:
 
-* **All or nothing.** ``instances.bulkInsert`` with ``count = minCount = N``: Compute
-  creates N VMs or rolls back. Muster still counts what exists under the key afterwards
-  and deletes everything (plus the per-acquisition placement policy) on any shortfall.
-* **Idempotent.** ``requestId`` is a UUID5 of the acquisition key, so a repeated call
-  joins the original operation; ``acquire`` first looks for VMs labelled with the key.
-* **Recoverable.** VMs carry labels ``muster-pool``, ``muster-key``, ``muster-cluster``
-  (values made label-safe) and the exact key and owner in metadata;
-  :meth:`GcpProvider.list` finds them with a label filter.
+* **launch**: ``instances.bulkInsert`` with ``count = minCount = N``: Compute creates N VMs
+  or rolls back. ``requestId`` is a UUID5 of the acquisition key, so a repeated call joins
+  the original operation. The operation is awaited, then the VMs under the key are listed.
+* **find / delete**: VMs carry labels ``muster-pool``, ``muster-key``, ``muster-cluster``
+  (values made label-safe) and the exact key and owner in metadata; they are found with a
+  label filter and deleted with the per-acquisition placement policy.
 
 The google-cloud-compute client is synchronous: calls run in worker threads, at most
 ``max_concurrency`` at a time. Operations are awaited with our own
@@ -35,6 +34,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from controller.api.capacitypool import CapacityPool
+from providers.atomic import AtomicProvider, Launch
 from providers.base import (
     AcquireRequest,
     CapacityUnavailable,
@@ -44,8 +44,19 @@ from providers.base import (
     QuotaExceeded,
     TransientProviderError,
 )
-from providers.common import CloudProviderSettings, PoolParameters, parse_pool_parameters
-from providers.naming import gcp_label_value, gcp_name_prefix, gcp_policy_name, gcp_request_id
+from providers.common import (
+    INSTANCE_TYPE_LABEL,
+    CloudProviderSettings,
+    PoolParameters,
+    parse_pool_parameters,
+)
+from providers.naming import (
+    GCP_LABEL_VALUE,
+    gcp_label_value,
+    gcp_name_prefix,
+    gcp_policy_name,
+    gcp_request_id,
+)
 from providers.retry import CloudCalls
 
 log = logging.getLogger(__name__)
@@ -58,7 +69,6 @@ META_OWNER = "muster-owner"
 META_OWNER_UID = "muster-owner-uid"
 META_POOL = "muster-pool"
 RESERVED_PREFIX = "muster-"
-INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 
 CAPACITY_CODES = frozenset({
     "ZONE_RESOURCE_POOL_EXHAUSTED",
@@ -81,7 +91,6 @@ THROTTLE_CODES = frozenset({
 })
 
 _LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
-_LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
 
 
 class Accelerator(PoolParameters):
@@ -149,7 +158,7 @@ class GcpPoolParameters(PoolParameters):
         for key, label_value in value.items():
             if key.startswith(RESERVED_PREFIX):
                 raise ValueError(f"label {key!r} uses the reserved prefix {RESERVED_PREFIX!r}")
-            if not _LABEL_KEY.match(key) or not _LABEL_VALUE.match(label_value):
+            if not _LABEL_KEY.match(key) or not GCP_LABEL_VALUE.match(label_value):
                 raise ValueError(
                     f"label {key}={label_value!r}: keys start with a lowercase letter; keys "
                     "and values use lowercase letters, digits, '-' and '_' (<= 63)"
@@ -290,18 +299,18 @@ def _error_for_codes(
 
 
 @dataclass(frozen=True, slots=True)
-class ExpectedError:
+class ExpectedStatus:
     """An HTTP status the caller asked to handle itself (``expect`` of ``CloudCalls.call``)."""
 
     status: int
     message: str
 
 
-def _expected(exc: BaseException, expect: Collection[int]) -> ExpectedError | None:
+def _expected(exc: BaseException, expect: Collection[int]) -> ExpectedStatus | None:
     from google.api_core import exceptions as gexc
 
     if isinstance(exc, gexc.GoogleAPICallError) and _status(exc) in expect:
-        return ExpectedError(_status(exc), str(exc))
+        return ExpectedStatus(_status(exc), str(exc))
     return None
 
 
@@ -309,8 +318,9 @@ Instances = list[Any]
 Nodes = list[ProvidedNode]
 
 
-class GcpProvider:
-    """The ``gcp`` provider. Safe to share between concurrent reconcilers."""
+class GcpProvider(AtomicProvider[Any]):
+    """The ``gcp`` provider: the all-or-nothing skeleton over Compute Engine VMs. Safe to
+    share between concurrent reconcilers."""
 
     name = "gcp"
 
@@ -320,93 +330,74 @@ class GcpProvider:
         *,
         clients_factory: ClientsFactory | None = None,
     ) -> None:
+        super().__init__()
         self.settings = settings or GcpProviderSettings()
         self._factory = clients_factory or (
             lambda: GcpClients.create(api_endpoint=self.settings.api_endpoint)
         )
         self._clients: GcpClients | None = None
         self._client_lock = asyncio.Lock()
-        self._calls: CloudCalls[int] = CloudCalls(
-            max_concurrency=self.settings.max_concurrency,
-            policy=self.settings.retry_policy(),
-            is_transient=is_transient,
-            map_error=map_error,
-            expected=_expected,
+        self._calls: CloudCalls[int] = self.settings.calls(
+            is_transient=is_transient, map_error=map_error, expected=_expected
         )
 
-    # ---- Protocol ---------------------------------------------------------------------
+    # ---- the adapter ------------------------------------------------------------------
 
     async def validate(self, pool: CapacityPool) -> None:
         parse_parameters(pool)
 
-    async def acquire(self, request: AcquireRequest) -> Nodes:
+    def check(self, request: AcquireRequest) -> None:
+        self._check_zone(parse_parameters(request.pool), request)
+
+    async def find(self, pool: CapacityPool, key: str | None) -> Instances:
+        params = parse_parameters(pool)
+        clients = await self._get_clients()
+        return await self._list(clients, params, pool.metadata.name, key=key)
+
+    async def launch(self, request: AcquireRequest, have: Sequence[Any]) -> Launch[Any]:
+        """One zonal bulkInsert under the key's ``requestId`` (a repeated call joins the
+        first operation), awaited, then the VMs under the key listed."""
         from google.cloud import compute_v1
 
         params = parse_parameters(request.pool)
-        if request.count < 1:
-            raise ProviderConfigError(f"acquire {request.key}: count must be >= 1")
-        self._check_zone(params, request)
         clients = await self._get_clients()
         pool = request.pool.metadata.name
+        policy = await self._ensure_policy(clients, params, request)
+        body = compute_v1.BulkInsertInstanceResource(
+            count=request.count,
+            min_count=request.count,
+            name_pattern=self._name_pattern(pool, request),
+            instance_properties=self._instance_properties(params, request, policy),
+        )
+        operation = await self._calls.call(
+            clients.instances.bulk_insert_unary,
+            what="instances.bulkInsert",
+            timeout=self.settings.request_timeout_seconds,
+            request=compute_v1.BulkInsertInstanceRequest(
+                project=params.project,
+                zone=params.zone,
+                request_id=gcp_request_id(request.key),
+                bulk_insert_instance_resource_resource=body,
+            ),
+        )
+        await self._wait_zone(clients, params, operation, what="bulkInsert", count=request.count)
+        return Launch(await self._list(clients, params, pool, key=request.key))
 
-        existing = await self._list(clients, params, pool, key=request.key)
-        if len(existing) == request.count:
-            log.info("acquire %s: %d VMs already exist, adopting", request.key, len(existing))
-            return self._nodes(params, pool, existing, request.domain)
-
-        try:
-            policy = await self._ensure_policy(clients, params, request)
-            body = compute_v1.BulkInsertInstanceResource(
-                count=request.count,
-                min_count=request.count,
-                name_pattern=self._name_pattern(pool, request),
-                instance_properties=self._instance_properties(params, request, policy),
-            )
-            operation = await self._calls.call(
-                clients.instances.bulk_insert_unary,
-                what="instances.bulkInsert",
-                timeout=self.settings.request_timeout_seconds,
-                request=compute_v1.BulkInsertInstanceRequest(
-                    project=params.project,
-                    zone=params.zone,
-                    request_id=gcp_request_id(request.key),
-                    bulk_insert_instance_resource_resource=body,
-                ),
-            )
-            await self._wait_zone(clients, params, operation, what="bulkInsert",
-                                  count=request.count)
-        except TransientProviderError:
-            # The operation may still be running: deleting now could race its creations.
-            # The same key joins it on the next try; recovery handles an abandoned key.
-            raise
-        except ProviderError:
-            await self._cleanup(clients, params, request)
-            raise
-
-        created = await self._list(clients, params, pool, key=request.key)
-        if len(created) != request.count:
-            await self._cleanup(clients, params, request)
-            raise CapacityUnavailable(
-                f"acquire {request.key}: bulkInsert finished with {len(created)} of "
-                f"{request.count} VMs under the key; all were deleted",
-                available=len(created),
-            )
-        return self._nodes(params, pool, created, request.domain)
-
-    async def release(self, pool: CapacityPool, key: str) -> int:
+    async def delete(self, pool: CapacityPool, key: str, known: Sequence[Any]) -> int:
+        """Delete the key's VMs and its placement policy."""
         params = parse_parameters(pool)
         clients = await self._get_clients()
-        deleted = await self._delete_instances(clients, params, pool.metadata.name, key)
+        deleted = await self._delete_instances(clients, params, pool.metadata.name, key, known)
         if params.compact_placement:
             await self._delete_policy(clients, params, gcp_policy_name(pool.metadata.name, key))
         log.info("release %s: deleted %d VMs", key, deleted)
         return deleted
 
-    async def list(self, pool: CapacityPool) -> Nodes:
-        params = parse_parameters(pool)
-        clients = await self._get_clients()
-        found = await self._list(clients, params, pool.metadata.name, key=None)
-        return self._nodes(params, pool.metadata.name, found, {})
+    async def to_nodes(
+        self, pool: CapacityPool, machines: Sequence[Any], request: AcquireRequest | None
+    ) -> Nodes:
+        domain = request.domain if request is not None else {}
+        return self._nodes(parse_parameters(pool), pool.metadata.name, machines, domain)
 
     # ---- request building ------------------------------------------------------------
 
@@ -613,7 +604,7 @@ class GcpProvider:
                 resource_policy_resource=policy,
             ),
         )
-        if not isinstance(operation, ExpectedError):
+        if not isinstance(operation, ExpectedStatus):
             await self._wait_region(clients, params, operation, what="resourcePolicies.insert")
         return f"projects/{params.project}/regions/{params.region}/resourcePolicies/{name}"
 
@@ -632,7 +623,7 @@ class GcpProvider:
                     project=params.project, region=params.region, resource_policy=name
                 ),
             )
-            if isinstance(operation, ExpectedError):
+            if isinstance(operation, ExpectedStatus):
                 if operation.status == 404:
                     return
                 # 400 resourceInUseByAnotherResource: VMs are still being deleted.
@@ -646,11 +637,13 @@ class GcpProvider:
             return
 
     async def _delete_instances(
-        self, clients: GcpClients, params: GcpPoolParameters, pool: str, key: str
+        self, clients: GcpClients, params: GcpPoolParameters, pool: str, key: str,
+        known: Sequence[Any] = (),
     ) -> int:
         from google.cloud import compute_v1
 
-        instances = await self._list(clients, params, pool, key=key)
+        listed = await self._list(clients, params, pool, key=key)
+        names = sorted({i.name for i in listed} | {i.name for i in known})
 
         async def delete(name: str) -> int:
             operation = await self._calls.call(
@@ -666,33 +659,18 @@ class GcpProvider:
                     request_id=gcp_request_id(f"{key}/{name}", "delete"),
                 ),
             )
-            if isinstance(operation, ExpectedError):
+            if isinstance(operation, ExpectedStatus):
                 return 0
             await self._wait_zone(clients, params, operation, what=f"delete {name}")
             return 1
 
         results = await asyncio.gather(
-            *(delete(i.name) for i in instances), return_exceptions=True
+            *(delete(name) for name in names), return_exceptions=True
         )
         failures = [r for r in results if isinstance(r, BaseException)]
         if failures:
             raise map_error(failures[0], f"release {key}") from failures[0]
         return sum(r for r in results if isinstance(r, int))
-
-    async def _cleanup(
-        self, clients: GcpClients, params: GcpPoolParameters, request: AcquireRequest
-    ) -> None:
-        """Undo a failed acquisition; failures are logged (recovery finishes the job)."""
-        pool = request.pool.metadata.name
-        try:
-            deleted = await self._delete_instances(clients, params, pool, request.key)
-            if deleted:
-                log.warning("acquire %s failed: deleted %d VMs", request.key, deleted)
-            if params.compact_placement:
-                await self._delete_policy(clients, params, gcp_policy_name(pool, request.key))
-        except ProviderError as exc:
-            log.error("acquire %s: cleanup incomplete, recovery will retry: %s",
-                      request.key, exc)
 
     # ---- results ----------------------------------------------------------------------
 

@@ -1,10 +1,11 @@
-"""Deterministic names and idempotency tokens shared by the cloud providers.
+"""Deterministic cloud tokens and resource names derived from an acquisition key.
 
-Everything here is a pure function of (request uid, attempt, pool, domain) or of the
-acquisition key derived from them, so a controller that crashes after a cloud call and
-retries computes the very same token and the cloud deduplicates the second call:
+The key itself is the controller's (:func:`controller.acquire.keys.acquisition_key`, <= 63
+chars, label and tag safe), persisted on the request before any provider call. Everything
+here is a pure function of that key, so a controller that crashes after a cloud call and
+retries with the same key computes the very same token and the cloud deduplicates the second
+call:
 
-* :func:`acquisition_key` - the ``AcquireRequest.key`` (<= 63 chars, label/tag safe).
 * :func:`aws_client_token` - the EC2 ``ClientToken`` (<= 64 ASCII chars).
 * :func:`gcp_request_id` - the Compute ``requestId`` (a UUID5, never the zero UUID).
 * :func:`gcp_label_value`, :func:`gcp_name_prefix`, :func:`aws_placement_group_name`,
@@ -17,18 +18,15 @@ a new attempt number: the cloud remembers a token's outcome, including a failed 
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import uuid
-from collections.abc import Mapping
 
 MAX_KEY_LENGTH = 63
-MAX_CLIENT_TOKEN_LENGTH = 64
 
 # Fixed namespace so request ids are stable across processes, versions and machines.
 MUSTER_NAMESPACE = uuid.UUID("6f1b6c53-3f0e-5b7e-9d43-5a1f0c1d2e77")
 
-_GCP_LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
+GCP_LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
 _NOT_SLUG = re.compile(r"[^a-z0-9-]+")
 
 
@@ -36,33 +34,12 @@ def _digest(*parts: str) -> str:
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()
 
 
-def slug(text: str, max_length: int) -> str:
+def _slug(text: str, max_length: int) -> str:
     """Lowercase RFC 1035-ish fragment: letters, digits and dashes, starting with a letter."""
     cleaned = _NOT_SLUG.sub("-", text.lower()).strip("-")
     if not cleaned or not cleaned[0].isalpha():
         cleaned = ("p-" + cleaned).rstrip("-")
     return cleaned[:max_length].rstrip("-")
-
-
-def acquisition_key(
-    request_uid: str, attempt: int, pool: str, domain: Mapping[str, str]
-) -> str:
-    """The idempotency key of one acquisition: ``<pool>-a<attempt>-<16 hex>``.
-
-    The hash covers every input (the domain as sorted items), the readable prefix only
-    helps a human reading tags. Safe as an AWS tag value and a GCP label value.
-    """
-    if not request_uid:
-        raise ValueError("request_uid must not be empty")
-    if attempt < 0:
-        raise ValueError(f"attempt must be >= 0, got {attempt}")
-    if not pool:
-        raise ValueError("pool must not be empty")
-    domain_text = json.dumps(sorted(domain.items()), separators=(",", ":"))
-    digest = _digest("key", request_uid, str(attempt), pool, domain_text)[:16]
-    suffix = f"-a{attempt}-{digest}"
-    prefix = slug(pool, MAX_KEY_LENGTH - len(suffix))
-    return f"{prefix}{suffix}"
 
 
 def aws_client_token(key: str, purpose: str = "fleet") -> str:
@@ -79,7 +56,7 @@ def gcp_request_id(key: str, purpose: str = "bulk-insert") -> str:
 
 def gcp_label_value(value: str) -> str:
     """``value`` itself when it is a valid GCP label value, else a stable 40-char hash."""
-    if _GCP_LABEL_VALUE.match(value):
+    if GCP_LABEL_VALUE.match(value):
         return value
     return "h" + _digest("label", value)[:39]
 
@@ -87,7 +64,7 @@ def gcp_label_value(value: str) -> str:
 def gcp_name_prefix(pool: str, key: str) -> str:
     """Instance name prefix for a bulkInsert ``namePattern`` (<= 39 chars, RFC 1035)."""
     _require_key(key)
-    return f"{slug(pool, 28)}-{_digest('name', key)[:10]}"
+    return f"{_slug(pool, 28)}-{_digest('name', key)[:10]}"
 
 
 def gcp_policy_name(pool: str, key: str) -> str:

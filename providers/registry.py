@@ -3,7 +3,9 @@
 A factory gets a :class:`ProviderContext` (the Kubernetes client, the provider's settings
 from Muster's config, the clock) and returns a ready :class:`providers.base.Provider`.
 Every provider is registered here; factories import their SDK lazily, so a cluster that
-uses only the kind provider never loads boto3 or google-cloud-compute.
+uses only the fake provider never loads boto3 or google-cloud-compute. The fake provider
+(:mod:`providers.fake`) is registered as ``kind``, the name pools have always used, with
+``fake`` as an alias: :func:`canonical` maps both to one name, so one instance serves both.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class ProviderContext:
 Factory = Callable[[ProviderContext], Provider]
 
 _FACTORIES: dict[str, Factory] = {}
+_ALIASES: dict[str, str] = {}
 
 
 def register(name: str, factory: Factory) -> None:
@@ -38,14 +41,24 @@ def register(name: str, factory: Factory) -> None:
     _FACTORIES[name] = factory
 
 
+def alias(name: str, of: str) -> None:
+    """Make ``name`` another name of the registered provider ``of``."""
+    _ALIASES[name] = of
+
+
+def canonical(name: str) -> str:
+    """The registered name ``name`` stands for (itself unless it is an alias)."""
+    return _ALIASES.get(name, name)
+
+
 def names() -> list[str]:
-    return sorted(_FACTORIES)
+    return sorted({*_FACTORIES, *_ALIASES})
 
 
 def create(name: str, context: ProviderContext) -> Provider:
     """Build provider ``name``; :class:`ProviderConfigError` names the known ones."""
     try:
-        factory = _FACTORIES[name]
+        factory = _FACTORIES[canonical(name)]
     except KeyError:
         raise ProviderConfigError(
             f"unknown provider {name!r}; known providers: {', '.join(names())}"
@@ -53,19 +66,19 @@ def create(name: str, context: ProviderContext) -> Provider:
     return factory(context)
 
 
-def _kind(context: ProviderContext) -> Provider:
-    from providers.kind import KindProvider
+def _fake(context: ProviderContext) -> Provider:
+    from providers.fake import FakeProvider
 
     allowed = {"acquire_latency_seconds", "heartbeat_seconds", "default_stock"}
     unknown = set(context.settings) - allowed
     if unknown:
-        raise ProviderConfigError(f"unknown kind provider setting(s): {sorted(unknown)}")
-    return KindProvider(context.kube, now=context.now, **dict(context.settings))
+        raise ProviderConfigError(f"unknown fake provider setting(s): {sorted(unknown)}")
+    return FakeProvider(context.kube, now=context.now, **dict(context.settings))
 
 
-register("kind", _kind)
-# "fake" is the name the CapacityPool docs use for the same provider.
-register("fake", _kind)
+register("kind", _fake)
+alias("fake", "kind")
+
 
 def _cloud_settings(name: str, model: Any, context: ProviderContext) -> Any:
     """``providers.settings.<name>`` from Muster's config, over ``MUSTER_<NAME>_*`` from the

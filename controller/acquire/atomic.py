@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 
 from controller.api.capacitypool import CapacityPool
+from controller.decisions import decide
 from controller.kube.problems import ProblemLog
 from controller.state.bookings import Group
 from providers.base import AcquireRequest, CapacityUnavailable, Provider, ProviderError
@@ -85,7 +86,9 @@ async def acquire_all(
             acquired[group.key] = result
     if not failures:
         return acquired
-    await release_groups(groups, pools=pools, provider_for=provider_for, releasing=releasing)
+    await release_groups(groups, pools=pools, provider_for=provider_for, owner=owner,
+                         why="rolling back the failed acquisition (all or nothing)",
+                         releasing=releasing)
     first = failures[0]
     if isinstance(first, asyncio.CancelledError):
         raise first
@@ -121,9 +124,12 @@ async def release_groups(
     *,
     pools: Mapping[str, CapacityPool],
     provider_for: ProviderFor,
+    owner: str = "",
+    why: str = "",
     releasing: set[str] | None = None,
 ) -> int:
-    """Release every group (idempotent); return how many nodes were deleted.
+    """Release every group (idempotent); return how many nodes were deleted. Each group
+    that deleted nodes is one ``release`` decision line naming ``owner`` and ``why``.
 
     Errors are logged and the remaining groups still released; the orphan collector retries
     whatever is left. ``releasing`` (the cache's) holds the groups' keys while their nodes
@@ -134,14 +140,16 @@ async def release_groups(
     if releasing is not None:
         releasing |= keys
     try:
-        return await _release(groups, pools=pools, provider_for=provider_for)
+        return await _release(groups, pools=pools, provider_for=provider_for, owner=owner,
+                              why=why)
     finally:
         if releasing is not None:
             releasing -= keys
 
 
 async def _release(
-    groups: Sequence[Group], *, pools: Mapping[str, CapacityPool], provider_for: ProviderFor
+    groups: Sequence[Group], *, pools: Mapping[str, CapacityPool], provider_for: ProviderFor,
+    owner: str, why: str,
 ) -> int:
     async def one(group: Group) -> int:
         pool = pools.get(group.pool)
@@ -150,16 +158,18 @@ async def _release(
                               "cannot release %s: CapacityPool %s is gone", group.key, group.pool)
             return 0
         try:
-            released = await provider_for(pool).release(pool, group.key)
+            count = await provider_for(pool).release(pool, group.key)
         except ProviderError as exc:
+            # The collector retries every interval: said once per pool per interval.
             _problems.warning(f"release {group.pool}", "releasing %s in pool %s failed: %s; "
                               "the collector retries", group.key, group.pool, exc)
             return 0
         _problems.resolved(f"release {group.pool}", "releases in pool %s succeed again",
                            group.pool)
-        if released:
-            log.info("released %d node(s) of %s in pool %s", released, group.key, group.pool)
-        return released
+        if count:
+            decide("release", owner or "-", outcome="released", pool=group.pool,
+                   key=group.key, nodes=count, why=why)
+        return count
 
     counts: Sequence[int] = await asyncio.gather(*(one(g) for g in groups))
     return sum(counts)

@@ -2,18 +2,18 @@
 
 Runs at start-up (after the cache has synced, before new acquisitions) and then
 periodically. It asks every pool's provider what exists (:meth:`Provider.list`), groups the
-nodes by acquisition key, and releases a group when:
+nodes by acquisition key, and asks :func:`controller.acquire.recovery.decide` about each
+group: an orphan (an interrupted or failed attempt, or a request that is gone) is released
+once it has been seen unheld for ``acquisition.orphan_grace_seconds``; a gang whose pods are
+gone, or whose booking ended, once idle for ``acquisition.idle_ttl_seconds``. Groups of an
+active booking, with an acquisition in flight in this process, or with a node any live
+booking counts on, are never touched. A pool being deleted (its finalizer holds it,
+:mod:`controller.reconcilers.pools`) gets no new nodes and no new plans; its used groups go as
+soon as no booking holds them and no pod runs on them.
 
-* its owner request is gone, failed, or recorded other keys (an interrupted earlier attempt:
-  the leak a crash mid-acquisition would leave), and no pod runs on it, or
-* its owner's booking ended (consumed, expired, revoked) and its nodes have had no pods for
-  ``idle_ttl`` seconds: a gang's nodes are released together, never one by one.
-
-Groups of an active booking, with an acquisition in flight in this process, or with a node
-any live booking counts on (another request booked on nodes this one acquired), are never
-touched. A pool being deleted (its finalizer holds it, :mod:`controller.reconcilers.pools`)
-gets no new nodes and no new plans; each of its groups is released as soon as no booking
-holds it and no pod runs on it.
+A release that fails (a provider error) is retried at the next sweep, even when the pool no
+longer lists the key: a release can fail after its machines are gone (an AWS placement group
+still in use while its instances terminate) and must still be finished.
 """
 
 from __future__ import annotations
@@ -23,16 +23,12 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime
 
-from controller.acquire.atomic import release_groups
 from controller.acquire.providers import ProviderSet
+from controller.acquire.recovery import GroupView, Seen, decide
+from controller.api.capacitypool import CapacityPool
+from controller.decisions import decide as log_decision
 from controller.kube.problems import ProblemLog
-from controller.state.bookings import (
-    PHASE_ANNOTATION,
-    PLAN_ANNOTATION,
-    Booking,
-    Group,
-    Phase,
-)
+from controller.state.bookings import PHASE_ANNOTATION, PLAN_ANNOTATION, Booking, Phase
 from controller.state.cache import ClusterState
 from providers.base import ProvidedNode, ProviderError
 
@@ -55,53 +51,110 @@ class Collector:
         state: ClusterState,
         providers: ProviderSet,
         idle_ttl: float,
+        grace: float,
         now: Callable[[], datetime],
         in_flight: Callable[[], Collection[str]],
     ) -> None:
         self._state = state
         self._providers = providers
         self._idle_ttl = idle_ttl
+        self._grace = grace
         self._now = now
         self._in_flight = in_flight
-        self._idle_since: dict[str, datetime] = {}
-        self._seen_used: set[str] = set()
+        self._seen: dict[str, Seen] = {}
+        self._unfinished: dict[str, str] = {}
+        """Key -> pool of a release that failed: retried until it succeeds."""
+        self._list_errors: dict[str, str] = {}
+        """Pool -> why listing it failed last pass (logged once per change, not per pass;
+        the pool's ProviderReady condition carries it meanwhile)."""
 
     async def run_once(self) -> list[Released]:
         self._state.prune_vanished()
         owners = self._owners()
+        in_flight = self._in_flight()
         released: list[Released] = []
         pools = dict(self._state.pools())
+        listed: set[str] = set()
+        complete = True
         for pool in pools.values():
-            try:
-                provided = await self._providers.for_pool(pool).list(pool)
-            except ProviderError as exc:
-                _problems.warning(f"list {pool.metadata.name}", "listing pool %s failed: %s",
-                                  pool.metadata.name, exc)
+            provided = await self._list(pool)
+            if provided is None:
+                complete = False
                 continue
-            _problems.resolved(f"list {pool.metadata.name}")
             deleting = self._state.pool_deleting(pool.metadata.name)
             for key, nodes in _by_key(provided).items():
+                listed.add(key)
+                owner = owners.get(nodes[0].owner_uid) if nodes[0].owner_uid else None
                 # Bookings made while the provider listed or the last group was released.
                 booked = self._state.booked_nodes()
-                if any(n.name in booked for n in nodes):
-                    self._idle_since.pop(key, None)
-                    continue
-                why = self._verdict(key, nodes, owners, pool_deleting=deleting)
-                if why is None:
-                    continue
-                group = Group(key=key, pool=pool.metadata.name, domain={}, count=len(nodes))
-                count = await release_groups(
-                    [group], pools=pools, provider_for=self._providers.for_pool,
-                    releasing=self._state.releasing,
+                view = GroupView(
+                    in_flight=key in in_flight,
+                    booked=any(n.name in booked for n in nodes),
+                    owner_known=owner is not None,
+                    holder=owner[0] if owner is not None and key in owner[1] else None,
+                    in_use=any(self._state.pods_on(n.name) > 0 for n in nodes),
+                    pool_deleting=deleting,
                 )
-                if not count and any(self._state.node_exists(n.name) for n in nodes):
-                    continue  # the release failed (said once per interval): next time
-                self._idle_since.pop(key, None)
-                self._seen_used.discard(key)
-                released.append(Released(key, pool.metadata.name, count, why))
-                log.info("released %d node(s) of %s in pool %s: %s", count, key,
-                         pool.metadata.name, why)
+                decision = decide(view, self._seen.get(key, Seen()), now=self._now(),
+                                  grace=self._grace, idle_ttl=self._idle_ttl)
+                self._seen[key] = decision.seen
+                if decision.release:
+                    done = await self._release(pool, key, decision.why,
+                                               owner=nodes[0].owner)
+                    if done is not None:
+                        released.append(done)
+        for key, pool_name in sorted(self._unfinished.items()):
+            unfinished = pools.get(pool_name)
+            if key not in listed and unfinished is not None:
+                done = await self._release(unfinished, key, "retrying a release that failed")
+                if done is not None:
+                    released.append(done)
+        if complete:  # forget groups that are gone (a failed listing may hide live ones)
+            for key in set(self._seen) - listed:
+                del self._seen[key]
         return released
+
+    async def _list(self, pool: CapacityPool) -> list[ProvidedNode] | None:
+        """The pool's nodes as its provider lists them; None (logged once per change of
+        the error, not per pass) when it cannot."""
+        name = pool.metadata.name
+        try:
+            provided = await self._providers.for_pool(pool).list(pool)
+        except ProviderError as exc:
+            if self._list_errors.get(name) != str(exc):
+                log.warning("listing pool %s failed: %s (logged again only if this "
+                            "changes; see its ProviderReady condition)", name, exc)
+            self._list_errors[name] = str(exc)
+            return None
+        if self._list_errors.pop(name, None) is not None:
+            log.info("listing pool %s works again", name)
+        return provided
+
+    async def _release(
+        self, pool: CapacityPool, key: str, why: str, *, owner: str = ""
+    ) -> Released | None:
+        name = pool.metadata.name
+        # Offered to no plan while its nodes are being deleted (ClusterState.releasing).
+        mine = key not in self._state.releasing
+        self._state.releasing.add(key)
+        try:
+            count = await self._providers.for_pool(pool).release(pool, key)
+        except ProviderError as exc:
+            self._unfinished[key] = name
+            _problems.warning(f"release {name}", "releasing %s in pool %s failed (retried at "
+                              "the next sweep): %s", key, name, exc)
+            log_decision("release", owner or "-", outcome="failed", pool=name, key=key,
+                         error=str(exc), why=why)
+            return None
+        finally:
+            if mine:
+                self._state.releasing.discard(key)
+        _problems.resolved(f"release {name}")
+        self._unfinished.pop(key, None)
+        self._seen.pop(key, None)
+        log_decision("release", owner or "-", outcome="released", pool=name, key=key,
+                     nodes=count, why=why)
+        return Released(key, name, count, why)
 
     def _owners(self) -> dict[str, tuple[Phase, frozenset[str]]]:
         """Request uid -> (phase, keys its booking records)."""
@@ -130,40 +183,6 @@ class Collector:
                 phase, keys = out.get(uid, (Phase.ACQUIRING, frozenset()))
                 out[uid] = (phase, keys | {g.key for g in booking.groups})
         return out
-
-    def _verdict(
-        self,
-        key: str,
-        nodes: list[ProvidedNode],
-        owners: dict[str, tuple[Phase, frozenset[str]]],
-        *,
-        pool_deleting: bool = False,
-    ) -> str | None:
-        """Why the group must go now, or None to keep it."""
-        if key in self._in_flight():
-            return None
-        owner = owners.get(nodes[0].owner_uid) if nodes[0].owner_uid else None
-        current = owner is not None and key in owner[1]
-        if current and owner is not None and owner[0] in (Phase.ACQUIRING, Phase.BOOKED):
-            self._idle_since.pop(key, None)
-            return None
-        if any(self._state.pods_on(n.name) > 0 for n in nodes):
-            self._seen_used.add(key)
-            self._idle_since.pop(key, None)
-            return None
-        if pool_deleting:
-            # Nothing new is planned on these nodes: waiting out the idle TTL buys nothing.
-            return "its CapacityPool is being deleted and no booking or pod uses it"
-        ended_in_use = current and owner is not None and owner[0] is Phase.ENDED
-        if key not in self._seen_used and not ended_in_use:
-            if owner is None:
-                return "its request is gone and no pod ever ran on it"
-            return "no booking holds it (an interrupted or failed attempt) and it is unused"
-        since = self._idle_since.setdefault(key, self._now())
-        idle = (self._now() - since).total_seconds()
-        if idle >= self._idle_ttl:
-            return f"its pods are gone and it was idle for {idle:.0f}s"
-        return None
 
 
 def _by_key(nodes: list[ProvidedNode]) -> dict[str, list[ProvidedNode]]:

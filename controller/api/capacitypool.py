@@ -22,6 +22,7 @@ __all__ = [
     "NodeTemplate",
     "ObjectMeta",
     "PoolDomainSpec",
+    "PoolDomainStatus",
     "PoolTopology",
     "TaintSpec",
 ]
@@ -110,11 +111,78 @@ class CapacityPoolSpec(_Model):
         return self
 
 
+class PoolDomainStatus(BaseModel):
+    """One topology domain of the pool as Muster sees it (see docs/capacitypool-status.md)."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+    name: str = Field(description="The domain's level values, widest first, joined by '/' "
+                      "(e.g. b1/b1-r2); '-' for a pool without topology, 'new' for the "
+                      "fresh domains of a pool without declared domains.")
+    labels: dict[str, str] = Field(default_factory=dict)
+    nodes: int = Field(default=0, description="Nodes of the pool that exist here.")
+    ready_nodes: int = Field(default=0, alias="readyNodes",
+                             description="Of those, Ready (pods can be placed on them).")
+    booked_nodes: int = Field(default=0, alias="bookedNodes",
+                              description="Of those, counted on by a live booking.")
+    in_flight_nodes: int = Field(default=0, alias="inFlightNodes",
+                                 description="Booked or being acquired, not registered yet.")
+    free: dict[str, str] = Field(
+        default_factory=dict,
+        description="Unbooked free allocatable on the Ready nodes, for each resource the "
+        "node template offers (pods excluded), as quantities.")
+    free_devices: dict[str, int] = Field(
+        default_factory=dict, alias="freeDevices",
+        description="DRA devices free on the Ready nodes, by DeviceClass (classes the "
+        "template's ResourceSlices can satisfy).")
+    free_nodes: int = Field(
+        default=0, alias="freeNodes",
+        description="Ready nodes with every resource of the template free: whole nodes a "
+        "gang can still get here without buying any.")
+    provisionable_nodes: int = Field(
+        default=0, alias="provisionableNodes",
+        description="New nodes Muster may still add here: the domain's and the pool's limits "
+        "and known stock, minus nodes existing, booked or in flight.")
+    provisionable: dict[str, str] = Field(
+        default_factory=dict,
+        description="What those new nodes would bring (template allocatable x "
+        "provisionableNodes), as quantities.")
+    available_nodes: int = Field(
+        default=0, alias="availableNodes",
+        description="freeNodes + provisionableNodes: nodes of the template's size a gang "
+        "can still get in this domain.")
+    max_nodes: int | None = Field(default=None, alias="maxNodes",
+                                  description="The domain's limit (stock), if any.")
+    stock_out_until: str | None = Field(
+        default=None, alias="stockOutUntil",
+        description="The provider ran out of stock here: Muster plans at most "
+        "stockOutNodes new nodes here until this time (RFC 3339).")
+    stock_out_nodes: int | None = Field(
+        default=None, alias="stockOutNodes",
+        description="The stock the provider reported in its stock-out (see stockOutUntil).")
+
+
 class CapacityPoolStatus(BaseModel):
+    """Written by Muster at a bounded rate (``pool_status`` in its config), only when it
+    changes; a proposal other components can read: docs/capacitypool-status.md."""
+
     model_config = ConfigDict(populate_by_name=True, extra="ignore")
 
     nodes: int = 0
-    booked_nodes: int = Field(default=0, alias="bookedNodes")
+    ready_nodes: int = Field(default=0, alias="readyNodes")
+    booked_nodes: int = Field(default=0, alias="bookedNodes",
+                              description="Existing nodes counted on by a live booking.")
+    in_flight_nodes: int = Field(
+        default=0, alias="inFlightNodes",
+        description="Nodes booked or being acquired but not registered yet; they count "
+        "against maxNodes like registered ones.")
+    provisionable_nodes: int = Field(default=0, alias="provisionableNodes")
+    available_nodes: int = Field(default=0, alias="availableNodes")
+    free_gpus: int = Field(
+        default=0, alias="freeGPUs",
+        description="Free (unbooked) GPUs on Ready nodes: every resource named */gpu.")
+    free: dict[str, str] = Field(default_factory=dict)
+    domains: list[PoolDomainStatus] = Field(default_factory=list)
     conditions: list[Condition] = Field(default_factory=list)
 
 

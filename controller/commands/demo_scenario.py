@@ -1,7 +1,7 @@
 """What ``muster demo`` runs: the whole story in one process, in well under a minute.
 
 Starts the API sandbox (CRDs from ``crds/``), a few existing nodes, a CapacityPool of
-8-GPU nodes in racks grouped into blocks served by the kind provider, Muster's controller
+8-GPU nodes in racks grouped into blocks served by the fake provider, Muster's controller
 and the sandbox scheduler; submits a gang (N x 8-GPU workers required in one rack plus a
 launcher) as PodTemplates and a ProvisioningRequest; once Provisioned, creates the pods
 the way a Kueue-admitted job would (consume annotation, nodeSelector from
@@ -273,7 +273,7 @@ async def run_demo(
 ) -> None:
     from controller.config import MusterConfig
     from controller.reconcilers.operator import Controller
-    from providers.kind import KindProvider
+    from providers.fake import FakeProvider
 
     async with demo_world(
         crd_dirs=[crd_dir()], kubeconfig_out=kubeconfig_out, prefix="muster-demo-"
@@ -284,7 +284,7 @@ async def run_demo(
             retry={"initial_backoff_seconds": 1, "max_backoff_seconds": 5, "max_attempts": 5},
             acquisition={"node_ready_timeout_seconds": 30, "idle_ttl_seconds": 30},
         )
-        provider = KindProvider(kube, heartbeat_seconds=5)
+        provider = FakeProvider(kube, heartbeat_seconds=5)
         world.controller = Controller(kube=kube, config=config, providers={"kind": provider})
         await world.controller.start()
         await world.scheduler.start()

@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from controller.decisions import FIELDS_ATTR
+
 if TYPE_CHECKING:  # imported lazily at run time: `muster --help` stays fast
     from aiohttp import web
 
@@ -48,9 +50,12 @@ class _JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
+        fields = getattr(record, FIELDS_ATTR, None)
+        if isinstance(fields, dict):  # a decision (controller/decisions.py): its own keys
+            out.update({k: v for k, v in fields.items() if k not in out})
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out)
+        return json.dumps(out, default=str)
 
 
 def setup_logging(fmt: str, level: str) -> None:

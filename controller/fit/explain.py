@@ -25,6 +25,7 @@ from controller.fit.types import (
     GangRequest,
     Mode,
     NodeState,
+    NoFit,
     PodSetRequest,
     PodShape,
     Reason,
@@ -346,6 +347,7 @@ def _explain_required(planner: PodSetPlanner, level: str, suffix: str) -> Reason
             f"{_needs(ps)} on one node; the best node has room for {best_node}{tail}{suffix}",
             needed=ps.count,
             best=max(best_node, new),
+            level=level,
         )
     caps = planner.domain_caps(depth)
     by_key: dict[tuple[str, ...], list[Batch]] = {}
@@ -364,6 +366,7 @@ def _explain_required(planner: PodSetPlanner, level: str, suffix: str) -> Reason
             f"{_needs(ps)} within one value of {name}; no matching node carries the "
             f"{level} label{suffix}",
             needed=ps.count,
+            level=level,
         )
     # The domain closest to fitting (existing + new), then the most existing, then by name.
     key = min(rooms, key=lambda k: (-(rooms[k][0] + rooms[k][1]), -rooms[k][0], k))
@@ -378,7 +381,55 @@ def _explain_required(planner: PodSetPlanner, level: str, suffix: str) -> Reason
         if any(ws.pool_headroom(b.ref.pool_index) < b.ref.domain.max_new_nodes
                for b in by_key.get(key, [])):
             code = ReasonCode.POOL_LIMIT
-    return Reason(code, ps.name, msg + suffix, needed=ps.count, best=have + new_room)
+    return Reason(code, ps.name, msg + suffix, needed=ps.count, best=have + new_room,
+                  level=level, domain="/".join(key))
+
+
+def shortfall(result: NoFit) -> str:
+    """One sentence per failed pod set saying by how much it misses and where it came
+    closest, then whether waiting can help: the headline of a waiting request's condition.
+
+    E.g. "pod set workers is short by 3 pod(s): it must fit within one rack and the closest
+    rack, b1/b1-r2, can hold 5 of 8 (existing nodes plus what pools can add). More capacity
+    can appear: ..."
+    """
+    parts = []
+    seen: set[str | None] = set()
+    # Today's shortfall first; the empty-cluster one (NeverFits) only for pod sets without.
+    ordered = sorted(result.reasons, key=lambda r: r.code is ReasonCode.NEVER_FITS)
+    for r in ordered:
+        if r.code in (ReasonCode.INVALID, ReasonCode.UNSUPPORTED):
+            continue
+        if r.pod_set in seen or r.needed <= 0:
+            continue
+        seen.add(r.pod_set)
+        short = max(0, r.needed - r.best)
+        what = f"pod set {r.pod_set} is short by {short} pod(s)"
+        if r.level is not None and r.domain is not None:
+            name = r.level.rsplit("/", 1)[-1]
+            parts.append(f"{what}: it must fit within one {name} and the closest {name}, "
+                         f"{r.domain}, can hold {r.best} of {r.needed}")
+        elif r.level is not None:
+            parts.append(f"{what}: it must fit within one "
+                         f"{r.level.rsplit('/', 1)[-1]}, and the best holds {r.best} of "
+                         f"{r.needed}")
+        else:
+            parts.append(f"{what}: the cluster can hold {r.best} of {r.needed}")
+    codes = {r.code for r in result.reasons}
+    if ReasonCode.INVALID in codes or ReasonCode.UNSUPPORTED in codes:
+        tail = "Waiting cannot help: the request itself must change."
+    elif ReasonCode.NEVER_FITS in codes:
+        tail = ("More capacity can never appear: not even an empty cluster with every pool "
+                "at its maximum holds the gang.")
+    elif result.mode is Mode.CHECK:
+        tail = ("More capacity can appear when running pods finish or other bookings end "
+                "(check-capacity adds no nodes).")
+    else:
+        tail = ("More capacity can appear: the gang fits an empty cluster with every pool at "
+                "its maximum, so it fits once running pods finish, other bookings end, or "
+                "stock returns.")
+    head = "; ".join(parts)
+    return f"{head[0].upper()}{head[1:]}. {tail}" if head else tail
 
 
 def _explain_slices(planner: PodSetPlanner, suffix: str) -> Reason:

@@ -221,6 +221,8 @@ def _plan(request: GangRequest, snapshot: Snapshot, mode: Mode) -> Result:
                 f"every pool at its maximum: {why.message}",
                 needed=why.needed,
                 best=why.best,
+                level=why.level,
+                domain=why.domain,
             ),
         )
     return NoFit(request.name, mode, tuple(reasons))

@@ -294,6 +294,11 @@ class Reason:
     more nodes there (its domain limit is 8)"."""
     needed: int = 0
     best: int = 0
+    """Pods the best place found could hold (``needed`` - ``best`` is the shortfall)."""
+    level: str | None = None
+    """The topology level the pod set must fit within, when that is what failed."""
+    domain: str | None = None
+    """The domain of ``level`` that came closest (its values, widest first, joined by /)."""
 
 
 _PERMANENT = frozenset({ReasonCode.NEVER_FITS, ReasonCode.INVALID, ReasonCode.UNSUPPORTED})

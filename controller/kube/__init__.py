@@ -1,6 +1,6 @@
 """The only layer that talks to the Kubernetes API server (kubernetes-asyncio underneath).
 
-Everything above it (state, acquire, reconcilers, the kind provider) calls
+Everything above it (state, acquire, reconcilers, the fake provider) calls
 :class:`KubeClient`; swapping the transport or faking the server touches only this package.
 """
 

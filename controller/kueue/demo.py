@@ -213,7 +213,7 @@ async def run_kueue_demo(
     from controller.commands.demo_scenario import demo_world, show
     from controller.config import MusterConfig
     from controller.reconcilers.operator import Controller
-    from providers.kind import KindProvider
+    from providers.fake import FakeProvider
 
     async with demo_world(
         crd_dirs=[crd_dir("crds"), crd_dir("kueue-crds")], kubeconfig_out=kubeconfig_out,
@@ -228,7 +228,7 @@ async def run_kueue_demo(
         )
         world.controller = Controller(
             kube=kube, config=config,
-            providers={"kind": KindProvider(kube, heartbeat_seconds=5)}, use_kopf=False,
+            providers={"kind": FakeProvider(kube, heartbeat_seconds=5)}, use_kopf=False,
         )
         await world.controller.start()
         await world.scheduler.start()

@@ -33,6 +33,7 @@ from controller.podgroups.integration import EVENT_COMPONENT as GANG_EVENTS
 from controller.podgroups.integration import PodGroupIntegration
 from controller.problems import LOG_INTERVAL, ProblemLog, describe, retrying, transient
 from controller.reconcilers.handlers import build_registry
+from controller.reconcilers.pool_status import PoolStatusWriter
 from controller.reconcilers.pools import sync_pool_finalizers
 from controller.reconcilers.service import ProvisioningService
 from controller.reconcilers.telemetry import (
@@ -95,8 +96,7 @@ class Controller:
         self.events = EventBroadcaster(kube, now=self.clock.now, queue_size=event_queue_size)
         self.providers = ProviderSet(
             ProviderContext(kube=kube, now=self.clock.now, cluster_name=config.cluster_name),
-            settings={"kind": config.providers.kind.model_dump(), "fake":
-                      config.providers.kind.model_dump(), **config.providers.settings},
+            settings={"kind": config.providers.kind.model_dump(), **config.providers.settings},
             instances=providers,
             metrics=self.metrics,
         )
@@ -119,8 +119,13 @@ class Controller:
         ))
         self.collector = Collector(
             state=self.state, providers=self.providers,
-            idle_ttl=config.acquisition.idle_ttl_seconds, now=self.clock.now,
+            idle_ttl=config.acquisition.idle_ttl_seconds,
+            grace=config.acquisition.orphan_grace_seconds, now=self.clock.now,
             in_flight=lambda: self.service.in_flight,
+        )
+        self.pool_status = PoolStatusWriter(
+            kube=kube, state=self.state, providers=self.providers, config=config.pool_status,
+            clock=self.clock, metrics=self.metrics,
         )
         self.feeds = Feeds(kube, self.state, with_requests=not self.use_kopf)
         self.kueue = (
@@ -195,9 +200,7 @@ class Controller:
             except ProviderConfigError as exc:  # the reconcile reports it on the request
                 log.warning("pool %s: %s", pool.metadata.name, exc)
         for name, provider in self.providers.instances().items():
-            start = getattr(provider, "start", None)
-            if start is not None:
-                await retrying(start, f"starting provider {name}", self.problems)
+            await retrying(provider.start, f"starting provider {name}", self.problems)
         self.providers.running = True
         released = await retrying(self.collector.run_once, "start-up collection", self.problems)
         if released:
@@ -213,6 +216,7 @@ class Controller:
             await self._start_kopf()
         self._tasks.append(asyncio.create_task(self._collect_loop(), name="collector"))
         self._tasks.append(asyncio.create_task(self._pool_loop(), name="pool-finalizers"))
+        self._tasks.append(asyncio.create_task(self.pool_status.run(), name="pool-status"))
         await self._start_integrations()
         self.ready = True
 
@@ -361,9 +365,7 @@ class Controller:
         await self.events.stop()  # after the queue: the last reconciles' events still go out
         await self.feeds.stop()
         for provider in self.providers.instances().values():
-            stop = getattr(provider, "stop", None)
-            if stop is not None:
-                await stop()
+            await provider.stop()
         left = await self.kube.drain(within=KOPF_STOP_SECONDS)
         if left:
             log.warning("%d API request(s) still unanswered while stopping", left)

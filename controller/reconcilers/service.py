@@ -49,6 +49,8 @@ from controller.conditions import (
 )
 from controller.config import MusterConfig
 from controller.constraints import needs_running_pods
+from controller.decisions import decide
+from controller.fit.explain import shortfall
 from controller.fit.types import GangRequest, Mode, NoFit, Plan, ReasonCode
 from controller.kube import ApiError, Body, KubeClient
 from controller.kube.events import EventRecorder
@@ -219,6 +221,11 @@ class ProvisioningService:
         booking = self.state.bookings().get(req.key)
         if booking is None:  # the request was deleted while it was being planned
             return None
+        decide("plan", req.key, outcome="fits", attempt=attempt, where=_where(result),
+               existing_nodes=len(set(booking.existing_nodes)),
+               new_nodes=sum(g.count for g in booking.groups),
+               groups=[_group_text(g) for g in booking.groups],
+               cost_per_hour=round(result.cost_per_hour, 4))
         # Persisted as Acquiring even with no new nodes: should the status write that
         # confirms it fail or the process die first, the resumed "acquisition" of nothing
         # confirms it. (Persisting it as Booked left a booking that expired without
@@ -251,46 +258,7 @@ class ProvisioningService:
 
     def gang(self, req: RequestView, mode: Mode) -> GangRequest:
         """The request as the fit engine sees it; :class:`Invalid` names what is wrong."""
-        problems = self.parameters(req).problems
-        if problems:
-            raise Invalid(Reason.INVALID_PARAMETERS, "; ".join(problems))
-        try:
-            pr = parse_object(ProvisioningRequest, dict(req.body))
-        except SnapshotError as exc:
-            raise Invalid(Reason.INVALID_PARAMETERS, str(exc)) from None
-        templates = {}
-        for i, ps in enumerate(pr.spec.pod_sets):
-            ref = ps.pod_template_ref.name
-            found = self.state.template(req.namespace, ref)
-            if found is None:
-                raise Invalid(
-                    Reason.FAILED_TO_CREATE_PODS,
-                    f"spec.podSets[{i}]: PodTemplate {req.namespace}/{ref} not found",
-                    missing_template=True,
-                )
-            if isinstance(found, str):
-                raise Invalid(
-                    Reason.FAILED_TO_CREATE_PODS,
-                    f"spec.podSets[{i}]: PodTemplate {req.namespace}/{ref} is invalid: {found}",
-                )
-            templates[ref] = found
-        try:
-            every = any(needs_running_pods(t.template.spec) for t in templates.values())
-            gang = gang_of(pr, templates, self.state.levels, self.state.dra.catalog(),
-                           self.state.bound_pods(every=every))
-        except InvalidTemplate as exc:
-            raise Invalid(Reason.INVALID_PARAMETERS, str(exc)) from None
-        except SnapshotError as exc:
-            raise Invalid(Reason.FAILED_TO_CREATE_PODS, str(exc)) from None
-        for pod_set in gang.pod_sets:
-            level = pod_set.topology.level
-            if level is not None and level not in self.state.levels:
-                raise Invalid(
-                    Reason.INVALID_PARAMETERS,
-                    f"pod set {pod_set.name} asks for topology level {level!r}, which is not "
-                    f"configured (levels: {', '.join(self.state.levels)})",
-                )
-        return gang
+        return build_gang(req, self.state, self.config)
 
     def parameters(self, req: RequestView) -> Parameters:
         """The request's parameters as Muster reads them (see
@@ -328,7 +296,13 @@ class ProvisioningService:
                        groups=groups_for(plan, owner_uid=req.uid, attempt=attempt))
 
     async def no_fit(self, req: RequestView, mode: Mode, result: NoFit, attempt: int) -> Delay:
-        detail = "; ".join(r.message for r in result.reasons) or "no capacity"
+        # The shortfall first (where it came closest, by how much, whether waiting helps),
+        # then the engine's reasons in full.
+        reasons = "; ".join(r.message for r in result.reasons) or "no capacity"
+        detail = f"{shortfall(result)} In detail: {reasons}"
+        decide("plan", req.key, outcome="no-fit", attempt=attempt, permanent=result.permanent,
+               codes=sorted({r.code.value for r in result.reasons}),
+               shortfall=shortfall(result))
         if result.permanent:
             codes = {r.code for r in result.reasons}
             reason = (
@@ -369,6 +343,9 @@ class ProvisioningService:
                 )
                 crashpoints.reached("acquired")
                 booking = booking.with_nodes(nodes)
+                decide("acquire", req.key, outcome="acquired", attempt=booking.attempt,
+                       groups=[_group_text(g) for g in booking.groups],
+                       nodes=sorted(booking.acquired_nodes))
                 self.state.reserve(req.key, booking)
                 timeout = self.config.acquisition.node_ready_timeout_seconds
                 not_ready = await self.state.wait_ready(
@@ -381,6 +358,7 @@ class ProvisioningService:
             if not_ready:
                 await release_groups(
                     booking.groups, pools=self.state.pools(), provider_for=self.providers.for_pool,
+                    owner=req.key, why=f"{len(not_ready)} node(s) not Ready in time",
                     releasing=self.state.releasing,
                 )
                 return await self.retry_or_fail(
@@ -389,6 +367,10 @@ class ProvisioningService:
                     permanent=False,
                 )
         except AcquisitionFailed as exc:
+            decide("acquire", req.key, outcome="failed", attempt=booking.attempt,
+                   groups=[_group_text(g) for g in booking.groups], reason=exc.reason,
+                   retryable=exc.retryable, error=str(exc),
+                   short=[_group_text(g) + f" (stock {n})" for g, n in exc.short])
             until = self.clock.now() + timedelta(seconds=self.config.retry.max_backoff_seconds)
             for group, available in exc.short:
                 self.state.mark_short(group.pool, group.domain, available=available, until=until)
@@ -570,7 +552,10 @@ class ProvisioningService:
             return None
         return await self._finish_ending(req, booking)
 
-    async def release_unused(self, booking: Booking, owner: str) -> int:
+    async def release_unused(
+        self, booking: Booking, owner: str,
+        why: str = "the booking ended and no pod or other booking uses them",
+    ) -> int:
         """Release ``owner``'s groups none of whose nodes runs a pod or is counted on by
         another live booking (a request booked on existing nodes this one acquired); the
         collector handles the rest once they are idle."""
@@ -584,7 +569,7 @@ class ProvisioningService:
             return 0
         return await release_groups(
             unused, pools=self.state.pools(), provider_for=self.providers.for_pool,
-            releasing=self.state.releasing,
+            owner=owner, why=why, releasing=self.state.releasing,
         )
 
     def group_nodes(self, group: Group) -> tuple[str, ...]:
@@ -600,7 +585,7 @@ class ProvisioningService:
         self.state.unreserve(req.key)
         booking = req.booking
         if booking is not None and req.phase is not Phase.FAILED:
-            await self.release_unused(booking, req.key)
+            await self.release_unused(booking, req.key, why="the request is being deleted")
         if req.has_finalizer:
             await self.persist(req, annotations={}, finalizer=False)
         return None
@@ -678,6 +663,8 @@ class ProvisioningService:
         then only cleaned up (plan dropped, so the cache stops holding it), and only when
         there is something to clean: a request failed before any plan costs one write."""
         self.state.unreserve(req.key)
+        if not req.condition_true(ConditionType.FAILED):
+            decide("fail", req.key, reason=reason.value, attempt=attempt, message=text)
         req = await self.write_status(
             req,
             [_accepted(), (ConditionType.PROVISIONED, False, reason, text),
@@ -767,6 +754,11 @@ class ProvisioningService:
                 conditions, type_=type_, status=status, reason=reason, message=text, now=now,
                 generation=req.generation,
             )
+        current_details = (req.body.get("status") or {}).get("provisioningClassDetails")
+        if conditions == [dict(c) for c in req.conditions] and (
+            details is None or dict(details) == current_details
+        ):
+            return req  # nothing would change: no write, no event
         patch: Body = {"conditions": conditions}
         if details is not None:
             patch["provisioningClassDetails"] = dict(details)
@@ -786,6 +778,53 @@ class ProvisioningService:
     def _store(self, body: Body) -> None:
         if body.get("metadata"):
             self.state.upsert_request(body)
+
+
+def build_gang(req: RequestView, state: ClusterState, config: MusterConfig) -> GangRequest:
+    """The request as the fit engine sees it, from ``state``'s templates, DRA objects and
+    running pods (the controller's reconcile and ``kubectl muster fit`` alike);
+    :class:`Invalid` names what is wrong."""
+    mode = config.classes.mode_for(req.class_name, req.parameters) or Mode.PROVISION
+    problems = read_parameters(req.parameters, mode, req.class_name).problems
+    if problems:
+        raise Invalid(Reason.INVALID_PARAMETERS, "; ".join(problems))
+    try:
+        pr = parse_object(ProvisioningRequest, dict(req.body))
+    except SnapshotError as exc:
+        raise Invalid(Reason.INVALID_PARAMETERS, str(exc)) from None
+    templates = {}
+    for i, ps in enumerate(pr.spec.pod_sets):
+        ref = ps.pod_template_ref.name
+        found = state.template(req.namespace, ref)
+        if found is None:
+            raise Invalid(
+                Reason.FAILED_TO_CREATE_PODS,
+                f"spec.podSets[{i}]: PodTemplate {req.namespace}/{ref} not found",
+                missing_template=True,
+            )
+        if isinstance(found, str):
+            raise Invalid(
+                Reason.FAILED_TO_CREATE_PODS,
+                f"spec.podSets[{i}]: PodTemplate {req.namespace}/{ref} is invalid: {found}",
+            )
+        templates[ref] = found
+    try:
+        every = any(needs_running_pods(t.template.spec) for t in templates.values())
+        gang = gang_of(pr, templates, state.levels, state.dra.catalog(),
+                       state.bound_pods(every=every))
+    except InvalidTemplate as exc:
+        raise Invalid(Reason.INVALID_PARAMETERS, str(exc)) from None
+    except SnapshotError as exc:
+        raise Invalid(Reason.FAILED_TO_CREATE_PODS, str(exc)) from None
+    for pod_set in gang.pod_sets:
+        level = pod_set.topology.level
+        if level is not None and level not in state.levels:
+            raise Invalid(
+                Reason.INVALID_PARAMETERS,
+                f"pod set {pod_set.name} asks for topology level {level!r}, which is not "
+                f"configured (levels: {', '.join(state.levels)})",
+            )
+    return gang
 
 
 class _Later:
@@ -841,6 +880,11 @@ def class_details(plan: Plan) -> dict[str, str]:
     new_nodes = sum(n.count for n in plan.new_nodes)
     details[NEW_NODES_DETAIL] = str(new_nodes)
     return dict(list(details.items())[:64])
+
+
+def _group_text(group: Group) -> str:
+    where = ",".join(f"{k.rsplit('/', 1)[-1]}={v}" for k, v in sorted(group.domain.items()))
+    return f"{group.pool}[{where or '-'}]x{group.count}"
 
 
 def _where(plan: Plan) -> str:

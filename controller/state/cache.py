@@ -28,6 +28,7 @@ from pydantic import ValidationError
 from controller.api.capacitypool import CapacityPool
 from controller.api.node import Node
 from controller.api.pod import Pod, PodAffinityTerm, PodTemplate
+from controller.api.quantity import to_resources
 from controller.constraints import BoundPod
 from controller.fit import apply_plan
 from controller.fit.capacity import BookedMemo
@@ -58,7 +59,7 @@ DELETED_MEMORY = 16_384
 """How many deleted requests' uids are remembered: far more than requests deleted while one
 write can be in flight (its timeout is 60 s)."""
 KEY_LABEL = "muster.dev/acquisition-key"
-"""Set by every provider on the nodes it acquires (see ``providers.kind``)."""
+"""Set by every provider on the nodes it acquires (see ``providers.fake``)."""
 
 
 def object_key(obj: Mapping[str, Any]) -> str:
@@ -116,7 +117,17 @@ class ClusterState:
         self._templates: dict[str, PodTemplate] = {}
         self._template_errors: dict[str, str] = {}
         self._pools: dict[str, CapacityPool] = {}
-        self._pool_errors: dict[str, str] = {}
+        self._pool_errors: dict[str, tuple[str, ...]] = {}
+        """Every validation error of a pool the model refuses (by name)."""
+        self._pool_state_errors: dict[str, str] = {}
+        """Pools the model accepts but the planner cannot use (a bad quantity)."""
+        self._pool_quantity_errors: dict[str, tuple[str, ...]] = {}
+        """Every unreadable node-template amount of a pool the model accepts."""
+        self._unusable_pools: dict[str, tuple[str, ...]] = {}
+        """Pools whose provider refuses their parameters: left out of planning (every
+        acquisition through them would fail)."""
+        self._pool_status: dict[str, Body] = {}
+        """Each pool's ``status`` as the API server holds it (for the status writer)."""
         self._requests: dict[str, Body] = {}
         self._deleted: OrderedDict[str, None] = OrderedDict()
         """uids of requests seen deleted, newest last (bounded): an answer to a write sent
@@ -406,38 +417,88 @@ class ClusterState:
 
     def replace_pools(self, items: Iterable[Body]) -> None:
         self._pools.clear()
-        self._pool_errors.clear()
+        errors, self._pool_errors = self._pool_errors, {}
+        self._pool_status.clear()
+        self._pool_quantity_errors.clear()
         self._deleting_pools.clear()
         self._sorted_nodes = None
         for item in items:
-            self.upsert_pool(item)
+            self.upsert_pool(item, known_errors=errors)
         self.synced["pools"].set()
 
-    def upsert_pool(self, body: Body) -> None:
+    def upsert_pool(
+        self, body: Body, *, known_errors: Mapping[str, tuple[str, ...]] | None = None
+    ) -> None:
         name = str((body.get("metadata") or {}).get("name"))
         self._pool_states = None
         self.pools_changed.set()
+        self._pool_status[name] = dict(body.get("status") or {})
         deleting = bool((body.get("metadata") or {}).get("deletionTimestamp"))
         if deleting != (name in self._deleting_pools):
             # Its nodes stop (or start) being plannable: node states are rebuilt.
             self._deleting_pools.symmetric_difference_update({name})
             self._sorted_nodes = None
+        before = (known_errors or self._pool_errors).get(name)
+        quantities = _quantity_errors(body)
         try:
+            # A pool with unreadable amounts stays known (its nodes can still be released);
+            # the snapshot leaves it out of planning.
             self._pools[name] = CapacityPool.model_validate(body)
             self._pool_errors.pop(name, None)
+            if quantities:
+                self._pool_quantity_errors[name] = quantities
+            else:
+                self._pool_quantity_errors.pop(name, None)
         except ValidationError as exc:
             self._pools.pop(name, None)
-            self._pool_errors[name] = _first_error(exc)
-            log.warning("ignoring invalid CapacityPool %s: %s", name, self._pool_errors[name])
+            errors = (*_all_errors(exc), *quantities)
+            self._pool_errors[name] = errors
+            # Once per change: every status write and finalizer patch brings the pool back.
+            if errors != before:
+                log.warning("ignoring invalid CapacityPool %s (%d problem(s)): %s", name,
+                            len(errors), "; ".join(errors))
 
     def delete_pool(self, name: str) -> None:
         self.pools_changed.set()
         self._pools.pop(name, None)
         self._pool_errors.pop(name, None)
+        self._pool_state_errors.pop(name, None)
+        self._pool_quantity_errors.pop(name, None)
+        self._unusable_pools.pop(name, None)
+        self._pool_status.pop(name, None)
         self._pool_states = None
         if name in self._deleting_pools:
             self._deleting_pools.discard(name)
             self._sorted_nodes = None
+
+    def pool_errors(self, name: str) -> tuple[str, ...]:
+        """Why Muster does not plan on pool ``name`` (empty: it does): every error."""
+        if name in self._pool_errors:
+            return self._pool_errors[name]
+        if self._pool_quantity_errors.get(name):
+            return self._pool_quantity_errors[name]
+        found = self._pool_state_errors.get(name)
+        return (found,) if found else ()
+
+    def set_pool_unusable(self, name: str, problems: Sequence[str]) -> None:
+        """The provider refuses pool ``name``'s parameters (``problems``; empty: it accepts
+        them): the planner leaves the pool out until they are fixed."""
+        problems = tuple(problems)
+        if self._unusable_pools.get(name, ()) == problems:
+            return
+        if problems:
+            self._unusable_pools[name] = problems
+        else:
+            self._unusable_pools.pop(name, None)
+        self._pool_states = None
+
+    def invalid_pools(self) -> Mapping[str, tuple[str, ...]]:
+        """Pools the model refuses, with every error."""
+        return self._pool_errors
+
+    def pool_status(self, name: str) -> Body:
+        """The pool's ``status`` as last seen from the API server."""
+        return self._pool_status.get(name, {})
 
     def pool_deleting(self, name: str) -> bool:
         """The pool has a deletionTimestamp: Muster adds no node to it, plans nothing new on
@@ -584,6 +645,14 @@ class ClusterState:
         self._short[(pool, tuple(sorted(domain.items())))] = (available, until)
         self._pool_states = None
 
+    def shortages(self, now: datetime) -> dict[str, list[tuple[dict[str, str], int, datetime]]]:
+        """Pool -> (domain, nodes available, until) of each stock-out still in force."""
+        out: dict[str, list[tuple[dict[str, str], int, datetime]]] = {}
+        for (pool, domain), (available, until) in sorted(self._short.items()):
+            if until > now:
+                out.setdefault(pool, []).append((dict(domain), available, until))
+        return out
+
     def _apply_shortages(self, states: tuple[PoolState, ...], now: datetime) -> tuple[
         PoolState, ...
     ]:
@@ -658,12 +727,16 @@ class ClusterState:
         if self._pool_states is None:
             states = []
             for name in sorted(self._pools):
-                if name in self._deleting_pools:
+                if name in self._deleting_pools or name in self._unusable_pools:
                     continue
                 try:
                     states.append(self._pool_state(self._pools[name]))
+                    self._pool_state_errors.pop(name, None)
                 except ValueError as exc:
-                    log.warning("ignoring CapacityPool %s: %s", name, exc)
+                    # Rebuilt whenever a node comes or goes: say it once per change.
+                    if self._pool_state_errors.get(name) != str(exc):
+                        log.warning("ignoring CapacityPool %s: %s", name, exc)
+                    self._pool_state_errors[name] = str(exc)
             self._pool_states = tuple(states)
         pools = self._pool_states
         if self._short and now is not None:
@@ -741,6 +814,31 @@ def _retrieve(fut: asyncio.Future[Any]) -> None:
     # Waiters are cancelled on timeout; fetch the outcome so asyncio does not log it.
     if not fut.cancelled():
         fut.exception()
+
+
+def _quantity_errors(body: Mapping[str, Any]) -> tuple[str, ...]:
+    """Every node-template amount that is no Kubernetes quantity (the model keeps them as
+    strings; the planner could not read them)."""
+    template = ((body.get("spec") or {}).get("nodeTemplate") or {})
+    out = []
+    for part in ("allocatable", "capacity"):
+        amounts = template.get(part)
+        if not isinstance(amounts, Mapping):
+            continue
+        for res, value in amounts.items():
+            try:
+                to_resources({str(res): str(value)})
+            except ValueError as exc:
+                why = str(exc).removeprefix(f"{res}: ")
+                out.append(f"spec.nodeTemplate.{part}.{res}: {why}")
+    return tuple(out)
+
+
+def _all_errors(exc: ValidationError) -> tuple[str, ...]:
+    return tuple(
+        f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}"
+        for err in exc.errors()
+    )
 
 
 def _first_error(exc: ValidationError) -> str:

@@ -37,6 +37,36 @@ class Feeds:
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
+        for res, on_sync, on_event in self._specs():
+            self._tasks.append(
+                asyncio.create_task(
+                    self._kube.watch(res, on_sync, on_event), name=f"watch-{res.plural}"
+                )
+            )
+        for res in (RESOURCE_SLICES, RESOURCE_CLAIMS, RESOURCE_CLAIM_TEMPLATES, DEVICE_CLASSES):
+            self._tasks.append(
+                asyncio.create_task(self._watch_dra(res), name=f"watch-{res.plural}")
+            )
+
+    async def list_once(self) -> None:
+        """Fill the cache from one list of each kind, without watching: what a read-only
+        client (``kubectl muster``) plans against, built by the controller's own code."""
+        for res, on_sync, _ in self._specs():
+            listing = await self._kube.list(res)
+            on_sync(listing.get("items") or [])
+        for res in (RESOURCE_SLICES, RESOURCE_CLAIMS, RESOURCE_CLAIM_TEMPLATES, DEVICE_CLASSES):
+            try:
+                listing = await self._kube.list(res)
+            except ApiError as exc:
+                if exc.not_found or exc.status == 403:
+                    self._state.dra.synced[res.plural].set()
+                    continue
+                raise
+            self._state.dra.replace(res.plural, listing.get("items") or [])
+
+    def _specs(
+        self,
+    ) -> list[tuple[Resource, Callable[[list[Body]], None], Callable[[WatchEvent], None]]]:
         s = self._state
         specs: list[tuple[Resource, Callable[[list[Body]], None], Callable[[WatchEvent], None]]]
         specs = [
@@ -69,16 +99,7 @@ class Feeds:
                     ),
                 )
             )
-        for res, on_sync, on_event in specs:
-            self._tasks.append(
-                asyncio.create_task(
-                    self._kube.watch(res, on_sync, on_event), name=f"watch-{res.plural}"
-                )
-            )
-        for res in (RESOURCE_SLICES, RESOURCE_CLAIMS, RESOURCE_CLAIM_TEMPLATES, DEVICE_CLASSES):
-            self._tasks.append(
-                asyncio.create_task(self._watch_dra(res), name=f"watch-{res.plural}")
-            )
+        return specs
 
     async def _watch_dra(self, res: Resource) -> None:
         """Watch one DRA kind; an API server that does not serve resource.k8s.io/v1

@@ -19,7 +19,13 @@ def test_crd_shape() -> None:
     (version,) = spec["versions"]
     assert version["subresources"] == {"status": {}}
     assert [c["name"] for c in version["additionalPrinterColumns"]] == [
-        "Provider", "Nodes", "Max", "Price", "Age"]
+        "Provider", "Valid", "Nodes", "Ready", "Booked", "Free-GPUs", "Provisionable", "Max",
+        "Price", "Age"]
+    status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    domain = status["domains"]["items"]["properties"]
+    for name in ("nodes", "readyNodes", "bookedNodes", "inFlightNodes", "free", "freeNodes",
+                 "provisionableNodes", "provisionable", "availableNodes", "stockOutUntil"):
+        assert name in domain, name
     props = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
     assert props["parameters"]["x-kubernetes-preserve-unknown-fields"] is True
     assert props["maxNodes"]["type"] == "integer"

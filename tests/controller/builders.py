@@ -18,7 +18,7 @@ from controller.fit.types import (
     TopologyMode,
     TopologyRequest,
 )
-from providers.kind import KindProvider
+from providers.fake import FakeProvider
 
 GPU8 = {"cpu": 90_000, "memory": 900 * 2**30, objects.GPU: 8, "pods": 1}
 
@@ -55,7 +55,7 @@ def plan_on(nodes: list[str], *, new: int = 0, pool: str = "p", rack: str = "b1-
     )
 
 
-def starve(provider: KindProvider) -> None:
+def starve(provider: FakeProvider) -> None:
     """No stock left in any rack of the "gpu" pool."""
     for b in (1, 2):
         for r in range(1, 5):

@@ -14,7 +14,7 @@ from controller.config import MusterConfig
 from controller.kube import KubeClient
 from controller.kube.resources import CAPACITY_POOLS, NAMESPACES, POD_TEMPLATES
 from controller.reconcilers.operator import Controller
-from providers.kind import KindProvider
+from providers.fake import FakeProvider
 from sandbox.server import SandboxServer
 
 CRDS = Path(__file__).resolve().parents[2] / "crds"
@@ -40,8 +40,8 @@ async def kube(server: SandboxServer, tmp_path: Path) -> AsyncIterator[KubeClien
 
 
 @pytest.fixture
-async def running(kube: KubeClient) -> AsyncIterator[tuple[Controller, ManualClock, KindProvider]]:
-    """A controller (own watch) on virtual time with the kind provider, a "gpu" pool of 8-GPU
+async def running(kube: KubeClient) -> AsyncIterator[tuple[Controller, ManualClock, FakeProvider]]:
+    """A controller (own watch) on virtual time with the fake provider, a "gpu" pool of 8-GPU
     nodes in racks and a "workers" template (one 8-GPU pod per node, one rack) in "ns"."""
     await kube.create(NAMESPACES, {"metadata": {"name": "ns"}})
     await kube.create(CAPACITY_POOLS, objects.gpu_pool("gpu"))
@@ -51,7 +51,7 @@ async def running(kube: KubeClient) -> AsyncIterator[tuple[Controller, ManualClo
     ), namespace="ns")
     # Virtual time starting now, so durations from the API server's timestamps make sense.
     clock = ManualClock(start=datetime.now(UTC))
-    provider = KindProvider(kube, heartbeat_seconds=3600)
+    provider = FakeProvider(kube, heartbeat_seconds=3600)
     controller = Controller(kube=kube, config=MusterConfig(), clock=clock,
                             providers={"kind": provider}, use_kopf=False)
     await controller.start()

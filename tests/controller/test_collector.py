@@ -1,11 +1,16 @@
-"""The collector releases what no booking protects: orphans now, idle gangs after the TTL."""
+"""The collector releases what no booking protects: orphans after the grace period, idle
+gangs after the TTL, and finishes a release that failed."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
+
+import pytest
 
 from controller.acquire.collector import Collector
 from controller.acquire.providers import ProviderSet
+from controller.acquire.recovery import GroupView, Seen, decide
 from controller.api.capacitypool import CapacityPool
 from controller.clock import ManualClock
 from controller.commands import objects
@@ -20,8 +25,8 @@ from controller.state.bookings import (
 )
 from controller.state.cache import CONSUME_ANNOTATION, ClusterState
 from controller.topology_defaults import DEFAULT_LEVELS
-from providers.base import AcquireRequest
-from providers.kind import KindProvider
+from providers.base import AcquireRequest, ProvidedNode, TransientProviderError
+from providers.fake import FakeProvider
 from providers.registry import ProviderContext
 from tests.controller.builders import plan_on
 
@@ -48,12 +53,15 @@ def _pod(name: str, node: str, request: str) -> dict[str, Any]:
     }
 
 
-async def test_orphans_go_now_bookings_stay_idle_gangs_go_after_the_ttl(
+GRACE = 60
+
+
+async def test_orphans_go_after_the_grace_bookings_stay_idle_gangs_go_after_the_ttl(
     kube: KubeClient,
 ) -> None:
     await kube.create(CAPACITY_POOLS, objects.gpu_pool("gpu"))
     pool = CapacityPool.model_validate(objects.gpu_pool("gpu"))
-    provider = KindProvider(kube)
+    provider = FakeProvider(kube)
 
     async def acquire(key: str, uid: str) -> str:
         got = await provider.acquire(AcquireRequest(key, pool, 1, R1, "ns/x", uid))
@@ -71,9 +79,12 @@ async def test_orphans_go_now_bookings_stay_idle_gangs_go_after_the_ttl(
     state.upsert_pod(_pod("p0", used, "u"))
     providers = ProviderSet(ProviderContext(kube=kube), instances={"kind": provider})
     collector = Collector(
-        state=state, providers=providers, idle_ttl=300, now=clock.now, in_flight=lambda: set(),
+        state=state, providers=providers, idle_ttl=300, grace=GRACE, now=clock.now,
+        in_flight=lambda: set(),
     )
 
+    assert await collector.run_once() == []  # the orphan waits out the grace
+    await clock.advance(GRACE)
     first = await collector.run_once()
     assert [(r.key, r.nodes) for r in first] == [("orphan-1-0", 1)]
 
@@ -84,3 +95,99 @@ async def test_orphans_go_now_bookings_stay_idle_gangs_go_after_the_ttl(
     await clock.advance(1)
     assert [r.key for r in await collector.run_once()] == ["used-1-0"]
     assert sorted(n.key for n in await provider.list(pool)) == ["booked-1-0"]
+
+
+@pytest.mark.parametrize("grace", [GRACE, 0], ids=["with-grace", "without-grace"])
+async def test_a_plan_the_cache_has_not_shown_yet_keeps_its_nodes_within_the_grace(
+    kube: KubeClient, grace: float,
+) -> None:
+    """Crash recovery: a restarted controller (or a new leader) lists the pool before its
+    cache shows the plan that recorded a key, whose nodes the provider already launched.
+    Within the grace those nodes stay, and once the plan shows up they are held for good;
+    a true orphan goes after the grace. Without a grace (``without-grace``: what the
+    collector did before) the live request's nodes would be released at the first sweep."""
+    await kube.create(CAPACITY_POOLS, objects.gpu_pool("gpu"))
+    pool = CapacityPool.model_validate(objects.gpu_pool("gpu"))
+    provider = FakeProvider(kube)
+    await provider.acquire(AcquireRequest("w-uid-1-0", pool, 2, R1, "ns/w", "w-uid"))
+    await provider.acquire(AcquireRequest("gone-uid-1-0", pool, 1, R1, "ns/gone", "gone-uid"))
+
+    clock = ManualClock()
+    state = ClusterState(levels=DEFAULT_LEVELS)
+    state.replace_pools([objects.gpu_pool("gpu")])
+    providers = ProviderSet(ProviderContext(kube=kube), instances={"kind": provider})
+    collector = Collector(state=state, providers=providers, idle_ttl=300, grace=grace,
+                          now=clock.now, in_flight=lambda: set())
+
+    first = {r.key for r in await collector.run_once()}
+    if not grace:
+        assert first == {"w-uid-1-0", "gone-uid-1-0"}  # a live request's nodes lost
+        return
+    assert first == set()
+    await clock.advance(GRACE - 1)
+    assert await collector.run_once() == []
+    state.upsert_request(_request("w", "w-uid", Phase.ACQUIRING, "w-uid-1-0"))  # it arrives
+    await clock.advance(1)
+    assert [r.key for r in await collector.run_once()] == ["gone-uid-1-0"]
+    await clock.advance(10 * GRACE)
+    assert await collector.run_once() == []
+    assert {n.key for n in await provider.list(pool)} == {"w-uid-1-0"}
+
+
+class FlakyRelease(FakeProvider):
+    """Its first release of a key fails after deleting the nodes (like an AWS placement
+    group still in use while its instances terminate)."""
+
+    failed: set[str]
+
+    async def release(self, pool: CapacityPool, key: str) -> int:
+        deleted = await super().release(pool, key)
+        if key not in self.failed:
+            self.failed.add(key)
+            raise TransientProviderError("placement group still in use")
+        return deleted
+
+
+async def test_a_failed_release_is_retried_once_its_nodes_are_gone(kube: KubeClient) -> None:
+    await kube.create(CAPACITY_POOLS, objects.gpu_pool("gpu"))
+    pool = CapacityPool.model_validate(objects.gpu_pool("gpu"))
+    provider = FlakyRelease(kube)
+    provider.failed = set()
+    nodes: list[ProvidedNode] = await provider.acquire(
+        AcquireRequest("dead-1-0", pool, 2, R1, "ns/dead", "dead"))
+    assert len(nodes) == 2
+    state = ClusterState(levels=DEFAULT_LEVELS)
+    state.replace_pools([objects.gpu_pool("gpu")])
+    providers = ProviderSet(ProviderContext(kube=kube), instances={"kind": provider})
+    collector = Collector(state=state, providers=providers, idle_ttl=300, grace=0,
+                          now=ManualClock().now, in_flight=lambda: set())
+
+    assert await collector.run_once() == []  # the release failed (after deleting the nodes)
+    assert await provider.list(pool) == []
+    retried = await collector.run_once()  # not listed any more, released again all the same
+    assert [(r.key, r.why) for r in retried] == [("dead-1-0", "retrying a release that failed")]
+    assert await collector.run_once() == []
+    assert [c.key for c in provider.calls if c.op == "release"] == ["dead-1-0", "dead-1-0"]
+
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(("view", "seen", "after", "release"), [
+    (GroupView(holder=Phase.BOOKED), Seen(unheld_since=T0), 10**6, False),
+    (GroupView(in_flight=True), Seen(), 10**6, False),
+    (GroupView(booked=True), Seen(used=True, idle_since=T0), 10**6, False),
+    (GroupView(in_use=True), Seen(unheld_since=T0), 10**6, False),
+    (GroupView(), Seen(unheld_since=T0), GRACE - 1, False),
+    (GroupView(), Seen(unheld_since=T0), GRACE, True),
+    (GroupView(owner_known=True, holder=Phase.FAILED), Seen(unheld_since=T0), GRACE, True),
+    # A used gang, or one whose booking ended: the idle TTL, not the grace.
+    (GroupView(), Seen(used=True, idle_since=T0), GRACE, False),
+    (GroupView(holder=Phase.ENDED), Seen(idle_since=T0), 300, True),
+    # Its pool is being deleted: a used gang goes at once, an orphan still waits the grace.
+    (GroupView(pool_deleting=True), Seen(used=True), 0, True),
+    (GroupView(pool_deleting=True), Seen(), 0, False),
+])
+def test_the_release_decision(view: GroupView, seen: Seen, after: float, release: bool) -> None:
+    decision = decide(view, seen, now=T0 + timedelta(seconds=after), grace=GRACE, idle_ttl=300)
+    assert decision.release is release, decision.why

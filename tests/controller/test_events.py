@@ -28,7 +28,7 @@ from controller.kube.resources import (
     PROVISIONING_REQUESTS,
 )
 from controller.reconcilers.operator import Controller
-from providers.kind import KindProvider
+from providers.fake import FakeProvider
 from sandbox.server import SandboxServer
 from tests.helpers import eventually
 
@@ -48,7 +48,7 @@ async def _world(kube: KubeClient) -> None:
 async def running(kube: KubeClient) -> AsyncIterator[Controller]:
     await _world(kube)
     controller = Controller(kube=kube, config=MusterConfig(), clock=ManualClock(),
-                            providers={"kind": KindProvider(kube, heartbeat_seconds=3600)},
+                            providers={"kind": FakeProvider(kube, heartbeat_seconds=3600)},
                             use_kopf=False)
     await controller.start()
     try:
@@ -106,7 +106,7 @@ async def test_a_hung_events_api_holds_no_reconcile_and_a_full_queue_drops(
     await _world(kube)
     server.faults.add_latency(5.0, resources="events")
     controller = Controller(kube=kube, config=MusterConfig(), clock=ManualClock(),
-                            providers={"kind": KindProvider(kube, heartbeat_seconds=3600)},
+                            providers={"kind": FakeProvider(kube, heartbeat_seconds=3600)},
                             use_kopf=False, event_queue_size=1)
     await controller.start()
     try:

@@ -27,7 +27,7 @@ from controller.kube.resources import (
 )
 from controller.reconcilers.operator import Controller
 from controller.reconcilers.telemetry import state_reading
-from providers.kind import KindProvider
+from providers.fake import FakeProvider
 from sandbox.server import SandboxServer
 from tests.helpers import eventually
 
@@ -63,7 +63,7 @@ async def test_deleted_requests_leave_the_cache_bookings_and_gauges_empty(
     ), namespace="ns")
     clock = ManualClock(start=datetime.now(UTC))
     slow = await SlowAnswers.from_kubeconfig(server.write_kubeconfig(tmp_path / "slow"))
-    provider = KindProvider(kube, heartbeat_seconds=3600)
+    provider = FakeProvider(kube, heartbeat_seconds=3600)
     controller = Controller(kube=slow, config=MusterConfig(), clock=clock, use_kopf=use_kopf,
                             providers={"kind": provider})
     await controller.start()

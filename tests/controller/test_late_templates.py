@@ -18,7 +18,7 @@ from controller.commands import objects
 from controller.kube import KubeClient
 from controller.kube.resources import POD_TEMPLATES, PROVISIONING_REQUESTS
 from controller.reconcilers.operator import Controller
-from providers.kind import KindProvider
+from providers.fake import FakeProvider
 from tests.helpers import eventually
 
 _until = functools.partial(eventually, within=10.0, step=0.02)
@@ -31,7 +31,7 @@ async def _condition(kube: KubeClient, name: str, type_: str) -> dict[str, Any] 
 
 
 async def test_a_template_created_after_its_request_is_waited_for(
-    kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider]
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
 ) -> None:
     _, clock, _ = running
     await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
@@ -55,7 +55,7 @@ async def test_a_template_created_after_its_request_is_waited_for(
 
 
 async def test_a_template_that_never_comes_fails_the_request_after_the_grace(
-    kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider]
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
 ) -> None:
     controller, clock, _ = running
     await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
@@ -83,7 +83,7 @@ async def test_the_wait_for_a_template_is_the_configured_one(kube: KubeClient) -
     clock = ManualClock(start=datetime.now(UTC))
     cfg = load_config(retry={"template_wait_seconds": 60})
     controller = Controller(kube=kube, config=cfg, clock=clock,
-                            providers={"kind": KindProvider(kube, heartbeat_seconds=3600)},
+                            providers={"kind": FakeProvider(kube, heartbeat_seconds=3600)},
                             use_kopf=False)
     await controller.start()
     try:

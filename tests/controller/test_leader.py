@@ -36,7 +36,7 @@ from controller.kube.resources import (
 )
 from controller.leader import LeaderElector, LeadershipLost, from_config, lease_namespace
 from controller.reconcilers.operator import Controller
-from providers.kind import KindProvider
+from providers.fake import FakeProvider
 from sandbox.server import SandboxServer
 from tests.helpers import eventually
 
@@ -261,7 +261,7 @@ async def test_losing_the_lease_halts_the_controller_before_anything_else_runs(
     elector = _elector(await clients(), "pod-a")
     await elector.acquire()
     controller = Controller(kube=kube, config=MusterConfig(), use_kopf=False,
-                            providers={"kind": KindProvider(kube, heartbeat_seconds=3600)})
+                            providers={"kind": FakeProvider(kube, heartbeat_seconds=3600)})
     seen: list[bool] = []
     elector.on_lost(controller.halt)
     elector.on_lost(lambda: seen.append(controller.ready))

@@ -22,7 +22,7 @@ from controller.kube.resources import (
     PROVISIONING_REQUESTS,
 )
 from controller.reconcilers.operator import Controller
-from providers.kind import KindProvider
+from providers.fake import FakeProvider
 from tests.controller.builders import gpu_node, starve
 from tests.helpers import eventually
 
@@ -38,7 +38,7 @@ _until = functools.partial(eventually, within=10.0, step=0.02)
 
 
 async def test_booking_expires_after_ten_virtual_minutes(
-    kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider]
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
 ) -> None:
     _, clock, _ = running
     await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
@@ -66,7 +66,7 @@ async def test_booking_expires_after_ten_virtual_minutes(
 
 
 async def test_stock_out_backs_off_on_the_clock_then_fails(
-    kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider]
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
 ) -> None:
     controller, clock, provider = running
     starve(provider)
@@ -90,7 +90,7 @@ async def test_stock_out_backs_off_on_the_clock_then_fails(
 
 
 async def test_conflict_storms_and_5xx_neither_double_nor_lose_capacity(
-    server: Any, kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider]
+    server: Any, kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
 ) -> None:
     _, clock, provider = running
     server.faults.drop_watches_every(3)
@@ -142,7 +142,7 @@ def _provisioned_in(seen: list[dict[str, str]]) -> Callable[[], Awaitable[bool]]
 
 
 async def test_a_quick_acquisition_goes_straight_to_provisioned(
-    kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider]
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
 ) -> None:
     seen: list[dict[str, str]] = []
     watcher = asyncio.create_task(_statuses(kube, "quick", seen))
@@ -157,7 +157,7 @@ async def test_a_quick_acquisition_goes_straight_to_provisioned(
 
 
 async def test_a_slow_acquisition_is_announced_as_provisioning(
-    kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider]
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
 ) -> None:
     _, clock, provider = running
     provider.acquire_latency_seconds = 1.0  # real seconds: the provider is still working
@@ -184,7 +184,7 @@ async def test_a_slow_acquisition_is_announced_as_provisioning(
 
 
 async def test_check_capacity_requests_of_another_processor_instance_are_left_alone(
-    kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider]
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
 ) -> None:
     # Muster runs without classes.processor_instance: like cluster-autoscaler without
     # --check-capacity-processor-instance, it serves only requests naming no instance.
@@ -200,7 +200,7 @@ async def test_check_capacity_requests_of_another_processor_instance_are_left_al
 
 
 async def test_nodes_slow_to_become_ready_are_announced_as_provisioning(
-    kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider]
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
 ) -> None:
     # A cloud answers at once, then the instances boot: the wait for Ready is part of the
     # acquisition the user is told about.
@@ -233,7 +233,7 @@ async def test_nodes_slow_to_become_ready_are_announced_as_provisioning(
 
 
 async def test_a_gang_larger_than_every_rack_limit_never_fits_even_beside_existing_nodes(
-    kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider]
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
 ) -> None:
     # Every rack may hold 2 nodes; one rack already has 2 (booked by another request). A gang
     # of 3 in one rack can never fit: it must say so at once, not burn every retry.
@@ -261,7 +261,7 @@ async def test_a_gang_larger_than_every_rack_limit_never_fits_even_beside_existi
 
 
 async def test_pods_consuming_the_booking_elsewhere_end_it_and_free_the_new_nodes(
-    kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider]
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
 ) -> None:
     # Kueue TAS without the rack nodeSelector (or the scheduler) may run the gang on other
     # free nodes: the booking is consumed, the message says where, and the new nodes the

@@ -1,6 +1,6 @@
 """Prometheus metrics of the controller, scraped from ``/metrics`` as Prometheus would.
 
-The controller runs against the API sandbox with the kind provider; ``/metrics`` is served by
+The controller runs against the API sandbox with the fake provider; ``/metrics`` is served by
 the same aiohttp app as in ``muster run`` on a loopback port.
 """
 
@@ -21,7 +21,7 @@ from controller.kube.resources import (
 )
 from controller.metrics import ControllerMetrics
 from controller.reconcilers.operator import Controller
-from providers.kind import KindProvider
+from providers.fake import FakeProvider
 from tests.controller.builders import starve
 from tests.helpers import eventually
 
@@ -59,7 +59,7 @@ async def _provisioned(kube: KubeClient, name: str) -> bool:
 
 
 async def test_a_provisioned_request_moves_the_counters_and_the_histogram(
-    kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider]
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
 ) -> None:
     controller, clock, _ = running
     before = await _scrape(controller)
@@ -100,7 +100,7 @@ async def _events_created(controller: Controller) -> bool:
 
 
 async def test_a_stock_out_is_counted_by_pool_and_reason(
-    kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider]
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
 ) -> None:
     controller, _, provider = running
     starve(provider)

@@ -20,7 +20,7 @@ from controller.kube import KubeClient
 from controller.kube.resources import EVENTS, PROVISIONING_REQUESTS
 from controller.reconcilers.operator import Controller
 from controller.reconcilers.parameters import read_parameters
-from providers.kind import KindProvider
+from providers.fake import FakeProvider
 from tests.controller.builders import starve
 from tests.helpers import eventually
 
@@ -95,12 +95,12 @@ async def _create(kube: KubeClient, name: str, parameters: dict[str, str],
         parameters=parameters), namespace="ns")
 
 
-def _acquires(provider: KindProvider) -> int:
+def _acquires(provider: FakeProvider) -> int:
     return sum(1 for c in provider.calls if c.op == "acquire")
 
 
 async def test_ignored_parameters_are_reported_and_the_gang_is_provisioned(
-    kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider]
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
 ) -> None:
     controller, _, _ = running
     await _create(kube, "kueue", {"maxRunDurationSeconds": "3600", "colour": "blue",
@@ -126,7 +126,7 @@ async def test_ignored_parameters_are_reported_and_the_gang_is_provisioned(
 
 
 async def test_no_retry_fails_an_atomic_request_on_its_first_stock_out(
-    kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider]
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
 ) -> None:
     _, _, provider = running
     starve(provider)
@@ -139,7 +139,7 @@ async def test_no_retry_fails_an_atomic_request_on_its_first_stock_out(
 
 
 async def test_valid_until_seconds_stops_retrying_that_long_after_creation(
-    kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider]
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
 ) -> None:
     controller, clock, provider = running
     starve(provider)
@@ -161,7 +161,7 @@ async def test_valid_until_seconds_stops_retrying_that_long_after_creation(
 
 
 async def test_an_unreadable_value_fails_the_request_naming_it(
-    kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider]
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
 ) -> None:
     _, _, provider = running
     await _create(kube, "maybe", {"noRetry": "maybe"})

@@ -24,7 +24,7 @@ from controller.kube import KubeClient
 from controller.kube.resources import LEASES, NAMESPACES
 from controller.leader import LeaderElector
 from controller.reconcilers.operator import Controller
-from providers.kind import KindProvider
+from providers.fake import FakeProvider
 from tests.helpers import eventually
 
 FAST = {"lease_duration_seconds": 2, "renew_deadline_seconds": 1, "retry_period_seconds": 0.1}
@@ -32,7 +32,7 @@ FAST = {"lease_duration_seconds": 2, "renew_deadline_seconds": 1, "retry_period_
 
 def _controller(kube: KubeClient) -> Controller:
     return Controller(kube=kube, config=MusterConfig(), use_kopf=False,
-                      providers={"kind": KindProvider(kube, heartbeat_seconds=3600)})
+                      providers={"kind": FakeProvider(kube, heartbeat_seconds=3600)})
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from controller.kube import KubeClient
 from controller.kube.resources import NODES, POD_TEMPLATES, PROVISIONING_REQUESTS
 from controller.reconcilers.operator import Controller
 from controller.state.bookings import Booking
-from providers.kind import KindProvider
+from providers.fake import FakeProvider
 from sandbox.server import SandboxServer
 from tests.controller.builders import gpu_node
 from tests.helpers import eventually
@@ -45,7 +45,7 @@ def _ticking(clock: ManualClock, probe: Any) -> Any:
 
 async def test_a_503_on_the_failed_status_still_ends_failed(
     server: SandboxServer, kube: KubeClient,
-    running: tuple[Controller, ManualClock, KindProvider],
+    running: tuple[Controller, ManualClock, FakeProvider],
 ) -> None:
     _, clock, _ = running
     server.faults.add_errors(1.0, status=503, verbs="patch", resources=STATUS, times=1)
@@ -60,7 +60,7 @@ async def test_a_503_on_the_failed_status_still_ends_failed(
 
 async def test_a_crash_between_the_writes_of_a_failure_is_repaired_on_restart(
     server: SandboxServer, kube: KubeClient,
-    running: tuple[Controller, ManualClock, KindProvider],
+    running: tuple[Controller, ManualClock, FakeProvider],
 ) -> None:
     first, _, _ = running
     server.faults.add_errors(1.0, status=503, verbs="patch", resources=STATUS)
@@ -75,7 +75,7 @@ async def test_a_crash_between_the_writes_of_a_failure_is_repaired_on_restart(
     server.faults.clear()
     clock = ManualClock(start=datetime.now(UTC))
     second = Controller(kube=kube, config=MusterConfig(), clock=clock,
-                        providers={"kind": KindProvider(kube, heartbeat_seconds=3600)},
+                        providers={"kind": FakeProvider(kube, heartbeat_seconds=3600)},
                         use_kopf=False)
     await second.start()
     try:
@@ -87,7 +87,7 @@ async def test_a_crash_between_the_writes_of_a_failure_is_repaired_on_restart(
 
 async def test_a_503_on_confirming_a_booking_of_existing_nodes_still_provisions(
     server: SandboxServer, kube: KubeClient,
-    running: tuple[Controller, ManualClock, KindProvider],
+    running: tuple[Controller, ManualClock, FakeProvider],
 ) -> None:
     controller, clock, provider = running
     for i in range(2):
@@ -109,7 +109,7 @@ async def test_a_503_on_confirming_a_booking_of_existing_nodes_still_provisions(
 
 async def test_a_503_on_ending_a_booking_still_says_it_expired_and_releases(
     server: SandboxServer, kube: KubeClient,
-    running: tuple[Controller, ManualClock, KindProvider],
+    running: tuple[Controller, ManualClock, FakeProvider],
 ) -> None:
     _, clock, _ = running
     await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
@@ -146,7 +146,7 @@ async def _booked_on(kube: KubeClient, name: str) -> list[str]:
 
 
 async def test_a_node_another_booking_counts_on_outlives_the_booking_that_acquired_it(
-    kube: KubeClient, running: tuple[Controller, ManualClock, KindProvider],
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider],
 ) -> None:
     controller, clock, provider = running
     await _half_gpu_template(kube)

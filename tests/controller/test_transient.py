@@ -32,7 +32,7 @@ from controller.kube.resources import (
     PROVISIONING_REQUESTS,
 )
 from controller.reconcilers.operator import Controller
-from providers.kind import KindProvider
+from providers.fake import FakeProvider
 from sandbox.server import SandboxServer
 from sandbox.store import Store
 from tests.controller.builders import gpu_node
@@ -53,7 +53,7 @@ async def _setup(kube: KubeClient) -> None:
 
 def _controller(kube: KubeClient) -> Controller:
     return Controller(kube=kube, config=MusterConfig(), clock=ManualClock(start=datetime.now(UTC)),
-                      providers={"kind": KindProvider(kube, heartbeat_seconds=3600)},
+                      providers={"kind": FakeProvider(kube, heartbeat_seconds=3600)},
                       use_kopf=False)
 
 

@@ -16,7 +16,7 @@ import yaml
 from controller.commands import objects
 from controller.fit.types import Mode
 from controller.reconcilers.parameters import HONOURED, NO_RETRY, VALID_UNTIL_SECONDS
-from providers.kind import KNOWN_PARAMETERS
+from providers.fake import KNOWN_PARAMETERS
 from providers.registry import names
 from tests.deploy.manifests import CONFIG
 

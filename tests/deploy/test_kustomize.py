@@ -17,7 +17,7 @@ import yaml
 from controller.api.capacitypool import CapacityPool
 from controller.api.provisioningrequest import ProvisioningRequest
 from controller.config import ATOMIC_CLASS, CHECK_CAPACITY_CLASS, load_config
-from providers.kind import KindProvider
+from providers.fake import FakeProvider
 from sandbox import ResourceType, SandboxServer
 from tests.deploy import dockerfile
 from tests.deploy.manifests import (
@@ -275,9 +275,9 @@ async def test_sample_pools_and_request_are_valid_for_muster() -> None:
     docs = render(CONFIG / "samples")
     pools = [CapacityPool.model_validate(d) for d in find(docs, "CapacityPool")]
     assert {p.spec.provider for p in pools} <= {"kind", "fake"}
-    provider = KindProvider.__new__(KindProvider)  # validate() only reads the pool
+    provider = FakeProvider.__new__(FakeProvider)  # validate() only reads the pool
     for pool in pools:
-        await KindProvider.validate(provider, pool)
+        await FakeProvider.validate(provider, pool)
     requests = [ProvisioningRequest.model_validate(d) for d in find(docs, "ProvisioningRequest")]
     assert requests
     templates = {(d["metadata"]["namespace"], d["metadata"]["name"])

@@ -48,7 +48,7 @@ NS = "team-a"
 
 # Grants that the scenario below does not reach, each with the code path that needs it.
 UNEXERCISED: dict[tuple[str, str, str], str] = {
-    ("", "nodes", "get"): "providers/kind.py re-reads a node whose create hit 409 (a retry "
+    ("", "nodes", "get"): "providers/fake.py re-reads a node whose create hit 409 (a retry "
     "after a crash re-creates a node that already exists)",
     ("autoscaling.x-k8s.io", "provisioningrequests", "get"): "controller/reconcilers/"
     "service.py re-reads a request whose write hit 409 or 404 (Kueue deleted and recreated "
@@ -72,7 +72,7 @@ UNEXERCISED: dict[tuple[str, str, str], str] = {
     "PodGroup's request (real tier: e2e/test_podgroups_real.py)",
     ("", "events", "patch"): "controller/kube/events.py PATCHes the count of an Event when the "
     "same event repeats (a request retrying); tests/controller/test_events.py covers it",
-    ("resource.k8s.io", "resourceslices", "create"): "providers/kind.py publishes ResourceSlices "
+    ("resource.k8s.io", "resourceslices", "create"): "providers/fake.py publishes ResourceSlices "
     "only for pools whose nodeTemplate lists resourceSlices (DRA); e2e/test_dra.py covers it",
     ("authentication.k8s.io", "tokenreviews", "create"): "`muster run`'s /metrics checks each "
     "scraper's token (controller/commands/metrics_auth.py); tests/deploy/test_run_smoke.py "
@@ -209,6 +209,7 @@ async def _controller(
     settings["acquisition"].update(node_ready_timeout_seconds=10, idle_ttl_seconds=0.5)
     settings.setdefault("providers", {}).setdefault("kind", {})["heartbeat_seconds"] = 0.2
     settings["acquisition"]["collect_interval_seconds"] = 0.3
+    settings["pool_status"] = {"interval_seconds": 0.3}
     # Renewals (get + patch of the Lease) happen within the scenario's seconds.
     settings["leader_election"].update(
         lease_duration_seconds=3, renew_deadline_seconds=2, retry_period_seconds=0.3)
@@ -439,7 +440,7 @@ def test_cloud_providers_hold_no_kubernetes_client() -> None:
     # server; the real tier's audit log records what the controller itself calls.
     import ast
 
-    allowed = {"__init__", "registry", "kind", "fake"}
+    allowed = {"__init__", "registry", "fake"}
     offenders = []
     for path in sorted((ROOT / "providers").glob("*.py")):
         if path.stem in allowed:

@@ -107,7 +107,7 @@ def pool(topology: dict[str, Any] | None, max_nodes: int = 10, booked: int = 0) 
     if topology:
         spec["topology"] = topology
     return CapacityPool.model_validate({"metadata": {"name": "p"}, "spec": spec,
-                                        "status": {"bookedNodes": booked}})
+                                        "status": {"inFlightNodes": booked}})
 
 
 def test_pool_headroom_counts_existing_and_in_flight_nodes() -> None:

@@ -1,23 +1,37 @@
-"""Fixtures shared by the provider tests: pools, a moto EC2 with Fleet semantics, and the
-local Compute REST fake. No network other than 127.0.0.1."""
+"""Fixtures shared by the provider tests: pools, a moto EC2 with Fleet semantics, the local
+Compute REST fake and an API sandbox for the fake provider. No network other than
+127.0.0.1."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, cast
 
 import boto3
 import pytest
 from google.auth.credentials import AnonymousCredentials
 from moto import mock_aws
 
+from controller.acquire.collector import Collector
+from controller.acquire.providers import ProviderSet
 from controller.api.capacitypool import CapacityPool
+from controller.clock import ManualClock
+from controller.kube import KubeClient
+from controller.state.bookings import PHASE_ANNOTATION, PLAN_ANNOTATION, Booking, Group, Phase
+from controller.state.cache import ClusterState
+from controller.topology_defaults import DEFAULT_LEVELS
 from providers.aws import AwsProvider, AwsProviderSettings
+from providers.base import AcquireRequest, Provider
 from providers.gcp import GcpClients, GcpProvider, GcpProviderSettings
+from providers.registry import ProviderContext
+from sandbox.server import SandboxServer
+from tests.controller.builders import plan_on
 from tests.providers.aws_fake import FleetSemanticsEc2
 from tests.providers.gcp_fake import FakeCompute, serve
 
+CRDS = Path(__file__).resolve().parents[2] / "crds"
 AWS_ZONE = "us-east-1a"
 GCP_ZONE = "us-central1-a"
 ZONE_LABEL = "topology.kubernetes.io/zone"
@@ -157,3 +171,63 @@ def gcp_fake() -> Iterator[GcpFake]:
     fake = FakeCompute()
     with serve(fake) as url:
         yield GcpFake(fake, url)
+
+
+@pytest.fixture
+async def sandbox_kube(tmp_path: Path) -> AsyncIterator[KubeClient]:
+    """A client of a fresh API sandbox (the fake provider's "cloud" is its Nodes)."""
+    server = SandboxServer(crd_dir=CRDS)
+    await server.start()
+    client = await KubeClient.from_kubeconfig(server.write_kubeconfig(tmp_path / "kubeconfig"))
+    try:
+        yield client
+    finally:
+        await client.close()
+        await server.stop()
+
+
+GRACE = 60.0
+"""The restarted controller's ``acquisition.orphan_grace_seconds`` in the crash tests."""
+
+
+@dataclass
+class Restarted:
+    """A restarted controller's collector over one provider: what its cache shows so far is
+    up to the test (:meth:`shows`), its clock is virtual."""
+
+    collector: Collector
+    state: ClusterState
+    clock: ManualClock
+
+    def shows(self, request: AcquireRequest, phase: Phase = Phase.ACQUIRING) -> None:
+        """The request's plan, recording ``request.key``, has reached the cache."""
+        group = Group(request.key, request.pool.metadata.name, dict(request.domain),
+                      request.count)
+        booking = Booking(plan_on([], new=request.count, pool=request.pool.metadata.name),
+                          attempt=0, groups=(group,))
+        namespace, name = request.owner.split("/")
+        self.state.upsert_request({
+            "metadata": {
+                "name": name, "namespace": namespace, "uid": request.owner_uid,
+                "resourceVersion": "1",
+                "annotations": {PHASE_ANNOTATION: phase, PLAN_ANNOTATION:
+                                booking.to_annotation()},
+            },
+            "spec": {"provisioningClassName": "atomic-provisioning.muster.dev", "podSets": []},
+        })
+
+    async def sweep(self) -> dict[str, int]:
+        """One collector run: key -> nodes released."""
+        return {r.key: r.nodes for r in await self.collector.run_once()}
+
+
+def restarted(provider: Provider, pool: CapacityPool) -> Restarted:
+    state = ClusterState(levels=DEFAULT_LEVELS)
+    state.replace_pools([pool.model_dump(by_alias=True, exclude_none=True)])
+    clock = ManualClock()
+    # The provider is handed in, so the context's client is never used to build one.
+    providers = ProviderSet(ProviderContext(kube=cast(KubeClient, None)),
+                            instances={pool.spec.provider: provider})
+    collector = Collector(state=state, providers=providers, idle_ttl=300, grace=GRACE,
+                          now=clock.now, in_flight=lambda: set())
+    return Restarted(collector, state, clock)

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from controller.acquire.keys import acquisition_key
 from providers.base import AcquireRequest, CapacityUnavailable
-from providers.naming import acquisition_key
-from providers.recovery import RecoveryRunner
 from tests.providers.aws_fake import ControllerCrash
-from tests.providers.conftest import AWS_ZONE, ZONE_LABEL, MotoEc2
+from tests.providers.conftest import AWS_ZONE, GRACE, ZONE_LABEL, MotoEc2, restarted
 
 DOMAIN = {ZONE_LABEL: AWS_ZONE}
 
@@ -19,7 +18,7 @@ def req(
 ) -> AcquireRequest:
     p = moto_ec2.pool(**pool)  # type: ignore[arg-type]
     return AcquireRequest(
-        key=acquisition_key(uid, attempt, p.metadata.name, DOMAIN), pool=p, count=count,
+        key=acquisition_key(uid, attempt, 0), pool=p, count=count,
         domain=DOMAIN, owner=f"ml/{uid}", owner_uid=uid,
     )
 
@@ -108,24 +107,25 @@ async def test_crash_after_the_cloud_call_leaks_nothing_and_duplicates_nothing(
     moto_ec2.client.crash_after_launch = False
     assert len(moto_ec2.live_instances()) == 5
 
-    # Restart: a new process, new provider, nothing in memory. Only `live` still exists.
+    # Restart: a new process, new provider, nothing in memory. Only `live` still exists,
+    # and its plan has not reached the new process's cache yet.
     after = moto_ec2.provider()
-    now = [0.0]
-    runner = RecoveryRunner(after, grace_seconds=300, clock=lambda: now[0])
-    first = await runner.sweep(live.pool, {live.key: live.count})
-    assert set(first.plan.adopt) == {live.key}
-    assert first.plan.waiting.keys() == {dead.key}
-    assert first.released == {}
+    controller = restarted(after, live.pool)
+    assert await controller.sweep() == {}  # both unheld: neither goes within the grace
+    await controller.clock.advance(GRACE / 2)
+    controller.shows(live)  # the live request's plan arrives
+    assert await controller.sweep() == {}
 
     fleets_before = moto_ec2.client.calls["create_fleet"]
     adopted = await after.acquire(live)  # the reconciler resumes the live request
-    assert [n.provider_id for n in adopted] == [n.provider_id for n in first.plan.adopt[live.key]]
+    assert len(adopted) == 2
     assert moto_ec2.client.calls["create_fleet"] == fleets_before  # nothing new launched
 
-    now[0] = 301.0
-    second = await runner.sweep(live.pool, {live.key: live.count})
-    assert second.released == {dead.key: 3}
+    await controller.clock.advance(GRACE / 2)
+    assert await controller.sweep() == {dead.key: 3}
     remaining = moto_ec2.live_instances()
     assert len(remaining) == 2  # zero leaked, zero duplicated
     assert {t["Value"] for i in remaining for t in i["Tags"] if t["Key"] == "muster.dev/key"} == {
         live.key}
+    await controller.clock.advance(10 * GRACE)
+    assert await controller.sweep() == {}  # held: never released

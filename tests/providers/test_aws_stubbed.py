@@ -392,6 +392,7 @@ async def test_instances_terminated_behind_our_back_fail_the_acquisition(stubbed
         [instance(ids(2)[0]), instance(ids(2)[1], state="terminated")]), {"InstanceIds": ids(2)})
     stubber.add_response("describe_instances", describe([instance(ids(2)[0])]),
                          {"Filters": KEY_FILTERS})
-    stubber.add_response("terminate_instances", {}, {"InstanceIds": ids(2)})
+    # Only the live one is left to terminate.
+    stubber.add_response("terminate_instances", {}, {"InstanceIds": ids(2)[:1]})
     with pytest.raises(CapacityUnavailable, match="only 1 of 2"):
         await provider.acquire(request(count=2))

@@ -8,6 +8,7 @@ import uuid
 
 import pytest
 
+from controller.acquire.keys import acquisition_key
 from providers.base import (
     AcquireRequest,
     CapacityUnavailable,
@@ -16,9 +17,8 @@ from providers.base import (
     TransientProviderError,
 )
 from providers.gcp import GcpProvider
-from providers.naming import acquisition_key, gcp_request_id
-from providers.recovery import RecoveryRunner
-from tests.providers.conftest import GCP_ZONE, ZONE_LABEL, GcpFake
+from providers.naming import gcp_request_id
+from tests.providers.conftest import GCP_ZONE, GRACE, ZONE_LABEL, GcpFake, restarted
 
 DOMAIN = {ZONE_LABEL: GCP_ZONE}
 
@@ -26,7 +26,7 @@ DOMAIN = {ZONE_LABEL: GCP_ZONE}
 def req(gcp: GcpFake, uid: str, count: int, attempt: int = 0, **params: object) -> AcquireRequest:
     pool = gcp.pool(**params)  # type: ignore[arg-type]
     return AcquireRequest(
-        key=acquisition_key(uid, attempt, pool.metadata.name, DOMAIN), pool=pool, count=count,
+        key=acquisition_key(uid, attempt, 0), pool=pool, count=count,
         domain=DOMAIN, owner=f"ml/{uid}", owner_uid=uid,
     )
 
@@ -235,34 +235,51 @@ async def test_crash_after_the_cloud_call_leaks_nothing_and_duplicates_nothing(
     assert len(gcp_fake.fake.all_instances()) == 5
 
     after = gcp_fake.provider()
-    now = [0.0]
-    runner = RecoveryRunner(after, grace_seconds=300, clock=lambda: now[0])
-    first = await runner.sweep(live.pool, {live.key: live.count})
-    assert set(first.plan.adopt) == {live.key} and set(first.plan.waiting) == {dead.key}
+    controller = restarted(after, live.pool)
+    assert await controller.sweep() == {}  # the live plan is not in the cache yet: grace
+    await controller.clock.advance(GRACE / 2)
+    controller.shows(live)
+    assert await controller.sweep() == {}
 
     inserts = len(gcp_fake.fake.calls("bulk_insert"))
     adopted = await after.acquire(live)
-    assert [n.name for n in adopted] == [n.name for n in first.plan.adopt[live.key]]
+    assert len(adopted) == 2
     assert len(gcp_fake.fake.calls("bulk_insert")) == inserts
 
-    now[0] = 300.0
-    second = await runner.sweep(live.pool, {live.key: live.count})
-    assert second.released == {dead.key: 3}
+    await controller.clock.advance(GRACE / 2)
+    assert await controller.sweep() == {dead.key: 3}
     remaining = gcp_fake.fake.all_instances()
     assert len(remaining) == 2
     assert {i["labels"]["muster-key"] for i in remaining} == {live.key}
 
 
-async def test_operation_timeout_is_transient_and_the_same_key_resumes(gcp_fake: GcpFake) -> None:
+async def test_an_operation_timeout_ends_the_attempt_and_a_late_vm_is_collected(
+    gcp_fake: GcpFake,
+) -> None:
+    """The one transient-error policy: a bulkInsert still running after the operation
+    timeout is a retryable failure, and what it left under the key is deleted at once (the
+    controller moves on to a new key). A VM the operation creates afterwards carries the
+    abandoned key, and the collector releases it after its grace period."""
     gcp_fake.fake.polls_before_done = 10**6
     r = req(gcp_fake, "uid-a", 2)
     slow = gcp_fake.provider(operation_timeout_seconds=0.2)
-    with pytest.raises(TransientProviderError, match="not done after"):
+    with pytest.raises(TransientProviderError, match="not done after") as caught:
         await slow.acquire(r)
-    # Nothing was deleted under a still-running operation.
-    assert len(gcp_fake.fake.all_instances()) == 2
+    assert caught.value.retryable
+    assert gcp_fake.fake.all_instances() == []
     gcp_fake.fake.polls_before_done = 0
-    for op in gcp_fake.fake.operations.values():
-        op["status"] = "DONE"
-    nodes = await gcp_fake.provider().acquire(r)
-    assert len(nodes) == 2 and len(gcp_fake.fake.calls("bulk_insert")) == 1
+
+    # The operation finishes late: one more VM under the abandoned key.
+    insert = gcp_fake.fake.calls("bulk_insert")[0].body
+    gcp_fake.fake.instances[GCP_ZONE]["late-vm"] = {
+        "kind": "compute#instance", "id": "1", "name": "late-vm", "status": "RUNNING",
+        "zone": f"https://compute.googleapis.com/compute/v1/projects/muster-test/zones/{GCP_ZONE}",
+        "machineType": "zones/x/machineTypes/a3-highgpu-8g",
+        "labels": dict(insert["instanceProperties"]["labels"]),
+        "metadata": insert["instanceProperties"]["metadata"],
+    }
+    controller = restarted(gcp_fake.provider(), r.pool)
+    assert await controller.sweep() == {}
+    await controller.clock.advance(GRACE)
+    assert await controller.sweep() == {r.key: 1}
+    assert gcp_fake.fake.all_instances() == []

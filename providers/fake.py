@@ -1,32 +1,34 @@
 """The fake provider: "acquires" nodes by creating Node objects, as kwok does.
 
-It is a real :class:`providers.base.Provider`, used by ``muster demo``, the e2e tests, the
-benchmark and a kind cluster alike. Nodes are built from the pool's template (labels plus the
-chosen domain's topology labels, taints, capacity and allocatable), carry
+It is a real :class:`providers.base.Provider`, the adapter of the same all-or-nothing
+skeleton as the cloud providers (:mod:`providers.atomic`), used by ``muster demo``, the e2e
+tests, the benchmark and a kind cluster alike. Nodes are built from the pool's template
+(labels plus the chosen domain's topology labels, taints, capacity and allocatable), carry
 ``spec.providerID = kind://<pool>/<key>/<i>`` and labels naming pool, acquisition key and
-owner, so :meth:`KindProvider.list` finds them after a restart. A heartbeat task renews each
+owner, so :meth:`FakeProvider.list` finds them after a restart. A heartbeat task renews each
 node's Lease in ``kube-node-lease`` and its Ready condition, so a real node lifecycle
 controller keeps them Ready; with ``heartbeat_seconds=0`` that is left to kwok, which
 manages every node annotated ``kwok.x-k8s.io/node: fake`` (the real-cluster test tier).
 
 For tests it keeps the things a cloud has and a cluster lacks: stock per domain, acquisition
-latency, injected failures (next error, grant k of n); a partial creation is always rolled
-back before the error is raised, so all-or-nothing holds. Every call is recorded in
-:attr:`KindProvider.calls`.
+latency, injected failures (next error, grant k of n); the skeleton deletes a partial
+creation before the error is raised, so all-or-nothing holds. Every call is recorded in
+:attr:`FakeProvider.calls`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import hashlib
 import logging
 import random
 from collections import defaultdict, deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from controller import crashpoints
 from controller.api.capacitypool import CapacityPool
@@ -35,6 +37,7 @@ from controller.kube import ApiError, Body, KubeClient
 from controller.kube.resources import LEASES, NAMESPACES, NODES, RESOURCE_SLICES
 from controller.state.cache import KEY_LABEL
 from controller.topology_defaults import POOL_LABEL
+from providers.atomic import AtomicProvider, Launch
 from providers.base import (
     AcquireRequest,
     CapacityUnavailable,
@@ -71,9 +74,10 @@ repeatable, ``timeoutSeconds`` is how long a timed-out call hangs (default 2):
 A process's draws for a pool come from one ``random.Random(seed)``; patching the pool's
 parameters changes the probabilities at once (the draws go on from where they were)."""
 CALLS_KEPT = 10_000
-"""The last calls :attr:`KindProvider.calls` keeps: a long-running controller's must not
+"""The last calls :attr:`FakeProvider.calls` keeps: a long-running controller's must not
 grow with every request it ever handled."""
 
+T = TypeVar("T")
 Now = Callable[[], datetime]
 Nodes = list[ProvidedNode]
 """Alias: inside the class, ``list`` names the Provider method."""
@@ -101,10 +105,17 @@ def domain_key(domain: Mapping[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(domain.items()))
 
 
-class KindProvider:
-    """Nodes as Node objects. Safe to call concurrently; one lock per acquisition key."""
+class FakeProvider(AtomicProvider[ProvidedNode]):
+    """Nodes as Node objects, through the all-or-nothing skeleton. Safe to call
+    concurrently.
+
+    ``name`` is ``kind``, the provider name pools use (``fake`` is an alias in the registry),
+    and the value of the ``muster.dev/provider`` label on its nodes: nodes made by earlier
+    versions stay its own.
+    """
 
     name = "kind"
+    launch_adopts = True
 
     def __init__(
         self,
@@ -115,6 +126,7 @@ class KindProvider:
         default_stock: int | None = None,
         now: Now | None = None,
     ) -> None:
+        super().__init__()
         self._kube = kube
         self.acquire_latency_seconds = acquire_latency_seconds
         self.heartbeat_seconds = heartbeat_seconds
@@ -123,7 +135,8 @@ class KindProvider:
         self.calls: deque[ProviderCall] = deque(maxlen=CALLS_KEPT)
         self._stock: dict[tuple[str, str], int] = {}
         self._injected: dict[str, _Injected] = defaultdict(_Injected)
-        self._key_locks: dict[str, asyncio.Lock] = {}
+        self._launched: set[str] = set()
+        """Keys whose last acquire launched (for :attr:`calls`)."""
         self._stock_locks: dict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
         self._owned: set[str] = set()
         self._since: dict[str, str] = {}
@@ -137,17 +150,13 @@ class KindProvider:
         self._stock[(pool, domain_key(domain))] = nodes
 
     def fail_next(self, error: ProviderError, *, pool: str = "*") -> None:
-        """The next acquire (of ``pool``, or of any pool) raises ``error`` without creating."""
+        """The next launch (of ``pool``, or of any pool) raises ``error`` without creating."""
         self._injected[pool].errors.append(error)
 
     def grant_next(self, nodes: int, *, pool: str = "*") -> None:
-        """The next acquire creates only ``nodes`` nodes, then must roll them back and fail."""
+        """The next launch creates only ``nodes`` nodes; the skeleton must delete them and
+        fail."""
         self._injected[pool].grants.append(nodes)
-
-    def reset(self) -> None:
-        self.calls.clear()
-        self._stock.clear()
-        self._injected.clear()
 
     # ------------------------------------------------------------------ Provider
 
@@ -156,7 +165,7 @@ class KindProvider:
         unknown = set(params) - KNOWN_PARAMETERS
         if unknown:
             raise ProviderConfigError(
-                f"pool {pool.metadata.name}: unknown kind provider parameter(s) "
+                f"pool {pool.metadata.name}: unknown fake provider parameter(s) "
                 f"{sorted(unknown)}; known: {sorted(KNOWN_PARAMETERS)}"
             )
         for name in ("defaultStock", "latencySeconds", "readyDelaySeconds"):
@@ -179,61 +188,113 @@ class KindProvider:
                 )
 
     async def acquire(self, request: AcquireRequest) -> Nodes:
+        """The skeleton's acquire, recorded in :attr:`calls` ("reused": nothing created,
+        the key's nodes were there already, as after a crash or a timeout)."""
+        self._launched.discard(request.key)
+        # The cloud's latency, outside the skeleton's per-domain guard: acquisitions in one
+        # domain take their time side by side, as a cloud's do.
+        latency = float(request.pool.spec.parameters.get("latencySeconds", 0.0))
+        latency = latency or self.acquire_latency_seconds
+        try:
+            if latency:
+                await asyncio.sleep(latency)
+            nodes = await super().acquire(request)
+        except ProviderError as exc:
+            self._record("acquire", request, exc.reason)
+            raise
+        launched = request.key in self._launched
+        self._launched.discard(request.key)
+        self._record("acquire", request, "ok" if launched else "reused")
+        return nodes
+
+    async def release(self, pool: CapacityPool, key: str) -> int:
+        if self._draw(pool, "releaseError"):
+            self.calls.append(ProviderCall("release", pool.metadata.name, key, 0,
+                                           outcome="ProviderUnavailable"))
+            raise TransientProviderError(
+                f"pool {pool.metadata.name}: releasing {key} failed (injected fault); "
+                "nothing was deleted"
+            )
+        deleted = await super().release(pool, key)
+        self.calls.append(ProviderCall("release", pool.metadata.name, key, deleted))
+        return deleted
+
+    async def list(self, pool: CapacityPool) -> Nodes:
+        nodes = await super().list(pool)
+        self.calls.append(ProviderCall("list", pool.metadata.name))
+        return nodes
+
+    # ------------------------------------------------------------------ the adapter
+
+    async def find(self, pool: CapacityPool, key: str | None) -> Nodes:
+        selector = f"{PROVIDER_LABEL}={self.name},{POOL_LABEL}={pool.metadata.name}"
+        if key is not None:
+            selector += f",{KEY_LABEL}={key}"
+        listing = await self._kube.list(NODES, label_selector=selector)
+        return sorted((_provided(n) for n in listing.get("items") or []), key=lambda n: n.name)
+
+    async def launch(
+        self, request: AcquireRequest, have: Sequence[ProvidedNode]
+    ) -> Launch[ProvidedNode]:
+        """Create the key's nodes, as many as stock and injected grants allow. Node names
+        are deterministic per key, so creating is idempotent and adopts: a retry finds the
+        ones already made (409) and adds the rest."""
         pool = request.pool
         pool_name = pool.metadata.name
+        error = self._take(pool_name, lambda i: i.errors) or self._drawn_error(pool)
+        if error is not None:
+            raise error
+        grant = self._take(pool_name, lambda i: i.grants)
+        if grant is None and request.count > 0 and self._draw(pool, "partial"):
+            grant = self._fault_rng(pool).randrange(request.count)
+        timeout = self._draw(pool, "timeout")
+        allowed = await self._allowed(pool, request, grant)
         names = [_node_name(pool_name, request.key, i) for i in range(request.count)]
-        async with self._locked(request.key):
-            try:
-                error = self._take_injected_error(pool_name) or self._drawn_error(pool)
-                if error is not None:
-                    raise error
-                latency = float(pool.spec.parameters.get("latencySeconds", 0.0))
-                latency = latency or self.acquire_latency_seconds
-                if latency:
-                    await asyncio.sleep(latency)
-                grant = self._take_grant(pool_name)
-                if grant is None and request.count > 0 and self._draw(pool, "partial"):
-                    grant = self._fault_rng(pool).randrange(request.count)
-                timeout = self._draw(pool, "timeout")
-                # Counting the domain's nodes and creating ours is one step per domain: two
-                # acquisitions that both counted before either created got more than stock.
-                async with self._stock_lock(pool, request.domain):
-                    allowed = await self._allowed(pool, request, grant)
-                    # Node names are deterministic per key, so creating them is idempotent:
-                    # a retry after a crash finds the ones already made (409) and adds the
-                    # rest.
-                    results = await asyncio.gather(
-                        *(self._create_node(pool, request, name) for name in names[:allowed])
-                    )
-                    if allowed < request.count:
-                        await self._delete_key(pool_name, request.key)
-                        raise CapacityUnavailable(
-                            f"pool {pool_name} could only launch {allowed} of "
-                            f"{request.count} node(s) in "
-                            f"{domain_key(request.domain) or 'any domain'}; the partial "
-                            "launch was rolled back",
-                            available=allowed,
-                        )
-                if timeout:
-                    # The cloud did the work; its answer is lost on the way back.
-                    await asyncio.sleep(self._fault_seconds(pool))
-                    raise TransientProviderError(
-                        f"pool {pool_name}: the acquire call timed out (injected fault); "
-                        "its nodes may exist"
-                    )
-            except ProviderError as exc:
-                self._record("acquire", request, exc.reason)
-                raise
-            except ApiError as exc:
-                await self._delete_key(pool_name, request.key)
-                self._record("acquire", request, "ProviderUnavailable")
-                raise TransientProviderError(
-                    f"pool {pool_name}: creating nodes failed and was rolled back: {exc}"
-                ) from exc
-            fresh = sum(1 for _, created in results if created)
-            # "reused": the cloud already did this work (a retry after a crash or timeout).
-            self._record("acquire", request, "ok" if fresh else "reused")
-            return [node for node, _ in results]
+        try:
+            results = await asyncio.gather(
+                *(self._create_node(pool, request, name) for name in names[:allowed])
+            )
+        except ApiError as exc:
+            raise TransientProviderError(
+                f"pool {pool_name}: creating nodes failed: {exc}"
+            ) from exc
+        created = [node for node, _ in results]
+        if any(fresh for _, fresh in results):
+            self._launched.add(request.key)
+        if timeout and allowed >= request.count:
+            # The cloud did the work; its answer is lost on the way back.
+            await asyncio.sleep(self._fault_seconds(pool))
+            raise TransientProviderError(
+                f"pool {pool_name}: the acquire call timed out (injected fault); its nodes "
+                "may exist"
+            )
+        if allowed < request.count:
+            return Launch(created, CapacityUnavailable(
+                f"pool {pool_name} could only launch {allowed} of {request.count} node(s) in "
+                f"{domain_key(request.domain) or 'any domain'}; the partial launch was "
+                "rolled back",
+                available=allowed,
+            ))
+        return Launch(created)
+
+    async def delete(self, pool: CapacityPool, key: str, known: Sequence[ProvidedNode]) -> int:
+        nodes = await self.find(pool, key)
+        names = {n.name for n in nodes} | {n.name for n in known}
+        results = await asyncio.gather(*(self._delete_node(name) for name in sorted(names)))
+        return sum(results)
+
+    async def to_nodes(
+        self, pool: CapacityPool, machines: Sequence[ProvidedNode], request: AcquireRequest | None
+    ) -> Nodes:
+        return list(machines)
+
+    def guard(self, request: AcquireRequest) -> contextlib.AbstractAsyncContextManager[object]:
+        """The domain's lock when its stock is limited (one per domain, not per request):
+        counting the domain's nodes and creating ours is one step, and a shortfall's nodes
+        are gone before anyone counts again."""
+        if self._stock_for(request.pool, request.domain) is None:
+            return contextlib.nullcontext()
+        return self._stock_locks[(request.pool.metadata.name, domain_key(request.domain))]
 
     async def _allowed(self, pool: CapacityPool, request: AcquireRequest, grant: int | None) -> int:
         """How many of the request's nodes may exist: stock and injected grants permitting."""
@@ -250,29 +311,6 @@ class KindProvider:
             and n["metadata"].get("labels", {}).get(KEY_LABEL) != request.key
         )
         return max(0, min(allowed, stock - others))
-
-    async def release(self, pool: CapacityPool, key: str) -> int:
-        if self._draw(pool, "releaseError"):
-            self.calls.append(ProviderCall("release", pool.metadata.name, key, 0,
-                                           outcome="ProviderUnavailable"))
-            raise TransientProviderError(
-                f"pool {pool.metadata.name}: releasing {key} failed (injected fault); "
-                "nothing was deleted"
-            )
-        async with self._locked(key):
-            deleted = await self._delete_key(pool.metadata.name, key)
-        self.calls.append(ProviderCall("release", pool.metadata.name, key, deleted))
-        return deleted
-
-    async def list(self, pool: CapacityPool) -> Nodes:
-        name = pool.metadata.name
-        listing = await self._kube.list(
-            NODES, label_selector=f"{PROVIDER_LABEL}={self.name},{POOL_LABEL}={name}"
-        )
-        self.calls.append(ProviderCall("list", name))
-        return sorted(
-            (_provided(n) for n in listing.get("items") or []), key=lambda n: n.name
-        )
 
     # ------------------------------------------------------------------ keep-alive
 
@@ -341,26 +379,6 @@ class KindProvider:
 
     # ------------------------------------------------------------------ internals
 
-    def _stock_lock(
-        self, pool: CapacityPool, domain: Mapping[str, str]
-    ) -> contextlib.AbstractAsyncContextManager[Any]:
-        """The domain's lock when its stock is limited (one per domain, not per request)."""
-        if self._stock_for(pool, domain) is None:
-            return contextlib.nullcontext()
-        return self._stock_locks[(pool.metadata.name, domain_key(domain))]
-
-    @contextlib.asynccontextmanager
-    async def _locked(self, key: str) -> AsyncIterator[None]:
-        """One call per key at a time; the lock goes once nobody holds or waits for it (a
-        lock kept per key ever used grew with every request)."""
-        lock = self._key_locks.setdefault(key, asyncio.Lock())
-        try:
-            async with lock:
-                yield
-        finally:
-            if not lock.locked() and self._key_locks.get(key) is lock:
-                del self._key_locks[key]
-
     def _record(self, op: str, request: AcquireRequest, outcome: str) -> None:
         self.calls.append(
             ProviderCall(
@@ -403,18 +421,12 @@ class KindProvider:
             )
         return None
 
-    def _take_injected_error(self, pool: str) -> ProviderError | None:
+    def _take(self, pool: str, queue: Callable[[_Injected], builtins.list[T]]) -> T | None:
+        """The next injected value of ``queue`` for ``pool``, else for any pool."""
         for scope in (pool, "*"):
-            errors = self._injected[scope].errors
-            if errors:
-                return errors.pop(0)
-        return None
-
-    def _take_grant(self, pool: str) -> int | None:
-        for scope in (pool, "*"):
-            grants = self._injected[scope].grants
-            if grants:
-                return grants.pop(0)
+            values = queue(self._injected[scope])
+            if values:
+                return values.pop(0)
         return None
 
     def _stock_for(self, pool: CapacityPool, domain: Mapping[str, str]) -> int | None:
@@ -430,18 +442,6 @@ class KindProvider:
             return int(params["defaultStock"])
         return self.default_stock
 
-    async def _nodes_under_key(self, pool: str, key: str) -> Nodes:
-        listing = await self._kube.list(
-            NODES,
-            label_selector=f"{PROVIDER_LABEL}={self.name},{POOL_LABEL}={pool},{KEY_LABEL}={key}",
-        )
-        return sorted((_provided(n) for n in listing.get("items") or []), key=lambda n: n.name)
-
-    async def _delete_key(self, pool: str, key: str) -> int:
-        nodes = await self._nodes_under_key(pool, key)
-        results = await asyncio.gather(*(self._delete_node(n.name) for n in nodes))
-        return sum(results)
-
     async def _delete_node(self, name: str) -> bool:
         self._owned.discard(name)
         self._since.pop(name, None)
@@ -455,7 +455,7 @@ class KindProvider:
         self, pool: CapacityPool, request: AcquireRequest, name: str
     ) -> tuple[ProvidedNode, bool]:
         """Create one node (or find it made by an earlier call); True when created now."""
-        body = node_body(pool, request, name, now=self._now(), provider=self.name)
+        body = _node_body(pool, request, name, now=self._now(), provider=self.name)
         ready_delay = float(pool.spec.parameters.get("readyDelaySeconds", 0.0))
         if ready_delay:
             body["status"]["conditions"] = [_ready_condition(False, _rfc3339_micro(self._now()))]
@@ -504,37 +504,6 @@ class KindProvider:
             await self._kube.patch_status(NODES, name, status)
 
 
-def _validate_faults(pool: str, faults: Any) -> None:
-    if faults is None:
-        return
-    if not isinstance(faults, dict):
-        raise ProviderConfigError(
-            f"pool {pool}: parameters.faults must be a mapping of "
-            f"{', '.join(FAULT_KINDS)}, seed, timeoutSeconds"
-        )
-    unknown_faults = set(faults) - {*FAULT_KINDS, "seed", "timeoutSeconds"}
-    if unknown_faults:
-        raise ProviderConfigError(
-            f"pool {pool}: unknown parameters.faults key(s) "
-            f"{sorted(unknown_faults)}; known: "
-            f"{sorted({*FAULT_KINDS, 'seed', 'timeoutSeconds'})}"
-        )
-    for name in FAULT_KINDS:
-        value = faults.get(name, 0)
-        if not isinstance(value, int | float) or not 0 <= value <= 1:
-            raise ProviderConfigError(
-                f"pool {pool}: parameters.faults.{name} must be a "
-                f"probability between 0 and 1, got {value!r}"
-            )
-    for name in ("seed", "timeoutSeconds"):
-        value = faults.get(name, 0)
-        if not isinstance(value, int | float) or value < 0:
-            raise ProviderConfigError(
-                f"pool {pool}: parameters.faults.{name} must be a "
-                f"number >= 0, got {value!r}"
-            )
-
-
 _background: set[asyncio.Task[None]] = set()
 
 
@@ -552,7 +521,7 @@ def _node_name(pool: str, key: str, index: int) -> str:
     return f"{pool[:40]}-{digest}-{index}"
 
 
-def node_body(
+def _node_body(
     pool: CapacityPool,
     request: AcquireRequest,
     name: str,
@@ -619,7 +588,7 @@ def _ready_condition(ready: bool, now: str, *, since: str | None = None) -> Body
         "type": "Ready",
         "status": "True" if ready else "False",
         "reason": "KubeletReady" if ready else "KubeletNotReady",
-        "message": "fake node kept alive by Muster's kind provider",
+        "message": "fake node kept alive by Muster's fake provider",
         "lastHeartbeatTime": now[:19] + "Z",
         "lastTransitionTime": (since or now)[:19] + "Z",
     }
@@ -641,3 +610,34 @@ def _provided(node: Body) -> ProvidedNode:
         owner_uid=labels.get(OWNER_UID_LABEL, ""),
         labels=labels,
     )
+
+
+def _validate_faults(pool: str, faults: Any) -> None:
+    if faults is None:
+        return
+    if not isinstance(faults, dict):
+        raise ProviderConfigError(
+            f"pool {pool}: parameters.faults must be a mapping of "
+            f"{', '.join(FAULT_KINDS)}, seed, timeoutSeconds"
+        )
+    unknown_faults = set(faults) - {*FAULT_KINDS, "seed", "timeoutSeconds"}
+    if unknown_faults:
+        raise ProviderConfigError(
+            f"pool {pool}: unknown parameters.faults key(s) "
+            f"{sorted(unknown_faults)}; known: "
+            f"{sorted({*FAULT_KINDS, 'seed', 'timeoutSeconds'})}"
+        )
+    for name in FAULT_KINDS:
+        value = faults.get(name, 0)
+        if not isinstance(value, int | float) or not 0 <= value <= 1:
+            raise ProviderConfigError(
+                f"pool {pool}: parameters.faults.{name} must be a "
+                f"probability between 0 and 1, got {value!r}"
+            )
+    for name in ("seed", "timeoutSeconds"):
+        value = faults.get(name, 0)
+        if not isinstance(value, int | float) or value < 0:
+            raise ProviderConfigError(
+                f"pool {pool}: parameters.faults.{name} must be a "
+                f"number >= 0, got {value!r}"
+            )

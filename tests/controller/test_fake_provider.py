@@ -1,4 +1,4 @@
-"""The kind provider is a real provider: all or nothing, idempotent by key, findable."""
+"""The fake provider is a real provider: all or nothing, idempotent by key, findable."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from controller.kube import KubeClient
 from controller.kube.resources import LEASES, NODES
 from controller.state.bookings import Group
 from providers.base import AcquireRequest, CapacityUnavailable, ProviderConfigError, QuotaExceeded
-from providers.kind import KindProvider
+from providers.fake import FakeProvider
 
 R1 = {objects.BLOCK: "b1", objects.RACK: "b1-r1"}
 R2 = {objects.BLOCK: "b1", objects.RACK: "b1-r2"}
@@ -35,7 +35,7 @@ async def _nodes(kube: KubeClient) -> list[dict[str, Any]]:
 
 
 async def test_acquire_creates_nodes_from_the_template_in_the_domain(kube: KubeClient) -> None:
-    provider = KindProvider(kube)
+    provider = FakeProvider(kube)
     got = await provider.acquire(req("k1", 3))
     assert len(got) == 3
     nodes = await _nodes(kube)
@@ -52,7 +52,7 @@ async def test_acquire_creates_nodes_from_the_template_in_the_domain(kube: KubeC
 
 
 async def test_same_key_returns_the_same_nodes(kube: KubeClient) -> None:
-    provider = KindProvider(kube)
+    provider = FakeProvider(kube)
     first = await provider.acquire(req("k1", 2))
     again = await provider.acquire(req("k1", 2))
     assert sorted(n.name for n in first) == sorted(n.name for n in again)
@@ -61,7 +61,7 @@ async def test_same_key_returns_the_same_nodes(kube: KubeClient) -> None:
 
 
 async def test_concurrent_calls_with_one_key_create_once(kube: KubeClient) -> None:
-    provider = KindProvider(kube)
+    provider = FakeProvider(kube)
     await asyncio.gather(*(provider.acquire(req("k1", 4)) for _ in range(3)))
     assert len(await _nodes(kube)) == 4
 
@@ -79,7 +79,7 @@ async def test_concurrent_calls_with_one_key_create_once(kube: KubeClient) -> No
 async def test_a_shortfall_leaves_no_node_behind(
     kube: KubeClient, setup: Any, error: type[Exception]
 ) -> None:
-    provider = KindProvider(kube)
+    provider = FakeProvider(kube)
     setup(provider)
     with pytest.raises(error):
         await provider.acquire(req("k1", 4))
@@ -88,7 +88,7 @@ async def test_a_shortfall_leaves_no_node_behind(
 
 async def test_stock_is_per_domain_and_counts_other_keys(kube: KubeClient) -> None:
     p = pool(stock=[{"labels": R1, "nodes": 3}])
-    provider = KindProvider(kube)
+    provider = FakeProvider(kube)
     await provider.acquire(req("k1", 2, p=p))
     with pytest.raises(CapacityUnavailable) as err:
         await provider.acquire(req("k2", 2, p=p))
@@ -98,7 +98,7 @@ async def test_stock_is_per_domain_and_counts_other_keys(kube: KubeClient) -> No
 
 
 async def test_release_deletes_the_key_and_is_idempotent(kube: KubeClient) -> None:
-    provider = KindProvider(kube)
+    provider = FakeProvider(kube)
     await provider.acquire(req("k1", 2))
     await provider.acquire(req("k2", 1))
     assert await provider.release(pool(), "k1") == 2
@@ -108,13 +108,13 @@ async def test_release_deletes_the_key_and_is_idempotent(kube: KubeClient) -> No
 
 async def test_invalid_pool_parameters_are_named(kube: KubeClient) -> None:
     with pytest.raises(ProviderConfigError, match="colour"):
-        await KindProvider(kube).validate(pool(colour="blue"))
+        await FakeProvider(kube).validate(pool(colour="blue"))
     with pytest.raises(ProviderConfigError, match="defaultStock"):
-        await KindProvider(kube).validate(pool(defaultStock=-1))
+        await FakeProvider(kube).validate(pool(defaultStock=-1))
 
 
 async def test_heartbeat_keeps_a_lease_per_node(kube: KubeClient) -> None:
-    provider = KindProvider(kube, heartbeat_seconds=0.05)
+    provider = FakeProvider(kube, heartbeat_seconds=0.05)
     got = await provider.acquire(req("k1", 1))
     await provider.start()
     try:
@@ -129,7 +129,7 @@ async def test_heartbeat_keeps_a_lease_per_node(kube: KubeClient) -> None:
 
 
 async def test_all_or_nothing_across_groups(kube: KubeClient) -> None:
-    provider = KindProvider(kube)
+    provider = FakeProvider(kube)
     provider.set_stock("gpu", R2, 1)
     groups = [Group("ka", "gpu", R1, 3), Group("kb", "gpu", R2, 2)]
     with pytest.raises(AcquisitionFailed) as err:
@@ -142,7 +142,7 @@ async def test_all_or_nothing_across_groups(kube: KubeClient) -> None:
 async def test_overlapping_acquisitions_never_grant_more_than_the_stock(
     kube: KubeClient,
 ) -> None:
-    provider = KindProvider(kube)
+    provider = FakeProvider(kube)
     provider.set_stock("gpu", R1, 3)
     results = await asyncio.gather(
         *(provider.acquire(req(f"k{i}", 2)) for i in range(4)), return_exceptions=True
