@@ -15,7 +15,7 @@ Two ways to arrive:
 * ``--rate R``: open-loop arrivals, R per second (request i is created at i / R whatever
   happened before it). This is the latency a user sees while the controller sustains R.
 
-    python3 -m benchmarks.controller_bench [--requests 1000] [--pods 2] [--lean] [--rate R]
+    python3 -m benchmarks.controller_bench [--requests 1000] [--pods 2] [--rate R]
 
 ``--kubeconfig PATH`` runs it against that cluster instead of a sandbox (default 200
 requests there): the controller still runs here, as ``--muster-kubeconfig`` if given, with
@@ -62,9 +62,10 @@ from controller.kube.resources import (
     POD_TEMPLATES,
     PROVISIONING_REQUESTS,
 )
-from controller.reconcilers.operator import Controller
+from controller.operator import Controller
 from controller.runtime import freeze_heap, tune_gc
-from providers.fake import OWNER_ANNOTATION, FakeProvider
+from controller.topology_defaults import OWNER_ANNOTATION
+from providers.fake import FakeProvider
 
 ROOT = Path(__file__).resolve().parents[1]
 CRDS = ROOT / "crds"
@@ -143,9 +144,7 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
             # In the sandbox nothing else heartbeats the nodes (and nothing reads
             # heartbeats); on a real cluster kwok does, as on the real-cluster test tier.
             provider = FakeProvider(own, heartbeat_seconds=0 if t.real else 3600)
-            controller = Controller(
-                kube=own, config=config, providers={"kind": provider}, use_kopf=not args.lean
-            )
+            controller = Controller(kube=own, config=config, providers={"kind": provider})
             apf_before = await apf_snapshot(t.kubeconfig) if t.real else None
             # As `muster run` does (controller/runtime.py).
             tune_gc()
@@ -298,8 +297,6 @@ def main(argv: list[str] | None = None) -> None:
                         "with --kubeconfig")
     parser.add_argument("--pods", type=int, default=2, help="8-GPU workers per request")
     parser.add_argument("--workers", type=int, default=256, help="concurrent reconciles")
-    parser.add_argument("--lean", action="store_true",
-                        help="feed requests from Muster's own watch instead of kopf")
     parser.add_argument("--in-process", action="store_true",
                         help="run the sandbox in this process (one core for everything)")
     parser.add_argument("--rate", type=float, default=0.0,
@@ -311,13 +308,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.requests is None:
         args.requests = REAL_DEFAULT_REQUESTS if args.kubeconfig else SANDBOX_DEFAULT_REQUESTS
     logging.basicConfig(level=logging.WARNING)
-    logging.getLogger("kopf").setLevel(logging.ERROR)
     result = asyncio.run(run(args))
-    mode = "lean watch" if args.lean else "kopf"
     arrivals = f"{args.rate:g} per second" if args.rate else "all at once"
     where = (f"cluster: {args.kubeconfig}" if args.kubeconfig
              else f"sandbox: {'in-process' if args.in_process else 'subprocess'}")
-    print(f"event source: {mode}; {where}; arrivals: {arrivals}")
+    print(f"{where}; arrivals: {arrivals}")
     print(f"created {args.requests} requests in {result['create_s']:.2f}s; "
           f"{int(result['requests'])} Provisioned after {result['total_s']:.2f}s "
           f"({int(result['planner_passes'])} planner passes)")

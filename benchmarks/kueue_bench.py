@@ -42,12 +42,12 @@ from benchmarks.target import (
     apf_snapshot,
     target,
 )
+from controller.commands import kueue_objects as kq
 from controller.commands import objects
 from controller.config import MusterConfig
 from controller.kube import ApiError, Body, KubeClient, WatchEvent
 from controller.kube.resources import CAPACITY_POOLS, NODES, PROVISIONING_REQUESTS
-from controller.kueue import objects as kq
-from controller.kueue.planning import workload_of
+from controller.kueue.drafts import workload_of
 from controller.kueue.resources import (
     ADMISSION_CHECKS,
     CLUSTER_QUEUES,
@@ -56,7 +56,7 @@ from controller.kueue.resources import (
     RESOURCE_FLAVORS,
     WORKLOADS,
 )
-from controller.reconcilers.operator import Controller
+from controller.operator import Controller
 from controller.topology_defaults import MUSTER_REQUIRED
 from providers.fake import FakeProvider
 from sandbox.server import SandboxServer
@@ -241,7 +241,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             config = MusterConfig(kueue={"enabled": args.path == "b"})
             # In the sandbox the provider heartbeats its nodes; on a real cluster kwok does.
             provider = FakeProvider(own, heartbeat_seconds=0 if t.real else 30)
-            controller = Controller(kube=own, config=config, use_kopf=False,
+            controller = Controller(kube=own, config=config,
                                     providers={"kind": provider})
             await controller.start()
             apf_before = await apf_snapshot(t.kubeconfig) if t.real else None

@@ -6,7 +6,7 @@ as one Markdown table (the README's "sandbox and real side by side").
         [--workloads 200] [--only sandbox|real]
 
 Each benchmark runs in its own process, with the same N on both sides: controller_bench
-with kopf and with Muster's own watch (``--lean``), all at once and at ``--rate``; kueue_bench
+all at once and at ``--rate``; kueue_bench
 with path B in the sandbox (Kueue played by hand) and path A with real Kueue (see
 benchmarks/kueue_bench.py for why). Prints each run's command and its detail lines (where
 the time went, API priority and fairness, cleanup), then the table.
@@ -119,14 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[tuple[str, str, dict[str, Run]]] = []
     rate = f"{args.rate:g}"
     for arrivals, extra in (("all at once", []), (f"{rate} per second", [f"--rate={rate}"])):
-        for source, lean in (("kopf", []), ("own watch (`--lean`)", ["--lean"])):
-            runs = {}
-            for side in sides:
-                runs[side] = execute(["benchmarks.controller_bench",
-                                      f"--requests={args.requests}", *lean, *extra,
-                                      *(real_args if side == "real" else [])])
-            rows.append((f"controller_bench, {args.requests} requests, {arrivals}", source,
-                         runs))
+        runs = {}
+        for side in sides:
+            runs[side] = execute(["benchmarks.controller_bench",
+                                  f"--requests={args.requests}", *extra,
+                                  *(real_args if side == "real" else [])])
+        rows.append((f"controller_bench, {args.requests} requests", arrivals, runs))
     kueue: dict[str, Run] = {}
     if not args.skip_kueue:
         for side in sides:

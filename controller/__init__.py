@@ -1,7 +1,7 @@
 """Muster: gang-atomic, topology-aware provisioning for Kubernetes.
 
 Layers, outermost first (checked by import-linter, see pyproject.toml):
-``reconcilers`` (kopf handlers) > ``acquire`` (all-or-nothing provider calls) >
+``reconcilers`` (the per-request service) > ``acquire`` (all-or-nothing provider calls) >
 ``state`` (watch-fed cache, snapshots) > ``fit`` (pure placement engine) >
 ``api`` (pydantic models).
 """

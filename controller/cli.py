@@ -3,6 +3,8 @@ imports its heavy dependencies lazily so ``muster fit`` starts fast."""
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Sequence
 from typing import Annotated
 
 import typer
@@ -50,5 +52,31 @@ app.command("run")(run_command)
 app.command("simulate")(simulate_command)
 
 
+EXIT_USAGE = 2
+
+
+def cli(argv: Sequence[str] | None = None) -> None:
+    """The ``muster`` command (``project.scripts``). A usage error (an unknown command or
+    option, a missing or invalid argument) is one line on stderr naming it, and exit 2, as
+    every other bad input; typer's own rendering is a box of many lines."""
+    from typer._click import exceptions as click_errors  # typer's vendored click
+
+    try:
+        code = app(args=list(argv) if argv is not None else None, standalone_mode=False,
+                   prog_name="muster")
+    except click_errors.NoArgsIsHelpError as exc:
+        typer.echo(exc.ctx.get_help() if exc.ctx is not None else "muster --help")
+        sys.exit(EXIT_USAGE)
+    except click_errors.ClickException as exc:
+        ctx = getattr(exc, "ctx", None)
+        where = ctx.command_path if ctx is not None else "muster"
+        text = " ".join(exc.format_message().split())
+        typer.echo(f"error: {text} (see '{where} --help')", err=True)
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    app()
+    cli()

@@ -43,6 +43,7 @@ class Reason(enum.StrEnum):
     NODES_NOT_READY = "NodesNotReady"
     NODES_VANISHED = "BookedNodesVanished"
     OVER_BUDGET = "OverBudget"
+    NAMESPACE_LIMIT_REACHED = "NamespaceLimitReached"
     UNSUPPORTED_CONSTRAINT = "UnsupportedConstraint"
     TEMPLATE_DELETED = "PodTemplateDeleted"
     TEMPLATE_CHANGED = "PodTemplateChanged"
@@ -110,6 +111,11 @@ MESSAGES: Mapping[Reason, str] = {
         "PodTemplate(s) {detail} changed after the booking was planned from them: the "
         "booking is revoked (not re-planned) and unused new nodes are released. Create a new "
         "request to book for the new pods."
+    ),
+    Reason.NAMESPACE_LIMIT_REACHED: (
+        "Waiting for the namespace's limits: {detail}. Muster retries (attempt {attempt} of "
+        "{max_attempts}, next in {delay:.0f}s); delete requests of this namespace or let "
+        "their nodes go idle, or raise budgets.namespaces in Muster's config."
     ),
     Reason.OVER_BUDGET: (
         "The plan exceeds the budget: {detail}. Raise budgets.* in Muster's config or make "

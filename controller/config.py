@@ -34,8 +34,6 @@ from pydantic_settings import (
 )
 
 from controller.fit.types import Mode
-from controller.kueue.settings import KueueConfig
-from controller.podgroups.settings import PodGroupsConfig
 from controller.topology_defaults import DEFAULT_LEVELS
 
 ENV_PREFIX = "MUSTER_"
@@ -130,20 +128,35 @@ class RetryConfig(_Section):
         default=10.0, gt=0, description="Delay before the first retry; doubles per attempt."
     )
     max_backoff_seconds: float = Field(
-        default=300.0, gt=0, description="Cap of the doubling retry delay."
+        default=60.0,
+        gt=0,
+        description="Cap of the doubling retry delay. A waiting request sees capacity that "
+        "frees only at its next retry, and each retry writes the request twice "
+        "(annotations, condition).",
     )
     max_attempts: int = Field(
-        default=6,
+        default=720,
         ge=1,
         description="Planning or acquisition attempts before a request that keeps missing "
-        "capacity is marked Failed.",
+        "capacity is marked Failed (720: about 12 hours at the 60 s cap; the "
+        "ValidUntilSeconds parameter ends a request's retries sooner).",
     )
-    template_wait_seconds: float = Field(
+    max_unready_acquisitions: int = Field(
+        default=3,
+        ge=1,
+        description="Acquisitions whose nodes were not Ready within "
+        "acquisition.node_ready_timeout_seconds before the request is marked Failed. Each "
+        "such node was paid for and then released, so these have a budget of their own, far "
+        "below max_attempts (which counts waits for capacity, which cost nothing).",
+    )
+    arrival_wait_seconds: float = Field(
         default=10.0,
         ge=0,
-        description="How long after its creation a request waits for a PodTemplate it names "
-        "before failing FailedToCreatePods (clients such as kubectl apply -k and Kueue "
-        "create the request and its templates a moment apart, in either order).",
+        description="How long after its creation a request waits for objects created with it "
+        "before failing for good: a PodTemplate it names (else FailedToCreatePods) and the "
+        "CapacityPools or nodes that would let it fit (else CapacityNeverFits). Clients such "
+        "as kubectl apply and Kueue create them a moment apart, in either order, and each kind "
+        "reaches Muster through its own watch.",
     )
 
     @model_validator(mode="after")
@@ -160,6 +173,73 @@ class RetryConfig(_Section):
         return float(
             min(self.max_backoff_seconds, self.initial_backoff_seconds * 2 ** max(0, attempt - 1))
         )
+
+
+class KueueConfig(_Section):
+    """Muster's own Kueue admission check (path B); see :mod:`controller.kueue`."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Run Muster's own Kueue admission check (path B). Path A (Kueue's "
+        "built-in provisioning check with a Muster class) needs nothing here.",
+    )
+    controller_name: str = Field(
+        default="muster.dev/provisioning",
+        min_length=1,
+        max_length=253,
+        description="AdmissionChecks with this spec.controllerName are Muster's.",
+    )
+    provisioning_class: str = Field(
+        default="atomic-provisioning.muster.dev",
+        min_length=1,
+        description="Class of the ProvisioningRequests Muster creates when the "
+        "AdmissionCheck names no ProvisioningRequestConfig.",
+    )
+    check_capacity_class: str = Field(
+        default="check-capacity.muster.dev",
+        min_length=1,
+        description="Class used to book the nodes of a Workload Kueue TAS already placed.",
+    )
+    tolerate_pool_taints: bool = Field(
+        default=True,
+        description="A pod set whose nodeSelector (own plus flavor nodeLabels) selects a "
+        "CapacityPool may use the pool's tainted nodes: its ProvisioningRequest templates "
+        "tolerate the pool's taints and the Ready check adds those tolerations to the pods.",
+    )
+    backoff_limit_count: int = Field(
+        default=3, ge=0,
+        description="Path B retries of a failed request when the AdmissionCheck names no "
+        "ProvisioningRequestConfig (as Kueue's retryStrategy).",
+    )
+    backoff_base_seconds: int = Field(
+        default=60, ge=0, description="First retry delay of path B; doubles per retry."
+    )
+    backoff_max_seconds: int = Field(
+        default=1800, ge=0, description="Cap of path B's retry delay."
+    )
+
+
+class PodGroupsConfig(_Section):
+    """Native gangs: gang PodGroups provisioned as one; see :mod:`controller.podgroups`."""
+
+    enabled: bool = Field(
+        default=True,
+        description="Provision gang PodGroups (scheduling.k8s.io/v1beta1) the scheduler "
+        "cannot place, each as one gang. Off by itself, with a log line, on a cluster that "
+        "does not serve the API.",
+    )
+    provisioning_class: str = Field(
+        default="atomic-provisioning.muster.dev",
+        min_length=1,
+        description="Class of the ProvisioningRequest Muster creates for such a PodGroup.",
+    )
+    max_attempts: int = Field(
+        default=3,
+        ge=1,
+        description="Requests made for one PodGroup whose booking ended before the scheduler "
+        "placed the group (e.g. other pods took the nodes); then Muster gives up, saying so "
+        "in an Event on the PodGroup.",
+    )
 
 
 class AcquisitionConfig(_Section):
@@ -196,6 +276,28 @@ class AcquisitionConfig(_Section):
     )
 
 
+class NamespaceLimits(_Section):
+    """What the requests of one namespace may hold at once: new nodes Muster bought for
+    them (planned, acquiring, booked, or still running after the booking ended)."""
+
+    max_nodes: int | None = Field(
+        default=None, ge=0, description="New nodes the namespace's requests may hold at once."
+    )
+    max_gpus: int | None = Field(
+        default=None, ge=0,
+        description="GPUs (allocatable `*/gpu` resources) of those nodes.",
+    )
+    max_cost_per_hour: float | None = Field(
+        default=None, ge=0,
+        description="Cost per hour of those nodes (the pools' pricePerNodeHour).",
+    )
+
+    @property
+    def limited(self) -> bool:
+        return (self.max_nodes is not None or self.max_gpus is not None
+                or self.max_cost_per_hour is not None)
+
+
 class PoolStatusConfig(_Section):
     interval_seconds: float = Field(
         default=10.0,
@@ -220,6 +322,21 @@ class BudgetsConfig(_Section):
     max_cost_per_hour_per_request: float | None = Field(
         default=None, gt=0, description="Refuse plans whose new nodes cost more per hour."
     )
+    namespace_default: NamespaceLimits = Field(
+        default_factory=NamespaceLimits,
+        description="Limits of every namespace not listed in budgets.namespaces.",
+    )
+    namespaces: dict[str, NamespaceLimits] = Field(
+        default_factory=dict,
+        description="Limits per namespace by name (replacing namespace_default for it): "
+        "max_nodes, max_gpus, max_cost_per_hour; unset means unlimited. A request that "
+        "alone exceeds its namespace's limit fails OverBudget; one that fits the limit but "
+        "not beside what the namespace already holds waits, as for a full pool "
+        "(NamespaceLimitReached, retried with backoff). See docs/tenancy.md.",
+    )
+
+    def for_namespace(self, namespace: str) -> NamespaceLimits:
+        return self.namespaces.get(namespace, self.namespace_default)
 
 
 class FakeProviderConfig(_Section):
@@ -381,19 +498,13 @@ class MusterConfig(BaseSettings):
     providers: ProvidersConfig = Field(default_factory=ProvidersConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
     leader_election: LeaderElectionConfig = Field(default_factory=LeaderElectionConfig)
-    event_source: Literal["kopf", "watch"] = Field(
-        default="kopf",
-        description="Who watches ProvisioningRequests: kopf's event handlers, or Muster's own "
-        "list-then-watch loop (about 1.7x the throughput at 1,000 requests, see "
-        "benchmarks/controller_bench.py).",
-    )
     kueue: KueueConfig = Field(default_factory=KueueConfig)
     podgroups: PodGroupsConfig = Field(default_factory=PodGroupsConfig)
     log_format: Literal["text", "json"] = Field(
         default="text", description="json: one JSON object per line, for log collectors."
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
-        default="INFO", description="Threshold of Muster's own logs (kopf's stay at WARNING+)."
+        default="INFO", description="Threshold of the controller's logs."
     )
 
     @classmethod
@@ -437,13 +548,20 @@ def load_config(path: Path | None = None, **overrides: Any) -> MusterConfig:
         _YAML_FILE.reset(token)
 
 
+REMOVED_SETTINGS = {
+    "event_source": "removed setting: Muster watches ProvisioningRequests with its own "
+    "list-then-watch loop, there is no kopf any more (README, Throughput); delete it",
+}
+"""Top-level settings an older Muster took: a config that still has one is refused with what
+became of it, not as an unknown setting."""
+
 OTHER_ENV_PREFIXES = ("AWS_", "GCP_")
 """``MUSTER_<prefix>*`` variables read by someone else: the AWS and GCP providers' own settings
 (``providers/aws.py``, ``providers/gcp.py``)."""
 
 OTHER_ENV_NAMES = frozenset({
     "CLUSTER_STATE", "CLUSTER_PORT_BASE", "CLUSTER_CACHE", "CLUSTER_KCM_API_QPS",
-    "KEEP_CLUSTER", "CACHE", "BENCH_SANDBOX_PREFIX", "CRASH_AT",
+    "CLUSTER_INSTALL", "KEEP_CLUSTER", "CACHE", "BENCH_SANDBOX_PREFIX", "CRASH_AT",
 })
 """``MUSTER_<name>`` variables of the project's tooling (the real-cluster test tier of
 ``e2e/cluster.py`` and ``hack/cluster/``, the benchmarks, the crash harness's
@@ -463,7 +581,9 @@ def _unknown_env_keys(env: Mapping[str, str]) -> list[str]:
         if rest in OTHER_ENV_NAMES or rest.startswith(OTHER_ENV_PREFIXES):
             continue
         top = rest.split("__", 1)[0]
-        if top not in fields:
+        if top.lower() in REMOVED_SETTINGS:
+            problems.append(f"{key}: {REMOVED_SETTINGS[top.lower()]}")
+        elif top not in fields:
             problems.append(
                 f"{key}: unknown setting (known: "
                 + ", ".join(sorted(f"{ENV_PREFIX}{f}" for f in fields))
@@ -496,6 +616,6 @@ def _describe(exc: ValidationError, path: Path | None) -> str:
         key = ".".join(str(p) for p in err["loc"]) or "<root>"
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
-            msg = "unknown setting"
+            msg = REMOVED_SETTINGS.get(key, "unknown setting")
         lines.append(f"{key}: {msg} (got {err.get('input')!r})")
     return " ".join(lines) if len(errors) == 1 else "\n  ".join(lines)

@@ -9,9 +9,6 @@ is for what looks like a bug).
 from __future__ import annotations
 
 import asyncio
-import logging
-import re
-import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -19,8 +16,7 @@ from controller.kube.client import ApiError
 from controller.kube.problems import LOG_INTERVAL, ProblemLog
 from providers.base import ProviderError
 
-__all__ = ["LOG_INTERVAL", "ProblemLog", "RetryLinesFilter", "describe", "retrying",
-           "transient"]
+__all__ = ["LOG_INTERVAL", "ProblemLog", "describe", "retrying", "transient"]
 
 T = TypeVar("T")
 
@@ -65,39 +61,3 @@ async def retrying(
             continue
         problems.resolved(what, "%s succeeded", what)
         return result
-
-
-_ATTEMPT = re.compile(r"^Request attempt #\d+(?:/\d+)?")
-
-
-class RetryLinesFilter(logging.Filter):
-    """kopf's API client logs every failed attempt of a request (``Request attempt #3/9
-    failed; will retry: GET <url> -> <error>``): one line per watch and second while the API
-    server is down. On a handler, this lets one such line per request target (method and path,
-    without the query) through per ``interval``; the next one says how many were held back."""
-
-    def __init__(self, interval: float = LOG_INTERVAL) -> None:
-        super().__init__()
-        self.interval = interval
-        self._seen: dict[str, list[float]] = {}
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if not record.name.startswith("kopf"):
-            return True
-        msg = record.getMessage()
-        if not _ATTEMPT.match(msg):
-            return True
-        target = msg.split(": ", 1)[-1].split(" -> ", 1)[0].split("?", 1)[0]
-        now = time.monotonic()
-        seen = self._seen.get(target)
-        if seen is not None and now - seen[0] < self.interval:
-            seen[1] += 1
-            return False
-        if seen is not None and seen[1]:
-            record.msg = f"{msg} ({int(seen[1])} more failed attempt(s) in the last " \
-                         f"{now - seen[0]:.0f}s)"
-            record.args = ()
-        if len(self._seen) > 1024:
-            self._seen.clear()
-        self._seen[target] = [now, 0]
-        return True

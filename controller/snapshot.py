@@ -52,7 +52,7 @@ from controller.fit.types import (
     TopologyRequest,
 )
 from controller.fit.types import Snapshot as FitSnapshot
-from controller.kueue.tas import SLICE_SIZE, slice_request
+from controller.tas_slices import SLICE_SIZE, slice_request
 from controller.topology_defaults import (
     DEFAULT_LEVELS,
     DEFAULT_PODS_PER_NODE,
@@ -295,8 +295,32 @@ def node_state(
     )
 
 
-def _in_domain(labels: Mapping[str, str], domain: Mapping[str, str]) -> bool:
-    return all(labels.get(k) == v for k, v in domain.items())
+def _pool_nodes(pool: CapacityPool, nodes: Iterable[Node]) -> tuple[int, list[int]]:
+    """(the pool's nodes, how many of them lie in each declared domain) in one pass.
+
+    A node lies in a domain when it carries every label the domain declares. Domains are
+    indexed by the label keys they declare (one set of keys in practice), so the pass costs
+    one lookup per node, not one per domain: the controller rebuilds headroom whenever
+    nodes come or go.
+    """
+    name = pool.metadata.name
+    topo = pool.spec.topology
+    declared = topo.domains if topo else []
+    by_keys: dict[tuple[str, ...], dict[tuple[str | None, ...], list[int]]] = {}
+    for i, d in enumerate(declared):
+        keys = tuple(sorted(d.labels))
+        by_keys.setdefault(keys, {}).setdefault(tuple(d.labels[k] for k in keys), []).append(i)
+    per = [0] * len(declared)
+    total = 0
+    for node in nodes:
+        labels = node.metadata.labels
+        if labels.get(POOL_LABEL) != name:
+            continue
+        total += 1
+        for keys, index in by_keys.items():
+            for i in index.get(tuple([labels.get(k) for k in keys]), ()):
+                per[i] += 1
+    return total, per
 
 
 def pool_state(
@@ -306,16 +330,19 @@ def pool_state(
     *,
     in_flight: int | None = None,
 ) -> PoolState:
-    """Headroom of one pool given the nodes it already has.
+    """Headroom of one pool given the nodes it already has: the pool-wide ``maxNodes``
+    minus the pool's nodes, each declared domain's limit minus its nodes, capped by the
+    pool's headroom. The one headroom rule, for ``muster fit`` and the controller's cache
+    alike (``nodes`` may be every node or only the pool's).
 
     ``in_flight``: nodes acquired but not registered yet (defaults to
     ``status.inFlightNodes``); they count against ``maxNodes`` like registered ones.
     """
     name = pool.metadata.name
     spec = pool.spec
-    mine = [n for n in nodes if n.metadata.labels.get(POOL_LABEL) == name]
+    have, per_domain = _pool_nodes(pool, nodes)
     pending = pool.status.in_flight_nodes if in_flight is None else in_flight
-    max_new = max(0, spec.max_nodes - len(mine) - pending)
+    max_new = max(0, spec.max_nodes - have - pending)
     template = spec.node_template
     try:
         allocatable = to_resources(template.allocatable)
@@ -329,12 +356,11 @@ def pool_state(
     if topo is None:
         domains.append(PoolDomain(labels={}, max_new_nodes=max_new))
     elif topo.domains:
-        for d in topo.domains:
+        for d, there in zip(topo.domains, per_domain, strict=True):
             limit = d.max_nodes if d.max_nodes is not None else topo.max_nodes_per_domain
-            have = sum(1 for n in mine if _in_domain(n.metadata.labels, d.labels))
             domains.append(
-                PoolDomain(dict(d.labels), max(0, min(limit - have, max_new)), max_nodes=limit,
-                           pool_nodes=have)
+                PoolDomain(dict(d.labels), max(0, min(limit - there, max_new)),
+                           max_nodes=limit, pool_nodes=there)
             )
     else:
         # Every acquisition creates a fresh domain (e.g. a new placement group): offer

@@ -16,6 +16,10 @@ DEFAULT_LEVELS: tuple[str, ...] = (
 
 POOL_LABEL = "muster.dev/pool"
 """Label on every node a CapacityPool created: the pool's name."""
+KEY_LABEL = "muster.dev/acquisition-key"
+"""Set by every provider on the nodes it acquires: the acquisition's idempotency key."""
+OWNER_ANNOTATION = "muster.dev/owner"
+"""``<namespace>/<request>`` a node was acquired for (the fake provider sets it)."""
 
 # Pod-template annotations selecting a pod set's topology. Muster's own win over Kueue's.
 MUSTER_REQUIRED = "muster.dev/required-topology"

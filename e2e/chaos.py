@@ -67,7 +67,7 @@ from controller.kube.resources import (
     POD_TEMPLATES,
     PROVISIONING_REQUESTS,
 )
-from controller.state.cache import KEY_LABEL
+from controller.topology_defaults import KEY_LABEL
 from e2e import cluster as cp
 from e2e.real import MusterProcess
 

@@ -67,6 +67,9 @@ class Env:
     start_controller: Callable[[], Awaitable[None]] | None = None
     providers: list[Any] = field(default_factory=list)
     """The in-process controller's providers, one per (re)start (empty against a cluster)."""
+    unhealthy: Callable[[], Awaitable[list[str]]] | None = None
+    """What is wrong with the running Muster now (dead tasks, an exited process, a failing
+    ``/healthz``); empty when healthy. None where no Muster of the test's is known."""
     kubeconfig: Path | None = None
     """An admin kubeconfig of the cluster (for clients in other processes: kubectl muster)."""
     cleanup: list[Callable[[], Awaitable[Any]]] = field(default_factory=list)
@@ -240,6 +243,7 @@ async def env(request: pytest.FixtureRequest) -> AsyncIterator[Env]:
         e = Env(kube=kube, namespace=namespace, run=run, external=True, config=config,
                 kubeconfig=Path(kubeconfig))
         if muster is not None:
+            e.unhealthy = lambda: asyncio.to_thread(_process_problems, muster)
             e.stop_controller = lambda: asyncio.to_thread(muster.stop)
             e.start_controller = lambda: asyncio.to_thread(muster.start)
             e.restart = lambda: asyncio.to_thread(muster.restart)
@@ -256,7 +260,7 @@ async def env(request: pytest.FixtureRequest) -> AsyncIterator[Env]:
 async def _sandbox_env(namespace: str, run: str, config: MusterConfig) -> AsyncIterator[Env]:
     import tempfile
 
-    from controller.reconcilers.operator import Controller
+    from controller.operator import Controller
     from providers.fake import FakeProvider
     from sandbox.server import SandboxServer
 
@@ -290,9 +294,15 @@ async def _sandbox_env(namespace: str, run: str, config: MusterConfig) -> AsyncI
         await stop()
         await start()
 
+    async def unhealthy() -> list[str]:
+        controller = holder["controller"]
+        if controller is None:
+            return ["the controller is not running"]
+        return [f"task {t} died" for t in controller.failed_tasks()]
+
     e = Env(kube=kube, namespace=namespace, run=run, external=False, config=config,
             restart=restart, stop_controller=stop, start_controller=start, providers=providers,
-            kubeconfig=path)
+            unhealthy=unhealthy, kubeconfig=path)
     try:
         await _namespace(kube, namespace)
         await start()
@@ -306,6 +316,24 @@ async def _sandbox_env(namespace: str, run: str, config: MusterConfig) -> AsyncI
         await kube.close()
         await server.stop()
         tmp.cleanup()
+
+
+def _process_problems(muster: Any) -> list[str]:
+    """What is wrong with Muster's own process (the real tier): exited, or ``/healthz``
+    not 200."""
+    import urllib.error
+    import urllib.request
+
+    if not muster.running:
+        return ["muster run exited"]
+    url = f"http://127.0.0.1:{muster.probe_port}/healthz"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return [] if resp.status == 200 else [f"/healthz answered {resp.status}"]
+    except urllib.error.HTTPError as exc:
+        return [f"/healthz answered {exc.code}: {exc.read().decode(errors='replace')}"]
+    except OSError as exc:
+        return [f"/healthz unreachable: {exc}"]
 
 
 def _scheduler(server: Any) -> Any:

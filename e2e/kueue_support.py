@@ -1,7 +1,7 @@
 """Fixtures and helpers of the Kueue e2e tests: the sandbox with Muster's and the stand-in
 Kueue CRDs, Muster's controller with the Kueue admission check enabled and the kind
 provider, and the sandbox scheduler. No Kueue runs here: the tests play Kueue's part with
-:mod:`controller.kueue.objects`; the real tier runs real Kueue (e2e/test_kueue_real.py).
+:mod:`controller.commands.kueue_objects`; the real tier runs real Kueue (e2e/test_kueue_real.py).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from controller.config import MusterConfig
 from controller.kube import ApiError, Body, KubeClient
 from controller.kube.resources import NAMESPACES
 from controller.kueue.resources import WORKLOADS
-from controller.reconcilers.operator import Controller
+from controller.operator import Controller
 from e2e.conftest import TIERS, eventually
 from providers.fake import FakeProvider
 from sandbox.scheduler import SandboxScheduler
@@ -108,7 +108,7 @@ async def make_env(**config: Any) -> AsyncIterator[KueueEnv]:
                                    "metadata": {"name": namespace}})
     provider = FakeProvider(kube, heartbeat_seconds=5)
     controller = Controller(kube=kube, config=muster_config(**config),
-                            providers={"kind": provider}, use_kopf=False)
+                            providers={"kind": provider})
     scheduler = SandboxScheduler(server.store)
     await controller.start()
     await scheduler.start()

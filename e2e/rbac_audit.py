@@ -19,14 +19,15 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from e2e.cluster import MUSTER_NAMESPACE, MUSTER_SA, ROOT, default_cluster
 
 MUSTER_USER = f"system:serviceaccount:{MUSTER_NAMESPACE}:{MUSTER_SA}"
-MUSTER_AGENTS = ("muster/", "kopf/")
-"""The controller's own requests (controller/kube/client.py USER_AGENT, kopf's session); a
+MUSTER_AGENTS = ("muster/",)
+"""The controller's own requests (controller/kube/client.py USER_AGENT); a
 test that acts as Muster's ServiceAccount to probe what it is refused sends another agent."""
 RBAC_PARTS = ("rbac", "rbac/fake-provider", "rbac/kueue")
 
@@ -91,7 +92,7 @@ def read(log: Path, user: str = MUSTER_USER, *, since: int = 0,
     return Usage(used, refused)
 
 
-def _within(event: dict[str, object], windows: list[tuple[float, float]]) -> bool:
+def _within(event: dict[str, Any], windows: list[tuple[float, float]]) -> bool:
     stamp = str(event.get("requestReceivedTimestamp") or "")
     try:
         when = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
@@ -100,11 +101,11 @@ def _within(event: dict[str, object], windows: list[tuple[float, float]]) -> boo
     return any(lo <= when <= hi for lo, hi in windows)
 
 
-def _rules(docs: Iterable[dict[str, object]]) -> Iterator[Right]:
+def _rules(docs: Iterable[dict[str, Any]]) -> Iterator[Right]:
     for doc in docs:
         if doc.get("kind") not in ("ClusterRole", "Role"):
             continue
-        for rule in doc.get("rules") or []:  # type: ignore[attr-defined]
+        for rule in doc.get("rules") or []:
             for group in rule.get("apiGroups") or []:
                 for resource in rule.get("resources") or []:
                     for verb in rule.get("verbs") or []:

@@ -1,10 +1,9 @@
 """Path B life cycle, the parts the real-Kueue scenarios (``e2e/test_kueue_real.py``: Ready,
-Rejected for a gang that never fits, Retry and Kueue's requeue after a stock-out) do not
-reach: a booking that expires before admission (needs a controller with a 2 s booking; the
-real tier's Muster runs the session's config), Workload names only a hand-written Workload
-has (Kueue's Job integration caps them far below 253), and a Workload Kueue TAS placed on
-existing nodes (booked with check-capacity, Retry when booked twice, Rejected when a booked
-node vanishes after admission), which the real tier has no scenario for yet.
+Rejected for a gang that never fits, Retry and Kueue's requeue after a stock-out, a Workload
+Kueue TAS placed on existing nodes) do not reach: a booking that expires before admission
+(needs a controller with a 2 s booking; the real tier's Muster runs the session's config)
+and Workload names only a hand-written Workload has (Kueue's Job integration caps them far
+below 253).
 
 The test plays Kueue (quota, admission). Podset-update conflicts and the retry/rejection
 table are unit-tested in ``tests/kueue/test_decisions.py``.
@@ -14,16 +13,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from controller.commands import kueue_objects as kq
 from controller.commands import objects
-from controller.kube.resources import CAPACITY_POOLS, NODES, PROVISIONING_REQUESTS
-from controller.kueue import objects as kq
+from controller.kube.resources import CAPACITY_POOLS, PROVISIONING_REQUESTS
 from controller.kueue.resources import (
     ADMISSION_CHECKS,
     PROVISIONING_REQUEST_CONFIGS,
     RESOURCE_FLAVORS,
     WORKLOADS,
 )
-from controller.topology_defaults import HOSTNAME, MUSTER_REQUIRED, POOL_LABEL
+from controller.topology_defaults import MUSTER_REQUIRED
 from e2e.kueue_support import (
     KueueEnv,
     kueue_env,
@@ -36,33 +35,26 @@ __all__ = ["kueue_env", "sandbox_only"]
 
 CHECK = "muster-prov"
 GPU_FLAVORS = {"cpu": "h100", "memory": "h100", objects.GPU: "h100"}
-CPU_FLAVORS = {"cpu": "cpu", "memory": "cpu"}
 
 
-async def setup(env: KueueEnv, *, backoff_limit: int = 3, blocks: int = 2,
-                selector_details: dict[str, str] | None = None,
-                stock: int | None = None) -> None:
-    params = {"defaultStock": stock} if stock is not None else None
-    await env.kube.create(CAPACITY_POOLS, objects.gpu_pool("gpu-h100", blocks=blocks,
-                                                           parameters=params))
+async def setup(env: KueueEnv) -> None:
+    await env.kube.create(CAPACITY_POOLS, objects.gpu_pool("gpu-h100", blocks=2))
     await env.kube.create(RESOURCE_FLAVORS, kq.resource_flavor(
         "h100", node_labels={"muster.dev/accelerator": "h100"}))
     await env.kube.create(RESOURCE_FLAVORS, kq.resource_flavor("cpu"))
     await env.kube.create(PROVISIONING_REQUEST_CONFIGS, kq.provisioning_request_config(
-        "cfg", class_name="atomic-provisioning.muster.dev", backoff_limit=backoff_limit,
-        backoff_base_seconds=7, selector_details=selector_details))
+        "cfg", class_name="atomic-provisioning.muster.dev", backoff_limit=3,
+        backoff_base_seconds=7))
     await env.kube.create(ADMISSION_CHECKS, kq.admission_check(
         CHECK, controller_name="muster.dev/provisioning", config="cfg"))
 
 
 async def submit(env: KueueEnv, name: str, pod_sets: list[dict[str, Any]],
-                 flavors: dict[str, dict[str, str]],
-                 topology_assignments: dict[str, Any] | None = None) -> None:
+                 flavors: dict[str, dict[str, str]]) -> None:
     await env.kube.create(WORKLOADS, kq.workload(name, env.namespace, queue="q",
                                                  pod_sets=pod_sets), namespace=env.namespace)
     await env.update_status(name, lambda wl: kq.reserve_quota(
-        wl, cluster_queue="cq", flavors=flavors, checks=[CHECK], now=now(),
-        topology_assignments=topology_assignments))
+        wl, cluster_queue="cq", flavors=flavors, checks=[CHECK], now=now()))
 
 
 def workers(count: int, **kw: Any) -> dict[str, Any]:
@@ -73,55 +65,6 @@ def workers(count: int, **kw: Any) -> dict[str, Any]:
 async def request_exists(env: KueueEnv, name: str) -> bool:
     return await env.kube.get_or_none(
         PROVISIONING_REQUESTS, name, namespace=env.namespace) is not None
-
-
-async def test_a_tas_placed_workload_is_booked_not_replanned(kueue_env: KueueEnv) -> None:
-    """Played by the test: real Kueue does place a Workload of a non-provisioning check with
-    TAS at quota reservation, but no real-tier scenario covers it yet (the real ones use
-    Muster's check on a flavor without a Topology)."""
-    env = kueue_env
-    await setup(env)
-    hosts = [f"gpu-{i}" for i in range(4)]
-    for host in hosts:
-        await env.kube.create(NODES, objects.node(
-            host, allocatable={"cpu": "96", "memory": "1024Gi", objects.GPU: "8"},
-            labels={objects.BLOCK: "b2", objects.RACK: "b2-r1",
-                    "muster.dev/accelerator": "h100"},
-            taints=[objects.GPU_TAINT]))
-    assignment = {
-        "levels": [objects.RACK, HOSTNAME],
-        "slices": [{"domainCount": 4,
-                    "valuesPerLevel": [{"universal": "b2-r1"},
-                                       {"individual": {"prefix": "gpu-",
-                                                       "roots": ["0", "1", "2", "3"]}}],
-                    "podCounts": {"universal": 1}}],
-    }
-    tol = {"tolerations": [objects.GPU_TOLERATION]}
-    await submit(env, "placed", [workers(4, **tol)], {"workers": GPU_FLAVORS},
-                 topology_assignments={"workers": assignment})
-    ready = await env.wait_check("placed", CHECK, "Ready", within=30)
-    pr = await env.kube.get(PROVISIONING_REQUESTS, "placed-muster-prov-1",
-                            namespace=env.namespace)
-    assert pr["spec"]["provisioningClassName"] == "check-capacity.muster.dev"
-    assert pr["spec"]["parameters"] == {"noRetry": "true"}
-    assert [p["count"] for p in pr["spec"]["podSets"]] == [1, 1, 1, 1]
-    assert not (await env.kube.list(NODES, label_selector=f"{POOL_LABEL}=gpu-h100")).get(
-        "items"), "nothing new: Kueue TAS already chose existing nodes"
-    (update,) = ready["podSetUpdates"]
-    assert "nodeSelector" not in update, "Kueue TAS pins the pods itself"
-
-    # The same nodes again while booked: check-capacity cannot book them twice -> Retry.
-    await submit(env, "again", [workers(4, **tol)], {"workers": GPU_FLAVORS},
-                 topology_assignments={"workers": assignment})
-    retry = await env.wait_check("again", CHECK, "Retry", within=30)
-    assert retry["message"].startswith("Retrying after failure: Capacity is not found")
-
-    # Admitted, then a booked node disappears before use: Rejected even after admission.
-    await env.update_status("placed", lambda wl: kq.set_condition(
-        wl["status"], "Admitted", True, "Admitted", now()))
-    await env.kube.delete(NODES, "gpu-2")
-    rejected = await env.wait_check("placed", CHECK, "Rejected", within=30)
-    assert "gpu-2" in rejected["message"]
 
 
 async def test_a_booking_that_expires_before_admission_turns_ready_into_retry(

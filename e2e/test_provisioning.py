@@ -326,6 +326,38 @@ async def test_a_deleted_pool_keeps_nodes_in_use_and_releases_them_when_idle(env
     await eventually(pool_gone, within=10, what="the pool to be deleted")
 
 
+async def test_a_pool_deleted_while_an_acquisition_runs_is_kept_until_its_nodes_are_gone(
+    env: Env,
+) -> None:
+    """The pool and the request are deleted while the provider is still creating the
+    request's nodes (Kueue deletes and recreates its requests; a user tears down both): the
+    pool's finalizer holds until those nodes exist and are released, so the provider's
+    settings never go while nodes acquired through them are alive (a leak for good)."""
+    pool = await env.gpu_pool(parameters={"latencySeconds": 2})
+    await env.worker_template()
+    await env.request("racing", [("workers", 2)], class_name=ATOMIC)
+
+    async def acquiring() -> bool:
+        got = await env.get("racing")
+        return (got["metadata"].get("annotations") or {}).get("muster.dev/phase") == "Acquiring"
+
+    await eventually(acquiring, within=30, what="Muster to start acquiring")
+    await env.kube.delete(PROVISIONING_REQUESTS, "racing", namespace=env.namespace)
+    await env.kube.delete(CAPACITY_POOLS, pool)
+
+    async def pool_gone() -> bool:
+        return await env.kube.get_or_none(CAPACITY_POOLS, pool) is None
+
+    await eventually(pool_gone, within=30, what="the pool to be deleted")
+    # The acquisition ran past the deletion; nothing it made may outlive the pool.
+    loop = asyncio.get_running_loop()
+    until = loop.time() + 4
+    while loop.time() < until:
+        left = [n["metadata"]["name"] for n in await env.pool_nodes(pool)]
+        assert not left, f"nodes of deleted pool {pool} left behind: {left}"
+        await asyncio.sleep(0.2)
+
+
 @pytest.mark.parametrize("change, reason", [
     ("delete", "PodTemplateDeleted"),
     ("edit", "PodTemplateChanged"),

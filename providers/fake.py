@@ -35,8 +35,7 @@ from controller.api.capacitypool import CapacityPool
 from controller.dra_templates import render_resource_slices
 from controller.kube import ApiError, Body, KubeClient
 from controller.kube.resources import LEASES, NAMESPACES, NODES, RESOURCE_SLICES
-from controller.state.cache import KEY_LABEL
-from controller.topology_defaults import POOL_LABEL
+from controller.topology_defaults import KEY_LABEL, OWNER_ANNOTATION, POOL_LABEL
 from providers.atomic import AtomicProvider, Launch
 from providers.base import (
     AcquireRequest,
@@ -52,7 +51,6 @@ log = logging.getLogger(__name__)
 
 PROVIDER_LABEL = "muster.dev/provider"
 OWNER_UID_LABEL = "muster.dev/owner-uid"
-OWNER_ANNOTATION = "muster.dev/owner"
 NODE_LEASE_NAMESPACE = "kube-node-lease"
 BOOT_DELAY_ANNOTATION = "muster.dev/boot-delay"
 KNOWN_PARAMETERS = frozenset(

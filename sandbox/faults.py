@@ -116,13 +116,16 @@ class Faults:
 
     def add_conflicts(
         self, probability: float, *, verbs: Iterable[str] | str | None = None,
-        resources: Iterable[str] | str | None = None,
+        resources: Iterable[str] | str | None = None, times: int | None = None,
     ) -> Rule:
-        """Conflict storm: matching writes fail with 409 Conflict with this probability."""
+        """Conflict storm: matching writes fail with 409 Conflict with this probability
+        (only the first ``times`` of them, when given)."""
         self._check_probability(probability)
+        if times is not None and times < 1:
+            raise ValueError(f"times must be >= 1, got {times}")
         chosen = self._verbs(verbs) or WRITE_VERBS
         rule = Rule("conflict", probability, verbs=chosen & WRITE_VERBS,
-                    resources=_set(resources))
+                    resources=_set(resources), times=times)
         self.rules.append(rule)
         return rule
 

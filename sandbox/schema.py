@@ -2,8 +2,9 @@
 to a custom resource: fields the openAPIV3Schema does not declare are dropped silently unless
 ``x-kubernetes-preserve-unknown-fields: true`` (or ``additionalProperties``) keeps them.
 
-This reproduces a real pitfall: kopf stores handler results in ``status.<handler>``, which a
-strict CRD prunes. ``metadata`` is kept whole (the apiserver prunes it to ObjectMeta fields, which
+This reproduces a real pitfall: a field a controller writes into the status of a CRD it does
+not own (``status.<anything>`` of a ProvisioningRequest) is silently dropped by its strict
+schema. ``metadata`` is kept whole (the apiserver prunes it to ObjectMeta fields, which
 clients cannot tell apart). No validation (types, enums, CEL) is done.
 """
 

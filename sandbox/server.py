@@ -1,7 +1,7 @@
 """The sandbox's HTTP front end: the Kubernetes REST API (discovery, CRUD, PATCH, apply,
 status and binding subresources, watch) served by aiohttp on 127.0.0.1 over ``Store``.
 
-``SandboxServer`` starts and stops it, writes a kubeconfig that kubectl, kopf and
+``SandboxServer`` starts and stops it, writes a kubeconfig that kubectl and
 kubernetes-asyncio accept, and exposes ``store`` (in-process access) and ``faults``.
 """
 
@@ -185,7 +185,7 @@ class SandboxServer:
         }
 
     def write_kubeconfig(self, path: str | Path, namespace: str = "default") -> Path:
-        """Write a kubeconfig (plain http cluster entry) for kubectl, kopf, kubernetes-asyncio."""
+        """Write a kubeconfig (plain http cluster entry) for kubectl and kubernetes-asyncio."""
         out = Path(path)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(yaml.safe_dump(self.kubeconfig(namespace), sort_keys=False))

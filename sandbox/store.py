@@ -488,19 +488,6 @@ class Store:
 
     # ------------------------------------------------------------------ updates
 
-    def replace(
-        self,
-        resource: str | ResourceType,
-        obj: Mapping[str, Any],
-        namespace: str | None = None,
-        *,
-        subresource: str | None = None,
-    ) -> Obj:
-        """PUT semantics (optimistic concurrency when ``metadata.resourceVersion`` is set)."""
-        rt, namespace = self._resolve_for_obj(resource, obj, namespace)
-        name = _meta(obj).get("name", "")
-        return copy_obj(self.replace_raw(rt, name, obj, namespace, subresource=subresource))
-
     def replace_raw(
         self,
         rt: ResourceType,
@@ -554,23 +541,6 @@ class Store:
                 rt, name, patch, namespace or self._default_ns(rt), patch_type=patch_type,
                 subresource=subresource, field_manager=field_manager, force=force,
             )
-        )
-
-    def apply(
-        self,
-        resource: str | ResourceType,
-        obj: Mapping[str, Any],
-        *,
-        field_manager: str,
-        namespace: str | None = None,
-        force: bool = False,
-        subresource: str | None = None,
-    ) -> Obj:
-        """Server-side apply (creates the object when absent)."""
-        rt, namespace = self._resolve_for_obj(resource, obj, namespace)
-        return self.patch(
-            rt, _meta(obj).get("name", ""), obj, namespace, patch_type="apply",
-            subresource=subresource, field_manager=field_manager, force=force,
         )
 
     def patch_raw(
@@ -1053,16 +1023,6 @@ class Store:
         table.watchers.add(watcher)
         watcher.on_close = lambda w: table.watchers.discard(w)
         return watcher
-
-    def close_watchers(self, resource: str | ResourceType | None = None) -> int:
-        """Close every open watch (of one resource type): clients see their stream end."""
-        tables = [self.table(self.resolve(resource))] if resource else list(self._tables.values())
-        closed = 0
-        for table in tables:
-            for w in list(table.watchers):
-                w.close("closed by the sandbox")
-                closed += 1
-        return closed
 
     # ------------------------------------------------------------------ CRDs
 

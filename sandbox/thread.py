@@ -1,5 +1,5 @@
 """Run the sandbox in a background thread with its own event loop, for callers that are not
-async or that run their own loop (an e2e fixture, kopf's ``KopfRunner``, a script).
+async or that run their own loop (an e2e fixture, a script).
 
 The store is single-threaded: touch it only through :meth:`ThreadedSandbox.call`, which runs
 the function on the sandbox's loop and returns its result.

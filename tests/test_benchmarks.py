@@ -36,7 +36,7 @@ def bench(*argv: str) -> str:
 
 @pytest.mark.slow
 def test_controller_bench_in_the_sandbox() -> None:
-    out = bench("benchmarks.controller_bench", "--requests=5", "--lean")
+    out = bench("benchmarks.controller_bench", "--requests=5")
     assert "controller_bench requests=5 " in out
 
 
@@ -80,7 +80,7 @@ def test_benchmarks_on_the_real_cluster_leave_nothing_behind(
 ) -> None:
     creds = [f"--kubeconfig={real_cluster.admin_kubeconfig}",
              f"--muster-kubeconfig={real_cluster.muster_kubeconfig}"]
-    for argv in (("benchmarks.controller_bench", "--requests=3", "--lean"),
+    for argv in (("benchmarks.controller_bench", "--requests=3"),
                  ("benchmarks.kueue_bench", "--workloads=2")):
         out = bench(*argv, *creds)
         cleanup = next(ln for ln in out.splitlines() if ln.startswith("cleanup:"))

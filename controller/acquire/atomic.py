@@ -64,6 +64,15 @@ async def acquire_all(
             f"CapacityPool(s) {', '.join(missing)} no longer exist", retryable=True,
             reason="PoolGone",
         )
+    # Every pool's parameters are checked before any provider call, so a bad pool fails the
+    # attempt (not retryable) without a node launched anywhere; the providers' own acquire
+    # would find some problems only after launching other groups, or never (kind's).
+    for name in sorted({g.pool for g in groups}):
+        try:
+            await provider_for(pools[name]).validate(pools[name])
+        except ProviderError as exc:
+            raise AcquisitionFailed(str(exc), retryable=exc.retryable,
+                                    reason=str(exc.reason)) from None
     results = await asyncio.gather(
         *(_acquire_group(g, pools[g.pool], provider_for, owner, owner_uid) for g in groups),
         return_exceptions=True,

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from controller.api.dra import ResourceSliceTemplate
 from controller.api.meta import Condition, ObjectMeta
+from controller.api.validation import label_value, qualified_name
 
 __all__ = [
     "KIND",
@@ -61,6 +62,22 @@ class NodeTemplate(_Model):
         description="DRA devices every new node will publish: ResourceSlice specs "
         "(resource.k8s.io/v1) without node scope; pool.name defaults to the node name.",
     )
+
+    @model_validator(mode="after")
+    def _what_the_api_server_accepts(self) -> NodeTemplate:
+        # The nodes are created with these: a label or taint the API server would refuse
+        # makes every acquisition fail. Refused here, the pool is ignored and named in the
+        # log. Amounts that are no quantity are checked beside the model (the cache's
+        # _quantity_errors, which leaves such a pool out of planning), so that a pool's
+        # other errors are listed with them, not hidden behind the first.
+        for key, value in self.labels.items():
+            if not qualified_name(key) or not label_value(value):
+                raise ValueError(f"nodeTemplate.labels: {key}={value!r} is not a valid label")
+        for i, taint in enumerate(self.taints):
+            if not qualified_name(taint.key) or not label_value(taint.value):
+                raise ValueError(f"nodeTemplate.taints[{i}]: {taint.key}={taint.value!r} is "
+                                 "not a valid taint key and value")
+        return self
 
 
 class PoolDomainSpec(_Model):

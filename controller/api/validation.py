@@ -12,6 +12,7 @@ its containers, used on objects read from files.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterable, Mapping
 from decimal import Decimal
@@ -46,6 +47,20 @@ CONTAINER_FIELDS = frozenset({
     "tty",
 })
 RESOURCE_FIELDS = frozenset({"requests", "limits", "claims"})
+
+OBJECT_NAME_MAX = 253
+_HASH_LEN = 5
+_PREFIX_MAX = OBJECT_NAME_MAX - _HASH_LEN - 1  # 247, as Kueue's limitObjectName
+
+
+def limit_object_name(full: str) -> str:
+    """Kueue's ``limitObjectName``: names over 247 characters keep their first 247
+    characters plus ``-`` and the first 5 hex digits of the full name's sha1."""
+    if len(full) <= _PREFIX_MAX:
+        return full
+    digest = hashlib.sha1(full.encode()).hexdigest()[:_HASH_LEN]  # naming, not security
+    return f"{full[:_PREFIX_MAX]}-{digest}"
+
 
 
 def qualified_name(key: str) -> bool:
@@ -128,9 +143,18 @@ def _resources(where: str, requests: Mapping[str, str], limits: Mapping[str, str
     return out
 
 
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
 def _container(where: str, c: Container, declared: set[str]) -> list[str]:
     res = c.resources
-    out = _resources(f"{where}.resources", res.requests, res.limits)
+    out = []
+    if c.name and (len(c.name) > 63 or _DNS_LABEL.fullmatch(c.name) is None):
+        # Not about placement, but the API server refuses the pods: a plan for them would
+        # buy nodes nothing can use.
+        out.append(f"{where}.name: {c.name!r} must be a lowercase RFC 1123 label (a-z, 0-9, "
+                   "'-', at most 63 characters)")
+    out += _resources(f"{where}.resources", res.requests, res.limits)
     for i, claim in enumerate((res.model_extra or {}).get("claims") or []):
         name = claim.get("name") if isinstance(claim, Mapping) else None
         if name not in declared:

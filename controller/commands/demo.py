@@ -1,7 +1,7 @@
 """``muster demo``: the sandbox, the controller, the fake provider and the scheduler in one
 process; see :mod:`controller.commands.demo_scenario` for the story it runs.
 
-Heavy imports (kubernetes-asyncio, kopf, the sandbox) happen when the command runs, so
+Heavy imports (kubernetes-asyncio, the sandbox) happen when the command runs, so
 ``muster --help`` stays fast.
 """
 
@@ -50,8 +50,7 @@ def demo_command(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    for noisy in ("kopf", "aiohttp.access"):
-        logging.getLogger(noisy).setLevel(logging.INFO if verbose else logging.ERROR)
+    logging.getLogger("aiohttp.access").setLevel(logging.INFO if verbose else logging.ERROR)
     from controller.commands.demo_scenario import DemoFailed, run_demo
     from controller.kube import ApiError
 
@@ -78,8 +77,8 @@ def _run_kueue(
     workers: int, timeout: float, latency: float, ready_delay: float, kubeconfig: Path | None,
     console: Console, started: float,
 ) -> None:
+    from controller.commands.kueue_demo import KueueDemoFailed, run_kueue_demo
     from controller.kube import ApiError
-    from controller.kueue.demo import KueueDemoFailed, run_kueue_demo
 
     try:
         asyncio.run(run_kueue_demo(

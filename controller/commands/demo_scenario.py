@@ -46,12 +46,11 @@ class DemoFailed(Exception):
 
 
 @dataclass
-class View:
-    """What the demo shows, refreshed from the API server a few times a second."""
+class Timeline:
+    """What a demo shows, refreshed from the API server a few times a second: the nodes and
+    pods it watches and a timeline of what happened (both demos share it)."""
 
     started: float = field(default_factory=time.monotonic)
-    conditions: list[dict[str, Any]] = field(default_factory=list)
-    details: dict[str, str] = field(default_factory=dict)
     nodes: list[dict[str, Any]] = field(default_factory=list)
     pods: list[dict[str, Any]] = field(default_factory=list)
     log: list[str] = field(default_factory=list)
@@ -59,6 +58,23 @@ class View:
 
     def note(self, text: str) -> None:
         self.log.append(f"[dim]{time.monotonic() - self.started:5.1f}s[/] {text}")
+
+    def render(self, workers: int) -> Group:
+        raise NotImplementedError
+
+    def once(self, mark: str, text: str) -> None:
+        """Note ``text`` the first time ``mark`` is seen."""
+        if mark not in self.seen:
+            self.seen.add(mark)
+            self.note(text)
+
+
+@dataclass
+class View(Timeline):
+    """The ProvisioningRequest demo: the request's conditions and placement details too."""
+
+    conditions: list[dict[str, Any]] = field(default_factory=list)
+    details: dict[str, str] = field(default_factory=dict)
 
     def render(self, workers: int) -> Group:
         cond = Table(title=f"ProvisioningRequest {NAMESPACE}/{REQUEST}", expand=True)
@@ -135,22 +151,16 @@ async def _observe(kube: KubeClient, view: View) -> None:
         view.conditions = status.get("conditions") or []
         view.details = status.get("provisioningClassDetails") or {}
         for c in view.conditions:
-            mark = f"{c.get('type')}={c.get('status')}/{c.get('reason')}"
-            if mark not in view.seen:
-                view.seen.add(mark)
-                view.note(f"[bold]{c.get('type')}[/]={c.get('status')} ({c.get('reason')})")
+            view.once(f"{c.get('type')}={c.get('status')}/{c.get('reason')}",
+                      f"[bold]{c.get('type')}[/]={c.get('status')} ({c.get('reason')})")
     view.nodes = (await kube.list(NODES)).get("items") or []
     new = sum(1 for n in view.nodes if n["metadata"].get("labels", {}).get("muster.dev/pool"))
-    mark = f"nodes:{new}"
-    if new and mark not in view.seen:
-        view.seen.add(mark)
-        view.note(f"{new} new node(s) registered")
+    if new:
+        view.once(f"nodes:{new}", f"{new} new node(s) registered")
     view.pods = (await kube.list(PODS, namespace=NAMESPACE)).get("items") or []
     bound = sum(1 for p in view.pods if p.get("spec", {}).get("nodeName"))
-    mark = f"bound:{bound}"
-    if bound and mark not in view.seen:
-        view.seen.add(mark)
-        view.note(f"{bound} pod(s) bound")
+    if bound:
+        view.once(f"bound:{bound}", f"{bound} pod(s) bound")
 
 
 def _condition(view: View, type_: str) -> dict[str, Any] | None:
@@ -212,7 +222,28 @@ class DemoWorld:
     scheduler: Any
     kubeconfig: Path
     controller: Any = None
-    """Set by the demo once it started one; stopped on exit."""
+    """Set by :meth:`start`; stopped on exit."""
+
+    async def start(self, view: Timeline, **sections: Any) -> None:
+        """Start Muster's controller (short timers, so a failing demo says so within its
+        time limit; the fake provider serves the pools; ``sections``: more configuration)
+        and the sandbox scheduler."""
+        from controller.config import MusterConfig
+        from controller.operator import Controller
+        from providers.fake import FakeProvider
+
+        config = MusterConfig(
+            retry={"initial_backoff_seconds": 1, "max_backoff_seconds": 5, "max_attempts": 5},
+            acquisition={"node_ready_timeout_seconds": 30, "idle_ttl_seconds": 30},
+            **sections,
+        )
+        self.controller = Controller(
+            kube=self.kube, config=config,
+            providers={"kind": FakeProvider(self.kube, heartbeat_seconds=5)},
+        )
+        await self.controller.start()
+        await self.scheduler.start()
+        view.note(f"sandbox API server on {self.server.url} (kubeconfig {self.kubeconfig})")
 
 
 @contextlib.asynccontextmanager
@@ -246,7 +277,7 @@ async def demo_world(
 
 
 async def show(
-    view: Any, *, console: Console, workers: int,
+    view: Timeline, *, console: Console, workers: int,
     scenario: Callable[[Callable[[], None]], Awaitable[None]],
 ) -> None:
     """Run ``scenario(refresh)``: a live rich view on a terminal, plain lines elsewhere (CI
@@ -271,24 +302,12 @@ async def run_demo(
     *, workers: int, time_limit: float, latency: float, ready_delay: float, console: Console,
     kubeconfig_out: Path | None,
 ) -> None:
-    from controller.config import MusterConfig
-    from controller.reconcilers.operator import Controller
-    from providers.fake import FakeProvider
-
     async with demo_world(
         crd_dirs=[crd_dir()], kubeconfig_out=kubeconfig_out, prefix="muster-demo-"
     ) as world:
         kube = world.kube
         await _seed(kube, workers=workers, latency=latency, ready_delay=ready_delay)
-        config = MusterConfig(
-            retry={"initial_backoff_seconds": 1, "max_backoff_seconds": 5, "max_attempts": 5},
-            acquisition={"node_ready_timeout_seconds": 30, "idle_ttl_seconds": 30},
-        )
-        provider = FakeProvider(kube, heartbeat_seconds=5)
-        world.controller = Controller(kube=kube, config=config, providers={"kind": provider})
-        await world.controller.start()
-        await world.scheduler.start()
         view = View()
-        view.note(f"sandbox API server on {world.server.url} (kubeconfig {world.kubeconfig})")
+        await world.start(view)
         await show(view, console=console, workers=workers, scenario=lambda refresh: _scenario(
             kube, view, workers=workers, time_limit=time_limit, refresh=refresh))

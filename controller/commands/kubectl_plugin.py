@@ -138,7 +138,7 @@ async def live_state(kube: KubeClient, config: MusterConfig) -> ClusterState:
     from controller.state.feeds import Feeds
 
     state = ClusterState(levels=config.topology.levels)
-    await Feeds(kube, state, with_requests=True).list_once()
+    await Feeds(kube, state).list_once()
     now = datetime.now(UTC)
     for name in state.pools():
         valid = _condition(state.pool_status(name).get("conditions") or [], "Valid")

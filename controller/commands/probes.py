@@ -4,7 +4,7 @@ only for authenticated, authorized scrapers: :mod:`controller.commands.metrics_a
 
 - ``/healthz`` answers 200 while the process works: the event loop serves the request (a
   blocked loop fails the probe by timing out) and none of the controller's long-running tasks
-  (reconcile workers, watches, collector, kopf, Kueue) has died. A standby replica is live.
+  (reconcile workers, watches, collector, Kueue) has died. A standby replica is live.
   503 lists the dead tasks; the kubelet then restarts the container.
 - ``/readyz`` answers 200 when the replica does what its role asks: the leader once the
   controller has started (caches synced, start-up collection done, reconciles running) and
@@ -33,7 +33,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from controller.commands.metrics_auth import MetricsAuth
 from controller.leader import LeaderElector
 from controller.metrics import CONTENT_TYPE
-from controller.reconcilers.operator import Controller
+from controller.operator import Controller
 
 
 class Probes:

@@ -1,7 +1,7 @@
 """``muster run``: the controller against the current kubeconfig (or in-cluster).
 
 Reads the one config (``--config FILE`` plus ``MUSTER_*`` variables; a bad key stops it
-here with a message), sets up logging, and runs :class:`controller.reconcilers.operator.
+here with a message), sets up logging, and runs :class:`controller.operator.
 Controller` until SIGINT/SIGTERM. With ``leader_election.enabled`` (the default) it first
 campaigns for a Lease (:mod:`controller.leader`) and starts the controller only once it
 leads; losing the Lease stops all reconciling at once and exits 1, so the pod restarts and
@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # imported lazily at run time: `muster --help` stays fast
     from controller.commands.probes import Probes
     from controller.kube import KubeClient
     from controller.leader import LeaderElector
-    from controller.reconcilers.operator import Controller
+    from controller.operator import Controller
 
 log = logging.getLogger("muster")
 
@@ -64,15 +64,9 @@ def setup_logging(fmt: str, level: str) -> None:
         handler.setFormatter(_JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    from controller.problems import RetryLinesFilter
-
-    # kopf's client logs each failed attempt; once per request target per interval here.
-    handler.addFilter(RetryLinesFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
-    # kopf logs every event-handler call at INFO; Muster's own logs say what matters.
-    logging.getLogger("kopf").setLevel(max(logging.WARNING, root.level))
 
 
 def run_command(
@@ -101,7 +95,7 @@ def run_command(
         raise typer.Exit(2)
     setup_logging(cfg.log_format, cfg.log_level)
     from controller.leader import LeadershipLost
-    from controller.reconcilers.operator import StartupError
+    from controller.operator import StartupError
 
     # Signal handlers stop the controller cleanly; a second Ctrl-C just exits.
     try:
@@ -184,7 +178,7 @@ async def _run(cfg: Any, *, kubeconfig: Path | None, context: str | None, in_clu
 
     from controller.commands.probes import Probes
     from controller.leader import LeadershipLost, from_config
-    from controller.reconcilers.operator import Controller
+    from controller.operator import Controller
 
     kube = await connect(kubeconfig, context, in_cluster)
     controller = Controller(kube=kube, config=cfg)
@@ -295,18 +289,14 @@ async def _serve(
     cfg: Any, controller: Controller, elector: LeaderElector | None, stop: asyncio.Event,
     lost: asyncio.Event,
 ) -> None:
-    """Campaign (if enabled), start the controller once leading, run until a signal, the
-    loss of the Lease, or kopf ending on its own."""
+    """Campaign (if enabled), start the controller once leading, run until a signal or the
+    loss of the Lease."""
     from controller.runtime import freeze_heap, tune_gc
 
     loop = asyncio.get_running_loop()
-
-    def take_signals() -> None:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError):
-                loop.add_signal_handler(sig, stop.set)
-
-    take_signals()  # a signal while standing by or starting stops Muster cleanly
+    for sig in (signal.SIGINT, signal.SIGTERM):  # also while standing by or starting
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
     if elector is not None:
         log.info("campaigning for lease %s as %s", elector.key, elector.identity)
         if not await _unless(elector.acquire(), stop):
@@ -315,24 +305,15 @@ async def _serve(
     if not await _unless(controller.start(), stop, lost):
         return
     freeze_heap()
-    # kopf installs its own SIGINT/SIGTERM handlers while it starts, which would stop kopf
-    # alone; take them back so a signal stops everything (kopf included).
-    take_signals()
     log.info("Muster is running against %s (cluster %s)", controller.kube.host, cfg.cluster_name)
     waiters: set[asyncio.Future[Any]] = {
         asyncio.ensure_future(stop.wait()), asyncio.ensure_future(lost.wait())
     }
-    if controller.kopf_task is not None:
-        waiters.add(controller.kopf_task)
     try:
         await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for fut in waiters:
-            if fut is not controller.kopf_task:
-                fut.cancel()
-    if not stop.is_set() and not lost.is_set():
-        # kopf ended by itself: it took a signal meant for Muster while starting, or failed.
-        log.warning("kopf stopped; stopping Muster")
+            fut.cancel()
 
 
 async def _unless(work: Awaitable[None], *events: asyncio.Event) -> bool:

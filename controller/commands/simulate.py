@@ -48,7 +48,8 @@ def simulate_command(
         list[str] | None,
         typer.Option(
             "--strategy",
-            help="muster, muster-relax, pod-by-pod, best-effort-atomic or gang-no-topology; "
+            help="muster, muster-relax, muster-retry, pod-by-pod, best-effort-atomic or "
+            "gang-no-topology; "
             "repeat for several (default: all).",
         ),
     ] = None,
@@ -138,7 +139,12 @@ def simulate_command(
         float,
         typer.Option(help="muster-retry: cap of that delay (retry.max_backoff_seconds).",
                      rich_help_panel=_POLICY),
-    ] = 300.0,
+    ] = 60.0,
+    retry_attempts: Annotated[
+        int,
+        typer.Option(help="muster-retry: planning attempts before a request is marked Failed "
+                     "and its job never starts (retry.max_attempts).", rich_help_panel=_POLICY),
+    ] = 720,
     provreq_atomic: Annotated[
         bool,
         typer.Option("--provreq-atomic/--no-provreq-atomic",
@@ -245,6 +251,7 @@ def simulate_command(
         reserve_s=reserve,
         retry_initial_s=retry_initial,
         retry_max_s=retry_max,
+        retry_attempts=retry_attempts,
         provreq_atomic=provreq_atomic,
         stockout_reported=stockout_reported,
     )

@@ -55,11 +55,11 @@ BLOCKING = frozenset({"NoSchedule", "NoExecute"})
 
 Pick = tuple[int, int, int, tuple[tuple[str, int], ...]]
 """(claim index, request index, device index, consumed capacity) of one allocated device;
-the alternative chosen is in :class:`PodPlan`."""
+the alternative chosen is in :class:`PodAllocation`."""
 
 
 @dataclass(frozen=True, slots=True)
-class PodPlan:
+class PodAllocation:
     """One pod's allocation in index form (resolved to names by :func:`resolve`)."""
 
     picks: tuple[Pick, ...]
@@ -74,7 +74,7 @@ class PodPlan:
 class Run:
     """Pods allocated one after another on one device state."""
 
-    pods: tuple[PodPlan, ...]
+    pods: tuple[PodAllocation, ...]
     states: tuple[DeviceState, ...]
     """State after 1, 2, ... pods."""
     failure: str | None
@@ -538,7 +538,7 @@ class ClaimFitter:
         if prep is None:
             prep = _Prepared(self.claims, devices)
             self._prepared[pkey] = prep
-        pods: list[PodPlan] = []
+        pods: list[PodAllocation] = []
         states: list[DeviceState] = []
         state = devices.shape.state
         failure: str | None = None
@@ -554,7 +554,7 @@ class ClaimFitter:
         self._runs[key] = got
         return got
 
-    def _plan(self, prep: _Prepared, search: _Search) -> PodPlan:
+    def _plan(self, prep: _Prepared, search: _Search) -> PodAllocation:
         chosen = {(c, r): a for c, r, a in search.alts}
         named = []
         for c, r, index, amounts in search.picks:
@@ -562,7 +562,7 @@ class ClaimFitter:
             alt = self.claims[c].requests[r].alternatives[chosen[(c, r)]]
             named.append((c, alt.name, dev.driver, dev.pool, dev.name,
                           dict(amounts) if amounts else EMPTY_CAPACITY, alt.admin_access))
-        return PodPlan(tuple(search.picks), tuple(search.alts), tuple(named))
+        return PodAllocation(tuple(search.picks), tuple(search.alts), tuple(named))
 
     def count(self, devices: NodeDevices | None, limit: int) -> int:
         """Pods (at most ``limit``) whose claims can be allocated one after another."""
@@ -670,7 +670,7 @@ def explain_request(
     return f"{head}: no node has {_request_phrase(alts)} free (in use or capacity used up)"
 
 
-def resolve(devices: NodeDevices, claims: Sequence[ClaimShape], pod: PodPlan) -> PodDevices:
+def resolve(devices: NodeDevices, claims: Sequence[ClaimShape], pod: PodAllocation) -> PodDevices:
     """A pod's allocation with device, pool and request names (``gpu/small`` for a
     firstAvailable subrequest), like ``status.allocation.devices.results``."""
     pools = devices.pools

@@ -1,6 +1,6 @@
 """NoFit reasons: which constraint failed and by how much, in words an operator can act on.
 
-Built after a pod set failed to place, from the same workspace the planner saw, e.g.
+Built after a pod set failed to place, from the same workspace placement saw, e.g.
 "pod set workers needs 16 pods x 8 nvidia.com/gpu within one value of rack; the best rack
 (b1/r3) has room for 11; pool p5 can add 2 more nodes there (its domain limit is 8)".
 """
@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 
 from controller.fit.devices import ClaimFitter, describe_claim, emptied
 from controller.fit.dra_types import NodeDevices
-from controller.fit.planner import Batch, PodSetPlanner
+from controller.fit.placement import Batch, PodSetPlacer
 from controller.fit.ports import describe, is_port
 from controller.fit.shapes import (
     pods_that_fit,
@@ -261,7 +261,7 @@ def _any_match(
     return any(
         pods_that_fit(ps.shape, ref.pool.allocatable, ref.labels, ref.pool.taints,
                       devices=ref.pool.devices, fitter=fitter)
-        for ref in ws.refs
+        for ref in ws.index.refs
     )
 
 
@@ -269,7 +269,7 @@ def _pool_device_failures(ws: Workspace, fitter: ClaimFitter | None) -> str:
     if fitter is None:
         return ""
     seen: dict[str, str] = {}
-    for ref in ws.refs:
+    for ref in ws.index.refs:
         why = _device_failure(fitter, ref.pool.devices)
         if why is not None and ref.pool.name not in seen:
             seen[ref.pool.name] = why
@@ -283,7 +283,7 @@ def _pool_room(batches: list[Batch], ws: Workspace) -> tuple[int, list[str]]:
         by_pool.setdefault(b.ref.pool_index, []).append(b)
     room = 0
     phrases: list[str] = []
-    for pi in sorted(by_pool, key=lambda i: ws.pools[i].name):
+    for pi in sorted(by_pool, key=lambda i: ws.index.pools[i].name):
         group = sorted(by_pool[pi], key=lambda b: -b.per_node)
         left = ws.pool_headroom(pi)
         nodes = 0
@@ -294,7 +294,7 @@ def _pool_room(batches: list[Batch], ws: Workspace) -> tuple[int, list[str]]:
             nodes += k
         limits = sorted({b.ref.domain.max_nodes for b in group if b.ref.domain.max_nodes})
         limit = f" (its domain limit is {limits[0]})" if len(limits) == 1 else ""
-        phrases.append(f"pool {ws.pools[pi].name} can add {nodes} more nodes there{limit}")
+        phrases.append(f"pool {ws.index.pools[pi].name} can add {nodes} more nodes there{limit}")
     return room, phrases
 
 
@@ -302,13 +302,13 @@ def explain(
     ps: PodSetRequest, ws: Workspace, snapshot: Snapshot, mode: Mode
 ) -> Reason:
     """Why ``ps`` does not fit on ``ws``."""
-    planner = PodSetPlanner(ws, ps, mode)
-    existing = planner.existing_room()
+    placer = PodSetPlacer(ws, ps, mode)
+    existing = placer.existing_room()
     suffix = "" if mode is Mode.PROVISION else " (check mode: existing nodes only)"
     fitter = ClaimFitter(ps.shape.claims) if ps.shape.claims else None
-    if not planner.cands and not planner.batches and not _any_match(ps, snapshot, ws, fitter):
+    if not placer.cands and not placer.batches and not _any_match(ps, snapshot, ws, fitter):
         pools = ""
-        if mode is Mode.PROVISION and ws.pools:
+        if mode is Mode.PROVISION and ws.index.pools:
             pools = "; no pool has a matching node template" + _pool_device_failures(ws, fitter)
         return Reason(
             ReasonCode.NO_MATCHING_NODES,
@@ -318,29 +318,29 @@ def explain(
             needed=ps.count,
         )
     topo = ps.topology
-    if applies(topo, ws.levels):
-        return _explain_slices(planner, suffix)
+    if applies(topo, ws.index.levels):
+        return _explain_slices(placer, suffix)
     if topo.mode is TopologyMode.REQUIRED and topo.level is not None:
-        return _explain_required(planner, topo.level, suffix)
-    new_room, phrases = _pool_room(planner.batches, ws)
+        return _explain_required(placer, topo.level, suffix)
+    new_room, phrases = _pool_room(placer.batches, ws)
     msg = f"{_needs(ps)}; existing nodes have room for {existing}"
     code = ReasonCode.INSUFFICIENT_CAPACITY
     if mode is Mode.PROVISION:
         msg += "; " + ("; ".join(p.replace(" there", "") for p in phrases) if phrases
                        else "no pool can add matching nodes")
         if any(ws.pool_headroom(b.ref.pool_index) < b.ref.domain.max_new_nodes
-               for b in planner.batches):
+               for b in placer.batches):
             code = ReasonCode.POOL_LIMIT
     return Reason(code, ps.name, msg + suffix, needed=ps.count, best=existing + new_room)
 
 
-def _explain_required(planner: PodSetPlanner, level: str, suffix: str) -> Reason:
-    ps, ws, mode = planner.ps, planner.ws, planner.mode
-    depth = ws.levels.index(level)
-    if depth == len(ws.levels.domain):
-        best_node = max((c for _, c in planner.cands), default=0)  # per node
-        new = max((b.per_node for b in planner.batches), default=0)
-        tail = f"; a new node holds {new}" if planner.batches else ""
+def _explain_required(placer: PodSetPlacer, level: str, suffix: str) -> Reason:
+    ps, ws, mode = placer.ps, placer.ws, placer.mode
+    depth = ws.index.levels.index(level)
+    if depth == len(ws.index.levels.domain):
+        best_node = max((c for _, c in placer.cands), default=0)  # per node
+        new = max((b.per_node for b in placer.batches), default=0)
+        tail = f"; a new node holds {new}" if placer.batches else ""
         return Reason(
             ReasonCode.TOPOLOGY,
             ps.name,
@@ -349,9 +349,9 @@ def _explain_required(planner: PodSetPlanner, level: str, suffix: str) -> Reason
             best=max(best_node, new),
             level=level,
         )
-    caps = planner.domain_caps(depth)
+    caps = placer.domain_caps(depth)
     by_key: dict[tuple[str, ...], list[Batch]] = {}
-    for b in planner.batches:
+    for b in placer.batches:
         if len(b.ref.path) > depth:
             by_key.setdefault(b.ref.path[: depth + 1], []).append(b)
     rooms: dict[tuple[str, ...], tuple[int, int, list[str]]] = {}
@@ -373,7 +373,7 @@ def _explain_required(planner: PodSetPlanner, level: str, suffix: str) -> Reason
     have, new_room, phrases = rooms[key]
     msg = (
         f"{_needs(ps)} within one value of {name}; the best is "
-        f"{domain_text(ws.levels.domain, key)} with room for {have}"
+        f"{domain_text(ws.index.levels.domain, key)} with room for {have}"
     )
     code = ReasonCode.TOPOLOGY
     if mode is Mode.PROVISION:
@@ -432,27 +432,27 @@ def shortfall(result: NoFit) -> str:
     return f"{head[0].upper()}{head[1:]}. {tail}" if head else tail
 
 
-def _explain_slices(planner: PodSetPlanner, suffix: str) -> Reason:
+def _explain_slices(placer: PodSetPlacer, suffix: str) -> Reason:
     """Slices that do not fit: how many whole slices the best domain of the pod set's
     required level (else the cluster) holds, on existing nodes and with new ones."""
-    ps, ws, mode = planner.ps, planner.ws, planner.mode
+    ps, ws, mode = placer.ps, placer.ws, placer.mode
     topo = ps.topology
     assert topo.slice_level is not None
     size, need = topo.slice_size, ps.count // topo.slice_size
-    sdepth = ws.levels.index(topo.slice_level)
-    node_level = sdepth == len(ws.levels.domain)
-    depth = (ws.levels.index(topo.level) if topo.mode is TopologyMode.REQUIRED
+    sdepth = ws.index.levels.index(topo.slice_level)
+    node_level = sdepth == len(ws.index.levels.domain)
+    depth = (ws.index.levels.index(topo.level) if topo.mode is TopologyMode.REQUIRED
              and topo.level is not None else -1)
     # Per slice domain (a node, for hostname slices): existing pods' room, new pods' room.
     units: list[tuple[tuple[str, ...], int, int]] = []
     if node_level:
-        units += [(cls.path, c // size * size, 0) for cls, c in planner.cands
+        units += [(cls.path, c // size * size, 0) for cls, c in placer.cands
                   for _ in cls.members]
-        units += [(b.ref.path, 0, b.per_node // size * size * b.nodes) for b in planner.batches]
+        units += [(b.ref.path, 0, b.per_node // size * size * b.nodes) for b in placer.batches]
     else:
-        caps = planner.domain_caps(sdepth)
+        caps = placer.domain_caps(sdepth)
         news: dict[tuple[str, ...], list[Batch]] = {}
-        for b in planner.batches:
+        for b in placer.batches:
             if len(b.ref.path) > sdepth:
                 news.setdefault(b.ref.path[: sdepth + 1], []).append(b)
         for key in set(caps) | set(news):
@@ -470,13 +470,13 @@ def _explain_slices(planner: PodSetPlanner, suffix: str) -> Reason:
     key = min(tops, key=lambda k: (-sum(tops[k]), -tops[k][0], k))
     have, new = tops[key]
     if depth >= 0:
-        outer = f" within one value of {_short(ws.levels.domain[depth])}"
-        where = f"; the best is {domain_text(ws.levels.domain, key)}, which"
+        outer = f" within one value of {_short(ws.index.levels.domain[depth])}"
+        where = f"; the best is {domain_text(ws.index.levels.domain, key)}, which"
     else:
         outer, where = "", "; the cluster"
     msg = (f"{_needs(ps)}{outer}{_slices(ps)}{where} holds {have} of the {need} slices on "
            "existing nodes")
     if mode is Mode.PROVISION:
-        msg += (f" and {new} more on the new nodes its pools can add" if planner.batches
+        msg += (f" and {new} more on the new nodes its pools can add" if placer.batches
                 else "; no pool can add matching nodes")
     return Reason(ReasonCode.TOPOLOGY, ps.name, msg + suffix, needed=need, best=have + new)

@@ -16,7 +16,7 @@ from itertools import chain, islice, permutations
 
 from controller.fit.cel import SelectorError
 from controller.fit.explain import explain, validate
-from controller.fit.planner import Outcome, PodSetPlanner
+from controller.fit.placement import Outcome, PodSetPlacer
 from controller.fit.topology import Levels
 from controller.fit.types import (
     Assignment,
@@ -89,7 +89,7 @@ def _attempt(
         outcomes: dict[str, Outcome] = {}
         for ps in order:
             before = ws.fork()
-            got = PodSetPlanner(ws, ps, mode).place()
+            got = PodSetPlacer(ws, ps, mode).place()
             if got is None:
                 if first_failure is None:
                     first_failure = _Failure(before, ps, tuple(outcomes))
@@ -105,7 +105,7 @@ def _build(
     request: GangRequest, ws: Workspace, outcomes: dict[str, Outcome], mode: Mode
 ) -> Result:
     assignments: list[Assignment] = []
-    levels = ws.levels.all
+    levels = ws.index.levels.all
     for ps in request.pod_sets:
         got = outcomes[ps.name]
         merged: dict[str, int] = {}
@@ -114,7 +114,7 @@ def _build(
                 merged[name] = merged.get(name, 0) + pods
         requests = dict(ps.shape.requests)
         for name in sorted(merged):
-            slot = ws.slots.get(name)
+            slot = ws.usage.slots.get(name)
             labels = ws.labels(name)
             assignments.append(
                 Assignment(
@@ -124,13 +124,13 @@ def _build(
                     new_node=slot,
                     domain={k: labels[k] for k in levels if k in labels},
                     requests=requests,
-                    devices=tuple(ws.allocations.get((name, ps.name), ())),
+                    devices=tuple(ws.usage.allocations.get((name, ps.name), ())),
                 )
             )
     # One entry per (pool, domain labels), merging a pool's domains that share labels.
     counts: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[int, float]] = {}
-    for (pi, di), count in ws.domain_used.items():
-        pool = ws.pools[pi]
+    for (pi, di), count in ws.usage.domain_used.items():
+        pool = ws.index.pools[pi]
         key = (pool.name, tuple(sorted(pool.domains[di].labels.items())))
         have, _ = counts.get(key, (0, 0.0))
         counts[key] = (have + count, pool.price_per_node_hour)

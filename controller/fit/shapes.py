@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from controller.fit.devices import ClaimFitter, PodPlan, resolve, with_state
+from controller.fit.devices import ClaimFitter, PodAllocation, resolve, with_state
 from controller.fit.dra_types import NodeDevices, PodDevices
 from controller.fit.ports import is_port, unlisted
 from controller.fit.types import (
@@ -231,16 +231,16 @@ class ShapeCounter:
 
     def after(
         self, devices: NodeDevices | None, pods: int
-    ) -> tuple[NodeDevices | None, tuple[PodPlan, ...]]:
+    ) -> tuple[NodeDevices | None, tuple[PodAllocation, ...]]:
         """The node's devices once ``pods`` more pods of this shape hold their claims, and
         each pod's allocation in index form (nothing changes for a shape without claims)."""
         if self.fitter is None or devices is None or pods <= 0:
             return devices, ()
         run = self.fitter.run(devices, pods)
-        if len(run.pods) < pods:  # the planner only places pods that were counted as fitting
+        if len(run.pods) < pods:  # placement only places pods that were counted as fitting
             raise AssertionError(f"{pods} pods placed where {len(run.pods)} fit")
         return with_state(devices, run.states[pods - 1]), run.pods[:pods]
 
-    def resolve(self, devices: NodeDevices, plans: Sequence[PodPlan]) -> list[PodDevices]:
+    def resolve(self, devices: NodeDevices, plans: Sequence[PodAllocation]) -> list[PodDevices]:
         """Index-form allocations with the device and pool names of one node."""
         return [resolve(devices, self.shape.claims, p) for p in plans]

@@ -6,7 +6,7 @@ level, and the pod set's own topology holds as well:
   rack used inside one block;
 * preferred at some level: one domain of that level holding every slice if there is one,
   climbing to wider levels, else the slices spread over the cluster (each still whole), as
-  :meth:`PodSetPlanner.place` climbs for a plain pod set;
+  :meth:`PodSetPlacer.place` climbs for a plain pod set;
 * none: the slices anywhere, each whole.
 
 A requirement at the slice level or finer keeps every slice whole by itself, so such a pod set
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controller.fit.planner import Batch, Outcome, PodSetPlanner, Purchase, Take, buy
+from controller.fit.placement import Batch, Outcome, PodSetPlacer, Purchase, Take, buy
 from controller.fit.topology import Levels, choose
 from controller.fit.types import TopologyMode, TopologyRequest
 
@@ -47,9 +47,9 @@ class _Choice:
     """Slices the existing capacity of the domain holds (the tightest domain wins)."""
 
 
-def sliced_place(p: PodSetPlanner) -> Outcome | None:
+def sliced_place(p: PodSetPlacer) -> Outcome | None:
     topo = p.ps.topology
-    levels = p.ws.levels
+    levels = p.ws.index.levels
     assert topo.slice_level is not None
     if topo.mode is TopologyMode.REQUIRED and topo.level is not None:
         depth = levels.index(topo.level)
@@ -68,10 +68,10 @@ def sliced_place(p: PodSetPlanner) -> Outcome | None:
     return _within(p, -1, allow_new=False) or _within(p, -1, allow_new=True)
 
 
-def _within(p: PodSetPlanner, depth: int, *, allow_new: bool) -> Outcome | None:
+def _within(p: PodSetPlacer, depth: int, *, allow_new: bool) -> Outcome | None:
     """Every slice inside one domain at ``depth`` (-1: anywhere), or None."""
     topo = p.ps.topology
-    levels = p.ws.levels
+    levels = p.ws.index.levels
     assert topo.slice_level is not None
     sdepth = levels.index(topo.slice_level)
     if depth >= sdepth:
@@ -107,10 +107,10 @@ def _within(p: PodSetPlanner, depth: int, *, allow_new: bool) -> Outcome | None:
 
 
 def _slices_in(
-    p: PodSetPlanner, prefix: tuple[str, ...], sdepth: int, *, allow_new: bool
+    p: PodSetPlacer, prefix: tuple[str, ...], sdepth: int, *, allow_new: bool
 ) -> _Choice | None:
     """The slices placed inside the domain ``prefix`` (``()``: the whole cluster)."""
-    if sdepth == len(p.ws.levels.domain):
+    if sdepth == len(p.ws.index.levels.domain):
         return _node_slices_in(p, prefix, allow_new=allow_new)
     size = p.ps.topology.slice_size
     need = p.ps.count // size
@@ -144,7 +144,7 @@ def _slices_in(
 
 
 def _buy_one_slice(
-    p: PodSetPlanner,
+    p: PodSetPlacer,
     by_key: dict[tuple[str, ...], list[Batch]],
     caps: dict[tuple[str, ...], int],
     slices: dict[tuple[str, ...], int],
@@ -178,7 +178,7 @@ def _buy_one_slice(
 
 
 def _node_slices_in(
-    p: PodSetPlanner, prefix: tuple[str, ...], *, allow_new: bool
+    p: PodSetPlacer, prefix: tuple[str, ...], *, allow_new: bool
 ) -> _Choice | None:
     """Slices of one node each (the slice level is the hostname)."""
     size = p.ps.topology.slice_size

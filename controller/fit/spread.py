@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from controller.fit.planner import Batch, Outcome, PodSetPlanner, Purchase, Take, buy
+from controller.fit.placement import Batch, Outcome, PodSetPlacer, Purchase, Take, buy
 from controller.fit.shapes import selector_matches, untolerated
 from controller.fit.topology import HOSTNAME
 from controller.fit.types import PodSetPlacement, Spread
@@ -33,7 +33,7 @@ EVERY_NODE = 1 << 20
 """A fill depth below every level: fewest nodes, domains ignored."""
 
 
-def _eligible(p: PodSetPlanner, spread: Spread) -> set[str]:
+def _eligible(p: PodSetPlacer, spread: Spread) -> set[str]:
     shape = p.ps.shape
     if spread.affinity_terms is not None:
         shape = replace(shape, affinity_terms=spread.affinity_terms)
@@ -50,7 +50,7 @@ def _eligible(p: PodSetPlanner, spread: Spread) -> set[str]:
     return out
 
 
-def spread_place(p: PodSetPlanner, spread: Spread) -> Outcome | None:
+def spread_place(p: PodSetPlacer, spread: Spread) -> Outcome | None:
     key = spread.key
     classes: dict[str, list[NodeClass]] = {}
     cap: dict[str, int] = {}
@@ -73,7 +73,7 @@ def spread_place(p: PodSetPlanner, spread: Spread) -> Outcome | None:
 
 
 def _existing(
-    p: PodSetPlanner, spread: Spread, eligible: list[str], classes: dict[str, list[NodeClass]],
+    p: PodSetPlacer, spread: Spread, eligible: list[str], classes: dict[str, list[NodeClass]],
     cap: dict[str, int],
 ) -> tuple[list[Take], None] | None:
     need, skew = p.ps.count, spread.max_skew
@@ -102,7 +102,7 @@ def _existing(
 
 
 def _with_new(
-    p: PodSetPlanner, spread: Spread, eligible: list[str], classes: dict[str, list[NodeClass]],
+    p: PodSetPlacer, spread: Spread, eligible: list[str], classes: dict[str, list[NodeClass]],
     cap: dict[str, int],
 ) -> tuple[list[Take], Purchase] | None:
     need, skew, key = p.ps.count, spread.max_skew, spread.key
@@ -136,7 +136,7 @@ def _with_new(
 
 
 def _per_domain(
-    p: PodSetPlanner, spread: Spread, takes: list[Take], rest: int, pool_left: dict[int, int]
+    p: PodSetPlacer, spread: Spread, takes: list[Take], rest: int, pool_left: dict[int, int]
 ) -> Purchase | None:
     """New nodes for ``rest`` pods, no domain of the key holding more than maxSkew of them
     (``takes`` already put some on existing nodes)."""

@@ -11,16 +11,21 @@ workspace that already carries the usage of the pod sets before it. A gang is pl
 :meth:`Workspace.fork`; if a pod set does not fit the fork is dropped, so the gang lands
 whole or not at all (check, then commit). New nodes become slot classes whose leftover
 capacity later pod sets may use.
+
+A workspace is two parts: a :class:`WorkspaceIndex` that every fork shares (the snapshot's
+nodes and pools as the gang sees them, the topology, the token caches), and a small
+:class:`Usage` overlay (the node classes and what the plan so far has added or booked),
+which is all :meth:`Workspace.fork` copies.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from operator import itemgetter
 from typing import Any, NamedTuple
 
-from controller.fit.devices import ClaimFitter, PodPlan, emptied
+from controller.fit.devices import ClaimFitter, PodAllocation, emptied
 from controller.fit.dra_types import NodeDevices, PodDevices
 from controller.fit.ports import unlisted
 from controller.fit.shapes import ShapeCounter, label_keys, uses_node_name
@@ -40,11 +45,27 @@ NEW_NODE_PREFIX = "~new"
 """Name prefix of new-node slots: sorts after every real node name, so existing nodes are
 taken first among equals."""
 
-ClassKey = tuple[object, ...]
 
+class ClassKey(NamedTuple):
+    """What the gang can tell apart of a node: nodes with equal keys are one class.
 
-def _name(node: NodeState) -> str:
-    return node.name
+    A NamedTuple: built per class (the per-node hot loop groups on plain tuples of the same
+    fields) and hashed like a tuple.
+    """
+
+    free: tuple[int, ...]
+    """Free amounts of the gang's resources, in :attr:`GangView.resources` order (empty for
+    the template of new nodes)."""
+    selected: tuple[str | None, ...]
+    """Values of the label keys the gang's selectors read (:attr:`GangView.label_keys`)."""
+    taint_token: int
+    """:meth:`WorkspaceIndex.taint_token` of the node's taints."""
+    path: tuple[str, ...]
+    """Topology path (domain values from the top level down)."""
+    node_name: str | None
+    """The node's own name when the gang matches on ``metadata.name``, else None."""
+    device_token: int | None
+    """:meth:`WorkspaceIndex.device_token` of the node's devices (None without claims)."""
 
 
 def _getter(keys: Sequence[str]) -> Callable[[Mapping[str, Any]], tuple[Any, ...]]:
@@ -182,8 +203,113 @@ class GangView(NamedTuple):
                    any(shape.claims for shape in shapes))
 
 
+class WorkspaceIndex:
+    """What every fork of a workspace shares and none changes: the snapshot's nodes and
+    pools as this gang sees them, the topology, and where new nodes can go.
+
+    The token caches grow as tokens are asked for, but a token means the same content in
+    every fork, so they are shared too.
+    """
+
+    def __init__(
+        self,
+        nodes: Sequence[NodeState],
+        pools: Sequence[PoolState],
+        levels: Levels,
+        shapes: Sequence[PodShape],
+        *,
+        empty: bool,
+    ) -> None:
+        self.levels = levels
+        self.pools = tuple(_at_maximum(p) for p in pools) if empty else tuple(pools)
+        self.view = GangView.of(shapes)
+        claims = [c for shape in shapes for c in shape.claims]
+        self.device_keys = ClaimFitter(claims) if claims else None
+        """Device equivalence (None: the gang claims no devices, devices are ignored)."""
+        self.nodes = _NodeIndex(nodes)
+        self.pool_index = {p.name: i for i, p in enumerate(pools)}
+        self.refs: list[PoolRef] = []
+        for pi, pool in enumerate(self.pools):
+            for di, dom in enumerate(pool.domains):
+                labels = {**pool.labels, **dom.labels}
+                self.refs.append(PoolRef(pi, di, pool, dom, labels, levels.path(labels)))
+        self.taint_ids: dict[int, int] = {}
+        self.taint_tokens: dict[tuple[Taint, ...], int] = {}
+        self._taint_keep: list[tuple[Taint, ...]] = []
+        self._device_tokens: dict[object, int] = {}
+        self.shape_tokens: dict[int, tuple[int, NodeDevices]] = {}
+
+    def taint_token(self, taints: tuple[Taint, ...]) -> int:
+        """A small int equal for equal taint tuples; hashes a tuple's content only the first
+        time that tuple object is seen (the snapshot builder shares equal tuples)."""
+        token = self.taint_ids.get(id(taints))
+        if token is None:
+            token = self.taint_tokens.setdefault(taints, len(self.taint_tokens))
+            self.taint_ids[id(taints)] = token
+            self._taint_keep.append(taints)  # keeps the id valid while the token is cached
+        return token
+
+    def device_token(self, devices: NodeDevices | None) -> int | None:
+        """A small int equal for devices the gang cannot tell apart: same inventory, same
+        allocations, same identity attributes the gang reads (None without claims)."""
+        if self.device_keys is None or devices is None:
+            return None
+        key = self.device_keys.key(devices)
+        return self._device_tokens.setdefault(key, len(self._device_tokens))
+
+    def node_devices(self, node: NodeState, empty: bool) -> tuple[int | None, NodeDevices | None]:
+        """(token, devices) of a node; per interned shape when the gang reads no identity
+        attribute of it (the usual case: one dict lookup per node)."""
+        devs = node.devices
+        if self.device_keys is None or devs is None:
+            return None, None
+        hit = self.shape_tokens.get(id(devs.shape))
+        if hit is not None:
+            return hit
+        use = emptied(devs) if empty else devs  # nothing allocated, like nothing running
+        token = self.device_token(use)
+        assert token is not None
+        if self.device_keys.key(use)[2] is None:
+            self.shape_tokens[id(devs.shape)] = (token, use)
+        return token, use
+
+
+@dataclass(slots=True)
+class Usage:
+    """What placing pods changes: the node classes, the new-node slots and the pool headroom
+    they take. The only part of a workspace :meth:`Workspace.fork` copies."""
+
+    classes: dict[ClassKey, NodeClass]
+    slot_keys: set[ClassKey] = field(default_factory=set)
+    """Classes that have (or had) new-node slots among their members."""
+    slots: dict[str, NewNodeSlot] = field(default_factory=dict)
+    slot_labels: dict[str, Mapping[str, str]] = field(default_factory=dict)
+    slot_count: dict[tuple[int, tuple[tuple[str, str], ...]], int] = field(default_factory=dict)
+    """Slots numbered so far per (pool, domain labels)."""
+    pool_used: dict[int, int] = field(default_factory=dict)
+    domain_used: dict[tuple[int, int], int] = field(default_factory=dict)
+    """New nodes this plan adds, per pool and per (pool, domain)."""
+    pool_booked: Mapping[int, int] = field(default_factory=dict)
+    domain_booked: Mapping[tuple[int, int], int] = field(default_factory=dict)
+    """New nodes earlier plans booked (:meth:`Workspace.rebased`); never changed in place,
+    so copies share them."""
+    allocations: dict[tuple[str, str], list[PodDevices]] = field(default_factory=dict)
+    """(node or slot name, pod set) -> device allocations of the pods placed there."""
+
+    def copy(self) -> Usage:
+        return Usage(
+            dict(self.classes), set(self.slot_keys), dict(self.slots), dict(self.slot_labels),
+            dict(self.slot_count), dict(self.pool_used), dict(self.domain_used),
+            self.pool_booked, self.domain_booked,
+            {k: list(v) for k, v in self.allocations.items()},
+        )
+
+
 class Workspace:
-    """Mutable planning state; :meth:`fork` gives an independent copy to try a gang on."""
+    """Planning state: a shared :attr:`index` and the mutable :attr:`usage`; :meth:`fork`
+    gives an independent copy to try a gang on."""
+
+    __slots__ = ("index", "usage")
 
     def __init__(
         self,
@@ -197,204 +323,38 @@ class Workspace:
         """``empty``: every node as if nothing ran on it, it were Ready and not cordoned,
         and its condition taints were gone (the best the cluster could ever offer, for the
         NeverFits test)."""
-        self.levels = levels
-        self.pools = tuple(_at_maximum(p) for p in pools) if empty else tuple(pools)
-        self.view = view = GangView.of(shapes)
-        self.resources = view.resources
-        self.label_keys = view.label_keys
-        self.by_name = view.by_name
-        claims = [c for shape in shapes for c in shape.claims]
-        self.device_keys = ClaimFitter(claims) if claims else None
-        """Device equivalence (None: the gang claims no devices, devices are ignored)."""
-        self.allocations: dict[tuple[str, str], list[PodDevices]] = {}
-        """(node or slot name, pod set) -> device allocations of the pods placed there."""
-        self._device_tokens: dict[object, int] = {}
-        self._shape_tokens: dict[int, tuple[int, NodeDevices]] = {}
-        self._pool_index = {p.name: i for i, p in enumerate(pools)}
-        self._floor = view.floor
-        self._index = _NodeIndex(nodes)
-        self.slots: dict[str, NewNodeSlot] = {}
-        self.slot_labels: dict[str, Mapping[str, str]] = {}
-        self.classes: dict[ClassKey, NodeClass] = {}
-        self.slot_keys: set[ClassKey] = set()
-        """Classes that have (or had) new-node slots among their members."""
-        self.pool_used: dict[int, int] = {}
-        self.domain_used: dict[tuple[int, int], int] = {}
-        """New nodes this workspace's plan adds, per pool and per (pool, domain)."""
-        self.pool_booked: Mapping[int, int] = {}
-        self.domain_booked: Mapping[tuple[int, int], int] = {}
-        """New nodes earlier plans booked (:meth:`rebased`); never changed in place."""
-        self.slot_count: dict[tuple[int, tuple[tuple[str, str], ...]], int] = {}
-        self._taint_ids: dict[int, int] = {}
-        self._taint_tokens: dict[tuple[Taint, ...], int] = {}
-        self._taint_keep: list[tuple[Taint, ...]] = []
-        self._build(nodes, empty)
+        self.index = WorkspaceIndex(nodes, pools, levels, shapes, empty=empty)
+        self.usage = Usage(_classes(self.index, nodes, empty))
         if empty:
             self._heal()
-        self.refs: list[PoolRef] = []
-        for pi, pool in enumerate(self.pools):
-            for di, dom in enumerate(pool.domains):
-                labels = {**pool.labels, **dom.labels}
-                self.refs.append(PoolRef(pi, di, pool, dom, labels, levels.path(labels)))
 
-    def taint_token(self, taints: tuple[Taint, ...]) -> int:
-        """A small int equal for equal taint tuples; hashes a tuple's content only the first
-        time that tuple object is seen (the snapshot builder shares equal tuples)."""
-        token = self._taint_ids.get(id(taints))
-        if token is None:
-            token = self._taint_tokens.setdefault(taints, len(self._taint_tokens))
-            self._taint_ids[id(taints)] = token
-            self._taint_keep.append(taints)  # keeps the id valid while the token is cached
-        return token
-
-    def device_token(self, devices: NodeDevices | None) -> int | None:
-        """A small int equal for devices the gang cannot tell apart: same inventory, same
-        allocations, same identity attributes the gang reads (None without claims)."""
-        if self.device_keys is None or devices is None:
-            return None
-        key = self.device_keys.key(devices)
-        return self._device_tokens.setdefault(key, len(self._device_tokens))
-
-    def _node_devices(self, node: NodeState, empty: bool) -> tuple[int | None, NodeDevices | None]:
-        """(token, devices) of a node; per interned shape when the gang reads no identity
-        attribute of it (the usual case: one dict lookup per node)."""
-        devs = node.devices
-        if self.device_keys is None or devs is None:
-            return None, None
-        hit = self._shape_tokens.get(id(devs.shape))
-        if hit is not None:
-            return hit
-        use = emptied(devs) if empty else devs  # nothing allocated, like nothing running
-        token = self.device_token(use)
-        assert token is not None
-        if self.device_keys.key(use)[2] is None:
-            self._shape_tokens[id(devs.shape)] = (token, use)
-        return token, use
-
-    def _build(self, nodes: Sequence[NodeState], empty: bool) -> None:
-        # The hot loop of a plan over a large cluster: keys from C-level itemgetters (a node
-        # missing a key takes the slow path), taints as tokens, member names sorted once.
-        res = self.resources
-        defaults = [(r, unlisted(r)) for r in res]
-        free_of = _getter(res)
-        sel_of = _getter(self.label_keys)
-        path_of = _getter(self.levels.domain)
-        dlevels = self.levels.domain
-        by_name = self.by_name
-        taint_ids = self._taint_ids
-        floor = self._floor
-        with_devices = self.device_keys is not None
-        shape_tokens = self._shape_tokens
-        groups: dict[
-            tuple[tuple[Any, ...], tuple[Any, ...], int, tuple[str, ...], str | None,
-                  int | None],
-            tuple[NodeState, list[str], NodeDevices | None],
-        ] = {}
-        for node in nodes:
-            if not (node.schedulable or empty):
-                continue
-            free = node.allocatable if empty else node.free
-            labels = node.labels
-            try:
-                fkey = free_of(free)
-            except KeyError:
-                fkey = tuple([free.get(r, d) for r, d in defaults])
-            useless = False
-            for i, least in floor:
-                if fkey[i] < least:
-                    useless = True
-                    break
-            if useless:
-                continue
-            try:
-                lkey = sel_of(labels)
-            except KeyError:
-                lkey = tuple([labels.get(k) for k in self.label_keys])
-            try:
-                path = path_of(labels)
-            except KeyError:
-                path = _trimmed_path(labels, dlevels)
-            token = taint_ids.get(id(node.taints))
-            if token is None:
-                token = self.taint_token(node.taints)
-            dtoken = devices = None
-            if with_devices and node.devices is not None:
-                # Inline fast path: interned shapes make this one dict lookup per node.
-                hit = shape_tokens.get(id(node.devices.shape))
-                dtoken, devices = hit if hit is not None else self._node_devices(node, empty)
-            key = (fkey, lkey, token, path, node.name if by_name else None, dtoken)
-            group = groups.get(key)
-            if group is None:
-                groups[key] = (node, [node.name], devices)
-            else:
-                group[1].append(node.name)
-        self._classes_of(groups)
-
-    def _classes_of(
-        self, groups: Mapping[tuple[Any, ...], tuple[NodeState, list[str], NodeDevices | None]]
-    ) -> None:
-        res = self.resources
-        by_name = self.by_name
-        for gkey, (node, names, devices) in groups.items():
-            names.sort()
-            self.classes[gkey] = NodeClass(
-                gkey,
-                dict(zip(res, gkey[0], strict=True)),
-                node.labels,
-                node.taints,
-                gkey[3],
-                tuple(names),
-                node.name if by_name else None,
-                devices,
-            )
+    @classmethod
+    def _of(cls, index: WorkspaceIndex, usage: Usage) -> Workspace:
+        ws = cls.__new__(cls)
+        ws.index = index
+        ws.usage = usage
+        return ws
 
     def _heal(self) -> None:
         """Classes as if their nodes were healthy and uncordoned: condition and cordon
         taints dropped (:mod:`controller.fit.taints`); classes that become equal merge. Per
         class, not per node: the NeverFits judgement runs after every plan that fails."""
-        if not any(transient(t) for taints in self._taint_tokens for t in taints):
+        index = self.index
+        if not any(transient(t) for taints in index.taint_tokens for t in taints):
             return
         healed: dict[ClassKey, NodeClass] = {}
-        for key, cls in self.classes.items():
+        for key, cls in self.usage.classes.items():
             taints = lasting_taints(cls.taints)
             if taints is not cls.taints:
-                key = (*key[:2], self.taint_token(taints), *key[3:])
+                key = key._replace(taint_token=index.taint_token(taints))
                 cls = cls._replace(key=key, taints=taints)
             have = healed.get(key)
             healed[key] = cls if have is None else have._replace(
                 members=tuple(sorted((*have.members, *cls.members))))
-        self.classes = healed
+        self.usage.classes = healed
 
     def fork(self) -> Workspace:
-        other = Workspace.__new__(Workspace)
-        other.levels = self.levels
-        other.pools = self.pools
-        other.resources = self.resources
-        other.label_keys = self.label_keys
-        other.by_name = self.by_name
-        other.view = self.view
-        other._floor = self._floor
-        other._index = self._index
-        other.refs = self.refs
-        other.slots = dict(self.slots)
-        other.slot_labels = dict(self.slot_labels)
-        other.classes = dict(self.classes)
-        other.slot_keys = set(self.slot_keys)
-        other.pool_used = dict(self.pool_used)
-        other.domain_used = dict(self.domain_used)
-        other.pool_booked = self.pool_booked
-        other.domain_booked = self.domain_booked
-        other.slot_count = dict(self.slot_count)
-        # Taint tokens are a cache of content -> small int, valid for every fork alike.
-        other._taint_ids = self._taint_ids
-        other._taint_tokens = self._taint_tokens
-        other._taint_keep = self._taint_keep
-        other.device_keys = self.device_keys
-        other.allocations = {k: list(v) for k, v in self.allocations.items()}
-        other._device_tokens = self._device_tokens
-        other._shape_tokens = self._shape_tokens
-        other._pool_index = self._pool_index
-        return other
+        return Workspace._of(self.index, self.usage.copy())
 
     def rebased(self) -> Workspace:
         """This workspace once its plan is booked: what :class:`Workspace` would build from
@@ -406,44 +366,39 @@ class Workspace:
         left too full for the gang stay as classes no pod fits, which placement skips. Only
         for gangs without device claims.
         """
-        assert self.device_keys is None, "device allocations are not rebased"
-        other = self.fork()
-        for key in other.slot_keys:
-            cls = other.classes.get(key)
+        assert self.index.device_keys is None, "device allocations are not rebased"
+        usage = self.usage
+        classes = dict(usage.classes)
+        for key in usage.slot_keys:
+            cls = classes.get(key)
             if cls is None:
                 continue
-            kept = tuple(m for m in cls.members if m not in other.slots)
+            kept = tuple(m for m in cls.members if m not in usage.slots)
             if kept:
-                other.classes[key] = cls._replace(members=kept)
+                classes[key] = cls._replace(members=kept)
             else:
-                del other.classes[key]
-        other.slot_keys = set()
-        other.slots = {}
-        other.slot_labels = {}
-        other.slot_count = {}
-        other.allocations = {}
-        other.pool_booked = _summed(self.pool_booked, self.pool_used)
+                del classes[key]
         # As apply_plan books them: a plan's new nodes are known by (pool, domain labels),
         # so every domain of the pool listing the same labels loses that headroom.
-        booked = dict(self.domain_booked)
-        for (pi, di), count in self.domain_used.items():
-            domains = self.pools[pi].domains
+        booked = dict(usage.domain_booked)
+        for (pi, di), count in usage.domain_used.items():
+            domains = self.index.pools[pi].domains
             for dj, dom in enumerate(domains):
                 if dom.labels == domains[di].labels:
                     booked[(pi, dj)] = booked.get((pi, dj), 0) + count
-        other.domain_booked = booked
-        other.pool_used = {}
-        other.domain_used = {}
-        return other
+        return Workspace._of(self.index, Usage(
+            classes, pool_booked=_summed(usage.pool_booked, usage.pool_used),
+            domain_booked=booked,
+        ))
 
     def all_nodes(self) -> Sequence[NodeState]:
         """Every node of the snapshot, usable or not (topology spread counts them all)."""
-        return self._index.nodes
+        return self.index.nodes.nodes
 
     def labels(self, name: str) -> Mapping[str, str]:
         """Labels of a node or slot (a slot carries its pool template's and domain's)."""
-        got = self.slot_labels.get(name)
-        return got if got is not None else self._index.labels(name)
+        got = self.usage.slot_labels.get(name)
+        return got if got is not None else self.index.nodes.labels(name)
 
     def _place(
         self,
@@ -452,22 +407,25 @@ class Workspace:
         free: Mapping[str, int],
         devices: NodeDevices | None = None,
     ) -> None:
-        key: ClassKey = (tuple(free[r] for r in self.resources), *cls.key[1:5],
-                         self.device_token(devices))
-        have = self.classes.get(key)
+        old = cls.key
+        key = ClassKey(tuple([free[r] for r in self.index.view.resources]), old.selected,
+                       old.taint_token, old.path, old.node_name,
+                       self.index.device_token(devices))
+        usage = self.usage
+        have = usage.classes.get(key)
         members = tuple(sorted((*have.members, *names))) if have else tuple(names)
-        if self.slots and any(n in self.slots for n in names):
-            self.slot_keys.add(key)
-        self.classes[key] = NodeClass(
+        if usage.slots and any(n in usage.slots for n in names):
+            usage.slot_keys.add(key)
+        usage.classes[key] = NodeClass(
             key, free, cls.labels, cls.taints, cls.path, members, cls.node_name, devices
         )
 
     def device_of(self, name: str) -> NodeDevices | None:
         """The devices a node (or slot) had before this plan: pool names and identity."""
-        slot = self.slots.get(name)
+        slot = self.usage.slots.get(name)
         if slot is not None:
-            return self.pools[self._pool_index[slot.pool]].devices
-        return self._index.devices(name)
+            return self.index.pools[self.index.pool_index[slot.pool]].devices
+        return self.index.nodes.devices(name)
 
     def take(
         self,
@@ -479,13 +437,14 @@ class Workspace:
     ) -> list[str]:
         """Put ``pods_each`` pods on each of the first ``nodes`` members of class ``key``
         (``counter``: the pod set's shape, to allocate its device claims)."""
-        cls = self.classes[key]
+        classes = self.usage.classes
+        cls = classes[key]
         names = list(cls.members[:nodes])
         rest = cls.members[nodes:]
         if rest:
-            self.classes[key] = cls._replace(members=rest)
+            classes[key] = cls._replace(members=rest)
         else:
-            del self.classes[key]
+            del classes[key]
         free = {r: v - requests.get(r, 0) * pods_each for r, v in cls.free.items()}
         devices = cls.devices
         if counter is not None and counter.fitter is not None:
@@ -495,26 +454,28 @@ class Workspace:
         return names
 
     def _record(
-        self, names: Sequence[str], counter: ShapeCounter, plans: Sequence[PodPlan]
+        self, names: Sequence[str], counter: ShapeCounter, plans: Sequence[PodAllocation]
     ) -> None:
         for name in names:
             own = self.device_of(name)
             if own is None:
                 continue
-            self.allocations.setdefault((name, counter.owner), []).extend(
+            self.usage.allocations.setdefault((name, counter.owner), []).extend(
                 counter.resolve(own, plans)
             )
 
     def headroom(self, ref: PoolRef) -> int:
         """New nodes this (pool, domain) may still add, honouring the pool-wide limit."""
         key = (ref.pool_index, ref.domain_index)
-        dom_left = (ref.domain.max_new_nodes - self.domain_used.get(key, 0)
-                    - self.domain_booked.get(key, 0))
+        usage = self.usage
+        dom_left = (ref.domain.max_new_nodes - usage.domain_used.get(key, 0)
+                    - usage.domain_booked.get(key, 0))
         return max(0, min(dom_left, self.pool_headroom(ref.pool_index)))
 
     def pool_headroom(self, pool_index: int) -> int:
-        return max(0, self.pools[pool_index].max_new_nodes - self.pool_used.get(pool_index, 0)
-                   - self.pool_booked.get(pool_index, 0))
+        usage = self.usage
+        return max(0, self.index.pools[pool_index].max_new_nodes
+                   - usage.pool_used.get(pool_index, 0) - usage.pool_booked.get(pool_index, 0))
 
     def add_nodes(
         self,
@@ -524,33 +485,125 @@ class Workspace:
         counter: ShapeCounter | None = None,
     ) -> list[str]:
         """Commit one new node of ``ref`` per entry of ``pods`` (pods placed on it)."""
+        index, usage = self.index, self.usage
         key = (ref.pool_index, ref.domain_index)
-        self.domain_used[key] = self.domain_used.get(key, 0) + len(pods)
+        usage.domain_used[key] = usage.domain_used.get(key, 0) + len(pods)
         # Slots are numbered per (pool, domain labels): a pool listing the same labels
         # twice must still give every new node a distinct identity.
         ident = (ref.pool_index, tuple(sorted(ref.domain.labels.items())))
-        start = self.slot_count.get(ident, 0)
-        self.slot_count[ident] = start + len(pods)
-        self.pool_used[ref.pool_index] = self.pool_used.get(ref.pool_index, 0) + len(pods)
+        start = usage.slot_count.get(ident, 0)
+        usage.slot_count[ident] = start + len(pods)
+        usage.pool_used[ref.pool_index] = usage.pool_used.get(ref.pool_index, 0) + len(pods)
         template = NodeClass(
-            (None, tuple(ref.labels.get(k) for k in self.label_keys),
-             self.taint_token(ref.pool.taints), ref.path, None, None),
+            ClassKey((), tuple([ref.labels.get(k) for k in index.view.label_keys]),
+                     index.taint_token(ref.pool.taints), ref.path, None, None),
             {}, ref.labels, ref.pool.taints, ref.path, (), None, ref.pool.devices,
         )
         names: list[str] = []
         for offset, count in enumerate(pods):
-            index = start + offset
-            name = f"{NEW_NODE_PREFIX}/{ref.sort_name}/{index:06d}"
-            self.slots[name] = NewNodeSlot(ref.pool.name, dict(ref.domain.labels), index)
-            self.slot_labels[name] = ref.labels
+            slot_index = start + offset
+            name = f"{NEW_NODE_PREFIX}/{ref.sort_name}/{slot_index:06d}"
+            usage.slots[name] = NewNodeSlot(ref.pool.name, dict(ref.domain.labels), slot_index)
+            usage.slot_labels[name] = ref.labels
             free = {
                 r: ref.pool.allocatable.get(r, unlisted(r)) - requests.get(r, 0) * count
-                for r in self.resources
+                for r in index.view.resources
             }
-            devices = ref.pool.devices if self.device_keys else None
+            devices = ref.pool.devices if index.device_keys else None
             if counter is not None and counter.fitter is not None and count > 0:
                 devices, plans = counter.after(ref.pool.devices, count)
                 self._record([name], counter, plans)
             self._place(template, [name], free, devices)
             names.append(name)
         return names
+
+
+_Group = tuple[NodeState, list[str], NodeDevices | None]
+"""A class being built: its first node, its members' names, a member's devices."""
+
+
+def _classes(
+    index: WorkspaceIndex, nodes: Sequence[NodeState], empty: bool
+) -> dict[ClassKey, NodeClass]:
+    """The schedulable nodes grouped into classes."""
+    res = index.view.resources
+    by_name = index.view.by_name
+    classes: dict[ClassKey, NodeClass] = {}
+    for gkey, (node, names, devices) in _groups(index, nodes, empty).items():
+        names.sort()
+        ckey = ClassKey._make(gkey)
+        classes[ckey] = NodeClass(
+            ckey,
+            dict(zip(res, ckey.free, strict=True)),
+            node.labels,
+            node.taints,
+            ckey.path,
+            tuple(names),
+            node.name if by_name else None,
+            devices,
+        )
+    return classes
+
+
+def _groups(
+    index: WorkspaceIndex, nodes: Sequence[NodeState], empty: bool
+) -> dict[tuple[Any, ...], _Group]:
+    """The schedulable nodes by class key, as plain tuples.
+
+    The hot loop of a plan over a large cluster: keys from C-level itemgetters (a node
+    missing a key takes the slow path), taints as tokens, member names sorted once, plain
+    tuples as group keys (a :class:`ClassKey` is made per class, not per node).
+    """
+    view = index.view
+    res = view.resources
+    label_keys = view.label_keys
+    defaults = [(r, unlisted(r)) for r in res]
+    free_of = _getter(res)
+    sel_of = _getter(label_keys)
+    path_of = _getter(index.levels.domain)
+    dlevels = index.levels.domain
+    by_name = view.by_name
+    taint_ids = index.taint_ids
+    floor = view.floor
+    with_devices = index.device_keys is not None
+    shape_tokens = index.shape_tokens
+    groups: dict[tuple[Any, ...], _Group] = {}
+    for node in nodes:
+        if not (node.schedulable or empty):
+            continue
+        free = node.allocatable if empty else node.free
+        labels = node.labels
+        try:
+            fkey = free_of(free)
+        except KeyError:
+            fkey = tuple([free.get(r, d) for r, d in defaults])
+        useless = False
+        for i, least in floor:
+            if fkey[i] < least:
+                useless = True
+                break
+        if useless:
+            continue
+        try:
+            lkey = sel_of(labels)
+        except KeyError:
+            lkey = tuple([labels.get(k) for k in label_keys])
+        try:
+            path = path_of(labels)
+        except KeyError:
+            path = _trimmed_path(labels, dlevels)
+        token = taint_ids.get(id(node.taints))
+        if token is None:
+            token = index.taint_token(node.taints)
+        dtoken = devices = None
+        if with_devices and node.devices is not None:
+            # Inline fast path: interned shapes make this one dict lookup per node.
+            hit = shape_tokens.get(id(node.devices.shape))
+            dtoken, devices = hit if hit is not None else index.node_devices(node, empty)
+        key = (fkey, lkey, token, path, node.name if by_name else None, dtoken)
+        group = groups.get(key)
+        if group is None:
+            groups[key] = (node, [node.name], devices)
+        else:
+            group[1].append(node.name)
+    return groups

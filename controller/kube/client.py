@@ -170,33 +170,13 @@ class KubeClient:
     def host(self) -> str:
         return str(self._api.configuration.host)
 
-    def connection(self) -> dict[str, Any]:
-        """Server, credentials and TLS settings, for clients Muster hands the cluster to
-        (kopf's login handler)."""
-        cfg = self._api.configuration
-        token = (cfg.api_key or {}).get("authorization") or (cfg.api_key or {}).get(
-            "BearerToken"
-        )
-        if token and token.lower().startswith("bearer "):
-            token = token[7:]
-        return {
-            "server": str(cfg.host),
-            "token": token or None,
-            "ca_path": cfg.ssl_ca_cert or None,
-            "insecure": not cfg.verify_ssl,
-            "certificate_path": cfg.cert_file or None,
-            "private_key_path": cfg.key_file or None,
-            "username": cfg.username or None,
-            "password": cfg.password or None,
-        }
-
     async def drain(self, within: float = 10.0) -> int:
         """Wait (at most ``within`` seconds) for requests still being sent, those of
         cancelled callers included; return how many are still running.
 
-        Before kopf stops: kopf's operator cancels every task created after it started,
-        and a request cancelled while it waits for its answer would leave its connection in
-        the pool with the answer still to come (the next request on it hangs).
+        Before the client closes (the controller's stop): a request is shielded from its
+        caller's cancellation (see :meth:`_send`) and still runs after the caller is gone;
+        closing the session under it would cut it mid-answer.
         """
         pending = set(self._inflight)
         if not pending:

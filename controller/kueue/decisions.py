@@ -9,12 +9,13 @@ mean, the podSetUpdates a Ready check carries, and Kueue's retry backoff. The re
 from __future__ import annotations
 
 import copy
-import hashlib
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller.api.validation import limit_object_name
+from controller.conditions import Reason
 from controller.kueue.models import (
     AdmissionCheckState,
     CheckStateValue,
@@ -24,9 +25,6 @@ from controller.kueue.models import (
     TopologyAssignment,
 )
 
-OBJECT_NAME_MAX = 253
-_HASH_LEN = 5
-_PREFIX_MAX = OBJECT_NAME_MAX - _HASH_LEN - 1  # 247, as Kueue's limitObjectName
 TEMPLATE_PREFIX = "ppt"
 
 CONSUME_ANNOTATION = "autoscaling.x-k8s.io/consume-provisioning-request"
@@ -55,13 +53,6 @@ REJECTED: CheckStateValue = "Rejected"
 # ---------------------------------------------------------------------------- names
 
 
-def limit_object_name(full: str) -> str:
-    """Kueue's ``limitObjectName``: names over 247 characters keep their first 247
-    characters plus ``-`` and the first 5 hex digits of the full name's sha1."""
-    if len(full) <= _PREFIX_MAX:
-        return full
-    digest = hashlib.sha1(full.encode()).hexdigest()[:_HASH_LEN]  # naming, not security
-    return f"{full[:_PREFIX_MAX]}-{digest}"
 
 
 def request_name(workload: str, check: str, attempt: int) -> str:
@@ -188,23 +179,45 @@ def verdict(
     active: bool,
     finished: bool,
     reject_at_once: Collection[str] = (),
+    placed_by_kueue: bool = False,
 ) -> CheckVerdict:
     """The check state a request's conditions mean, in the order Kueue evaluates them
     (``syncCheckStates``): Failed, CapacityRevoked, BookingExpired (before admission only),
     Provisioned, Accepted-with-Provisioned, otherwise Pending.
 
     ``reject_at_once``: Failed reasons that no retry can cure (Muster's own check passes
-    :data:`PERMANENT_FAILURES`; Kueue's controller retries every failure)."""
+    :data:`PERMANENT_FAILURES`; Kueue's controller retries every failure).
+
+    ``placed_by_kueue``: the request books the existing nodes Kueue TAS assigned. A booked
+    node that vanishes (or a placement that can never fit, naming a node that is gone) is
+    then Kueue's to handle, not a reason to reject: once admitted, Kueue's TAS node-failure
+    handling (``TASFailedNodeReplacement``, on by default since Kueue 0.14) replaces the node
+    or evicts and requeues the Workload, where a Rejected check would deactivate it, racing
+    Kueue's own eviction (on the real tier either write could land last); before admission,
+    Retry lets Kueue place the gang again."""
     failed = _true(conditions, "Failed")
-    if failed is not None and str(failed.get("reason")) in reject_at_once:
-        return CheckVerdict(REJECTED, str(failed.get("message") or failed.get("reason")))
     if failed is not None:
+        reason = str(failed.get("reason"))
+        # Kueue's placement that can never fit names nodes that are gone: after a Retry,
+        # Kueue places the gang anew.
+        anew = placed_by_kueue and reason == Reason.NEVER_FITS.value
+        if reason in reject_at_once and not anew:
+            return CheckVerdict(REJECTED, str(failed.get("message") or reason))
         return _retry_or_reject(
             "Retrying after failure", failed, attempt=attempt, retry_count=retry_count,
             limit=backoff_limit, base=backoff_base, maximum=backoff_max,
         )
     revoked = _true(conditions, "CapacityRevoked")
     if revoked is not None and active and not finished:
+        vanished = revoked.get("reason") == Reason.NODES_VANISHED.value
+        if placed_by_kueue and vanished and admitted:
+            return CheckVerdict(READY, str(revoked.get("message") or ""))
+        if placed_by_kueue and vanished:
+            return _retry_or_reject(
+                "Retrying after booked nodes vanished", revoked, attempt=attempt,
+                retry_count=retry_count, limit=backoff_limit, base=backoff_base,
+                maximum=backoff_max,
+            )
         return CheckVerdict(REJECTED, str(revoked.get("message") or "capacity revoked"))
     expired = _true(conditions, "BookingExpired")
     if expired is not None and not admitted:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from controller.kueue.planning import PoolTaints
+from controller.kueue.drafts import PoolTaints
 from controller.state.cache import ClusterState
 from controller.topology_defaults import POOL_LABEL
 

@@ -1,7 +1,7 @@
 """Runs Muster's admission check: list-then-watch loops over the Kueue objects it needs,
 its own ProvisioningRequests and the CapacityPools, and a keyed work queue of Workloads.
 
-Started by :class:`controller.reconcilers.operator.Controller` when ``kueue.enabled`` is set.
+Started by :class:`controller.operator.Controller` when ``kueue.enabled`` is set.
 A Workload is reconciled when it changes, when one of its requests changes, and when an
 AdmissionCheck, ResourceFlavor or ProvisioningRequestConfig changes (all Workloads then,
 since which check a Workload uses is in its status).
@@ -17,12 +17,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from controller.clock import Clock
+from controller.config import KueueConfig
 from controller.kube import ApiError, Body, KubeClient, WatchEvent
 from controller.kube.events import EventBroadcaster, EventRecorder
 from controller.kube.resources import CAPACITY_POOLS, NODES, PROVISIONING_REQUESTS, Resource
+from controller.kueue.drafts import MANAGED_LABEL, workload_of
 from controller.kueue.facts import StateFacts, WatchedFacts
 from controller.kueue.models import Topology
-from controller.kueue.planning import MANAGED_LABEL, workload_of
 from controller.kueue.resources import (
     ADMISSION_CHECKS,
     PROVISIONING_REQUEST_CONFIGS,
@@ -30,12 +31,11 @@ from controller.kueue.resources import (
     TOPOLOGIES,
     WORKLOADS,
 )
-from controller.kueue.settings import KueueConfig
-from controller.kueue.workloads import CheckReconciler, KueueView
+from controller.kueue.workloads import CheckReconciler, KueueCache
 from controller.problems import ProblemLog, describe, retrying, transient
-from controller.reconcilers.workqueue import WorkQueue
 from controller.state.cache import ClusterState
 from controller.topology_defaults import DEFAULT_LEVELS, HOSTNAME, POOL_LABEL
+from controller.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 _problems = ProblemLog(log)
@@ -78,8 +78,8 @@ class KueueIntegration:
         self.topology_warnings: dict[str, str] = {}
         """Topology name -> why nodes Muster provisions would not fit it (also logged)."""
         self._topologies: dict[str, Body] = {}
-        self.view = KueueView()
-        self.reconciler = CheckReconciler(kube=kube, view=self.view, config=config, clock=clock,
+        self.cache = KueueCache()
+        self.reconciler = CheckReconciler(kube=kube, cache=self.cache, config=config, clock=clock,
                                           events=events)
         self.queue = WorkQueue(self._reconcile, clock=clock, concurrency=concurrency)
         self._tasks: list[asyncio.Task[None]] = []
@@ -89,7 +89,7 @@ class KueueIntegration:
         self.reconciles = 0
         """Workload reconciles run (for the benchmark)."""
         self._own_pool_watch = state is None
-        self.view.facts = StateFacts(state) if state is not None else self._watched
+        self.cache.facts = StateFacts(state) if state is not None else self._watched
         self._serves_topologies = False
 
     async def _reconcile(self, key: str) -> float | None:
@@ -102,16 +102,16 @@ class KueueIntegration:
         """Preflight (transient errors retried), watches, then wait for their first lists
         (which the watches retry; ``sync_timeout`` None: as long as it takes)."""
         await retrying(self.preflight, "checking Kueue's API", _problems)
-        v = self.view
-        self._watch(ADMISSION_CHECKS, v.checks, self._checks_changed)
-        self._watch(RESOURCE_FLAVORS, v.flavors, self._all_workloads)
-        self._watch(PROVISIONING_REQUEST_CONFIGS, v.configs, self._checks_changed)
+        c = self.cache
+        self._watch(ADMISSION_CHECKS, c.checks, self._checks_changed)
+        self._watch(RESOURCE_FLAVORS, c.flavors, self._all_workloads)
+        self._watch(PROVISIONING_REQUEST_CONFIGS, c.configs, self._checks_changed)
         if self._own_pool_watch:
             self._watch(CAPACITY_POOLS, self._watched.pool_bodies, self._pools_changed)
             self._watch(NODES, {}, None, on_node=True)
-        self._watch(PROVISIONING_REQUESTS, v.requests, self._request_changed,
+        self._watch(PROVISIONING_REQUESTS, c.requests, self._request_changed,
                     label_selector=MANAGED_LABEL)
-        self._watch(WORKLOADS, v.workloads, self._workload_changed)
+        self._watch(WORKLOADS, c.workloads, self._workload_changed)
         if self._serves_topologies:
             self._watch(TOPOLOGIES, self._topologies, self._topologies_changed)
         await asyncio.wait_for(
@@ -175,7 +175,7 @@ class KueueIntegration:
     def _pools_missing(self, levels: Sequence[str]) -> list[str]:
         wanted = [lv for lv in levels if lv != HOSTNAME]
         out = []
-        for pool, i, labels in self.view.facts.domains():
+        for pool, i, labels in self.cache.facts.domains():
             lacking = [lv for lv in wanted if lv not in labels]
             if lacking:
                 out.append(f"CapacityPool {pool} spec.topology.domains[{i}] lacks "
@@ -266,13 +266,13 @@ class KueueIntegration:
 
     def _all_workloads(self, _: Body | None) -> None:
         if self._ready():
-            for key in list(self.view.workloads):
+            for key in list(self.cache.workloads):
                 self.queue.add(key)
 
     async def _checks_changed(self, _: Body | None) -> None:
         if not self._ready():
             return
-        for name, body in list(self.view.checks.items()):
+        for name, body in list(self.cache.checks.items()):
             if self.reconciler.ours(body):
                 try:
                     await self.reconciler.reconcile_check(name)
@@ -290,7 +290,7 @@ class KueueIntegration:
             self._all_workloads(None)
             return
         key = _key(obj)
-        current = self.view.requests.get(key)
+        current = self.cache.requests.get(key)
         sig = None if current is None else _signature(current)
         if key in self._request_sigs and self._request_sigs[key] == sig:
             return  # e.g. the request reconciler's own bookkeeping annotations

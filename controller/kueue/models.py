@@ -162,16 +162,6 @@ class ClusterQueue(_KueueObject):
     kind: str = "ClusterQueue"
     spec: ClusterQueueSpec = Field(default_factory=ClusterQueueSpec)
 
-    def checks_for(self, flavors: set[str]) -> list[str]:
-        """Checks that apply to a Workload assigned ``flavors`` (empty onFlavors = all)."""
-        strategy = self.spec.admission_checks_strategy
-        if strategy is None:
-            return []
-        return [
-            rule.name for rule in strategy.admission_checks
-            if not rule.on_flavors or flavors & set(rule.on_flavors)
-        ]
-
 
 # ---------------------------------------------------------------------------- Workload
 

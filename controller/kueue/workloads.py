@@ -19,6 +19,7 @@ from typing import Any
 
 from controller.clock import Clock
 from controller.conditions import rfc3339
+from controller.config import KueueConfig
 from controller.kube import ApiError, Body, KubeClient
 from controller.kube.events import EventRecorder, EventType, ObjectReference
 from controller.kube.resources import POD_TEMPLATES, PROVISIONING_REQUESTS
@@ -43,6 +44,16 @@ from controller.kueue.decisions import (
     tolerates,
     verdict,
 )
+from controller.kueue.drafts import (
+    POD_SET_ANNOTATION,
+    DraftError,
+    RequestDraft,
+    draft_request,
+    owner_reference,
+    pod_template_body,
+    request_body,
+    workload_of,
+)
 from controller.kueue.facts import PoolFacts, WatchedFacts
 from controller.kueue.models import (
     GROUP,
@@ -53,18 +64,7 @@ from controller.kueue.models import (
     ResourceFlavor,
     Workload,
 )
-from controller.kueue.planning import (
-    POD_SET_ANNOTATION,
-    PlanningError,
-    RequestPlan,
-    owner_reference,
-    plan_request,
-    pod_template_body,
-    request_body,
-    workload_of,
-)
 from controller.kueue.resources import ADMISSION_CHECKS, WORKLOADS
-from controller.kueue.settings import KueueConfig
 from controller.snapshot import pod_set_name
 from controller.state.bookings import Booking
 from controller.topology_defaults import POOL_LABEL
@@ -75,7 +75,7 @@ CONFLICT_RETRIES = 5
 TEMPLATE_WAIT_SECONDS = 1.0
 
 
-class KueueView:
+class KueueCache:
     """What the reconcilers read: the watched Kueue objects and Muster's requests, nodes
     and pools. Filled by :class:`controller.kueue.integration.KueueIntegration`."""
 
@@ -95,14 +95,14 @@ class CheckReconciler:
         self,
         *,
         kube: KubeClient,
-        view: KueueView,
+        cache: KueueCache,
         config: KueueConfig,
         clock: Clock,
         events: EventRecorder,
     ) -> None:
         self.kube = kube
         self.events = events
-        self.view = view
+        self.cache = cache
         self.config = config
         self.clock = clock
         self.written: dict[str, str] = {}
@@ -123,14 +123,14 @@ class CheckReconciler:
                 f"spec.parameters must reference a {GROUP} ProvisioningRequestConfig, "
                 f"got {ref.api_group}/{ref.kind}"
             )
-        if ref.name not in self.view.configs:
+        if ref.name not in self.cache.configs:
             return f"ProvisioningRequestConfig {ref.name} not found"
         return None
 
     async def reconcile_check(self, name: str) -> None:
         """Set ``Active`` on one of Muster's AdmissionChecks (a ClusterQueue with an
         inactive check admits nothing)."""
-        body = self.view.checks.get(name)
+        body = self.cache.checks.get(name)
         if body is None or not self.ours(body):
             return
         try:
@@ -165,26 +165,26 @@ class CheckReconciler:
             if exc.conflict or exc.not_found:
                 return  # the watch delivers the newer object and we run again
             raise
-        self.view.checks[name] = updated
+        self.cache.checks[name] = updated
 
     # ------------------------------------------------------------------ Workloads
 
     def our_checks(self, wl: Workload) -> list[str]:
         return [
             s.name for s in wl.status.admission_checks
-            if s.name in self.view.checks and self.ours(self.view.checks[s.name])
+            if s.name in self.cache.checks and self.ours(self.cache.checks[s.name])
         ]
 
     def owned_requests(self, wl: Workload) -> list[Body]:
         uid = wl.metadata.uid
         ns = wl.metadata.namespace or "default"
         return [
-            r for r in self.view.requests.values()
+            r for r in self.cache.requests.values()
             if (r.get("metadata") or {}).get("namespace") == ns and workload_of(r)[1] == uid
         ]
 
     async def reconcile_workload(self, key: str) -> float | None:
-        body = self.view.workloads.get(key)
+        body = self.cache.workloads.get(key)
         if body is None:
             return None  # its requests go with it (Workload -> templates -> request)
         try:
@@ -220,7 +220,7 @@ class CheckReconciler:
 
     def prc_for(self, check: str) -> ProvisioningRequestConfig | str | None:
         """The check's ProvisioningRequestConfig, None when it has none, or a problem."""
-        ac = AdmissionCheck.model_validate(self.view.checks[check])
+        ac = AdmissionCheck.model_validate(self.cache.checks[check])
         problem = self.parameters_problem(ac)
         if problem is not None:
             return problem
@@ -228,7 +228,7 @@ class CheckReconciler:
             return None
         try:
             return ProvisioningRequestConfig.model_validate(
-                self.view.configs[ac.spec.parameters.name]
+                self.cache.configs[ac.spec.parameters.name]
             )
         except ValueError as exc:
             return f"ProvisioningRequestConfig {ac.spec.parameters.name} is invalid: {exc}"
@@ -247,7 +247,7 @@ class CheckReconciler:
         ns = wl.metadata.namespace or "default"
         owned = [r for r in self.owned_requests(wl)
                  if attempt_of(r["metadata"]["name"], wl.metadata.name, check) is not None]
-        current = self.view.requests.get(f"{ns}/{name}")
+        current = self.cache.requests.get(f"{ns}/{name}")
         if state.state == READY:
             # Kueue's rule: a Ready check's request is never re-created and its updates never
             # recomputed, but its conditions still count: revoked capacity rejects (even
@@ -305,15 +305,16 @@ class CheckReconciler:
             backoff_base=base, backoff_max=maximum, admitted=wl.condition_true("Admitted"),
             active=wl.is_active, finished=wl.condition_true("Finished"),
             reject_at_once=PERMANENT_FAILURES,
+            placed_by_kueue=_placed_by_kueue(wl, request, cfg.check_capacity_class),
         )
 
     # ------------------------------------------------------------------ creating requests
 
-    def plan_for(
+    def draft_for(
         self, wl: Workload, name: str, prc: ProvisioningRequestConfig | None
-    ) -> RequestPlan:
+    ) -> RequestDraft:
         flavors = {}
-        for fname, body in self.view.flavors.items():
+        for fname, body in self.cache.flavors.items():
             try:
                 flavors[fname] = ResourceFlavor.model_validate(body)
             except ValueError:
@@ -323,13 +324,13 @@ class CheckReconciler:
         for k, v in wl.metadata.annotations.items():
             if k.startswith(prefix):
                 parameters[k[len(prefix):]] = v
-        return plan_request(
+        return draft_request(
             wl, name, flavors=flavors,
             class_name=prc.spec.provisioning_class_name if prc else self.config.provisioning_class,
             check_capacity_class=self.config.check_capacity_class,
             parameters=parameters,
             managed_resources=prc.spec.managed_resources if prc else (),
-            pools=self.view.facts.pools(), tolerate_pool_taints=self.config.tolerate_pool_taints,
+            pools=self.cache.facts.pools(), tolerate_pool_taints=self.config.tolerate_pool_taints,
         )
 
     async def create_request(
@@ -339,23 +340,23 @@ class CheckReconciler:
         a delay when a stale template of the same name must go first."""
         ns = wl.metadata.namespace or "default"
         try:
-            plan = self.plan_for(wl, name, prc)
-        except PlanningError as exc:
+            draft = self.draft_for(wl, name, prc)
+        except DraftError as exc:
             await self.write_state(wl, AdmissionCheckState(
                 name=check, state=REJECTED, message=f"cannot build the request: {exc}"))
             return None
-        if not plan.needed:
+        if not draft.needed:
             await self.write_state(wl, AdmissionCheckState(
                 name=check, state=READY, message="the provisioning request is not needed"))
             return None
-        wl_body = self.view.workloads.get(f"{ns}/{wl.metadata.name}")
+        wl_body = self.cache.workloads.get(f"{ns}/{wl.metadata.name}")
         if wl_body is None:
             return None  # deleted meanwhile: nothing to provision for
         wl_owner = owner_reference(wl_body)
         # Templates first: Muster's request reconciler fails a request whose templates are
         # missing, so they must exist before the request does.
         template_owners = []
-        for ps in plan.pod_sets:
+        for ps in draft.pod_sets:
             try:
                 tpl: Body | None = await self.kube.create(
                     POD_TEMPLATES, pod_template_body(ps.template_name, ns, ps.template, wl_owner),
@@ -376,7 +377,7 @@ class CheckReconciler:
         try:
             created = await self.kube.create(
                 PROVISIONING_REQUESTS,
-                request_body(name, ns, plan, template_owners, check, wl_body),
+                request_body(name, ns, draft, template_owners, check, wl_body),
                 namespace=ns,
             )
         except ApiError as exc:
@@ -386,12 +387,12 @@ class CheckReconciler:
                     message=f"failed to create ProvisioningRequest {name}: {exc.reason}"))
                 raise
             return None
-        self.view.requests[f"{ns}/{name}"] = created
+        self.cache.requests[f"{ns}/{name}"] = created
         self.event(wl, "Normal", "ProvisioningRequestCreated",
-                   f"Created ProvisioningRequest {name} ({plan.class_name})")
+                   f"Created ProvisioningRequest {name} ({draft.class_name})")
         await self.write_state(wl, AdmissionCheckState(
             name=check, state=PENDING,
-            message=f"ProvisioningRequest {name} created ({plan.class_name})"))
+            message=f"ProvisioningRequest {name} created ({draft.class_name})"))
         return None
 
     # ------------------------------------------------------------------ Ready
@@ -404,10 +405,10 @@ class CheckReconciler:
         spec = request.get("spec") or {}
         class_name = str(spec.get("provisioningClassName") or "")
         booking = _booking(request)
-        pools_by_name = {p.name: p for p in self.view.facts.pools()}
+        pools_by_name = {p.name: p for p in self.cache.facts.pools()}
         assignments = {a.name: a for a in (wl.status.admission.pod_set_assignments
                                            if wl.status.admission else [])}
-        flavors = self.view.flavors
+        flavors = self.cache.flavors
         targets: dict[str, PodSetTarget] = {}
         for ps in spec.get("podSets") or []:
             tname = (ps.get("podTemplateRef") or {}).get("name", "")
@@ -439,7 +440,7 @@ class CheckReconciler:
                         selector[entry.key] = value
             tolerations: list[dict[str, Any]] = []
             if self.config.tolerate_pool_taints and booking is not None:
-                for pool_name in _pools_used(booking, pod_set, self.view.facts.pool_of):
+                for pool_name in _pools_used(booking, pod_set, self.cache.facts.pool_of):
                     pool = pools_by_name.get(pool_name)
                     if pool is None:
                         continue
@@ -474,7 +475,7 @@ class CheckReconciler:
         to its own entry survives."""
         ns = wl.metadata.namespace or "default"
         key = f"{ns}/{wl.metadata.name}"
-        body: Body | None = self.view.workloads.get(key)
+        body: Body | None = self.cache.workloads.get(key)
         for _ in range(CONFLICT_RETRIES):
             if body is None:
                 return
@@ -498,7 +499,7 @@ class CheckReconciler:
                     raise
                 body = await self.kube.get_or_none(WORKLOADS, wl.metadata.name, namespace=ns)
                 continue
-            self.view.workloads[key] = updated
+            self.cache.workloads[key] = updated
             self.written[key] = str(updated["metadata"].get("resourceVersion"))
             log.info("Workload %s: check %s is %s: %s", key, new.name, new.state, new.message)
             if entry is None or entry.get("state") != new.state:
@@ -556,4 +557,16 @@ def _dedupe(items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-__all__ = ["POD_SET_ANNOTATION", "POOL_LABEL", "CheckReconciler", "KueueView"]
+def _placed_by_kueue(wl: Workload, request: Body, check_capacity_class: str) -> bool:
+    """The request books nodes Kueue TAS chose: Muster drafts a Workload with a
+    ``topologyAssignment`` into a check-capacity request only when every pod set it books
+    is pinned that way."""
+    spec = request.get("spec") or {}
+    assignments = wl.status.admission.pod_set_assignments if wl.status.admission else []
+    return spec.get("provisioningClassName") == check_capacity_class and any(
+        a.topology_assignment is not None and a.topology_assignment.slices
+        for a in assignments)
+
+
+__all__ = ["POD_SET_ANNOTATION", "POOL_LABEL", "CheckReconciler", "KueueCache"]
+

@@ -26,7 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from controller.kueue.decisions import limit_object_name
+from controller.api.validation import limit_object_name
+from controller.pod_groups import group_of, request_name
 from controller.topology_defaults import MUSTER_REQUIRED
 
 GROUP = "scheduling.k8s.io"
@@ -37,7 +38,6 @@ UNSCHEDULABLE = "Unschedulable"
 LABEL = "muster.dev/podgroup"
 """On the requests and templates Muster creates for a PodGroup: the PodGroup's name."""
 UID_ANNOTATION = "muster.dev/podgroup-uid"
-SUFFIX = "gang"
 
 # Fields of a pod's spec that say who runs it, not where it fits; a PodTemplate built from
 # the pod leaves them out (``schedulingGroup`` would tie the template to the group).
@@ -46,19 +46,6 @@ _INERT_VOLUMES = frozenset({"projected", "configMap", "secret", "downwardAPI", "
 """Volume sources no scheduler filter looks at. Dropped (with their mounts) because the
 service-account admission gives every pod a projected volume of its own random name, which
 would make each pod of a gang a pod set of its own."""
-
-
-def request_name(pod_group: str) -> str:
-    """The one request Muster keeps per PodGroup (``<group>-gang``): also the name the
-    request reconciler counts the group's bound pods under as its consumers."""
-    return limit_object_name(f"{pod_group}-{SUFFIX}")
-
-
-def group_of(pod: Mapping[str, Any]) -> str | None:
-    """The PodGroup a pod belongs to (``spec.schedulingGroup.podGroupName``)."""
-    sg = (pod.get("spec") or {}).get("schedulingGroup") or {}
-    name = sg.get("podGroupName")
-    return str(name) if name else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +88,10 @@ class GangPodGroup:
 
 
 @dataclass(frozen=True, slots=True)
-class GangPlan:
+class GangDraft:
+    """What Muster will create for a gang PodGroup: its PodTemplates and the one
+    ProvisioningRequest (drafted here, created by the integration)."""
+
     templates: list[dict[str, Any]]
     request: dict[str, Any]
     pods: int
@@ -146,10 +136,10 @@ def template_of(pod: Mapping[str, Any], topology_key: str | None) -> dict[str, A
     return {"metadata": out_meta, "spec": spec}
 
 
-def plan(
+def draft(
     group: GangPodGroup, pending: Sequence[Mapping[str, Any]], owner: Mapping[str, Any],
     class_name: str,
-) -> GangPlan:
+) -> GangDraft:
     """The templates (one per distinct pod spec, in order of first pod) and the request
     for the group's ``pending`` pods, all owned by the PodGroup (``owner``: its
     ownerReference)."""
@@ -181,7 +171,7 @@ def plan(
                      "ownerReferences": [dict(owner)]},
         "spec": {"provisioningClassName": class_name, "podSets": pod_sets},
     }
-    return GangPlan(templates=templates, request=request, pods=len(pending))
+    return GangDraft(templates=templates, request=request, pods=len(pending))
 
 
 def label_value(name: str) -> str:

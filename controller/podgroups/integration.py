@@ -6,7 +6,7 @@ A PodGroup is reconciled when it changes (the scheduler writes
 PodGroup itself: Muster's word to its owner is an Event on it (``kubectl describe
 podgroup``), and the request it creates (owned by the PodGroup) carries the detail.
 
-Started by :class:`controller.reconcilers.operator.Controller` when ``podgroups.enabled``
+Started by :class:`controller.operator.Controller` when ``podgroups.enabled``
 is set and the cluster serves the API; otherwise it logs why it is off.
 """
 
@@ -19,24 +19,24 @@ from collections.abc import Callable
 from typing import Any
 
 from controller.clock import Clock
+from controller.config import PodGroupsConfig
 from controller.kube import ApiError, Body, KubeClient, WatchEvent
 from controller.kube.events import EventRecorder
 from controller.kube.resources import POD_TEMPLATES, PODS, PROVISIONING_REQUESTS, Resource
+from controller.pod_groups import request_name
 from controller.podgroups.gang import (
     API_VERSION,
     LABEL,
     UID_ANNOTATION,
     GangPodGroup,
     Outcome,
+    draft,
     members,
     outcome,
     owner_reference,
-    plan,
-    request_name,
     unbound,
 )
-from controller.podgroups.settings import PodGroupsConfig
-from controller.reconcilers.workqueue import WorkQueue
+from controller.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +207,7 @@ class PodGroupIntegration:
         if len(mine) < (group.min_count or 1):
             # The scheduler waits for minCount pods before it tries; so does Muster.
             return None
-        gang = plan(group, pending, owner_reference(body), self.config.provisioning_class)
+        gang = draft(group, pending, owner_reference(body), self.config.provisioning_class)
         for tpl in gang.templates:
             try:
                 await self.kube.create(POD_TEMPLATES, tpl, namespace=group.namespace)

@@ -1,2 +1,3 @@
-"""The ProvisioningRequest controller: thin kopf handlers (``handlers``), the service that
-reconciles one request (``service``), the keyed work queue, and the wiring (``operator``)."""
+"""The ProvisioningRequest controller: the service that reconciles one request (``service``),
+fed by the keys :class:`controller.state.cache.ClusterState` enqueues as the watches of
+:mod:`controller.state.feeds` see requests change; wired up in :mod:`controller.operator`."""

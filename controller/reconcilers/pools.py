@@ -7,9 +7,10 @@ serves with the ``muster.dev/release-nodes`` finalizer, added when the pool appe
 the latest, before any node is acquired through it (:func:`hold_pools`), so no node is ever
 acquired through a pool that could vanish without waiting for it. When a pool is deleted,
 the cache
-stops planning on it (:meth:`ClusterState.pool_deleting`), the collector releases each of its
-node groups once no booking and no pod uses it, and this reconciler removes the finalizer
-when no node of the pool is left.
+stops planning on it (:meth:`ClusterState.pool_deleting`), :func:`hold_pools` refuses new
+acquisitions through it, the collector releases each of its node groups once no booking and
+no pod uses it, and this reconciler removes the finalizer when no node of the pool is left
+and no acquisition through it still runs (its nodes may not have reached the cache yet).
 
 Finalizer writes carry the pool's resourceVersion, so another controller's finalizer is
 never dropped (a 409 is retried on the next pass).
@@ -21,8 +22,9 @@ import logging
 
 from controller.api.capacitypool import POOL_FINALIZER, CapacityPool
 from controller.kube import ApiError, KubeClient
-from controller.kube.resources import CAPACITY_POOLS
+from controller.kube.resources import CAPACITY_POOLS, NODES
 from controller.state.cache import ClusterState
+from controller.topology_defaults import POOL_LABEL
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +34,12 @@ async def sync_pool_finalizers(kube: KubeClient, state: ClusterState) -> None:
         finalizers = pool.metadata.finalizers
         held = POOL_FINALIZER in finalizers
         if state.pool_deleting(name):
-            if not held or state.pool_node_count(name):
+            if not held or state.pool_in_use(name):
+                continue
+            # The cache can lag the nodes an acquisition just created; ask the API server
+            # once before the pool's provider settings go for good.
+            left = await kube.list(NODES, label_selector=f"{POOL_LABEL}={name}")
+            if left.get("items"):
                 continue
             wanted = [f for f in finalizers if f != POOL_FINALIZER]
             log.info("CapacityPool %s: its last node is released; letting it go", name)
@@ -52,10 +59,12 @@ async def hold_pools(kube: KubeClient, names: set[str]) -> None:
             body = await kube.get(CAPACITY_POOLS, name)
             meta = body.get("metadata") or {}
             finalizers = list(meta.get("finalizers") or [])
-            if POOL_FINALIZER in finalizers:
-                break
+            # A deleting pool takes no new node even while the finalizer still holds it
+            # (the watch that stops planning on it may lag this read).
             if meta.get("deletionTimestamp"):
                 raise ApiError(409, "Conflict", f"CapacityPool {name} is being deleted")
+            if POOL_FINALIZER in finalizers:
+                break
             patch = {"metadata": {"finalizers": [*finalizers, POOL_FINALIZER],
                                   "resourceVersion": meta.get("resourceVersion")}}
             try:

@@ -14,6 +14,7 @@ from controller.state.bookings import (
     FINALIZER,
     PHASE_ANNOTATION,
     RETRY_AT_ANNOTATION,
+    UNREADY_ANNOTATION,
     Booking,
     Phase,
 )
@@ -75,7 +76,11 @@ class RequestView:
 
     @property
     def spec(self) -> Mapping[str, Any]:
-        return self.body.get("spec") or {}
+        # Shapes the CRD schema would refuse can still arrive (a cluster without the schema,
+        # the sandbox): every accessor reads them as absent, and the service fails the
+        # request naming the field (gang()).
+        spec = self.body.get("spec")
+        return spec if isinstance(spec, Mapping) else {}
 
     @property
     def class_name(self) -> str:
@@ -83,14 +88,17 @@ class RequestView:
 
     @property
     def parameters(self) -> Mapping[str, str]:
-        return self.spec.get("parameters") or {}
+        params = self.spec.get("parameters")
+        return params if isinstance(params, Mapping) else {}
 
     @property
     def template_names(self) -> list[str]:
         """The PodTemplates ``spec.podSets`` refers to."""
         out = []
-        for ps in self.spec.get("podSets") or []:
-            name = (ps.get("podTemplateRef") or {}).get("name") if isinstance(ps, dict) else None
+        pod_sets = self.spec.get("podSets")
+        for ps in pod_sets if isinstance(pod_sets, list) else []:
+            ref = ps.get("podTemplateRef") if isinstance(ps, dict) else None
+            name = ref.get("name") if isinstance(ref, dict) else None
             if name and name not in out:
                 out.append(str(name))
         return out
@@ -98,10 +106,11 @@ class RequestView:
     @property
     def total_pods(self) -> int:
         total = 0
-        for ps in self.spec.get("podSets") or []:
+        pod_sets = self.spec.get("podSets")
+        for ps in pod_sets if isinstance(pod_sets, list) else []:
             try:
                 total += int(ps.get("count", 0))
-            except (TypeError, ValueError):
+            except (AttributeError, TypeError, ValueError):
                 continue
         return total
 
@@ -150,6 +159,13 @@ class RequestView:
     def attempt(self) -> int:
         try:
             return int(self.annotations.get(ATTEMPT_ANNOTATION, "0"))
+        except ValueError:
+            return 0
+
+    @property
+    def unready_acquisitions(self) -> int:
+        try:
+            return int(self.annotations.get(UNREADY_ANNOTATION, "0"))
         except ValueError:
             return 0
 

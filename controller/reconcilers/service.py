@@ -17,8 +17,8 @@ cannot go in one write, so each change is ordered for repair: a plan is persiste
 Acquiring) before the status write that makes it a booking, and an outcome (Failed, booking
 ended) is written to the status first, where it decides the phase, with the annotations
 following; whatever a crash or a failed write cuts short, the next reconcile redoes. All
-time comes from the injected clock. The kopf handlers (:mod:`controller.reconcilers.handlers`)
-only feed the cache and enqueue keys.
+time comes from the injected clock. Muster's own watch (:mod:`controller.state.feeds`) feeds
+the cache and enqueues keys; nothing else reaches the service.
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ from controller.state.bookings import (
     PLAN_ANNOTATION,
     RETRY_AT_ANNOTATION,
     TEMPLATES_ANNOTATION,
+    UNREADY_ANNOTATION,
     Booking,
     Group,
     Phase,
@@ -78,7 +79,8 @@ from controller.state.bookings import (
     template_digest,
 )
 from controller.state.cache import ClusterState
-from controller.state.planner import Planner
+from controller.state.planner import Planner, Refusal
+from controller.state.tenancy import exceeded, foreign_request_owner
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +91,7 @@ TOPOLOGY_DOMAIN_DETAIL = "muster.dev/topology-domain"
 NEW_NODES_DETAIL = "muster.dev/new-nodes"
 
 
-TEMPLATE_POLL_SECONDS = 0.5
+ARRIVAL_POLL_SECONDS = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,9 +206,9 @@ class ProvisioningService:
             gang = self.gang(req, mode)
         except Invalid as exc:
             if exc.missing_template:
-                wait = self.template_grace_left(req)
+                wait = self.arrival_grace_left(req)
                 if wait > 0:
-                    return min(wait, TEMPLATE_POLL_SECONDS)
+                    return min(wait, ARRIVAL_POLL_SECONDS)
             return await self.fail(req, exc.reason, message(exc.reason, detail=exc.detail))
         digests = json.dumps(self.template_digests(req.namespace, req.template_names),
                              sort_keys=True, separators=(",", ":"))
@@ -214,8 +216,13 @@ class ProvisioningService:
         result = await self.planner.plan(
             req.key, gang, mode, lambda plan: self.book(req, plan, attempt)
         )
-        if isinstance(result, str):
-            return await self.fail(req, Reason.OVER_BUDGET, result)
+        if isinstance(result, Refusal):
+            if result.wait:
+                return await self.retry_or_fail(
+                    req, attempt=attempt, reason=Reason.NAMESPACE_LIMIT_REACHED,
+                    detail=result.text,
+                )
+            return await self.fail(req, Reason.OVER_BUDGET, result.text)
         if isinstance(result, NoFit):
             return await self.no_fit(req, mode, result, attempt)
         booking = self.state.bookings().get(req.key)
@@ -246,15 +253,16 @@ class ProvisioningService:
             return await self.confirm(req, booking)
         return await self.acquire(req, booking, announce=True)
 
-    def template_grace_left(self, req: RequestView) -> float:
-        """Seconds this request still waits for a missing PodTemplate (0: fail it now)."""
+    def arrival_grace_left(self, req: RequestView) -> float:
+        """Seconds this request still waits for objects created with it (a PodTemplate, a
+        CapacityPool, nodes) before a verdict that they are missing is final (0: now)."""
         created = req.created_at
         if created is None:
             return 0.0
         age = max(0.0, (self.clock.now() - created).total_seconds())
-        # Requests and templates come through separate watches, and clients create them a
-        # moment apart in either order: a template missing from the cache may only be late.
-        return max(0.0, self.config.retry.template_wait_seconds - age)
+        # Requests, templates, pools and nodes come through separate watches, and clients
+        # create them a moment apart in either order: one missing from the cache may be late.
+        return max(0.0, self.config.retry.arrival_wait_seconds - age)
 
     def gang(self, req: RequestView, mode: Mode) -> GangRequest:
         """The request as the fit engine sees it; :class:`Invalid` names what is wrong."""
@@ -273,25 +281,45 @@ class ProvisioningService:
             return None
         return created + timedelta(seconds=params.valid_until_seconds)
 
-    def book(self, req: RequestView, plan: Plan, attempt: int) -> Booking | str:
-        """The booking to reserve for ``plan``, or why the budget refuses it."""
+    def book(self, req: RequestView, plan: Plan, attempt: int) -> Booking | Refusal:
+        """The booking to reserve for ``plan``, or why a budget or the namespace's limits
+        refuse it. Runs in the planner's synchronous step (see :meth:`Planner.plan`), so the
+        namespace's usage read here includes every booking reserved before it."""
         budgets = self.config.budgets
         new_nodes = sum(n.count for n in plan.new_nodes)
         if budgets.max_new_nodes_per_request is not None and (
             new_nodes > budgets.max_new_nodes_per_request
         ):
-            return message(
+            return Refusal(message(
                 Reason.OVER_BUDGET,
                 detail=f"{new_nodes} new nodes > budgets.max_new_nodes_per_request "
                 f"({budgets.max_new_nodes_per_request})",
-            )
+            ))
         limit = budgets.max_cost_per_hour_per_request
         if limit is not None and plan.cost_per_hour > limit:
-            return message(
+            return Refusal(message(
                 Reason.OVER_BUDGET,
                 detail=f"new nodes cost {plan.cost_per_hour:.2f}/h > "
                 f"budgets.max_cost_per_hour_per_request ({limit:.2f})",
-            )
+            ))
+        limits = budgets.for_namespace(req.namespace)
+        if limits.limited and new_nodes:
+            want = self.state.plan_usage((n.pool, n.count) for n in plan.new_nodes)
+            alone = exceeded(limits, want)
+            if alone:
+                return Refusal(message(
+                    Reason.OVER_BUDGET,
+                    detail=f"its new nodes alone exceed namespace {req.namespace}'s limits "
+                    f"({'; '.join(alone)})",
+                ))
+            held = self.state.namespace_usage(req.namespace)
+            beside = exceeded(limits, held + want)
+            if beside:
+                return Refusal(
+                    f"namespace {req.namespace} holds {held.describe()}; this plan adds "
+                    f"{want.describe()}, which would exceed its limits ({'; '.join(beside)})",
+                    wait=True,
+                )
         return Booking(plan=plan, attempt=attempt,
                        groups=groups_for(plan, owner_uid=req.uid, attempt=attempt))
 
@@ -310,6 +338,10 @@ class ProvisioningService:
                 else Reason.UNSUPPORTED_CONSTRAINT if ReasonCode.UNSUPPORTED in codes
                 else Reason.NEVER_FITS
             )
+            wait = self.arrival_grace_left(req) if reason is Reason.NEVER_FITS else 0.0
+            if wait > 0:
+                # A pool or nodes created with the request may not be in the cache yet.
+                return min(wait, ARRIVAL_POLL_SECONDS)
             return await self.fail(req, reason, message(reason, detail=detail))
         return await self.retry_or_fail(
             req, attempt=attempt, reason=Reason.CAPACITY_IS_NOT_FOUND, detail=detail
@@ -330,9 +362,11 @@ class ProvisioningService:
         self.in_flight |= keys
         announcing = _Later(self.clock, self.config.acquisition.announce_after_seconds,
                             lambda: self._announce(req, booking)) if announce else None
+        pools = {g.pool for g in booking.groups}
+        self.state.begin_acquiring(pools)
         try:
             try:
-                await hold_pools(self.kube, {g.pool for g in booking.groups})
+                await hold_pools(self.kube, pools)
                 nodes = await acquire_all(
                     booking.groups,
                     owner=req.key,
@@ -380,6 +414,7 @@ class ProvisioningService:
             )
         finally:
             self.in_flight -= keys
+            self.state.end_acquiring(pools)
         return await self.confirm(req, booking)
 
     async def _announce(self, req: RequestView, booking: Booking) -> RequestView:
@@ -510,6 +545,16 @@ class ProvisioningService:
             return Reason.TEMPLATE_DELETED, deleted
         if changed:
             return Reason.TEMPLATE_CHANGED, changed
+        # Re-owned by another request: that request's now, and deleted with it.
+        taken = []
+        for name in sorted(recorded):
+            found = self.state.template(req.namespace, name)
+            if found is not None and not isinstance(found, str) and (
+                other := foreign_request_owner(found.metadata.model_extra, req.uid)
+            ) is not None:
+                taken.append(f"{name} (now owned by ProvisioningRequest {other})")
+        if taken:
+            return Reason.TEMPLATE_CHANGED, taken
         return None
 
     async def end_booking(
@@ -623,6 +668,18 @@ class ProvisioningService:
                 "Free capacity or add stock, then recreate the request, or allow it longer.",
                 attempt=attempt,
             )
+        unready = req.unready_acquisitions + (reason is Reason.NODES_NOT_READY)
+        limit = self.config.retry.max_unready_acquisitions
+        if not permanent and reason is Reason.NODES_NOT_READY and unready >= limit:
+            return await self.fail(
+                req, Reason.RETRIES_EXHAUSTED,
+                f"{unready} acquisition(s) gave nodes that were not Ready within "
+                f"{self.config.acquisition.node_ready_timeout_seconds:.0f}s "
+                f"(retry.max_unready_acquisitions {limit}; each was paid for, then released): "
+                f"{detail}. Check the pool's node image and bootstrap, then recreate the "
+                "request.",
+                attempt=attempt,
+            )
         if permanent or attempt >= max_attempts:
             final = Reason.RETRIES_EXHAUSTED if not permanent else reason
             text = (
@@ -636,6 +693,7 @@ class ProvisioningService:
             req,
             annotations={
                 ATTEMPT_ANNOTATION: str(attempt),
+                UNREADY_ANNOTATION: str(unready) if unready else None,
                 RETRY_AT_ANNOTATION: rfc3339(retry_at),
                 PHASE_ANNOTATION: None,
                 PLAN_ANNOTATION: None,
@@ -646,8 +704,8 @@ class ProvisioningService:
         text = (
             message(Reason.ACQUISITION_FAILED, **fields)
             if reason is Reason.ACQUISITION_FAILED
-            else message(Reason.CAPACITY_IS_NOT_FOUND, **fields)
-            if reason is Reason.CAPACITY_IS_NOT_FOUND
+            else message(reason, **fields)
+            if reason in (Reason.CAPACITY_IS_NOT_FOUND, Reason.NAMESPACE_LIMIT_REACHED)
             else message(reason, seconds=self.config.acquisition.node_ready_timeout_seconds,
                          detail=detail)
         )
@@ -806,6 +864,14 @@ def build_gang(req: RequestView, state: ClusterState, config: MusterConfig) -> G
             raise Invalid(
                 Reason.FAILED_TO_CREATE_PODS,
                 f"spec.podSets[{i}]: PodTemplate {req.namespace}/{ref} is invalid: {found}",
+            )
+        other = foreign_request_owner(found.metadata.model_extra, req.uid)
+        if other is not None:
+            raise Invalid(
+                Reason.INVALID_PARAMETERS,
+                f"spec.podSets[{i}]: PodTemplate {req.namespace}/{ref} belongs to "
+                f"ProvisioningRequest {other}, not to this request; a request plans only "
+                "from PodTemplates no other request owns",
             )
         templates[ref] = found
     try:

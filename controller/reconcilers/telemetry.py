@@ -25,9 +25,9 @@ from controller.kube import Body
 from controller.kube.events import EventBroadcaster, EventRecorder
 from controller.metrics import ControllerMetrics, StateReading
 from controller.reconcilers.requests import RequestView
-from controller.reconcilers.workqueue import Worker, WorkQueue
 from controller.state.bookings import Phase
 from controller.state.cache import ClusterState
+from controller.workqueue import Worker, WorkQueue
 
 log = logging.getLogger(__name__)
 

@@ -54,6 +54,8 @@ RUNNING = 2
 DONE = 3
 TIMED_OUT = 4
 NEVER_FITS = 5
+FAILED = 6
+"""muster-retry: the controller marked the request Failed after ``retry_attempts``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +107,11 @@ class SimConfig:
     retry_initial_s: float = 10.0
     """muster-retry: delay before a request that found no capacity is planned again,
     doubling per attempt (the controller's ``retry.initial_backoff_seconds``)."""
-    retry_max_s: float = 300.0
+    retry_max_s: float = 60.0
     """muster-retry: cap of that delay (the controller's ``retry.max_backoff_seconds``)."""
+    retry_attempts: int = 720
+    """muster-retry: planning attempts before the request is marked Failed and its job never
+    starts (the controller's ``retry.max_attempts``)."""
     deadlock_check_s: float = 60.0
     """How often partially bound gangs are checked for a deadlock."""
     bin_seconds: float | None = None
@@ -139,6 +144,7 @@ class SimConfig:
                 0 < self.retry_initial_s <= self.retry_max_s,
                 "retry backoff needs 0 < initial <= max",
             ),
+            (self.retry_attempts >= 1, "retry attempts must be >= 1"),
             (self.deadlock_check_s > 0, "deadlock check interval must be > 0 seconds"),
             (self.bin_seconds is None or self.bin_seconds > 0, "bin width must be > 0 seconds"),
         ]
@@ -252,6 +258,12 @@ class Simulation(abc.ABC):
         self.nodes_acquired = 0
         self.events = 0
         self.fit_calls = 0
+        self.retries = 0
+        """muster-retry: planning attempts that found no capacity (each costs the controller
+        two writes of the request: its annotations and its condition)."""
+        self.retries_peak_per_min = 0
+        self._retry_minute = -1
+        self._retries_this_minute = 0
         self.capacity_version = 0
         """Bumped whenever a node's placeable free GPUs change (a strategy may reuse an
         answer computed on the same version)."""
@@ -552,6 +564,24 @@ class Simulation(abc.ABC):
         run.status = NEVER_FITS
         self.open_jobs -= 1
 
+    def note_retry(self) -> None:
+        """A request found no capacity and will be planned again (or fail): count it, and
+        the most such attempts within one minute of simulated time."""
+        self.retries += 1
+        minute = int(self.now // 60.0)
+        if minute != self._retry_minute:
+            self._retry_minute = minute
+            self._retries_this_minute = 0
+        self._retries_this_minute += 1
+        if self._retries_this_minute > self.retries_peak_per_min:
+            self.retries_peak_per_min = self._retries_this_minute
+
+    def fail(self, run: JobRun) -> None:
+        """``run`` (pending, nothing bound) gave up before its start timeout: its request was
+        marked Failed. It is counted as never started, apart from timeouts."""
+        run.status = FAILED
+        self.open_jobs -= 1
+
     def _on_tick(self, _: Any) -> None:
         if self.cloud.tick():
             self.on_room()
@@ -563,12 +593,14 @@ class Simulation(abc.ABC):
         waits: list[float] = []
         gang_waits: list[float] = []
         gangs = gangs_started = one_rack = cross_block = deadlocked = 0
-        timed_out = never_fits = 0
+        timed_out = never_fits = failed = 0
         for run in runs:
             if run.status == TIMED_OUT:
                 timed_out += 1
             elif run.status == NEVER_FITS:
                 never_fits += 1
+            elif run.status == FAILED:
+                failed += 1
             if run.pods > 1:
                 gangs += 1
                 deadlocked += run.deadlocked
@@ -591,9 +623,10 @@ class Simulation(abc.ABC):
             strategy=self.name,
             jobs=len(runs),
             started=len(waits),
-            never_started=timed_out + never_fits,
+            never_started=timed_out + never_fits + failed,
             timed_out=timed_out,
             never_fits=never_fits,
+            failed=failed,
             gangs=gangs,
             gangs_started=gangs_started,
             gangs_one_rack=one_rack,
@@ -619,6 +652,8 @@ class Simulation(abc.ABC):
             end_s=self.now,
             events=self.events,
             fit_calls=self.fit_calls,
+            retries=self.retries,
+            retries_peak_per_min=self.retries_peak_per_min,
             wall_s=wall_s,
             series_bin_s=m.bin_seconds,
             series_paid=tuple(v / m.bin_seconds for v in m.paid_bins),

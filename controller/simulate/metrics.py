@@ -103,11 +103,14 @@ class StrategyResult:
     jobs: int
     started: int
     never_started: int
-    """timed_out + never_fits."""
+    """timed_out + never_fits + failed."""
     timed_out: int
     """Not running ``start_timeout`` after submit (deadlocked gangs land here), then cancelled."""
     never_fits: int
     """Rejected at once: the gang can never fit (larger than the quota or a block)."""
+    failed: int
+    """muster-retry: the request was marked Failed after ``retry_attempts`` attempts found no
+    capacity (the controller's ``RetriesExhausted``), before the start timeout."""
     gangs: int
     """Jobs of more than one pod."""
     gangs_started: int
@@ -138,6 +141,11 @@ class StrategyResult:
     end_s: float
     events: int
     fit_calls: int
+    retries: int
+    """muster-retry: planning attempts that found no capacity; the controller writes the
+    request twice for each (its annotations, its Provisioned condition)."""
+    retries_peak_per_min: int
+    """muster-retry: the most such attempts within one minute of simulated time."""
     wall_s: float
     series_bin_s: float = 0.0
     series_paid: tuple[float, ...] = field(default=(), repr=False)

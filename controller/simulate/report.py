@@ -39,8 +39,9 @@ def rows(results: Sequence[StrategyResult]) -> list[tuple[str, list[str]]]:
         ("jobs", each(lambda r: f"{r.jobs:,}")),
         ("jobs started", each(lambda r: f"{r.started:,}")),
         (
-            "never started (timeout / never fits)",
-            each(lambda r: f"{r.never_started:,} ({r.timed_out:,} / {r.never_fits:,})"),
+            "never started (timeout / never fits / failed)",
+            each(lambda r: f"{r.never_started:,} ({r.timed_out:,} / {r.never_fits:,} / "
+                 f"{r.failed:,})"),
         ),
         ("GPU-hours paid", each(lambda r: f"{r.paid_gpu_h:,.0f}")),
         ("GPU-hours used by running jobs", each(lambda r: f"{r.used_gpu_h:,.0f}")),

@@ -21,7 +21,9 @@ job that does, and capacity that frees goes to the oldest waiting job that fits 
 when they reach it without a queue in front: a request is planned when it is created, and
 one that found no capacity is planned again after its own backoff
 (:meth:`controller.config.RetryConfig.backoff`, the controller's ``retry`` settings), not
-when capacity frees; so a new request never waits behind older ones that do not fit.
+when capacity frees; so a new request never waits behind older ones that do not fit. After
+``retry_attempts`` attempts that found nothing (``retry.max_attempts``) the request is
+Failed, as the controller marks it ``RetriesExhausted``, and its job never starts.
 Pods go to the most-allocated node that holds them (bin-packing, the usual GPU cluster
 scoring) under every strategy.
 """
@@ -101,6 +103,7 @@ class GangFit(Simulation):
             self.retry = RetryConfig(
                 initial_backoff_seconds=config.retry_initial_s,
                 max_backoff_seconds=config.retry_max_s,
+                max_attempts=config.retry_attempts,
             )
         self.attempts: dict[int, int] = {}
         """muster-retry: job seq -> planning attempts that found no capacity."""
@@ -196,8 +199,9 @@ class GangFit(Simulation):
 
     def _attempt(self, run: JobRun) -> None:
         """muster-retry: plan ``run`` now; if it does not fit, again after the backoff of
-        its attempt (as :meth:`ProvisioningService.retry_or_fail` schedules it; the
-        simulator's start timeout, not ``retry.max_attempts``, ends the retries)."""
+        its attempt, or, if that was attempt ``retry.max_attempts``, fail it (as
+        :meth:`ProvisioningService.retry_or_fail` does; the job's start timeout, the
+        controller's ``ValidUntilSeconds``, may end the retries first)."""
         if self.try_place(run):
             self.attempts.pop(run.job.seq, None)
             return
@@ -205,6 +209,11 @@ class GangFit(Simulation):
         if retry is None:
             raise RuntimeError(f"{self.name}: a retry without a retry policy")
         attempt = self.attempts.get(run.job.seq, 0) + 1
+        self.note_retry()
+        if attempt >= retry.max_attempts:
+            self.attempts.pop(run.job.seq, None)
+            self.fail(run)
+            return
         self.attempts[run.job.seq] = attempt
         # Past the cap the delay no longer grows; clamping keeps 2**attempt a small number.
         self.push(self.now + retry.backoff(min(attempt, 64)), TIMER, run)

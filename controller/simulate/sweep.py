@@ -253,6 +253,7 @@ def run_task(task: Task) -> dict[str, Any]:
         "gangs": r.gangs,
         "started": r.started,
         "never_started": r.never_started,
+        "failed": r.failed,
         "gangs_started": r.gangs_started,
         "gangs_one_rack": r.gangs_one_rack,
         "gangs_cross_block": r.gangs_cross_block,
@@ -263,6 +264,8 @@ def run_task(task: Task) -> dict[str, Any]:
         "slowdown_gpu_h": round(r.slowdown_gpu_h, 3),
         "stranded_gpu_h": round(r.stranded_gpu_h, 3),
         "stranded_waiting_gpu_h": round(r.stranded_waiting_gpu_h, 3),
+        "retries": r.retries,
+        "retries_peak_per_min": r.retries_peak_per_min,
         "gang_wait_p95_s": r.gang_wait_p95_s,
         "wait_p95_s": r.wait_p95_s,
         "wall_s": round(r.wall_s, 3),
@@ -323,9 +326,9 @@ def run_sweep(trace: Trace, spec: SweepSpec, workers: int) -> SweepResult:
 
 
 SUMMED = (
-    "jobs", "gangs", "never_started", "gangs_started", "gangs_cross_block", "gangs_deadlocked",
-    "deadlocked_gpu_h", "paid_gpu_h", "used_gpu_h", "slowdown_gpu_h", "stranded_gpu_h",
-    "stranded_waiting_gpu_h",
+    "jobs", "gangs", "never_started", "failed", "gangs_started", "gangs_cross_block",
+    "gangs_deadlocked", "deadlocked_gpu_h", "paid_gpu_h", "used_gpu_h", "slowdown_gpu_h",
+    "stranded_gpu_h", "stranded_waiting_gpu_h",
 )
 
 

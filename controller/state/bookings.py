@@ -1,7 +1,7 @@
 """Bookings: a request's Plan plus its acquisition groups, and how they survive a restart.
 
-A booking is persisted on its ProvisioningRequest as JSON annotations (kopf would prune
-unknown status fields of a CRD Muster does not own), and held in memory by
+A booking is persisted on its ProvisioningRequest as JSON annotations (the API server would
+prune unknown status fields of a CRD Muster does not own), and held in memory by
 :class:`controller.state.cache.ClusterState`, which subtracts every other request's booking
 from the snapshot it hands the fit engine. Pure: encoding, decoding and the "effective plan"
 a booking still holds once some of its nodes exist and some of its pods run.
@@ -28,6 +28,8 @@ from controller.fit.types import (
 
 PLAN_ANNOTATION = "muster.dev/plan"
 ATTEMPT_ANNOTATION = "muster.dev/attempt"
+UNREADY_ANNOTATION = "muster.dev/unready-acquisitions"
+"""Acquisitions of this request whose nodes were not Ready in time (launched, paid, released)."""
 PHASE_ANNOTATION = "muster.dev/phase"
 RETRY_AT_ANNOTATION = "muster.dev/retry-at"
 BOOKED_AT_ANNOTATION = "muster.dev/booked-at"

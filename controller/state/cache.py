@@ -33,8 +33,8 @@ from controller.constraints import BoundPod
 from controller.fit import apply_plan
 from controller.fit.capacity import BookedMemo
 from controller.fit.types import NodeState, Plan, PoolState, Snapshot
-from controller.podgroups.gang import group_of
-from controller.podgroups.gang import request_name as gang_request_name
+from controller.pod_groups import group_of
+from controller.pod_groups import request_name as gang_request_name
 from controller.snapshot import node_state, pod_requests, pool_state
 from controller.state.bookings import (
     PHASE_ANNOTATION,
@@ -45,7 +45,8 @@ from controller.state.bookings import (
     merge_plans,
 )
 from controller.state.dra import DraState
-from controller.topology_defaults import POOL_LABEL
+from controller.state.tenancy import Usage, gpus_of, owner_uid_of_key, pool_node
+from controller.topology_defaults import KEY_LABEL, OWNER_ANNOTATION, POOL_LABEL
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +59,6 @@ ACTIVE_PHASES = frozenset({Phase.ACQUIRING, Phase.BOOKED})
 DELETED_MEMORY = 16_384
 """How many deleted requests' uids are remembered: far more than requests deleted while one
 write can be in flight (its timeout is 60 s)."""
-KEY_LABEL = "muster.dev/acquisition-key"
-"""Set by every provider on the nodes it acquires (see ``providers.fake``)."""
 
 
 def object_key(obj: Mapping[str, Any]) -> str:
@@ -129,6 +128,9 @@ class ClusterState:
         self._pool_status: dict[str, Body] = {}
         """Each pool's ``status`` as the API server holds it (for the status writer)."""
         self._requests: dict[str, Body] = {}
+        self._uid_namespace: dict[str, str] = {}
+        """Request uid -> namespace, kept after a deletion while nodes acquired for the
+        request exist (they still count against the namespace's limits)."""
         self._deleted: OrderedDict[str, None] = OrderedDict()
         """uids of requests seen deleted, newest last (bounded): an answer to a write sent
         before the deletion must not bring the request back into the cache."""
@@ -147,6 +149,8 @@ class ClusterState:
         self._short: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[int, datetime]] = {}
         self._pool_states: tuple[PoolState, ...] | None = None
         self._deleting_pools: set[str] = set()
+        self._acquiring: dict[str, int] = {}
+        """Pool -> acquisitions running through it (their nodes may not be in the cache yet)."""
         self.pools_changed = asyncio.Event()
         """Set on every pool event (the pool finalizer loop waits on it)."""
         self.dra = DraState()
@@ -225,10 +229,15 @@ class ClusterState:
         return sorted(self._gone_by_key.get(key, ()))
 
     def prune_vanished(self) -> None:
-        """Forget deleted-node records of keys no active booking holds (keeps memory flat)."""
+        """Forget deleted-node records of keys no active booking holds, and the namespaces of
+        deleted requests none of whose nodes is left (keeps memory flat)."""
         live = {g.key for b in self.bookings().values() for g in b.groups}
         for key in [k for k in self._gone_by_key if k not in live]:
             del self._gone_by_key[key]
+        held = {owner_uid_of_key(k) for k in self._nodes_by_key}
+        held.update(str((b.get("metadata") or {}).get("uid")) for b in self._requests.values())
+        for uid in [u for u in self._uid_namespace if u not in held]:
+            del self._uid_namespace[uid]
 
     def nodes_by_key(self) -> Mapping[str, set[str]]:
         """Acquisition key -> names of the registered nodes carrying it."""
@@ -509,6 +518,25 @@ class ClusterState:
     def pool_node_count(self, name: str) -> int:
         return len(self._nodes_by_pool.get(name, ()))
 
+    def pool_in_use(self, name: str) -> bool:
+        """Nodes of the pool exist, or an acquisition through it runs: its finalizer must
+        stay, since releasing those nodes needs the pool's provider settings."""
+        return bool(self._nodes_by_pool.get(name)) or self._acquiring.get(name, 0) > 0
+
+    def begin_acquiring(self, pools: Iterable[str]) -> None:
+        """An acquisition through ``pools`` starts: from before the pools are held until
+        :meth:`end_acquiring`, once its nodes are in the cache or released."""
+        for name in set(pools):
+            self._acquiring[name] = self._acquiring.get(name, 0) + 1
+
+    def end_acquiring(self, pools: Iterable[str]) -> None:
+        for name in set(pools):
+            left = self._acquiring.get(name, 0) - 1
+            if left > 0:
+                self._acquiring[name] = left
+            else:
+                self._acquiring.pop(name, None)
+
     def pools(self) -> Mapping[str, CapacityPool]:
         return self._pools
 
@@ -542,6 +570,8 @@ class ClusterState:
             if old_rv is not None and new_rv is not None and new_rv < old_rv:
                 return False
         self._requests[key] = body
+        if uid and meta.get("namespace"):
+            self._uid_namespace[str(uid)] = str(meta["namespace"])
         annotations = (body.get("metadata") or {}).get("annotations") or {}
         phase = annotations.get(PHASE_ANNOTATION, "")
         text = annotations.get(PLAN_ANNOTATION)
@@ -609,6 +639,50 @@ class ClusterState:
                 out.update(self._nodes_by_key.get(group.key, ()))
         return out
 
+    # ------------------------------------------------------------------ tenancy
+
+    def plan_usage(self, groups: Iterable[tuple[str, int]]) -> Usage:
+        """What new nodes ``(pool, count)`` would add to a namespace's usage."""
+        total = Usage()
+        for pool, count in groups:
+            total = total + pool_node(self._pools.get(pool)).times(count)
+        return total
+
+    def namespace_usage(self, namespace: str) -> Usage:
+        """What the requests of ``namespace`` hold now (see :mod:`controller.state.tenancy`):
+        their live bookings' planned new nodes, plus nodes acquired for them that no live
+        booking holds. Reservations made earlier in the same planning pass count, so a
+        burst of requests cannot jointly exceed a limit."""
+        prefix = f"{namespace}/"
+        held: set[str] = set()
+        total = Usage()
+        for key, booking in self.bookings().items():
+            if not key.startswith(prefix):
+                continue
+            for group in booking.groups:
+                held.add(group.key)
+                total = total + pool_node(self._pools.get(group.pool)).times(group.count)
+        for key, names in self._nodes_by_key.items():
+            if key in held:
+                continue
+            for name in names:
+                node = self._nodes.get(name)
+                if node is None or self._node_namespace(key, node) != namespace:
+                    continue
+                pool = self._pools.get(node.metadata.labels.get(POOL_LABEL, ""))
+                price = pool.spec.price_per_node_hour if pool is not None else 0.0
+                total = total + Usage(1, gpus_of(node.allocatable()), price)
+        return total
+
+    def _node_namespace(self, key: str, node: Node) -> str | None:
+        """The namespace of the request ``node`` was acquired for: its acquisition key's
+        uid, else the node's owner annotation (survives a restart after the deletion)."""
+        found = self._uid_namespace.get(owner_uid_of_key(key))
+        if found is not None:
+            return found
+        owner = node.metadata.annotations.get(OWNER_ANNOTATION, "")
+        return owner.partition("/")[0] if "/" in owner else None
+
     # ------------------------------------------------------------------ snapshot
 
     def _held(self, key: str, booking: Booking) -> Plan:
@@ -672,29 +746,6 @@ class ClusterState:
             out.append(replace(pool, domains=domains))
         return tuple(out)
 
-    def _pool_state(self, pool: CapacityPool) -> PoolState:
-        """``controller.snapshot.pool_state`` with the node counting done in one pass.
-
-        The shared builder counts each declared domain over all the pool's nodes
-        (domains x nodes); with 1,000 requests adding nodes, the controller would spend most
-        of its time there. Headroom rules are the builder's: pool-wide ``maxNodes`` minus
-        the pool's nodes, each domain's limit minus its nodes, capped by the pool's headroom.
-        """
-        topo = pool.spec.topology
-        if topo is None or not topo.domains:
-            return pool_state(pool, list(self._nodes.values()), self.levels, in_flight=0)
-        base = pool_state(pool, [], self.levels, in_flight=0)
-        members = self._nodes_by_pool.get(pool.metadata.name, ())
-        total, per = _count_domains(pool, [self._nodes[n] for n in members])
-        max_new = max(0, pool.spec.max_nodes - total)
-        domains = []
-        for spec, d in zip(topo.domains, base.domains, strict=True):
-            limit = spec.max_nodes if spec.max_nodes is not None else topo.max_nodes_per_domain
-            have = per.get(repr(tuple(sorted(spec.labels.items()))), 0)
-            domains.append(replace(d, max_new_nodes=max(0, min(limit - have, max_new)),
-                                   pool_nodes=have))
-        return replace(base, domains=tuple(domains), max_new_nodes=max_new)
-
     def _unconfirmed_off(self, nodes: tuple[NodeState, ...], bookings: Mapping[str, Booking],
                          exclude: str | None) -> tuple[NodeState, ...]:
         """``nodes`` with those of acquisitions not yet confirmed (Provisioned=True not yet
@@ -727,10 +778,15 @@ class ClusterState:
         if self._pool_states is None:
             states = []
             for name in sorted(self._pools):
-                if name in self._deleting_pools or name in self._unusable_pools:
+                if (name in self._deleting_pools or name in self._unusable_pools
+                        or self._pool_quantity_errors.get(name)):
                     continue
                 try:
-                    states.append(self._pool_state(self._pools[name]))
+                    # Only the pool's own nodes: pool_state counts them in one pass.
+                    members = self._nodes_by_pool.get(name, ())
+                    states.append(pool_state(self._pools[name],
+                                             [self._nodes[n] for n in members],
+                                             self.levels, in_flight=0))
                     self._pool_state_errors.pop(name, None)
                 except ValueError as exc:
                     # Rebuilt whenever a node comes or goes: say it once per change.
@@ -768,28 +824,6 @@ def _confirmed(body: Body | None) -> bool:
 
 def _nodes_named(booking: Booking) -> tuple[str, ...]:
     return (*booking.existing_nodes, *booking.acquired_nodes)
-
-
-def _count_domains(pool: CapacityPool, nodes: Iterable[Node]) -> tuple[int, dict[str, int]]:
-    """(nodes of the pool, nodes of the pool per declared domain) in one pass over nodes."""
-    topo = pool.spec.topology
-    domains = [dict(d.labels) for d in topo.domains] if topo else []
-    label_keys = sorted({k for d in domains for k in d})
-    index = {tuple(d.get(k) for k in label_keys): repr(tuple(sorted(d.items())))
-             for d in reversed(domains)}
-    per: dict[str, int] = {}
-    total = 0
-    for node in nodes:
-        labels = node.metadata.labels
-        if labels.get(POOL_LABEL) != pool.metadata.name:
-            continue
-        total += 1
-        # Domains declare the same label keys in practice; a node matches the domain
-        # whose values it carries (nodes of other shapes count only towards the pool).
-        found = index.get(tuple(labels.get(k) for k in label_keys))
-        if found is not None:
-            per[found] = per.get(found, 0) + 1
-    return total, per
 
 
 class _Present(Mapping[str, bool]):

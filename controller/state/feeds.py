@@ -1,8 +1,9 @@
 """List-then-watch loops that keep :class:`ClusterState` current.
 
 One task per resource, each re-listing after a 410 Gone or a dropped stream (see
-:meth:`controller.kube.KubeClient.watch`). ProvisioningRequests are fed by the reconciler's
-kopf handler instead (kopf already watches them), unless ``with_requests`` is set.
+:meth:`controller.kube.KubeClient.watch`). ProvisioningRequests come the same way, and each
+event of one enqueues its key for a reconcile: the controller's only event source (README,
+"Throughput", has the measurement that replaced kopf with it).
 """
 
 from __future__ import annotations
@@ -30,10 +31,9 @@ from controller.state.cache import Body, ClusterState, object_key
 log = logging.getLogger(__name__)
 
 class Feeds:
-    def __init__(self, kube: KubeClient, state: ClusterState, *, with_requests: bool = False):
+    def __init__(self, kube: KubeClient, state: ClusterState):
         self._kube = kube
         self._state = state
-        self._with_requests = with_requests
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
@@ -86,19 +86,16 @@ class Feeds:
                 s.replace_pools,
                 _events(s.upsert_pool, lambda o: s.delete_pool(object_key(o))),
             ),
+            (
+                PROVISIONING_REQUESTS,
+                lambda items: _sync_requests(s, items),
+                _events(
+                    lambda o: _upsert_and_notify(s, o),
+                    lambda o: s.delete_request(
+                        object_key(o), uid=(o.get("metadata") or {}).get("uid")),
+                ),
+            ),
         ]
-        if self._with_requests:
-            specs.append(
-                (
-                    PROVISIONING_REQUESTS,
-                    lambda items: _sync_requests(s, items),
-                    _events(
-                        lambda o: _upsert_and_notify(s, o),
-                        lambda o: s.delete_request(
-                            object_key(o), uid=(o.get("metadata") or {}).get("uid")),
-                    ),
-                )
-            )
         return specs
 
     async def _watch_dra(self, res: Resource) -> None:
@@ -127,9 +124,7 @@ class Feeds:
         return list(self._tasks)
 
     def _sync_events(self) -> dict[str, asyncio.Event]:
-        kinds = ["nodes", "pods", "podtemplates", "pools"]
-        if self._with_requests:
-            kinds.append("requests")
+        kinds = ["nodes", "pods", "podtemplates", "pools", "requests"]
         events = {k: self._state.synced[k] for k in kinds}
         events.update(self._state.dra.synced)
         return events

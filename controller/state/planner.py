@@ -28,8 +28,17 @@ MAX_COALESCE_SECONDS = 0.1
 """Upper bound of the adaptive batching window: the most a request waits for its pass to
 start."""
 
-BookFn = Callable[[Plan], Booking | str]
-"""Turns a plan into the booking to reserve, or returns why it must be refused (budget)."""
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a plan is not booked (a budget or a namespace limit). ``wait``: the plan could be
+    booked once the namespace holds less (retry as for a full pool), else never."""
+
+    text: str
+    wait: bool = False
+
+
+BookFn = Callable[[Plan], Booking | Refusal]
+"""Turns a plan into the booking to reserve, or returns why it must be refused."""
 
 
 @dataclass(slots=True)
@@ -38,7 +47,7 @@ class _Item:
     gang: GangRequest
     mode: Mode
     book: BookFn
-    future: asyncio.Future[Result | str]
+    future: asyncio.Future[Result | Refusal]
 
 
 class Planner:
@@ -72,12 +81,16 @@ class Planner:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    async def plan(self, key: str, gang: GangRequest, mode: Mode, book: BookFn) -> Result | str:
+    async def plan(
+        self, key: str, gang: GangRequest, mode: Mode, book: BookFn
+    ) -> Result | Refusal:
         """Plan ``gang``; a Plan returned has been reserved under ``key`` already.
 
-        Returns the fit engine's NoFit, or the refusal text of ``book``.
+        Returns the fit engine's NoFit, or the :class:`Refusal` of ``book``. ``book`` runs in
+        the pass's synchronous step, right before the booking is reserved: what it reads of
+        the state (e.g. a namespace's usage) includes every booking of the pass so far.
         """
-        future: asyncio.Future[Result | str] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Result | Refusal] = asyncio.get_running_loop().create_future()
         self._pending.append(_Item(key, gang, mode, book, future))
         self._wakeup.set()
         return await future
@@ -118,7 +131,7 @@ class Planner:
                 result = planning.plan(item.gang, item.mode)
                 if isinstance(result, Plan):
                     booking = item.book(result)
-                    if isinstance(booking, str):
+                    if isinstance(booking, Refusal):
                         item.future.set_result(booking)
                         continue
                     planning.commit(result)

@@ -13,7 +13,7 @@ from controller.commands import objects
 from controller.config import MusterConfig
 from controller.kube import KubeClient
 from controller.kube.resources import CAPACITY_POOLS, NAMESPACES, POD_TEMPLATES
-from controller.reconcilers.operator import Controller
+from controller.operator import Controller
 from providers.fake import FakeProvider
 from sandbox.server import SandboxServer
 
@@ -40,7 +40,16 @@ async def kube(server: SandboxServer, tmp_path: Path) -> AsyncIterator[KubeClien
 
 
 @pytest.fixture
-async def running(kube: KubeClient) -> AsyncIterator[tuple[Controller, ManualClock, FakeProvider]]:
+def muster_config() -> MusterConfig:
+    """The configuration ``running`` uses: the defaults, unless a test parametrizes
+    ``muster_config`` with its own."""
+    return MusterConfig()
+
+
+@pytest.fixture
+async def running(
+    kube: KubeClient, muster_config: MusterConfig
+) -> AsyncIterator[tuple[Controller, ManualClock, FakeProvider]]:
     """A controller (own watch) on virtual time with the fake provider, a "gpu" pool of 8-GPU
     nodes in racks and a "workers" template (one 8-GPU pod per node, one rack) in "ns"."""
     await kube.create(NAMESPACES, {"metadata": {"name": "ns"}})
@@ -52,8 +61,8 @@ async def running(kube: KubeClient) -> AsyncIterator[tuple[Controller, ManualClo
     # Virtual time starting now, so durations from the API server's timestamps make sense.
     clock = ManualClock(start=datetime.now(UTC))
     provider = FakeProvider(kube, heartbeat_seconds=3600)
-    controller = Controller(kube=kube, config=MusterConfig(), clock=clock,
-                            providers={"kind": provider}, use_kopf=False)
+    controller = Controller(kube=kube, config=muster_config, clock=clock,
+                            providers={"kind": provider})
     await controller.start()
     try:
         yield controller, clock, provider

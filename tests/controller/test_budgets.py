@@ -10,6 +10,7 @@ from controller.config import MusterConfig
 from controller.reconcilers.requests import RequestView
 from controller.reconcilers.service import ProvisioningService
 from controller.state.bookings import Booking
+from controller.state.planner import Refusal
 from tests.controller.builders import plan_on
 
 
@@ -38,4 +39,4 @@ def test_budget(budgets: dict[str, Any], new: int, refused: str | None) -> None:
         assert isinstance(result, Booking)
         assert [g.count for g in result.groups] == [new]
     else:
-        assert isinstance(result, str) and refused in result
+        assert isinstance(result, Refusal) and not result.wait and refused in result.text

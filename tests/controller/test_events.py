@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -27,7 +28,7 @@ from controller.kube.resources import (
     POD_TEMPLATES,
     PROVISIONING_REQUESTS,
 )
-from controller.reconcilers.operator import Controller
+from controller.operator import Controller
 from providers.fake import FakeProvider
 from sandbox.server import SandboxServer
 from tests.helpers import eventually
@@ -47,9 +48,10 @@ async def _world(kube: KubeClient) -> None:
 @pytest.fixture
 async def running(kube: KubeClient) -> AsyncIterator[Controller]:
     await _world(kube)
-    controller = Controller(kube=kube, config=MusterConfig(), clock=ManualClock(),
-                            providers={"kind": FakeProvider(kube, heartbeat_seconds=3600)},
-                            use_kopf=False)
+    # Virtual time from now: a request's age is measured against its creationTimestamp.
+    controller = Controller(kube=kube, config=MusterConfig(),
+                            clock=ManualClock(start=datetime.now(UTC)),
+                            providers={"kind": FakeProvider(kube, heartbeat_seconds=3600)})
     await controller.start()
     try:
         yield controller
@@ -94,7 +96,14 @@ async def test_request_that_never_fits_shows_a_warning(
     # 20 workers required in one rack; no rack of the pool holds more than 16 nodes.
     await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
         "huge", namespace="ns", pod_sets=[("workers", 20)]), namespace="ns")
-    events = await _until(lambda: _events_of(kube, "huge"))
+    clock = running.clock
+    assert isinstance(clock, ManualClock)
+
+    async def events_after_the_arrival_wait() -> list[dict[str, Any]]:
+        await clock.advance(1)  # the verdict waits retry.arrival_wait_seconds
+        return await _events_of(kube, "huge")
+
+    events = await _until(events_after_the_arrival_wait)
     assert [(e["type"], e["reason"]) for e in events] == [("Warning", "CapacityNeverFits")], (
         "one Warning: the Provisioned=False written with Failed adds no second event")
     assert "can never fit" in events[0]["message"]
@@ -107,7 +116,7 @@ async def test_a_hung_events_api_holds_no_reconcile_and_a_full_queue_drops(
     server.faults.add_latency(5.0, resources="events")
     controller = Controller(kube=kube, config=MusterConfig(), clock=ManualClock(),
                             providers={"kind": FakeProvider(kube, heartbeat_seconds=3600)},
-                            use_kopf=False, event_queue_size=1)
+                            event_queue_size=1)
     await controller.start()
     try:
         loop = asyncio.get_running_loop()

@@ -12,8 +12,6 @@ import functools
 from datetime import UTC, datetime
 from pathlib import Path
 
-import pytest
-
 from controller.clock import ManualClock
 from controller.commands import objects
 from controller.config import MusterConfig
@@ -25,7 +23,7 @@ from controller.kube.resources import (
     POD_TEMPLATES,
     PROVISIONING_REQUESTS,
 )
-from controller.reconcilers.operator import Controller
+from controller.operator import Controller
 from controller.reconcilers.telemetry import state_reading
 from providers.fake import FakeProvider
 from sandbox.server import SandboxServer
@@ -51,9 +49,8 @@ class SlowAnswers(KubeClient):
         return body
 
 
-@pytest.mark.parametrize("use_kopf", [False, True], ids=["watch", "kopf"])
 async def test_deleted_requests_leave_the_cache_bookings_and_gauges_empty(
-    server: SandboxServer, kube: KubeClient, tmp_path: Path, use_kopf: bool,
+    server: SandboxServer, kube: KubeClient, tmp_path: Path,
 ) -> None:
     await kube.create(NAMESPACES, {"metadata": {"name": "ns"}})
     await kube.create(CAPACITY_POOLS, objects.gpu_pool("gpu", max_nodes=REQUESTS))
@@ -64,7 +61,7 @@ async def test_deleted_requests_leave_the_cache_bookings_and_gauges_empty(
     clock = ManualClock(start=datetime.now(UTC))
     slow = await SlowAnswers.from_kubeconfig(server.write_kubeconfig(tmp_path / "slow"))
     provider = FakeProvider(kube, heartbeat_seconds=3600)
-    controller = Controller(kube=slow, config=MusterConfig(), clock=clock, use_kopf=use_kopf,
+    controller = Controller(kube=slow, config=MusterConfig(), clock=clock,
                             providers={"kind": provider})
     await controller.start()
     try:

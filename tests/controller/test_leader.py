@@ -35,7 +35,7 @@ from controller.kube.resources import (
     Resource,
 )
 from controller.leader import LeaderElector, LeadershipLost, from_config, lease_namespace
-from controller.reconcilers.operator import Controller
+from controller.operator import Controller
 from providers.fake import FakeProvider
 from sandbox.server import SandboxServer
 from tests.helpers import eventually
@@ -260,7 +260,7 @@ async def test_losing_the_lease_halts_the_controller_before_anything_else_runs(
     # As `muster run` wires it: the controller starts once leading, halt() is the callback.
     elector = _elector(await clients(), "pod-a")
     await elector.acquire()
-    controller = Controller(kube=kube, config=MusterConfig(), use_kopf=False,
+    controller = Controller(kube=kube, config=MusterConfig(),
                             providers={"kind": FakeProvider(kube, heartbeat_seconds=3600)})
     seen: list[bool] = []
     elector.on_lost(controller.halt)

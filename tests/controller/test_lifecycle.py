@@ -11,8 +11,11 @@ import functools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import pytest
+
 from controller.clock import ManualClock
 from controller.commands import objects
+from controller.config import MusterConfig, RetryConfig
 from controller.kube import KubeClient
 from controller.kube.resources import (
     CAPACITY_POOLS,
@@ -21,7 +24,7 @@ from controller.kube.resources import (
     PODS,
     PROVISIONING_REQUESTS,
 )
-from controller.reconcilers.operator import Controller
+from controller.operator import Controller
 from providers.fake import FakeProvider
 from tests.controller.builders import gpu_node, starve
 from tests.helpers import eventually
@@ -65,6 +68,11 @@ async def test_booking_expires_after_ten_virtual_minutes(
     await _until(released)
 
 
+# The default budget (720 attempts, about 12 h at the 60 s cap) is too many to step through;
+# the schedule and the final Failed are the same with any budget.
+@pytest.mark.parametrize(
+    "muster_config", [MusterConfig(retry=RetryConfig(max_attempts=6))], ids=["6-attempts"]
+)
 async def test_stock_out_backs_off_on_the_clock_then_fails(
     kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
 ) -> None:
@@ -237,7 +245,7 @@ async def test_a_gang_larger_than_every_rack_limit_never_fits_even_beside_existi
 ) -> None:
     # Every rack may hold 2 nodes; one rack already has 2 (booked by another request). A gang
     # of 3 in one rack can never fit: it must say so at once, not burn every retry.
-    controller, _, provider = running
+    controller, clock, provider = running
     pool = objects.gpu_pool("gpu")
     for domain in pool["spec"]["topology"]["domains"]:
         domain["maxNodes"] = 2
@@ -255,8 +263,13 @@ async def test_a_gang_larger_than_every_rack_limit_never_fits_even_beside_existi
     await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
         "big", namespace="ns", pod_sets=[("workers", 3)]), namespace="ns")
 
-    failed = await _until(lambda: _condition(kube, "big", "Failed"))
+    async def failed_after_the_arrival_wait() -> dict[str, Any] | None:
+        await clock.advance(1)  # no retry: only retry.arrival_wait_seconds for late pools
+        return await _condition(kube, "big", "Failed")
+
+    failed = await _until(failed_after_the_arrival_wait)
     assert failed["reason"] == "CapacityNeverFits", failed["message"]
+    assert "Attempt" not in failed["message"], "decided on the first plan, no retry burnt"
     assert len([c for c in provider.calls if c.op == "acquire"]) == 1  # the small one's
 
 
@@ -291,3 +304,38 @@ async def test_pods_consuming_the_booking_elsewhere_end_it_and_free_the_new_node
         return not listing["items"]
 
     await _until(released)  # no clock advance: not the idle TTL
+
+
+async def test_nodes_that_never_become_ready_fail_the_request_after_a_small_budget(
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
+) -> None:
+    """Nodes that never become Ready (a broken image) are paid for until the ready timeout,
+    then released; that is retried only ``retry.max_unready_acquisitions`` times, not
+    ``retry.max_attempts`` (720 waits for capacity, which cost nothing)."""
+    controller, clock, provider = running
+    await kube.merge_patch(CAPACITY_POOLS, "gpu",
+                           {"spec": {"parameters": {"readyDelaySeconds": 3600.0}}})
+
+    async def pool_updated() -> bool:
+        pool = controller.state.pools().get("gpu")
+        return pool is not None and "readyDelaySeconds" in pool.spec.parameters
+
+    await _until(pool_updated)
+    await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
+        "broken", namespace="ns", pod_sets=[("workers", 2)]), namespace="ns")
+
+    async def failed() -> dict[str, Any] | None:
+        await clock.advance(60)  # past the ready timeout (900 s) and each retry's backoff
+        return await _condition(kube, "broken", "Failed")
+
+    cond = await eventually(failed, within=30.0, step=0.05)
+    limit = controller.config.retry.max_unready_acquisitions
+    assert cond["reason"] == "RetriesExhausted", cond
+    assert f"{limit} acquisition(s) gave nodes that were not Ready" in cond["message"], cond
+    assert len([c for c in provider.calls if c.op == "acquire"]) == limit
+    assert limit < controller.config.retry.max_attempts
+
+    async def released() -> bool:
+        return not (await kube.list(NODES, label_selector="muster.dev/pool=gpu"))["items"]
+
+    await _until(released)

@@ -20,7 +20,7 @@ from controller.kube.resources import (
     PROVISIONING_REQUESTS,
 )
 from controller.metrics import ControllerMetrics
-from controller.reconcilers.operator import Controller
+from controller.operator import Controller
 from providers.fake import FakeProvider
 from tests.controller.builders import starve
 from tests.helpers import eventually

@@ -18,7 +18,7 @@ from controller.commands import objects
 from controller.fit.types import Mode
 from controller.kube import KubeClient
 from controller.kube.resources import EVENTS, PROVISIONING_REQUESTS
-from controller.reconcilers.operator import Controller
+from controller.operator import Controller
 from controller.reconcilers.parameters import read_parameters
 from providers.fake import FakeProvider
 from tests.controller.builders import starve

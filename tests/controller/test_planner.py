@@ -7,7 +7,7 @@ import asyncio
 from controller.fit.types import Mode, NoFit, Plan
 from controller.state.bookings import Booking
 from controller.state.cache import ClusterState
-from controller.state.planner import Planner
+from controller.state.planner import Planner, Refusal
 from controller.topology_defaults import DEFAULT_LEVELS
 from tests.controller.builders import gang, gpu_node
 
@@ -43,8 +43,9 @@ async def test_a_refused_plan_books_nothing() -> None:
     planner = Planner(state)
     planner.start()
     try:
-        refused = await planner.plan("a", gang("a", 2), Mode.CHECK, lambda p: "over budget")
-        assert refused == "over budget"
+        refused = await planner.plan("a", gang("a", 2), Mode.CHECK,
+                                     lambda p: Refusal("over budget"))
+        assert refused == Refusal("over budget")
         assert not state.bookings()
         second = await planner.plan("b", gang("b", 2), Mode.CHECK, lambda p: Booking(p, 1))
         assert isinstance(second, Plan)

@@ -19,7 +19,7 @@ from controller.commands.run import _JsonFormatter
 from controller.decisions import decide
 from controller.kube import KubeClient
 from controller.kube.resources import CAPACITY_POOLS, NODES, PROVISIONING_REQUESTS
-from controller.reconcilers.operator import Controller
+from controller.operator import Controller
 from controller.reconcilers.pool_status import merge_patch
 from controller.state.bookings import Booking
 from controller.state.cache import ClusterState

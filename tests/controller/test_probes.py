@@ -23,7 +23,7 @@ from controller.config import MusterConfig
 from controller.kube import KubeClient
 from controller.kube.resources import LEASES, NAMESPACES
 from controller.leader import LeaderElector
-from controller.reconcilers.operator import Controller
+from controller.operator import Controller
 from providers.fake import FakeProvider
 from tests.helpers import eventually
 
@@ -31,7 +31,7 @@ FAST = {"lease_duration_seconds": 2, "renew_deadline_seconds": 1, "retry_period_
 
 
 def _controller(kube: KubeClient) -> Controller:
-    return Controller(kube=kube, config=MusterConfig(), use_kopf=False,
+    return Controller(kube=kube, config=MusterConfig(),
                       providers={"kind": FakeProvider(kube, heartbeat_seconds=3600)})
 
 

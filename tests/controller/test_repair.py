@@ -16,7 +16,7 @@ from controller.commands import objects
 from controller.config import MusterConfig
 from controller.kube import KubeClient
 from controller.kube.resources import NODES, POD_TEMPLATES, PROVISIONING_REQUESTS
-from controller.reconcilers.operator import Controller
+from controller.operator import Controller
 from controller.state.bookings import Booking
 from providers.fake import FakeProvider
 from sandbox.server import SandboxServer
@@ -62,7 +62,7 @@ async def test_a_crash_between_the_writes_of_a_failure_is_repaired_on_restart(
     server: SandboxServer, kube: KubeClient,
     running: tuple[Controller, ManualClock, FakeProvider],
 ) -> None:
-    first, _, _ = running
+    first, first_clock, _ = running
     server.faults.add_errors(1.0, status=503, verbs="patch", resources=STATUS)
     await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
         "huge", namespace="ns", pod_sets=[("workers", 20)]), namespace="ns")
@@ -70,13 +70,13 @@ async def test_a_crash_between_the_writes_of_a_failure_is_repaired_on_restart(
     async def tried() -> bool:
         return server.faults.injected >= 1
 
-    await _until(tried)
+    # The failure is written once retry.arrival_wait_seconds have passed.
+    await _until(_ticking(first_clock, tried))
     await first.stop()  # the process dies here, the status never written
     server.faults.clear()
     clock = ManualClock(start=datetime.now(UTC))
     second = Controller(kube=kube, config=MusterConfig(), clock=clock,
-                        providers={"kind": FakeProvider(kube, heartbeat_seconds=3600)},
-                        use_kopf=False)
+                        providers={"kind": FakeProvider(kube, heartbeat_seconds=3600)})
     await second.start()
     try:
         failed = await _until(_ticking(clock, lambda: _condition(kube, "huge", "Failed")))

@@ -31,7 +31,7 @@ from controller.kube.resources import (
     POD_TEMPLATES,
     PROVISIONING_REQUESTS,
 )
-from controller.reconcilers.operator import Controller
+from controller.operator import Controller
 from providers.fake import FakeProvider
 from sandbox.server import SandboxServer
 from sandbox.store import Store
@@ -53,8 +53,7 @@ async def _setup(kube: KubeClient) -> None:
 
 def _controller(kube: KubeClient) -> Controller:
     return Controller(kube=kube, config=MusterConfig(), clock=ManualClock(start=datetime.now(UTC)),
-                      providers={"kind": FakeProvider(kube, heartbeat_seconds=3600)},
-                      use_kopf=False)
+                      providers={"kind": FakeProvider(kube, heartbeat_seconds=3600)})
 
 
 async def _provisioned(kube: KubeClient, name: str) -> bool:
@@ -180,26 +179,3 @@ async def test_watches_failing_for_seconds_fail_readyz_long_before_a_streams_len
         await controller.stop()
         if back is not None:
             await back.stop()
-
-
-def test_kopf_retry_lines_are_let_through_once_per_target_and_interval() -> None:
-    from controller.problems import RetryLinesFilter
-
-    f = RetryLinesFilter(interval=30)
-
-    def line(n: int, path: str = "/apis/x/v1/things") -> logging.LogRecord:
-        return logging.LogRecord(
-            "kopf._cogs.clients.watching", logging.ERROR, __file__, 1,
-            f"Request attempt #{n}/9 failed; will retry: GET https://h{path}?watch=true"
-            f"&resourceVersion={n} -> ClientConnectorError()", (), None)
-
-    passed = [f.filter(line(n)) for n in range(1, 10)]
-    assert passed == [True] + [False] * 8
-    assert f.filter(line(1, "/api/v1/nodes")), "another target is another problem"
-    own = logging.LogRecord("controller.kube.client", logging.WARNING, __file__, 1,
-                            "Request attempt #1/9 failed", (), None)
-    assert f.filter(own) and f.filter(own), "only kopf's lines are held back"
-    f.interval = 0
-    later = line(10)
-    assert f.filter(later)
-    assert "8 more failed attempt(s)" in later.getMessage()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from controller.clock import ManualClock
-from controller.reconcilers.workqueue import WorkQueue
+from controller.workqueue import WorkQueue
 
 
 async def _settle() -> None:

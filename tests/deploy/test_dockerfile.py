@@ -144,7 +144,7 @@ def test_entrypoint_is_muster_run_in_exec_form(dockerfile: Dockerfile) -> None:
     cmd = dockerfile.final.all("CMD")
     assert cmd and cmd[-1].exec_form == ["--in-cluster"]
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts.get("muster") == "controller.cli:app"
+    assert scripts.get("muster") == "controller.cli:cli"
 
 
 def test_oci_labels(dockerfile: Dockerfile) -> None:

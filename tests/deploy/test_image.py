@@ -197,7 +197,7 @@ def test_simulate_names_the_extra_the_image_leaves_out(image: Built) -> None:
 
 
 def test_demo_runs_end_to_end_in_the_image(image: Built) -> None:
-    # The sandbox, controller (kopf included), fake provider and scheduler, as uid 65532 on a
+    # The sandbox, controller, fake provider and scheduler, as uid 65532 on a
     # read-only root: what `muster run` needs at start-up is exercised too.
     proc = in_image(image, "muster", "demo", "--timeout", "90", timeout=180)
     assert "demo finished" in proc.stdout, proc.stdout[-2000:]

@@ -37,7 +37,7 @@ from controller.kube.resources import (
     PROVISIONING_REQUESTS,
 )
 from controller.leader import from_config
-from controller.reconcilers.operator import Controller
+from controller.operator import Controller
 from sandbox import SandboxServer
 from sandbox.errors import ApiError as SandboxApiError
 from tests.deploy.manifests import CONFIG, ROOT, Doc, render
@@ -315,7 +315,7 @@ def _check_audit(server: EnforcingSandbox, rbac: Rbac, roles: set[str] | None = 
 
 @pytest.mark.timeout(120)
 async def test_kueue_admission_check_works_with_exactly_its_rbac(tmp_path: Path) -> None:
-    from controller.kueue import objects as kq
+    from controller.commands import kueue_objects as kq
     from controller.kueue.resources import (
         ADMISSION_CHECKS,
         CLUSTER_QUEUES,
@@ -449,5 +449,5 @@ def test_cloud_providers_hold_no_kubernetes_client() -> None:
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             offenders += [f"{path.name}: {n}" for n in names
-                          if n.startswith(("controller.kube", "kubernetes_asyncio", "kopf"))]
+                          if n.startswith(("controller.kube", "kubernetes_asyncio"))]
     assert not offenders

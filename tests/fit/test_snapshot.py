@@ -128,6 +128,26 @@ def test_pool_headroom_counts_existing_and_in_flight_nodes() -> None:
     assert state.price_per_node_hour == 2.5
 
 
+def test_a_node_counts_in_every_declared_domain_whose_labels_it_carries() -> None:
+    """Domains declaring different label keys (a block, a rack in it, a rack named alike
+    in another block) each count the pool's nodes that carry all of their labels."""
+    domains = [{"labels": {BLOCK: "b0"}, "maxNodes": 8},
+               {"labels": {BLOCK: "b0", RACK: "r0"}},
+               {"labels": {RACK: "r0"}},
+               {"labels": {BLOCK: "b1", RACK: "r0"}}]
+    nodes = [
+        gpu_node("a", labels={POOL_LABEL: "p", BLOCK: "b0", RACK: "r0"}),
+        gpu_node("b", labels={POOL_LABEL: "p", BLOCK: "b0", RACK: "r1"}),
+        gpu_node("c", labels={POOL_LABEL: "p", BLOCK: "b1", RACK: "r0"}),
+        gpu_node("d", labels={POOL_LABEL: "q", BLOCK: "b0", RACK: "r0"}),  # another pool's
+    ]
+    state = pool_state(pool({"level": RACK, "maxNodesPerDomain": 4, "domains": domains},
+                            max_nodes=20), nodes)
+    assert state.max_new_nodes == 20 - 3
+    assert [d.pool_nodes for d in state.domains] == [2, 1, 2, 1]
+    assert [d.max_new_nodes for d in state.domains] == [6, 3, 2, 3]
+
+
 def test_fresh_domain_pool_gets_placeholder_domains() -> None:
     state = pool_state(pool({"level": RACK, "maxNodesPerDomain": 4}, max_nodes=10), [])
     assert len(state.domains) == 3  # ceil(10 / 4)

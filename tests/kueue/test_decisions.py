@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.config import ATOMIC_CLASS, CHECK_CAPACITY_CLASS
+from controller.config import ATOMIC_CLASS, CHECK_CAPACITY_CLASS, KueueConfig
 from controller.kueue.decisions import (
     CLASS_ANNOTATION,
     CONSUME_ANNOTATION,
@@ -28,7 +28,6 @@ from controller.kueue.decisions import (
     verdict,
 )
 from controller.kueue.models import AdmissionCheckState, ResourceFlavor, TopologyAssignment
-from controller.kueue.settings import KueueConfig
 
 
 def cond(type_: str, status: str = "True", message: str = "", reason: str = "R") -> dict[str, Any]:
@@ -146,6 +145,30 @@ def test_capacity_revoked_rejects_an_active_workload_even_when_admitted() -> Non
     conds = [cond("Provisioned"), cond("CapacityRevoked", message="nodes gone")]
     assert judge(conds, admitted=True).state == "Rejected"
     assert judge(conds, finished=True).state == "Ready"
+
+
+def test_a_vanished_node_kueue_tas_placed_the_gang_on_is_left_to_kueue() -> None:
+    """Kueue's TAS node-failure handling replaces the node or requeues the admitted
+    Workload; before admission, Retry lets Kueue place it again. Only a vanished node:
+    a revoked booking for any other reason still rejects."""
+    vanished = [cond("Provisioned"), cond("CapacityRevoked", message="Booked node(s) "
+                                          "disappeared: gpu-2", reason="BookedNodesVanished")]
+    assert judge(vanished, admitted=True, placed_by_kueue=True).state == "Ready"
+    before = judge(vanished, placed_by_kueue=True)
+    assert before.state == "Retry" and before.requeue_after_seconds == 60
+    assert before.message == ("Retrying after booked nodes vanished: Booked node(s) "
+                              "disappeared: gpu-2")
+    assert judge(vanished, attempt=4, retry_count=3, placed_by_kueue=True).state == "Rejected"
+    assert judge(vanished, admitted=True).state == "Rejected", "Muster's own placement"
+    stale = [cond("Provisioned"), cond("CapacityRevoked", reason="PodTemplateDeleted")]
+    assert judge(stale, admitted=True, placed_by_kueue=True).state == "Rejected"
+    # Drafted from an assignment naming a node that is gone: Kueue places it anew.
+    gone = [cond("Failed", reason="CapacityNeverFits", message="main-2 on gpu-2: no node")]
+    permanent = {"CapacityNeverFits", "InvalidParameters"}
+    assert judge(gone, reject_at_once=permanent).state == "Rejected"
+    assert judge(gone, reject_at_once=permanent, placed_by_kueue=True).state == "Retry"
+    invalid = [cond("Failed", reason="InvalidParameters")]
+    assert judge(invalid, reject_at_once=permanent, placed_by_kueue=True).state == "Rejected"
 
 
 def test_backoff_doubles_from_the_base_up_to_the_cap() -> None:

@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 
 from controller.clock import RealClock
+from controller.commands import kueue_objects as kq
+from controller.config import KueueConfig
 from controller.kube import KubeClient
-from controller.kueue import objects as kq
 from controller.kueue.integration import KueueIntegration, KueueNotInstalled
 from controller.kueue.resources import (
     ADMISSION_CHECKS,
     PROVISIONING_REQUEST_CONFIGS,
     TOPOLOGIES,
 )
-from controller.kueue.settings import KueueConfig
 from sandbox.server import SandboxServer
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from controller.pod_groups import request_name
 from controller.podgroups.gang import (
     GangPodGroup,
+    draft,
     members,
     outcome,
     owner_reference,
-    plan,
-    request_name,
     unbound,
 )
 from controller.state.cache import ClusterState
@@ -64,7 +64,7 @@ def test_pods_of_one_spec_become_one_pod_set_whatever_their_token_volume() -> No
     pending = unbound(members(pods, "train"))
     assert [p["metadata"]["name"] for p in pending] == ["a", "b", "c"]
     g = GangPodGroup.of(group())
-    gang = plan(g, pending, owner_reference(group()), "atomic-provisioning.muster.dev")
+    gang = draft(g, pending, owner_reference(group()), "atomic-provisioning.muster.dev")
     assert [ps["count"] for ps in gang.request["spec"]["podSets"]] == [2, 1]
     tpl = gang.templates[0]["template"]
     assert tpl["metadata"] == {"labels": {"app": "train"},
@@ -81,7 +81,7 @@ def test_pods_of_one_spec_become_one_pod_set_whatever_their_token_volume() -> No
 def test_a_pvc_volume_is_kept_so_muster_can_refuse_it_by_name() -> None:
     p = pod("a")
     p["spec"]["volumes"].append({"name": "data", "persistentVolumeClaim": {"claimName": "d"}})
-    gang = plan(GangPodGroup.of(group()), [p], owner_reference(group()), "c")
+    gang = draft(GangPodGroup.of(group()), [p], owner_reference(group()), "c")
     assert gang.templates[0]["template"]["spec"]["volumes"] == [
         {"name": "data", "persistentVolumeClaim": {"claimName": "d"}}]
 

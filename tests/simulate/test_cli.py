@@ -76,6 +76,7 @@ def test_json_output(tmp_path: Path) -> None:
             "never_started",
             "timed_out",
             "never_fits",
+            "failed",
             "cost",
             "gangs_one_rack_fraction",
         } <= set(r)
@@ -118,6 +119,8 @@ def test_bad_options_exit_2(tmp_path: Path) -> None:
         (["--boot-min", "300"], "boot latency"),
         (["--start", "tomorrow"], "--start/--end"),
         (["--cluster", "zzz"], "no job left"),
+        (["--retry-attempts", "0"], "retry attempts must be >= 1"),
+        (["--retry-initial", "60", "--retry-max", "30"], "retry backoff needs 0 < initial <= max"),
     ):
         result = runner.invoke(app, ["simulate", "--trace", str(path), "--no-plot", *args])
         assert result.exit_code == 2, (args, result.output)
@@ -137,6 +140,8 @@ def test_sweep_writes_a_csv_and_a_png_and_states_its_time(tmp_path: Path) -> Non
     # 5 scarcity levels x 3 mixes x 1 window x 2 strategies, plus the header.
     assert len(rows) == 1 + 5 * 3 * 2
     assert rows[0].startswith("mix,level,level_index,quota_fraction")
+    assert ",never_started,failed," in rows[0]
+    assert ",retries,retries_peak_per_min," in rows[0]
     assert (out / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| ample (1.5x peak) |" in result.output
     assert re.search(r"sweep: 30 runs .* in \d+\.\d s wall on 2 processes", result.output)

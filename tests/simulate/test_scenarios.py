@@ -8,10 +8,12 @@ bound pods hold their GPUs 30 s more.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import replace
 
 import pytest
 
+from controller.commands.simulate import simulate_command
 from controller.config import RetryConfig
 from controller.simulate.engine import SimConfig
 from controller.simulate.runner import run_strategies
@@ -219,15 +221,15 @@ def test_muster_relax_can_reserve_capacity_for_a_gang_that_waited_too_long() -> 
 def test_muster_retry_plans_each_request_on_its_own_backoff_not_in_arrival_order() -> None:
     # Quota 1 node. A runs 100..1100 s; B (10 s) and C (500 s) need the whole node too.
     jobs = trace((0, 1000, 8), (10, 1000, 8), (500, 1000, 8))
-    cfg = config(quota_gpus=8)
+    cfg = replace(config(quota_gpus=8), retry_max_s=300.0, retry_attempts=100)
     fifo, retry = make("muster", jobs, cfg), make("muster-retry", jobs, cfg)
     fifo_result, retry_result = fifo.run(), retry.run()
     # muster (arrival order): B takes the node the moment A ends, C after B.
     assert [r.start for r in fifo.runs] == [100, 1100, 2100]
-    # muster-retry (the controller's backoff, 10 s doubling to 300 s): B is planned at 10,
-    # 20, 40, 80, 160, 320, 620, 920, 1220 s; C at 500, 510, 530, 570, 650, 810, 1110 s. The
-    # node is empty from 1100 s and C's retry comes first: C starts at 1110 s, B at its
-    # retry at 2120 s (1220 + 3 x 300 s), after C ends at 2110 s.
+    # muster-retry (the controller's backoff, 10 s doubling to a cap of 300 s here): B is
+    # planned at 10, 20, 40, 80, 160, 320, 620, 920, 1220 s; C at 500, 510, 530, 570, 650,
+    # 810, 1110 s. The node is empty from 1100 s and C's retry comes first: C starts at
+    # 1110 s, B at its retry at 2120 s (1220 + 3 x 300 s), after C ends at 2110 s.
     assert [r.start for r in retry.runs] == [100, 2120, 1110]
     # The node idles until a retry comes (10 s after A, 10 s after C), on top of the
     # 600 s before it is released.
@@ -236,9 +238,42 @@ def test_muster_retry_plans_each_request_on_its_own_backoff_not_in_arrival_order
     )
 
 
+def test_muster_retry_fails_a_request_after_the_controllers_max_attempts() -> None:
+    # Quota 1 node. A runs 100..1100 s; B (10 s) needs the whole node. With a 300 s cap B is
+    # planned at 10, 20, 40, 80, 160, 320, 620, 920 s, then 1220 s, when A's node is empty
+    # (kept until 1700 s). The controller marks a request Failed when attempt max_attempts
+    # finds nothing (ProvisioningService.retry_or_fail), so with 8 attempts B never starts.
+    jobs = trace((0, 1000, 8), (10, 1000, 8))
+    cfg = replace(config(quota_gpus=8), retry_max_s=300.0)
+    eight = make("muster-retry", jobs, replace(cfg, retry_attempts=8))
+    r = eight.run()
+    assert (r.started, r.never_started, r.failed, r.timed_out) == (1, 1, 1, 0)
+    # Each attempt that found nothing costs the controller two writes of the request; three
+    # of them (10, 20, 40 s) fall in the first minute.
+    assert (r.retries, r.retries_peak_per_min) == (8, 3)
+    assert eight.runs[0].start == 100 and eight.runs[1].start < 0
+    # B gave up at 920 s: nothing waits, so A's node goes 600 s after A ends.
+    assert r.paid_gpu_h == pytest.approx(gpu_h(8, 1700))
+    # Nine attempts reach the empty node: B starts at its ninth, 1220 s.
+    nine = make("muster-retry", jobs, replace(cfg, retry_attempts=9))
+    r = nine.run()
+    assert (r.started, r.failed, r.retries) == (2, 0, 8)
+    assert nine.runs[1].start == 1220
+    # muster (a queue in front) never fails a request: only the start timeout ends a wait.
+    (fifo,) = run_strategies(jobs, replace(cfg, retry_attempts=1), ["muster"])
+    assert (fifo.started, fifo.failed) == (2, 0)
+
+
 def test_muster_retry_uses_the_controllers_retry_defaults() -> None:
-    # The simulator models the controller's schedule, not its own idea of one.
+    # The simulator (and its command line) models the controller's schedule and failure
+    # budget, not its own idea of them.
     sim, controller = SimConfig(), RetryConfig()
-    assert (sim.retry_initial_s, sim.retry_max_s) == (
+    assert (sim.retry_initial_s, sim.retry_max_s, sim.retry_attempts) == (
         controller.initial_backoff_seconds, controller.max_backoff_seconds,
+        controller.max_attempts,
     )
+    options = inspect.signature(simulate_command).parameters
+    assert (
+        options["retry_initial"].default, options["retry_max"].default,
+        options["retry_attempts"].default,
+    ) == (sim.retry_initial_s, sim.retry_max_s, sim.retry_attempts)

@@ -1,6 +1,7 @@
 """Wiring: one :class:`Controller` owns the cache, its watches, the planner, the work queue,
-the service, the collector, the event broadcaster, its metrics registry and (optionally) the
-kopf operator, and starts and stops them in the right order.
+the service, the collector, the event broadcaster and its metrics registry, and starts and
+stops them in the right order. Every kind it reads, ProvisioningRequests included, comes from
+:class:`controller.state.feeds.Feeds` (Muster's own list-then-watch loops).
 
 Start-up order matters for correctness after a crash: the cache syncs (nodes, pods,
 templates, pools and requests) before the orphan collector runs, and the collector runs
@@ -13,11 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 from collections.abc import Mapping
 from typing import Any
-
-import kopf
 
 from controller.acquire.collector import Collector
 from controller.acquire.providers import ProviderSet
@@ -32,7 +30,6 @@ from controller.metrics import ControllerMetrics
 from controller.podgroups.integration import EVENT_COMPONENT as GANG_EVENTS
 from controller.podgroups.integration import PodGroupIntegration
 from controller.problems import LOG_INTERVAL, ProblemLog, describe, retrying, transient
-from controller.reconcilers.handlers import build_registry
 from controller.reconcilers.pool_status import PoolStatusWriter
 from controller.reconcilers.pools import sync_pool_finalizers
 from controller.reconcilers.service import ProvisioningService
@@ -42,10 +39,10 @@ from controller.reconcilers.telemetry import (
     planner_pass_observer,
     state_reading,
 )
-from controller.reconcilers.workqueue import WorkQueue
-from controller.state.cache import ClusterState, object_key
+from controller.state.cache import ClusterState
 from controller.state.feeds import Feeds
 from controller.state.planner import Planner
+from controller.workqueue import WorkQueue
 from providers.base import Provider, ProviderConfigError
 from providers.registry import ProviderContext
 
@@ -61,8 +58,8 @@ FAILING_WATCH_SECONDS = 20.0
 long counts as stalled too: an API server down for a minute shows on /readyz within
 seconds, not after a whole stream's length."""
 
-KOPF_STOP_SECONDS = 10.0
-"""How long stopping waits for unanswered API requests before it stops kopf."""
+DRAIN_SECONDS = 10.0
+"""How long stopping waits for API requests still unanswered (those of cancelled tasks)."""
 
 
 class StartupError(Exception):
@@ -79,16 +76,12 @@ class Controller:
         config: MusterConfig,
         clock: Clock | None = None,
         providers: Mapping[str, Provider] | None = None,
-        use_kopf: bool | None = None,
-        liveness_endpoint: str | None = None,
         event_queue_size: int = DEFAULT_QUEUE_SIZE,
     ) -> None:
         self.kube = kube
         self.config = config
         self.clock = clock or RealClock()
-        self.use_kopf = config.event_source == "kopf" if use_kopf is None else use_kopf
         self.collect_interval = config.acquisition.collect_interval_seconds
-        self.liveness_endpoint = liveness_endpoint
         self.state = ClusterState(levels=config.topology.levels, notify=self._enqueue,
                                   forget=self._forget)
         self.metrics = ControllerMetrics()
@@ -127,7 +120,7 @@ class Controller:
             kube=kube, state=self.state, providers=self.providers, config=config.pool_status,
             clock=self.clock, metrics=self.metrics,
         )
-        self.feeds = Feeds(kube, self.state, with_requests=not self.use_kopf)
+        self.feeds = Feeds(kube, self.state)
         self.kueue = (
             KueueIntegration(kube=kube, config=config.kueue, clock=self.clock,
                              levels=config.topology.levels, state=self.state,
@@ -140,10 +133,6 @@ class Controller:
             if config.podgroups.enabled else None
         )
         self._tasks: list[asyncio.Task[None]] = []
-        self._kopf_stop: asyncio.Event | None = None
-        self.kopf_task: asyncio.Task[None] | None = None
-        """kopf's operator task (event_source kopf): it ends on its own when kopf consumed
-        a SIGTERM meant for Muster, and the caller then stops everything."""
         self.problems = ProblemLog(log)
         """Start-up and loop trouble, logged once per interval."""
         self.stall_after = kube.watch_timeout + WATCH_GRACE_SECONDS
@@ -166,15 +155,6 @@ class Controller:
         if hasattr(self, "queue"):
             self.queue.forget(key)
 
-    def observe(self, event_type: str | None, body: Mapping[str, Any]) -> None:
-        """A ProvisioningRequest event (from kopf): update the cache, reconcile the key."""
-        key = object_key(body)
-        if event_type == "DELETED":
-            self.state.delete_request(key, uid=(body.get("metadata") or {}).get("uid"))
-            return
-        self.state.upsert_request(dict(body))
-        self._enqueue(key)
-
     async def start(self) -> None:
         """Start everything in order. A transient error on the way (no answer, 5xx, 429, a
         provider's retryable error) is retried with backoff, never fatal: only what needs
@@ -188,10 +168,6 @@ class Controller:
                 raise StartupError(str(exc)) from None
         self.feeds.start()
         await self._wait_synced()
-        if self.use_kopf:
-            listing = await retrying(lambda: self.kube.list(PROVISIONING_REQUESTS),
-                                     "listing ProvisioningRequests", self.problems)
-            self.state.replace_requests(listing.get("items") or [])
         # Every pool's provider, not only those already used: after a restart the kind
         # provider must adopt and heartbeat the nodes it created before.
         for pool in self.state.pools().values():
@@ -212,8 +188,6 @@ class Controller:
         self._started = True
         for key in list(self.state.requests()):
             self.queue.add(key)
-        if self.use_kopf:
-            await self._start_kopf()
         self._tasks.append(asyncio.create_task(self._collect_loop(), name="collector"))
         self._tasks.append(asyncio.create_task(self._pool_loop(), name="pool-finalizers"))
         self._tasks.append(asyncio.create_task(self.pool_status.run(), name="pool-status"))
@@ -239,7 +213,7 @@ class Controller:
     def halt(self) -> None:
         """Stop acting at once, synchronously: called the moment leadership is lost, before
         any other coroutine runs, so no reconcile, collection or Workload update gets past
-        its next await. :meth:`stop` then tears down the rest (watches, kopf, providers)."""
+        its next await. :meth:`stop` then tears down the rest (watches, providers)."""
         self.ready = False
         self._started = False
         self.providers.running = False
@@ -248,11 +222,8 @@ class Controller:
             self.kueue.halt()
         if self.podgroups is not None:
             self.podgroups.halt()
-        if self._kopf_stop is not None:
-            self._kopf_stop.set()
         for task in self._tasks:
-            if task.get_name() != "kopf":
-                task.cancel()
+            task.cancel()
 
     def failed_tasks(self) -> list[str]:
         """Names of the long-running tasks that ended while the controller runs (by an
@@ -286,39 +257,6 @@ class Controller:
                 min(self.failing_after, self.stall_after) if health.error is not None
                 else self.stall_after))
 
-    async def _start_kopf(self) -> None:
-        self._kopf_stop = asyncio.Event()
-        ready = asyncio.Event()
-        registry = build_registry(
-            observe=self.observe, connection=self._connection, probe=self.health
-        )
-        self.kopf_task = asyncio.create_task(
-            kopf.operator(
-                registry=registry, clusterwide=True, standalone=True,
-                stop_flag=self._kopf_stop, ready_flag=ready,
-                liveness_endpoint=self.liveness_endpoint,
-                # Given, not detected: kopf's own detection asks the password database for
-                # the user's name, and the image's uid 65532 (like any uid the kubelet picks)
-                # has no entry there; kopf then dies at start-up. Standalone, kopf only
-                # logs it.
-                identity=f"muster@{socket.gethostname()}",  # type: ignore[arg-type]
-            ),
-            name="kopf",
-        )
-        self._tasks.append(self.kopf_task)
-        # kopf can end before it is ready: it takes over SIGTERM while starting, so a
-        # signal then stops kopf alone. Waiting on ready only would hang for the timeout.
-        ready_wait = asyncio.ensure_future(ready.wait())
-        try:
-            await asyncio.wait(
-                {ready_wait, self.kopf_task}, timeout=30,
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-        finally:
-            ready_wait.cancel()
-        if not ready.is_set() and not self.kopf_task.done():
-            raise StartupError("kopf did not become ready within 30 s")
-
     async def _check_crds(self) -> None:
         """Fail start-up with the fix when a CRD Muster serves or reads is not installed."""
         for res, crd in ((PROVISIONING_REQUESTS, "provisioningrequests.autoscaling.x-k8s.io"),
@@ -336,13 +274,9 @@ class Controller:
                 raise StartupError(f"the API server {self.kube.host} refuses: {exc}") from None
 
     async def stop(self) -> None:
-        """Stop everything; kopf last.
-
-        kopf's operator treats every task created after it started as its own and, when it
-        stops, cancels those still running. Muster's reconciles, watches and in-flight API
-        requests are therefore finished first: a request cancelled mid-answer would leave a
-        broken connection in the client's pool, and whoever uses the client next hangs.
-        """
+        """Stop everything, then wait for the API requests still unanswered: the caller
+        closes the client next, and a request of a cancelled task is still running
+        (shielded, :meth:`controller.kube.KubeClient.drain`)."""
         self.ready = False
         self._started = False
         self.providers.running = False
@@ -350,10 +284,9 @@ class Controller:
             await self.kueue.stop()
         if self.podgroups is not None:
             await self.podgroups.stop()
-        ours = [t for t in self._tasks if t is not self.kopf_task]
-        for task in ours:
+        for task in self._tasks:
             task.cancel()
-        for task in ours:
+        for task in self._tasks:
             try:
                 await task
             except asyncio.CancelledError:
@@ -366,18 +299,9 @@ class Controller:
         await self.feeds.stop()
         for provider in self.providers.instances().values():
             await provider.stop()
-        left = await self.kube.drain(within=KOPF_STOP_SECONDS)
+        left = await self.kube.drain(within=DRAIN_SECONDS)
         if left:
             log.warning("%d API request(s) still unanswered while stopping", left)
-        if self.kopf_task is not None and self._kopf_stop is not None:
-            self._kopf_stop.set()
-            # kopf finishes its own shutdown when it can, but its discovery retries can
-            # keep it for seconds after the stop flag; nothing of Muster's state is in it.
-            done, _ = await asyncio.wait({self.kopf_task}, timeout=1.0)
-            if not done:
-                self.kopf_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await self.kopf_task
         self._tasks = []
 
     def health(self) -> dict[str, Any]:
@@ -388,12 +312,6 @@ class Controller:
             "reconciling": self.queue.busy,
             "planner_passes": self.planner.passes,
         }
-
-    def _connection(self) -> kopf.ConnectionInfo:
-        params = {k: v for k, v in self.kube.connection().items() if v is not None}
-        if params.get("server", "").startswith("http://"):
-            params.pop("insecure", None)
-        return kopf.ConnectionInfo(**params)
 
     async def _pool_loop(self) -> None:
         """Pool finalizers: added as soon as a pool appears (and, at the latest, by

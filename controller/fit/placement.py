@@ -119,7 +119,7 @@ Take = tuple[NodeClass, int, int]
 """(class, pods per node, nodes)."""
 
 
-class PodSetPlanner:
+class PodSetPlacer:
     """Places one pod set on a workspace (see the module docstring for the rules)."""
 
     def __init__(self, ws: Workspace, ps: PodSetRequest, mode: Mode) -> None:
@@ -133,10 +133,9 @@ class PodSetPlanner:
         # Classes already agree on everything the shape reads except the topology path, so
         # memoise on the class key without it (cheaper than the counter's own key).
         memo: dict[tuple[object, ...], int] = {}
-        for cls in ws.classes.values():
+        for cls in ws.usage.classes.values():
             k = cls.key
-            # k[5] is the device token (None when the gang claims no devices).
-            mkey = (k[0], k[1], k[2], k[4], k[5])
+            mkey = (k.free, k.selected, k.taint_token, k.node_name, k.device_token)
             c = memo.get(mkey)
             if c is None:
                 c = pods_that_fit(shape, cls.free, cls.labels, cls.taints, node_name=cls.node_name,
@@ -152,9 +151,9 @@ class PodSetPlanner:
             keys = label_keys(shape)
             per_pool: dict[tuple[int, tuple[str | None, ...]], int] = {}
             # ws.headroom, inlined: this loop runs over every domain of every pool.
-            pool_room = [ws.pool_headroom(i) for i in range(len(ws.pools))]
-            used, booked = ws.domain_used, ws.domain_booked
-            for ref in ws.refs:
+            pool_room = [ws.pool_headroom(i) for i in range(len(ws.index.pools))]
+            used, booked = ws.usage.domain_used, ws.usage.domain_booked
+            for ref in ws.index.refs:
                 room = pool_room[ref.pool_index]
                 if room <= 0:
                     continue
@@ -176,7 +175,7 @@ class PodSetPlanner:
     # ------------------------------------------------------------------ helpers
 
     def pool_left(self) -> dict[int, int]:
-        return {i: self.ws.pool_headroom(i) for i in range(len(self.ws.pools))}
+        return {i: self.ws.pool_headroom(i) for i in range(len(self.ws.index.pools))}
 
     def existing_room(self) -> int:
         return sum(c * len(cls.members) for cls, c in self.cands)
@@ -222,7 +221,7 @@ class PodSetPlanner:
     def _placement(
         self, level: str | None, key: tuple[str, ...] | None, used: Sequence[tuple[str, int]]
     ) -> PodSetPlacement:
-        levels = self.ws.levels
+        levels = self.ws.index.levels
         if key is not None and level is not None:
             return PodSetPlacement(
                 self.ps.name, level, key[-1], 1, domain_labels=levels.labels_of(key)
@@ -239,7 +238,7 @@ class PodSetPlanner:
         if self.ps.topology.slice_level is not None:
             from controller.fit.slices import applies, sliced_place  # it builds on this module
 
-            if applies(self.ps.topology, self.ws.levels):
+            if applies(self.ps.topology, self.ws.index.levels):
                 return sliced_place(self)
         if self.ps.shape.spread is not None:
             from controller.fit.spread import spread_place  # it builds on this module
@@ -248,7 +247,7 @@ class PodSetPlanner:
         topo = self.ps.topology
         if topo.mode is TopologyMode.NONE or topo.level is None:
             return self._anywhere(fewest_nodes=True)
-        levels = self.ws.levels
+        levels = self.ws.index.levels
         depth = levels.index(topo.level)
         if topo.mode is TopologyMode.REQUIRED:
             return self._single_existing(depth) or self._single_with_new(depth)
@@ -268,7 +267,7 @@ class PodSetPlanner:
 
     def _single_existing(self, depth: int) -> Outcome | None:
         need = self.ps.count
-        levels = self.ws.levels
+        levels = self.ws.index.levels
         if depth == len(levels.domain):  # node level: one node
             fitting = [(c, cls.first, cls) for cls, c in self.cands if c >= need]
             if not fitting:
@@ -285,10 +284,10 @@ class PodSetPlanner:
         return Outcome(pods, self._placement(levels.domain[depth], key, pods))
 
     def _node_placement(self, name: str) -> PodSetPlacement:
-        level = self.ws.levels.node_level
+        level = self.ws.index.levels.node_level
         node_labels = self.ws.labels(name)
         value = node_labels.get(level) if level else None
-        labels = dict(self.ws.levels.labels_of(self.ws.levels.path(node_labels)))
+        labels = dict(self.ws.index.levels.labels_of(self.ws.index.levels.path(node_labels)))
         if level and value is not None:
             labels[level] = value
         return PodSetPlacement(self.ps.name, level, value, 1, domain_labels=labels)
@@ -297,7 +296,7 @@ class PodSetPlanner:
         if not self.batches:
             return None
         need = self.ps.count
-        levels = self.ws.levels
+        levels = self.ws.index.levels
         if depth == len(levels.domain):  # node level: one new node holding every pod
             fitting = [b for b in self.batches if b.per_node >= need]
             if not fitting:
@@ -362,6 +361,6 @@ class PodSetPlanner:
         topo = self.ps.topology
         if topo.mode is TopologyMode.NONE or topo.level is None:
             return Outcome(pods, self._placement(None, None, pods))
-        levels = self.ws.levels
+        levels = self.ws.index.levels
         top = levels.domain[0] if levels.domain else levels.node_level
         return Outcome(pods, self._placement(top, None, pods))

@@ -38,7 +38,7 @@ POD_SET_ANNOTATION = "muster.dev/kueue-podset"
 """On a PodTemplate: the Workload pod set it was built from."""
 
 
-class PlanningError(ValueError):
+class DraftError(ValueError):
     """The Workload cannot be turned into a request (the check is Rejected with this)."""
 
 
@@ -54,7 +54,7 @@ class RequestPodSet:
 
 
 @dataclass(frozen=True, slots=True)
-class RequestPlan:
+class RequestDraft:
     class_name: str
     parameters: dict[str, str]
     pod_sets: list[RequestPodSet] = field(default_factory=list)
@@ -66,7 +66,7 @@ class RequestPlan:
 
 @dataclass(frozen=True, slots=True)
 class PoolTaints:
-    """A CapacityPool's node template labels and taints, as the planner needs them."""
+    """A CapacityPool's node template labels and taints, as a draft needs them."""
 
     name: str
     labels: Mapping[str, str]
@@ -81,7 +81,7 @@ def pools_selected(selector: Mapping[str, str], pools: Sequence[PoolTaints]) -> 
     return [p for p in pools if all(p.labels.get(k) == v for k, v in selector.items())]
 
 
-def plan_request(
+def draft_request(
     wl: Workload,
     request: str,
     *,
@@ -92,10 +92,10 @@ def plan_request(
     managed_resources: Sequence[str],
     pools: Sequence[PoolTaints] = (),
     tolerate_pool_taints: bool = True,
-) -> RequestPlan:
+) -> RequestDraft:
     admission = wl.status.admission
     if admission is None:
-        raise PlanningError("the Workload has no status.admission (quota not reserved)")
+        raise DraftError("the Workload has no status.admission (quota not reserved)")
     assigned = {a.name: a for a in admission.pod_set_assignments}
     out: list[RequestPodSet] = []
     all_pinned = True
@@ -110,14 +110,14 @@ def plan_request(
         for flavor_name in sorted(set((a.flavors if a else {}).values())):
             flavor = flavors.get(flavor_name)
             if flavor is None:
-                raise PlanningError(
+                raise DraftError(
                     f"pod set {ps.name}: ResourceFlavor {flavor_name} not found"
                 )
             flavor_objs.append(flavor)
         try:
             base = merge_flavors(ps.template, flavor_objs, pod_set=ps.name)
         except ValueError as exc:
-            raise PlanningError(str(exc)) from None
+            raise DraftError(str(exc)) from None
         if tolerate_pool_taints:
             base = _tolerate_selected_pools(base, pools)
         base.setdefault("metadata", {}).setdefault("annotations", {})[
@@ -133,7 +133,7 @@ def plan_request(
     if chosen == check_capacity_class and all_pinned and any_set:
         # A TAS placement that no longer fits must come back as Retry at once.
         params["noRetry"] = "true"
-    return RequestPlan(chosen, params, out)
+    return RequestDraft(chosen, params, out)
 
 
 def _pinned_pod_sets(
@@ -143,7 +143,7 @@ def _pinned_pod_sets(
     try:
         domains = expand_topology_assignment(ta)
     except ValueError as exc:
-        raise PlanningError(f"pod set {pod_set}: topologyAssignment: {exc}") from None
+        raise DraftError(f"pod set {pod_set}: topologyAssignment: {exc}") from None
     out = []
     for i, (labels, n) in enumerate(domains):
         pinned = copy.deepcopy(base)
@@ -193,7 +193,7 @@ def pod_template_body(
 def request_body(
     name: str,
     namespace: str,
-    plan: RequestPlan,
+    draft: RequestDraft,
     owners: Sequence[Mapping[str, Any]],
     check: str,
     workload: Mapping[str, Any],
@@ -207,14 +207,14 @@ def request_body(
     created. The chain Workload -> PodTemplates -> request keeps the garbage collection:
     deleting the Workload takes the templates, and the templates the request."""
     spec: dict[str, Any] = {
-        "provisioningClassName": plan.class_name,
+        "provisioningClassName": draft.class_name,
         "podSets": [
             {"podTemplateRef": {"name": ps.template_name}, "count": ps.count}
-            for ps in plan.pod_sets
+            for ps in draft.pod_sets
         ],
     }
-    if plan.parameters:
-        spec["parameters"] = dict(plan.parameters)
+    if draft.parameters:
+        spec["parameters"] = dict(draft.parameters)
     return {
         "apiVersion": "autoscaling.x-k8s.io/v1",
         "kind": "ProvisioningRequest",

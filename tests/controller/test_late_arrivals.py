@@ -1,6 +1,7 @@
-"""A request that arrives before its PodTemplate (two watch streams, or a client that
-creates the request first) waits for it a little instead of failing at once; a template
-that never comes still fails the request (controller/reconcilers/service.py).
+"""A request that arrives before its PodTemplate or the CapacityPool that lets it fit (separate
+watch streams, or a client that creates the request first) waits for them a little
+(``retry.arrival_wait_seconds``) instead of failing at once; what never comes still fails the
+request (controller/reconcilers/service.py).
 
 Real Kueue (path A) creates the templates and then the request; under load Muster saw the
 request first and failed it with FailedToCreatePods (benchmarks/kueue_bench.py, 1 Workload
@@ -13,11 +14,13 @@ import asyncio
 import functools
 from typing import Any
 
+import pytest
+
 from controller.clock import ManualClock
 from controller.commands import objects
 from controller.kube import KubeClient
-from controller.kube.resources import POD_TEMPLATES, PROVISIONING_REQUESTS
-from controller.reconcilers.operator import Controller
+from controller.kube.resources import CAPACITY_POOLS, POD_TEMPLATES, PROVISIONING_REQUESTS
+from controller.operator import Controller
 from providers.fake import FakeProvider
 from tests.helpers import eventually
 
@@ -30,20 +33,44 @@ async def _condition(kube: KubeClient, name: str, type_: str) -> dict[str, Any] 
                  if c["type"] == type_), None)
 
 
-async def test_a_template_created_after_its_request_is_waited_for(
-    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
-) -> None:
-    _, clock, _ = running
-    await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
-        "early", namespace="ns", pod_sets=[("late", 2)]), namespace="ns")
-    await clock.advance(1)
-    await asyncio.sleep(0.3)
-    assert await _condition(kube, "early", "Failed") is None
-
+async def _late_template(kube: KubeClient) -> None:
     await kube.create(POD_TEMPLATES, objects.pod_template(
         "late", namespace="ns", requests={"cpu": "90", objects.GPU: "8"},
         required_level=objects.RACK, tolerations=[objects.GPU_TOLERATION],
     ), namespace="ns")
+
+
+async def _late_pool(kube: KubeClient) -> None:
+    # Racks of the "gpu" pool hold 16 nodes; only this pool's take the 20-worker gang.
+    await kube.create(CAPACITY_POOLS, objects.gpu_pool("wide", nodes_per_rack=32))
+
+
+LATE = {
+    # what arrives late: (the request's pod set, what creates it, the reason if it never does)
+    "template": (("late", 2), _late_template, "FailedToCreatePods"),
+    "pool": (("workers", 20), _late_pool, "CapacityNeverFits"),
+}
+
+
+async def _created_and_waiting(kube: KubeClient, clock: ManualClock, name: str,
+                               pod_set: tuple[str, int], advance: float) -> None:
+    await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
+        name, namespace="ns", pod_sets=[pod_set]), namespace="ns")
+    await clock.advance(advance)
+    await asyncio.sleep(0.3)
+    assert await _condition(kube, name, "Failed") is None
+
+
+@pytest.mark.parametrize("kind", sorted(LATE))
+async def test_what_arrives_after_its_request_is_waited_for(
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider], kind: str
+) -> None:
+    """``kubectl apply`` of a request with its template or pool, whose watch events reach
+    Muster in either order: what arrives within the wait is used."""
+    _, clock, _ = running
+    pod_set, create, _ = LATE[kind]
+    await _created_and_waiting(kube, clock, "early", pod_set, 1)
+    await create(kube)
 
     async def provisioned() -> bool:
         await clock.advance(0.5)
@@ -54,23 +81,23 @@ async def test_a_template_created_after_its_request_is_waited_for(
     assert await _condition(kube, "early", "Failed") is None
 
 
-async def test_a_template_that_never_comes_fails_the_request_after_the_grace(
-    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
+@pytest.mark.parametrize("kind", sorted(LATE))
+async def test_what_never_comes_fails_the_request_after_the_wait(
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider], kind: str
 ) -> None:
     controller, clock, _ = running
-    await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
-        "orphan", namespace="ns", pod_sets=[("absent", 2)]), namespace="ns")
-    await clock.advance(controller.config.retry.template_wait_seconds / 2)
-    await asyncio.sleep(0.3)
-    assert await _condition(kube, "orphan", "Failed") is None
+    pod_set, _, reason = LATE[kind]
+    await _created_and_waiting(kube, clock, "orphan", pod_set,
+                               controller.config.retry.arrival_wait_seconds / 2)
 
     async def failed() -> dict[str, Any] | None:
         await clock.advance(1)
         return await _condition(kube, "orphan", "Failed")
 
     cond = await _until(failed)
-    assert cond["reason"] == "FailedToCreatePods"
-    assert "PodTemplate ns/absent not found" in cond["message"]
+    assert cond["reason"] == reason, cond
+    if kind == "template":
+        assert "PodTemplate ns/late not found" in cond["message"]
 
 
 async def test_the_wait_for_a_template_is_the_configured_one(kube: KubeClient) -> None:
@@ -81,10 +108,9 @@ async def test_the_wait_for_a_template_is_the_configured_one(kube: KubeClient) -
 
     await kube.create(NAMESPACES, {"metadata": {"name": "ns"}})
     clock = ManualClock(start=datetime.now(UTC))
-    cfg = load_config(retry={"template_wait_seconds": 60})
+    cfg = load_config(retry={"arrival_wait_seconds": 60})
     controller = Controller(kube=kube, config=cfg, clock=clock,
-                            providers={"kind": FakeProvider(kube, heartbeat_seconds=3600)},
-                            use_kopf=False)
+                            providers={"kind": FakeProvider(kube, heartbeat_seconds=3600)})
     await controller.start()
     try:
         await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
@@ -102,3 +128,4 @@ async def test_the_wait_for_a_template_is_the_configured_one(kube: KubeClient) -
         assert cond["reason"] == "FailedToCreatePods"
     finally:
         await controller.stop()
+

@@ -24,11 +24,12 @@ from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
 
+from controller.commands import kueue_objects as kq
 from controller.commands import objects
+from controller.commands.demo_scenario import Timeline, demo_world, show
 from controller.crds import crd_dir
 from controller.kube import ApiError, KubeClient
 from controller.kube.resources import CAPACITY_POOLS, NODES, PODS, PROVISIONING_REQUESTS
-from controller.kueue import objects as kq
 from controller.kueue.resources import (
     ADMISSION_CHECKS,
     CLUSTER_QUEUES,
@@ -59,22 +60,11 @@ def _now() -> str:
 
 
 @dataclass
-class KueueView:
-    started: float = field(default_factory=time.monotonic)
+class KueueDemoView(Timeline):
+    """The Workload demo: Muster's admission check state and the request it created too."""
+
     check: dict[str, Any] = field(default_factory=dict)
     request: dict[str, Any] = field(default_factory=dict)
-    nodes: list[dict[str, Any]] = field(default_factory=list)
-    pods: list[dict[str, Any]] = field(default_factory=list)
-    log: list[str] = field(default_factory=list)
-    seen: set[str] = field(default_factory=set)
-
-    def note(self, text: str) -> None:
-        self.log.append(f"[dim]{time.monotonic() - self.started:5.1f}s[/] {text}")
-
-    def once(self, mark: str, text: str) -> None:
-        if mark not in self.seen:
-            self.seen.add(mark)
-            self.note(text)
 
     def render(self, workers: int) -> Group:
         state = Table(title=f"Workload {NAMESPACE}/{WORKLOAD}", show_header=False)
@@ -136,7 +126,7 @@ async def _write_status(kube: KubeClient, change: Any) -> dict[str, Any]:
     raise KueueDemoFailed("the Workload status kept conflicting")
 
 
-async def _observe(kube: KubeClient, view: KueueView) -> None:
+async def _observe(kube: KubeClient, view: KueueDemoView) -> None:
     ac = await kube.get(ADMISSION_CHECKS, CHECK)
     for c in (ac.get("status") or {}).get("conditions") or []:
         if c["type"] == "Active" and c["status"] == "True":
@@ -158,7 +148,7 @@ async def _observe(kube: KubeClient, view: KueueView) -> None:
     view.pods = (await kube.list(PODS, namespace=NAMESPACE)).get("items") or []
 
 
-async def _scenario(kube: KubeClient, view: KueueView, *, workers: int, refresh: Any,
+async def _scenario(kube: KubeClient, view: KueueDemoView, *, workers: int, refresh: Any,
                     time_limit: float) -> None:
     await kube.create(WORKLOADS, kq.workload(WORKLOAD, NAMESPACE, queue="gangs", pod_sets=[
         kq.pod_set("workers", workers,
@@ -210,29 +200,13 @@ async def run_kueue_demo(
     *, workers: int, time_limit: float, latency: float, ready_delay: float, console: Console,
     kubeconfig_out: Path | None,
 ) -> None:
-    from controller.commands.demo_scenario import demo_world, show
-    from controller.config import MusterConfig
-    from controller.reconcilers.operator import Controller
-    from providers.fake import FakeProvider
-
     async with demo_world(
         crd_dirs=[crd_dir("crds"), crd_dir("kueue-crds")], kubeconfig_out=kubeconfig_out,
         prefix="muster-kueue-demo-",
     ) as world:
         kube = world.kube
         await _seed(kube, latency=latency, ready_delay=ready_delay)
-        config = MusterConfig(
-            retry={"initial_backoff_seconds": 1, "max_backoff_seconds": 5, "max_attempts": 5},
-            acquisition={"node_ready_timeout_seconds": 30, "idle_ttl_seconds": 30},
-            kueue={"enabled": True},
-        )
-        world.controller = Controller(
-            kube=kube, config=config,
-            providers={"kind": FakeProvider(kube, heartbeat_seconds=5)}, use_kopf=False,
-        )
-        await world.controller.start()
-        await world.scheduler.start()
-        view = KueueView()
-        view.note(f"sandbox API server on {world.server.url} (kubeconfig {world.kubeconfig})")
+        view = KueueDemoView()
+        await world.start(view, kueue={"enabled": True})
         await show(view, console=console, workers=workers, scenario=lambda refresh: _scenario(
             kube, view, workers=workers, time_limit=time_limit, refresh=refresh))

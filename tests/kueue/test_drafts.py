@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from controller.kueue import objects as kq
+from controller.commands import kueue_objects as kq
+from controller.kueue.drafts import DraftError, PoolTaints, draft_request
 from controller.kueue.models import ResourceFlavor, Workload
-from controller.kueue.planning import PlanningError, PoolTaints, plan_request
 
 GPU = "nvidia.com/gpu"
 TAINT = {"key": GPU, "value": "present", "effect": "NoSchedule"}
@@ -29,12 +29,12 @@ def reserved(pod_sets: list[dict[str, Any]], flavors: dict[str, dict[str, str]],
     return Workload.model_validate(body)
 
 
-def plan(wl: Workload, **kw: Any) -> Any:
+def draft(wl: Workload, **kw: Any) -> Any:
     args: dict[str, Any] = {"flavors": FLAVORS, "class_name": "atomic",
                             "check_capacity_class": "check", "parameters": {},
                             "managed_resources": (), "pools": [POOL]}
     args.update(kw)
-    return plan_request(wl, "job-c-1", **args)
+    return draft_request(wl, "job-c-1", **args)
 
 
 def gang() -> list[dict[str, Any]]:
@@ -48,7 +48,7 @@ def gang() -> list[dict[str, Any]]:
 
 def test_pod_sets_become_templates_with_flavor_labels_and_pool_tolerations() -> None:
     wl = reserved(gang(), {"workers": {GPU: "h100"}, "launcher": {"cpu": "cpu"}})
-    p = plan(wl)
+    p = draft(wl)
     assert p.class_name == "atomic"
     workers, launcher = p.pod_sets
     assert (workers.template_name, workers.count) == ("ppt-job-c-1-workers", 16)
@@ -64,22 +64,22 @@ def test_pod_sets_become_templates_with_flavor_labels_and_pool_tolerations() -> 
 
 def test_pool_tolerations_can_be_switched_off() -> None:
     wl = reserved(gang(), {"workers": {GPU: "h100"}, "launcher": {"cpu": "cpu"}})
-    workers = plan(wl, tolerate_pool_taints=False).pod_sets[0]
+    workers = draft(wl, tolerate_pool_taints=False).pod_sets[0]
     assert "tolerations" not in workers.template["spec"]
 
 
 def test_managed_resources_filter_pod_sets_and_counts_come_from_the_assignment() -> None:
     wl = reserved(gang(), {"workers": {GPU: "h100"}, "launcher": {"cpu": "cpu"}})
     wl.status.admission.pod_set_assignments[0].count = 12  # type: ignore[union-attr]
-    p = plan(wl, managed_resources=[GPU])
+    p = draft(wl, managed_resources=[GPU])
     assert [(ps.pod_set, ps.count) for ps in p.pod_sets] == [("workers", 12)]
-    assert not plan(wl, managed_resources=["example.com/fpga"]).needed
+    assert not draft(wl, managed_resources=["example.com/fpga"]).needed
 
 
-def test_a_missing_flavor_is_a_planning_error() -> None:
+def test_a_missing_flavor_is_a_draft_error() -> None:
     wl = reserved(gang(), {"workers": {GPU: "a100"}, "launcher": {"cpu": "cpu"}})
-    with pytest.raises(PlanningError, match="ResourceFlavor a100 not found"):
-        plan(wl)
+    with pytest.raises(DraftError, match="ResourceFlavor a100 not found"):
+        draft(wl)
 
 
 def test_tas_placed_pod_sets_are_pinned_per_domain_and_checked_not_planned() -> None:
@@ -90,7 +90,7 @@ def test_tas_placed_pod_sets_are_pinned_per_domain_and_checked_not_planned() -> 
                       "podCounts": {"individual": [3, 1]}}]}
     wl = reserved([gang()[0]], {"workers": {GPU: "h100"}},
                   topology_assignments={"workers": ta})
-    p = plan(wl)
+    p = draft(wl)
     assert p.class_name == "check" and p.parameters == {"noRetry": "true"}
     assert [(ps.template_name, ps.count, ps.pinned) for ps in p.pod_sets] == [
         ("ppt-job-c-1-workers-0", 3, True), ("ppt-job-c-1-workers-1", 1, True)]
