@@ -82,6 +82,7 @@ ATOMIC = "atomic-provisioning.muster.dev"
 CHECK = "check-capacity.muster.dev"
 ENDINGS = ("BookingExpired", "CapacityRevoked", "Failed")
 MAX_ATTEMPTS = 4  # e2e/muster-chaos.yaml
+ORPHAN_GRACE = 15.0  # e2e/muster-chaos.yaml, acquisition.orphan_grace_seconds
 FAULTS = {"seed": 0, "stockOut": 0.1, "quota": 0.02, "throttle": 0.1, "timeout": 0.05,
           "partial": 0.1, "releaseError": 0.3, "timeoutSeconds": 1}
 
@@ -213,14 +214,27 @@ class Recorder:
 
     # requests
     def request_sync(self, items: list[Body], list_rv: int) -> None:
+        """A (re-)list shows each request's latest version only: the versions in between,
+        missed while the watch was down (an API server restart), are unknown. A booking that
+        was live and is no longer (ended, deleted, gone) may have stopped being live at any
+        of them, so it counts as not live from just after the last version seen: a node
+        released after an unseen ending is no violation (the CI subset's r15: BookingExpired
+        written, then its nodes deleted, then the annotation; the re-list saw only the last)."""
         keys = set()
         for body in items:
             keys.add(self._key(body))
-            self._request_seen(body, int(body["metadata"]["resourceVersion"]))
+            self._request_seen(body, int(body["metadata"]["resourceVersion"]), gap=True)
         for key in list(self.current):
             if key not in keys:
-                self.requests[key].append(Live(list_rv, False))
+                self._not_live_after_gap(key, list_rv)
                 del self.current[key]
+
+    def _not_live_after_gap(self, key: str, rv: int) -> None:
+        history = self.requests[key]
+        if history and history[-1].live:
+            rv = min(rv, history[-1].rv + 1)
+        if not history or history[-1].rv < rv:
+            history.append(Live(rv, False))
 
     def request_event(self, ev: WatchEvent) -> None:
         body = ev.object
@@ -235,7 +249,9 @@ class Recorder:
     def _key(body: Body) -> str:
         return f"{body['metadata']['namespace']}/{body['metadata']['name']}"
 
-    def _request_seen(self, body: Body, rv: int) -> None:
+    def _request_seen(self, body: Body, rv: int, *, gap: bool = False) -> None:
+        """``gap``: from a list, so versions between the last one seen and this may be
+        missing."""
         key = self._key(body)
         self.current[key] = body
         for cond in conditions(body).values():
@@ -249,7 +265,11 @@ class Recorder:
         history = self.requests[key]
         if history and history[-1].rv >= rv:
             return
-        history.append(live_of(body, rv))
+        now = live_of(body, rv)
+        if gap and not now.live:
+            self._not_live_after_gap(key, rv)
+            return
+        history.append(now)
 
     # queries
     def live_at(self, key: str, rv: int) -> Live | None:
@@ -693,9 +713,10 @@ class Chaos:
         await asyncio.sleep(self.opts.settle)
         v = self.result.violations
         v += check_outcomes(self.rec, MAX_ATTEMPTS)
-        # The collector's grace: idle TTL + interval, and a stream's worth of lag.
+        # The collector's grace (nodes of a deleted request wait out the orphan grace once
+        # no booking uses them) + its interval, and a stream's worth of lag.
         leftover = unbooked_nodes(self.rec)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + ORPHAN_GRACE + 20
         while leftover and time.monotonic() < deadline:
             await asyncio.sleep(1)
             leftover = unbooked_nodes(self.rec)

@@ -126,6 +126,34 @@ def test_a_node_found_gone_by_a_relist_counts_when_the_booking_was_live_througho
     assert any("n1" in v for v in check_deletions(rec))
 
 
+def test_a_booking_a_relist_finds_ended_or_gone_may_have_ended_at_any_missed_version() -> None:
+    # The CI subset across an API server restart: BookingExpired written (rv 11, missed by the
+    # harness's watch, which was down), the nodes released (rv 12), the phase annotation
+    # written (rv 13); the re-list showed only rv 13. Not a deletion under a live booking.
+    ended = _request("a", 13, live=False, ended=True, groups=[GROUP], assignments=SLOTS)
+    for relist in ([ended], []):
+        rec = Recorder()
+        _booked(rec)
+        rec.node_event(WatchEvent("DELETED", _node("n1", 12, "k1")))
+        rec.request_sync(relist, list_rv=14)
+        assert check_deletions(rec) == [], relist
+    # A booking the re-list still shows live was live all along: a deletion under it counts.
+    rec = Recorder()
+    _booked(rec)
+    rec.node_event(WatchEvent("DELETED", _node("n1", 12, "k1")))
+    rec.request_sync([_request("a", 10, live=True, groups=[GROUP], assignments=SLOTS)],
+                     list_rv=14)
+    assert len(check_deletions(rec)) == 1
+    # A deletion seen before the booking's last seen version still counts after a re-list.
+    rec = Recorder()
+    _booked(rec, live_rv=10)
+    rec.node_event(WatchEvent("DELETED", _node("n1", 12, "k1")))
+    rec.request_event(WatchEvent("MODIFIED", _request("a", 13, live=True, groups=[GROUP],
+                                                      assignments=SLOTS)))
+    rec.request_sync([], list_rv=20)
+    assert len(check_deletions(rec)) == 1
+
+
 def test_provisioned_before_every_node_existed_is_a_partial_gang() -> None:
     rec = Recorder()
     _booked(rec, nodes_rv=(5, 14), live_rv=10)
