@@ -8,7 +8,7 @@ unchanged, unless a switch says otherwise:
   Retry-After: the client must not be told to wait, it must cope);
 * ``conflict_rate``: that share of writes (POST, PUT, PATCH, DELETE) is answered 409;
 * ``drop_watches_after``: every watch stream is cut (the connection closed mid-stream, no
-  clean end) this many seconds after it started.
+  clean end) this many seconds after it started, streams open when it is set included.
 
 Draws come from one seeded ``random.Random``; :attr:`injected` counts faults by kind. The
 switches can change at any time (a storm starts and stops).
@@ -117,20 +117,25 @@ class FaultProxy:
 
     async def _stream(self, request: web.Request, upstream: aiohttp.ClientResponse,
                       out: web.StreamResponse) -> web.StreamResponse:
-        drop = self.drop_watches_after
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + drop if drop is not None else None
+        started = loop.time()
         with contextlib.suppress(aiohttp.ClientError, ConnectionError, TimeoutError):
             while True:
-                timeout = None if deadline is None else max(0.0, deadline - loop.time())
-                try:
-                    chunk = await asyncio.wait_for(upstream.content.readany(), timeout)
-                except TimeoutError:
+                # Read at each turn: a storm started after the stream was opened cuts it too
+                # (Muster's watch streams last minutes; those opened before the switch would
+                # otherwise never be cut).
+                drop = self.drop_watches_after
+                if drop is not None and loop.time() - started >= drop:
                     # Cut, not ended: the client sees a broken stream.
                     self.injected["watch-dropped"] += 1
                     if request.transport is not None:
                         request.transport.close()
                     return out
+                wait = 1.0 if drop is None else max(0.0, min(1.0, started + drop - loop.time()))
+                try:
+                    chunk = await asyncio.wait_for(upstream.content.readany(), wait)
+                except TimeoutError:
+                    continue
                 if not chunk:
                     break
                 await out.write(chunk)
