@@ -33,6 +33,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from controller.api.parameters import processor_instance
 from controller.fit.types import Mode
 from controller.topology_defaults import DEFAULT_LEVELS
 
@@ -91,7 +92,7 @@ class ClassesConfig(_Section):
         if class_name in self.check_capacity or (
             self.serve_upstream and class_name == UPSTREAM_CHECK_CAPACITY_CLASS
         ):
-            instance = (parameters or {}).get("processorInstance", "")
+            instance = processor_instance(parameters or {})
             return Mode.CHECK if instance == self.processor_instance else None
         if class_name in self.atomic or (
             self.serve_upstream and class_name == UPSTREAM_ATOMIC_CLASS

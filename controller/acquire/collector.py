@@ -28,7 +28,7 @@ from controller.acquire.recovery import GroupView, Seen, decide
 from controller.api.capacitypool import CapacityPool
 from controller.decisions import decide as log_decision
 from controller.kube.problems import ProblemLog
-from controller.state.bookings import PHASE_ANNOTATION, PLAN_ANNOTATION, Booking, Phase
+from controller.state.bookings import Phase
 from controller.state.cache import ClusterState
 from providers.base import ProvidedNode, ProviderError
 
@@ -159,27 +159,15 @@ class Collector:
     def _owners(self) -> dict[str, tuple[Phase, frozenset[str]]]:
         """Request uid -> (phase, keys its booking records)."""
         out: dict[str, tuple[Phase, frozenset[str]]] = {}
-        for body in self._state.requests().values():
-            meta = body.get("metadata") or {}
-            annotations = meta.get("annotations") or {}
-            try:
-                phase = Phase(annotations.get(PHASE_ANNOTATION, ""))
-            except ValueError:
-                phase = Phase.NEW
-            keys: frozenset[str] = frozenset()
-            text = annotations.get(PLAN_ANNOTATION)
-            if text:
-                try:
-                    keys = frozenset(g.key for g in Booking.from_annotation(text).groups)
-                except ValueError:
-                    keys = frozenset()
-            if meta.get("deletionTimestamp"):
-                phase = Phase.ENDED
-            out[str(meta.get("uid"))] = (phase, keys)
+        for record in self._state.requests().values():
+            booking = record.booking
+            keys = frozenset(g.key for g in booking.groups) if booking else frozenset()
+            phase = Phase.ENDED if record.deleting else record.annotated_phase
+            out[record.uid] = (phase, keys)
         for key, booking in self._state.bookings().items():
             found = self._state.request(key)
             if found is not None:
-                uid = str(found["metadata"].get("uid"))
+                uid = found.uid
                 phase, keys = out.get(uid, (Phase.ACQUIRING, frozenset()))
                 out[uid] = (phase, keys | {g.key for g in booking.groups})
         return out

@@ -143,7 +143,9 @@ def _unserved(name: str, class_name: str, parameters: Mapping[str, str] | None,
     if classes.serve_upstream:
         served += [UPSTREAM_CHECK_CAPACITY_CLASS, UPSTREAM_ATOMIC_CLASS]
     if class_name in served:
-        instance = (parameters or {}).get("processorInstance", "")
+        from controller.api.parameters import processor_instance
+
+        instance = processor_instance(parameters or {})
         return (f"ProvisioningRequest {name}: class {class_name} with processorInstance "
                 f"{instance!r} is left to another Muster instance (this one: "
                 f"classes.processor_instance {classes.processor_instance!r}); the controller "

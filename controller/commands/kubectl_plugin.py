@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from controller.fit.types import NoFit, Plan
     from controller.kube import KubeClient
     from controller.state.cache import ClusterState
+    from controller.state.requests import RequestRecord
 
 EXIT_FIT, EXIT_NO_FIT, EXIT_ERROR = 0, 1, 2
 JOB_CLASS_ANNOTATION = "muster.dev/provisioning-class"
@@ -407,12 +408,12 @@ async def what_if(
     """Plan ``request`` against ``state`` as the controller's planner would (its templates
     from ``templates`` first, then the cluster's); nothing is written anywhere."""
     from controller.fit import PlanningPass
-    from controller.reconcilers.requests import RequestView
     from controller.reconcilers.service import Invalid, build_gang
+    from controller.state.requests import RequestRecord
 
     for t in templates:
         state.upsert_template(dict(t), notify=False)
-    view = RequestView(dict(request))
+    view = RequestRecord.parse(dict(request))
     mode = config.classes.mode_for(view.class_name, view.parameters)
     if mode is None:
         raise PluginError(f"ProvisioningRequest {view.key}: Muster does not serve class "
@@ -459,12 +460,10 @@ def fit(
 # ---------------------------------------------------------------------------- explain
 
 
-def booking_payload(body: Mapping[str, Any], state: ClusterState) -> dict[str, Any] | None:
+def booking_payload(view: RequestRecord, state: ClusterState) -> dict[str, Any] | None:
     """The plan a booked (or acquiring) request holds, from its annotation, with the nodes
     acquired for it (found by their acquisition-key label)."""
-    from controller.reconcilers.requests import RequestView
-
-    booking = RequestView(dict(body)).booking
+    booking = view.booking
     if booking is None:
         return None
     payload = plan_payload(booking.plan)
@@ -497,36 +496,33 @@ def explain(
         finally:
             await kube.close()
         key = f"{namespace}/{request}"
-        body = state.request(key)
-        if body is None:
+        view = state.request(key)
+        if view is None:
             raise PluginError(f"provisioningrequest {key} not found")
-        return await explain_payload(state, cfg, key, body)
+        return await explain_payload(state, cfg, view)
 
     payload: dict[str, Any] = _run(work())
     _emit(payload, output, lambda: _print_explain(payload))
 
 
 async def explain_payload(
-    state: ClusterState, config: MusterConfig, key: str, body: Mapping[str, Any]
+    state: ClusterState, config: MusterConfig, view: RequestRecord
 ) -> dict[str, Any]:
-    from controller.reconcilers.requests import RequestView
-
-    view = RequestView(dict(body))
+    key = view.key
     conditions = {str(c.get("type")): {k: c.get(k) for k in ("status", "reason", "message")}
                   for c in view.conditions}
     payload: dict[str, Any] = {
         "request": key, "class": view.class_name, "phase": view.phase.value or "Pending",
         "conditions": conditions,
-        "provisioningClassDetails": (body.get("status") or {}).get("provisioningClassDetails")
-        or {},
-        "booking": booking_payload(body, state),
+        "provisioningClassDetails": dict(view.class_details),
+        "booking": booking_payload(view, state),
         "now": None,
     }
     provisioned = conditions.get("Provisioned", {}).get("status") == "True"
     failed = conditions.get("Failed", {}).get("status") == "True"
     if not provisioned and not failed and not view.deleting:
         try:
-            payload["now"] = plan_payload(await what_if(state, config, body, exclude=key))
+            payload["now"] = plan_payload(await what_if(state, config, view.body, exclude=key))
         except PluginError as exc:
             payload["now"] = {"error": str(exc)}
     return payload

@@ -39,7 +39,7 @@ PODSET_DETAIL_PREFIX = "muster.dev/podset."
 """``provisioningClassDetails`` key prefix Muster's reconciler writes per placed pod set:
 ``muster.dev/podset.<pod set>`` = ``label=value,label=value`` (the chosen domain)."""
 
-PERMANENT_FAILURES = frozenset({"CapacityNeverFits", "InvalidParameters"})
+PERMANENT_FAILURES = frozenset({Reason.NEVER_FITS.value, Reason.INVALID_PARAMETERS.value})
 """Failed reasons of Muster's request reconciler that mean waiting cannot help: the same
 request on the next attempt fails the same way, so Muster's check rejects at once instead of
 cycling the Workload through evictions."""

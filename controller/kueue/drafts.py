@@ -13,6 +13,7 @@ pool's taints.
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,7 @@ from controller.kueue.decisions import (
     uses_managed_resource,
 )
 from controller.kueue.models import ResourceFlavor, TopologyAssignment, Workload
+from controller.state.requests import POD_SETS_ANNOTATION
 
 MANAGED_LABEL = "muster.dev/kueue-check"
 """On every ProvisioningRequest and PodTemplate Muster creates for a Workload."""
@@ -34,8 +36,6 @@ WORKLOAD_ANNOTATION = "muster.dev/workload"
 WORKLOAD_UID_ANNOTATION = "muster.dev/workload-uid"
 """On a request Muster creates: the check and the Workload (name, uid) it serves. The request
 is not owned by the Workload (see :func:`request_body`), so these say whose it is."""
-POD_SET_ANNOTATION = "muster.dev/kueue-podset"
-"""On a PodTemplate: the Workload pod set it was built from."""
 
 
 class DraftError(ValueError):
@@ -120,8 +120,6 @@ def draft_request(
             raise DraftError(str(exc)) from None
         if tolerate_pool_taints:
             base = _tolerate_selected_pools(base, pools)
-        base.setdefault("metadata", {}).setdefault("annotations", {})[
-            POD_SET_ANNOTATION] = ps.name
         ta = a.topology_assignment if a is not None else None
         if ta is not None and ta.slices:
             out.extend(_pinned_pod_sets(ps.name, request, base, ta))
@@ -226,6 +224,10 @@ def request_body(
                 CHECK_ANNOTATION: check,
                 WORKLOAD_ANNOTATION: str((workload.get("metadata") or {}).get("name")),
                 WORKLOAD_UID_ANNOTATION: str((workload.get("metadata") or {}).get("uid")),
+                # Which template is which pod set: read back when the check turns Ready.
+                POD_SETS_ANNOTATION: json.dumps(
+                    {ps.template_name: ps.pod_set for ps in draft.pod_sets},
+                    sort_keys=True, separators=(",", ":")),
             },
             # At most one controller among the owners.
             "ownerReferences": [dict(o, controller=i == 0) for i, o in enumerate(owners)],

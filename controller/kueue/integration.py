@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from controller.clock import Clock
@@ -34,6 +34,7 @@ from controller.kueue.resources import (
 from controller.kueue.workloads import CheckReconciler, KueueCache
 from controller.problems import ProblemLog, describe, retrying, transient
 from controller.state.cache import ClusterState
+from controller.state.requests import RequestRecord
 from controller.topology_defaults import DEFAULT_LEVELS, HOSTNAME, POOL_LABEL
 from controller.workqueue import WorkQueue
 
@@ -110,7 +111,7 @@ class KueueIntegration:
             self._watch(CAPACITY_POOLS, self._watched.pool_bodies, self._pools_changed)
             self._watch(NODES, {}, None, on_node=True)
         self._watch(PROVISIONING_REQUESTS, c.requests, self._request_changed,
-                    label_selector=MANAGED_LABEL)
+                    label_selector=MANAGED_LABEL, parse=RequestRecord.parse)
         self._watch(WORKLOADS, c.workloads, self._workload_changed)
         if self._serves_topologies:
             self._watch(TOPOLOGIES, self._topologies, self._topologies_changed)
@@ -205,12 +206,15 @@ class KueueIntegration:
     def _watch(
         self,
         res: Resource,
-        store: dict[str, Body],
+        store: dict[str, Any],
         changed: Callable[[Body | None], Any] | None,
         *,
         label_selector: str | None = None,
         on_node: bool = False,
+        parse: Callable[[Body, Any], Any] | None = None,
     ) -> None:
+        """Keep ``store`` (key -> object, or what ``parse(object, previous)`` makes of it)
+        in step with ``res``; ``changed`` is told of each change."""
         synced = self._synced.setdefault(res.plural, asyncio.Event())
 
         async def on_sync(items: list[Body]) -> None:
@@ -220,8 +224,9 @@ class KueueIntegration:
                     for n in items if (n["metadata"].get("labels") or {}).get(POOL_LABEL)
                 }
             else:
+                fresh = {_key(i): parse(i, store.get(_key(i))) if parse else i for i in items}
                 store.clear()
-                store.update({_key(i): i for i in items})
+                store.update(fresh)
             synced.set()
             if changed is not None and synced.is_set():
                 await _maybe(changed(None))
@@ -236,10 +241,11 @@ class KueueIntegration:
                 else:
                     self._watched.node_pools[name] = pool
                 return
+            key = _key(obj)
             if ev.type == "DELETED":
-                store.pop(_key(obj), None)
+                store.pop(key, None)
             else:
-                store[_key(obj)] = obj
+                store[key] = parse(obj, store.get(key)) if parse else obj
             if changed is not None:
                 await _maybe(changed(obj))
 
@@ -291,7 +297,7 @@ class KueueIntegration:
             return
         key = _key(obj)
         current = self.cache.requests.get(key)
-        sig = None if current is None else _signature(current)
+        sig = None if current is None else _signature(current.body)
         if key in self._request_sigs and self._request_sigs[key] == sig:
             return  # e.g. the request reconciler's own bookkeeping annotations
         if sig is None:
@@ -307,7 +313,7 @@ class KueueIntegration:
         self._topologies_changed(None)
 
 
-def _signature(request: Body) -> str:
+def _signature(request: Mapping[str, Any]) -> str:
     """What of a request the check reacts to: its conditions, class details and deletion."""
     status = request.get("status") or {}
     return json.dumps([

@@ -14,7 +14,8 @@ other checks' entries are never clobbered: a merge patch would replace the whole
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from controller.clock import Clock
@@ -40,12 +41,10 @@ from controller.kueue.decisions import (
     same_state,
     set_check_state,
     taint_tolerations,
-    template_name,
     tolerates,
     verdict,
 )
 from controller.kueue.drafts import (
-    POD_SET_ANNOTATION,
     DraftError,
     RequestDraft,
     draft_request,
@@ -59,6 +58,7 @@ from controller.kueue.models import (
     GROUP,
     AdmissionCheck,
     AdmissionCheckState,
+    PodSet,
     PodSetUpdate,
     ProvisioningRequestConfig,
     ResourceFlavor,
@@ -67,12 +67,20 @@ from controller.kueue.models import (
 from controller.kueue.resources import ADMISSION_CHECKS, WORKLOADS
 from controller.snapshot import pod_set_name
 from controller.state.bookings import Booking
+from controller.state.requests import RequestRecord
 from controller.topology_defaults import POOL_LABEL
 
 log = logging.getLogger(__name__)
 
 CONFLICT_RETRIES = 5
 TEMPLATE_WAIT_SECONDS = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Inactive:
+    """Why one of Muster's AdmissionChecks cannot serve (its ``Active=False`` message)."""
+
+    message: str
 
 
 class KueueCache:
@@ -84,8 +92,8 @@ class KueueCache:
         self.checks: dict[str, Body] = {}
         self.flavors: dict[str, Body] = {}
         self.configs: dict[str, Body] = {}
-        self.requests: dict[str, Body] = {}
-        """Muster-created requests by ``namespace/name``."""
+        self.requests: dict[str, RequestRecord] = {}
+        """Muster-created requests by ``namespace/name``, parsed once as they arrive."""
         self.facts: PoolFacts = WatchedFacts()
         """CapacityPools and which node each one made (see :mod:`controller.kueue.facts`)."""
 
@@ -114,17 +122,17 @@ class CheckReconciler:
     def ours(self, ac: Mapping[str, Any]) -> bool:
         return (ac.get("spec") or {}).get("controllerName") == self.config.controller_name
 
-    def parameters_problem(self, ac: AdmissionCheck) -> str | None:
+    def parameters_problem(self, ac: AdmissionCheck) -> Inactive | None:
         ref = ac.spec.parameters
         if ref is None:
             return None
         if ref.api_group != GROUP or ref.kind != "ProvisioningRequestConfig":
-            return (
+            return Inactive(
                 f"spec.parameters must reference a {GROUP} ProvisioningRequestConfig, "
                 f"got {ref.api_group}/{ref.kind}"
             )
         if ref.name not in self.cache.configs:
-            return f"ProvisioningRequestConfig {ref.name} not found"
+            return Inactive(f"ProvisioningRequestConfig {ref.name} not found")
         return None
 
     async def reconcile_check(self, name: str) -> None:
@@ -137,10 +145,10 @@ class CheckReconciler:
             ac = AdmissionCheck.model_validate(body)
             problem = self.parameters_problem(ac)
         except ValueError as exc:
-            problem = f"invalid AdmissionCheck: {str(exc).splitlines()[0]}"
+            problem = Inactive(f"invalid AdmissionCheck: {str(exc).splitlines()[0]}")
         status, reason, text = (
             ("True", "Active", "Muster serves this admission check.")
-            if problem is None else ("False", "BadParametersRef", problem)
+            if problem is None else ("False", "BadParametersRef", problem.message)
         )
         conditions = [dict(c) for c in (body.get("status") or {}).get("conditions") or []]
         old = next((c for c in conditions if c.get("type") == "Active"), None)
@@ -175,12 +183,12 @@ class CheckReconciler:
             if s.name in self.cache.checks and self.ours(self.cache.checks[s.name])
         ]
 
-    def owned_requests(self, wl: Workload) -> list[Body]:
+    def owned_requests(self, wl: Workload) -> list[RequestRecord]:
         uid = wl.metadata.uid
         ns = wl.metadata.namespace or "default"
         return [
             r for r in self.cache.requests.values()
-            if (r.get("metadata") or {}).get("namespace") == ns and workload_of(r)[1] == uid
+            if r.namespace == ns and workload_of(r.body)[1] == uid
         ]
 
     async def reconcile_workload(self, key: str) -> float | None:
@@ -212,14 +220,13 @@ class CheckReconciler:
                   if (d := await self.reconcile_one(wl, check)) is not None]
         return min(delays, default=None)
 
-    async def delete_requests(self, requests: Sequence[Body]) -> None:
+    async def delete_requests(self, requests: Sequence[RequestRecord]) -> None:
         for r in requests:
-            meta = r["metadata"]
-            await self.kube.delete(PROVISIONING_REQUESTS, meta["name"],
-                                   namespace=meta.get("namespace"))
+            await self.kube.delete(PROVISIONING_REQUESTS, r.name, namespace=r.namespace)
 
-    def prc_for(self, check: str) -> ProvisioningRequestConfig | str | None:
-        """The check's ProvisioningRequestConfig, None when it has none, or a problem."""
+    def prc_for(self, check: str) -> ProvisioningRequestConfig | Inactive | None:
+        """The check's ProvisioningRequestConfig, None when it has none, or why the check
+        cannot serve."""
         ac = AdmissionCheck.model_validate(self.cache.checks[check])
         problem = self.parameters_problem(ac)
         if problem is not None:
@@ -231,22 +238,23 @@ class CheckReconciler:
                 self.cache.configs[ac.spec.parameters.name]
             )
         except ValueError as exc:
-            return f"ProvisioningRequestConfig {ac.spec.parameters.name} is invalid: {exc}"
+            return Inactive(
+                f"ProvisioningRequestConfig {ac.spec.parameters.name} is invalid: {exc}")
 
     async def reconcile_one(self, wl: Workload, check: str) -> float | None:
         state = wl.check(check)
         if state is None:
             return None
         prc = self.prc_for(check)
-        if isinstance(prc, str):
+        if isinstance(prc, Inactive):
             await self.write_state(wl, AdmissionCheckState(
-                name=check, state=PENDING, message=f"the check is not active: {prc}"))
+                name=check, state=PENDING, message=f"the check is not active: {prc.message}"))
             return None
         attempt = (state.retry_count or 0) + 1
         name = request_name(wl.metadata.name, check, attempt)
         ns = wl.metadata.namespace or "default"
         owned = [r for r in self.owned_requests(wl)
-                 if attempt_of(r["metadata"]["name"], wl.metadata.name, check) is not None]
+                 if attempt_of(r.name, wl.metadata.name, check) is not None]
         current = self.cache.requests.get(f"{ns}/{name}")
         if state.state == READY:
             # Kueue's rule: a Ready check's request is never re-created and its updates never
@@ -261,12 +269,10 @@ class CheckReconciler:
             return None
         if state.state != PENDING:
             return None  # Retry / Rejected: Kueue evicts or deactivates; nothing to do until reset
-        stale = [r for r in owned if r["metadata"]["name"] != name]
-        if stale:
-            await self.delete_requests(stale)
+        if await self._drop_stale(owned, name):
+            return None  # the current request was stale: its DELETED event requeues us
         if current is not None and (
-            (current.get("metadata") or {}).get("deletionTimestamp")
-            or workload_of(current)[1] != wl.metadata.uid
+            current.deleting or workload_of(current.body)[1] != wl.metadata.uid
         ):
             # The same name from before an eviction (still releasing its nodes) or from an
             # earlier Workload of the same name (awaiting garbage collection): its
@@ -287,8 +293,17 @@ class CheckReconciler:
         ))
         return None
 
+    async def _drop_stale(self, owned: Sequence[RequestRecord], name: str) -> bool:
+        """Delete the Workload's requests of earlier attempts, and any without the
+        ``muster.dev/pod-sets`` record (made by an earlier Muster, they cannot be mapped
+        back to the Workload's pod sets, so they are made anew); True when ``name`` went."""
+        stale = [r for r in owned if r.name != name or not r.template_pod_sets]
+        if stale:
+            await self.delete_requests(stale)
+        return any(r.name == name for r in stale)
+
     def _verdict(
-        self, wl: Workload, request: Body, attempt: int, retry_count: int,
+        self, wl: Workload, request: RequestRecord, attempt: int, retry_count: int,
         prc: ProvisioningRequestConfig | None,
     ) -> CheckVerdict:
         cfg = self.config
@@ -300,7 +315,7 @@ class CheckReconciler:
             else (cfg.backoff_limit_count, cfg.backoff_base_seconds, cfg.backoff_max_seconds)
         )
         return verdict(
-            (request.get("status") or {}).get("conditions") or [],
+            request.conditions,
             attempt=attempt, retry_count=retry_count, backoff_limit=limit,
             backoff_base=base, backoff_max=maximum, admitted=wl.condition_true("Admitted"),
             active=wl.is_active, finished=wl.condition_true("Finished"),
@@ -387,7 +402,7 @@ class CheckReconciler:
                     message=f"failed to create ProvisioningRequest {name}: {exc.reason}"))
                 raise
             return None
-        self.cache.requests[f"{ns}/{name}"] = created
+        self.cache.requests[f"{ns}/{name}"] = RequestRecord.parse(created)
         self.event(wl, "Normal", "ProvisioningRequestCreated",
                    f"Created ProvisioningRequest {name} ({draft.class_name})")
         await self.write_state(wl, AdmissionCheckState(
@@ -398,62 +413,68 @@ class CheckReconciler:
     # ------------------------------------------------------------------ Ready
 
     def ready_updates(
-        self, wl: Workload, request: Body, prc: ProvisioningRequestConfig | None
+        self, wl: Workload, request: RequestRecord, prc: ProvisioningRequestConfig | None
     ) -> list[PodSetUpdate]:
-        status = request.get("status") or {}
-        details: Mapping[str, str] = status.get("provisioningClassDetails") or {}
-        spec = request.get("spec") or {}
-        class_name = str(spec.get("provisioningClassName") or "")
-        booking = _booking(request)
-        pools_by_name = {p.name: p for p in self.cache.facts.pools()}
+        # Each template's Workload pod set as recorded when the request was created
+        # (muster.dev/pod-sets); the request reconciler names its own pod sets, and keys
+        # their details, by pod_set_name of the template.
+        fit_names: dict[str, list[str]] = {}
+        for tname in request.template_names:
+            pod_set = request.template_pod_sets.get(tname)
+            if pod_set is not None:
+                fit_names.setdefault(pod_set, []).append(pod_set_name(tname, request.name))
+        targets = [
+            self._target(wl, request, wps, fit_names[wps.name], prc)
+            for wps in wl.spec.pod_sets if wps.name in fit_names
+        ]
+        order = list(fit_names)
+        targets.sort(key=lambda t: order.index(t.name))
+        return pod_set_updates(targets, request.class_name)
+
+    def _target(
+        self, wl: Workload, request: RequestRecord, wps: PodSet, fit_names: Sequence[str],
+        prc: ProvisioningRequestConfig | None,
+    ) -> PodSetTarget:
+        """What the Ready check sets on Workload pod set ``wps``, whose pods the request
+        booked as its pod sets ``fit_names``."""
+        details = request.class_details
         assignments = {a.name: a for a in (wl.status.admission.pod_set_assignments
                                            if wl.status.admission else [])}
-        flavors = self.cache.flavors
-        targets: dict[str, PodSetTarget] = {}
-        for ps in spec.get("podSets") or []:
-            tname = (ps.get("podTemplateRef") or {}).get("name", "")
-            pod_set = _pod_set_of(tname, request["metadata"]["name"], wl)
-            if pod_set is None or pod_set in targets:
-                continue
-            wps = next(p for p in wl.spec.pod_sets if p.name == pod_set)
-            tspec = (wps.template.get("spec") or {})
-            existing_selector = dict(tspec.get("nodeSelector") or {})
-            existing_tols = [dict(t) for t in tspec.get("tolerations") or []]
-            a = assignments.get(pod_set)
-            for fname in set((a.flavors if a else {}).values()):
-                fspec = ((flavors.get(fname) or {}).get("spec") or {})
-                existing_selector.update(fspec.get("nodeLabels") or {})
-                existing_tols.extend(dict(t) for t in fspec.get("tolerations") or [])
-            selector: dict[str, str] = {}
-            pinned = a is not None and a.topology_assignment is not None and bool(
-                a.topology_assignment.slices)
-            if not pinned:
-                # The request reconciler keys details by its own pod set name, which is
-                # the template name without ``ppt-<request>-`` (the whole name if hashed).
-                fit_name = pod_set_name(tname, request["metadata"]["name"])
-                selector.update(parse_domain_detail(details.get(
-                    f"{PODSET_DETAIL_PREFIX}{fit_name}", "")))
-            if prc is not None:
-                for entry in prc.spec.pod_set_updates.node_selector:
-                    value = details.get(entry.value_from_provisioning_class_detail)
-                    if value is not None:
-                        selector[entry.key] = value
-            tolerations: list[dict[str, Any]] = []
-            if self.config.tolerate_pool_taints and booking is not None:
-                for pool_name in _pools_used(booking, pod_set, self.cache.facts.pool_of):
-                    pool = pools_by_name.get(pool_name)
-                    if pool is None:
-                        continue
-                    tolerations.extend(taint_tolerations(
-                        t for t in pool.taints if not tolerates(existing_tols, t)))
-            targets[pod_set] = PodSetTarget(
-                name=pod_set, request=request["metadata"]["name"], node_selector=selector,
-                tolerations=_dedupe(tolerations), existing_selector=existing_selector,
-                existing_annotations=(wps.template.get("metadata") or {}).get("annotations")
-                or {},
-                existing_tolerations=existing_tols,
-            )
-        return pod_set_updates(list(targets.values()), class_name)
+        tspec = (wps.template.get("spec") or {})
+        existing_selector = dict(tspec.get("nodeSelector") or {})
+        existing_tols = [dict(t) for t in tspec.get("tolerations") or []]
+        a = assignments.get(wps.name)
+        for fname in set((a.flavors if a else {}).values()):
+            fspec = ((self.cache.flavors.get(fname) or {}).get("spec") or {})
+            existing_selector.update(fspec.get("nodeLabels") or {})
+            existing_tols.extend(dict(t) for t in fspec.get("tolerations") or [])
+        selector: dict[str, str] = {}
+        pinned = a is not None and a.topology_assignment is not None and bool(
+            a.topology_assignment.slices)
+        if not pinned:
+            # Not pinned: the pod set is one template, and one pod set of the request.
+            selector.update(parse_domain_detail(details.get(
+                f"{PODSET_DETAIL_PREFIX}{fit_names[0]}", "")))
+        if prc is not None:
+            for entry in prc.spec.pod_set_updates.node_selector:
+                value = details.get(entry.value_from_provisioning_class_detail)
+                if value is not None:
+                    selector[entry.key] = value
+        tolerations: list[dict[str, Any]] = []
+        if self.config.tolerate_pool_taints and request.booking is not None:
+            pools_by_name = {p.name: p for p in self.cache.facts.pools()}
+            for pool_name in _pools_used(request.booking, fit_names, self.cache.facts.pool_of):
+                pool = pools_by_name.get(pool_name)
+                if pool is None:
+                    continue
+                tolerations.extend(taint_tolerations(
+                    t for t in pool.taints if not tolerates(existing_tols, t)))
+        return PodSetTarget(
+            name=wps.name, request=request.name, node_selector=selector,
+            tolerations=_dedupe(tolerations), existing_selector=existing_selector,
+            existing_annotations=(wps.template.get("metadata") or {}).get("annotations") or {},
+            existing_tolerations=existing_tols,
+        )
 
     # ------------------------------------------------------------------ writes
 
@@ -513,40 +534,20 @@ class CheckReconciler:
                        "conflicting writes")
 
 
-def _booking(request: Mapping[str, Any]) -> Booking | None:
-    return Booking.of((request.get("metadata") or {}).get("annotations") or {})
-
-
 def _pools_used(
-    booking: Booking, pod_set: str, pool_of: Callable[[str], str | None]
+    booking: Booking, fit_names: Collection[str], pool_of: Callable[[str], str | None]
 ) -> list[str]:
-    """Pools whose nodes (new or existing) the booking puts ``pod_set``'s pods on."""
+    """Pools whose nodes (new or existing) the booking puts pods of the request's pod sets
+    ``fit_names`` on."""
     pools: list[str] = []
     for a in booking.plan.assignments:
-        if a.pod_set != pod_set and not a.pod_set.startswith(f"{pod_set}-"):
+        if a.pod_set not in fit_names:
             continue
         pool = a.new_node.pool if a.new_node is not None else (
             pool_of(a.node) if a.node else None)
         if pool and pool not in pools:
             pools.append(pool)
     return pools
-
-
-def _pod_set_of(template: str, request: str, wl: Workload) -> str | None:
-    """The Workload pod set a request template was built from: by the exact (possibly
-    hashed) name :func:`template_name` gives it, else by the ``ppt-<request>-`` prefix."""
-    names = {p.name for p in wl.spec.pod_sets}
-    for name in names:
-        if template_name(request, name) == template:
-            return name
-    prefix = f"ppt-{request}-"
-    rest = template[len(prefix):] if template.startswith(prefix) else template
-    if rest in names:
-        return rest
-    base, _, idx = rest.rpartition("-")
-    if base in names and idx.isdigit():
-        return base
-    return None
 
 
 def _dedupe(items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -557,16 +558,15 @@ def _dedupe(items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _placed_by_kueue(wl: Workload, request: Body, check_capacity_class: str) -> bool:
+def _placed_by_kueue(wl: Workload, request: RequestRecord, check_capacity_class: str) -> bool:
     """The request books nodes Kueue TAS chose: Muster drafts a Workload with a
     ``topologyAssignment`` into a check-capacity request only when every pod set it books
     is pinned that way."""
-    spec = request.get("spec") or {}
     assignments = wl.status.admission.pod_set_assignments if wl.status.admission else []
-    return spec.get("provisioningClassName") == check_capacity_class and any(
+    return request.class_name == check_capacity_class and any(
         a.topology_assignment is not None and a.topology_assignment.slices
         for a in assignments)
 
 
-__all__ = ["POD_SET_ANNOTATION", "POOL_LABEL", "CheckReconciler", "KueueCache"]
+__all__ = ["POOL_LABEL", "CheckReconciler", "KueueCache"]
 

@@ -36,6 +36,12 @@ from controller import crashpoints
 from controller.acquire.atomic import AcquisitionFailed, acquire_all, release_groups
 from controller.acquire.keys import groups_for
 from controller.acquire.providers import ProviderSet
+from controller.api.parameters import (
+    NO_RETRY,
+    VALID_UNTIL_SECONDS,
+    Parameters,
+    read_parameters,
+)
 from controller.api.provisioningrequest import ProvisioningRequest
 from controller.clock import Clock
 from controller.conditions import (
@@ -55,14 +61,7 @@ from controller.fit.types import GangRequest, Mode, NoFit, Plan, ReasonCode
 from controller.kube import ApiError, Body, KubeClient
 from controller.kube.events import EventRecorder
 from controller.kube.resources import PROVISIONING_REQUESTS
-from controller.reconcilers.parameters import (
-    NO_RETRY,
-    VALID_UNTIL_SECONDS,
-    Parameters,
-    read_parameters,
-)
 from controller.reconcilers.pools import hold_pools
-from controller.reconcilers.requests import RequestView, parse_time
 from controller.snapshot import InvalidTemplate, SnapshotError, gang_of, parse_object
 from controller.state.bookings import (
     ATTEMPT_ANNOTATION,
@@ -78,8 +77,9 @@ from controller.state.bookings import (
     stale_templates,
     template_digest,
 )
-from controller.state.cache import ClusterState
+from controller.state.cache import ClusterState, TemplateError, object_key
 from controller.state.planner import Planner, Refusal
+from controller.state.requests import RequestRecord
 from controller.state.tenancy import exceeded, foreign_request_owner
 
 log = logging.getLogger(__name__)
@@ -151,11 +151,10 @@ class ProvisioningService:
             return 0.05
 
     async def _reconcile(self, key: str) -> Delay:
-        body = self.state.request(key)
-        if body is None:
+        req = self.state.request(key)
+        if req is None:
             self.state.unreserve(key)
             return None
-        req = RequestView(body)
         mode = self.config.classes.mode_for(req.class_name, req.parameters)
         if mode is None:
             return None
@@ -178,7 +177,7 @@ class ProvisioningService:
             return await self.resume(req, booking)
         return await self.provision(req, mode)
 
-    async def resume(self, req: RequestView, booking: Booking) -> Delay:
+    async def resume(self, req: RequestRecord, booking: Booking) -> Delay:
         """An acquisition this call did not just persist (after a restart, or a retry after
         an error): read the request from the API server first. A confirming status write
         whose answer was lost (the API server went away mid-request) did land; the cache,
@@ -190,14 +189,16 @@ class ProvisioningService:
         if fresh is None:
             return None
         self.state.upsert_request(fresh)
-        current = RequestView(fresh)
+        current = self.state.request(req.key)
+        if current is None:  # seen deleted meanwhile
+            return None
         if current.phase is not Phase.ACQUIRING or current.booking is None:
             return 0.0  # the next reconcile takes it from its real phase
         return await self.acquire(current, current.booking)
 
     # ------------------------------------------------------------------ new requests
 
-    async def provision(self, req: RequestView, mode: Mode) -> Delay:
+    async def provision(self, req: RequestRecord, mode: Mode) -> Delay:
         now = self.clock.now()
         retry_at = req.retry_at
         if retry_at is not None and retry_at > now:
@@ -219,10 +220,9 @@ class ProvisioningService:
         if isinstance(result, Refusal):
             if result.wait:
                 return await self.retry_or_fail(
-                    req, attempt=attempt, reason=Reason.NAMESPACE_LIMIT_REACHED,
-                    detail=result.text,
+                    req, attempt=attempt, reason=result.reason, detail=result.text
                 )
-            return await self.fail(req, Reason.OVER_BUDGET, result.text)
+            return await self.fail(req, result.reason, result.text)
         if isinstance(result, NoFit):
             return await self.no_fit(req, mode, result, attempt)
         booking = self.state.bookings().get(req.key)
@@ -253,7 +253,7 @@ class ProvisioningService:
             return await self.confirm(req, booking)
         return await self.acquire(req, booking, announce=True)
 
-    def arrival_grace_left(self, req: RequestView) -> float:
+    def arrival_grace_left(self, req: RequestRecord) -> float:
         """Seconds this request still waits for objects created with it (a PodTemplate, a
         CapacityPool, nodes) before a verdict that they are missing is final (0: now)."""
         created = req.created_at
@@ -264,24 +264,25 @@ class ProvisioningService:
         # create them a moment apart in either order: one missing from the cache may be late.
         return max(0.0, self.config.retry.arrival_wait_seconds - age)
 
-    def gang(self, req: RequestView, mode: Mode) -> GangRequest:
+    def gang(self, req: RequestRecord, mode: Mode) -> GangRequest:
         """The request as the fit engine sees it; :class:`Invalid` names what is wrong."""
         return build_gang(req, self.state, self.config)
 
-    def parameters(self, req: RequestView) -> Parameters:
+    def parameters(self, req: RequestRecord) -> Parameters:
         """The request's parameters as Muster reads them (see
-        :mod:`controller.reconcilers.parameters`)."""
+        :mod:`controller.api.parameters`)."""
         mode = self.config.classes.mode_for(req.class_name, req.parameters) or Mode.PROVISION
         return read_parameters(req.parameters, mode, req.class_name)
 
-    def valid_until(self, req: RequestView, params: Parameters) -> datetime | None:
+    def valid_until(self, req: RequestRecord, params: Parameters) -> datetime | None:
         """Creation + ValidUntilSeconds: no attempt starts after it."""
-        created = parse_time(req.meta.get("creationTimestamp"))
-        if params.valid_until_seconds is None or created is None:
+        created = req.created_at
+        seconds = params.values.valid_until_seconds
+        if seconds is None or created is None:
             return None
-        return created + timedelta(seconds=params.valid_until_seconds)
+        return created + timedelta(seconds=seconds)
 
-    def book(self, req: RequestView, plan: Plan, attempt: int) -> Booking | Refusal:
+    def book(self, req: RequestRecord, plan: Plan, attempt: int) -> Booking | Refusal:
         """The booking to reserve for ``plan``, or why a budget or the namespace's limits
         refuse it. Runs in the planner's synchronous step (see :meth:`Planner.plan`), so the
         namespace's usage read here includes every booking reserved before it."""
@@ -290,14 +291,14 @@ class ProvisioningService:
         if budgets.max_new_nodes_per_request is not None and (
             new_nodes > budgets.max_new_nodes_per_request
         ):
-            return Refusal(message(
+            return Refusal(Reason.OVER_BUDGET, message(
                 Reason.OVER_BUDGET,
                 detail=f"{new_nodes} new nodes > budgets.max_new_nodes_per_request "
                 f"({budgets.max_new_nodes_per_request})",
             ))
         limit = budgets.max_cost_per_hour_per_request
         if limit is not None and plan.cost_per_hour > limit:
-            return Refusal(message(
+            return Refusal(Reason.OVER_BUDGET, message(
                 Reason.OVER_BUDGET,
                 detail=f"new nodes cost {plan.cost_per_hour:.2f}/h > "
                 f"budgets.max_cost_per_hour_per_request ({limit:.2f})",
@@ -307,7 +308,7 @@ class ProvisioningService:
             want = self.state.plan_usage((n.pool, n.count) for n in plan.new_nodes)
             alone = exceeded(limits, want)
             if alone:
-                return Refusal(message(
+                return Refusal(Reason.OVER_BUDGET, message(
                     Reason.OVER_BUDGET,
                     detail=f"its new nodes alone exceed namespace {req.namespace}'s limits "
                     f"({'; '.join(alone)})",
@@ -316,14 +317,14 @@ class ProvisioningService:
             beside = exceeded(limits, held + want)
             if beside:
                 return Refusal(
+                    Reason.NAMESPACE_LIMIT_REACHED,
                     f"namespace {req.namespace} holds {held.describe()}; this plan adds "
                     f"{want.describe()}, which would exceed its limits ({'; '.join(beside)})",
-                    wait=True,
                 )
         return Booking(plan=plan, attempt=attempt,
                        groups=groups_for(plan, owner_uid=req.uid, attempt=attempt))
 
-    async def no_fit(self, req: RequestView, mode: Mode, result: NoFit, attempt: int) -> Delay:
+    async def no_fit(self, req: RequestRecord, mode: Mode, result: NoFit, attempt: int) -> Delay:
         # The shortfall first (where it came closest, by how much, whether waiting helps),
         # then the engine's reasons in full.
         reasons = "; ".join(r.message for r in result.reasons) or "no capacity"
@@ -349,7 +350,9 @@ class ProvisioningService:
 
     # ------------------------------------------------------------------ acquisition
 
-    async def acquire(self, req: RequestView, booking: Booking, *, announce: bool = False) -> Delay:
+    async def acquire(
+        self, req: RequestRecord, booking: Booking, *, announce: bool = False
+    ) -> Delay:
         """All groups or none, then bounded wait for Ready, then Provisioned=True.
 
         ``announce``: also set Provisioned=False/Provisioning if the acquisition (provider
@@ -417,7 +420,7 @@ class ProvisioningService:
             self.state.end_acquiring(pools)
         return await self.confirm(req, booking)
 
-    async def _announce(self, req: RequestView, booking: Booking) -> RequestView:
+    async def _announce(self, req: RequestRecord, booking: Booking) -> RequestRecord:
         new_nodes = sum(g.count for g in booking.groups)
         text = message(Reason.PROVISIONING, new_nodes=new_nodes, attempt=booking.attempt)
         return await self.write_status(
@@ -432,14 +435,14 @@ class ProvisioningService:
             found = self.state.template(namespace, name)
             if found is None:
                 out[name] = None
-            elif isinstance(found, str):
-                out[name] = template_digest({"invalid": found})
+            elif isinstance(found, TemplateError):
+                out[name] = template_digest({"invalid": found.detail})
             else:
                 out[name] = template_digest(found.template.model_dump(mode="json",
                                                                       by_alias=True))
         return out
 
-    async def confirm(self, req: RequestView, booking: Booking) -> Delay:
+    async def confirm(self, req: RequestRecord, booking: Booking) -> Delay:
         """Set Provisioned=True with the placement: the one write that turns a persisted
         plan (phase Acquiring) into a booking."""
         reason = Reason.CAPACITY_IS_PROVISIONED if booking.groups else Reason.CAPACITY_IS_FOUND
@@ -463,7 +466,7 @@ class ProvisioningService:
 
     # ------------------------------------------------------------------ booked requests
 
-    async def check_booking(self, req: RequestView) -> Delay:
+    async def check_booking(self, req: RequestRecord) -> Delay:
         booking = req.booking
         if booking is None:
             return None
@@ -478,7 +481,7 @@ class ProvisioningService:
         return (booked_at + timedelta(seconds=duration) - self.clock.now()).total_seconds()
 
     def _ending(
-        self, req: RequestView, booking: Booking, *, expire: bool = False
+        self, req: RequestRecord, booking: Booking, *, expire: bool = False
     ) -> tuple[ConditionType, Reason, str] | None:
         """Why the booking ends now (consumed, revoked, expired), or None while it holds;
         ``expire``: call it expired when nothing else applies."""
@@ -520,7 +523,7 @@ class ProvisioningService:
                             seconds=duration))
         return None
 
-    def consumed_elsewhere(self, req: RequestView, booking: Booking) -> dict[str, int]:
+    def consumed_elsewhere(self, req: RequestRecord, booking: Booking) -> dict[str, int]:
         """Node -> scheduled pods consuming this request on nodes the booking does not hold
         (a TAS assignment or the scheduler chose other free nodes)."""
         booked = set(booking.existing_nodes) | set(booking.acquired_nodes)
@@ -529,7 +532,7 @@ class ProvisioningService:
         return {n: c for n, c in self.state.scheduled_consumers(req.key).items()
                 if n not in booked}
 
-    def stale_templates(self, req: RequestView) -> tuple[Reason, list[str]] | None:
+    def stale_templates(self, req: RequestRecord) -> tuple[Reason, list[str]] | None:
         """Whether the PodTemplates the booking was planned from are gone or changed."""
         text = req.annotations.get(TEMPLATES_ANNOTATION)
         if not text or not self.state.synced["podtemplates"].is_set():
@@ -549,7 +552,7 @@ class ProvisioningService:
         taken = []
         for name in sorted(recorded):
             found = self.state.template(req.namespace, name)
-            if found is not None and not isinstance(found, str) and (
+            if found is not None and not isinstance(found, TemplateError) and (
                 other := foreign_request_owner(found.metadata.model_extra, req.uid)
             ) is not None:
                 taken.append(f"{name} (now owned by ProvisioningRequest {other})")
@@ -559,7 +562,7 @@ class ProvisioningService:
 
     async def end_booking(
         self,
-        req: RequestView,
+        req: RequestRecord,
         booking: Booking,
         type_: ConditionType,
         reason: Reason,
@@ -571,7 +574,7 @@ class ProvisioningService:
         crashpoints.reached("outcome-written")
         return await self._finish_ending(req, booking)
 
-    async def _finish_ending(self, req: RequestView, booking: Booking | None) -> Delay:
+    async def _finish_ending(self, req: RequestRecord, booking: Booking | None) -> Delay:
         cond = req.ended_condition
         if booking is not None and cond is not None and (
             cond.get("reason") != Reason.BOOKING_CONSUMED
@@ -582,7 +585,7 @@ class ProvisioningService:
             await self.persist(req, annotations={PHASE_ANNOTATION: Phase.ENDED})
         return None
 
-    async def repair_ended(self, req: RequestView) -> Delay:
+    async def repair_ended(self, req: RequestRecord) -> Delay:
         """A booking that ended: finish what a crash or a failed write left undone."""
         booking = req.booking
         if req.ended_condition is None:
@@ -626,7 +629,7 @@ class ProvisioningService:
 
     # ------------------------------------------------------------------ deletion
 
-    async def finalize(self, req: RequestView) -> Delay:
+    async def finalize(self, req: RequestRecord) -> Delay:
         self.state.unreserve(req.key)
         booking = req.booking
         if booking is not None and req.phase is not Phase.FAILED:
@@ -639,7 +642,7 @@ class ProvisioningService:
 
     async def retry_or_fail(
         self,
-        req: RequestView,
+        req: RequestRecord,
         *,
         attempt: int,
         reason: Reason,
@@ -649,7 +652,7 @@ class ProvisioningService:
         self.state.unreserve(req.key)
         max_attempts = self.config.retry.max_attempts
         params = self.parameters(req)
-        if not permanent and params.no_retry:
+        if not permanent and params.values.no_retry:
             what = ("Capacity is not found" if reason is Reason.CAPACITY_IS_NOT_FOUND
                     else f"Attempt {attempt} failed ({reason.value})")
             return await self.fail(
@@ -663,7 +666,7 @@ class ProvisioningService:
             return await self.fail(
                 req, Reason.RETRIES_EXHAUSTED,
                 f"Capacity is not found within {VALID_UNTIL_SECONDS}="
-                f"{params.valid_until_seconds} of the request's creation ({attempt} "
+                f"{params.values.valid_until_seconds} of the request's creation ({attempt} "
                 f"attempt(s); the next would start after {rfc3339(deadline)}): {detail}. "
                 "Free capacity or add stock, then recreate the request, or allow it longer.",
                 attempt=attempt,
@@ -715,7 +718,7 @@ class ProvisioningService:
         return delay
 
     async def fail(
-        self, req: RequestView, reason: Reason, text: str, *, attempt: int | None = None
+        self, req: RequestRecord, reason: Reason, text: str, *, attempt: int | None = None
     ) -> Delay:
         """Failed=True first: it is the outcome and decides the phase. The annotations are
         then only cleaned up (plan dropped, so the cache stops holding it), and only when
@@ -731,7 +734,7 @@ class ProvisioningService:
         crashpoints.reached("outcome-written")
         return await self._clean_failed(req, attempt=attempt)
 
-    async def _clean_failed(self, req: RequestView, *, attempt: int | None = None) -> Delay:
+    async def _clean_failed(self, req: RequestRecord, *, attempt: int | None = None) -> Delay:
         held = req.annotations
         if (PLAN_ANNOTATION in held or RETRY_AT_ANNOTATION in held
                 or (PHASE_ANNOTATION in held and req.annotated_phase is not Phase.FAILED)):
@@ -745,7 +748,7 @@ class ProvisioningService:
             await self.persist(req, annotations=annotations)
         return None
 
-    async def repair_failed(self, req: RequestView) -> Delay:
+    async def repair_failed(self, req: RequestRecord) -> Delay:
         """A failed request: finish what a crash or a failed write left undone."""
         self.state.unreserve(req.key)
         if not req.condition_true(ConditionType.FAILED):
@@ -768,11 +771,11 @@ class ProvisioningService:
 
     async def persist(
         self,
-        req: RequestView,
+        req: RequestRecord,
         *,
         annotations: Mapping[str, str | None],
         finalizer: bool | None = None,
-    ) -> RequestView:
+    ) -> RequestRecord:
         """Merge-patch annotations (None deletes) and add/remove Muster's finalizer.
 
         Changing finalizers carries the resourceVersion, so a concurrent writer's
@@ -789,16 +792,15 @@ class ProvisioningService:
         body = await self.kube.merge_patch(
             PROVISIONING_REQUESTS, req.name, {"metadata": meta}, namespace=req.namespace
         )
-        self._store(body)
-        return RequestView(body)
+        return self._store(body)
 
     async def write_status(
         self,
-        req: RequestView,
+        req: RequestRecord,
         changes: list[tuple[ConditionType, bool, Reason, str]],
         *,
         details: Mapping[str, str] | None = None,
-    ) -> RequestView:
+    ) -> RequestRecord:
         now = self.clock.now()
         conditions = [dict(c) for c in req.conditions]
         params = self.parameters(req)
@@ -823,7 +825,7 @@ class ProvisioningService:
         body = await self.kube.patch_status(
             PROVISIONING_REQUESTS, req.name, patch, namespace=req.namespace
         )
-        self._store(body)
+        new = self._store(body)
         changed = transitions(req.conditions, conditions)
         if self.on_transition is not None and changed:
             self.on_transition(body, changed)
@@ -831,14 +833,16 @@ class ProvisioningService:
             t.type == ConditionType.ACCEPTED and t.status for t in changed
         ):
             self.recorder.event(body, "Warning", "ParametersIgnored", params.note())
-        return RequestView(body)
+        return new
 
-    def _store(self, body: Body) -> None:
-        if body.get("metadata"):
-            self.state.upsert_request(body)
+    def _store(self, body: Body) -> RequestRecord:
+        """The answer to a write, parsed and cached (unless the cache holds a newer one or
+        saw the request deleted: the record then serves only the rest of this reconcile)."""
+        stored = self.state.upsert_request(body) if body.get("metadata") else None
+        return stored or RequestRecord.parse(body, self.state.request(object_key(body)))
 
 
-def build_gang(req: RequestView, state: ClusterState, config: MusterConfig) -> GangRequest:
+def build_gang(req: RequestRecord, state: ClusterState, config: MusterConfig) -> GangRequest:
     """The request as the fit engine sees it, from ``state``'s templates, DRA objects and
     running pods (the controller's reconcile and ``kubectl muster fit`` alike);
     :class:`Invalid` names what is wrong."""
@@ -860,10 +864,11 @@ def build_gang(req: RequestView, state: ClusterState, config: MusterConfig) -> G
                 f"spec.podSets[{i}]: PodTemplate {req.namespace}/{ref} not found",
                 missing_template=True,
             )
-        if isinstance(found, str):
+        if isinstance(found, TemplateError):
             raise Invalid(
                 Reason.FAILED_TO_CREATE_PODS,
-                f"spec.podSets[{i}]: PodTemplate {req.namespace}/{ref} is invalid: {found}",
+                f"spec.podSets[{i}]: PodTemplate {req.namespace}/{ref} is invalid: "
+                f"{found.detail}",
             )
         other = foreign_request_owner(found.metadata.model_extra, req.uid)
         if other is not None:
@@ -897,18 +902,18 @@ class _Later:
     """A status write that happens only if it is still wanted after ``delay`` seconds."""
 
     def __init__(
-        self, clock: Clock, delay: float, write: Callable[[], Awaitable[RequestView]]
+        self, clock: Clock, delay: float, write: Callable[[], Awaitable[RequestRecord]]
     ) -> None:
         self._started = False
 
-        async def run() -> RequestView:
+        async def run() -> RequestRecord:
             await clock.sleep(delay)
             self._started = True
             return await write()
 
         self._task = asyncio.create_task(run())
 
-    async def result(self, current: RequestView) -> RequestView:
+    async def result(self, current: RequestRecord) -> RequestRecord:
         """The request after the write if it began (waiting for it), else ``current``."""
         if self._started:
             return await self._task

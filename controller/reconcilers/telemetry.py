@@ -24,7 +24,6 @@ from controller.conditions import ConditionType, Transition, event_of
 from controller.kube import Body
 from controller.kube.events import EventBroadcaster, EventRecorder
 from controller.metrics import ControllerMetrics, StateReading
-from controller.reconcilers.requests import RequestView
 from controller.state.bookings import Phase
 from controller.state.cache import ClusterState
 from controller.workqueue import Worker, WorkQueue
@@ -130,8 +129,7 @@ def state_reading(
 
     def read() -> StateReading:
         phases: Counter[str] = Counter({label: 0 for label in PHASE_LABELS.values()})
-        for body in list(state.requests().values()):
-            req = RequestView(body)
+        for req in list(state.requests().values()):
             if served(req.class_name):
                 phases[PHASE_LABELS.get(req.phase, str(req.phase))] += 1
         return StateReading(

@@ -114,20 +114,10 @@ class Booking:
         )
 
     @classmethod
-    def of(cls, annotations: Mapping[str, str]) -> Booking | None:
-        """The booking an object's annotations hold; None when absent or unreadable (the
-        reconciler reports an unreadable one on the request)."""
-        text = annotations.get(PLAN_ANNOTATION)
-        if not text:
-            return None
-        try:
-            return cls.from_annotation(text)
-        except ValueError:
-            return None
-
-    @classmethod
     def from_annotation(cls, text: str) -> Booking:
-        """Raise ValueError on anything malformed (a hand-edited annotation)."""
+        """Raise ValueError on anything malformed (a hand-edited annotation). Called only by
+        :meth:`controller.state.requests.RequestRecord.parse`: a request's plan is decoded
+        once, when the request arrives."""
         try:
             data = json.loads(text)
             return cls(

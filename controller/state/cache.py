@@ -29,6 +29,7 @@ from controller.api.capacitypool import CapacityPool
 from controller.api.node import Node
 from controller.api.pod import Pod, PodAffinityTerm, PodTemplate
 from controller.api.quantity import to_resources
+from controller.conditions import ConditionType
 from controller.constraints import BoundPod
 from controller.fit import apply_plan
 from controller.fit.capacity import BookedMemo
@@ -37,14 +38,13 @@ from controller.pod_groups import group_of
 from controller.pod_groups import request_name as gang_request_name
 from controller.snapshot import node_state, pod_requests, pool_state
 from controller.state.bookings import (
-    PHASE_ANNOTATION,
-    PLAN_ANNOTATION,
     Booking,
     Phase,
     effective_plan,
     merge_plans,
 )
 from controller.state.dra import DraState
+from controller.state.requests import RequestRecord
 from controller.state.tenancy import Usage, gpus_of, owner_uid_of_key, pool_node
 from controller.topology_defaults import KEY_LABEL, OWNER_ANNOTATION, POOL_LABEL
 
@@ -89,6 +89,13 @@ class PodRecord:
     """Its required pod anti-affinity terms (they repel other pods from its domain)."""
 
 
+@dataclass(frozen=True, slots=True)
+class TemplateError:
+    """A PodTemplate the model refuses: ``detail`` names the first bad field."""
+
+    detail: str
+
+
 class ClusterState:
     """In-memory view of the cluster. ``notify`` is called with request keys to reconcile."""
 
@@ -114,7 +121,7 @@ class ClusterState:
         self._consumed: dict[str, dict[str, int]] = {}
         self._pods_on: dict[str, int] = {}
         self._templates: dict[str, PodTemplate] = {}
-        self._template_errors: dict[str, str] = {}
+        self._template_errors: dict[str, TemplateError] = {}
         self._pools: dict[str, CapacityPool] = {}
         self._pool_errors: dict[str, tuple[str, ...]] = {}
         """Every validation error of a pool the model refuses (by name)."""
@@ -127,7 +134,7 @@ class ClusterState:
         acquisition through them would fail)."""
         self._pool_status: dict[str, Body] = {}
         """Each pool's ``status`` as the API server holds it (for the status writer)."""
-        self._requests: dict[str, Body] = {}
+        self._requests: dict[str, RequestRecord] = {}
         self._uid_namespace: dict[str, str] = {}
         """Request uid -> namespace, kept after a deletion while nodes acquired for the
         request exist (they still count against the namespace's limits)."""
@@ -137,8 +144,6 @@ class ClusterState:
         self._bookings: dict[str, Booking] = {}
         self._nodes_by_pool: dict[str, set[str]] = {}
         """CapacityPool name (the node's pool label) -> its nodes."""
-        self._booking_text: dict[str, str] = {}
-        """The annotation each booking was parsed from."""
         self._reserved: dict[str, Booking] = {}
         self.releasing: set[str] = set()
         """Acquisition keys whose nodes are being deleted (``release_groups``): offered to
@@ -235,7 +240,7 @@ class ClusterState:
         for key in [k for k in self._gone_by_key if k not in live]:
             del self._gone_by_key[key]
         held = {owner_uid_of_key(k) for k in self._nodes_by_key}
-        held.update(str((b.get("metadata") or {}).get("uid")) for b in self._requests.values())
+        held.update(r.uid for r in self._requests.values())
         for uid in [u for u in self._uid_namespace if u not in held]:
             del self._uid_namespace[uid]
 
@@ -399,7 +404,7 @@ class ClusterState:
             self._template_errors.pop(key, None)
         except ValidationError as exc:
             self._templates.pop(key, None)
-            self._template_errors[key] = _first_error(exc)
+            self._template_errors[key] = TemplateError(_first_error(exc))
         if notify:
             self._notify_bookings_of(key)
 
@@ -414,13 +419,12 @@ class ClusterState:
         for key in list(self._bookings):
             if not key.startswith(f"{namespace}/"):
                 continue
-            spec = (self._requests.get(key) or {}).get("spec") or {}
-            if any(((ps.get("podTemplateRef") or {}).get("name") == name)
-                   for ps in spec.get("podSets") or [] if isinstance(ps, dict)):
+            record = self._requests.get(key)
+            if record is not None and name in record.template_names:
                 self.notify(key)
 
-    def template(self, namespace: str, name: str) -> PodTemplate | str | None:
-        """The parsed template, the reason it is malformed, or None when missing."""
+    def template(self, namespace: str, name: str) -> PodTemplate | TemplateError | None:
+        """The parsed template, why it is malformed, or None when missing."""
         key = f"{namespace}/{name}"
         return self._templates.get(key) or self._template_errors.get(key)
 
@@ -551,67 +555,57 @@ class ClusterState:
             self.delete_request(key)
         self.synced["requests"].set()
 
-    def upsert_request(self, body: Body) -> bool:
-        """Store ``body`` unless an equal or newer version is held, or the request was seen
-        deleted; True when stored."""
+    def upsert_request(self, body: Body) -> RequestRecord | None:
+        """Parse and store ``body`` unless an equal or newer version is held, or the request
+        was seen deleted; the stored record, None when not stored."""
         key = object_key(body)
         meta = body.get("metadata") or {}
         uid = meta.get("uid")
         if uid and uid in self._deleted:
-            return False
+            return None
         if meta.get("deletionTimestamp") and not meta.get("finalizers"):
             # Deleting with no finalizer left: gone from the API server already (the answer
             # to the write that removed the last finalizer says so before the watch does).
             self.delete_request(key, uid=uid)
-            return False
+            return None
         old = self._requests.get(key)
         if old is not None:
-            old_rv, new_rv = _rv(old), _rv(body)
+            old_rv, new_rv = _rv(old.body), _rv(body)
             if old_rv is not None and new_rv is not None and new_rv < old_rv:
-                return False
-        self._requests[key] = body
+                return None
+        record = RequestRecord.parse(body, old)
+        self._requests[key] = record
         if uid and meta.get("namespace"):
             self._uid_namespace[str(uid)] = str(meta["namespace"])
-        annotations = (body.get("metadata") or {}).get("annotations") or {}
-        phase = annotations.get(PHASE_ANNOTATION, "")
-        text = annotations.get(PLAN_ANNOTATION)
-        if phase in ACTIVE_PHASES and text and not (body.get("metadata") or {}).get(
-            "deletionTimestamp"
-        ):
-            # Most events of a booked request change status only: parse the annotation when
-            # its text changed, and keep the Booking's identity (memoised plans hang on it).
-            held = self._bookings.get(key)
-            if held is not None and self._booking_text.get(key) == text:
-                return True
-            try:
-                self._bookings[key] = Booking.from_annotation(text)
-                self._booking_text[key] = text
-            except ValueError as exc:
-                log.warning("request %s: %s", key, exc)
+        if record.annotated_phase in ACTIVE_PHASES and not record.deleting:
+            if record.booking is not None:
+                self._bookings[key] = record.booking
+            else:
+                if record.booking_error is not None and (
+                        old is None or old.booking_error != record.booking_error):
+                    log.warning("request %s: %s", key, record.booking_error)
                 self._bookings.pop(key, None)
         else:
             self._bookings.pop(key, None)
-            self._booking_text.pop(key, None)
-        return True
+        return record
 
     def delete_request(self, key: str, *, uid: str | None = None) -> None:
         """Forget the request; ``uid`` (else the cached one's) is remembered as deleted."""
-        self._booking_text.pop(key, None)
         self._held_cache.pop(key, None)
         old = self._requests.pop(key, None)
         self._bookings.pop(key, None)
         self._reserved.pop(key, None)
-        uid = uid or ((old or {}).get("metadata") or {}).get("uid")
+        uid = uid or (old.uid if old is not None else None)
         if uid:
             self._deleted[uid] = None
             if len(self._deleted) > DELETED_MEMORY:
                 self._deleted.popitem(last=False)
         self.forget(key)
 
-    def request(self, key: str) -> Body | None:
+    def request(self, key: str) -> RequestRecord | None:
         return self._requests.get(key)
 
-    def requests(self) -> Mapping[str, Body]:
+    def requests(self) -> Mapping[str, RequestRecord]:
         return self._requests
 
     def reserve(self, key: str, booking: Booking) -> None:
@@ -814,12 +808,9 @@ class ClusterState:
         return apply_plan(snap, merged, memo=self._booked_memo)
 
 
-def _confirmed(body: Body | None) -> bool:
+def _confirmed(record: RequestRecord | None) -> bool:
     """Provisioned=True: the booking's acquisition is over and will not be rolled back."""
-    for cond in ((body or {}).get("status") or {}).get("conditions") or []:
-        if cond.get("type") == "Provisioned":
-            return bool(cond.get("status") == "True")
-    return False
+    return record is not None and record.condition_true(ConditionType.PROVISIONED)
 
 
 def _nodes_named(booking: Booking) -> tuple[str, ...]:

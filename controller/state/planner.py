@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
+from controller.conditions import Reason
 from controller.fit import PlanningPass
 from controller.fit.types import GangRequest, Mode, Plan, Result
 from controller.state.bookings import Booking
@@ -30,11 +31,16 @@ start."""
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """Why a plan is not booked (a budget or a namespace limit). ``wait``: the plan could be
-    booked once the namespace holds less (retry as for a full pool), else never."""
+    """Why a plan is not booked: ``reason`` is the condition reason the request gets
+    (``OverBudget``: never; ``NamespaceLimitReached``: once the namespace holds less, so
+    retried as for a full pool), ``text`` its message."""
 
+    reason: Reason
     text: str
-    wait: bool = False
+
+    @property
+    def wait(self) -> bool:
+        return self.reason is Reason.NAMESPACE_LIMIT_REACHED
 
 
 BookFn = Callable[[Plan], Booking | Refusal]

@@ -7,10 +7,10 @@ from typing import Any, cast
 import pytest
 
 from controller.config import MusterConfig
-from controller.reconcilers.requests import RequestView
 from controller.reconcilers.service import ProvisioningService
 from controller.state.bookings import Booking
 from controller.state.planner import Refusal
+from controller.state.requests import RequestRecord
 from tests.controller.builders import plan_on
 
 
@@ -21,7 +21,7 @@ def _service(**budgets: Any) -> ProvisioningService:
                                config=MusterConfig(budgets=budgets), clock=none)
 
 
-REQ = RequestView({"metadata": {"name": "g", "namespace": "ns", "uid": "u-1"}})
+REQ = RequestRecord.parse({"metadata": {"name": "g", "namespace": "ns", "uid": "u-1"}})
 
 
 @pytest.mark.parametrize(

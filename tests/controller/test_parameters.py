@@ -2,7 +2,7 @@
 
 Kueue copies any ProvisioningRequestConfig parameter and any ``provreq.kueue.x-k8s.io/<name>``
 annotation into the request unchecked, so a name Muster does not know never fails a request
-(see controller/reconcilers/parameters.py; the real-Kueue test is in e2e/test_kueue_real.py).
+(see controller/api/parameters.py; the real-Kueue test is in e2e/test_kueue_real.py).
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
+from controller.api.parameters import read_parameters
 from controller.clock import ManualClock
 from controller.commands import objects
 from controller.fit.types import Mode
 from controller.kube import KubeClient
 from controller.kube.resources import EVENTS, PROVISIONING_REQUESTS
 from controller.operator import Controller
-from controller.reconcilers.parameters import read_parameters
 from providers.fake import FakeProvider
 from tests.controller.builders import starve
 from tests.helpers import eventually
@@ -37,7 +37,7 @@ def test_names_muster_does_not_act_on_are_ignored_with_the_reason() -> None:
         {"maxRunDurationSeconds": "3600", "colour": "blue", "processorInstance": "a",
          "ValidUntilSeconds": "60", "noRetry": "false"}, Mode.PROVISION, ATOMIC)
     assert not params.problems
-    assert params.valid_until_seconds == 60 and params.no_retry is False
+    assert params.values.valid_until_seconds == 60 and params.values.no_retry is False
     assert set(params.ignored) == {"maxRunDurationSeconds", "colour", "processorInstance"}
     assert "does not bound how long nodes run" in params.ignored["maxRunDurationSeconds"]
     assert params.ignored["colour"] == f"not a parameter of {ATOMIC}"
@@ -48,12 +48,12 @@ def test_names_muster_does_not_act_on_are_ignored_with_the_reason() -> None:
 
 def test_check_capacity_honours_its_processor_instance() -> None:
     params = read_parameters({"processorInstance": "a", "noRetry": "TRUE"}, Mode.CHECK, CHECK)
-    assert not params.ignored and not params.problems and params.no_retry
+    assert not params.ignored and not params.problems and params.values.no_retry
 
 
 def test_a_misspelt_name_is_ignored_with_a_suggestion() -> None:
     params = read_parameters({"noretry": "true"}, Mode.PROVISION, ATOMIC)
-    assert params.no_retry is False
+    assert params.values.no_retry is False
     assert params.ignored["noretry"].endswith("did you mean noRetry?")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from controller.conditions import Reason
 from controller.fit.types import Mode, NoFit, Plan
 from controller.state.bookings import Booking
 from controller.state.cache import ClusterState
@@ -44,8 +45,8 @@ async def test_a_refused_plan_books_nothing() -> None:
     planner.start()
     try:
         refused = await planner.plan("a", gang("a", 2), Mode.CHECK,
-                                     lambda p: Refusal("over budget"))
-        assert refused == Refusal("over budget")
+                                     lambda p: Refusal(Reason.OVER_BUDGET, "over budget"))
+        assert refused == Refusal(Reason.OVER_BUDGET, "over budget")
         assert not state.bookings()
         second = await planner.plan("b", gang("b", 2), Mode.CHECK, lambda p: Booking(p, 1))
         assert isinstance(second, Plan)

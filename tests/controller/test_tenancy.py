@@ -11,11 +11,11 @@ from controller.acquire.keys import acquisition_key
 from controller.commands import objects
 from controller.config import MusterConfig
 from controller.fit.types import Mode, Plan
-from controller.reconcilers.requests import RequestView
 from controller.reconcilers.service import ProvisioningService
 from controller.state.bookings import PHASE_ANNOTATION, PLAN_ANNOTATION, Booking, Group
 from controller.state.cache import ClusterState
 from controller.state.planner import Planner, Refusal
+from controller.state.requests import RequestRecord
 from controller.state.tenancy import Usage, foreign_request_owner
 from controller.topology_defaults import DEFAULT_LEVELS, KEY_LABEL, OWNER_ANNOTATION, POOL_LABEL
 from tests.controller.builders import gang, plan_on
@@ -36,8 +36,8 @@ def _service(state: ClusterState, **namespaces: dict[str, Any]) -> ProvisioningS
                                config=config, clock=none)
 
 
-def _req(namespace: str, name: str, uid: str) -> RequestView:
-    return RequestView({"metadata": {"name": name, "namespace": namespace, "uid": uid}})
+def _req(namespace: str, name: str, uid: str) -> RequestRecord:
+    return RequestRecord.parse({"metadata": {"name": name, "namespace": namespace, "uid": uid}})
 
 
 def _booking(uid: str, count: int, *, nodes: tuple[str, ...] = ()) -> Booking:

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
+from controller.api.parameters import HONOURED, NO_RETRY, VALID_UNTIL_SECONDS
 from controller.commands import objects
 from controller.fit.types import Mode
-from controller.reconcilers.parameters import HONOURED, NO_RETRY, VALID_UNTIL_SECONDS
 from providers.fake import KNOWN_PARAMETERS
 from providers.registry import names
 from tests.deploy.manifests import CONFIG

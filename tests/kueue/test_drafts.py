@@ -143,15 +143,38 @@ def test_slice_annotations_become_the_pod_sets_slices() -> None:
         gang({**slices, "kueue.x-k8s.io/podset-slice-size": "0"})
 
 
-def test_pod_sets_are_recognised_behind_hashed_template_names() -> None:
-    from controller.kueue.decisions import template_name
-    from controller.kueue.workloads import _pod_set_of
+def test_the_request_records_each_templates_pod_set_and_ready_reads_it_back() -> None:
+    """The Ready check maps the request's pod sets back to the Workload's through the
+    ``muster.dev/pod-sets`` record, also behind a hashed template name (nothing of the pod
+    set's name is left in it)."""
+    from controller.clock import ManualClock
+    from controller.config import KueueConfig
+    from controller.kueue.drafts import request_body
+    from controller.kueue.workloads import CheckReconciler, KueueCache
+    from controller.state.requests import POD_SETS_ANNOTATION, RequestRecord
 
-    wl = reserved(gang(), {"workers": {GPU: "h100"}, "launcher": {"cpu": "cpu"}})
+    wl = reserved([kq.pod_set("workers", 16, requests={GPU: "8"}),
+                   kq.pod_set("launcher", 1, requests={"cpu": "1"})],
+                  {"workers": {GPU: "h100"}, "launcher": {"cpu": "cpu"}})
     long_request = "r" * 245
-    hashed = template_name(long_request, "workers")
-    assert len(hashed) == 253 and not hashed.endswith("workers")
-    assert _pod_set_of(hashed, long_request, wl) == "workers"
-    assert _pod_set_of("ppt-job-c-1-launcher", "job-c-1", wl) == "launcher"
-    assert _pod_set_of("ppt-job-c-1-workers-1", "job-c-1", wl) == "workers"
-    assert _pod_set_of("ppt-job-c-1-other", "job-c-1", wl) is None
+    p = draft_request(wl, long_request, flavors=FLAVORS, class_name="atomic",
+                      check_capacity_class="check", parameters={}, managed_resources=(),
+                      pools=[POOL])
+    workers = next(ps.template_name for ps in p.pod_sets if ps.pod_set == "workers")
+    assert len(workers) == 253 and not workers.endswith("workers"), "hashed"
+    body = request_body(long_request, "ns", p, [], "c",
+                        {"metadata": {"name": "job", "uid": "u1"}})
+    record = RequestRecord.parse(body)
+    assert record.template_pod_sets == {ps.template_name: ps.pod_set for ps in p.pod_sets}
+    assert POD_SETS_ANNOTATION in body["metadata"]["annotations"]
+    # The request reconciler keys each pod set's domain by its own pod set name.
+    from controller.snapshot import pod_set_name
+    body["status"] = {"provisioningClassDetails": {
+        f"muster.dev/podset.{pod_set_name(workers, long_request)}": "rack=r7"}}
+    reconciler = CheckReconciler(kube=None, cache=KueueCache(),  # type: ignore[arg-type]
+                                 config=KueueConfig(), clock=ManualClock(),
+                                 events=None)  # type: ignore[arg-type]
+    updates = reconciler.ready_updates(wl, RequestRecord.parse(body), None)
+    by_name = {u.name: u for u in updates}
+    assert by_name["workers"].node_selector == {"rack": "r7"}
+    assert set(by_name) == {"workers", "launcher"}

@@ -1,0 +1,177 @@
+"""A ProvisioningRequest's ``spec.parameters``, typed per served class. Pure.
+
+Each served class has one pydantic model (:data:`MODELS`, by fit mode): a field per parameter
+Muster honours, under the parameter's name as alias, with the validator that reads its
+value. Adding a parameter is adding a field (and the code that acts on it); the honoured
+names (:data:`HONOURED`) and the ignore rule follow from the models.
+
+Kueue copies parameters into the requests it creates without looking at them: every entry
+of the ProvisioningRequestConfig's ``spec.parameters`` and every ``provreq.kueue.x-k8s.io/<name>``
+annotation of the Workload (which Kueue's job framework copies from the Job), the annotation
+winning (``passProvReqParams`` in Kueue's ``pkg/controller/admissionchecks/provisioning``; KEP
+1788: "Kueue would act in the pass through manner"). So any name can reach Muster, including
+parameters meant for another provisioner (GKE's ``maxRunDurationSeconds``). A name Muster does
+not act on therefore never fails a request: it is ignored, and said so (the Accepted
+condition's message, a ``ParametersIgnored`` Warning Event, a note on the Provisioned message
+Kueue copies into the Workload's admission check). Kueue-managed requests and hand-written
+ones are treated alike: the API leaves parameters to each class, and cluster-autoscaler
+ignores the names it does not know too.
+
+A parameter Muster honours with a value it cannot read (``noRetry: maybe``) is still invalid
+input: Muster cannot do what was asked, and the request fails with ``InvalidParameters``
+naming the value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
+
+from controller.fit.types import Mode
+
+NO_RETRY = "noRetry"
+VALID_UNTIL_SECONDS = "ValidUntilSeconds"
+PROCESSOR_INSTANCE = "processorInstance"
+MAX_RUN_DURATION_SECONDS = "maxRunDurationSeconds"
+
+
+def _problem(text: str) -> PydanticCustomError:
+    # The message as the request's condition shows it (no pydantic prefix).
+    return PydanticCustomError("parameter", text)
+
+
+class ClassParameters(BaseModel):
+    """The parameters every served class honours."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
+
+    no_retry: bool = Field(
+        default=False, alias=NO_RETRY,
+        description="Fail on the first attempt that finds no capacity or fails to acquire, "
+        "no retry.")
+    valid_until_seconds: int | None = Field(
+        default=None, alias=VALID_UNTIL_SECONDS,
+        description="Retry only until this many seconds after the request's creation.")
+
+    @field_validator("no_retry", mode="before")
+    @classmethod
+    def _no_retry(cls, value: Any) -> bool:
+        text = str(value).strip().lower()
+        if text not in ("true", "false"):
+            raise _problem(f"parameter {NO_RETRY} must be true or false, got {str(value)!r}")
+        return text == "true"
+
+    @field_validator("valid_until_seconds", mode="before")
+    @classmethod
+    def _valid_until(cls, value: Any) -> int:
+        try:
+            seconds = int(str(value).strip())
+        except ValueError:
+            seconds = -1
+        if seconds < 0:
+            raise _problem(f"parameter {VALID_UNTIL_SECONDS} must be a whole number of "
+                           f"seconds >= 0, got {str(value)!r}")
+        return seconds
+
+
+class AtomicParameters(ClassParameters):
+    """``atomic-provisioning.muster.dev`` (and the upstream best-effort-atomic class)."""
+
+
+class CheckCapacityParameters(ClassParameters):
+    """``check-capacity.muster.dev`` (and the upstream check-capacity class)."""
+
+    processor_instance: str = Field(
+        default="", alias=PROCESSOR_INSTANCE,
+        description="Only the Muster whose classes.processor_instance equals it serves "
+        "the request.")
+
+
+MODELS: Mapping[Mode, type[ClassParameters]] = {
+    Mode.CHECK: CheckCapacityParameters,
+    Mode.PROVISION: AtomicParameters,
+}
+"""The parameter model of each fit mode's classes."""
+
+HONOURED: Mapping[Mode, frozenset[str]] = {
+    mode: frozenset(str(f.alias) for f in model.model_fields.values())
+    for mode, model in MODELS.items()
+}
+"""Parameters that change what Muster does, per fit mode."""
+
+WHY_IGNORED: Mapping[str, str] = {
+    PROCESSOR_INSTANCE: (
+        "it picks the processor of check-capacity requests; atomic requests are served "
+        "whatever it says, as cluster-autoscaler serves them"
+    ),
+    MAX_RUN_DURATION_SECONDS: (
+        "Muster does not bound how long nodes run (a GKE queued-provisioning parameter); "
+        "Kueue's maximumExecutionTimeSeconds ends the job, and Muster releases the gang's "
+        "nodes acquisition.idle_ttl_seconds after its pods are gone"
+    ),
+}
+"""Why a known name is ignored in the mode it is ignored in."""
+
+
+@dataclass(frozen=True, slots=True)
+class Parameters:
+    """A request's parameters as Muster reads them."""
+
+    values: ClassParameters
+    """The honoured parameters' values (defaults for those absent or unreadable)."""
+    ignored: dict[str, str] = field(default_factory=dict)
+    """Name -> why Muster ignores it."""
+    problems: list[str] = field(default_factory=list)
+    """Values of honoured parameters Muster cannot read."""
+
+    def note(self) -> str:
+        """One sentence naming each ignored parameter and why, or empty."""
+        if not self.ignored:
+            return ""
+        parts = [f"{name} ({why})" for name, why in sorted(self.ignored.items())]
+        return f"Muster ignores parameter(s) {'; '.join(parts)}."
+
+    def short_note(self) -> str:
+        """The ignored names alone, for messages that point to the full note."""
+        if not self.ignored:
+            return ""
+        return (f"Ignored parameter(s): {', '.join(sorted(self.ignored))} (see the request's "
+                f"Accepted condition).")
+
+
+def read_parameters(parameters: Mapping[str, Any], mode: Mode, class_name: str) -> Parameters:
+    model = MODELS[mode]
+    honoured = HONOURED[mode]
+    known = {n.lower(): n for n in honoured}
+    ignored = {
+        name: WHY_IGNORED.get(name) or _unknown(name, class_name, known)
+        for name in parameters if name not in honoured
+    }
+    given = {name: str(raw) for name, raw in parameters.items() if name in honoured}
+    try:
+        values = model.model_validate(given)
+        problems: list[str] = []
+    except ValidationError as exc:
+        bad = {str(err["loc"][0]): err["msg"] for err in exc.errors()}
+        # In the order the request lists them; the rest of the values still count.
+        problems = [bad[name] for name in given if name in bad]
+        values = model.model_validate({n: v for n, v in given.items() if n not in bad})
+    return Parameters(values=values, ignored=ignored, problems=problems)
+
+
+def _unknown(name: str, class_name: str, known: Mapping[str, str]) -> str:
+    why = f"not a parameter of {class_name}"
+    if name.lower() in known:
+        why += f"; did you mean {known[name.lower()]}?"
+    return why
+
+
+def processor_instance(parameters: Mapping[str, Any]) -> str:
+    """The ``processorInstance`` a check-capacity request names ("" when none)."""
+    values = read_parameters(parameters, Mode.CHECK, "").values
+    assert isinstance(values, CheckCapacityParameters)
+    return values.processor_instance
