@@ -38,12 +38,21 @@ def muster_set_aside(real_cluster: cp.Cluster, real_muster: MusterProcess) -> It
 
 
 def _problem_lines(lines: list[str]) -> Counter[str]:
-    """Warnings and errors by problem: the message with numbers and quoted names blanked."""
+    """Warnings and errors by problem: the message with numbers and quoted names blanked.
+    An acquisition key stays told apart (as a letter code): a line per failed acquisition
+    (its machines rolled back) is one line per acquisition, not a problem said again."""
     out: Counter[str] = Counter()
+    keys: dict[str, int] = {}
+
+    def key_code(m: re.Match[str]) -> str:
+        return "key-" + "".join(chr(ord("g") + int(d)) for d in str(
+            keys.setdefault(m.group(0), len(keys))))
+
     for line in lines:
         if " WARNING " not in line and " ERROR " not in line:
             continue
         msg = line.split(": ", 1)[-1]
+        msg = re.sub(r"[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}(?:-\d+)*", key_code, msg)
         msg = re.sub(r"\(\d+ more [^)]*\)", "", msg)
         msg = re.sub(r"[0-9a-f]{6,}|\d+(\.\d+)?", "N", msg)
         msg = re.sub(r"\?\S*", "", msg)

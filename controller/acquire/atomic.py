@@ -55,9 +55,10 @@ async def acquire_all(
     pools: Mapping[str, CapacityPool],
     provider_for: ProviderFor,
     releasing: set[str] | None = None,
+    released: set[str] | None = None,
 ) -> dict[str, list[str]]:
-    """Acquire every group or none; return node names by key (``releasing``: see
-    :func:`release_groups`)."""
+    """Acquire every group or none; return node names by key (``releasing``, ``released``:
+    see :func:`release_groups`)."""
     missing = sorted({g.pool for g in groups} - set(pools))
     if missing:
         raise AcquisitionFailed(
@@ -97,7 +98,7 @@ async def acquire_all(
         return acquired
     await release_groups(groups, pools=pools, provider_for=provider_for, owner=owner,
                          why="rolling back the failed acquisition (all or nothing)",
-                         releasing=releasing)
+                         releasing=releasing, released=released)
     first = failures[0]
     if isinstance(first, asyncio.CancelledError):
         raise first
@@ -136,14 +137,16 @@ async def release_groups(
     owner: str = "",
     why: str = "",
     releasing: set[str] | None = None,
+    released: set[str] | None = None,
 ) -> int:
     """Release every group (idempotent); return how many nodes were deleted. Each group
     that deleted nodes is one ``release`` decision line naming ``owner`` and ``why``.
 
     Errors are logged and the remaining groups still released; the orphan collector retries
     whatever is left. ``releasing`` (the cache's) holds the groups' keys while their nodes
-    are being deleted, from before the first await: the planner offers those nodes to
-    nobody (a request booked on them meanwhile would be left with nodes that vanish).
+    are being deleted, from before the first await, and ``released`` (the cache's) after,
+    until the cache has seen the nodes go: the planner offers those nodes to nobody (a
+    request booked on them meanwhile would be left with nodes that vanish).
     """
     keys = {g.key for g in groups} - (releasing or set())
     if releasing is not None:
@@ -154,6 +157,8 @@ async def release_groups(
     finally:
         if releasing is not None:
             releasing -= keys
+        if released is not None:
+            released |= {g.key for g in groups}
 
 
 async def _release(

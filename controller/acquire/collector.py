@@ -149,6 +149,7 @@ class Collector:
         finally:
             if mine:
                 self._state.releasing.discard(key)
+            self._state.released.add(key)
         _problems.resolved(f"release {name}")
         self._unfinished.pop(key, None)
         self._seen.pop(key, None)

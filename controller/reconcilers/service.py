@@ -367,6 +367,8 @@ class ProvisioningService:
                             lambda: self._announce(req, booking)) if announce else None
         pools = {g.pool for g in booking.groups}
         self.state.begin_acquiring(pools)
+        # A resumed attempt acquires its keys anew: its own nodes are not released ones.
+        self.state.released -= keys
         try:
             try:
                 await hold_pools(self.kube, pools)
@@ -376,7 +378,7 @@ class ProvisioningService:
                     owner_uid=req.uid,
                     pools=self.state.pools(),
                     provider_for=self.providers.for_pool,
-                    releasing=self.state.releasing,
+                    releasing=self.state.releasing, released=self.state.released,
                 )
                 crashpoints.reached("acquired")
                 booking = booking.with_nodes(nodes)
@@ -396,7 +398,7 @@ class ProvisioningService:
                 await release_groups(
                     booking.groups, pools=self.state.pools(), provider_for=self.providers.for_pool,
                     owner=req.key, why=f"{len(not_ready)} node(s) not Ready in time",
-                    releasing=self.state.releasing,
+                    releasing=self.state.releasing, released=self.state.released,
                 )
                 return await self.retry_or_fail(
                     req, attempt=booking.attempt, reason=Reason.NODES_NOT_READY,
@@ -617,7 +619,7 @@ class ProvisioningService:
             return 0
         return await release_groups(
             unused, pools=self.state.pools(), provider_for=self.providers.for_pool,
-            owner=owner, why=why, releasing=self.state.releasing,
+            owner=owner, why=why, releasing=self.state.releasing, released=self.state.released,
         )
 
     def group_nodes(self, group: Group) -> tuple[str, ...]:

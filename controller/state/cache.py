@@ -148,6 +148,10 @@ class ClusterState:
         self.releasing: set[str] = set()
         """Acquisition keys whose nodes are being deleted (``release_groups``): offered to
         no plan."""
+        self.released: set[str] = set()
+        """Keys whose release returned while the cache may still hold their nodes (the
+        node watch reports the deletions later, later still through a cut watch): offered
+        to no plan until the cache holds none of them."""
         self._held_cache: dict[str, tuple[Booking, tuple[Any, ...], Plan, tuple[str, ...]]] = {}
         self._booked_memo: BookedMemo = {}
         """Nodes with their bookings applied, reused across passes (apply_plan's memo)."""
@@ -749,6 +753,12 @@ class ClusterState:
         blocked: set[str] = set()
         for releasing in self.releasing:
             blocked.update(self._nodes_by_key.get(releasing, ()))
+        for key in list(self.released):
+            left = self._nodes_by_key.get(key)
+            if left:
+                blocked.update(left)
+            else:
+                self.released.discard(key)
         for key, booking in bookings.items():
             if key == exclude or not booking.groups or _confirmed(self._requests.get(key)):
                 continue

@@ -161,3 +161,28 @@ async def test_release_groups_holds_the_keys_while_it_deletes() -> None:
                                  provider_for=lambda pool: Provider(),  # type: ignore[arg-type,return-value]
                                  releasing=releasing)
     assert count == 1 and seen == [{"k"}] and releasing == set()
+
+
+async def test_released_nodes_are_offered_to_no_plan_until_the_cache_sees_them_go() -> None:
+    """Found by the fault storm on the real tier: a rollback deleted a group's nodes, the
+    node watch (cut by the storm) had not reported it yet, and the retry booked one of them
+    as an existing node: Provisioned=True on a node deleted a moment before."""
+    from controller.acquire.atomic import release_groups
+    from controller.state.bookings import Group
+    from controller.topology_defaults import KEY_LABEL
+
+    state = ClusterState(levels=DEFAULT_LEVELS)
+    state.replace_nodes([gpu_node("n0", **{KEY_LABEL: "k"}), gpu_node("n1")])
+
+    class Provider:
+        async def release(self, pool: object, key: str) -> int:
+            return 1
+
+    await release_groups([Group(key="k", pool="p", domain={}, count=1)],
+                         pools={"p": object()},  # type: ignore[dict-item]
+                         provider_for=lambda pool: Provider(),  # type: ignore[arg-type,return-value]
+                         releasing=state.releasing, released=state.released)
+    assert state.releasing == set()
+    assert {n.name: n.schedulable for n in state.snapshot().nodes} == {"n0": False, "n1": True}
+    state.replace_nodes([gpu_node("n1")])  # the watch reports the deletion
+    assert all(n.schedulable for n in state.snapshot().nodes) and state.released == set()
