@@ -31,7 +31,6 @@ import sys
 import time
 import urllib.request
 import uuid
-from pathlib import Path
 from typing import Any
 
 from benchmarks.soak import rss_mb
@@ -47,14 +46,8 @@ from controller.kube.resources import (
     Resource,
 )
 from e2e import cluster as cp
+from e2e.chaos import CHAOS_CONFIG, conditions
 from e2e.real import MusterProcess
-
-# Until e2e/chaos.py (branch i17a) is on main: its two names used here.
-CHAOS_CONFIG = Path(__file__).resolve().parents[1] / "e2e" / "muster-chaos.yaml"
-
-
-def conditions(body: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {c.get("type", ""): c for c in (body.get("status") or {}).get("conditions") or []}
 
 SERVICE_ACCOUNTS = Resource("", "v1", "serviceaccounts", namespaced=True, kind="ServiceAccount")
 

@@ -37,7 +37,6 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from controller.commands import objects
 from controller.kube import ApiError, KubeClient
@@ -49,14 +48,8 @@ from controller.kube.resources import (
     PROVISIONING_REQUESTS,
 )
 from e2e import cluster as cp
+from e2e.chaos import CHAOS_CONFIG, conditions
 from e2e.real import MusterProcess
-
-# Until e2e/chaos.py (branch i17a) is on main: its two names used here.
-CHAOS_CONFIG = Path(__file__).resolve().parents[1] / "e2e" / "muster-chaos.yaml"
-
-
-def conditions(body: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {c.get("type", ""): c for c in (body.get("status") or {}).get("conditions") or []}
 
 FLOW_SCHEMA = "service-accounts"
 _DISPATCHED = re.compile(

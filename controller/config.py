@@ -562,10 +562,11 @@ OTHER_ENV_PREFIXES = ("AWS_", "GCP_")
 
 OTHER_ENV_NAMES = frozenset({
     "CLUSTER_STATE", "CLUSTER_PORT_BASE", "CLUSTER_CACHE", "CLUSTER_KCM_API_QPS",
-    "CLUSTER_INSTALL", "KEEP_CLUSTER", "CACHE", "BENCH_SANDBOX_PREFIX",
+    "CLUSTER_INSTALL", "KEEP_CLUSTER", "CACHE", "BENCH_SANDBOX_PREFIX", "CRASH_AT",
 })
 """``MUSTER_<name>`` variables of the project's tooling (the real-cluster test tier of
-``e2e/cluster.py`` and ``hack/cluster/``, the benchmarks), which a test process that also
+``e2e/cluster.py`` and ``hack/cluster/``, the benchmarks, the crash harness's
+``MUSTER_CRASH_AT`` of :mod:`controller.crashpoints`), which a test process that also
 loads Muster's config sees."""
 
 

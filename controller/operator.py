@@ -53,6 +53,11 @@ WATCH_GRACE_SECONDS = 30.0
 """Beyond a watch stream's length, how long its re-list may take before it counts as
 stalled."""
 
+FAILING_WATCH_SECONDS = 20.0
+"""A watch whose requests have failed (no answer, 5xx) without a single success for this
+long counts as stalled too: an API server down for a minute shows on /readyz within
+seconds, not after a whole stream's length."""
+
 DRAIN_SECONDS = 10.0
 """How long stopping waits for API requests still unanswered (those of cancelled tasks)."""
 
@@ -133,6 +138,8 @@ class Controller:
         self.stall_after = kube.watch_timeout + WATCH_GRACE_SECONDS
         """A watch whose view has not moved for this long is stalled (/readyz says so): a
         healthy one gets an event, a bookmark or a fresh list at least once per stream."""
+        self.failing_after = FAILING_WATCH_SECONDS
+        """A watch failing for this long without progress is stalled as well."""
         self._started = False
         self.ready = False
         """True once :meth:`start` returned (caches synced, start-up collection done,
@@ -239,12 +246,16 @@ class Controller:
 
     def stalled_watches(self) -> list[str]:
         """The watches (of this controller's client) whose view has not moved for
-        :attr:`stall_after` seconds: failing to re-list (API server unreachable), or stuck."""
+        :attr:`stall_after` seconds (stuck), or for :attr:`failing_after` seconds while
+        their requests fail (API server unreachable or erring)."""
         if not self.ready:
             return []
         now = asyncio.get_running_loop().time()
-        return sorted(name for name, health in self.kube.watches.items()
-                      if now - health.progress_at > self.stall_after)
+        return sorted(
+            name for name, health in self.kube.watches.items()
+            if now - health.progress_at > (
+                min(self.failing_after, self.stall_after) if health.error is not None
+                else self.stall_after))
 
     async def _check_crds(self) -> None:
         """Fail start-up with the fix when a CRD Muster serves or reads is not installed."""
@@ -322,7 +333,7 @@ class Controller:
             try:
                 await self.collector.run_once()
             except Exception as exc:
-                if not transient(exc):
+                if not (transient(exc) or isinstance(exc, ApiError)):
                     log.exception("orphan collection failed; trying again later")
                     continue
                 self.problems.warning("collection", "orphan collection failed (%s); trying "

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from controller.clock import Clock
+from controller.kube import ApiError
 from controller.problems import ProblemLog, describe, transient
 
 log = logging.getLogger(__name__)
@@ -128,7 +129,9 @@ class WorkQueue:
             except Exception as exc:
                 failures = self._failures[key] = self._failures.get(key, 0) + 1
                 delay = min(ERROR_BACKOFF_MAX, ERROR_BACKOFF_BASE * 2 ** (failures - 1))
-                if transient(exc):
+                # An API server's answer (a 403 while a restarted server's authorizer
+                # syncs, a 422) is no bug: said once per interval, without a traceback.
+                if transient(exc) or isinstance(exc, ApiError):
                     self._problems.warning(
                         f"reconcile {describe(exc)}",
                         "reconciling %s failed (%s, %d in a row); retrying in %.1fs",

@@ -17,6 +17,7 @@ import json
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +51,13 @@ class Usage:
 
 
 def read(log: Path, user: str = MUSTER_USER, *, since: int = 0,
-         agents: tuple[str, ...] = MUSTER_AGENTS) -> Usage:
+         agents: tuple[str, ...] = MUSTER_AGENTS,
+         restarts: Iterable[float] = (), grace: float = 90.0) -> Usage:
     """Counts of the user's resource requests in the audit log (from byte ``since``: a kept
-    cluster's log holds earlier sessions too), allowed and refused."""
+    cluster's log holds earlier sessions too), allowed and refused. A refusal within
+    ``grace`` seconds after one of ``restarts`` (the API server stopped and started again,
+    epoch seconds) counts as used: its authorizer refuses until its caches synced."""
+    windows = [(t, t + grace) for t in restarts]
     used: dict[Right, int] = {}
     refused: dict[Right, int] = {}
     if not log.exists():
@@ -81,8 +86,19 @@ def read(log: Path, user: str = MUSTER_USER, *, since: int = 0,
             decision = (event.get("annotations") or {}).get("authorization.k8s.io/decision")
             code = (event.get("responseStatus") or {}).get("code", 200)
             target = refused if code == 403 and decision != "allow" else used
+            if target is refused and windows and _within(event, windows):
+                target = used
             target[right] = target.get(right, 0) + 1
     return Usage(used, refused)
+
+
+def _within(event: dict[str, Any], windows: list[tuple[float, float]]) -> bool:
+    stamp = str(event.get("requestReceivedTimestamp") or "")
+    try:
+        when = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return False
+    return any(lo <= when <= hi for lo, hi in windows)
 
 
 def _rules(docs: Iterable[dict[str, Any]]) -> Iterator[Right]:

@@ -42,12 +42,16 @@ class MusterProcess:
     """``muster run`` against the cluster as Muster's ServiceAccount, restartable."""
 
     def __init__(self, cluster: cp.Cluster, *, config: Path = E2E_CONFIG,
-                 extra_env: dict[str, str] | None = None) -> None:
+                 extra_env: dict[str, str] | None = None, replica: int = 0,
+                 kubeconfig: Path | None = None) -> None:
+        """``replica`` > 0: another replica beside the first (its own ports and log), for
+        leader failover; ``kubeconfig``: other than the ServiceAccount's own (a proxy)."""
         self.cluster = cluster
+        self.kubeconfig = kubeconfig or cluster.muster_kubeconfig
         self.config = config
-        self.log = cluster.logs / "muster.log"
-        self.probe_port = cluster.ports.base + 20
-        self.metrics_port = cluster.ports.base + 21
+        self.log = cluster.logs / ("muster.log" if not replica else f"muster-{replica}.log")
+        self.probe_port = cluster.ports.base + 20 + 2 * replica
+        self.metrics_port = cluster.ports.base + 21 + 2 * replica
         self.extra_env = dict(extra_env or {})
         self.proc: subprocess.Popen[bytes] | None = None
         self._read = 0
@@ -79,7 +83,7 @@ class MusterProcess:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "controller.cli", "run",
-                 "--kubeconfig", str(self.cluster.muster_kubeconfig),
+                 "--kubeconfig", str(self.kubeconfig),
                  "--config", str(self.config)],
                 cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=self.env(), start_new_session=True,
@@ -192,7 +196,8 @@ def real_muster(real_cluster: cp.Cluster) -> Iterator[MusterProcess]:
     yield muster
     code = muster.stop()
     refused = forbidden(muster.new_lines())
-    usage = rbac_audit.read(audit, since=since)
+    usage = rbac_audit.read(audit, since=since, restarts=cp.restarted_at(real_cluster),
+                            grace=cp.RESTART_GRACE_SECONDS)
     if audit.exists():  # a cluster this harness started (not one given by --kubeconfig)
         _RBAC_REPORT[:] = rbac_audit.report(usage, rbac_audit.granted())
     assert code == 0, f"muster run exited {code} on SIGTERM:\n{muster.tail()}"

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from controller.api.capacitypool import CapacityPool
+from controller.kube.problems import ProblemLog
 from providers.base import (
     AcquireRequest,
     CapacityUnavailable,
@@ -59,6 +60,7 @@ from providers.base import (
 )
 
 log = logging.getLogger(__name__)
+_problems = ProblemLog(log)
 
 M = TypeVar("M")
 
@@ -189,8 +191,11 @@ class AtomicProvider(ABC, Generic[M]):
                       "releases the rest): %s", request.key, exc)
             return
         if deleted:
-            log.warning("acquire %s failed: deleted the %d machine(s) launched under it",
-                        request.key, deleted)
+            # Once per pool per interval: a pool failing every try (a provider storm) would
+            # say it per try; each try's rollback is a release decision line anyway.
+            _problems.warning(f"compensate {request.pool.metadata.name}",
+                              "acquire %s failed: deleted the %d machine(s) launched under it",
+                              request.key, deleted)
 
     @contextlib.asynccontextmanager
     async def _locked(self, key: str) -> AsyncIterator[None]:

@@ -23,12 +23,14 @@ import builtins
 import contextlib
 import hashlib
 import logging
+import random
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from controller import crashpoints
 from controller.api.capacitypool import CapacityPool
 from controller.dra_templates import render_resource_slices
 from controller.kube import ApiError, Body, KubeClient
@@ -41,6 +43,7 @@ from providers.base import (
     ProvidedNode,
     ProviderConfigError,
     ProviderError,
+    QuotaExceeded,
     TransientProviderError,
 )
 
@@ -50,7 +53,24 @@ PROVIDER_LABEL = "muster.dev/provider"
 OWNER_UID_LABEL = "muster.dev/owner-uid"
 NODE_LEASE_NAMESPACE = "kube-node-lease"
 BOOT_DELAY_ANNOTATION = "muster.dev/boot-delay"
-KNOWN_PARAMETERS = frozenset({"stock", "defaultStock", "latencySeconds", "readyDelaySeconds"})
+KNOWN_PARAMETERS = frozenset(
+    {"stock", "defaultStock", "latencySeconds", "readyDelaySeconds", "faults"}
+)
+FAULT_KINDS = ("stockOut", "quota", "throttle", "timeout", "partial", "releaseError")
+"""``parameters.faults``: each a probability (0-1) drawn per call; ``seed`` makes the draws
+repeatable, ``timeoutSeconds`` is how long a timed-out call hangs (default 2):
+
+* ``stockOut``: the acquire finds no stock (CapacityUnavailable, retryable, nothing created);
+* ``quota``: QuotaExceeded (not retryable: the request fails);
+* ``throttle``: the cloud throttles (ProviderUnavailable, retryable, nothing created);
+* ``timeout``: the nodes are created but the answer never comes (ProviderUnavailable after
+  ``timeoutSeconds``): the caller must roll back what it cannot see;
+* ``partial``: k of n nodes are granted (k drawn in 0..n-1), rolled back, CapacityUnavailable;
+* ``releaseError``: a release fails before deleting anything (ProviderUnavailable): someone
+  must retry it.
+
+A process's draws for a pool come from one ``random.Random(seed)``; patching the pool's
+parameters changes the probabilities at once (the draws go on from where they were)."""
 CALLS_KEPT = 10_000
 """The last calls :attr:`FakeProvider.calls` keeps: a long-running controller's must not
 grow with every request it ever handled."""
@@ -119,6 +139,7 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
         self._owned: set[str] = set()
         self._since: dict[str, str] = {}
         self._heartbeat_task: asyncio.Task[None] | None = None
+        self._fault_rngs: dict[str, random.Random] = {}
 
     # ------------------------------------------------------------------ test controls
 
@@ -152,6 +173,7 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
                     f"pool {pool.metadata.name}: parameters.{name} must be a number >= 0, "
                     f"got {value!r}"
                 )
+        _validate_faults(pool.metadata.name, params.get("faults"))
         for i, entry in enumerate(params.get("stock") or []):
             if (
                 not isinstance(entry, dict)
@@ -184,6 +206,13 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
         return nodes
 
     async def release(self, pool: CapacityPool, key: str) -> int:
+        if self._draw(pool, "releaseError"):
+            self.calls.append(ProviderCall("release", pool.metadata.name, key, 0,
+                                           outcome="ProviderUnavailable"))
+            raise TransientProviderError(
+                f"pool {pool.metadata.name}: releasing {key} failed (injected fault); "
+                "nothing was deleted"
+            )
         deleted = await super().release(pool, key)
         self.calls.append(ProviderCall("release", pool.metadata.name, key, deleted))
         return deleted
@@ -210,10 +239,14 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
         ones already made (409) and adds the rest."""
         pool = request.pool
         pool_name = pool.metadata.name
-        error = self._take(pool_name, lambda i: i.errors)
+        error = self._take(pool_name, lambda i: i.errors) or self._drawn_error(pool)
         if error is not None:
             raise error
-        allowed = await self._allowed(pool, request, self._take(pool_name, lambda i: i.grants))
+        grant = self._take(pool_name, lambda i: i.grants)
+        if grant is None and request.count > 0 and self._draw(pool, "partial"):
+            grant = self._fault_rng(pool).randrange(request.count)
+        timeout = self._draw(pool, "timeout")
+        allowed = await self._allowed(pool, request, grant)
         names = [_node_name(pool_name, request.key, i) for i in range(request.count)]
         try:
             results = await asyncio.gather(
@@ -226,6 +259,13 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
         created = [node for node, _ in results]
         if any(fresh for _, fresh in results):
             self._launched.add(request.key)
+        if timeout and allowed >= request.count:
+            # The cloud did the work; its answer is lost on the way back.
+            await asyncio.sleep(self._fault_seconds(pool))
+            raise TransientProviderError(
+                f"pool {pool_name}: the acquire call timed out (injected fault); its nodes "
+                "may exist"
+            )
         if allowed < request.count:
             return Launch(created, CapacityUnavailable(
                 f"pool {pool_name} could only launch {allowed} of {request.count} node(s) in "
@@ -345,6 +385,40 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
             )
         )
 
+    def _faults(self, pool: CapacityPool) -> Mapping[str, Any]:
+        faults = pool.spec.parameters.get("faults")
+        return faults if isinstance(faults, dict) else {}
+
+    def _fault_rng(self, pool: CapacityPool) -> random.Random:
+        name = pool.metadata.name
+        rng = self._fault_rngs.get(name)
+        if rng is None:
+            seed = self._faults(pool).get("seed", 0)
+            rng = self._fault_rngs[name] = random.Random(f"{name}/{seed}")
+        return rng
+
+    def _draw(self, pool: CapacityPool, kind: str) -> bool:
+        """Whether the pool's ``parameters.faults`` injects ``kind`` into this call."""
+        p = float(self._faults(pool).get(kind, 0) or 0)
+        return p > 0 and self._fault_rng(pool).random() < p
+
+    def _fault_seconds(self, pool: CapacityPool) -> float:
+        return float(self._faults(pool).get("timeoutSeconds", 2.0))
+
+    def _drawn_error(self, pool: CapacityPool) -> ProviderError | None:
+        name = pool.metadata.name
+        if self._draw(pool, "stockOut"):
+            return CapacityUnavailable(
+                f"pool {name}: no stock in the domain right now (injected fault)", available=0
+            )
+        if self._draw(pool, "quota"):
+            return QuotaExceeded(f"pool {name}: account quota exceeded (injected fault)")
+        if self._draw(pool, "throttle"):
+            return TransientProviderError(
+                f"pool {name}: request rate exceeded, throttled (injected fault)"
+            )
+        return None
+
     def _take(self, pool: str, queue: Callable[[_Injected], builtins.list[T]]) -> T | None:
         """The next injected value of ``queue`` for ``pool``, else for any pool."""
         for scope in (pool, "*"):
@@ -370,6 +444,7 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
         self._owned.discard(name)
         self._since.pop(name, None)
         deleted = await self._kube.delete(NODES, name)
+        crashpoints.reached("mid-release")
         with contextlib.suppress(ApiError):
             await self._kube.delete(LEASES, name, namespace=NODE_LEASE_NAMESPACE)
         return deleted
@@ -393,6 +468,7 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
                 raise
             created, fresh = await self._kube.get(NODES, name), False
         self._owned.add(name)
+        crashpoints.reached("mid-acquisition")
         await self._publish_devices(pool, created)
         if fresh and (not created.get("status", {}).get("allocatable") or ready_delay):
             # API servers that drop status on create (or a simulated boot) get it from the
@@ -532,3 +608,34 @@ def _provided(node: Body) -> ProvidedNode:
         owner_uid=labels.get(OWNER_UID_LABEL, ""),
         labels=labels,
     )
+
+
+def _validate_faults(pool: str, faults: Any) -> None:
+    if faults is None:
+        return
+    if not isinstance(faults, dict):
+        raise ProviderConfigError(
+            f"pool {pool}: parameters.faults must be a mapping of "
+            f"{', '.join(FAULT_KINDS)}, seed, timeoutSeconds"
+        )
+    unknown_faults = set(faults) - {*FAULT_KINDS, "seed", "timeoutSeconds"}
+    if unknown_faults:
+        raise ProviderConfigError(
+            f"pool {pool}: unknown parameters.faults key(s) "
+            f"{sorted(unknown_faults)}; known: "
+            f"{sorted({*FAULT_KINDS, 'seed', 'timeoutSeconds'})}"
+        )
+    for name in FAULT_KINDS:
+        value = faults.get(name, 0)
+        if not isinstance(value, int | float) or not 0 <= value <= 1:
+            raise ProviderConfigError(
+                f"pool {pool}: parameters.faults.{name} must be a "
+                f"probability between 0 and 1, got {value!r}"
+            )
+    for name in ("seed", "timeoutSeconds"):
+        value = faults.get(name, 0)
+        if not isinstance(value, int | float) or value < 0:
+            raise ProviderConfigError(
+                f"pool {pool}: parameters.faults.{name} must be a "
+                f"number >= 0, got {value!r}"
+            )

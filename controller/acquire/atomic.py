@@ -16,10 +16,14 @@ from collections.abc import Callable, Mapping, Sequence
 
 from controller.api.capacitypool import CapacityPool
 from controller.decisions import decide
+from controller.kube.problems import ProblemLog
 from controller.state.bookings import Group
 from providers.base import AcquireRequest, CapacityUnavailable, Provider, ProviderError
 
 log = logging.getLogger(__name__)
+_problems = ProblemLog(log)
+"""A provider refusing releases is retried by the collector every interval: said once per
+pool per interval, with the count, not once per key and attempt."""
 
 ProviderFor = Callable[[CapacityPool], Provider]
 
@@ -50,8 +54,11 @@ async def acquire_all(
     owner_uid: str,
     pools: Mapping[str, CapacityPool],
     provider_for: ProviderFor,
+    releasing: set[str] | None = None,
+    released: set[str] | None = None,
 ) -> dict[str, list[str]]:
-    """Acquire every group or none; return node names by key."""
+    """Acquire every group or none; return node names by key (``releasing``, ``released``:
+    see :func:`release_groups`)."""
     missing = sorted({g.pool for g in groups} - set(pools))
     if missing:
         raise AcquisitionFailed(
@@ -90,7 +97,8 @@ async def acquire_all(
     if not failures:
         return acquired
     await release_groups(groups, pools=pools, provider_for=provider_for, owner=owner,
-                         why="rolling back the failed acquisition (all or nothing)")
+                         why="rolling back the failed acquisition (all or nothing)",
+                         releasing=releasing, released=released)
     first = failures[0]
     if isinstance(first, asyncio.CancelledError):
         raise first
@@ -128,25 +136,50 @@ async def release_groups(
     provider_for: ProviderFor,
     owner: str = "",
     why: str = "",
+    releasing: set[str] | None = None,
+    released: set[str] | None = None,
 ) -> int:
     """Release every group (idempotent); return how many nodes were deleted. Each group
     that deleted nodes is one ``release`` decision line naming ``owner`` and ``why``.
 
     Errors are logged and the remaining groups still released; the orphan collector retries
-    whatever is left.
+    whatever is left. ``releasing`` (the cache's) holds the groups' keys while their nodes
+    are being deleted, from before the first await, and ``released`` (the cache's) after,
+    until the cache has seen the nodes go: the planner offers those nodes to nobody (a
+    request booked on them meanwhile would be left with nodes that vanish).
     """
+    keys = {g.key for g in groups} - (releasing or set())
+    if releasing is not None:
+        releasing |= keys
+    try:
+        return await _release(groups, pools=pools, provider_for=provider_for, owner=owner,
+                              why=why)
+    finally:
+        if releasing is not None:
+            releasing -= keys
+        if released is not None:
+            released |= {g.key for g in groups}
+
+
+async def _release(
+    groups: Sequence[Group], *, pools: Mapping[str, CapacityPool], provider_for: ProviderFor,
+    owner: str, why: str,
+) -> int:
     async def one(group: Group) -> int:
         pool = pools.get(group.pool)
         if pool is None:
-            log.warning("cannot release %s: CapacityPool %s is gone", group.key, group.pool)
+            _problems.warning(f"release {group.pool} gone",
+                              "cannot release %s: CapacityPool %s is gone", group.key, group.pool)
             return 0
         try:
             count = await provider_for(pool).release(pool, group.key)
         except ProviderError as exc:
-            log.warning("releasing %s in pool %s failed: %s", group.key, group.pool, exc)
-            decide("release", owner or "-", outcome="failed", pool=group.pool, key=group.key,
-                   error=str(exc), why=why)
+            # The collector retries every interval: said once per pool per interval.
+            _problems.warning(f"release {group.pool}", "releasing %s in pool %s failed: %s; "
+                              "the collector retries", group.key, group.pool, exc)
             return 0
+        _problems.resolved(f"release {group.pool}", "releases in pool %s succeed again",
+                           group.pool)
         if count:
             decide("release", owner or "-", outcome="released", pool=group.pool,
                    key=group.key, nodes=count, why=why)

@@ -27,11 +27,13 @@ from controller.acquire.providers import ProviderSet
 from controller.acquire.recovery import GroupView, Seen, decide
 from controller.api.capacitypool import CapacityPool
 from controller.decisions import decide as log_decision
+from controller.kube.problems import ProblemLog
 from controller.state.bookings import Phase
 from controller.state.cache import ClusterState
 from providers.base import ProvidedNode, ProviderError
 
 log = logging.getLogger(__name__)
+_problems = ProblemLog(log)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +71,6 @@ class Collector:
     async def run_once(self) -> list[Released]:
         self._state.prune_vanished()
         owners = self._owners()
-        booked = self._state.booked_nodes()
         in_flight = self._in_flight()
         released: list[Released] = []
         pools = dict(self._state.pools())
@@ -84,6 +85,8 @@ class Collector:
             for key, nodes in _by_key(provided).items():
                 listed.add(key)
                 owner = owners.get(nodes[0].owner_uid) if nodes[0].owner_uid else None
+                # Bookings made while the provider listed or the last group was released.
+                booked = self._state.booked_nodes()
                 view = GroupView(
                     in_flight=key in in_flight,
                     booked=any(n.name in booked for n in nodes),
@@ -131,15 +134,23 @@ class Collector:
         self, pool: CapacityPool, key: str, why: str, *, owner: str = ""
     ) -> Released | None:
         name = pool.metadata.name
+        # Offered to no plan while its nodes are being deleted (ClusterState.releasing).
+        mine = key not in self._state.releasing
+        self._state.releasing.add(key)
         try:
             count = await self._providers.for_pool(pool).release(pool, key)
         except ProviderError as exc:
             self._unfinished[key] = name
-            log.warning("releasing %s in pool %s failed (retried at the next sweep): %s",
-                        key, name, exc)
+            _problems.warning(f"release {name}", "releasing %s in pool %s failed (retried at "
+                              "the next sweep): %s", key, name, exc)
             log_decision("release", owner or "-", outcome="failed", pool=name, key=key,
                          error=str(exc), why=why)
             return None
+        finally:
+            if mine:
+                self._state.releasing.discard(key)
+            self._state.released.add(key)
+        _problems.resolved(f"release {name}")
         self._unfinished.pop(key, None)
         self._seen.pop(key, None)
         log_decision("release", owner or "-", outcome="released", pool=name, key=key,

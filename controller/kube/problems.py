@@ -18,12 +18,14 @@ class ProblemLog:
         self._log = logger
         self.interval = interval
         self._seen: dict[str, list[float]] = {}
-        """key -> [when last logged, times seen since]"""
+        """key -> [when last logged, times seen since, resolution said]"""
 
     def warning(self, key: str, msg: str, *args: object) -> None:
         now = time.monotonic()
         seen = self._seen.get(key)
         if seen is not None and now - seen[0] < self.interval:
+            # Also after a success in between: a problem that flaps (a 5xx storm answering
+            # every third request) is still one problem per interval.
             seen[1] += 1
             return
         if seen is not None and seen[1]:
@@ -32,9 +34,17 @@ class ProblemLog:
         self._log.warning(msg, *args)
         if len(self._seen) > 1024:  # keys are few (where x what); never let them pile up
             self._seen.clear()
-        self._seen[key] = [now, 0]
+        self._seen[key] = [now, 0, 0]
 
     def resolved(self, key: str, msg: str | None = None, *args: object) -> None:
-        """The problem is over: log ``msg`` (if it had been logged) and forget it."""
-        if self._seen.pop(key, None) is not None and msg:
-            self._log.info(msg, *args)
+        """The problem is over: log ``msg`` once (if the problem had been logged). It is
+        remembered until its interval ends, so that it coming back soon is counted."""
+        seen = self._seen.get(key)
+        if seen is None:
+            return
+        if time.monotonic() - seen[0] >= self.interval:
+            del self._seen[key]
+        if not seen[2]:
+            seen[2] = 1
+            if msg:
+                self._log.info(msg, *args)

@@ -33,11 +33,13 @@ from controller.fit.dra_types import ClaimShape
 from controller.kube import ApiError, Body, KubeClient
 from controller.kube.resources import CAPACITY_POOLS
 from controller.metrics import ControllerMetrics
+from controller.problems import ProblemLog, describe, transient
 from controller.state.cache import ClusterState
 from controller.state.pool_status import PoolFacts, Shortage, pool_status
 from providers.base import ProviderError
 
 log = logging.getLogger(__name__)
+_problems = ProblemLog(log)
 
 
 class PoolStatusWriter:
@@ -77,8 +79,16 @@ class PoolStatusWriter:
                 await self.write_changed()
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("writing CapacityPool status failed; trying again next interval")
+            except Exception as exc:
+                if not transient(exc):
+                    log.exception("writing CapacityPool status failed; trying again next "
+                                  "interval")
+                    continue
+                # An API server restarting: no traceback, said once per interval.
+                _problems.warning("pool status", "writing CapacityPool status failed (%s); "
+                                  "trying again next interval", describe(exc))
+                continue
+            _problems.resolved("pool status", "writing CapacityPool status works again")
 
     async def desired(self) -> dict[str, Body]:
         """Every pool's status as it should read now."""

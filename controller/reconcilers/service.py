@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from controller import crashpoints
 from controller.acquire.atomic import AcquisitionFailed, acquire_all, release_groups
 from controller.acquire.keys import groups_for
 from controller.acquire.providers import ProviderSet
@@ -173,8 +174,27 @@ class ProvisioningService:
                     req, attempt=req.attempt, reason=Reason.ACQUISITION_FAILED,
                     detail=f"the {PLAN_ANNOTATION} annotation is unreadable",
                 )
-            return await self.acquire(req, booking)
+            return await self.resume(req, booking)
         return await self.provision(req, mode)
+
+    async def resume(self, req: RequestRecord, booking: Booking) -> Delay:
+        """An acquisition this call did not just persist (after a restart, or a retry after
+        an error): read the request from the API server first. A confirming status write
+        whose answer was lost (the API server went away mid-request) did land; the cache,
+        fed by a watch that was down too, still says Acquiring, and resuming from it would
+        roll back (nodes not Ready in time, a failed call) nodes of a live booking."""
+        fresh = await self.kube.get_or_none(
+            PROVISIONING_REQUESTS, req.name, namespace=req.namespace
+        )
+        if fresh is None:
+            return None
+        self.state.upsert_request(fresh)
+        current = self.state.request(req.key)
+        if current is None:  # seen deleted meanwhile
+            return None
+        if current.phase is not Phase.ACQUIRING or current.booking is None:
+            return 0.0  # the next reconcile takes it from its real phase
+        return await self.acquire(current, current.booking)
 
     # ------------------------------------------------------------------ new requests
 
@@ -228,6 +248,7 @@ class ProvisioningService:
             },
             finalizer=True if booking.groups else None,
         )
+        crashpoints.reached("plan-persisted")
         if not booking.groups:
             return await self.confirm(req, booking)
         return await self.acquire(req, booking, announce=True)
@@ -358,6 +379,8 @@ class ProvisioningService:
                             lambda: self._announce(req, booking)) if announce else None
         pools = {g.pool for g in booking.groups}
         self.state.begin_acquiring(pools)
+        # A resumed attempt acquires its keys anew: its own nodes are not released ones.
+        self.state.released -= keys
         try:
             try:
                 await hold_pools(self.kube, pools)
@@ -367,7 +390,9 @@ class ProvisioningService:
                     owner_uid=req.uid,
                     pools=self.state.pools(),
                     provider_for=self.providers.for_pool,
+                    releasing=self.state.releasing, released=self.state.released,
                 )
+                crashpoints.reached("acquired")
                 booking = booking.with_nodes(nodes)
                 decide("acquire", req.key, outcome="acquired", attempt=booking.attempt,
                        groups=[_group_text(g) for g in booking.groups],
@@ -385,6 +410,7 @@ class ProvisioningService:
                 await release_groups(
                     booking.groups, pools=self.state.pools(), provider_for=self.providers.for_pool,
                     owner=req.key, why=f"{len(not_ready)} node(s) not Ready in time",
+                    releasing=self.state.releasing, released=self.state.released,
                 )
                 return await self.retry_or_fail(
                     req, attempt=booking.attempt, reason=Reason.NODES_NOT_READY,
@@ -442,6 +468,7 @@ class ProvisioningService:
                 if reason is Reason.CAPACITY_IS_FOUND
                 else message(reason, where=where, new_nodes=len(booking.acquired_nodes))
             )
+            crashpoints.reached("before-confirm")
             await self.write_status(
                 req, [_accepted(), (ConditionType.PROVISIONED, True, reason, text)],
                 details=details,
@@ -558,6 +585,7 @@ class ProvisioningService:
         """Status first: the condition is the outcome (and makes the phase Ended); releasing
         and the phase annotation follow and are redone by :meth:`repair_ended` if cut short."""
         req = await self.write_status(req, [(type_, True, reason, text)])
+        crashpoints.reached("outcome-written")
         return await self._finish_ending(req, booking)
 
     async def _finish_ending(self, req: RequestRecord, booking: Booking | None) -> Delay:
@@ -603,7 +631,7 @@ class ProvisioningService:
             return 0
         return await release_groups(
             unused, pools=self.state.pools(), provider_for=self.providers.for_pool,
-            owner=owner, why=why,
+            owner=owner, why=why, releasing=self.state.releasing, released=self.state.released,
         )
 
     def group_nodes(self, group: Group) -> tuple[str, ...]:
@@ -718,6 +746,7 @@ class ProvisioningService:
             [_accepted(), (ConditionType.PROVISIONED, False, reason, text),
              (ConditionType.FAILED, True, reason, text)],
         )
+        crashpoints.reached("outcome-written")
         return await self._clean_failed(req, attempt=attempt)
 
     async def _clean_failed(self, req: RequestRecord, *, attempt: int | None = None) -> Delay:

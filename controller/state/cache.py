@@ -32,6 +32,7 @@ from controller.api.capacitypool import CapacityPool
 from controller.api.node import Node
 from controller.api.pod import Pod, PodAffinityTerm, PodTemplate
 from controller.api.quantity import to_resources
+from controller.conditions import ConditionType
 from controller.constraints import BoundPod
 from controller.fit import apply_plan
 from controller.fit.capacity import BookedMemo
@@ -179,6 +180,13 @@ class ClusterState:
         self._nodes_by_pool: dict[str, set[str]] = {}
         """CapacityPool name (the node's pool label) -> its nodes."""
         self._reserved: dict[str, Booking] = {}
+        self.releasing: set[str] = set()
+        """Acquisition keys whose nodes are being deleted (``release_groups``): offered to
+        no plan."""
+        self.released: set[str] = set()
+        """Keys whose release returned while the cache may still hold their nodes (the
+        node watch reports the deletions later, later still through a cut watch): offered
+        to no plan until the cache holds none of them."""
         self._held_cache: dict[str, tuple[Booking, tuple[Any, ...], Plan, tuple[str, ...]]] = {}
         self._booked_memo: BookedMemo = {}
         """Nodes with their bookings applied, reused across passes (apply_plan's memo)."""
@@ -766,6 +774,31 @@ class ClusterState:
             out.append(replace(pool, domains=domains))
         return tuple(out)
 
+    def _unconfirmed_off(self, nodes: tuple[NodeState, ...], bookings: Mapping[str, Booking],
+                         exclude: str | None) -> tuple[NodeState, ...]:
+        """``nodes`` with those of acquisitions not yet confirmed (Provisioned=True not yet
+        written) or being released made unschedulable for others: such an acquisition may
+        still be rolled back (a failure, nodes not Ready in time, a resumed attempt that
+        fails), deleting its nodes under whoever booked their spare capacity meanwhile."""
+        blocked: set[str] = set()
+        for releasing in self.releasing:
+            blocked.update(self._nodes_by_key.get(releasing, ()))
+        for key in list(self.released):
+            left = self._nodes_by_key.get(key)
+            if left:
+                blocked.update(left)
+            else:
+                self.released.discard(key)
+        for key, booking in bookings.items():
+            if key == exclude or not booking.groups or _confirmed(self._requests.get(key)):
+                continue
+            for group in booking.groups:
+                blocked.update(self._nodes_by_key.get(group.key, ()))
+        if not blocked:
+            return nodes
+        return tuple(replace(n, schedulable=False) if n.name in blocked and n.schedulable
+                     else n for n in nodes)
+
     def snapshot(self, *, exclude: str | None = None, now: datetime | None = None,
                  with_unusable: bool = False) -> Snapshot:
         """The fit engine's view: free capacity minus every booking but ``exclude``'s, and
@@ -804,11 +837,12 @@ class ClusterState:
             pools = tuple(sorted((*pools, *self._unusable_states()), key=lambda p: p.name))
         if self._short and now is not None:
             pools = self._apply_shortages(pools, now)
+        bookings = self.bookings()
         nodes_now, pools_now = self.dra.attach(
-            self._sorted_nodes, pools, list(self._pools.values())
+            self._unconfirmed_off(self._sorted_nodes, bookings, exclude), pools,
+            list(self._pools.values())
         )
         snap = Snapshot(nodes=nodes_now, pools=pools_now, levels=self.levels)
-        bookings = self.bookings()
         plans = [self._held(key, b) for key, b in bookings.items() if key != exclude]
         if len(self._held_cache) > 2 * len(bookings) + 64:
             self._held_cache = {k: v for k, v in self._held_cache.items() if k in bookings}
@@ -830,6 +864,11 @@ class ClusterState:
                                       [self._nodes[n] for n in self._nodes_by_pool.get(name, ())],
                                       self.levels, in_flight=0))
         return out
+
+
+def _confirmed(record: RequestRecord | None) -> bool:
+    """Provisioned=True: the booking's acquisition is over and will not be rolled back."""
+    return record is not None and record.condition_true(ConditionType.PROVISIONED)
 
 
 def _nodes_named(booking: Booking) -> tuple[str, ...]:

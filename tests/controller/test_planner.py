@@ -99,3 +99,90 @@ def test_pool_headroom_follows_node_registration_relabeling_and_deletion() -> No
     state.upsert_node(moved)
     state.delete_node("a")
     assert headroom() == (6, {"b1-r1": 4, "b1-r2": 4})
+
+
+def test_nodes_of_an_acquisition_not_yet_confirmed_are_offered_to_nobody_else() -> None:
+    """Found by the crash harness on the real control plane: a request booked the spare
+    capacity of nodes whose acquisition was resumed after a crash; the resumed attempt
+    failed and rolled back, deleting the nodes under that live booking."""
+    import json
+
+    from controller.state.bookings import Group
+    from controller.state.cache import KEY_LABEL
+
+    state = ClusterState(levels=DEFAULT_LEVELS)
+    state.replace_nodes([gpu_node("n0", **{KEY_LABEL: "k1"}), gpu_node("n1")])
+    from tests.controller.builders import plan_on
+
+    booking = Booking(plan_on(["n0"]), attempt=1,
+                      groups=(Group(key="k1", pool="p", domain={}, count=1),))
+    body = {"metadata": {"name": "a", "namespace": "ns", "uid": "u", "resourceVersion": "1",
+                         "annotations": {"muster.dev/phase": "Acquiring",
+                                         "muster.dev/plan": booking.to_annotation()}},
+            "spec": {}, "status": {"conditions": []}}
+    state.upsert_request(json.loads(json.dumps(body)))
+    schedulable = {n.name: n.schedulable for n in state.snapshot(exclude="ns/b").nodes}
+    assert schedulable == {"n0": False, "n1": True}
+    body["metadata"]["resourceVersion"] = "2"
+    body["status"]["conditions"] = [{"type": "Provisioned", "status": "True"}]
+    state.upsert_request(body)
+    assert all(n.schedulable for n in state.snapshot(exclude="ns/b").nodes), \
+        "once Provisioned=True, its spare capacity is anyone's (release_unused protects it)"
+
+
+def test_nodes_being_released_are_offered_to_no_plan() -> None:
+    """Found by the crash harness: a request planned onto the nodes of a group while their
+    release was in flight got Provisioned=True on nodes deleted a moment later."""
+    from controller.state.cache import KEY_LABEL
+
+    state = ClusterState(levels=DEFAULT_LEVELS)
+    state.replace_nodes([gpu_node("n0", **{KEY_LABEL: "k2"}), gpu_node("n1")])
+    state.releasing.add("k2")
+    assert {n.name: n.schedulable for n in state.snapshot().nodes} == {"n0": False, "n1": True}
+    state.releasing.discard("k2")
+    assert all(n.schedulable for n in state.snapshot().nodes)
+
+
+async def test_release_groups_holds_the_keys_while_it_deletes() -> None:
+    from controller.acquire.atomic import release_groups
+    from controller.state.bookings import Group
+
+    seen: list[set[str]] = []
+    releasing: set[str] = set()
+
+    class Provider:
+        async def release(self, pool: object, key: str) -> int:
+            seen.append(set(releasing))
+            await asyncio.sleep(0)
+            return 1
+
+    count = await release_groups([Group(key="k", pool="p", domain={}, count=1)],
+                                 pools={"p": object()},  # type: ignore[dict-item]
+                                 provider_for=lambda pool: Provider(),  # type: ignore[arg-type,return-value]
+                                 releasing=releasing)
+    assert count == 1 and seen == [{"k"}] and releasing == set()
+
+
+async def test_released_nodes_are_offered_to_no_plan_until_the_cache_sees_them_go() -> None:
+    """Found by the fault storm on the real tier: a rollback deleted a group's nodes, the
+    node watch (cut by the storm) had not reported it yet, and the retry booked one of them
+    as an existing node: Provisioned=True on a node deleted a moment before."""
+    from controller.acquire.atomic import release_groups
+    from controller.state.bookings import Group
+    from controller.topology_defaults import KEY_LABEL
+
+    state = ClusterState(levels=DEFAULT_LEVELS)
+    state.replace_nodes([gpu_node("n0", **{KEY_LABEL: "k"}), gpu_node("n1")])
+
+    class Provider:
+        async def release(self, pool: object, key: str) -> int:
+            return 1
+
+    await release_groups([Group(key="k", pool="p", domain={}, count=1)],
+                         pools={"p": object()},  # type: ignore[dict-item]
+                         provider_for=lambda pool: Provider(),  # type: ignore[arg-type,return-value]
+                         releasing=state.releasing, released=state.released)
+    assert state.releasing == set()
+    assert {n.name: n.schedulable for n in state.snapshot().nodes} == {"n0": False, "n1": True}
+    state.replace_nodes([gpu_node("n1")])  # the watch reports the deletion
+    assert all(n.schedulable for n in state.snapshot().nodes) and state.released == set()

@@ -304,3 +304,37 @@ def test_a_pool_its_provider_refuses_leaves_planning() -> None:
     assert state.snapshot(now=NOW).pools == ()
     state.set_pool_unusable("p", [])
     assert [p.name for p in state.snapshot(now=NOW).pools] == ["p"]
+
+
+async def test_an_api_server_away_is_one_warning_line_per_interval_without_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import asyncio
+
+    from controller.config import PoolStatusConfig
+    from controller.kube import ApiError
+    from controller.reconcilers.pool_status import PoolStatusWriter
+
+    class Clock:
+        passes = 0
+
+        async def sleep(self, seconds: float) -> None:
+            self.passes += 1
+            if self.passes > 4:
+                raise asyncio.CancelledError
+
+    # Only run() is exercised: its pass (write_changed) is replaced below.
+    writer = PoolStatusWriter(kube=None, state=None, providers=None,  # type: ignore[arg-type]
+                              config=PoolStatusConfig(), clock=Clock())  # type: ignore[arg-type]
+
+    async def away() -> None:
+        raise ApiError(0, "ClientConnectorError", "Cannot connect to host 127.0.0.1:6443")
+
+    writer.write_changed = away  # type: ignore[method-assign]
+    caplog.set_level(logging.WARNING, logger="controller.reconcilers.pool_status")
+    with pytest.raises(asyncio.CancelledError):
+        await writer.run()
+    lines = [r for r in caplog.records if r.name == "controller.reconcilers.pool_status"]
+    assert len(lines) == 1, [r.getMessage() for r in lines]
+    assert lines[0].exc_info is None
+    assert "no answer ClientConnectorError" in lines[0].getMessage()

@@ -145,3 +145,37 @@ async def test_an_api_outage_is_ridden_out_told_by_readyz_and_logged_once_per_pr
 
 async def _ready(probes: Probes) -> bool:
     return probes.ready()[0]
+
+
+async def test_watches_failing_for_seconds_fail_readyz_long_before_a_streams_length(
+    server: SandboxServer, kube: KubeClient,
+) -> None:
+    """The stream-length rule alone (330 s) would leave /readyz at 200 through a one-minute
+    outage: a watch whose every request fails counts as stalled after ``failing_after``."""
+    await _setup(kube)
+    controller = _controller(kube)
+    assert controller.stall_after > 300
+    controller.failing_after = 1.5
+    probes = Probes(controller, None)
+    await controller.start()
+    port = server.port
+    back: SandboxServer | None = None
+    try:
+        assert probes.ready()[0]
+        await server.stop()
+        await asyncio.sleep(0.5)
+        assert probes.ready()[0], "a failure or two is not yet a stall"
+
+        async def not_ready() -> bool:
+            return not probes.ready()[0]
+
+        await _until(not_ready)
+        assert "made no progress" in probes.ready()[1]["reason"]
+        assert probes.live()[0]
+        back = SandboxServer(port=port, store=server.store)
+        await back.start()
+        await _until(lambda: _ready(probes))
+    finally:
+        await controller.stop()
+        if back is not None:
+            await back.stop()
