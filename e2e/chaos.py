@@ -59,7 +59,7 @@ from typing import Any
 
 from controller import crashpoints
 from controller.commands import objects
-from controller.kube import ApiError, Body, KubeClient, WatchEvent
+from controller.kube import ApiError, Body, KubeClient, WatchEvent, whole_listing
 from controller.kube.resources import (
     CAPACITY_POOLS,
     NAMESPACES,
@@ -516,9 +516,9 @@ class Chaos:
             self.rec.request_sync(items, int(listing["metadata"]["resourceVersion"]))
 
         await asyncio.gather(
-            kube.watch(NODES, node_sync, self.rec.node_event,
+            kube.watch(NODES, whole_listing(node_sync), self.rec.node_event,
                        label_selector=f"{POOL_LABEL}={self.pool}"),
-            kube.watch(PROVISIONING_REQUESTS, request_sync, self.rec.request_event,
+            kube.watch(PROVISIONING_REQUESTS, whole_listing(request_sync), self.rec.request_event,
                        namespace=self.ns),
         )
 
