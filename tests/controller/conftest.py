@@ -16,6 +16,7 @@ from controller.kube.resources import CAPACITY_POOLS, NAMESPACES, POD_TEMPLATES
 from controller.operator import Controller
 from providers.fake import FakeProvider
 from sandbox.server import SandboxServer
+from sandbox.store import Store
 
 CRDS = Path(__file__).resolve().parents[2] / "crds"
 
@@ -37,6 +38,20 @@ async def kube(server: SandboxServer, tmp_path: Path) -> AsyncIterator[KubeClien
         yield client
     finally:
         await client.close()
+
+
+@pytest.fixture
+async def short_history(tmp_path: Path) -> AsyncIterator[tuple[SandboxServer, KubeClient]]:
+    """A server that keeps only 5 events per resource, like an apiserver after compaction:
+    a watch's or a listing's resourceVersion falls out of its window after a few writes."""
+    srv = SandboxServer(store=Store(history=5), bookmark_interval=0.1)
+    await srv.start()
+    client = await KubeClient.from_kubeconfig(srv.write_kubeconfig(tmp_path / "kc"))
+    try:
+        yield srv, client
+    finally:
+        await client.close()
+        await srv.stop()
 
 
 @pytest.fixture

@@ -6,34 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
-
-import pytest
 
 from controller.kube import KubeClient, Page
 from controller.kube.resources import NODES
 from controller.state.cache import ClusterState
 from controller.state.feeds import Feeds
 from sandbox.server import SandboxServer
-from sandbox.store import Store
 from tests.controller.test_kube_watch import _until
 
 LEVELS = ("kubernetes.io/hostname",)
-
-
-@pytest.fixture
-async def short_history(tmp_path: Path) -> AsyncIterator[tuple[SandboxServer, KubeClient]]:
-    # 5 events per resource: a listing's snapshot is compacted away after a few writes.
-    srv = SandboxServer(store=Store(history=5), bookmark_interval=0.1)
-    await srv.start()
-    client = await KubeClient.from_kubeconfig(srv.write_kubeconfig(tmp_path / "kc"))
-    try:
-        yield srv, client
-    finally:
-        await client.close()
-        await srv.stop()
 
 
 def _node(name: str) -> dict[str, Any]:

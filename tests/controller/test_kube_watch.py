@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,20 +11,6 @@ import pytest
 from controller.kube import ApiError, KubeClient, WatchEvent, whole_listing
 from controller.kube.resources import NODES
 from sandbox.server import SandboxServer
-from sandbox.store import Store
-
-
-@pytest.fixture
-async def short_history(tmp_path: Path) -> AsyncIterator[tuple[SandboxServer, KubeClient]]:
-    # The server keeps only 5 events per resource, like an apiserver after compaction.
-    srv = SandboxServer(store=Store(history=5), bookmark_interval=0.1)
-    await srv.start()
-    client = await KubeClient.from_kubeconfig(srv.write_kubeconfig(tmp_path / "kc"))
-    try:
-        yield srv, client
-    finally:
-        await client.close()
-        await srv.stop()
 
 
 def _node(name: str) -> dict[str, Any]:

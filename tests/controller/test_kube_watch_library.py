@@ -20,8 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,19 +33,6 @@ from sandbox.server import SandboxServer
 from sandbox.store import Store
 from tests.controller.conftest import CRDS
 from tests.helpers import eventually
-
-
-@pytest.fixture
-async def short_history(tmp_path: Path) -> AsyncIterator[tuple[SandboxServer, KubeClient]]:
-    # The server keeps only 5 events per resource, like an apiserver after compaction.
-    srv = SandboxServer(store=Store(history=5), bookmark_interval=0.1)
-    await srv.start()
-    client = await KubeClient.from_kubeconfig(srv.write_kubeconfig(tmp_path / "kc"))
-    try:
-        yield srv, client
-    finally:
-        await client.close()
-        await srv.stop()
 
 
 def _node(name: str) -> dict[str, Any]:
