@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from controller.kube.client import ApiError
-from controller.kube.problems import LOG_INTERVAL, ProblemLog
+from controller.problem_log import LOG_INTERVAL, ProblemLog
 from providers.base import ProviderError
 
 __all__ = ["LOG_INTERVAL", "ProblemLog", "describe", "retrying", "transient"]

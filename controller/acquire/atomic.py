@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from controller.api.capacitypool import CapacityPool
 from controller.decisions import decide
-from controller.kube.problems import ProblemLog
+from controller.problem_log import ProblemLog
 from controller.state.bookings import Group
 from providers.base import AcquireRequest, CapacityUnavailable, Provider, ProviderError
 
