@@ -20,6 +20,7 @@ import pytest
 from controller.kube.resources import NODES, PROVISIONING_REQUESTS
 from e2e import cluster as cp
 from e2e.chaos import Chaos, Options
+from e2e.conftest import eventually
 from e2e.faultproxy import FaultProxy, describe
 from e2e.real import MusterProcess
 
@@ -61,16 +62,6 @@ def _problem_lines(lines: list[str]) -> Counter[str]:
     return out
 
 
-async def _wait(probe, within: float, what: str):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        got = await probe()
-        if got:
-            return got
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"{what} not within {within:g}s")
-
-
 def _status(port: int, path: str) -> int:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as resp:
@@ -103,7 +94,7 @@ def test_each_provider_fault_in_turn_then_all_at_once_with_crashes(
                 for old in list(chaos.alive):
                     await kube.delete(PROVISIONING_REQUESTS, old, namespace=chaos.ns)
                     chaos.alive.remove(old)
-                await _wait(pool_empty, 60, "the pool's nodes released")
+                await eventually(pool_empty, within=60, step=0.2, what="the pool's nodes released")
                 await chaos._set_pool_parameter("faults", {kind: 1, "timeoutSeconds": 1})
                 await chaos.arrive(1, atomic=True)
                 name = f"{chaos.ns}/r{chaos.seq}"
@@ -111,7 +102,8 @@ def test_each_provider_fault_in_turn_then_all_at_once_with_crashes(
                 async def reported(kind: str = kind, name: str = name) -> bool:
                     return name in chaos.rec.faults.get(kind, set())
 
-                await _wait(reported, 45, f"the {kind} fault on the request's condition")
+                await eventually(reported, within=45, step=0.2,
+                                 what=f"the {kind} fault on the request's condition")
                 await chaos._set_pool_parameter("faults", None)
             # A release the provider refuses: retried by the collector, said once.
             await chaos.arrive(1, atomic=True)
@@ -122,7 +114,7 @@ def test_each_provider_fault_in_turn_then_all_at_once_with_crashes(
                 return any(c.get("type") == "Provisioned" and c.get("status") == "True"
                            for c in (body.get("status") or {}).get("conditions") or [])
 
-            await _wait(booked, 60, "the request booked")
+            await eventually(booked, within=60, step=0.2, what="the request booked")
             await chaos._set_pool_parameter("faults", {"releaseError": 1})
             assert chaos.kube is not None
             await chaos.kube.delete(PROVISIONING_REQUESTS, victim, namespace=chaos.ns)
