@@ -8,7 +8,12 @@ and counted (:attr:`EventBroadcaster.dropped`), as client-go's broadcaster does.
 Repeats of the same event (same object, type, reason, message and source) are aggregated as
 client-go's ``EventCorrelator`` does: the first is created, later ones PATCH ``count`` and
 ``lastTimestamp`` of the Event already stored, so a retry loop does not flood ``kubectl
-describe``. Only the last ``cache_size`` distinct events are remembered for that.
+describe``. Only the last ``cache_size`` distinct events are remembered for that, and none
+longer than ``aggregate_seconds`` after its last repeat: a repeat after that starts a new
+Event. Most of Muster's events are about one request each and never repeat once it is
+deleted, so a cache bounded by count alone fills with the dead (4096 entries, about 1 KB
+each) and a long-running controller's memory grows for hours before it levels off; bounded
+by time too, it holds about ``aggregate_seconds`` of events.
 
 One :class:`EventBroadcaster` per controller; each component takes its own
 :class:`EventRecorder` (its ``source.component`` and ``reportingComponent``) from it.
@@ -22,7 +27,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from controller.kube.client import ApiError, KubeClient
@@ -40,6 +45,8 @@ DEFAULT_QUEUE_SIZE = 1000
 """client-go's broadcaster buffers 1000 events per watcher before dropping."""
 DEFAULT_CACHE_SIZE = 4096
 """client-go's correlator remembers 4096 events for aggregation."""
+DEFAULT_AGGREGATE_SECONDS = 600.0
+"""client-go's aggregator folds similar events within 10 minutes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +115,8 @@ class _Event:
 class _Seen:
     name: str
     count: int
+    last: datetime
+    """When it was last posted or aggregated (the events' own time)."""
 
 
 class EventBroadcaster:
@@ -120,12 +129,14 @@ class EventBroadcaster:
         now: Callable[[], datetime],
         queue_size: int = DEFAULT_QUEUE_SIZE,
         cache_size: int = DEFAULT_CACHE_SIZE,
+        aggregate_seconds: float = DEFAULT_AGGREGATE_SECONDS,
     ) -> None:
         if queue_size < 1:
             raise ValueError(f"queue_size must be at least 1, got {queue_size}")
         self.kube = kube
         self.now = now
         self.cache_size = cache_size
+        self.aggregate_window = timedelta(seconds=aggregate_seconds)
         self._queue: asyncio.Queue[_Event] = asyncio.Queue(maxsize=queue_size)
         self._seen: OrderedDict[tuple[str, ...], _Seen] = OrderedDict()
         self._task: asyncio.Task[None] | None = None
@@ -140,6 +151,11 @@ class EventBroadcaster:
 
     def recorder(self, component: str) -> EventRecorder:
         return EventRecorder(self, component)
+
+    @property
+    def remembered(self) -> int:
+        """Distinct events remembered for aggregation."""
+        return len(self._seen)
 
     @property
     def pending(self) -> int:
@@ -199,6 +215,7 @@ class EventBroadcaster:
 
     async def _send(self, event: _Event) -> None:
         ts = event.at.strftime("%Y-%m-%dT%H:%M:%SZ")
+        self._forget_before(event.at - self.aggregate_window)
         seen = self._seen.get(event.key)
         if seen is not None:
             self._seen.move_to_end(event.key)
@@ -216,15 +233,25 @@ class EventBroadcaster:
                 del self._seen[event.key]
             else:
                 seen.count += 1
+                seen.last = event.at
                 self.aggregated += 1
                 return
         created = await self.kube.create(EVENTS, _body(event, ts), namespace=event.namespace)
         self.created += 1
         name = (created.get("metadata") or {}).get("name")
         if name:
-            self._seen[event.key] = _Seen(str(name), int(created.get("count") or 1))
+            self._seen[event.key] = _Seen(str(name), int(created.get("count") or 1), event.at)
             while len(self._seen) > self.cache_size:
                 self._seen.popitem(last=False)
+
+    def _forget_before(self, cutoff: datetime) -> None:
+        # Least recently posted first (a hit moves its entry to the end), so the stale ones
+        # are a prefix.
+        while self._seen:
+            key, oldest = next(iter(self._seen.items()))
+            if oldest.last >= cutoff:
+                return
+            del self._seen[key]
 
 
 class EventRecorder:

@@ -164,6 +164,36 @@ async def test_repeats_are_aggregated_into_one_event(kube: KubeClient) -> None:
     assert (broadcaster.created, broadcaster.aggregated) == (2, 2)
 
 
+async def test_a_repeat_after_the_aggregation_window_is_a_new_event(kube: KubeClient) -> None:
+    # The aggregation cache holds events of requests long deleted unless it forgets by age:
+    # a long-running controller's memory then grows until 4096 of them are remembered.
+    await kube.create(NAMESPACES, {"metadata": {"name": "ns"}})
+    clock = ManualClock()
+    broadcaster = EventBroadcaster(kube, now=clock.now)  # 10 minutes
+    recorder = broadcaster.recorder("muster")
+    gang = ObjectReference(api_version="v1", kind="Pod", name="gang", namespace="ns")
+    broadcaster.start()
+    try:
+        recorder.event(gang, "Warning", "CapacityIsNotFound", "no rack")
+        for other in range(20):  # requests that come and go, never to repeat an event
+            recorder.event(ObjectReference(api_version="v1", kind="Pod", name=f"p{other}",
+                                           namespace="ns"), "Normal", "Started", "started")
+        await clock.advance(599)
+        recorder.event(gang, "Warning", "CapacityIsNotFound", "no rack")
+        await broadcaster.flush()
+        assert broadcaster.remembered == 21
+        await clock.advance(601)
+        recorder.event(gang, "Warning", "CapacityIsNotFound", "no rack")
+        await broadcaster.flush()
+        assert broadcaster.remembered == 1
+    finally:
+        await broadcaster.stop()
+    events = sorted(await _events_of(kube, "gang"), key=lambda e: e["firstTimestamp"])
+    assert [(e["count"], e["firstTimestamp"], e["lastTimestamp"]) for e in events] == [
+        (2, "2026-01-01T00:00:00Z", "2026-01-01T00:09:59Z"),
+        (1, "2026-01-01T00:20:00Z", "2026-01-01T00:20:00Z")]
+
+
 async def test_an_expired_event_is_created_again(kube: KubeClient) -> None:
     await kube.create(NAMESPACES, {"metadata": {"name": "ns"}})
     broadcaster = EventBroadcaster(kube, now=ManualClock().now)
