@@ -12,8 +12,8 @@ manages every node annotated ``kwok.x-k8s.io/node: fake`` (the real-cluster test
 
 For tests it keeps the things a cloud has and a cluster lacks: stock per domain, acquisition
 latency, injected failures (next error, grant k of n); the skeleton deletes a partial
-creation before the error is raised, so all-or-nothing holds. Every call is recorded in
-:attr:`FakeProvider.calls`.
+creation before the error is raised, so all-or-nothing holds. Acquisitions and releases are
+recorded in :attr:`FakeProvider.calls`.
 """
 
 from __future__ import annotations
@@ -71,9 +71,11 @@ repeatable, ``timeoutSeconds`` is how long a timed-out call hangs (default 2):
 
 A process's draws for a pool come from one ``random.Random(seed)``; patching the pool's
 parameters changes the probabilities at once (the draws go on from where they were)."""
-CALLS_KEPT = 10_000
+CALLS_KEPT = 1_000
 """The last calls :attr:`FakeProvider.calls` keeps: a long-running controller's must not
-grow with every request it ever handled."""
+grow with every request it ever handled. Tests read the last few. 10,000 acquisition records
+take 3.6 MB, and filling them made the soak's memory (benchmarks/soak.py) grow for its first
+80 minutes."""
 
 T = TypeVar("T")
 Now = Callable[[], datetime]
@@ -84,7 +86,8 @@ Nodes = list[ProvidedNode]
 @dataclass(frozen=True, slots=True)
 class ProviderCall:
     op: str
-    """acquire | release | list"""
+    """acquire | release (the collector's periodic lists are not recorded: nothing reads
+    them, and at one per pool per second they would crowd the acquisitions out)"""
     pool: str
     key: str = ""
     count: int = 0
@@ -216,11 +219,6 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
         deleted = await super().release(pool, key)
         self.calls.append(ProviderCall("release", pool.metadata.name, key, deleted))
         return deleted
-
-    async def list(self, pool: CapacityPool) -> Nodes:
-        nodes = await super().list(pool)
-        self.calls.append(ProviderCall("list", pool.metadata.name))
-        return nodes
 
     # ------------------------------------------------------------------ the adapter
 
