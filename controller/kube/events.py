@@ -11,9 +11,9 @@ client-go's ``EventCorrelator`` does: the first is created, later ones PATCH ``c
 describe``. Only the last ``cache_size`` distinct events are remembered for that, and none
 longer than ``aggregate_seconds`` after its last repeat: a repeat after that starts a new
 Event. Most of Muster's events are about one request each and never repeat once it is
-deleted, so a cache bounded by count alone fills with the dead (4096 entries, about 1 KB
-each) and a long-running controller's memory grows for hours before it levels off; bounded
-by time too, it holds about ``aggregate_seconds`` of events.
+deleted, so a cache bounded by count alone fills with the dead (up to 4096 entries) and a
+long-running controller's memory grows for hours before it levels off; bounded by time too,
+it holds about ``aggregate_seconds`` of events.
 
 One :class:`EventBroadcaster` per controller; each component takes its own
 :class:`EventRecorder` (its ``source.component`` and ``reportingComponent``) from it.
