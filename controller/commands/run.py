@@ -291,7 +291,7 @@ async def _serve(
 ) -> None:
     """Campaign (if enabled), start the controller once leading, run until a signal or the
     loss of the Lease."""
-    from controller.runtime import freeze_heap, tune_gc
+    from controller.runtime import freeze_heap, trim_heap_every, tune_gc
 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):  # also while standing by or starting
@@ -306,12 +306,14 @@ async def _serve(
         return
     freeze_heap()
     log.info("Muster is running against %s (cluster %s)", controller.kube.host, cfg.cluster_name)
+    trimmer = asyncio.ensure_future(trim_heap_every())
     waiters: set[asyncio.Future[Any]] = {
         asyncio.ensure_future(stop.wait()), asyncio.ensure_future(lost.wait())
     }
     try:
         await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
     finally:
+        trimmer.cancel()
         for fut in waiters:
             fut.cancel()
 
