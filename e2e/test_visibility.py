@@ -230,7 +230,8 @@ async def test_an_invalid_pool_says_why_and_the_plugin_errors_are_one_line(
     assert "spec.parameters" in message and "defaultStock" in message, message
     assert status["provisionableNodes"] == 0
 
-    # Neither the plugin nor the controller plans on it: every acquisition would fail.
+    # Neither the plugin nor the controller plans on it (every acquisition would fail); both
+    # say the gang waits for the pool's fix, naming it, rather than that it never fits.
     template = objects.pod_template(
         "workers", namespace=env.namespace, requests={"cpu": "90", objects.GPU: "8"},
         required_level=objects.RACK, tolerations=[objects.GPU_TOLERATION],
@@ -241,7 +242,9 @@ async def test_an_invalid_pool_says_why_and_the_plugin_errors_are_one_line(
         "-n", env.namespace, "-o", "json")
     assert code == 1, err
     said = json.loads(out)
-    assert said["fits"] is False and said["permanent"] is True
+    assert said["fits"] is False and said["permanent"] is False, said
+    (problem,) = said["unusablePools"][body["metadata"]["name"]]
+    assert "defaultStock" in problem, said
     await env.kube.create(POD_TEMPLATES, template, namespace=env.namespace)
     await env.request("gang", [("workers", 2)], class_name=ATOMIC)
     # The controller's request waits for the pool's fix, naming it, within its retry budget

@@ -24,6 +24,7 @@ import asyncio
 import enum
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
@@ -274,11 +275,23 @@ def capacity(
 # ---------------------------------------------------------------------------- fit
 
 
-def plan_payload(result: Plan | NoFit) -> dict[str, Any]:
+@dataclass(frozen=True)
+class WhatIf:
+    """A what-if plan, and the refused pools the gang waits for when it did not fit."""
+
+    result: Plan | NoFit
+    unusable_pools: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+def plan_payload(result: Plan | NoFit | WhatIf) -> dict[str, Any]:
     """A plan or a shortfall as plain data (what ``-o json`` prints)."""
     from controller.fit.explain import shortfall
     from controller.fit.types import Plan
 
+    unusable: Mapping[str, tuple[str, ...]] = {}
+    if isinstance(result, WhatIf):
+        unusable = result.unusable_pools
+        result = result.result
     if isinstance(result, Plan):
         existing: dict[str, int] = {}
         for a in result.assignments:
@@ -306,7 +319,8 @@ def plan_payload(result: Plan | NoFit) -> dict[str, Any]:
         "fits": False,
         "request": result.request,
         "mode": result.mode.value,
-        "permanent": result.permanent,
+        "permanent": result.permanent and not unusable,
+        "unusablePools": {name: list(problems) for name, problems in unusable.items()},
         "shortfall": shortfall(result),
         "reasons": [{"code": r.code.value, "podSet": r.pod_set, "message": r.message,
                      "needed": r.needed, "best": r.best, "level": r.level,
@@ -331,9 +345,16 @@ def _print_plan(payload: Mapping[str, Any]) -> None:
                                       for k, v in n["domain"].items()) or "-",
                   n["count"], f"{n['costPerHour']:.2f}") for n in payload["newNodes"]]))
         return
-    verdict = "NEVER FITS" if payload["permanent"] else "DOES NOT FIT"
-    typer.echo(f"{verdict} {payload['request']} (mode {payload['mode']}): "
-               f"{payload['shortfall']}")
+    unusable = payload.get("unusablePools") or {}
+    if unusable:  # the controller's PoolUnusable: the fix is the pool's
+        pools = "; ".join(f"CapacityPool {name} ({'; '.join(problems)})"
+                          for name, problems in unusable.items())
+        typer.echo(f"WAITS FOR POOL {payload['request']} (mode {payload['mode']}): {pools}. "
+                   f"Without {'it' if len(unusable) == 1 else 'them'}: {payload['shortfall']}")
+    else:
+        verdict = "NEVER FITS" if payload["permanent"] else "DOES NOT FIT"
+        typer.echo(f"{verdict} {payload['request']} (mode {payload['mode']}): "
+                   f"{payload['shortfall']}")
     typer.echo(table_text(("REASON", "POD SET", "DETAIL"),
                           [(r["code"], r["podSet"] or "-", r["message"])
                            for r in payload["reasons"]]))
@@ -404,11 +425,15 @@ def read_fit_file(path: Path, namespace: str) -> tuple[dict[str, Any], list[dict
 async def what_if(
     state: ClusterState, config: MusterConfig, request: Mapping[str, Any],
     templates: Sequence[Mapping[str, Any]] = (), *, exclude: str | None = None,
-) -> Plan | NoFit:
+) -> WhatIf:
     """Plan ``request`` against ``state`` as the controller's planner would (its templates
-    from ``templates`` first, then the cluster's); nothing is written anywhere."""
+    from ``templates`` first, then the cluster's); nothing is written anywhere. A gang that
+    does not fit and that a pool the provider refuses would serve waits for that pool's
+    fix, as in the controller (``PoolUnusable``), rather than never fitting."""
     from controller.fit import PlanningPass
+    from controller.fit.types import Plan
     from controller.reconcilers.service import Invalid, build_gang
+    from controller.state.planner import pools_to_fix
     from controller.state.requests import RequestRecord
 
     for t in templates:
@@ -422,8 +447,12 @@ async def what_if(
         gang = build_gang(view, state, config)
     except Invalid as exc:
         raise PluginError(f"ProvisioningRequest {view.key}: {exc.detail}") from None
-    snapshot = state.snapshot(exclude=exclude, now=datetime.now(UTC))
-    return PlanningPass(snapshot).plan(gang, mode)
+    now = datetime.now(UTC)
+    result = PlanningPass(state.snapshot(exclude=exclude, now=now)).plan(gang, mode)
+    if isinstance(result, Plan) or not state.unusable_pools():
+        return WhatIf(result)
+    with_unusable = PlanningPass(state.snapshot(exclude=exclude, now=now, with_unusable=True))
+    return WhatIf(result, pools_to_fix(with_unusable, state.unusable_pools(), gang, mode))
 
 
 @app.command()

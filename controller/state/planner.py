@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -111,17 +111,12 @@ class Planner:
 
         For a request that found no fit (so it holds no booking): the snapshot is built
         once per planning pass, so a burst of such requests costs one, as planning does."""
-        refused = self._state.unusable_pools()
-        if not refused:
+        if not self._state.unusable_pools():
             return {}
         if self._what_if is None or self._what_if[0] != self.passes:
             snap = self._state.snapshot(now=now, with_unusable=True)
             self._what_if = (self.passes, PlanningPass(snap))
-        result = self._what_if[1].plan(gang, mode)
-        if not isinstance(result, Plan):
-            return {}
-        return {pool: refused[pool] for pool in sorted({n.pool for n in result.new_nodes})
-                if pool in refused}
+        return pools_to_fix(self._what_if[1], self._state.unusable_pools(), gang, mode)
 
     async def _loop(self) -> None:
         while True:
@@ -168,3 +163,20 @@ class Planner:
             except Exception as exc:  # a bug in one request's planning must not stop others
                 log.exception("planning %s failed", item.key)
                 item.future.set_exception(exc)
+
+
+def pools_to_fix(
+    with_unusable: PlanningPass, refused: Mapping[str, tuple[str, ...]], gang: GangRequest,
+    mode: Mode,
+) -> dict[str, tuple[str, ...]]:
+    """Of the ``refused`` pools (name: the provider's problems), those the gang's plan would
+    buy from were they usable; ``with_unusable`` plans as if they were. Empty when the gang
+    would not fit even with them. The controller and ``kubectl muster`` both decide with it
+    whether a gang that found no fit waits for a pool's fix."""
+    if not refused:
+        return {}
+    result = with_unusable.plan(gang, mode)
+    if not isinstance(result, Plan):
+        return {}
+    return {pool: refused[pool] for pool in sorted({n.pool for n in result.new_nodes})
+            if pool in refused}

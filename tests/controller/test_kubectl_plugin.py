@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from controller.commands import objects
 from controller.commands.kubectl_plugin import (
     PluginError,
+    _print_plan,
     app,
     capacity_rows,
     job_documents,
@@ -75,6 +76,32 @@ async def test_what_if_plans_a_job_on_the_controller_s_cache() -> None:
     got = plan_payload(await what_if(state, MusterConfig(), request, [template]))
     assert got["fits"] is False and got["permanent"] is True
     assert "can never appear" in got["shortfall"]
+
+
+async def test_what_if_waits_for_a_refused_pool_that_would_serve_the_gang(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # As the controller says PoolUnusable (not CapacityNeverFits) when only a pool the
+    # provider refuses could hold the gang.
+    state = ClusterState(levels=DEFAULT_LEVELS)
+    state.replace_pools([objects.gpu_pool("gpu", blocks=1, racks_per_block=2,
+                                          nodes_per_rack=4)])
+    state.set_pool_unusable("gpu", ("spec.parameters: no credentials",))
+    template, request = job_documents(_job(3), "team")
+    got = plan_payload(await what_if(state, MusterConfig(), request, [template]))
+    assert got["fits"] is False and got["permanent"] is False
+    assert got["unusablePools"] == {"gpu": ["spec.parameters: no credentials"]}
+    _print_plan(got)
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("WAITS FOR POOL team/train (mode provision): CapacityPool gpu "
+                            "(spec.parameters: no credentials). Without it: "), first
+
+    # Five racks' worth would not fit even in the fixed pool: that never fits.
+    template, request = job_documents(_job(5), "team")
+    got = plan_payload(await what_if(state, MusterConfig(), request, [template]))
+    assert got["permanent"] is True and got["unusablePools"] == {}
+    _print_plan(got)
+    assert capsys.readouterr().out.startswith("NEVER FITS team/train")
 
 
 def test_fit_file_errors_are_one_line(tmp_path: Path) -> None:
