@@ -43,12 +43,11 @@ from controller.kube import ApiError, KubeClient
 from controller.kube.resources import (
     CAPACITY_POOLS,
     NAMESPACES,
-    NODES,
     POD_TEMPLATES,
     PROVISIONING_REQUESTS,
 )
 from e2e import cluster as cp
-from e2e.chaos import CHAOS_CONFIG, conditions
+from e2e.chaos import CHAOS_CONFIG, conditions, remove_run
 from e2e.real import MusterProcess
 
 FLOW_SCHEMA = "service-accounts"
@@ -206,22 +205,7 @@ class Soak:
                     self.provisioned.add(name)
 
     async def cleanup(self, kube: KubeClient) -> None:
-        for name in list(self.created):
-            with contextlib.suppress(ApiError):
-                await kube.delete(PROVISIONING_REQUESTS, name, namespace=self.ns)
-        for _ in range(120):
-            listing = await kube.list(NODES, label_selector=f"muster.dev/pool={self.pool}")
-            if not listing.get("items"):
-                break
-            await asyncio.sleep(1)
-        with contextlib.suppress(ApiError):
-            await kube.delete(CAPACITY_POOLS, self.pool)
-        for _ in range(30):
-            if await kube.get_or_none(CAPACITY_POOLS, self.pool) is None:
-                break
-            await asyncio.sleep(1)
-        with contextlib.suppress(ApiError):
-            await kube.delete(NAMESPACES, self.ns)
+        await remove_run(kube, self.ns, self.pool, list(self.created), release_within=120)
 
 
 def report(samples: list[Sample], minutes: float) -> str:

@@ -417,6 +417,30 @@ def unbooked_nodes(rec: Recorder) -> list[str]:
 # --------------------------------------------------------------------------- the run
 
 
+async def remove_run(kube: KubeClient, namespace: str, pool: str, requests: list[str], *,
+                     release_within: float = 60) -> None:
+    """A run's requests first (Muster releases their nodes: waited for up to
+    ``release_within`` seconds), then its pool (once gone) and its namespace. What fails
+    to go is left for the caller's own checks, not raised."""
+    for name in requests:
+        with contextlib.suppress(ApiError):
+            await kube.delete(PROVISIONING_REQUESTS, name, namespace=namespace)
+    deadline = time.monotonic() + release_within
+    while time.monotonic() < deadline:
+        listing = await kube.list(NODES, label_selector=f"{POOL_LABEL}={pool}")
+        if not listing.get("items"):
+            break
+        await asyncio.sleep(1)
+    with contextlib.suppress(ApiError):
+        await kube.delete(CAPACITY_POOLS, pool)
+    for _ in range(30):
+        if await kube.get_or_none(CAPACITY_POOLS, pool) is None:
+            break
+        await asyncio.sleep(1)
+    with contextlib.suppress(ApiError):
+        await kube.delete(NAMESPACES, namespace)
+
+
 @dataclass
 class Options:
     seed: int = 1
@@ -766,24 +790,8 @@ class Chaos:
         kube = self.kube
         with contextlib.suppress(Exception):
             await self._start(self.muster)
-        for key in list(self.rec.current):
-            name = key.split("/", 1)[1]
-            with contextlib.suppress(ApiError):
-                await kube.delete(PROVISIONING_REQUESTS, name, namespace=self.ns)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            listing = await kube.list(NODES, label_selector=f"{POOL_LABEL}={self.pool}")
-            if not listing.get("items"):
-                break
-            await asyncio.sleep(1)
-        with contextlib.suppress(ApiError):
-            await kube.delete(CAPACITY_POOLS, self.pool)
-        for _ in range(30):
-            if await kube.get_or_none(CAPACITY_POOLS, self.pool) is None:
-                break
-            await asyncio.sleep(1)
-        with contextlib.suppress(ApiError):
-            await kube.delete(NAMESPACES, self.ns)
+        await remove_run(kube, self.ns, self.pool,
+                         [key.split("/", 1)[1] for key in self.rec.current])
         self.muster.stop()
         self.standby.stop()
         # Anything Muster did not release (it should have): the run's nodes go.
