@@ -237,7 +237,8 @@ async def test_pods_of_another_namespace_cannot_consume_a_booking(env: Env) -> N
             return bool(got["spec"].get("nodeName"))
 
         await eventually(bound, within=30, what="the other namespace's pod to be bound")
-        expired = await env.wait_condition("mine", "BookingExpired", within=30)
+        expired = await env.wait_condition(
+            "mine", "BookingExpired", within=env.config.booking.duration_seconds + 20)
         assert expired["reason"] == "CapacityReservationTimeExpired", expired
         assert "0 of 1 pod(s)" in expired["message"]
         await env.kube.delete(PODS, "squatter", namespace=other.namespace)
