@@ -69,7 +69,7 @@ class Collector:
         the pool's ProviderReady condition carries it meanwhile)."""
 
     async def run_once(self) -> list[Released]:
-        self._state.prune_vanished()
+        self._state.prune_vanished(self._now())
         owners = self._owners()
         in_flight = self._in_flight()
         released: list[Released] = []

@@ -59,9 +59,14 @@ CONSUME_ANNOTATION = "autoscaling.x-k8s.io/consume-provisioning-request"
 DEPRECATED_CONSUME_ANNOTATION = "cluster-autoscaler.kubernetes.io/consume-provisioning-request"
 
 ACTIVE_PHASES = frozenset({Phase.ACQUIRING, Phase.BOOKED})
+DELETED_SECONDS = 300.0
+"""How long a deleted request's uid is remembered: between this and twice this (two
+generations, turned over by :meth:`ClusterState.prune_vanished`), five times the longest a
+write or a list can be in flight (the client's timeout is 60 s). Kept by age rather than
+count so that a steady stream of requests keeps a steady number of uids: counted to 16,384,
+the soak's memory grew for nine hours at 0.5 deletions/s (benchmarks/soak.py)."""
 DELETED_MEMORY = 16_384
-"""How many deleted requests' uids are remembered: far more than requests deleted while one
-write can be in flight (its timeout is 60 s)."""
+"""At most this many uids per generation, however many requests a burst deletes."""
 
 
 def object_key(obj: Mapping[str, Any]) -> str:
@@ -174,8 +179,11 @@ class ClusterState:
         """Request uid -> namespace, kept after a deletion while nodes acquired for the
         request exist (they still count against the namespace's limits)."""
         self._deleted: OrderedDict[str, None] = OrderedDict()
-        """uids of requests seen deleted, newest last (bounded): an answer to a write sent
-        before the deletion must not bring the request back into the cache."""
+        """uids of requests seen deleted since ``_deleted_turned``, newest last: an answer to
+        a write sent before the deletion must not bring the request back into the cache."""
+        self._deleted_before: OrderedDict[str, None] = OrderedDict()
+        """The generation before (see :data:`DELETED_SECONDS`)."""
+        self._deleted_turned: datetime | None = None
         self._bookings: dict[str, Booking] = {}
         self._nodes_by_pool: dict[str, set[str]] = {}
         """CapacityPool name (the node's pool label) -> its nodes."""
@@ -275,9 +283,15 @@ class ClusterState:
         """Nodes of acquisition ``key`` seen deleted since this process started."""
         return sorted(self._gone_by_key.get(key, ()))
 
-    def prune_vanished(self) -> None:
-        """Forget deleted-node records of keys no active booking holds, and the namespaces of
-        deleted requests none of whose nodes is left (keeps memory flat)."""
+    def prune_vanished(self, now: datetime) -> None:
+        """Forget deleted-node records of keys no active booking holds, the namespaces of
+        deleted requests none of whose nodes is left, and the uids of requests deleted more
+        than :data:`DELETED_SECONDS` before ``now`` (keeps memory flat)."""
+        if self._deleted_turned is None:
+            self._deleted_turned = now
+        elif (now - self._deleted_turned).total_seconds() >= DELETED_SECONDS:
+            self._deleted_before, self._deleted = self._deleted, OrderedDict()
+            self._deleted_turned = now
         live = {g.key for b in self.bookings().values() for g in b.groups}
         for key in [k for k in self._gone_by_key if k not in live]:
             del self._gone_by_key[key]
@@ -595,7 +609,7 @@ class ClusterState:
         key = object_key(body)
         meta = body.get("metadata") or {}
         uid = meta.get("uid")
-        if uid and uid in self._deleted:
+        if uid and (uid in self._deleted or uid in self._deleted_before):
             return None
         if meta.get("deletionTimestamp") and not meta.get("finalizers"):
             # Deleting with no finalizer left: gone from the API server already (the answer

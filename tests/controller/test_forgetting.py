@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from controller.clock import ManualClock
@@ -25,6 +25,8 @@ from controller.kube.resources import (
 )
 from controller.operator import Controller
 from controller.reconcilers.telemetry import state_reading
+from controller.state.cache import DELETED_SECONDS, ClusterState
+from controller.topology_defaults import DEFAULT_LEVELS
 from providers.fake import FakeProvider
 from sandbox.server import SandboxServer
 from tests.helpers import eventually
@@ -113,3 +115,46 @@ async def test_deleted_requests_leave_the_cache_bookings_and_gauges_empty(
 
 async def _quiet(controller: Controller) -> bool:
     return controller.queue.busy == 0
+
+
+def _request(i: int) -> Body:
+    body = objects.provisioning_request(f"r{i}", namespace="ns", pod_sets=[("workers", 1)])
+    body["metadata"].update(uid=f"uid-{i}", resourceVersion=str(i))
+    return body
+
+
+def test_deleted_uids_are_remembered_for_a_while_not_for_ever() -> None:
+    """A request deleted while a write to it is in flight stays deleted when the write's
+    answer arrives; but a controller deleting requests without end keeps only the last
+    minutes' uids, not every uid it ever saw (the soak's memory grew with them)."""
+    state = ClusterState(levels=DEFAULT_LEVELS)
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    interval = 15.0  # the collector's default pass
+    per_pass = 8  # 0.5 deletions/s
+    remembered: list[int] = []
+    i = 0
+    for n in range(int(6 * 3600 / interval)):
+        now = start + timedelta(seconds=n * interval)
+        state.prune_vanished(now)
+        for _ in range(per_pass):
+            body = _request(i)
+            assert state.upsert_request(body) is not None
+            state.delete_request("ns/" + body["metadata"]["name"])
+            i += 1
+        remembered.append(len(state._deleted) + len(state._deleted_before))
+    # At most two generations of DELETED_SECONDS, from the first hour to the sixth.
+    bound = 2 * DELETED_SECONDS / interval * per_pass + per_pass
+    assert max(remembered) <= bound
+    hour = len(remembered) // 6
+    assert max(remembered[hour:2 * hour]) == max(remembered[5 * hour:])
+
+    # The last pass's deletions: an answer to a write sent before them is refused.
+    last = _request(i - 1)
+    assert state.upsert_request(last) is None
+    # Still refused a whole generation later...
+    now = start + timedelta(seconds=6 * 3600 + DELETED_SECONDS)
+    state.prune_vanished(now)
+    assert state.upsert_request(last) is None
+    # ...and forgotten after two: by then no answer sent before the deletion is in flight.
+    state.prune_vanished(now + timedelta(seconds=DELETED_SECONDS))
+    assert state.upsert_request(last) is not None

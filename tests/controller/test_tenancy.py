@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from typing import Any, cast
 
 import pytest
@@ -79,7 +80,7 @@ def test_nodes_outliving_their_booking_still_count() -> None:
     assert state.namespace_usage("a") == Usage(2, 16, 20.0)
     # The request is deleted while its pods still run on the nodes: they still cost.
     state.delete_request("a/r1")
-    state.prune_vanished()
+    state.prune_vanished(datetime.now(UTC))
     assert state.namespace_usage("a").nodes == 2
     state.delete_node("n1")
     assert state.namespace_usage("a").nodes == 1
