@@ -46,3 +46,37 @@ def test_new_nodes_become_node_bookings_once_registered() -> None:
     )
     assert not after.new_nodes
     assert sorted(a.node or "" for a in after.assignments) == ["a", "b"]
+
+
+def test_deleting_a_booked_new_node_wakes_its_request_at_once() -> None:
+    """The persisted booking names its groups, not their nodes: the node's acquisition-key
+    label ties it to the request. Before this was checked, a vanished node was noticed only
+    when the booking was next due (at its expiry), so CapacityRevoked came up to
+    ``booking.duration_seconds`` late."""
+    from controller.commands import objects
+    from controller.state.bookings import PHASE_ANNOTATION, PLAN_ANNOTATION
+    from controller.state.cache import ClusterState
+    from controller.topology_defaults import DEFAULT_LEVELS, KEY_LABEL, POOL_LABEL
+
+    woken: list[str] = []
+    state = ClusterState(levels=DEFAULT_LEVELS, notify=woken.append)
+    state.replace_pools([objects.gpu_pool("p", price=10.0)])
+    plan = plan_on([], new=2)
+    booking = Booking(plan, attempt=1, groups=groups_for(plan, owner_uid="uid-1", attempt=1))
+    assert booking.acquired_nodes == ()  # as persisted: no node names
+    state.upsert_request({"metadata": {
+        "name": "r", "namespace": "a", "uid": "uid-1", "resourceVersion": "1",
+        "annotations": {PLAN_ANNOTATION: booking.to_annotation(), PHASE_ANNOTATION: "Booked"},
+    }})
+    key = booking.groups[0].key
+    state.replace_nodes([
+        objects.node(f"n{i}", allocatable={"cpu": "96", objects.GPU: "8"},
+                     labels={KEY_LABEL: key, POOL_LABEL: "p"})
+        for i in range(2)
+    ] + [objects.node("other", allocatable={"cpu": "96"})])
+    woken.clear()
+
+    state.delete_node("other")
+    assert woken == []
+    state.delete_node("n0")
+    assert woken == ["a/r"]
