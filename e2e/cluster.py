@@ -717,9 +717,17 @@ def _muster_kubeconfig(cluster: Cluster) -> None:
 
 def token_kubeconfig(cluster: Cluster, path: Path, account: str, namespace: str) -> Path:
     """A kubeconfig that authenticates as the ServiceAccount (a TokenRequest token)."""
-    done = kubectl(cluster, "create", "token", account, "-n", namespace, "--duration=48h")
-    _kubeconfig(cluster, path, {"token": done.stdout.strip()})
+    _kubeconfig(cluster, path, {"token": service_account_token(cluster, account, namespace)})
     return path
+
+
+def service_account_token(cluster: Cluster, account: str, namespace: str, *,
+                          duration: str = "48h", audience: str | None = None) -> str:
+    """A token of the ServiceAccount from the TokenRequest API, as a pod's projected token
+    is (``audience``: for another audience than the API server's)."""
+    extra = [f"--audience={audience}"] if audience else []
+    return kubectl(cluster, "create", "token", account, "-n", namespace,
+                   f"--duration={duration}", *extra).stdout.strip()
 
 
 # --------------------------------------------------------------------------- up / down

@@ -23,10 +23,10 @@ pytestmark = pytest.mark.real
 READER = "muster-metrics-reader"  # config/rbac/metrics_reader_role.yaml
 
 
-async def _token(cluster: cp.Cluster, account: str, namespace: str, *extra: str) -> str:
-    done = await asyncio.to_thread(cp.kubectl, cluster, "create", "token", account,
-                                   "-n", namespace, "--duration=10m", *extra)
-    return done.stdout.strip()
+async def _token(cluster: cp.Cluster, account: str, namespace: str,
+                 audience: str | None = None) -> str:
+    return await asyncio.to_thread(cp.service_account_token, cluster, account, namespace,
+                                   duration="10m", audience=audience)
 
 
 async def _scrape(port: int, token: str | None) -> tuple[int, str]:
@@ -64,7 +64,7 @@ async def scrapers(muster_rbac_clean: MusterProcess) -> AsyncIterator[dict[str, 
                 "group": await _token(cluster, "agent", grouped),
                 "unbound": await _token(cluster, "nosy", bound),
                 "audience": await _token(cluster, "prometheus", bound,
-                                         "--audience=https://not-the-api-server.invalid"),
+                                         "https://not-the-api-server.invalid"),
             }
         finally:
             for name in (f"{bound}-prometheus", f"{grouped}-all"):

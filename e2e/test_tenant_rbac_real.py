@@ -62,8 +62,8 @@ async def tenancy(muster_rbac_clean: object, tmp_path: Path
                                 "-n", mine)
         await asyncio.to_thread(cp.kubectl, cluster, "apply", "-f", "-",
                                 stdin=yaml.safe_dump_all(docs))
-        token = (await asyncio.to_thread(cp.kubectl, cluster, "create", "token", "tenant",
-                                         "-n", mine, "--duration=1h")).stdout.strip()
+        token = await asyncio.to_thread(cp.service_account_token, cluster, "tenant", mine,
+                                        duration="1h")
         path = tmp_path / "tenant.kubeconfig"
         path.write_text(yaml.safe_dump({
             "apiVersion": "v1", "kind": "Config",
