@@ -377,7 +377,8 @@ async def test_booking_is_revoked_when_its_template_goes_or_changes(
     else:
         await env.kube.merge_patch(POD_TEMPLATES, "workers", {"template": {"spec": {
             "nodeSelector": {"muster.dev/accelerator": "a100"}}}}, namespace=env.namespace)
-    revoked = await env.wait_condition("stale", "CapacityRevoked")
+    revoked = await env.wait_condition("stale", "CapacityRevoked",
+                                       within=env.config.booking.duration_seconds / 2)
     assert revoked["reason"] == reason
     assert f"{env.namespace}/workers" in revoked["message"]
     assert "revoked (not re-planned)" in revoked["message"]
