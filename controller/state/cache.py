@@ -254,16 +254,16 @@ class ClusterState:
                     fut.set_result(None)
 
     def delete_node(self, name: str) -> None:
-        old = self._nodes.get(name)
         self._unindex(name, gone=True)
-        if self._nodes.pop(name, None) is None:
+        old = self._nodes.pop(name, None)
+        if old is None:
             return
         self._node_states.pop(name, None)
         self._sorted_nodes = None
         self._pool_states = None
         # A booking's new nodes are known by their acquisition key's label: the persisted
         # booking names the groups, not the nodes (those exist only once acquired).
-        acquisition = old.metadata.labels.get(KEY_LABEL) if old is not None else None
+        acquisition = old.metadata.labels.get(KEY_LABEL)
         for key, booking in self.bookings().items():
             if (name in booking.existing_nodes or name in booking.acquired_nodes
                     or any(g.key == acquisition for g in booking.groups)):
