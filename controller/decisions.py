@@ -1,4 +1,5 @@
-"""One structured log line per decision Muster takes: plan, acquire, release, fail.
+"""One structured log line per decision Muster takes: plan, acquire, end (a booking
+consumed, revoked or expired), release, fail.
 
 ``decide("plan", "ns/train", outcome="fits", new_nodes=4, ...)`` logs at INFO on the
 ``muster.decisions`` logger. As text (``log_format: text``) the line reads
@@ -19,7 +20,7 @@ log = logging.getLogger("muster.decisions")
 FIELDS_ATTR = "muster_fields"
 """The LogRecord attribute carrying a decision's fields."""
 
-KINDS = frozenset({"plan", "acquire", "release", "fail"})
+KINDS = frozenset({"plan", "acquire", "end", "release", "fail"})
 
 
 def decide(kind: str, request: str, **fields: Any) -> None:

@@ -35,6 +35,7 @@ from controller.kube.resources import (
     PROVISIONING_REQUESTS,
 )
 from e2e.cluster import HARNESS_VARIABLES
+from e2e.real import note_unexpected_exit, record_failure_context
 
 E2E_CONFIG = Path(__file__).with_name("muster-e2e.yaml")
 CRD_DIR = Path(__file__).resolve().parents[1] / "crds"
@@ -239,6 +240,7 @@ async def env(request: pytest.FixtureRequest) -> AsyncIterator[Env]:
     if not kubeconfig:
         muster = request.getfixturevalue("muster_rbac_clean")
         kubeconfig = str(muster.cluster.admin_kubeconfig)
+        record_failure_context(request.node, muster, namespace)
     async with await KubeClient.from_kubeconfig(Path(kubeconfig)) as kube:
         e = Env(kube=kube, namespace=namespace, run=run, external=True, config=config,
                 kubeconfig=Path(kubeconfig))
@@ -252,6 +254,7 @@ async def env(request: pytest.FixtureRequest) -> AsyncIterator[Env]:
             yield e
         finally:
             if muster is not None and not muster.running:
+                note_unexpected_exit(request.node, muster)
                 await asyncio.to_thread(muster.start)
             await _cleanup(e)
 

@@ -136,6 +136,11 @@ class MusterProcess:
         self.stop()
         self.start()
 
+    def exited(self) -> int | None:
+        """The exit code when the process ended on its own (a crash, or a lost Lease, on
+        which Muster exits), not by :meth:`stop`; else None."""
+        return self.proc.poll() if self.proc is not None else None
+
     def tail(self, lines: int = 30) -> str:
         try:
             text = self.log.read_text(errors="replace").splitlines()
@@ -218,6 +223,97 @@ def muster_rbac_clean(real_muster: MusterProcess) -> Iterator[MusterProcess]:
     assert not refused, "Muster was refused by RBAC:\n" + "\n".join(refused[:10])
 
 
+# --------------------------------------------------------------------------- failure context
+
+_FAILURE_CONTEXT = pytest.StashKey[tuple[MusterProcess, str, dict[str, int]]]()
+_CONTEXT_LOGS = ("muster.log", "kueue.log", "kube-scheduler.log")
+_CONTEXT_LINES = 60
+
+
+def record_failure_context(item: pytest.Item, muster: MusterProcess, namespace: str) -> None:
+    """Remember where the components' logs stood when a real-tier test began, so a failure
+    report can show what Muster, Kueue and the scheduler said about its namespace meanwhile
+    (CI keeps no logs: the report is all a failed run leaves behind)."""
+    offsets = {}
+    for name in _CONTEXT_LOGS:
+        with contextlib.suppress(OSError):
+            offsets[name] = (muster.cluster.logs / name).stat().st_size
+    item.stash[_FAILURE_CONTEXT] = (muster, namespace, offsets)
+
+
+def note_unexpected_exit(item: pytest.Item, muster: MusterProcess) -> None:
+    """At a real-tier test's end: if the session's Muster ended on its own meanwhile, say so
+    in the session summary (the env fixture starts it again for the next test)."""
+    code = muster.exited()
+    if code is not None:
+        last = muster.tail(1).strip()
+        _EXITS.append(f"  during {item.nodeid}: exit code {code}; its last line: {last}")
+
+
+_EXITS: list[str] = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.when != "call" or not report.failed:
+        return
+    context = item.stash.get(_FAILURE_CONTEXT, None)
+    if context is not None:
+        report.sections.extend(failure_context(*context))
+
+
+def failure_context(muster: MusterProcess, namespace: str, offsets: dict[str, int]
+                    ) -> list[tuple[str, str]]:
+    """Whether Muster's process ended on its own, the test namespace's ProvisioningRequests
+    and pods as the API server has them now, and each component's log lines about that
+    namespace (Muster's warnings too) since the test began."""
+    cluster = muster.cluster
+    sections = []
+    code = muster.exited()
+    if code is not None:
+        sections.append((f"muster run exited on its own (code {code})", muster.tail(15)))
+    sections.append((f"{namespace} now", _namespace_objects(cluster, namespace)))
+    for name, start in offsets.items():
+        try:
+            with (cluster.logs / name).open("rb") as f:
+                f.seek(start)
+                lines = f.read().decode(errors="replace").splitlines()
+        except OSError:
+            continue
+        wanted = [line for line in lines if namespace in line
+                  or (name == "muster.log" and (" WARNING " in line or " ERROR " in line))]
+        if wanted:
+            sections.append((f"{name} about {namespace} (last {_CONTEXT_LINES} lines)",
+                             "\n".join(wanted[-_CONTEXT_LINES:])))
+    return sections
+
+
+def _namespace_objects(cluster: cp.Cluster, namespace: str) -> str:
+    try:
+        done = cp.kubectl(cluster, "get", "provisioningrequests.autoscaling.x-k8s.io,pods",
+                          "-n", namespace, "-o", "json", check=False)
+        items = json.loads(done.stdout or "{}").get("items") or []
+    except (cp.ClusterError, ValueError) as exc:
+        return f"(could not list: {exc})"
+    out = []
+    for obj in items:
+        meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+        annotations = meta.get("annotations") or {}
+        if obj.get("kind") == "Pod":
+            consumes = annotations.get("autoscaling.x-k8s.io/consume-provisioning-request")
+            out.append(f"pod {meta.get('name')}: node={obj['spec'].get('nodeName')} "
+                       f"phase={status.get('phase')} consumes={consumes}")
+        else:
+            conditions = " ".join(
+                f"{c.get('type')}={c.get('status')}/{c.get('reason')}@"
+                f"{c.get('lastTransitionTime')}" for c in status.get("conditions") or [])
+            out.append(f"provisioningrequest {meta.get('name')}: "
+                       f"phase={annotations.get('muster.dev/phase')} {conditions}")
+    return "\n".join(out) or "(nothing)"
+
+
 # --------------------------------------------------------------------------- tier summary
 
 
@@ -265,6 +361,11 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             counts[_tier(report)][key] += 1
     for line in _RBAC_REPORT:
         terminalreporter.write_line(line)
+    if _EXITS:
+        terminalreporter.write_line(
+            f"muster (real): the session's Muster ended on its own {len(_EXITS)} time(s):")
+        for line in _EXITS:
+            terminalreporter.write_line(line)
     version = cp.default_cluster().version()
     for tier, label in (("sandbox", "tier sandbox"),
                         (REAL, f"tier real (kube-apiserver {version})")):

@@ -584,6 +584,10 @@ class ProvisioningService:
     ) -> Delay:
         """Status first: the condition is the outcome (and makes the phase Ended); releasing
         and the phase annotation follow and are redone by :meth:`repair_ended` if cut short."""
+        scheduled = self.state.scheduled_consumers(req.key)
+        decide("end", req.key, condition=type_.value, reason=reason.value,
+               scheduled=sum(scheduled.values()), of=req.total_pods,
+               elsewhere=sum(self.consumed_elsewhere(req, booking).values()))
         req = await self.write_status(req, [(type_, True, reason, text)])
         crashpoints.reached("outcome-written")
         return await self._finish_ending(req, booking)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -274,11 +275,13 @@ async def test_a_gang_larger_than_every_rack_limit_never_fits_even_beside_existi
 
 
 async def test_pods_consuming_the_booking_elsewhere_end_it_and_free_the_new_nodes(
-    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # Kueue TAS without the rack nodeSelector (or the scheduler) may run the gang on other
-    # free nodes: the booking is consumed, the message says where, and the new nodes the
-    # pods left unused go at once instead of after the idle TTL.
+    # free nodes: the booking is consumed, the message says where, the decision log says
+    # so, and the new nodes the pods left unused go at once instead of after the idle TTL.
+    caplog.set_level(logging.INFO, logger="muster.decisions")
     await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
         "gang", namespace="ns", pod_sets=[("workers", 2)]), namespace="ns")
 
@@ -298,6 +301,11 @@ async def test_pods_consuming_the_booking_elsewhere_end_it_and_free_the_new_node
     ended = await _until(lambda: _condition(kube, "gang", "BookingExpired"))
     assert ended["reason"] == "CapacityBookingConsumed"
     assert "2 of them run outside the booked nodes (on other-0, other-1)" in ended["message"]
+    (end,) = [r.__dict__["muster_fields"] for r in caplog.records
+              if r.name == "muster.decisions" and r.__dict__["muster_fields"]["decision"] == "end"]
+    assert end == {"decision": "end", "request": "ns/gang", "condition": "BookingExpired",
+                   "reason": "CapacityBookingConsumed", "scheduled": 2, "of": 2,
+                   "elsewhere": 2}, end
 
     async def released() -> bool:
         listing = await kube.list(NODES, label_selector="muster.dev/pool=gpu")
