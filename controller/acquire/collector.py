@@ -95,7 +95,8 @@ class Collector:
                     in_use=any(self._state.pods_on(n.name) > 0 for n in nodes),
                     pool_deleting=deleting,
                 )
-                decision = decide(view, self._seen.get(key, Seen()), now=self._now(),
+                seen = self._seen.get(key, Seen())
+                decision = decide(view, seen, now=self._now(),
                                   grace=self._grace, idle_ttl=self._idle_ttl)
                 self._seen[key] = decision.seen
                 if decision.release:
@@ -103,6 +104,10 @@ class Collector:
                                                owner=nodes[0].owner)
                     if done is not None:
                         released.append(done)
+                    else:
+                        # Refused: it stays due, so the next sweep tries again rather
+                        # than waiting out the grace or idle TTL once more.
+                        self._seen[key] = seen
         for key, pool_name in sorted(self._unfinished.items()):
             unfinished = pools.get(pool_name)
             if key not in listed and unfinished is not None:
@@ -140,11 +145,12 @@ class Collector:
         try:
             count = await self._providers.for_pool(pool).release(pool, key)
         except ProviderError as exc:
-            self._unfinished[key] = name
             _problems.warning(f"release {name}", "releasing %s in pool %s failed (retried at "
                               "the next sweep): %s", key, name, exc)
-            log_decision("release", owner or "-", outcome="failed", pool=name, key=key,
-                         error=str(exc), why=why)
+            if key not in self._unfinished:  # a decision once, not one per sweep's retry
+                log_decision("release", owner or "-", outcome="failed", pool=name, key=key,
+                             error=str(exc), why=why)
+            self._unfinished[key] = name
             return None
         finally:
             if mine:

@@ -3,6 +3,7 @@ gangs after the TTL, and finishes a release that failed."""
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -168,6 +169,60 @@ async def test_a_failed_release_is_retried_once_its_nodes_are_gone(kube: KubeCli
     assert [(r.key, r.why) for r in retried] == [("dead-1-0", "retrying a release that failed")]
     assert await collector.run_once() == []
     assert [c.key for c in provider.calls if c.op == "release"] == ["dead-1-0", "dead-1-0"]
+
+
+class RefusingRelease(FakeProvider):
+    """Refuses the first ``refuse`` releases before deleting anything (a provider outage)."""
+
+    refuse: int
+
+    async def release(self, pool: CapacityPool, key: str) -> int:
+        if self.refuse > 0:
+            self.refuse -= 1
+            raise TransientProviderError("service unavailable")
+        return await super().release(pool, key)
+
+
+@pytest.mark.parametrize("used", [False, True], ids=["orphan", "idle"])
+async def test_a_refused_release_is_retried_at_the_next_sweep_not_after_another_wait(
+    kube: KubeClient, used: bool, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A release the provider refuses (its nodes still listed) is tried again at the next
+    sweep: the group already waited out its grace (an orphan) or idle TTL (a used gang),
+    and each refusal must not restart that wait, which a user pays for by the hour. The
+    decision log says the failure once, then the release."""
+    caplog.set_level(logging.INFO, logger="muster.decisions")
+    await kube.create(CAPACITY_POOLS, objects.gpu_pool("gpu"))
+    pool = CapacityPool.model_validate(objects.gpu_pool("gpu"))
+    provider = RefusingRelease(kube)
+    provider.refuse = 2
+    clock = ManualClock()
+    state = ClusterState(levels=DEFAULT_LEVELS)
+    state.replace_pools([objects.gpu_pool("gpu")])
+    if used:
+        node = (await provider.acquire(AcquireRequest("u-1-0", pool, 1, R1, "ns/u", "uid-u")))[0]
+        state.upsert_request(_request("u", "uid-u", Phase.ENDED, "u-1-0"))
+        state.upsert_pod(_pod("p0", node.name, "u"))
+        assert node.name
+    else:
+        await provider.acquire(AcquireRequest("u-1-0", pool, 1, R1, "ns/gone", "gone-uid"))
+    providers = ProviderSet(ProviderContext(kube=kube), instances={"kind": provider})
+    collector = Collector(state=state, providers=providers, idle_ttl=GRACE, grace=GRACE,
+                          now=clock.now, in_flight=lambda: set())
+
+    assert await collector.run_once() == []
+    state.delete_pod("ns/p0")
+    assert await collector.run_once() == []  # the wait starts
+    await clock.advance(GRACE)
+    assert await collector.run_once() == []  # due, refused
+    await clock.advance(1)
+    assert await collector.run_once() == []  # refused again
+    await clock.advance(1)
+    assert [r.key for r in await collector.run_once()] == ["u-1-0"]
+    assert await provider.list(pool) == []
+    outcomes = [r.__dict__["muster_fields"]["outcome"] for r in caplog.records
+                if r.name == "muster.decisions"]
+    assert outcomes == ["failed", "released"], outcomes
 
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
