@@ -23,12 +23,13 @@ import sys
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from controller.state.cache import CONSUME_ANNOTATION
 from e2e import cluster as cp
 from e2e import rbac_audit
 
@@ -253,15 +254,15 @@ def note_unexpected_exit(item: pytest.Item, muster: MusterProcess) -> None:
 _EXITS: list[str] = []
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    outcome = yield
-    report = outcome.get_result()  # type: ignore[attr-defined]
-    if report.when != "call" or not report.failed:
-        return
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
     context = item.stash.get(_FAILURE_CONTEXT, None)
-    if context is not None:
+    if report.when == "call" and report.failed and context is not None:
         report.sections.extend(failure_context(*context))
+    return report
 
 
 def failure_context(muster: MusterProcess, namespace: str, offsets: dict[str, int]
@@ -302,7 +303,7 @@ def _namespace_objects(cluster: cp.Cluster, namespace: str) -> str:
         meta, status = obj.get("metadata") or {}, obj.get("status") or {}
         annotations = meta.get("annotations") or {}
         if obj.get("kind") == "Pod":
-            consumes = annotations.get("autoscaling.x-k8s.io/consume-provisioning-request")
+            consumes = annotations.get(CONSUME_ANNOTATION)
             out.append(f"pod {meta.get('name')}: node={obj['spec'].get('nodeName')} "
                        f"phase={status.get('phase')} consumes={consumes}")
         else:
