@@ -333,7 +333,7 @@ class BudgetsConfig(_Section):
         "max_nodes, max_gpus, max_cost_per_hour; unset means unlimited. A request that "
         "alone exceeds its namespace's limit fails OverBudget; one that fits the limit but "
         "not beside what the namespace already holds waits, as for a full pool "
-        "(NamespaceLimitReached, retried with backoff). See docs/tenancy.md.",
+        "(NamespaceLimitReached, retried with backoff). See docs/concepts/tenancy.md.",
     )
 
     def for_namespace(self, namespace: str) -> NamespaceLimits:
@@ -551,7 +551,7 @@ def load_config(path: Path | None = None, **overrides: Any) -> MusterConfig:
 
 REMOVED_SETTINGS = {
     "event_source": "removed setting: Muster watches ProvisioningRequests with its own "
-    "list-then-watch loop, there is no kopf any more (README, Throughput); delete it",
+    "list-then-watch loop, there is no kopf any more (docs/dependencies.md); delete it",
 }
 """Top-level settings an older Muster took: a config that still has one is refused with what
 became of it, not as an unknown setting."""

@@ -38,7 +38,7 @@ POD_SPEC_FIELDS = frozenset({
     "topologySpreadConstraints", "setHostnameAsFQDN", "os", "hostUsers", "schedulingGates",
     "resourceClaims", "resources", "hostnameOverride", "workloadRef", "schedulingGroup",
 })
-"""core/v1 PodSpec fields (the release Muster targets; see docs/filter-parity.md)."""
+"""core/v1 PodSpec fields (the release Muster targets; see docs/design/filter-parity.md)."""
 CONTAINER_FIELDS = frozenset({
     "name", "image", "command", "args", "workingDir", "ports", "envFrom", "env", "resources",
     "resizePolicy", "restartPolicy", "restartPolicyRules", "volumeMounts", "volumeDevices",
