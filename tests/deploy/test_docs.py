@@ -35,9 +35,22 @@ def _missing(names: set[str], page: str) -> list[str]:
 
 def test_the_site_builds_in_strict_mode(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet",
-         "--config-file", str(ROOT / "mkdocs.yml"), "--site-dir", str(tmp_path / "site")],
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "--quiet",
+            "--config-file",
+            str(ROOT / "mkdocs.yml"),
+            "--site-dir",
+            str(tmp_path / "site"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
     )
     if "No module named mkdocs" in done.stderr:
         pytest.fail("mkdocs is not installed: pip install -e '.[dev]' (it is in the dev extra)")
@@ -61,8 +74,11 @@ def test_every_pool_and_admission_check_reason_is_on_the_conditions_page() -> No
     pool = _code("controller/state/pool_status.py")
     names = set(re.findall(r'\((?:VALID|PROVIDER_READY|STOCK_OUT), "\w+",\s*"([A-Z]\w+)"', pool))
     names |= set(re.findall(r'^(?:VALID|PROVIDER_READY|STOCK_OUT) = "(\w+)"', pool, re.M))
-    names |= set(re.findall(
-        r'\(\s*"(?:True|False|Unknown)",\s*"([A-Z]\w+)"', _code("controller/kueue/workloads.py")))
+    names |= set(
+        re.findall(
+            r'\(\s*"(?:True|False|Unknown)",\s*"([A-Z]\w+)"', _code("controller/kueue/workloads.py")
+        )
+    )
     assert {"Valid", "StockOut", "BadParametersRef"} <= names, "the reason patterns found nothing"
     missing = _missing(names, "reference/conditions.md")
     assert not missing, f"docs/reference/conditions.md lacks {missing}"
@@ -81,9 +97,13 @@ def test_every_event_reason_is_on_the_conditions_page() -> None:
 def test_every_metric_is_on_the_metrics_page() -> None:
     names: set[str] = set()
     for text in _all_code().values():
-        names |= set(re.findall(
-            r'(?:Counter|Gauge|Histogram|Summary|Info|Enum|GaugeMetricFamily|'
-            r'CounterMetricFamily|HistogramMetricFamily)\(\s*"(muster_\w+)"', text))
+        names |= set(
+            re.findall(
+                r"(?:Counter|Gauge|Histogram|Summary|Info|Enum|GaugeMetricFamily|"
+                r'CounterMetricFamily|HistogramMetricFamily)\(\s*"(muster_\w+)"',
+                text,
+            )
+        )
     assert len(names) >= 10, f"the metric pattern found only {sorted(names)}"
     missing = _missing(names, "reference/metrics.md")
     assert not missing, f"docs/reference/metrics.md lacks {missing} (controller/metrics.py)"
@@ -91,7 +111,11 @@ def test_every_metric_is_on_the_metrics_page() -> None:
 
 def test_every_docs_path_the_repository_mentions_exists() -> None:
     tracked = subprocess.run(
-        ["git", "ls-files"], capture_output=True, text=True, cwd=ROOT, check=True,
+        ["git", "ls-files"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=True,
     ).stdout.split()
     mentioned: dict[str, list[str]] = {}
     for name in tracked:

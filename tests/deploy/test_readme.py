@@ -88,8 +88,10 @@ def test_dependency_page_explains_every_dependency() -> None:
     ]
     names = [n for n in names if n != project["name"]]  # dev pulls in muster[simulate]
     table = _page("dependencies.md")
-    explained = {m.lower() for m in re.findall(
-        r"^\| ([A-Za-z0-9_.-]+)(?: \((?:dev|simulate)\))? \|", table, re.M)}
+    explained = {
+        m.lower()
+        for m in re.findall(r"^\| ([A-Za-z0-9_.-]+)(?: \((?:dev|simulate)\))? \|", table, re.M)
+    }
     # Type stubs need no explanation of their own.
     missing = [n for n in names if n not in explained and not n.startswith("types-")]
     assert not missing, f"docs/dependencies.md lacks {missing}"
@@ -107,7 +109,5 @@ def test_paths_in_install_and_e2e_pages_exist() -> None:
     paths |= set(re.findall(r"(?:-k|bash) ((?:config|e2e)/[\w./-]+)", text))
     assert paths
     # artifacts/ is where run.sh writes logs; it exists only after a run.
-    missing = sorted(
-        p for p in paths if not (ROOT / p).exists() and p != "e2e/kind/artifacts/"
-    )
+    missing = sorted(p for p in paths if not (ROOT / p).exists() and p != "e2e/kind/artifacts/")
     assert not missing, missing
