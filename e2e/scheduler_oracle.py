@@ -355,7 +355,7 @@ class Oracle:
         async def one(case: Case) -> Outcome:
             alone = cluster_wide(case)
             async with gate.slot(alone):
-                # Muster's answer in-process (about 50 ms of CPU, blocking this loop briefly).
+                # Muster's answer in-process (CPU-bound: it blocks this loop briefly).
                 answer = muster_answer(case)
                 try:
                     if alone and not answer.refused:

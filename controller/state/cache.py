@@ -63,8 +63,8 @@ DELETED_SECONDS = 300.0
 """How long a deleted request's uid is remembered: between this and twice this (two
 generations, turned over by :meth:`ClusterState.prune_vanished`), five times the longest a
 write or a list can be in flight (the client's timeout is 60 s). Kept by age rather than
-count so that a steady stream of requests keeps a steady number of uids: counted to 16,384,
-the soak's memory grew for nine hours at 0.5 deletions/s (benchmarks/soak.py)."""
+count so that a steady stream of requests keeps a steady number of uids: a bound by count
+alone lets memory grow for hours before it is reached (docs/benchmarks/soak.md)."""
 DELETED_MEMORY = 16_384
 """At most this many uids per generation, however many requests a burst deletes."""
 
@@ -955,8 +955,8 @@ NODE_CONDITION_KEPT = ("type", "status", "reason", "message")
 
 def _slim_node(body: Body) -> Body:
     """What the cache keeps of a Node: the model keeps unknown fields, and managedFields,
-    images, nodeInfo, addresses and heartbeat times were two thirds of its memory
-    (``benchmarks/memory.py``) with nothing in Muster reading them."""
+    images, nodeInfo, addresses and heartbeat times were most of its memory
+    (docs/benchmarks/memory.md) with nothing in Muster reading them."""
     if not isinstance(body, Mapping):
         return body  # a model already (tests build them)
     meta = body.get("metadata")

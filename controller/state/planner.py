@@ -127,8 +127,7 @@ class Planner:
             # The window also grows with the last pass's cost (capped): when requests trickle
             # in one by one under load, back-to-back passes would each pay the snapshot for
             # a handful of requests and starve the event loop; this keeps planning to at most
-            # about half of the loop's time. (Twice the last pass, capped at 0.2 s, gave the
-            # same throughput and a longer wait before planning: controller_bench.)
+            # about half of the loop's time.
             await asyncio.sleep(
                 min(max(self.coalesce_seconds, self._last_pass_seconds), MAX_COALESCE_SECONDS)
             )
