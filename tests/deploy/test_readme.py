@@ -111,3 +111,13 @@ def test_paths_in_install_and_e2e_pages_exist() -> None:
     # artifacts/ is where run.sh writes logs; it exists only after a run.
     missing = sorted(p for p in paths if not (ROOT / p).exists() and p != "e2e/kind/artifacts/")
     assert not missing, missing
+
+
+def test_the_install_page_gives_the_readmes_install_steps() -> None:
+    # e2e/test_install_real.py runs the README's marked blocks; the install page repeats them
+    # for readers of the site, so the two must not drift apart.
+    step = re.compile(r"<!-- install-step: ([a-z-]+) -->\n```bash\n(.*?)\n```", re.S)
+    readme = dict(step.findall(README))
+    page = dict(step.findall(_page("tasks/install.md")))
+    assert readme, "the README marks no install step"
+    assert page == readme, "docs/tasks/install.md and README.md give different install steps"
