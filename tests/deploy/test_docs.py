@@ -11,7 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import typer.main
 
+from controller.cli import app as muster_app
+from controller.commands.kubectl_plugin import app as kubectl_app
 from controller.conditions import ConditionType, Reason
 from controller.state.bookings import Phase
 
@@ -129,3 +132,14 @@ def test_every_docs_path_the_repository_mentions_exists() -> None:
     assert mentioned, "no docs/ path found anywhere: the pattern is wrong"
     missing = {ref: where for ref, where in mentioned.items() if not (ROOT / ref).is_file()}
     assert not missing, f"paths to pages that do not exist: {missing}"
+
+
+def test_every_command_is_on_the_cli_page() -> None:
+    page = (DOCS / "reference" / "cli.md").read_text()
+    missing = []
+    for prefix, app in (("muster", muster_app), ("kubectl muster", kubectl_app)):
+        group = typer.main.get_command(app)
+        names = sorted(getattr(group, "commands", {}))
+        assert names, f"{prefix} has no subcommands: the lookup is wrong"
+        missing += [f"{prefix} {n}" for n in names if f"`{prefix} {n}" not in page]
+    assert not missing, f"docs/reference/cli.md lacks {missing}"
