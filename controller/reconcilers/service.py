@@ -280,7 +280,11 @@ class ProvisioningService:
         seconds = params.values.valid_until_seconds
         if seconds is None or created is None:
             return None
-        return created + timedelta(seconds=seconds)
+        try:
+            return created + timedelta(seconds=seconds)
+        except OverflowError:
+            # Past the last representable date (up to 255 digits are valid): no deadline.
+            return None
 
     def book(self, req: RequestRecord, plan: Plan, attempt: int) -> Booking | Refusal:
         """The booking to reserve for ``plan``, or why a budget or the namespace's limits
