@@ -82,7 +82,26 @@ def request(tpl: dict[str, Any], count: int = 4) -> list[dict[str, Any]]:
     ({"muster.dev/required-topology": "rack", "muster.dev/preferred-topology": "block"},
      "are both set"),
     ({"kueue.x-k8s.io/podset-required-topology": "rack",
-      "kueue.x-k8s.io/podset-unconstrained-topology": "true"}, "are both set"),
+      "kueue.x-k8s.io/podset-unconstrained-topology": "true"},
+     "must not contain more than one topology annotation"),
+    # Kueue counts an annotation present whatever its value, and reads booleans as Go does.
+    ({"kueue.x-k8s.io/podset-required-topology": "rack",
+      "kueue.x-k8s.io/podset-unconstrained-topology": "T"},
+     "must not contain more than one topology annotation"),
+    ({"kueue.x-k8s.io/podset-preferred-topology": "rack",
+      "kueue.x-k8s.io/podset-unconstrained-topology": "false"},
+     "must not contain more than one topology annotation"),
+    ({"kueue.x-k8s.io/podset-unconstrained-topology": "yes"},
+     "metadata.annotations[kueue.x-k8s.io/podset-unconstrained-topology]: must be a boolean"),
+    ({"kueue.x-k8s.io/podset-unconstrained-topology": "tRuE"},
+     "metadata.annotations[kueue.x-k8s.io/podset-unconstrained-topology]: must be a boolean"),
+    ({"kueue.x-k8s.io/podset-required-topology": ""},
+     "metadata.annotations[kueue.x-k8s.io/podset-required-topology]: must be a label name"),
+    ({"kueue.x-k8s.io/podset-slice-required-topology": "rack",
+      "kueue.x-k8s.io/podset-slice-size": " 2"},
+     "metadata.annotations[kueue.x-k8s.io/podset-slice-size]: must be a numeric value"),
+    ({"muster.dev/required-topology": "rack",
+      "kueue.x-k8s.io/podset-unconstrained-topology": "1"}, "contradicts"),
     ({"muster.dev/required-topology": "rack",
       "kueue.x-k8s.io/podset-required-topology": "block"}, "contradicts"),
     ({"kueue.x-k8s.io/podset-slice-required-topology": "rack",
@@ -92,6 +111,19 @@ def test_contradictory_topology_fails_with_the_field(annotations: dict[str, str]
                                                      message: str) -> None:
     with pytest.raises(InvalidTemplate, match=message.replace("[", r"\[").replace("]", r"\]")):
         request_from_documents(request(template(container({}), annotations=annotations)))
+
+
+@pytest.mark.parametrize("annotations", [
+    {"kueue.x-k8s.io/podset-unconstrained-topology": "1"},
+    {"kueue.x-k8s.io/podset-unconstrained-topology": "F"},
+    {"muster.dev/required-topology": "rack",
+     "kueue.x-k8s.io/podset-unconstrained-topology": "false"},
+    {"kueue.x-k8s.io/podset-required-topology": "rack",
+     "kueue.x-k8s.io/podset-slice-required-topology": "rack",
+     "kueue.x-k8s.io/podset-slice-size": "+2"},
+])
+def test_values_kueue_accepts_are_accepted(annotations: dict[str, str]) -> None:
+    request_from_documents(request(template(container({}), annotations=annotations)))
 
 
 def test_files_are_read_with_strict_field_validation() -> None:

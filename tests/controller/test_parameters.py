@@ -19,8 +19,9 @@ from controller.clock import ManualClock
 from controller.commands import objects
 from controller.fit.types import Mode
 from controller.kube import KubeClient
-from controller.kube.resources import EVENTS, PROVISIONING_REQUESTS
+from controller.kube.resources import EVENTS, POD_TEMPLATES, PROVISIONING_REQUESTS
 from controller.operator import Controller
+from controller.topology_defaults import KUEUE_REQUIRED, KUEUE_UNCONSTRAINED
 from providers.fake import FakeProvider
 from tests.controller.builders import starve
 from tests.helpers import eventually
@@ -203,3 +204,27 @@ async def test_a_valid_until_past_the_last_date_means_no_deadline(
     await _until(lambda: attempted(2))
     assert await _condition(kube, "forever", "Failed") is None
     assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+# Kueue's TAS pod-set annotations on a hand-written request's template, read as Kueue's
+# webhook reads them (tests/kueue/test_tas_annotations.py holds the differential test).
+@pytest.mark.parametrize(("annotations", "words"), [
+    ({KUEUE_UNCONSTRAINED: "yes"},
+     f"metadata.annotations[{KUEUE_UNCONSTRAINED}]: must be a boolean value"),
+    ({KUEUE_UNCONSTRAINED: "T", KUEUE_REQUIRED: "topology.muster.dev/rack"},
+     "metadata.annotations: must not contain more than one topology annotation"),
+])
+async def test_a_value_kueue_refuses_fails_the_request_naming_the_annotation(
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider],
+    annotations: dict[str, str], words: str,
+) -> None:
+    _, _, provider = running
+    body = objects.pod_template("tas", namespace="ns", requests={"cpu": "1"})
+    body["template"]["metadata"]["annotations"] = annotations
+    await kube.create(POD_TEMPLATES, body, namespace="ns")
+    await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
+        "tas", namespace="ns", pod_sets=[("tas", 1)]), namespace="ns")
+    failed = await _until(lambda: _true(kube, "tas", "Failed"))
+    assert failed["reason"] == "InvalidParameters"
+    assert "PodTemplate tas: " + words in failed["message"]
+    assert not [c for c in provider.calls if c.op == "acquire"]
