@@ -206,15 +206,17 @@ def gang_of(
         template = templates[ref]
         set_name = facts[i].name
         spec = template.template.spec
-        try:
-            shape = with_claims(shape_of(spec), spec, namespace, dra or DraCatalog())
-        except ValueError as exc:
-            raise SnapshotError(f"PodTemplate {ref}: {exc}") from exc
+        # What the API server would refuse first: reading the pods' requests fails on some
+        # of it (a negative quantity), and that must be said as the field it is.
         problems = [*pod_template_problems(template),
                     *topology_conflicts(template.template.metadata.annotations)]
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
             raise InvalidTemplate(f"PodTemplate {ref}: {problems[0]}{more}")
+        try:
+            shape = with_claims(shape_of(spec), spec, namespace, dra or DraCatalog())
+        except ValueError as exc:
+            raise SnapshotError(f"PodTemplate {ref}: {exc}") from exc
         annotations = template.template.metadata.annotations
         topology = topology_of(annotations, levels)
         shape, topology = inter_pod(

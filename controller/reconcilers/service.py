@@ -888,8 +888,10 @@ def build_gang(req: RequestRecord, state: ClusterState, config: MusterConfig) ->
                 missing_template=True,
             )
         if isinstance(found, TemplateError):
+            # It exists: the API server would refuse its pods, so the request itself must
+            # change, as for every other field the API server refuses (pod_template_problems).
             raise Invalid(
-                Reason.FAILED_TO_CREATE_PODS,
+                Reason.INVALID_PARAMETERS,
                 f"spec.podSets[{i}]: PodTemplate {req.namespace}/{ref} is invalid: "
                 f"{found.detail}",
             )

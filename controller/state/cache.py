@@ -944,8 +944,11 @@ def _all_errors(exc: ValidationError) -> tuple[str, ...]:
 
 
 def _first_error(exc: ValidationError) -> str:
+    # The field path as the API server writes it: list items as [i], not .i.
     err = exc.errors()[0]
-    where = ".".join(str(p) for p in err["loc"])
+    where = ""
+    for part in err["loc"]:
+        where += f"[{part}]" if isinstance(part, int) else f".{part}" if where else str(part)
     return f"{where}: {err['msg']}"
 
 

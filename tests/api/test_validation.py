@@ -3,6 +3,7 @@ plans from a template: refused with the field named, never planned."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -124,6 +125,15 @@ def test_contradictory_topology_fails_with_the_field(annotations: dict[str, str]
 ])
 def test_values_kueue_accepts_are_accepted(annotations: dict[str, str]) -> None:
     request_from_documents(request(template(container({}), annotations=annotations)))
+
+
+def test_a_negative_quantity_is_refused_as_the_field_it_is() -> None:
+    # Reading the pods' requests fails on it too; the field must be named, not that.
+    spec = container({"memory": "-1Gi"})
+    with pytest.raises(InvalidTemplate, match=re.escape(
+            "template.spec.containers[0].resources.requests[memory]: must be greater than "
+            "or equal to 0")):
+        request_from_documents(request(template(spec)))
 
 
 def test_files_are_read_with_strict_field_validation() -> None:
