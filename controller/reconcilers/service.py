@@ -473,13 +473,22 @@ class ProvisioningService:
                 else message(reason, where=where, new_nodes=len(booking.acquired_nodes))
             )
             crashpoints.reached("before-confirm")
-            await self.write_status(
+            req = await self.write_status(
                 req, [_accepted(), (ConditionType.PROVISIONED, True, reason, text)],
                 details=details,
             )
         finally:
             self.state.unreserve(req.key)
+        await self.mark_booked(req)
         return self.config.booking.duration_seconds
+
+    async def mark_booked(self, req: RequestRecord) -> RequestRecord:
+        """Say ``Booked`` in the phase annotation users read, once Provisioned=True has
+        landed (status and metadata are two writes: after a crash between them the request
+        still reads as Booked, and the next reconcile writes the annotation)."""
+        if req.annotated_phase is Phase.BOOKED:
+            return req
+        return await self.persist(req, annotations={PHASE_ANNOTATION: Phase.BOOKED})
 
 
     # ------------------------------------------------------------------ booked requests
@@ -491,6 +500,7 @@ class ProvisioningService:
         if not req.condition_true(ConditionType.PROVISIONED):
             # Persisted as Booked by an earlier Muster whose status write never landed.
             return await self.confirm(req, booking)
+        req = await self.mark_booked(req)
         ending = self._ending(req, booking)
         if ending is not None:
             return await self.end_booking(req, booking, *ending)
