@@ -248,14 +248,41 @@ class Controller:
         """The watches (of this controller's client) whose view has not moved for
         :attr:`stall_after` seconds (stuck), or for :attr:`failing_after` seconds while
         their requests fail (API server unreachable or erring)."""
+        return sorted(self._stalls())
+
+    def stall_reasons(self) -> list[str]:
+        """Why each stalled watch counts as stalled, by the threshold it was judged by (a
+        failing watch by ``min(failing_after, stall_after)``, a quiet one by
+        ``stall_after``), with how long it has made no progress."""
+        stalls = self._stalls()
+        failing = sorted(n for n, (error, _) in stalls.items() if error is not None)
+        quiet = sorted(n for n, (error, _) in stalls.items() if error is None)
+        out = []
+        if failing:
+            limit = min(self.failing_after, self.stall_after)
+            idle = max(stalls[n][1] for n in failing)
+            errors = sorted({str(stalls[n][0]) for n in failing})
+            out.append(f"watch(es) {', '.join(failing)} made no progress for over {limit:.0f}s "
+                       f"(up to {idle:.0f}s) while their requests fail: {'; '.join(errors)}")
+        if quiet:
+            idle = max(stalls[n][1] for n in quiet)
+            out.append(f"watch(es) {', '.join(quiet)} made no progress for over "
+                       f"{self.stall_after:.0f}s (up to {idle:.0f}s)")
+        return out
+
+    def _stalls(self) -> dict[str, tuple[str | None, float]]:
+        """Stalled watch -> (its last error while failing, seconds without progress)."""
         if not self.ready:
-            return []
+            return {}
         now = asyncio.get_running_loop().time()
-        return sorted(
-            name for name, health in self.kube.watches.items()
-            if now - health.progress_at > (
-                min(self.failing_after, self.stall_after) if health.error is not None
-                else self.stall_after))
+        out = {}
+        for name, health in self.kube.watches.items():
+            idle = now - health.progress_at
+            limit = (min(self.failing_after, self.stall_after) if health.error is not None
+                     else self.stall_after)
+            if idle > limit:
+                out[name] = (health.error, idle)
+        return out
 
     async def _check_crds(self) -> None:
         """Fail start-up with the fix when a CRD Muster serves or reads is not installed."""
