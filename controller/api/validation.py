@@ -166,9 +166,15 @@ def _container(where: str, c: Container, declared: set[str]) -> list[str]:
 def pod_spec_problems(spec: PodSpec, where: str = "spec") -> list[str]:
     declared = {ref.name for ref in spec.resource_claims}
     out = _claims(spec, where)
+    names: set[str] = set()
     for kind, containers in (("containers", spec.containers),
                              ("initContainers", spec.init_containers)):
         for i, c in enumerate(containers):
+            # One name space for both lists, as the API server's validateContainers. (A
+            # missing name is let through: hand-written inputs of `muster fit` omit it.)
+            if c.name and c.name in names:
+                out.append(f"{where}.{kind}[{i}].name: Duplicate value {c.name!r}")
+            names.add(c.name)
             out.extend(_container(f"{where}.{kind}[{i}]", c, declared))
     if spec.resources is not None:
         out.extend(_resources(f"{where}.resources", spec.resources.requests,

@@ -60,6 +60,10 @@ def problems(doc: dict[str, Any]) -> list[str]:
     (container({"cpu": "1"}, resources={"requests": {"cpu": "2"}},
                initContainers=[{"name": "i", "resources": {"requests": {"cpu": "3"}}}]),
      "aggregate requests (3000m)"),
+    ({"containers": [{"name": "m"}, {"name": "m"}]},
+     "template.spec.containers[1].name: Duplicate value 'm'"),
+    ({"containers": [{"name": "m"}], "initContainers": [{"name": "m"}]},
+     "template.spec.initContainers[0].name: Duplicate value 'm'"),
 ])
 def test_refused_like_the_api_server(spec: dict[str, Any], field: str) -> None:
     found = problems(template(spec))
