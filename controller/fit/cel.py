@@ -53,9 +53,10 @@ class SelectorError(ValueError):
 # ---------------------------------------------------------------------------- values
 
 
+# Kubernetes' ParseQuantity: ASCII digits, nothing around the quantity.
 _QUANTITY = re.compile(
-    r"^(?P<num>[+-]?(?:\d+(?:\.\d*)?|\.\d+))"
-    r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?\d+)?$"
+    r"(?P<num>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
+    r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?"
 )
 _SUFFIX: dict[str, Decimal] = {
     "": Decimal(1), "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"),
@@ -70,7 +71,7 @@ def quantity_milli(text: str) -> int:
 
     Kept here rather than imported from ``controller.api`` so the engine depends on nothing
     outside ``controller.fit``."""
-    match = _QUANTITY.match(text.strip())
+    match = _QUANTITY.fullmatch(text)
     if match is None:
         raise ValueError(f"invalid quantity {text!r}")
     suffix = match.group("suffix") or ""
