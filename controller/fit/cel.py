@@ -85,10 +85,12 @@ def quantity_milli(text: str) -> int:
     return int((value * 1000).to_integral_value(rounding=ROUND_CEILING))
 
 
+# ASCII digits, nothing around the version (Kubernetes' semver() parses strictly).
 _SEMVER = re.compile(
-    r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
-    r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
-    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
+    r"(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)"
+    r"(?:-((?:0|[1-9][0-9]*|[0-9]*[a-zA-Z-][0-9a-zA-Z-]*)"
+    r"(?:\.(?:0|[1-9][0-9]*|[0-9]*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
+    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?"
 )
 
 
@@ -135,7 +137,7 @@ class SemVer:
 
 @lru_cache(maxsize=4096)
 def _parse_semver(text: str) -> SemVer:
-    match = _SEMVER.match(text.strip())
+    match = _SEMVER.fullmatch(text)
     if match is None:
         raise ValueError(f"invalid semantic version {text!r}")
     pre = tuple(match.group(4).split(".")) if match.group(4) else ()
