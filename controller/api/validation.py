@@ -64,10 +64,16 @@ def limit_object_name(full: str) -> str:
 
 
 def qualified_name(key: str) -> bool:
-    """A label key (``[prefix/]name``), as ``IsQualifiedName``."""
-    prefix, _, name = key.rpartition("/")
-    if prefix and (len(prefix) > 253 or _DNS_SUBDOMAIN.fullmatch(prefix) is None):
+    """A label key (``[prefix/]name``), as ``IsQualifiedName``: at most one ``/``, and a
+    prefix, when there is a ``/``, that is a non-empty DNS subdomain ("/rack" is refused)."""
+    parts = key.split("/")
+    if len(parts) > 2:
         return False
+    if len(parts) == 2:
+        prefix = parts[0]
+        if not prefix or len(prefix) > 253 or _DNS_SUBDOMAIN.fullmatch(prefix) is None:
+            return False
+    name = parts[-1]
     return 0 < len(name) <= 63 and _NAME_PART.fullmatch(name) is not None
 
 

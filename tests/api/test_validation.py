@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from controller.api.pod import PodTemplate
@@ -174,3 +174,35 @@ def test_label_values_as_the_api_server(text: str) -> None:
     assert label_value(text) == reference_value(text)
     if "/" not in text:
         assert qualified_name(text) == (text != "" and reference_value(text))
+
+
+def reference_subdomain(text: str) -> bool:
+    """IsDNS1123Subdomain, label by label."""
+    if not 0 < len(text) <= 253:
+        return False
+    for label in text.split("."):
+        if not label or not all(c in "abcdefghijklmnopqrstuvwxyz0123456789-" for c in label):
+            return False
+        if label[0] == "-" or label[-1] == "-":
+            return False
+    return True
+
+
+def reference_qualified_name(text: str) -> bool:
+    """apimachinery's IsQualifiedName: strings.Split on "/", one or two parts, a non-empty
+    DNS-subdomain prefix, a name part as a label value but non-empty."""
+    parts = text.split("/")
+    if len(parts) == 2:
+        if not parts[0] or not reference_subdomain(parts[0]):
+            return False
+    elif len(parts) != 1:
+        return False
+    return parts[-1] != "" and reference_value(parts[-1])
+
+
+@given(st.text(alphabet="aZ09-_./ é", max_size=70))
+@example("/rack")
+@example("a.b/")
+@example("x.io/rack")
+def test_qualified_names_as_the_api_server(text: str) -> None:
+    assert qualified_name(text) == reference_qualified_name(text), text

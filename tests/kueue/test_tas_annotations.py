@@ -24,6 +24,7 @@ from controller.tas_slices import (
     unconstrained,
 )
 from controller.topology_defaults import KUEUE_PREFERRED, KUEUE_REQUIRED, KUEUE_UNCONSTRAINED
+from tests.api.test_validation import reference_qualified_name
 
 
 def oracle_parse_bool(s: str) -> bool | None:
@@ -117,3 +118,14 @@ def test_every_rule_kueue_applies_is_applied(annotations: dict[str, str]) -> Non
     pair = (SLICE_REQUIRED in annotations, SLICE_SIZE in annotations)
     assert any("must be set when" in p for p in found) == (pair == (True, False))
     assert any("may not be set when" in p for p in found) == (pair == (False, True))
+
+
+@settings(max_examples=300, deadline=None)
+@given(level=st.one_of(st.sampled_from(["rack", "/rack", "x.io/rack", "a/b/c", "", "Rack",
+                                        "topology.muster.dev/rack", "x.io/", "-r"]),
+                       st.text(alphabet="aZ09-_./ é", max_size=20)))
+def test_levels_are_label_names_as_kueue_validates_them(level: str) -> None:
+    # ValidateTASPodSetRequest: metavalidation.ValidateLabelName (IsQualifiedName).
+    for key in (KUEUE_REQUIRED, KUEUE_PREFERRED, SLICE_REQUIRED):
+        refused = [p for p in kueue_problems({key: level}) if "must be a label name" in p]
+        assert bool(refused) == (not reference_qualified_name(level)), (key, level)
