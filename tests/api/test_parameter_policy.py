@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from controller.api.parameters import (
     HONOURED,
     NO_RETRY,
+    PROCESSOR_INSTANCE,
     VALID_UNTIL_SECONDS,
     read_parameters,
 )
@@ -118,6 +119,9 @@ def test_the_cel_runtime_matches_with_re2_semantics() -> None:
 
 def test_every_value_the_policy_checks_is_honoured() -> None:
     assert {NO_RETRY, VALID_UNTIL_SECONDS} <= HONOURED[Mode.PROVISION] & HONOURED[Mode.CHECK]
+    # processorInstance takes any string: neither the policy nor the controller refuses one
+    # (the map test below draws it too).
+    assert PROCESSOR_INSTANCE in HONOURED[Mode.CHECK]
 
 
 _TRICKY = st.sampled_from([
@@ -160,7 +164,8 @@ def test_the_policy_and_the_controller_accept_the_same_values(name: str, value: 
 
 
 @settings(max_examples=100, deadline=None)
-@given(values=st.dictionaries(st.sampled_from([NO_RETRY, VALID_UNTIL_SECONDS, "colour"]),
+@given(values=st.dictionaries(st.sampled_from([NO_RETRY, VALID_UNTIL_SECONDS, PROCESSOR_INSTANCE,
+                                               "colour"]),
                               VALUES, max_size=3))
 def test_they_agree_on_whole_parameter_maps(values: dict[str, str]) -> None:
     assert policy_admits(values) == controller_admits(values), values
