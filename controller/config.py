@@ -159,6 +159,21 @@ class RetryConfig(_Section):
         "as kubectl apply and Kueue create them a moment apart, in either order, and each kind "
         "reaches Muster through its own watch.",
     )
+    replan_on_capacity_change: bool = Field(
+        default=True,
+        description="Plan waiting requests again, oldest first and in one planner pass, as "
+        "soon as something that could let them fit changes in the cluster (nodes released, "
+        "freed or added, a booking ended, a request deleted, a CapacityPool created or "
+        "changed, a stock-out's avoidance window over), instead of only when their backoff "
+        "timer fires. A woken request that still does not fit writes nothing; the backoff "
+        "still covers what Muster cannot watch (a cloud's stock).",
+    )
+    replan_max_per_second: float = Field(
+        default=4.0,
+        gt=0,
+        description="At most this many such re-planning rounds start per second, each only "
+        "once the previous one was planned, however fast the cluster churns.",
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> RetryConfig:

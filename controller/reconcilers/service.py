@@ -81,6 +81,7 @@ from controller.state.cache import ClusterState, TemplateError, object_key
 from controller.state.planner import Planner, Refusal
 from controller.state.requests import RequestRecord
 from controller.state.tenancy import exceeded, foreign_request_owner
+from controller.state.wakeups import Wakeups
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,11 @@ NEW_NODES_DETAIL = "muster.dev/new-nodes"
 
 
 ARRIVAL_POLL_SECONDS = 0.5
+
+WAITING_REASONS = frozenset({
+    Reason.CAPACITY_IS_NOT_FOUND, Reason.NAMESPACE_LIMIT_REACHED, Reason.POOL_UNUSABLE,
+})
+"""A request whose last attempt ended so waits for something Muster sees change."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +132,8 @@ class ProvisioningService:
         """Told of every condition a status write changed (Events, metrics); must not block."""
         self.recorder = recorder
         """Posts the ParametersIgnored Warning when a request is first accepted."""
+        self.wakeups: Wakeups | None = None
+        """Wakes waiting requests when capacity may have freed (see :meth:`waiting`)."""
 
     # ------------------------------------------------------------------ entry point
 
@@ -151,6 +159,7 @@ class ProvisioningService:
             return 0.05
 
     async def _reconcile(self, key: str) -> Delay:
+        woken = self.wakeups is not None and self.wakeups.claim(key)
         req = self.state.request(key)
         if req is None:
             self.state.unreserve(key)
@@ -175,7 +184,21 @@ class ProvisioningService:
                     detail=f"the {PLAN_ANNOTATION} annotation is unreadable",
                 )
             return await self.resume(req, booking)
-        return await self.provision(req, mode)
+        return await self.provision(req, mode, woken=woken)
+
+    def waiting(self) -> list[str]:
+        """The requests waiting for capacity Muster can see free, oldest first: not yet
+        planned, their last attempt found no fit (``CapacityIsNotFound``), met a full
+        namespace or a pool the provider refuses. Not those whose acquisition failed
+        (a cloud's stock, which Muster cannot watch) or whose nodes never got Ready: their
+        backoff is the only signal."""
+        keys = [
+            key for key, req in self.state.requests().items()
+            if req.retry_at is not None and not req.deleting
+            and req.annotated_phase is Phase.NEW and _waiting_reason(req) in WAITING_REASONS
+        ]
+        keys.sort(key=self.state.arrival)
+        return keys
 
     async def resume(self, req: RequestRecord, booking: Booking) -> Delay:
         """An acquisition this call did not just persist (after a restart, or a retry after
@@ -198,10 +221,14 @@ class ProvisioningService:
 
     # ------------------------------------------------------------------ new requests
 
-    async def provision(self, req: RequestRecord, mode: Mode) -> Delay:
+    async def provision(self, req: RequestRecord, mode: Mode, *, woken: bool = False) -> Delay:
+        """``woken``: planned ahead of its backoff timer because capacity may have freed
+        (:class:`Wakeups`); if it still does not fit, nothing is written and the timer
+        stands."""
         now = self.clock.now()
         retry_at = req.retry_at
-        if retry_at is not None and retry_at > now:
+        waiting = retry_at is not None and retry_at > now
+        if retry_at is not None and waiting and not woken:
             return (retry_at - now).total_seconds()
         try:
             gang = self.gang(req, mode)
@@ -215,8 +242,13 @@ class ProvisioningService:
                              sort_keys=True, separators=(",", ":"))
         attempt = req.attempt + 1
         result = await self.planner.plan(
-            req.key, gang, mode, lambda plan: self.book(req, plan, attempt)
+            req.key, gang, mode, lambda plan: self.book(req, plan, attempt),
+            order=self.state.arrival(req.key),
         )
+        if waiting and retry_at is not None and not isinstance(result, Plan):
+            # Still no fit: the backoff timer keeps the request's attempts and condition
+            # (a churn of wake-ups must not turn into a churn of writes).
+            return max(0.0, (retry_at - self.clock.now()).total_seconds())
         if isinstance(result, Refusal):
             if result.wait:
                 return await self.retry_or_fail(
@@ -940,6 +972,14 @@ class _Later:
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
         return current
+
+
+def _waiting_reason(req: RequestRecord) -> Reason | None:
+    cond = req.condition(ConditionType.PROVISIONED)
+    try:
+        return Reason(str((cond or {}).get("reason") or ""))
+    except ValueError:
+        return None
 
 
 def _accepted() -> tuple[ConditionType, bool, Reason, str]:
