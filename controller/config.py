@@ -107,6 +107,17 @@ class TopologyConfig(_Section):
         min_length=1,
         description="Node label keys of the topology levels, widest first.",
     )
+    relax_after_seconds: float | None = Field(
+        default=None,
+        ge=0,
+        description="How long a request waits for the one domain its "
+        "muster.dev/required-topology annotation asks for before Muster takes the most "
+        "compact placement it can get (one domain of the next wider level before two, fewest "
+        "domains), named in provisioningClassDetails (muster.dev/topology-relaxed) and the "
+        "Provisioned message. null: never (placement stays strict). A request overrides it "
+        "with the relaxTopologyAfter parameter or the muster.dev/relax-topology-after "
+        "annotation (never: strict). Kueue's podset-required-topology is never relaxed.",
+    )
 
     @model_validator(mode="after")
     def _unique(self) -> TopologyConfig:

@@ -38,6 +38,7 @@ from controller.acquire.keys import groups_for
 from controller.acquire.providers import ProviderSet
 from controller.api.parameters import (
     NO_RETRY,
+    RELAX_TOPOLOGY_AFTER,
     VALID_UNTIL_SECONDS,
     Parameters,
     read_parameters,
@@ -62,6 +63,16 @@ from controller.kube import ApiError, Body, KubeClient
 from controller.kube.events import EventRecorder
 from controller.kube.resources import PROVISIONING_REQUESTS
 from controller.reconcilers.pools import hold_pools
+from controller.relaxation import (
+    RELAXED_DETAIL,
+    alternatives,
+    relax_after,
+    relax_at,
+    relaxable,
+    relaxed_placements,
+)
+from controller.relaxation import describe as describe_relaxed
+from controller.relaxation import detail as relaxed_detail
 from controller.snapshot import InvalidTemplate, SnapshotError, gang_of, parse_object
 from controller.state.bookings import (
     ATTEMPT_ANNOTATION,
@@ -241,9 +252,12 @@ class ProvisioningService:
         digests = json.dumps(self.template_digests(req.namespace, req.template_names),
                              sort_keys=True, separators=(",", ":"))
         attempt = req.attempt + 1
+        relaxable_sets, relax_time = self.relaxation(req, gang)
         result = await self.planner.plan(
             req.key, gang, mode, lambda plan: self.book(req, plan, attempt),
             order=self.state.arrival(req.key),
+            fallbacks=alternatives(gang, relaxable_sets, self.state.levels)
+            if relax_time is not None and now >= relax_time else (),
         )
         if waiting and retry_at is not None and not isinstance(result, Plan):
             # Still no fit: the backoff timer keeps the request's attempts and condition
@@ -256,7 +270,7 @@ class ProvisioningService:
                 )
             return await self.fail(req, result.reason, result.text)
         if isinstance(result, NoFit):
-            return await self.no_fit(req, gang, mode, result, attempt)
+            return await self.no_fit(req, gang, mode, result, attempt, relax_time=relax_time)
         booking = self.state.bookings().get(req.key)
         if booking is None:  # the request was deleted while it was being planned
             return None
@@ -284,6 +298,18 @@ class ProvisioningService:
         if not booking.groups:
             return await self.confirm(req, booking)
         return await self.acquire(req, booking, announce=True)
+
+    def relaxation(self, req: RequestRecord, gang: GangRequest) -> tuple[
+            dict[str, str], datetime | None]:
+        """The pod sets of ``gang`` Muster may relax (name -> required level) and when it
+        may (None: never); see :mod:`controller.relaxation`."""
+        seconds = relax_after(self.parameters(req).values.relax_topology_after_seconds,
+                              req.annotations, self.config.topology.relax_after_seconds)
+        when = relax_at(req.created_at, seconds)
+        if when is None:
+            return {}, None
+        sets = relaxable(gang, self._template_annotations(req), self.state.levels)
+        return sets, (when if sets else None)
 
     def arrival_grace_left(self, req: RequestRecord) -> float:
         """Seconds this request still waits for objects created with it (a PodTemplate, a
@@ -357,7 +383,7 @@ class ProvisioningService:
                        groups=groups_for(plan, owner_uid=req.uid, attempt=attempt))
 
     async def no_fit(self, req: RequestRecord, gang: GangRequest, mode: Mode, result: NoFit,
-                     attempt: int) -> Delay:
+                     attempt: int, *, relax_time: datetime | None = None) -> Delay:
         # The shortfall first (where it came closest, by how much, whether waiting helps),
         # then the engine's reasons in full.
         reasons = "; ".join(r.message for r in result.reasons) or "no capacity"
@@ -375,6 +401,14 @@ class ProvisioningService:
             return await self.retry_or_fail(
                 req, attempt=attempt, reason=Reason.POOL_UNUSABLE,
                 detail=f"{pools}. Without {'it' if len(refused) == 1 else 'them'}: {detail}",
+            )
+        if relax_time is not None and relax_time > self.clock.now():
+            # Waiting helps once the topology may be relaxed, even when the strict request
+            # can never fit (no single domain is big enough).
+            return await self.retry_or_fail(
+                req, attempt=attempt, reason=Reason.CAPACITY_IS_NOT_FOUND,
+                detail=f"{detail} Muster relaxes its topology at {rfc3339(relax_time)} "
+                f"({RELAX_TOPOLOGY_AFTER})", relax_time=relax_time,
             )
         if result.permanent:
             codes = {r.code for r in result.reasons}
@@ -495,6 +529,13 @@ class ProvisioningService:
         try:
             details = class_details(booking.plan)
             where = _where(booking.plan)
+            relaxed, sets = self.relaxed(req, booking.plan)
+            if relaxed:
+                details[RELAXED_DETAIL] = relaxed_detail(relaxed)
+                created = req.created_at
+                waited = ((self.clock.now() - created).total_seconds()
+                          if created is not None else None)
+                where = f"{where}. {describe_relaxed(relaxed, sets, waited).rstrip('.')}"
             text = (
                 message(reason, where=where)
                 if reason is Reason.CAPACITY_IS_FOUND
@@ -509,6 +550,33 @@ class ProvisioningService:
             self.state.unreserve(req.key)
         return self.config.booking.duration_seconds
 
+
+    def relaxed(self, req: RequestRecord, plan: Plan) -> tuple[dict[str, str], dict[str, str]]:
+        """The pod sets ``plan`` does not keep in the one domain their
+        ``muster.dev/required-topology`` asks for (pod set -> where they went), and the
+        required levels; empty when the plan is strict. Read from the plan, so it holds after
+        a restart too."""
+        mode = self.config.classes.mode_for(req.class_name, req.parameters) or Mode.PROVISION
+        try:
+            gang = self.gang(req, mode)
+        except Invalid:
+            return {}, {}
+        seconds = relax_after(self.parameters(req).values.relax_topology_after_seconds,
+                              req.annotations, self.config.topology.relax_after_seconds)
+        if seconds is None:
+            return {}, {}
+        sets = relaxable(gang, self._template_annotations(req), self.state.levels)
+        return relaxed_placements(plan, sets), sets
+
+    def _template_annotations(self, req: RequestRecord) -> list[Mapping[str, str]]:
+        """The annotations of the PodTemplate of each of ``req``'s pod sets, in order."""
+        notes: list[Mapping[str, str]] = []
+        for ps in (req.body.get("spec") or {}).get("podSets") or []:
+            ref = (ps.get("podTemplateRef") or {}).get("name") if isinstance(ps, dict) else None
+            found = self.state.template(req.namespace, str(ref))
+            notes.append(found.template.metadata.annotations
+                         if found is not None and not isinstance(found, TemplateError) else {})
+        return notes
 
     # ------------------------------------------------------------------ booked requests
 
@@ -698,7 +766,10 @@ class ProvisioningService:
         reason: Reason,
         detail: str,
         permanent: bool = False,
+        relax_time: datetime | None = None,
     ) -> Delay:
+        """``relax_time``: when the request's topology may be relaxed; the next attempt is
+        then no later than that."""
         self.state.unreserve(req.key)
         max_attempts = self.config.retry.max_attempts
         params = self.parameters(req)
@@ -710,6 +781,8 @@ class ProvisioningService:
                 attempt=attempt,
             )
         delay = self.config.retry.backoff(attempt)
+        if relax_time is not None:
+            delay = max(0.0, min(delay, (relax_time - self.clock.now()).total_seconds()))
         deadline = self.valid_until(req, params)
         if (not permanent and attempt < max_attempts and deadline is not None
                 and self.clock.now() + timedelta(seconds=delay) > deadline):
@@ -901,6 +974,10 @@ def build_gang(req: RequestRecord, state: ClusterState, config: MusterConfig) ->
     problems = read_parameters(req.parameters, mode, req.class_name).problems
     if problems:
         raise Invalid(Reason.INVALID_PARAMETERS, "; ".join(problems))
+    try:
+        relax_after(None, req.annotations, None)
+    except ValueError as exc:
+        raise Invalid(Reason.INVALID_PARAMETERS, str(exc)) from None
     try:
         pr = parse_object(ProvisioningRequest, dict(req.body))
     except SnapshotError as exc:

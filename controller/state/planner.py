@@ -56,6 +56,7 @@ class _Item:
     book: BookFn
     future: asyncio.Future[Result | Refusal]
     order: tuple[Any, ...]
+    fallbacks: tuple[GangRequest, ...]
 
 
 class Planner:
@@ -94,19 +95,22 @@ class Planner:
     async def plan(
         self, key: str, gang: GangRequest, mode: Mode, book: BookFn,
         order: tuple[Any, ...] = (),
+        fallbacks: tuple[GangRequest, ...] = (),
     ) -> Result | Refusal:
         """Plan ``gang``; a Plan returned has been reserved under ``key`` already.
 
         A pass plans its requests by ``order`` (the request's arrival: older first, so a
         round of woken waiting requests goes to the one that waited longest), then in the
-        order they came to the planner.
+        order they came to the planner. ``fallbacks``: gangs tried in turn, in the same
+        pass, when ``gang`` does not fit (a relaxed topology); the NoFit returned is the last
+        one's.
 
         Returns the fit engine's NoFit, or the :class:`Refusal` of ``book``. ``book`` runs in
         the pass's synchronous step, right before the booking is reserved: what it reads of
         the state (e.g. a namespace's usage) includes every booking of the pass so far.
         """
         future: asyncio.Future[Result | Refusal] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Item(key, gang, mode, book, future, order))
+        self._pending.append(_Item(key, gang, mode, book, future, order, fallbacks))
         self._wakeup.set()
         return await future
 
@@ -159,7 +163,10 @@ class Planner:
             if item.future.done():
                 continue
             try:
-                result = planning.plan(item.gang, item.mode)
+                for gang in (item.gang, *item.fallbacks):
+                    result = planning.plan(gang, item.mode)
+                    if isinstance(result, Plan):
+                        break
                 if isinstance(result, Plan):
                     booking = item.book(result)
                     if isinstance(booking, Refusal):
