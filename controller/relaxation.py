@@ -31,7 +31,6 @@ from datetime import datetime, timedelta
 
 from controller.api.parameters import RELAX_TOPOLOGY_AFTER, duration_seconds
 from controller.fit.types import GangRequest, Plan, TopologyMode, TopologyRequest
-from controller.snapshot import resolve_level
 from controller.topology_defaults import KUEUE_REQUIRED, MUSTER_REQUIRED
 
 RELAX_ANNOTATION = "muster.dev/relax-topology-after"
@@ -81,7 +80,9 @@ def relaxable(
         asked = notes.get(MUSTER_REQUIRED)
         if not asked or notes.get(KUEUE_REQUIRED):
             continue
-        level = resolve_level(asked, levels)
+        # As controller.snapshot reads it: a full label key, or its last segment ("rack").
+        short = [lv for lv in levels if lv.rsplit("/", 1)[-1] == asked]
+        level = asked if asked in levels or len(short) != 1 else short[0]
         topo = pod_set.topology
         if topo.mode is TopologyMode.REQUIRED and topo.level == level:
             out[pod_set.name] = level
