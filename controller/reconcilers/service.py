@@ -258,6 +258,7 @@ class ProvisioningService:
             order=self.state.arrival(req.key),
             fallbacks=alternatives(gang, relaxable_sets, self.state.levels)
             if relax_time is not None and now >= relax_time else (),
+            explain=not waiting,
         )
         if waiting and retry_at is not None and not isinstance(result, Plan):
             # Still no fit: the backoff timer keeps the request's attempts and condition

@@ -57,6 +57,7 @@ class _Item:
     future: asyncio.Future[Result | Refusal]
     order: tuple[Any, ...]
     fallbacks: tuple[GangRequest, ...]
+    explain: bool
 
 
 class Planner:
@@ -96,6 +97,7 @@ class Planner:
         self, key: str, gang: GangRequest, mode: Mode, book: BookFn,
         order: tuple[Any, ...] = (),
         fallbacks: tuple[GangRequest, ...] = (),
+        explain: bool = True,
     ) -> Result | Refusal:
         """Plan ``gang``; a Plan returned has been reserved under ``key`` already.
 
@@ -103,14 +105,15 @@ class Planner:
         round of woken waiting requests goes to the one that waited longest), then in the
         order they came to the planner. ``fallbacks``: gangs tried in turn, in the same
         pass, when ``gang`` does not fit (a relaxed topology); the NoFit returned is the last
-        one's.
+        one's. ``explain=False``: a NoFit may come without reasons (the caller only needs
+        to know whether it fits now: a woken waiting request), which makes it cheap.
 
         Returns the fit engine's NoFit, or the :class:`Refusal` of ``book``. ``book`` runs in
         the pass's synchronous step, right before the booking is reserved: what it reads of
         the state (e.g. a namespace's usage) includes every booking of the pass so far.
         """
         future: asyncio.Future[Result | Refusal] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Item(key, gang, mode, book, future, order, fallbacks))
+        self._pending.append(_Item(key, gang, mode, book, future, order, fallbacks, explain))
         self._wakeup.set()
         return await future
 
@@ -164,7 +167,7 @@ class Planner:
                 continue
             try:
                 for gang in (item.gang, *item.fallbacks):
-                    result = planning.plan(gang, item.mode)
+                    result = planning.plan(gang, item.mode, explain=item.explain)
                     if isinstance(result, Plan):
                         break
                 if isinstance(result, Plan):
