@@ -179,6 +179,14 @@ class RetryConfig(_Section):
         "timer fires. A woken request that still does not fit writes nothing; the backoff "
         "still covers what Muster cannot watch (a cloud's stock).",
     )
+    replan_order: Literal["arrival", "backoff"] = Field(
+        default="backoff",
+        description="Who among the waiting requests a re-planning round (and every planner "
+        "pass) serves first: backoff, the request whose backoff timer would have fired first "
+        "(freed capacity goes where the timers alone would have sent it, without the wait); "
+        "arrival, the oldest request (FIFO, as Kueue's BestEffortFIFO). Measured with "
+        "muster simulate: under overload arrival order leaves more short jobs never started.",
+    )
     replan_max_per_second: float = Field(
         default=4.0,
         gt=0,

@@ -153,6 +153,11 @@ def simulate_command(
                      "compact placement; default: the controller's default, never).",
                      rich_help_panel=_POLICY),
     ] = None,
+    shipped_replan_order: Annotated[
+        str | None,
+        typer.Option(help="muster-shipped: the controller's retry.replan_order, arrival or "
+                     "backoff (default: the controller's default).", rich_help_panel=_POLICY),
+    ] = None,
     provreq_atomic: Annotated[
         bool,
         typer.Option("--provreq-atomic/--no-provreq-atomic",
@@ -262,6 +267,7 @@ def simulate_command(
         retry_attempts=retry_attempts,
         shipped_relax_after_s=(shipped_relax_after if shipped_relax_after is not None
                                else SimConfig().shipped_relax_after_s),
+        shipped_replan_order=shipped_replan_order or SimConfig().shipped_replan_order,
         provreq_atomic=provreq_atomic,
         stockout_reported=stockout_reported,
     )

@@ -203,13 +203,24 @@ class ProvisioningService:
         namespace or a pool the provider refuses. Not those whose acquisition failed
         (a cloud's stock, which Muster cannot watch) or whose nodes never got Ready: their
         backoff is the only signal."""
-        keys = [
-            key for key, req in self.state.requests().items()
+        now = self.clock.now()
+        waiting = [
+            req for req in self.state.requests().values()
             if req.retry_at is not None and not req.deleting
             and req.annotated_phase is Phase.NEW and _waiting_reason(req) in WAITING_REASONS
         ]
-        keys.sort(key=self.state.arrival)
-        return keys
+        waiting.sort(key=lambda req: self.plan_order(req, now))
+        return [req.key for req in waiting]
+
+    def plan_order(self, req: RequestRecord, now: datetime) -> tuple[Any, ...]:
+        """Where ``req`` goes in a planner pass (``retry.replan_order``): by arrival, or by
+        when its backoff timer fires (a request planned now, new or due, before those still
+        waiting: the order the timers alone would plan them in), then by arrival."""
+        arrival = self.state.arrival(req.key)
+        if self.config.retry.replan_order == "arrival":
+            return arrival
+        due = req.retry_at if req.retry_at is not None and req.retry_at > now else now
+        return (due, *arrival)
 
     async def resume(self, req: RequestRecord, booking: Booking) -> Delay:
         """An acquisition this call did not just persist (after a restart, or a retry after
@@ -255,7 +266,7 @@ class ProvisioningService:
         relaxable_sets, relax_time = self.relaxation(req, gang)
         result = await self.planner.plan(
             req.key, gang, mode, lambda plan: self.book(req, plan, attempt),
-            order=self.state.arrival(req.key),
+            order=self.plan_order(req, now),
             fallbacks=alternatives(gang, relaxable_sets, self.state.levels)
             if relax_time is not None and now >= relax_time else (),
             explain=not waiting,

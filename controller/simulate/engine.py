@@ -58,6 +58,12 @@ FAILED = 6
 """muster-retry: the controller marked the request Failed after ``retry_attempts``."""
 
 
+def _controller_default_order() -> str:
+    from controller.config import RetryConfig
+
+    return str(RetryConfig().replan_order)
+
+
 def _controller_default_relax_after() -> float | None:
     from controller.config import TopologyConfig
 
@@ -122,6 +128,8 @@ class SimConfig:
         default_factory=lambda: _controller_default_relax_after())
     """muster-shipped: the controller's ``topology.relax_after_seconds`` (None: never
     relax; the default is the controller's)."""
+    shipped_replan_order: str = field(default_factory=lambda: _controller_default_order())
+    """muster-shipped: the controller's ``retry.replan_order`` (arrival or backoff)."""
     deadlock_check_s: float = 60.0
     """How often partially bound gangs are checked for a deadlock."""
     bin_seconds: float | None = None
@@ -150,6 +158,8 @@ class SimConfig:
             (self.booking_s >= 0, "booking duration must be >= 0 seconds"),
             (self.shipped_relax_after_s is None or self.shipped_relax_after_s >= 0,
              "shipped relax-after must be >= 0 seconds"),
+            (self.shipped_replan_order in ("arrival", "backoff"),
+             "shipped replan order must be arrival or backoff"),
             (self.relax_after_s >= 0, "relax-after must be >= 0 seconds"),
             (self.reserve_s >= 0, "reservation time must be >= 0 seconds"),
             (

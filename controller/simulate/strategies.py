@@ -15,12 +15,13 @@
   ``gang-no-topology`` asks without any topology.
 ``muster-shipped`` is the controller as it ships, with its defaults: ``muster-retry``'s
 per-request backoff for what the controller cannot watch (the cloud's stock), plus the
-re-planning of every waiting request, oldest first, the moment something it watches frees
-capacity (a job's pods end, an idle node is released: :mod:`controller.state.wakeups`; such
-a re-plan that misses counts no attempt), plus topology relaxation after
-``shipped_relax_after_s`` (the controller's ``topology.relax_after_seconds``; None: never):
-then the most compact placement (``preferred`` at the rack level), the next attempt no later
-than the relaxation, and a gang no block can hold waits for it instead of being refused.
+re-planning of every waiting request (in ``retry.replan_order``) the moment something it
+watches frees capacity (a job's pods end, an idle node is released:
+:mod:`controller.state.wakeups`; such a re-plan that misses counts no attempt), plus
+topology relaxation after ``shipped_relax_after_s`` (the controller's
+``topology.relax_after_seconds``; None: never): then the most compact placement
+(``preferred`` at the rack level), the next attempt no later than the relaxation, and a gang
+no block can hold waits for it instead of being refused.
 
 ``muster``, ``muster-relax`` and ``gang-no-topology`` queue in arrival order and backfill
 (Kueue's BestEffortFIFO in front of Muster): a job that does not fit does not block a later
@@ -38,6 +39,7 @@ scoring) under every strategy.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -228,13 +230,17 @@ class GangFit(Simulation):
             self.drain()
 
     def _wake(self) -> None:
-        """muster-shipped: plan every waiting request again, oldest first, as one planner
-        pass does; a shape that missed stops every shape at least as large this round (it
-        could not fit either). A miss counts no attempt and leaves the backoff timer."""
+        """muster-shipped: plan every waiting request again, in the controller's
+        ``retry.replan_order`` (arrival: oldest first; backoff: the one whose timer is due
+        first), as one planner pass does; a shape that missed stops every shape at least as
+        large this round (it could not fit either). A miss counts no attempt and leaves the
+        backoff timer."""
         if not self.waiting:
             return
         failed: list[tuple[int, int, bool]] = []
-        for seq in sorted(self.waiting):
+        order = (sorted(self.waiting) if self.config.shipped_replan_order == "arrival"
+                 else sorted(self.waiting, key=lambda seq: (self.due.get(seq, math.inf), seq)))
+        for seq in order:
             run = self.waiting[seq]
             if run.status != PENDING:
                 del self.waiting[seq]

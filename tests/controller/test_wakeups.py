@@ -132,11 +132,17 @@ async def _nodes_busy(controller: Controller, n: int) -> bool:
     return sum(controller.state.pods_on(f"static-{i}") for i in range(n)) == n
 
 
+@pytest.mark.parametrize(
+    "muster_config",
+    [MusterConfig(), MusterConfig(retry=RetryConfig(replan_order="arrival"))],
+    ids=["backoff-order", "arrival-order"],
+)
 async def test_woken_gangs_are_planned_oldest_first_and_a_miss_writes_nothing(
     kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
 ) -> None:
-    """Two gangs wait for the same 4 nodes: the older gets them; the younger, woken too and
-    still without a fit, keeps its attempt count and condition (no write)."""
+    """Two gangs wait for the same 4 nodes: the older gets them (in backoff order too: its
+    timer is due first); the younger, woken too and still without a fit, keeps its attempt
+    count and condition (no write)."""
     controller, _, _ = running
     await _one_booked_one_waiting(kube, controller)
     await _request(kube, "third", 4)
