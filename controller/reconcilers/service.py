@@ -198,7 +198,8 @@ class ProvisioningService:
         return await self.provision(req, mode, woken=woken)
 
     def waiting(self) -> list[str]:
-        """The requests waiting for capacity Muster can see free, oldest first: not yet
+        """The requests waiting for capacity Muster can see free, in the order to plan them
+        (:meth:`plan_order`): not yet
         planned, their last attempt found no fit (``CapacityIsNotFound``), met a full
         namespace or a pool the provider refuses. Not those whose acquisition failed
         (a cloud's stock, which Muster cannot watch) or whose nodes never got Ready: their
