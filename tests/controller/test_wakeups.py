@@ -238,3 +238,29 @@ async def test_a_round_waits_for_the_previous_one_to_be_planned() -> None:
 
 async def _rounds(wakeups: Wakeups, n: int) -> bool:
     return wakeups.rounds >= n
+
+
+async def test_the_end_of_a_stock_out_window_wakes_the_waiting_on_the_injected_clock() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from controller.state.cache import ClusterState
+    from controller.topology_defaults import DEFAULT_LEVELS
+
+    clock = ManualClock(start=datetime(2026, 1, 1, tzinfo=UTC))
+    woken: list[str] = []
+    wakeups = Wakeups(clock=clock, waiting=lambda: ["ns/a"], enqueue=woken.append,
+                      coalesce_seconds=0.0)
+    state = ClusterState(levels=DEFAULT_LEVELS)
+    state.shortage_set = lambda until: wakeups.poke_at(until, "stock-out window ended")
+    wakeups.start()
+    try:
+        state.mark_short("gpu", {objects.RACK: "b1-r1"}, available=0,
+                         until=clock.now() + timedelta(seconds=60))
+        await clock.advance(59)
+        await asyncio.sleep(0.05)
+        assert wakeups.rounds == 0
+        await clock.advance(1)
+        await _until(lambda: _rounds(wakeups, 1))
+        assert woken == ["ns/a"]
+    finally:
+        await wakeups.stop()
