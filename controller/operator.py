@@ -42,6 +42,7 @@ from controller.reconcilers.telemetry import (
 from controller.state.cache import ClusterState
 from controller.state.feeds import Feeds
 from controller.state.planner import Planner
+from controller.state.wakeups import Wakeups
 from controller.workqueue import WorkQueue
 from providers.base import Provider, ProviderConfigError
 from providers.registry import ProviderContext
@@ -106,6 +107,14 @@ class Controller:
             metered(self.service.reconcile, self.metrics), clock=self.clock,
             concurrency=config.acquisition.max_concurrent_reconciles,
         )
+        self.wakeups = Wakeups(clock=self.clock, waiting=self.service.waiting,
+                               enqueue=self._enqueue,
+                               max_per_second=config.retry.replan_max_per_second)
+        if config.retry.replan_on_capacity_change:
+            self.service.wakeups = self.wakeups
+            self.state.capacity_changed = self.wakeups.poke
+            self.state.shortage_set = lambda until: self.wakeups.poke_at(
+                until, "stock-out window ended")
         self.metrics.watch_state(state_reading(
             state=self.state, served=lambda name: config.classes.mode_for(name) is not None,
             in_flight=lambda: len(self.service.in_flight), queue=self.queue, events=self.events,
@@ -185,6 +194,8 @@ class Controller:
         self.events.start()
         self.planner.start()
         self.queue.start()
+        if self.service.wakeups is not None:
+            self.wakeups.start()
         self._started = True
         for key in list(self.state.requests()):
             self.queue.add(key)
@@ -218,6 +229,7 @@ class Controller:
         self._started = False
         self.providers.running = False
         self.queue.halt()
+        self.wakeups.halt()
         if self.kueue is not None:
             self.kueue.halt()
         if self.podgroups is not None:
@@ -234,7 +246,7 @@ class Controller:
         """
         if not self.ready:
             return []
-        tasks = [*self._tasks, *self.queue.tasks, *self.feeds.tasks]
+        tasks = [*self._tasks, *self.queue.tasks, *self.feeds.tasks, *self.wakeups.tasks]
         if self.kueue is not None:
             tasks += self.kueue.tasks
         if self.podgroups is not None:
@@ -320,6 +332,7 @@ class Controller:
                 pass
             except Exception:
                 log.exception("task %s failed while stopping", task.get_name())
+        await self.wakeups.stop()
         await self.queue.stop()
         await self.planner.stop()
         await self.events.stop()  # after the queue: the last reconciles' events still go out

@@ -35,6 +35,7 @@ module on random strings.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -48,6 +49,8 @@ from controller.fit.types import Mode
 NO_RETRY = "noRetry"
 VALID_UNTIL_SECONDS = "ValidUntilSeconds"
 PROCESSOR_INSTANCE = "processorInstance"
+RELAX_TOPOLOGY_AFTER = "relaxTopologyAfter"
+NEVER = "never"
 MAX_RUN_DURATION_SECONDS = "maxRunDurationSeconds"
 
 
@@ -88,6 +91,23 @@ class ClassParameters(BaseModel):
     valid_until_seconds: int | None = Field(
         default=None, alias=VALID_UNTIL_SECONDS,
         description="Retry only until this many seconds after the request's creation.")
+
+    relax_topology_after_seconds: float | None = Field(
+        default=None, alias=RELAX_TOPOLOGY_AFTER,
+        description="How long the request waits for the one topology domain its "
+        "muster.dev/required-topology annotation asks for before Muster takes the most "
+        "compact placement it can get (one domain of the next wider level before two, fewest "
+        "domains): a duration such as 30m, 1h30m, 90s or a number of seconds; never keeps "
+        "the placement strict. Absent: topology.relax_after_seconds.")
+
+    @field_validator("relax_topology_after_seconds", mode="before")
+    @classmethod
+    def _relax_after(cls, value: Any) -> float:
+        seconds = duration_seconds(str(value))
+        if seconds is None:
+            raise _problem(f"parameter {RELAX_TOPOLOGY_AFTER} must be a duration such as 30m, "
+                           f"1h30m, 90s or 0, or {NEVER}, got {str(value)!r}")
+        return seconds
 
     @field_validator("no_retry", mode="before")
     @classmethod
@@ -171,6 +191,24 @@ class Parameters:
             return ""
         return (f"Ignored parameter(s): {', '.join(sorted(self.ignored))} (see the request's "
                 f"Accepted condition).")
+
+
+_DURATION = re.compile(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
+
+
+def duration_seconds(text: str) -> float | None:
+    """Seconds of a duration written as Kubernetes and Go write them (``1h30m``, ``90s``) or
+    as a whole number of seconds; ``never``: infinity; None when unreadable."""
+    text = text.strip().lower()
+    if text == NEVER:
+        return math.inf
+    if text.isdigit():
+        return float(text)
+    match = _DURATION.fullmatch(text)
+    if not text or match is None:
+        return None
+    hours, minutes, seconds = (int(g or 0) for g in match.groups())
+    return float(hours * 3600 + minutes * 60 + seconds)
 
 
 def read_parameters(parameters: Mapping[str, Any], mode: Mode, class_name: str) -> Parameters:

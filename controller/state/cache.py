@@ -22,7 +22,7 @@ import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Any
 
@@ -150,6 +150,18 @@ class ClusterState:
         self.notify: Callable[[str], None] = notify or (lambda key: None)
         self.forget: Callable[[str], None] = forget or (lambda key: None)
         """Told of every request key deleted (the work queue drops its timers)."""
+        self.capacity_changed: Callable[[str], None] = lambda why: None
+        """Told (with what happened) whenever something changed that could let a waiting
+        request fit: a node added, freed or changed, a booking gone, a pool created or
+        changed, a refused pool fixed (see :mod:`controller.state.wakeups`)."""
+        self.shortage_set: Callable[[datetime], None] = lambda until: None
+        """Told when a stock-out's avoidance window will end (:meth:`mark_short`)."""
+        self._arrivals: dict[str, int] = {}
+        """Request key -> the order the cache first saw it in (ties of creationTimestamp,
+        which has one-second resolution)."""
+        self._arrived = 0
+        self._pool_specs: dict[str, Any] = {}
+        """The spec of each pool last seen (status writes do not change what plans see)."""
         self._nodes: dict[str, Node] = {}
         self._nodes_by_key: dict[str, set[str]] = {}
         self._gone_by_key: dict[str, set[str]] = {}
@@ -248,6 +260,10 @@ class ClusterState:
         # Pool headroom counts nodes by labels; heartbeats (status only) leave it as it is.
         if old is None or old.metadata.labels != labels:
             self._pool_states = None
+        if old is None:
+            self.capacity_changed("node added")
+        elif old.metadata.labels != labels or _schedulability(old) != _schedulability(node):
+            self.capacity_changed("node changed")
         if node.settled:
             for fut in self._ready_waiters.pop(name, []):
                 if not fut.done():
@@ -261,6 +277,7 @@ class ClusterState:
         self._node_states.pop(name, None)
         self._sorted_nodes = None
         self._pool_states = None
+        self.capacity_changed("node deleted")
         # A booking's new nodes are known by their acquisition key's label: the persisted
         # booking names the groups, not the nodes (those exist only once acquired).
         acquisition = old.metadata.labels.get(KEY_LABEL)
@@ -373,7 +390,10 @@ class ClusterState:
     def upsert_pod(self, body: Body) -> None:
         key = object_key(body)
         record = _pod_record(body)
-        self._forget_pod(key)
+        old = self._forget_pod(key)
+        if old is not None and old.holds and old.node and not (
+                record is not None and record.holds and record.node == old.node):
+            self.capacity_changed("pod finished")
         if record is None:
             return
         self._pods[key] = record
@@ -393,6 +413,8 @@ class ClusterState:
 
     def delete_pod(self, key: str) -> None:
         record = self._forget_pod(key)
+        if record is not None and record.holds and record.node:
+            self.capacity_changed("pod deleted")
         if record is not None and record.consumer:
             self.notify(record.consumer)
 
@@ -506,6 +528,12 @@ class ClusterState:
             # Its nodes stop (or start) being plannable: node states are rebuilt.
             self._deleting_pools.symmetric_difference_update({name})
             self._sorted_nodes = None
+        spec = body.get("spec")
+        if self._pool_specs.get(name) != spec or deleting:
+            # Created, or its spec edited (a limit raised, a domain added); a status write
+            # (the pool status writer's, every few seconds) changes nothing a plan sees.
+            self._pool_specs[name] = spec
+            self.capacity_changed("pool changed")
         before = (known_errors or self._pool_errors).get(name)
         quantities = _quantity_errors(body)
         try:
@@ -528,6 +556,7 @@ class ClusterState:
 
     def delete_pool(self, name: str) -> None:
         self.pools_changed.set()
+        self._pool_specs.pop(name, None)
         self._pools.pop(name, None)
         self._pool_errors.pop(name, None)
         self._pool_state_errors.pop(name, None)
@@ -558,6 +587,7 @@ class ClusterState:
             self._unusable_pools[name] = problems
         else:
             self._unusable_pools.pop(name, None)
+            self.capacity_changed("pool usable")
         self._pool_states = None
 
     def unusable_pools(self) -> Mapping[str, tuple[str, ...]]:
@@ -628,6 +658,10 @@ class ClusterState:
                 return None
         record = RequestRecord.parse(body, old)
         self._requests[key] = record
+        if key not in self._arrivals:
+            self._arrived += 1
+            self._arrivals[key] = self._arrived
+        had_booking = key in self._bookings
         if uid and meta.get("namespace"):
             self._uid_namespace[str(uid)] = str(meta["namespace"])
         if record.annotated_phase in ACTIVE_PHASES and not record.deleting:
@@ -640,14 +674,19 @@ class ClusterState:
                 self._bookings.pop(key, None)
         else:
             self._bookings.pop(key, None)
+        if had_booking and key not in self._bookings and key not in self._reserved:
+            self.capacity_changed("booking ended")
         return record
 
     def delete_request(self, key: str, *, uid: str | None = None) -> None:
         """Forget the request; ``uid`` (else the cached one's) is remembered as deleted."""
         self._held_cache.pop(key, None)
         old = self._requests.pop(key, None)
-        self._bookings.pop(key, None)
-        self._reserved.pop(key, None)
+        self._arrivals.pop(key, None)
+        booked = self._bookings.pop(key, None) is not None
+        booked = self._reserved.pop(key, None) is not None or booked
+        if booked:
+            self.capacity_changed("request deleted")
         uid = uid or (old.uid if old is not None else None)
         if uid:
             self._deleted[uid] = None
@@ -660,6 +699,13 @@ class ClusterState:
 
     def requests(self) -> Mapping[str, RequestRecord]:
         return self._requests
+
+    def arrival(self, key: str) -> tuple[datetime, int]:
+        """Where ``key`` stands in the order of arrival: its creationTimestamp, then the
+        order the cache first saw it in (a request not cached sorts last)."""
+        record = self._requests.get(key)
+        created = record.created_at if record is not None else None
+        return (created or _LAST, self._arrivals.get(key, sys.maxsize))
 
     def reserve(self, key: str, booking: Booking) -> None:
         """Hold ``booking`` in memory until :meth:`unreserve` (the plan is being persisted)."""
@@ -765,6 +811,7 @@ class ClusterState:
         there until ``until``, so retries look elsewhere instead of failing the same way."""
         self._short[(pool, tuple(sorted(domain.items())))] = (available, until)
         self._pool_states = None
+        self.shortage_set(until)
 
     def shortages(self, now: datetime) -> dict[str, list[tuple[dict[str, str], int, datetime]]]:
         """Pool -> (domain, nodes available, until) of each stock-out still in force."""
@@ -883,6 +930,15 @@ class ClusterState:
                                       [self._nodes[n] for n in self._nodes_by_pool.get(name, ())],
                                       self.levels, in_flight=0))
         return out
+
+
+_LAST = datetime.max.replace(tzinfo=UTC)
+
+
+def _schedulability(node: Node) -> tuple[Any, ...]:
+    """What of a node decides whether pods can go to it, beside its labels: readiness,
+    start-up and other taints, cordoning, allocatable."""
+    return (node.usable, node.spec.unschedulable, node.spec.taints, node.allocatable())
 
 
 def _confirmed(record: RequestRecord | None) -> bool:
