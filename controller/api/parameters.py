@@ -193,16 +193,20 @@ class Parameters:
                 f"Accepted condition).")
 
 
-_DURATION = re.compile(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
+# The admission policy's relaxTopologyAfter rule uses this same pattern (RE2 and ``re``
+# agree on it: ASCII digits, no backtracking constructs).
+DURATION_PATTERN = "^(never|[0-9]+|[0-9]+h([0-9]+m)?([0-9]+s)?|[0-9]+m([0-9]+s)?|[0-9]+s)$"
+_DURATION = re.compile(r"(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?", re.ASCII)
 
 
 def duration_seconds(text: str) -> float | None:
     """Seconds of a duration written as Kubernetes and Go write them (``1h30m``, ``90s``) or
     as a whole number of seconds; ``never``: infinity; None when unreadable."""
-    text = text.strip().lower()
+    # Read as the admission policy reads it: CEL's trim() and lowerAscii(), ASCII digits only.
+    text = cel_lower_ascii(cel_trim(text))
     if text == NEVER:
         return math.inf
-    if text.isdigit():
+    if _SECONDS.fullmatch(text):
         return float(text)
     match = _DURATION.fullmatch(text)
     if not text or match is None:

@@ -27,6 +27,7 @@ from controller.api.parameters import (
     HONOURED,
     NO_RETRY,
     PROCESSOR_INSTANCE,
+    RELAX_TOPOLOGY_AFTER,
     VALID_UNTIL_SECONDS,
     read_parameters,
 )
@@ -118,7 +119,8 @@ def test_the_cel_runtime_matches_with_re2_semantics() -> None:
 
 
 def test_every_value_the_policy_checks_is_honoured() -> None:
-    assert {NO_RETRY, VALID_UNTIL_SECONDS} <= HONOURED[Mode.PROVISION] & HONOURED[Mode.CHECK]
+    assert {NO_RETRY, VALID_UNTIL_SECONDS, RELAX_TOPOLOGY_AFTER} <= (
+        HONOURED[Mode.PROVISION] & HONOURED[Mode.CHECK])
     # processorInstance takes any string: neither the policy nor the controller refuses one
     # (the map test below draws it too).
     assert PROCESSOR_INSTANCE in HONOURED[Mode.CHECK]
@@ -129,9 +131,11 @@ _TRICKY = st.sampled_from([
     "15.0", "", " ", "\t15\n", "\u00a015\u3000", "15\x1c", "\x1f15", "\u200b15", "15\u0085",
     "\u180e15", "9" * 255, "true", "TRUE", "True", " tRuE ", "false", "FALSE", "1", "t", "yes",
     "\u0130", "tru\u0435", "\uff54\uff52\uff55\uff45", "\ufefftrue", "\u2003false\u2028",
+    "30m", "1h30m", "90s", "1H", "h", "m", "1h1h", "1s1m", "never", " NEVER ", "\uff13\uff10m",
+    "\u0663s", "1.5h", "-5m", "+5m", "0s", "1d",
 ])
 _PIECES = st.text(
-    alphabet=st.sampled_from(list("0123456789+-_ .eExTtRrUuFfAaLlSs") + sorted(_GO_IS_SPACE)
+    alphabet=st.sampled_from(list("0123456789+-_ .eExTtRrUuFfAaLlSshmHMnNvV") + sorted(_GO_IS_SPACE)
                              + ["\x1c", "\x1f", "\u200b", "\ufeff", "\uff10", "\u0661",
                                 "\u0130", "\u212a", "\u017f"]),
     max_size=12,
@@ -149,7 +153,7 @@ VALUES = st.one_of(
 )
 
 
-@pytest.mark.parametrize("name", [NO_RETRY, VALID_UNTIL_SECONDS])
+@pytest.mark.parametrize("name", [NO_RETRY, VALID_UNTIL_SECONDS, RELAX_TOPOLOGY_AFTER])
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(value=VALUES)
 @example(value="\uff11\uff15")
@@ -164,7 +168,8 @@ def test_the_policy_and_the_controller_accept_the_same_values(name: str, value: 
 
 
 @settings(max_examples=100, deadline=None)
-@given(values=st.dictionaries(st.sampled_from([NO_RETRY, VALID_UNTIL_SECONDS, PROCESSOR_INSTANCE,
+@given(values=st.dictionaries(st.sampled_from([NO_RETRY, VALID_UNTIL_SECONDS, RELAX_TOPOLOGY_AFTER,
+                                               PROCESSOR_INSTANCE,
                                                "colour"]),
                               VALUES, max_size=3))
 def test_they_agree_on_whole_parameter_maps(values: dict[str, str]) -> None:

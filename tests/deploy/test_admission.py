@@ -13,7 +13,12 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.api.parameters import HONOURED, NO_RETRY, VALID_UNTIL_SECONDS
+from controller.api.parameters import (
+    HONOURED,
+    NO_RETRY,
+    RELAX_TOPOLOGY_AFTER,
+    VALID_UNTIL_SECONDS,
+)
 from controller.commands import objects
 from controller.fit.types import Mode
 from providers.fake import KNOWN_PARAMETERS
@@ -45,7 +50,7 @@ def test_the_policies_know_what_the_code_knows() -> None:
     checked = {name for v in request["spec"]["validations"]
                for name in re.findall(r"'(\w+)' in variables.params", v["expression"])}
     # The honoured parameters whose values Muster reads (and fails when it cannot).
-    assert checked == {NO_RETRY, VALID_UNTIL_SECONDS}
+    assert checked == {NO_RETRY, VALID_UNTIL_SECONDS, RELAX_TOPOLOGY_AFTER}
     assert checked <= HONOURED[Mode.CHECK] | HONOURED[Mode.PROVISION]
 
 
