@@ -52,6 +52,7 @@ from controller.fit.types import (
     TopologyRequest,
 )
 from controller.fit.types import Snapshot as FitSnapshot
+from controller.node_labels import node_labels
 from controller.tas_slices import SLICE_SIZE, slice_request
 from controller.topology_defaults import (
     DEFAULT_LEVELS,
@@ -349,7 +350,9 @@ def pool_state(
     except ValueError as exc:
         raise SnapshotError(f"CapacityPool {name}: spec.nodeTemplate.allocatable.{exc}") from exc
     allocatable.setdefault("pods", DEFAULT_PODS_PER_NODE)
-    labels = {**template.labels, POOL_LABEL: name}
+    # What every new node carries: the template's labels and what its kubelet and cloud add
+    # (its hostname, unknown yet, is the engine's to give).
+    labels = {**node_labels(template.labels, parameters=spec.parameters), POOL_LABEL: name}
     taints = tuple(Taint(t.key, t.value, t.effect) for t in template.taints)
     topo = spec.topology
     domains: list[PoolDomain] = []

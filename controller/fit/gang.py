@@ -17,7 +17,7 @@ from itertools import chain, islice, permutations
 from controller.fit.cel import SelectorError
 from controller.fit.explain import explain, validate
 from controller.fit.placement import Outcome, PodSetPlacer
-from controller.fit.topology import Levels
+from controller.fit.topology import NEW_HOSTNAME, Levels
 from controller.fit.types import (
     Assignment,
     GangRequest,
@@ -122,7 +122,8 @@ def _build(
                     pods=merged[name],
                     node=None if slot else name,
                     new_node=slot,
-                    domain={k: labels[k] for k in levels if k in labels},
+                    domain={k: labels[k] for k in levels
+                            if k in labels and labels[k] != NEW_HOSTNAME},
                     requests=requests,
                     devices=tuple(ws.usage.allocations.get((name, ps.name), ())),
                 )

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from controller.fit.shapes import ShapeCounter, label_keys, pods_that_fit
-from controller.fit.topology import fill
+from controller.fit.topology import NEW_HOSTNAME, fill
 from controller.fit.types import Mode, PodSetPlacement, PodSetRequest, TopologyMode
 from controller.fit.workspace import NodeClass, PoolRef, Workspace
 
@@ -287,6 +287,8 @@ class PodSetPlacer:
         level = self.ws.index.levels.node_level
         node_labels = self.ws.labels(name)
         value = node_labels.get(level) if level else None
+        if value == NEW_HOSTNAME:
+            value = None
         labels = dict(self.ws.index.levels.labels_of(self.ws.index.levels.path(node_labels)))
         if level and value is not None:
             labels[level] = value

@@ -30,7 +30,7 @@ from controller.fit.dra_types import NodeDevices, PodDevices
 from controller.fit.ports import unlisted
 from controller.fit.shapes import ShapeCounter, label_keys, uses_node_name
 from controller.fit.taints import lasting_taints, transient
-from controller.fit.topology import Levels
+from controller.fit.topology import HOSTNAME, NEW_HOSTNAME, Levels
 from controller.fit.types import (
     NewNodeSlot,
     NodeState,
@@ -232,6 +232,7 @@ class WorkspaceIndex:
         for pi, pool in enumerate(self.pools):
             for di, dom in enumerate(pool.domains):
                 labels = {**pool.labels, **dom.labels}
+                labels.setdefault(HOSTNAME, NEW_HOSTNAME)
                 self.refs.append(PoolRef(pi, di, pool, dom, labels, levels.path(labels)))
         self.taint_ids: dict[int, int] = {}
         self.taint_tokens: dict[tuple[Taint, ...], int] = {}
