@@ -56,6 +56,8 @@ class BoundPod:
     node_labels: Mapping[str, str]
     anti_affinity: tuple[PodAffinityTerm, ...] = ()
     """Its own required anti-affinity terms (they repel the gang's pods too)."""
+    node: str = ""
+    """The node's name (topology spread counts the pods per node)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,47 +148,60 @@ def _spread(
     spec: PodSpec, shape: PodShape, topology: TopologyRequest, own: PodSetFacts,
     namespace: str, others: Sequence[PodSetFacts], bound: Sequence[BoundPod] | None,
 ) -> tuple[PodShape, list[str]]:
-    """DoNotSchedule topology spread: among the pod set's own pods (:class:`Spread`), or,
-    when it selects no pod at all, only "the node carries the key"."""
+    """DoNotSchedule topology spread as :class:`Spread`s counting every pod the selector
+    matches (the pod set's own, other pod sets', running pods of the namespace), or, when
+    it matches no pod at all, only "the node carries the key"."""
     why: list[str] = []
+    spreads: list[Spread] = []
     hard = [(i, t) for i, t in enumerate(spec.topology_spread_constraints)
             if t.when_unsatisfiable == "DoNotSchedule"]
     for i, tsc in hard:
         where = f"spec.topologySpreadConstraints[{i}] (DoNotSchedule on {tsc.topology_key})"
-        hit = [o.name for o in others if _spread_selects(tsc, own.labels, o.labels)]
-        if hit:
-            why.append(f"{where}: spreading together with pod set(s) {', '.join(hit)} is not "
-                       "planned")
-            continue
+        peers = tuple(o.name for o in others if _spread_selects(tsc, own.labels, o.labels))
         if bound is None:
             why.append(f"{where}: the running pods it could count are not known here")
             continue
-        if any(p.namespace == namespace and _spread_selects(tsc, own.labels, p.labels)
-               for p in bound):
-            why.append(f"{where}: spreading around running pods is not planned")
-            continue
-        if not _spread_selects(tsc, own.labels, own.labels):
+        running: dict[str, int] = {}
+        for p in bound:
+            if p.namespace == namespace and _spread_selects(tsc, own.labels, p.labels):
+                running[p.node] = running.get(p.node, 0) + 1
+        counts_self = _spread_selects(tsc, own.labels, own.labels)
+        if not counts_self and not peers and not running:
             # Counts nothing: only nodes without the key are filtered out.
             req = SelectorRequirement(tsc.topology_key, "Exists")
             terms = shape.affinity_terms or (SelectorTerm(),)
             shape = replace(shape, affinity_terms=tuple(
                 replace(t, match_expressions=(*t.match_expressions, req)) for t in terms))
             continue
-        if shape.spread is not None:
-            why.append(f"{where}: a second spread constraint on the pod set is not planned")
-        elif topology.mode is not TopologyMode.NONE:
+        if not counts_self and peers:
+            why.append(f"{where}: it counts pod set(s) {', '.join(peers)} of the gang but not "
+                       "its own pods, which is not planned")
+            continue
+        if topology.mode is not TopologyMode.NONE:
             why.append(f"{where}: spreading within a {topology.mode.value} topology on "
                        f"{topology.level} is not planned")
-        else:
-            shape = replace(shape, spread=Spread(
-                tsc.topology_key, tsc.max_skew, tsc.min_domains or 1,
-                honor_affinity=tsc.node_affinity_policy != "Ignore",
-                honor_taints=tsc.node_taints_policy == "Honor",
-                # The pod's own node affinity: the exclusions Muster adds to the shape for
-                # inter-pod anti-affinity or allocated claims filter nodes, yet leave them
-                # eligible domains (found by the scheduler oracle).
-                affinity_terms=node_affinity_terms(spec),
-            ))
+            continue
+        spreads.append(Spread(
+            tsc.topology_key, tsc.max_skew, tsc.min_domains or 1,
+            honor_affinity=tsc.node_affinity_policy != "Ignore",
+            honor_taints=tsc.node_taints_policy == "Honor",
+            # The pod's own node affinity: the exclusions Muster adds to the shape for
+            # inter-pod anti-affinity or allocated claims filter nodes, yet leave them
+            # eligible domains (found by the scheduler oracle).
+            affinity_terms=node_affinity_terms(spec),
+            running=tuple(sorted(running.items())),
+            peers=peers,
+            counts_self=counts_self,
+        ))
+    others_keys = [s.key for s in spreads if s.key != HOSTNAME]
+    if len(others_keys) > 1:
+        why.append(f"spec.topologySpreadConstraints: DoNotSchedule spread on "
+                   f"{' and '.join(others_keys)} together is not planned (one key besides "
+                   f"{HOSTNAME})")
+    elif spreads:
+        first = next(s for s in spreads if s.key != HOSTNAME) if others_keys else spreads[0]
+        shape = replace(shape, spread=first,
+                        more_spreads=tuple(s for s in spreads if s is not first))
     return shape, why
 
 

@@ -530,7 +530,7 @@ def bound_pods(nodes: Iterable[Node], pods: Iterable[Pod]) -> list[BoundPod]:
         aff = pod.spec.affinity
         anti = tuple(aff.pod_anti_affinity.required) if aff and aff.pod_anti_affinity else ()
         out.append(BoundPod(pod.metadata.namespace or "default", pod.metadata.labels,
-                            labels[node], anti))
+                            labels[node], anti, node=node))
     return out
 
 

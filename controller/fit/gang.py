@@ -17,6 +17,7 @@ from itertools import chain, islice, permutations
 from controller.fit.cel import SelectorError
 from controller.fit.explain import explain, validate
 from controller.fit.placement import Outcome, PodSetPlacer
+from controller.fit.spread import spreads_hold
 from controller.fit.topology import NEW_HOSTNAME, Levels
 from controller.fit.types import (
     Assignment,
@@ -51,9 +52,11 @@ def _orders(pod_sets: Sequence[PodSetRequest]) -> Iterator[tuple[PodSetRequest, 
         return
     seen = {tuple(p.name for p in given)}
 
-    def narrow_first(p: PodSetRequest) -> tuple[int, int, str]:
+    def narrow_first(p: PodSetRequest) -> tuple[int, int, int, str]:
         constrained = 0 if p.topology.mode is TopologyMode.REQUIRED else 1
-        return (constrained, -p.count * max(p.shape.requests.values(), default=0), p.name)
+        # Spread pod sets last: the domains other pod sets' new nodes add are known then.
+        return (1 if p.shape.spreads else 0, constrained,
+                -p.count * max(p.shape.requests.values(), default=0), p.name)
 
     for order in chain((tuple(sorted(given, key=narrow_first)),), permutations(given)):
         names = tuple(p.name for p in order)
@@ -84,6 +87,7 @@ def _attempt(
 ) -> tuple[Workspace, dict[str, Outcome]] | _Failure:
     """Place the gang on forks of ``base``; on failure return the first failure's state."""
     first_failure: _Failure | None = None
+    spread_sets = len(request.pod_sets) > 1 and any(p.shape.spreads for p in request.pod_sets)
     for order in islice(_orders(request.pod_sets), _budget(len(request.pod_sets))):
         ws = base.fork()
         outcomes: dict[str, Outcome] = {}
@@ -96,7 +100,13 @@ def _attempt(
                 break
             outcomes[ps.name] = got
         else:
-            return ws, outcomes
+            broken = spreads_hold(ws, order) if spread_sets else None
+            if broken is None:
+                return ws, outcomes
+            # Pod sets placed after it (or their new nodes) broke its spread: another order.
+            if first_failure is None:
+                ps = next(p for p in order if p.name == broken)
+                first_failure = _Failure(base.fork(), ps, ())
     assert first_failure is not None
     return first_failure
 

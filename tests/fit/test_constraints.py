@@ -107,9 +107,10 @@ def test_self_affinity_on_a_level_is_a_required_topology() -> None:
      "spec.containers[0].restartPolicyRules"),
     ({"topologySpreadConstraints": [
         {"maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": "DoNotSchedule",
-         "labelSelector": {"matchLabels": {"app": "w"}}} for key in (RACK, HOST)]},
-     {"app": "w"}, "spec.topologySpreadConstraints[1] (DoNotSchedule on kubernetes.io/hostname)"
-     ": a second spread constraint"),
+         "labelSelector": {"matchLabels": {"app": "w"}}}
+        for key in (RACK, "topology.muster.dev/block")]},
+     {"app": "w"}, f"DoNotSchedule spread on {RACK} and topology.muster.dev/block together is "
+     "not planned"),
 ])
 def test_refused_with_the_field_named(extra: dict[str, Any], labels: dict[str, str],
                                       field: str) -> None:
