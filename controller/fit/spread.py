@@ -41,6 +41,9 @@ from controller.fit.workspace import NodeClass, Workspace
 EVERY_NODE = 1 << 20
 """A fill depth below every level: fewest nodes, domains ignored."""
 
+MAX_LEVELS = 32
+"""Per-node levels tried for a hostname spread beside another key's (highest first)."""
+
 MAX_OPENED = 32
 """New domains tried one by one (a pool rarely offers more zones than this)."""
 
@@ -158,11 +161,12 @@ def spread_place(p: PodSetPlacer, spreads: Sequence[Spread]) -> Outcome | None:
     primary = next((s for s in spreads if s.key != HOSTNAME), host)
     assert primary is not None
     keys = [s.key for s in spreads]
-    cap_node = _node_caps(p, host) if host is not None and primary is not host else None
     if primary is host:
         got = _by_node(p, primary, keys)
+    elif host is None:
+        got = _by_domain(p, primary, keys, None, None, None)
     else:
-        got = _by_domain(p, primary, keys, cap_node, host)
+        got = _pair(p, primary, host, keys)
     if got is None:
         return None
     existing, purchase, even = got
@@ -170,10 +174,24 @@ def spread_place(p: PodSetPlacer, spreads: Sequence[Spread]) -> Outcome | None:
     return Outcome(pods, PodSetPlacement(p.ps.name, None, None, len(pods)))
 
 
-def _node_caps(p: PodSetPlacer, host: Spread) -> dict[str, int]:
-    """With a hostname constraint next to another: matching pods each node holds already
-    (every node may end with at most maxSkew in all)."""
-    return domain_counts(p.ws, p.ps, host, own=False)
+def _pair(
+    p: PodSetPlacer, spread: Spread, host: Spread, keys: Sequence[str]
+) -> tuple[list[Take], Purchase, bool] | None:
+    """A key's spread and the hostname's on one pod set. While no node is a hostname domain
+    yet (only new nodes will be), every new node takes between L and L + maxSkew pods, spread
+    evenly within its domain, for the highest such L that works; otherwise every node ends
+    with at most maxSkew of the matching pods (L 0, whatever the others hold)."""
+    held = domain_counts(p.ws, p.ps, host, own=False)
+    if held or not host.counts_self:
+        return _by_domain(p, spread, keys, held, host, None)
+    top = min(p.ps.count, max((b.per_node for b in p.batches), default=0))
+    for level in range(top, max(0, top - MAX_LEVELS), -1):
+        got = _by_domain(p, spread, keys, held, host, level)
+        if got is not None and got[1].nodes < host.min_domains:
+            continue
+        if got is not None and all(pods // nodes >= level for _, nodes, pods in got[1].takes):
+            return got[0], got[1], True
+    return _by_domain(p, spread, keys, held, host, None)
 
 
 def _class_cap(p: PodSetPlacer, cls: NodeClass, c: int, caps: dict[str, int] | None,
@@ -188,8 +206,11 @@ def _class_cap(p: PodSetPlacer, cls: NodeClass, c: int, caps: dict[str, int] | N
 
 def _by_domain(
     p: PodSetPlacer, spread: Spread, keys: Sequence[str], caps: dict[str, int] | None,
-    host: Spread | None,
+    host: Spread | None, level: int | None,
 ) -> tuple[list[Take], Purchase, bool] | None:
+    """``host``: a hostname spread beside ``spread``; every node takes at most its maxSkew
+    (``caps``: matching pods each node holds already), or, with ``level``, new nodes take
+    between ``level`` and ``level`` + maxSkew each."""
     counts = domain_counts(p.ws, p.ps, spread, own=False)
     per: dict[str, int] = {}
     domains: dict[str, _Domain] = {v: _Domain(v, c, [], 0, [], 0) for v, c in counts.items()}
@@ -207,7 +228,8 @@ def _by_domain(
         d.classes.append(cls)
         d.existing += c * len(cls.members)
     pool_left = p.pool_left()
-    fresh = _add_batches(p, spread, keys, host, domains, pool_left)
+    node_cap = None if host is None else host.max_skew + (level or 0)
+    fresh = _add_batches(p, spread, keys, node_cap, level or 0, domains, pool_left)
     opened = sorted(fresh.values(), key=lambda d: (_price(d), d.value))[:MAX_OPENED]
     base = list(domains.values())
     # The cheapest plan over the domains there and the first k new ones; at equal cost the
@@ -225,18 +247,19 @@ def _by_domain(
 
 
 def _add_batches(
-    p: PodSetPlacer, spread: Spread, keys: Sequence[str], host: Spread | None,
+    p: PodSetPlacer, spread: Spread, keys: Sequence[str], node_cap: int | None, least: int,
     domains: dict[str, _Domain], pool_left: Mapping[int, int],
 ) -> dict[str, _Domain]:
-    """New capacity per domain of the key: into ``domains``, or domains not there yet
+    """New capacity per domain of the key (at most ``node_cap`` pods a node, nodes that
+    hold fewer than ``least`` left out): into ``domains``, or domains not there yet
     (returned)."""
     fresh: dict[str, _Domain] = {}
     for b in p.batches:
         if any(k not in b.ref.labels for k in keys):
             continue
         value = b.ref.labels[spread.key]
-        per_node = b.per_node if host is None else min(b.per_node, host.max_skew)
-        if per_node <= 0:
+        per_node = b.per_node if node_cap is None else min(b.per_node, node_cap)
+        if per_node <= 0 or per_node < least:
             continue
         d = domains.get(value) or fresh.get(value)
         if d is None:
@@ -378,22 +401,14 @@ def _by_node(
         # joins, so taken as 0) take what fits.
         ok = [(cls, c) for cls, c in usable if all(held[m] <= skew for m in cls.members)]
         return _host_plan(p, ok, need, 0, 1 << 30, {}, counts_self=False)
-    busy = any(held.values()) or any(counts.values())
-    eligible_room: dict[str, int] = {}
-    for cls, c in usable:
-        for m in cls.members:
-            eligible_room[_host(p.ws, m, spread)] = c
-    few = len(counts) < spread.min_domains
-    if few or busy:
-        top = 0  # matching pods already on some nodes: each node ends with at most maxSkew
-    else:
-        top = min((eligible_room.get(v, 0) for v in counts), default=0)
-        top = min(top, need // max(1, len(counts)))
+    top = _host_top(p, spread, usable, held, counts)
     best: tuple[tuple[float, int, int], tuple[list[Take], Purchase]] | None = None
-    for level in range(top, -1, -1):
+    for level in range(top, max(-1, top - MAX_LEVELS), -1):
         got = _host_plan(p, usable, need, level, level + skew, held, counts_self=True)
         if got is None:
             continue
+        if level and len(counts) + got[1].nodes < spread.min_domains:
+            continue  # fewer nodes than minDomains: the fewest counts as 0
         rank = (got[1].cost, got[1].nodes, -level)
         if best is None or rank < best[0]:
             best = (rank, (got[0], got[1]))
@@ -402,6 +417,22 @@ def _by_node(
     if best is None:
         return None
     return best[1][0], best[1][1], True
+
+
+def _host_top(
+    p: PodSetPlacer, spread: Spread, usable: list[tuple[NodeClass, int]],
+    held: Mapping[str, int], counts: Mapping[str, int],
+) -> int:
+    """The highest level worth trying: every eligible node must reach it."""
+    if any(held.values()) or any(counts.values()):
+        return 0  # matching pods already on some nodes: each node ends with at most maxSkew
+    if not counts:  # only new nodes will be domains
+        return min(p.ps.count, max((b.per_node for b in p.batches), default=0))
+    room: dict[str, int] = {}
+    for cls, c in usable:
+        for m in cls.members:
+            room[_host(p.ws, m, spread)] = c
+    return min(min(room.get(v, 0) for v in counts), p.ps.count // len(counts))
 
 
 def _host(ws: Workspace, name: str, spread: Spread) -> str:

@@ -296,7 +296,9 @@ def test_zone_and_hostname_on_one_pod_set() -> None:
     got = plan(one(9, Spread(ZONE_KEY, 1), Spread(HOST, 1)), snap, Mode.PROVISION)
     assert isinstance(got, Plan), got
     assert per_value(got, snap, ZONE_KEY) == {"z1": 3, "z2": 3, "z3": 3}
-    assert all(a.pods == 1 for a in got.assignments)  # one pod per node (maxSkew 1, min 0)
+    # Only new nodes are hostname domains: each holds within maxSkew of the others.
+    per_node = [a.pods for a in got.assignments]
+    assert max(per_node) - min(per_node) <= 1, per_node
 
 
 def test_another_pod_sets_new_node_is_a_domain() -> None:
