@@ -80,15 +80,18 @@ def _own(shape: PodShape, spread: Spread) -> PodShape:
 
 
 def domain_counts(
-    ws: Workspace, ps: PodSetRequest, spread: Spread, *, own: bool
+    ws: Workspace, ps: PodSetRequest, spread: Spread, *, own: bool,
+    before: frozenset[str] | None = None,
 ) -> dict[str, int]:
     """Matching pods per eligible domain of ``spread`` now: running pods, the peers' pods
-    placed so far and (``own``) the pod set's own."""
+    placed so far (``before``: only those of these pod sets) and (``own``) the pod set's
+    own."""
     shape = _own(ps.shape, spread)
     keys = [s.key for s in ps.shape.spreads]
     counts: dict[str, int] = {}
     on: dict[str, int] = dict(spread.running)
-    sets = [*spread.peers, *([ps.name] if own and spread.counts_self else [])]
+    peers = spread.peers if before is None else [n for n in spread.peers if n in before]
+    sets = [*peers, *([ps.name] if own and spread.counts_self else [])]
     for pod_set in sets:
         for name, pods in ws.usage.placed.get(pod_set, ()):
             on[name] = on.get(name, 0) + pods
@@ -117,10 +120,13 @@ def _skew_ok(counts: Mapping[str, int], spread: Spread) -> bool:
 
 def spreads_hold(ws: Workspace, pod_sets: Sequence[PodSetRequest]) -> str | None:
     """The first pod set whose spread the whole gang's plan breaks (pods of a pod set placed
-    after it, or new nodes adding domains it holds none of), or None."""
-    for ps in pod_sets:
+    after it, or new nodes adding domains it holds none of), or None. ``pod_sets`` in the
+    order their pods are created: the scheduler takes them in that order, so a pod set's
+    spread must hold over its own pods and those of the pod sets before it."""
+    for k, ps in enumerate(pod_sets):
+        before = frozenset(p.name for p in pod_sets[:k])
         for spread in ps.shape.spreads:
-            counts = domain_counts(ws, ps, spread, own=True)
+            counts = domain_counts(ws, ps, spread, own=True, before=before)
             if spread.counts_self:
                 if not _skew_ok(counts, spread):
                     return ps.name
@@ -132,6 +138,35 @@ def spreads_hold(ws: Workspace, pod_sets: Sequence[PodSetRequest]) -> str | None
             if any(counts.get(v, 0) - low > spread.max_skew for v in used if v is not None):
                 return ps.name
     return None
+
+
+def inherited(pod_sets: Sequence[PodSetRequest]) -> tuple[PodSetRequest, ...]:
+    """Pod sets with the spreads of other pod sets that count their pods: the scheduler
+    checks such a constraint only for the other pod set's pods, but those see where these
+    went, so they are placed within it too (the final counts hold it either way). Only where
+    the pod set has no spread on that key and keeps at most one key besides the hostname."""
+    out: list[PodSetRequest] = []
+    for ps in pod_sets:
+        have = list(ps.shape.spreads)
+        for other in pod_sets:
+            if other is ps:
+                continue
+            for s in other.shape.spreads:
+                if ps.name not in s.peers or not s.counts_self:
+                    continue
+                if any(h.key == s.key for h in have):
+                    continue
+                if s.key != HOSTNAME and any(h.key != HOSTNAME for h in have):
+                    continue
+                peers = tuple(n for n in (*s.peers, other.name) if n != ps.name)
+                have.append(replace(s, peers=peers))
+        if len(have) == len(ps.shape.spreads):
+            out.append(ps)
+            continue
+        first = next((h for h in have if h.key != HOSTNAME), have[0])
+        out.append(replace(ps, shape=replace(
+            ps.shape, spread=first, more_spreads=tuple(h for h in have if h is not first))))
+    return tuple(out)
 
 
 # ---------------------------------------------------------------------------- placing
