@@ -11,12 +11,14 @@ What becomes what (docs/filter-parity.md has the whole table):
 * required pod affinity of a pod set with itself: the pod set is required in one domain of
   the topology key (the first pod may go anywhere, the rest follow it), when the key is one of
   the snapshot's levels;
+* a DoNotSchedule topology spread constraint: :class:`controller.fit.types.Spread`, counting
+  the pod set's own pods, the running pods of the namespace it matches (per node) and the
+  other pod sets of the gang it matches; one key plus the hostname on one pod set;
 * everything else that constrains placement and the engine cannot plan is refused:
   affinity or anti-affinity between pod sets or with running pods Muster cannot see through,
-  topology spread beyond the pod set's own pods, volumes bound to storage topology,
-  RuntimeClasses, other schedulers, restart rules needing node-declared features;
-* a DoNotSchedule topology spread constraint among the pod set's own pods:
-  :class:`controller.fit.types.Spread`.
+  spread on two keys besides the hostname, spread counting other pod sets but not its own
+  pods, volumes bound to storage topology, RuntimeClasses, other schedulers, restart rules
+  needing node-declared features.
 """
 
 from __future__ import annotations
