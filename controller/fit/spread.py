@@ -217,16 +217,17 @@ def _pair(
     evenly within its domain, for the highest such L that works; otherwise every node ends
     with at most maxSkew of the matching pods (L 0, whatever the others hold)."""
     held = domain_counts(p.ws, p.ps, host, own=False)
+    counts = domain_counts(p.ws, p.ps, spread, own=False)
     if held or not host.counts_self:
-        return _by_domain(p, spread, keys, held, host, None)
+        return _by_domain(p, spread, keys, held, host, None, counts)
     top = min(p.ps.count, max((b.per_node for b in p.batches), default=0))
     for level in range(top, max(0, top - MAX_LEVELS), -1):
-        got = _by_domain(p, spread, keys, held, host, level)
+        got = _by_domain(p, spread, keys, held, host, level, counts)
         if got is not None and got[1].nodes < host.min_domains:
             continue
         if got is not None and all(pods // nodes >= level for _, nodes, pods in got[1].takes):
             return got[0], got[1], True
-    return _by_domain(p, spread, keys, held, host, None)
+    return _by_domain(p, spread, keys, held, host, None, counts)
 
 
 def _class_cap(p: PodSetPlacer, cls: NodeClass, c: int, caps: dict[str, int] | None,
@@ -241,12 +242,14 @@ def _class_cap(p: PodSetPlacer, cls: NodeClass, c: int, caps: dict[str, int] | N
 
 def _by_domain(
     p: PodSetPlacer, spread: Spread, keys: Sequence[str], caps: dict[str, int] | None,
-    host: Spread | None, level: int | None,
+    host: Spread | None, level: int | None, counts: dict[str, int] | None = None,
 ) -> tuple[list[Take], Purchase, bool] | None:
     """``host``: a hostname spread beside ``spread``; every node takes at most its maxSkew
     (``caps``: matching pods each node holds already), or, with ``level``, new nodes take
-    between ``level`` and ``level`` + maxSkew each."""
-    counts = domain_counts(p.ws, p.ps, spread, own=False)
+    between ``level`` and ``level`` + maxSkew each. ``counts``: :func:`domain_counts` of
+    ``spread``, when the caller has them."""
+    if counts is None:
+        counts = domain_counts(p.ws, p.ps, spread, own=False)
     per: dict[str, int] = {}
     domains: dict[str, _Domain] = {v: _Domain(v, c, [], 0, [], 0) for v, c in counts.items()}
     for cls, c in p.cands:
