@@ -41,7 +41,9 @@ Conventions that make the two answers comparable:
 
 ``python3 -m e2e.parity_cases [--seed S] [--count N] [--out DIR]`` writes every case as
 ``<id>/cluster.json``, ``<id>/request.json``, ``<id>/pods.json`` and Muster's answer as
-``<id>/muster.json``.
+``<id>/muster.json``; with ``--provision``, the provisioning-mode cases (:func:`provision_case`:
+CapacityPools in ``pools.json``, the nodes of Muster's plan as the fake provider registers
+them in ``planned.json``).
 """
 
 from __future__ import annotations
@@ -748,15 +750,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--count", type=int, default=500)
     parser.add_argument("--out", type=Path, default=Path("parity-cases"))
+    parser.add_argument("--provision", action="store_true",
+                        help="provisioning-mode cases (with pools.json and planned.json)")
     args = parser.parse_args(argv)
     tally: dict[str, int] = {"fits": 0, "nofit": 0, "refused": 0}
-    for case in iter_cases(args.seed, args.count):
+    made = (provision_cases(args.seed, args.count) if args.provision
+            else iter_cases(args.seed, args.count))
+    for case in made:
         where = args.out / case.id
         where.mkdir(parents=True, exist_ok=True)
+        if case.pools:
+            (where / "pools.json").write_text(json.dumps(case.pool_documents(), indent=1))
         (where / "cluster.json").write_text(json.dumps(case.cluster_documents(), indent=1))
         (where / "request.json").write_text(json.dumps(case.request_documents(), indent=1))
         (where / "pods.json").write_text(json.dumps(case.pods(), indent=1))
         answer = muster_answer(case)
+        if case.pools:
+            (where / "planned.json").write_text(json.dumps(case.plan_nodes(answer), indent=1))
         (where / "muster.json").write_text(json.dumps(
             {"fits": answer.fits, "refused": answer.refused, "reasons": answer.reasons,
              "fields": case.fields}, indent=1))
