@@ -8,6 +8,8 @@ What becomes what (docs/filter-parity.md has the whole table):
 * required anti-affinity against pods already running, and running pods' required
   anti-affinity against the gang: the domains holding them are excluded (a ``NotIn``
   requirement on the topology key), when the caller knows the bound pods;
+* required pod affinity to running pods: only the domains of the key that hold a selected
+  running pod (an ``In`` requirement);
 * required pod affinity of a pod set with itself: the pod set is required in one domain of
   the topology key (the first pod may go anywhere, the rest follow it), when the key is one of
   the snapshot's levels;
@@ -279,6 +281,10 @@ def inter_pod(
         unsupported.extend(why)
     for i, term in enumerate(pro):
         where = f"spec.affinity.podAffinity.required[{i}]"
+        near = _near_running(term, own, namespace, others, bound)
+        if near is not None:
+            shape = _require(shape, term.topology_key, near)
+            continue
         topology, why = _affinity(term, topology, where, own, namespace, others, levels,
                                   bound)
         unsupported.extend(why)
@@ -347,6 +353,38 @@ def _affinity(
         return TopologyRequest(TopologyMode.REQUIRED, key), []
     return topology, [f"{where}: affinity on {key} together with a {topology.mode.value} "
                       f"topology on {topology.level} is not planned"]
+
+
+def _near_running(
+    term: PodAffinityTerm, own: PodSetFacts, namespace: str, others: Sequence[PodSetFacts],
+    bound: Sequence[BoundPod] | None,
+) -> list[str] | None:
+    """Required pod affinity to running pods: the values of the term's key where a running
+    pod it selects is (the scheduler admits a pod only into such a domain while any pod
+    matches, and the pod set's own pods can only join those domains), or None when the term
+    is something else (no running pod matches, another pod set matches, or it is unknown)."""
+    if bound is None or _in_scope(term, namespace, namespace) is None:
+        return None
+    if any(_selects(term, own.labels, o.labels) for o in others):
+        return None
+    key = term.topology_key
+    selected = [(p, _in_scope(term, namespace, p.namespace)) for p in bound
+                if _selects(term, own.labels, p.labels)]
+    if any(scope is None for _, scope in selected):
+        return None  # a namespaceSelector decides: refused below
+    matched = [p for p, scope in selected if scope]
+    if not matched:
+        return None
+    return sorted({p.node_labels[key] for p in matched if key in p.node_labels})
+
+
+def _require(shape: PodShape, key: str, values: Sequence[str]) -> PodShape:
+    """``shape`` kept to the nodes whose ``key`` label is one of ``values`` (none: no node)."""
+    req = SelectorRequirement(key, "In", tuple(values))
+    terms = shape.affinity_terms or (SelectorTerm(),)
+    return replace(shape, affinity_terms=tuple(
+        replace(t, match_expressions=(*t.match_expressions, req)) for t in terms
+    ))
 
 
 def _repelled(

@@ -163,3 +163,30 @@ def test_pods_naming_their_node_are_admitted_without_inter_pod_rules() -> None:
     assert isinstance(check(docs, cluster), Plan)
     docs = request(("w", 9, {"nodeName": "a"}, {"app": "w"}))
     assert isinstance(check(docs, cluster), NoFit)  # 8 cpu: resources still count
+
+
+def test_affinity_to_running_pods_keeps_the_pods_in_their_domains() -> None:
+    """Required pod affinity to running pods: the scheduler admits a pod only into a domain
+    of the key holding a selected pod, on existing nodes and on new ones there."""
+    from controller.fit import PoolDomain, PoolState, Snapshot
+
+    cluster = [*CLUSTER, running("x", "c", {"app": "db"})]
+    got = check(request(("w", 3, affinity({"app": "db"}, RACK), {"app": "w"})), cluster)
+    assert isinstance(got, Plan)
+    assert {a.node for a in got.assignments} == {"c"}  # rack r2 only
+    on_host = check(request(("w", 3, affinity({"app": "db"}, HOST), {"app": "w"})), cluster)
+    assert isinstance(on_host, Plan) and {a.node for a in on_host.assignments} == {"c"}
+    # Too many for rack r2's only node: a pool adding nodes in r2 makes room, one in r1 not.
+    _, gang = request_from_documents(
+        request(("w", 12, affinity({"app": "db"}, RACK), {"app": "w"})), DEFAULT_LEVELS, cluster)
+    snap = snapshot_from_documents(cluster)
+    for rack, fits in (("r2", True), ("r1", False)):
+        pool = PoolState("p", {}, (), {"cpu": 8_000, "pods": 110}, (PoolDomain(
+            {"topology.muster.dev/block": "b1", RACK: rack}, 2),), 2, 1.0)
+        with_pool = Snapshot(snap.nodes, (pool,), snap.levels)
+        assert isinstance(plan(gang, with_pool, Mode.PROVISION), Plan) is fits, rack
+    # Pods in another namespace are not selected (the term's namespaces default to its own).
+    other = [*CLUSTER, {**running("x", "c", {"app": "db"}),
+                        "metadata": {"name": "x", "namespace": "other", "labels": {"app": "db"}}}]
+    refused = check(request(("w", 1, affinity({"app": "db"}, RACK), {"app": "w"})), other)
+    assert isinstance(refused, NoFit)
