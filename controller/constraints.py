@@ -4,7 +4,9 @@ into a refusal naming the field (pure; used by :func:`controller.snapshot.gang_o
 What becomes what (docs/filter-parity.md has the whole table):
 
 * required pod anti-affinity of a pod set with itself on ``kubernetes.io/hostname``: at most
-  one pod of the pod set per node (:attr:`PodShape.max_per_node`);
+  one pod of the pod set per node (:attr:`PodShape.max_per_node`); on another key, at most
+  one per domain of it (a :class:`Spread` with :data:`ONE_PER_DOMAIN`; nodes without the key,
+  which the scheduler would allow, are not used);
 * required anti-affinity against pods already running, and running pods' required
   anti-affinity against the gang: the domains holding them are excluded (a ``NotIn``
   requirement on the topology key), when the caller knows the bound pods;
@@ -45,6 +47,10 @@ from controller.fit.types import (
 from controller.topology_defaults import HOSTNAME
 
 DEFAULT_SCHEDULER = "default-scheduler"
+ONE_PER_DOMAIN = 1 << 30
+"""``minDomains`` of the :class:`Spread` standing for a pod set's anti-affinity with itself on
+a key other than the hostname: never that many domains, so the fewest counts as 0 and with
+maxSkew 1 every domain holds at most one of its pods."""
 NEUTRAL_VOLUMES = frozenset({
     "emptyDir", "configMap", "secret", "projected", "downwardAPI", "hostPath", "nfs", "image",
 })
@@ -156,7 +162,11 @@ def _spread(
     matches (the pod set's own, other pod sets', running pods of the namespace), or, when
     it matches no pod at all, only "the node carries the key"."""
     why: list[str] = []
-    spreads: list[Spread] = []
+    spreads: list[Spread] = list(shape.spreads)  # self anti-affinity on a key, if any
+    if spreads and topology.mode is not TopologyMode.NONE:
+        why.append(f"spec.affinity.podAntiAffinity: anti-affinity of the pod set with itself "
+                   f"on {spreads[0].key} within a {topology.mode.value} topology on "
+                   f"{topology.level} is not planned")
     hard = [(i, t) for i, t in enumerate(spec.topology_spread_constraints)
             if t.when_unsatisfiable == "DoNotSchedule"]
     for i, tsc in hard:
@@ -199,9 +209,9 @@ def _spread(
         ))
     others_keys = [s.key for s in spreads if s.key != HOSTNAME]
     if len(others_keys) > 1:
-        why.append(f"spec.topologySpreadConstraints: DoNotSchedule spread on "
-                   f"{' and '.join(others_keys)} together is not planned (one key besides "
-                   f"{HOSTNAME})")
+        why.append(f"spec.topologySpreadConstraints: DoNotSchedule spread (or self "
+                   f"anti-affinity) on {' and '.join(others_keys)} together is not planned "
+                   f"(one key besides {HOSTNAME})")
     elif spreads:
         first = next(s for s in spreads if s.key != HOSTNAME) if others_keys else spreads[0]
         shape = replace(shape, spread=first,
@@ -310,9 +320,14 @@ def _anti(
     if _selects(term, own.labels, own.labels):
         if key == HOSTNAME:
             shape = replace(shape, max_per_node=1)
+        elif any(s.key != HOSTNAME for s in shape.spreads):
+            why.append(f"{where}: anti-affinity of the pod set with itself on {key} beside "
+                       f"another on {shape.spreads[0].key} is not planned")
         else:
-            why.append(f"{where}: anti-affinity of the pod set with itself on {key} is "
-                       f"planned only on {HOSTNAME}")
+            # At most one pod of the pod set per domain of the key: a spread whose fewest is
+            # always taken as 0 with maxSkew 1, counted on every node carrying the key.
+            one = Spread(key, 1, ONE_PER_DOMAIN, honor_affinity=False, honor_taints=False)
+            shape = replace(shape, spread=one, more_spreads=shape.spreads)
     if bound is None:
         why.append(f"{where}: the running pods it could select are not known here")
         return shape, why

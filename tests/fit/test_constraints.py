@@ -96,7 +96,11 @@ def test_self_affinity_on_a_level_is_a_required_topology() -> None:
 @pytest.mark.parametrize("extra, labels, field", [
     (affinity({"app": "other"}, RACK), {"app": "w"}, "podAffinity.required[0]"),
     (affinity({"app": "w"}, "zone"), {"app": "w"}, "not a topology level"),
-    (anti({"app": "w"}, RACK), {"app": "w"}, "planned only on kubernetes.io/hostname"),
+    ({**anti({"app": "w"}, RACK), "topologySpreadConstraints": [
+        {"maxSkew": 1, "topologyKey": "topology.muster.dev/block",
+         "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"app": "w"}}}]},
+     {"app": "w"}, "self anti-affinity) on topology.muster.dev/rack and "
+     "topology.muster.dev/block together is not planned"),
     ({"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "d"}}]}, {},
      "spec.volumes[0] (data) is a persistentVolumeClaim volume"),
     ({"runtimeClassName": "gvisor"}, {}, "spec.runtimeClassName gvisor"),
@@ -109,8 +113,7 @@ def test_self_affinity_on_a_level_is_a_required_topology() -> None:
         {"maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": "DoNotSchedule",
          "labelSelector": {"matchLabels": {"app": "w"}}}
         for key in (RACK, "topology.muster.dev/block")]},
-     {"app": "w"}, f"DoNotSchedule spread on {RACK} and topology.muster.dev/block together is "
-     "not planned"),
+     {"app": "w"}, f"on {RACK} and topology.muster.dev/block together is not planned"),
 ])
 def test_refused_with_the_field_named(extra: dict[str, Any], labels: dict[str, str],
                                       field: str) -> None:
@@ -190,3 +193,25 @@ def test_affinity_to_running_pods_keeps_the_pods_in_their_domains() -> None:
                         "metadata": {"name": "x", "namespace": "other", "labels": {"app": "db"}}}]
     refused = check(request(("w", 1, affinity({"app": "db"}, RACK), {"app": "w"})), other)
     assert isinstance(refused, NoFit)
+
+
+def test_self_anti_affinity_on_a_zone_key_is_one_pod_per_domain() -> None:
+    """Required anti-affinity of a pod set with itself on a key other than the hostname: at
+    most one of its pods per domain of the key, new domains included."""
+    from controller.fit import PoolDomain, PoolState, Snapshot
+
+    got = check(request(("w", 2, anti({"app": "w"}, RACK), {"app": "w"})), CLUSTER)
+    assert isinstance(got, Plan)
+    racks = {"a": "r1", "b": "r1", "c": "r2"}
+    assert sorted(racks[a.node or ""] for a in got.assignments) == ["r1", "r2"]
+    assert isinstance(check(request(("w", 3, anti({"app": "w"}, RACK), {"app": "w"})),
+                            CLUSTER), NoFit)
+    _, gang = request_from_documents(request(("w", 4, anti({"app": "w"}, RACK), {"app": "w"})),
+                                     DEFAULT_LEVELS, CLUSTER)
+    snap = snapshot_from_documents(CLUSTER)
+    pool = PoolState("p", {}, (), {"cpu": 8_000, "pods": 110}, tuple(
+        PoolDomain({"topology.muster.dev/block": "b1", RACK: r}, 2) for r in ("r3", "r4")),
+        4, 1.0)
+    grown = plan(gang, Snapshot(snap.nodes, (pool,), snap.levels), Mode.PROVISION)
+    assert isinstance(grown, Plan), grown
+    assert sum(n.count for n in grown.new_nodes) == 2  # one in r3, one in r4
