@@ -4,19 +4,25 @@ into a refusal naming the field (pure; used by :func:`controller.snapshot.gang_o
 What becomes what (docs/design/filter-parity.md has the whole table):
 
 * required pod anti-affinity of a pod set with itself on ``kubernetes.io/hostname``: at most
-  one pod of the pod set per node (:attr:`PodShape.max_per_node`);
+  one pod of the pod set per node (:attr:`PodShape.max_per_node`); on another key, at most
+  one per domain of it (a :class:`Spread` with :data:`ONE_PER_DOMAIN`; nodes without the key,
+  which the scheduler would allow, are not used);
 * required anti-affinity against pods already running, and running pods' required
   anti-affinity against the gang: the domains holding them are excluded (a ``NotIn``
   requirement on the topology key), when the caller knows the bound pods;
+* required pod affinity to running pods: only the domains of the key that hold a selected
+  running pod (an ``In`` requirement);
 * required pod affinity of a pod set with itself: the pod set is required in one domain of
   the topology key (the first pod may go anywhere, the rest follow it), when the key is one of
   the snapshot's levels;
+* a DoNotSchedule topology spread constraint: :class:`controller.fit.types.Spread`, counting
+  the pod set's own pods, the running pods of the namespace it matches (per node) and the
+  other pod sets of the gang it matches; one key plus the hostname on one pod set;
 * everything else that constrains placement and the engine cannot plan is refused:
   affinity or anti-affinity between pod sets or with running pods Muster cannot see through,
-  topology spread beyond the pod set's own pods, volumes bound to storage topology,
-  RuntimeClasses, other schedulers, restart rules needing node-declared features;
-* a DoNotSchedule topology spread constraint among the pod set's own pods:
-  :class:`controller.fit.types.Spread`.
+  spread on two keys besides the hostname, spread counting other pod sets but not its own
+  pods, volumes bound to storage topology, RuntimeClasses, other schedulers, restart rules
+  needing node-declared features.
 """
 
 from __future__ import annotations
@@ -41,6 +47,10 @@ from controller.fit.types import (
 from controller.topology_defaults import HOSTNAME
 
 DEFAULT_SCHEDULER = "default-scheduler"
+ONE_PER_DOMAIN = 1 << 30
+"""``minDomains`` of the :class:`Spread` standing for a pod set's anti-affinity with itself on
+a key other than the hostname: never that many domains, so the fewest counts as 0 and with
+maxSkew 1 every domain holds at most one of its pods."""
 NEUTRAL_VOLUMES = frozenset({
     "emptyDir", "configMap", "secret", "projected", "downwardAPI", "hostPath", "nfs", "image",
 })
@@ -56,6 +66,8 @@ class BoundPod:
     node_labels: Mapping[str, str]
     anti_affinity: tuple[PodAffinityTerm, ...] = ()
     """Its own required anti-affinity terms (they repel the gang's pods too)."""
+    node: str = ""
+    """The node's name (topology spread counts the pods per node)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,47 +158,64 @@ def _spread(
     spec: PodSpec, shape: PodShape, topology: TopologyRequest, own: PodSetFacts,
     namespace: str, others: Sequence[PodSetFacts], bound: Sequence[BoundPod] | None,
 ) -> tuple[PodShape, list[str]]:
-    """DoNotSchedule topology spread: among the pod set's own pods (:class:`Spread`), or,
-    when it selects no pod at all, only "the node carries the key"."""
+    """DoNotSchedule topology spread as :class:`Spread`s counting every pod the selector
+    matches (the pod set's own, other pod sets', running pods of the namespace), or, when
+    it matches no pod at all, only "the node carries the key"."""
     why: list[str] = []
+    spreads: list[Spread] = list(shape.spreads)  # self anti-affinity on a key, if any
+    if spreads and topology.mode is not TopologyMode.NONE:
+        why.append(f"spec.affinity.podAntiAffinity: anti-affinity of the pod set with itself "
+                   f"on {spreads[0].key} within a {topology.mode.value} topology on "
+                   f"{topology.level} is not planned")
     hard = [(i, t) for i, t in enumerate(spec.topology_spread_constraints)
             if t.when_unsatisfiable == "DoNotSchedule"]
     for i, tsc in hard:
         where = f"spec.topologySpreadConstraints[{i}] (DoNotSchedule on {tsc.topology_key})"
-        hit = [o.name for o in others if _spread_selects(tsc, own.labels, o.labels)]
-        if hit:
-            why.append(f"{where}: spreading together with pod set(s) {', '.join(hit)} is not "
-                       "planned")
-            continue
+        peers = tuple(o.name for o in others if _spread_selects(tsc, own.labels, o.labels))
         if bound is None:
             why.append(f"{where}: the running pods it could count are not known here")
             continue
-        if any(p.namespace == namespace and _spread_selects(tsc, own.labels, p.labels)
-               for p in bound):
-            why.append(f"{where}: spreading around running pods is not planned")
-            continue
-        if not _spread_selects(tsc, own.labels, own.labels):
+        running: dict[str, int] = {}
+        for p in bound:
+            if p.namespace == namespace and _spread_selects(tsc, own.labels, p.labels):
+                running[p.node] = running.get(p.node, 0) + 1
+        counts_self = _spread_selects(tsc, own.labels, own.labels)
+        if not counts_self and not peers and not running:
             # Counts nothing: only nodes without the key are filtered out.
             req = SelectorRequirement(tsc.topology_key, "Exists")
             terms = shape.affinity_terms or (SelectorTerm(),)
             shape = replace(shape, affinity_terms=tuple(
                 replace(t, match_expressions=(*t.match_expressions, req)) for t in terms))
             continue
-        if shape.spread is not None:
-            why.append(f"{where}: a second spread constraint on the pod set is not planned")
-        elif topology.mode is not TopologyMode.NONE:
+        if not counts_self and peers:
+            why.append(f"{where}: it counts pod set(s) {', '.join(peers)} of the gang but not "
+                       "its own pods, which is not planned")
+            continue
+        if topology.mode is not TopologyMode.NONE:
             why.append(f"{where}: spreading within a {topology.mode.value} topology on "
                        f"{topology.level} is not planned")
-        else:
-            shape = replace(shape, spread=Spread(
-                tsc.topology_key, tsc.max_skew, tsc.min_domains or 1,
-                honor_affinity=tsc.node_affinity_policy != "Ignore",
-                honor_taints=tsc.node_taints_policy == "Honor",
-                # The pod's own node affinity: the exclusions Muster adds to the shape for
-                # inter-pod anti-affinity or allocated claims filter nodes, yet leave them
-                # eligible domains (found by the scheduler oracle).
-                affinity_terms=node_affinity_terms(spec),
-            ))
+            continue
+        spreads.append(Spread(
+            tsc.topology_key, tsc.max_skew, tsc.min_domains or 1,
+            honor_affinity=tsc.node_affinity_policy != "Ignore",
+            honor_taints=tsc.node_taints_policy == "Honor",
+            # The pod's own node affinity: the exclusions Muster adds to the shape for
+            # inter-pod anti-affinity or allocated claims filter nodes, yet leave them
+            # eligible domains (found by the scheduler oracle).
+            affinity_terms=node_affinity_terms(spec),
+            running=tuple(sorted(running.items())),
+            peers=peers,
+            counts_self=counts_self,
+        ))
+    others_keys = [s.key for s in spreads if s.key != HOSTNAME]
+    if len(others_keys) > 1:
+        why.append(f"spec.topologySpreadConstraints: DoNotSchedule spread (or self "
+                   f"anti-affinity) on {' and '.join(others_keys)} together is not planned "
+                   f"(one key besides {HOSTNAME})")
+    elif spreads:
+        first = next(s for s in spreads if s.key != HOSTNAME) if others_keys else spreads[0]
+        shape = replace(shape, spread=first,
+                        more_spreads=tuple(s for s in spreads if s is not first))
     return shape, why
 
 
@@ -262,6 +291,10 @@ def inter_pod(
         unsupported.extend(why)
     for i, term in enumerate(pro):
         where = f"spec.affinity.podAffinity.required[{i}]"
+        near = _near_running(term, own, namespace, others, bound)
+        if near is not None:
+            shape = _require(shape, term.topology_key, near)
+            continue
         topology, why = _affinity(term, topology, where, own, namespace, others, levels,
                                   bound)
         unsupported.extend(why)
@@ -287,9 +320,14 @@ def _anti(
     if _selects(term, own.labels, own.labels):
         if key == HOSTNAME:
             shape = replace(shape, max_per_node=1)
+        elif any(s.key != HOSTNAME for s in shape.spreads):
+            why.append(f"{where}: anti-affinity of the pod set with itself on {key} beside "
+                       f"another on {shape.spreads[0].key} is not planned")
         else:
-            why.append(f"{where}: anti-affinity of the pod set with itself on {key} is "
-                       f"planned only on {HOSTNAME}")
+            # At most one pod of the pod set per domain of the key: a spread whose fewest is
+            # always taken as 0 with maxSkew 1, counted on every node carrying the key.
+            one = Spread(key, 1, ONE_PER_DOMAIN, honor_affinity=False, honor_taints=False)
+            shape = replace(shape, spread=one, more_spreads=shape.spreads)
     if bound is None:
         why.append(f"{where}: the running pods it could select are not known here")
         return shape, why
@@ -330,6 +368,38 @@ def _affinity(
         return TopologyRequest(TopologyMode.REQUIRED, key), []
     return topology, [f"{where}: affinity on {key} together with a {topology.mode.value} "
                       f"topology on {topology.level} is not planned"]
+
+
+def _near_running(
+    term: PodAffinityTerm, own: PodSetFacts, namespace: str, others: Sequence[PodSetFacts],
+    bound: Sequence[BoundPod] | None,
+) -> list[str] | None:
+    """Required pod affinity to running pods: the values of the term's key where a running
+    pod it selects is (the scheduler admits a pod only into such a domain while any pod
+    matches, and the pod set's own pods can only join those domains), or None when the term
+    is something else (no running pod matches, another pod set matches, or it is unknown)."""
+    if bound is None or _in_scope(term, namespace, namespace) is None:
+        return None
+    if any(_selects(term, own.labels, o.labels) for o in others):
+        return None
+    key = term.topology_key
+    selected = [(p, _in_scope(term, namespace, p.namespace)) for p in bound
+                if _selects(term, own.labels, p.labels)]
+    if any(scope is None for _, scope in selected):
+        return None  # a namespaceSelector decides: refused below
+    matched = [p for p, scope in selected if scope]
+    if not matched:
+        return None
+    return sorted({p.node_labels[key] for p in matched if key in p.node_labels})
+
+
+def _require(shape: PodShape, key: str, values: Sequence[str]) -> PodShape:
+    """``shape`` kept to the nodes whose ``key`` label is one of ``values`` (none: no node)."""
+    req = SelectorRequirement(key, "In", tuple(values))
+    terms = shape.affinity_terms or (SelectorTerm(),)
+    return replace(shape, affinity_terms=tuple(
+        replace(t, match_expressions=(*t.match_expressions, req)) for t in terms
+    ))
 
 
 def _repelled(

@@ -52,6 +52,7 @@ from controller.fit.types import (
     TopologyRequest,
 )
 from controller.fit.types import Snapshot as FitSnapshot
+from controller.node_labels import node_labels
 from controller.tas_slices import SLICE_SIZE, kueue_problems, slice_request, unconstrained
 from controller.topology_defaults import (
     DEFAULT_LEVELS,
@@ -352,7 +353,9 @@ def pool_state(
     except ValueError as exc:
         raise SnapshotError(f"CapacityPool {name}: spec.nodeTemplate.allocatable.{exc}") from exc
     allocatable.setdefault("pods", DEFAULT_PODS_PER_NODE)
-    labels = {**template.labels, POOL_LABEL: name}
+    # What every new node carries: the template's labels and what its kubelet and cloud add
+    # (its hostname, unknown yet, is the engine's to give).
+    labels = {**node_labels(template.labels, parameters=spec.parameters), POOL_LABEL: name}
     taints = tuple(Taint(t.key, t.value, t.effect) for t in template.taints)
     topo = spec.topology
     domains: list[PoolDomain] = []
@@ -530,7 +533,7 @@ def bound_pods(nodes: Iterable[Node], pods: Iterable[Pod]) -> list[BoundPod]:
         aff = pod.spec.affinity
         anti = tuple(aff.pod_anti_affinity.required) if aff and aff.pod_anti_affinity else ()
         out.append(BoundPod(pod.metadata.namespace or "default", pod.metadata.labels,
-                            labels[node], anti))
+                            labels[node], anti, node=node))
     return out
 
 

@@ -41,7 +41,9 @@ Conventions that make the two answers comparable:
 
 ``python3 -m e2e.parity_cases [--seed S] [--count N] [--out DIR]`` writes every case as
 ``<id>/cluster.json``, ``<id>/request.json``, ``<id>/pods.json`` and Muster's answer as
-``<id>/muster.json``.
+``<id>/muster.json``; with ``--provision``, the provisioning-mode cases (:func:`provision_case`:
+CapacityPools in ``pools.json``, the nodes of Muster's plan as the fake provider registers
+them in ``planned.json``).
 """
 
 from __future__ import annotations
@@ -93,6 +95,44 @@ class Case:
     request: Body
     counts: dict[str, int] = field(default_factory=dict)
     """PodTemplate name -> pods of that pod set."""
+    pools: list[Body] = field(default_factory=list)
+    """CapacityPools (provisioning mode): Muster plans new nodes from them, and the nodes it
+    plans are created as the fake provider creates them before the gang's pods."""
+    planned: list[Body] = field(default_factory=list)
+    """The new nodes of Muster's plan (or every node the pools may add, when Muster said
+    no), filled in by :meth:`plan_nodes`."""
+
+    @property
+    def mode(self) -> str:
+        return "provision" if self.pools else "check"
+
+    def plan_nodes(self, answer: Answer) -> list[Body]:
+        """The Nodes the provider would register for Muster's plan: ``new_nodes`` of the
+        plan, or, when Muster found no plan, every node the pools may add in every domain
+        (the scheduler placing the gang there proves a plan existed)."""
+        from controller.api.capacitypool import CapacityPool
+
+        pools = {p["metadata"]["name"]: CapacityPool.model_validate(p) for p in self.pools}
+        wanted: list[tuple[str, dict[str, str], int]] = []
+        if answer.plan is not None:
+            wanted = [(n["pool"], dict(n["domain"]), int(n["count"]))
+                      for n in answer.plan.get("new_nodes") or ()]
+        elif not answer.refused:
+            for name, pool in pools.items():
+                left = pool.spec.max_nodes
+                topo = pool.spec.topology
+                for d in (topo.domains if topo else []):
+                    n = min(left, d.max_nodes if d.max_nodes is not None
+                            else topo.max_nodes_per_domain if topo else left)
+                    if n > 0:
+                        wanted.append((name, dict(d.labels), n))
+                        left -= n
+                if topo is None and left > 0:
+                    wanted.append((name, {}, left))
+        self.planned = [new_node(self, pools[pool], domain, f"{self.id}-x{k}")
+                        for k, (pool, domain) in enumerate(
+                            (p, d) for p, d, n in wanted for _ in range(n))]
+        return [json.loads(json.dumps(n)) for n in self.planned]
 
     def nodes(self) -> list[Body]:
         return [json.loads(json.dumps(n)) for n in self.node_objects]
@@ -117,6 +157,10 @@ class Case:
                 })
         return out
 
+    def pool_documents(self) -> list[Body]:
+        """What ``muster fit --pools`` reads."""
+        return [json.loads(json.dumps(p)) for p in self.pools]
+
     def cluster_documents(self) -> list[Body]:
         """What ``muster fit --snapshot`` reads: the nodes and the running pods."""
         return [*self.nodes(), *self.running()]
@@ -137,9 +181,26 @@ class Answer:
     plan: Body | None = None
 
 
+def new_node(case: Case, pool: Any, domain: dict[str, str], name: str) -> Body:
+    """A Node of ``pool`` in ``domain`` exactly as the fake provider registers it (its
+    labels from controller.node_labels, the template's taints and allocatable), named for
+    the case and labelled with it."""
+    from datetime import UTC, datetime
+
+    from providers.base import AcquireRequest
+    from providers.fake import _node_body
+
+    request = AcquireRequest(key=f"{case.id}-k", pool=pool, count=1, domain=domain,
+                             owner=f"{case.namespace}/gang")
+    node = _node_body(pool, request, name, now=datetime.now(UTC))
+    node["metadata"]["labels"][CASE_LABEL] = case.id
+    return node
+
+
 def muster_answer(case: Case, *, workdir: Path | None = None) -> Answer:
-    """``muster fit REQUEST --snapshot CLUSTER --mode check --json`` on the case, run
-    in-process through the CLI (the same code path as the command)."""
+    """``muster fit REQUEST --snapshot CLUSTER --mode check --json`` on the case (``--mode
+    provision --pools POOLS`` for a case with pools), run in-process through the CLI (the
+    same code path as the command)."""
     from typer.testing import CliRunner
 
     from controller.cli import app
@@ -151,12 +212,22 @@ def muster_answer(case: Case, *, workdir: Path | None = None) -> Answer:
         cluster = where / "cluster.json"
         request.write_text(json.dumps({"kind": "List", "items": case.request_documents()}))
         cluster.write_text(json.dumps({"kind": "List", "items": case.cluster_documents()}))
+        extra: list[str] = []
+        if case.pools:
+            pools = where / "pools.json"
+            pools.write_text(json.dumps({"kind": "List", "items": case.pool_documents()}))
+            extra = ["--pools", str(pools)]
         result = CliRunner().invoke(app, [
-            "fit", str(request), "--snapshot", str(cluster), "--mode", "check", "--json",
-            "--levels", ",".join(LEVELS),
+            "fit", str(request), "--snapshot", str(cluster), "--mode", case.mode, "--json",
+            "--levels", ",".join(LEVELS), *extra,
         ])
     if result.exit_code not in (0, 1):
-        return Answer(False, True, (result.output.strip(),), result.exit_code)
+        text = result.output.strip()
+        if case.pools and "PodTemplate" in text:
+            # A template the API server refuses (Muster says InvalidParameters): no pod of
+            # the gang can be created, so "does not fit" is the answer to compare.
+            return Answer(False, False, (text,), result.exit_code)
+        return Answer(False, True, (text,), result.exit_code)
     payload = json.loads(result.stdout)
     reasons = tuple(f"{r['code']}: {r['message']}" for r in payload.get("reasons") or ())
     refused = any(r.get("code") == "Unsupported" for r in payload.get("reasons") or ())
@@ -490,6 +561,174 @@ def _case(seed: int, index: int) -> Case:
                 request, counts)
 
 
+# ---------------------------------------------------------------------------- new capacity
+
+PROVISION_FIELDS = (
+    "spread-zone", "spread-hostname", "spread-pair", "spread-min-domains",
+    "spread-taints-honor", "spread-running", "spread-pod-sets", "pinned-pod-set",
+    "kubelet-selector", "kubelet-affinity", "overhead", "pool-taints", "spread-existing",
+    "match-label-keys",
+)
+"""What a provisioning-mode case exercises; case ``i`` focuses on
+``PROVISION_FIELDS[i % len(PROVISION_FIELDS)]`` (and may add others)."""
+
+OS, ARCH, BETA_OS = "kubernetes.io/os", "kubernetes.io/arch", "beta.kubernetes.io/os"
+
+
+def _pool(rng: random.Random, case_id: str, name: str, zones: list[str],
+          taint: bool) -> Body:
+    per = rng.randint(1, 3)
+    template: Body = {"labels": {CASE_LABEL: case_id, "pool": name},
+                      "allocatable": {"cpu": rng.choice(["2", "4"]), "memory": "8Gi",
+                                      "pods": "110"}}
+    if rng.random() < 0.2:
+        template["labels"][ARCH] = "arm64"
+    if taint:
+        template["taints"] = [{"key": "dedicated", "value": "ml", "effect": "NoSchedule"}]
+    return {
+        "apiVersion": "muster.dev/v1alpha1", "kind": "CapacityPool",
+        "metadata": {"name": f"{case_id}-{name}"},
+        "spec": {"provider": "fake", "maxNodes": min(6, per * len(zones) + rng.randint(0, 1)),
+                 "pricePerNodeHour": rng.choice([1.0, 2.0]), "nodeTemplate": template,
+                 "topology": {"level": ZONE, "maxNodesPerDomain": per,
+                              "domains": [{"labels": {ZONE: z}} for z in zones]}},
+    }
+
+
+def _spread(rng: random.Random, key: str, labels: dict[str, str]) -> Body:
+    return {"maxSkew": rng.choice([1, 1, 2]), "topologyKey": key,
+            "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": dict(labels)}}
+
+
+def _provision_spec(gen: _Gen, labels: dict[str, str], *, pinned: str | None = None
+                    ) -> Body:
+    rng, focus = gen.rng, gen.focus
+    container: Body = {"name": "main", "image": PAUSE, "resources": {"requests": {
+        "cpu": rng.choice(["250m", "500m", "1", "1500m"]),
+        "memory": rng.choice(["256Mi", "1Gi"])}}}
+    spec: Body = {"containers": [container], "terminationGracePeriodSeconds": 0,
+                  "nodeSelector": {CASE_LABEL: gen.id}}
+    if pinned is not None:
+        spec["nodeSelector"][ZONE] = pinned
+        return spec
+    tainted = "pool-taints" in gen.fields or focus == "spread-taints-honor"
+    if tainted and rng.random() < 0.6:
+        spec["tolerations"] = [{"key": "dedicated", "operator": "Exists"}]
+    if gen.want("kubelet-selector", 0.1):
+        key, value = rng.choice([(OS, "linux"), (ARCH, "amd64"), (ARCH, "arm64"),
+                                 (BETA_OS, "linux"), (OS, "windows")])
+        spec["nodeSelector"][key] = value
+    if gen.want("kubelet-affinity", 0.1):
+        key = rng.choice([OS, ARCH, HOST])
+        op = rng.choice(["Exists", "DoesNotExist", "NotIn"])
+        expr: Body = {"key": key, "operator": op}
+        if op == "NotIn":
+            expr["values"] = ["windows" if key == OS else "s390x" if key == ARCH else "x"]
+        spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                                             {"nodeSelectorTerms": [{"matchExpressions":
+                                                                     [expr]}]}}}
+    if gen.want("overhead", 0.05):
+        spec["overhead"] = {"cpu": "100m"}
+    tscs: list[Body] = []
+    spread_fields = ("spread-zone", "spread-running", "spread-pod-sets", "spread-existing",
+                     "spread-taints-honor", "spread-min-domains", "match-label-keys")
+    if focus in spread_fields or gen.want("spread-zone", 0.3):
+        gen.fields.add("spread-zone")
+        tscs.append(_spread(rng, ZONE, labels))
+    if focus == "spread-hostname":
+        tscs.append(_spread(rng, HOST, labels))
+    if gen.want("spread-pair", 0.1):
+        tscs = [_spread(rng, ZONE, labels), _spread(rng, HOST, labels)]
+    for tsc in tscs:
+        if focus == "spread-min-domains" or rng.random() < 0.15:
+            tsc["minDomains"] = rng.randint(1, 4)
+        if focus == "spread-taints-honor" or rng.random() < 0.15:
+            tsc["nodeTaintsPolicy"] = "Honor"
+        if focus == "match-label-keys":
+            labels["rev"] = rng.choice(["a", "b"])
+            tsc["matchLabelKeys"] = ["rev"]
+    if tscs:
+        spec["topologySpreadConstraints"] = tscs
+    return spec
+
+
+def _provision_case(seed: int, index: int) -> Case:
+    rng = random.Random(f"provision/{seed}/{index}")
+    focus = PROVISION_FIELDS[index % len(PROVISION_FIELDS)]
+    case_id = f"pp-{seed}-{index:04d}"
+    gen = _Gen(rng, case_id, focus)
+    gen.want("pool-taints", 0.1)
+    zones = ["z0", "z1", "z2"]
+    pool_zones = sorted(rng.sample(zones, rng.randint(1, 3)))
+    pools = [_pool(rng, case_id, "a", pool_zones, "pool-taints" in gen.fields)]
+    if rng.random() < 0.2:
+        other = [z for z in zones if z not in pool_zones] or pool_zones
+        pools.append(_pool(rng, case_id, "b", other, False))
+    existing = rng.randint(1, 3) if gen.want("spread-existing", 0.3) or focus == (
+        "spread-running") else 0
+    nodes = []
+    for i in range(existing):
+        node = gen.node(i)
+        node["status"]["allocatable"]["cpu"] = node["status"]["capacity"]["cpu"] = (
+            rng.choice(["1", "2", "4"]))
+        nodes.append(node)
+    sets: list[tuple[str, dict[str, str], str | None]] = [
+        ("w", {"set": "w", "case": case_id}, None)]
+    if gen.want("spread-pod-sets", 0.1):
+        sets = [("w", {"app": "train", "case": case_id}, None),
+                ("l", {"app": "train", "case": case_id}, None)]
+    if gen.want("pinned-pod-set", 0.1):
+        every = sorted({z for p in pools for d in p["spec"]["topology"]["domains"]
+                        for z in d["labels"].values()})
+        sets.append(("p", {"set": "p", "case": case_id}, rng.choice(every)))
+    templates: list[Body] = []
+    counts: dict[str, int] = {}
+    for name, labels, pinned in sets:
+        labels = dict(labels)
+        spec = _provision_spec(gen, labels, pinned=pinned)
+        templates.append({
+            "apiVersion": "v1", "kind": "PodTemplate",
+            "metadata": {"name": name, "namespace": case_id},
+            "template": {"metadata": {"labels": labels}, "spec": spec},
+        })
+        counts[name] = 1 if pinned else rng.randint(1, 9)
+    running: list[Body] = []
+    if focus == "spread-running" or (nodes and rng.random() < 0.3):
+        gen.fields.add("spread-running")
+        for i, node in enumerate(nodes):
+            for k in range(rng.randint(0, 2)):
+                running.append({
+                    "apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": f"running-{i}-{k}", "namespace": case_id,
+                                 "labels": dict(templates[0]["template"]["metadata"]["labels"])},
+                    "spec": {"nodeName": node["metadata"]["name"],
+                             "containers": [{"name": "main", "image": PAUSE,
+                                             "resources": {"requests": {"cpu": "100m"}}}],
+                             "terminationGracePeriodSeconds": 0,
+                             "tolerations": [{"operator": "Exists"}]}})
+    request = {
+        "apiVersion": "autoscaling.x-k8s.io/v1", "kind": "ProvisioningRequest",
+        "metadata": {"name": "gang", "namespace": case_id},
+        "spec": {"provisioningClassName": "best-effort-atomic-scale-up.autoscaling.x-k8s.io",
+                 "podSets": [{"podTemplateRef": {"name": t["metadata"]["name"]},
+                              "count": counts[t["metadata"]["name"]]} for t in templates]},
+    }
+    if len(sets) > 1:
+        gen.fields.add("pod-sets")
+    return Case(case_id, seed, tuple(sorted(gen.fields)), case_id, nodes, running, templates,
+                request, counts, pools=pools)
+
+
+def provision_case(seed: int, index: int) -> Case:
+    """Provisioning-mode case ``index`` of ``seed``: CapacityPools, a few existing nodes or
+    none, and a gang whose plan needs new nodes."""
+    return _provision_case(seed, index)
+
+
+def provision_cases(seed: int = 0, count: int = 300) -> list[Case]:
+    return [_provision_case(seed, i) for i in range(count)]
+
+
 def case(seed: int, index: int) -> Case:
     """Case ``index`` of ``seed`` alone (the same as ``cases(seed, n)[index]`` for any n)."""
     return _case(seed, index)
@@ -511,15 +750,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--count", type=int, default=500)
     parser.add_argument("--out", type=Path, default=Path("parity-cases"))
+    parser.add_argument("--provision", action="store_true",
+                        help="provisioning-mode cases (with pools.json and planned.json)")
     args = parser.parse_args(argv)
     tally: dict[str, int] = {"fits": 0, "nofit": 0, "refused": 0}
-    for case in iter_cases(args.seed, args.count):
+    made = (provision_cases(args.seed, args.count) if args.provision
+            else iter_cases(args.seed, args.count))
+    for case in made:
         where = args.out / case.id
         where.mkdir(parents=True, exist_ok=True)
+        if case.pools:
+            (where / "pools.json").write_text(json.dumps(case.pool_documents(), indent=1))
         (where / "cluster.json").write_text(json.dumps(case.cluster_documents(), indent=1))
         (where / "request.json").write_text(json.dumps(case.request_documents(), indent=1))
         (where / "pods.json").write_text(json.dumps(case.pods(), indent=1))
         answer = muster_answer(case)
+        if case.pools:
+            (where / "planned.json").write_text(json.dumps(case.plan_nodes(answer), indent=1))
         (where / "muster.json").write_text(json.dumps(
             {"fits": answer.fits, "refused": answer.refused, "reasons": answer.reasons,
              "fields": case.fields}, indent=1))

@@ -58,7 +58,15 @@ from typing import Any
 from controller.kube import ApiError, Body, KubeClient, whole_listing
 from controller.kube.client import WatchEvent
 from controller.kube.resources import NAMESPACES, NODES, PODS, Resource
-from e2e.parity_cases import CASE_LABEL, FIELDS, Answer, Case, case, muster_answer
+from e2e.parity_cases import (
+    CASE_LABEL,
+    FIELDS,
+    Answer,
+    Case,
+    case,
+    muster_answer,
+    provision_case,
+)
 
 SERVICE_ACCOUNTS = Resource("", "v1", "serviceaccounts", namespaced=True, kind="ServiceAccount")
 NOT_READY = "node.kubernetes.io/not-ready"
@@ -250,7 +258,9 @@ class Oracle:
         await self.kube.create(NAMESPACES, {
             "apiVersion": "v1", "kind": "Namespace",
             "metadata": {"name": namespace, "labels": {RUN_LABEL: self.run}}})
-        nodes = case.nodes()
+        # Provisioning mode: the nodes of Muster's plan too, as the fake provider makes them
+        # (every node the pools may add when Muster found no plan).
+        nodes = [*case.nodes(), *(case.plan_nodes(answer) if case.pools else [])]
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         for node in nodes:
             node["metadata"]["labels"][RUN_LABEL] = self.run
@@ -273,7 +283,16 @@ class Oracle:
         gang = case.pods()
         for pod in gang:  # in pod-set order, as a job controller would
             pod["metadata"]["namespace"] = namespace
-            await self.kube.create(PODS, pod, namespace=namespace)
+            try:
+                await self.kube.create(PODS, pod, namespace=namespace)
+            except ApiError as exc:
+                if exc.status not in (403, 422):
+                    raise
+                # The API server refuses the gang's pods (e.g. an overhead without a
+                # RuntimeClass): the gang can never run, so the scheduler's answer is "no".
+                verdict = AGREE if not answer.fits else DISAGREE
+                return Outcome(case, answer, verdict, scheduler_fits=False,
+                               detail=f"the API server refused the pods: {exc}")
         keys = [(namespace, p["metadata"]["name"]) for p in gang]
         return await self._verdict(case, answer, keys)
 
@@ -340,7 +359,7 @@ class Oracle:
             # nodes can go next without orphaning pods.
             await self.kube._request("DELETE", PODS.path(namespace=namespace),
                                      query={"gracePeriodSeconds": 0})
-        for node in case.node_objects:
+        for node in [*case.node_objects, *case.planned]:
             with contextlib.suppress(ApiError):
                 await self.kube.delete(NODES, node["metadata"]["name"])
         with contextlib.suppress(ApiError):
@@ -542,6 +561,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds without change before an unbound gang is judged")
     parser.add_argument("--out", type=Path, default=None, help="one JSON line per case")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument("--provision", action="store_true",
+                        help="the provisioning-mode cases (CapacityPools, planned nodes)")
     args = parser.parse_args(argv)
     if args.kubeconfig is None:
         from e2e import cluster as cp
@@ -554,7 +575,8 @@ def main(argv: list[str] | None = None) -> int:
         args.kubeconfig = cluster.admin_kubeconfig
     indexes = ([int(i) for i in args.only.split(",") if i.strip()] if args.only
                else list(range(args.count)))
-    cases = [case(args.seed, i) for i in indexes]
+    make = provision_case if args.provision else case
+    cases = [make(args.seed, i) for i in indexes]
     done = [0]
     started = time.monotonic()
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from e2e import cluster as cp
-from e2e.parity_cases import FIELDS, cases
+from e2e.parity_cases import FIELDS, PROVISION_FIELDS, cases, provision_cases
 from e2e.scheduler_oracle import AGREE, failed, oracle, report, tally
 
 pytestmark = pytest.mark.real
@@ -34,3 +34,20 @@ async def test_the_real_scheduler_agrees_with_muster(real_cluster: cp.Cluster) -
     assert counts[AGREE] >= COUNT * 3 // 4, lines
     judged = [o for o in outcomes if o.verdict == AGREE]
     assert any(o.scheduler_fits for o in judged) and not all(o.scheduler_fits for o in judged)
+
+
+PROVISION_COUNT = 2 * len(PROVISION_FIELDS)
+
+
+@pytest.mark.timeout(300)
+async def test_the_real_scheduler_agrees_on_new_capacity(real_cluster: cp.Cluster) -> None:
+    """Provisioning mode: Muster plans new nodes from CapacityPools, they are created as the
+    fake provider registers them, and the real scheduler places the gang's pods (or the API
+    server refuses them). The full run is ``python3 -m e2e.scheduler_oracle --provision
+    --seed 0 --count 300``."""
+    outcomes = await oracle(provision_cases(SEED, PROVISION_COUNT),
+                            real_cluster.admin_kubeconfig, concurrency=8)
+    lines = "\n".join(report(outcomes))
+    assert not failed(outcomes), lines
+    counts = tally(outcomes)
+    assert counts[AGREE] >= PROVISION_COUNT * 3 // 4, lines

@@ -35,6 +35,7 @@ from controller.api.capacitypool import CapacityPool
 from controller.dra_templates import render_resource_slices
 from controller.kube import ApiError, Body, KubeClient
 from controller.kube.resources import LEASES, NAMESPACES, NODES, RESOURCE_SLICES
+from controller.node_labels import ARCH, OS, node_labels
 from controller.topology_defaults import KEY_LABEL, OWNER_ANNOTATION, POOL_LABEL
 from providers.atomic import AtomicProvider, Launch
 from providers.base import (
@@ -527,10 +528,8 @@ def _node_body(
     tpl = pool.spec.node_template
     index = name.rsplit("-", 1)[-1]
     labels = {
-        **tpl.labels,
-        **request.domain,
-        "kubernetes.io/hostname": name,
-        "kubernetes.io/os": "linux",
+        **node_labels({**tpl.labels, **request.domain}, hostname=name,
+                      parameters=pool.spec.parameters),
         "type": "kwok",
         PROVIDER_LABEL: provider,
         POOL_LABEL: pool.metadata.name,
@@ -568,8 +567,8 @@ def _node_body(
             "addresses": [{"type": "Hostname", "address": name}],
             "nodeInfo": {
                 "kubeletVersion": "fake",
-                "architecture": "amd64",
-                "operatingSystem": "linux",
+                "architecture": labels[ARCH],
+                "operatingSystem": labels[OS],
             },
             "phase": "Running",
         },

@@ -186,8 +186,29 @@ def pod_spec_problems(spec: PodSpec, where: str = "spec") -> list[str]:
         out.extend(_resources(f"{where}.resources", spec.resources.requests,
                               spec.resources.limits))
         out.extend(_pod_level(spec, where))
-    return [*out, *_node_selection(spec, where), *_tolerations(spec, where),
-            *_pod_affinity(spec, where), *_spread(spec, where)]
+    return [*out, *_overhead(spec, where), *_node_selection(spec, where),
+            *_tolerations(spec, where), *_pod_affinity(spec, where), *_spread(spec, where)]
+
+
+def _overhead(spec: PodSpec, where: str) -> list[str]:
+    """``spec.overhead`` is the RuntimeClass admission plugin's to set: a pod that states
+    one without a ``runtimeClassName`` is refused ("Pod Overhead set without corresponding
+    RuntimeClass defined Overhead"), so its gang can never start (found by the oracle on new
+    capacity). With a RuntimeClass the plugin compares it to the class's, which Muster does
+    not read. The amounts must be valid quantities of valid resource names, as requests."""
+    if not spec.overhead:
+        return []
+    out: list[str] = []
+    if not spec.runtime_class_name:
+        out.append(f"{where}.overhead: set without a runtimeClassName; the API server's "
+                   "RuntimeClass admission refuses such pods (the overhead comes from the "
+                   "pod's RuntimeClass)")
+    for name, text in spec.overhead.items():
+        if not _resource_name(name):
+            out.append(f"{where}.overhead[{name}]: invalid resource name")
+        elif parse_quantity(str(text)) < 0:
+            out.append(f"{where}.overhead[{name}]: must be greater than or equal to 0")
+    return out
 
 
 def _pod_level(spec: PodSpec, where: str) -> list[str]:

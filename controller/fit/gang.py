@@ -17,7 +17,8 @@ from itertools import chain, islice, permutations
 from controller.fit.cel import SelectorError
 from controller.fit.explain import explain, validate
 from controller.fit.placement import Outcome, PodSetPlacer
-from controller.fit.topology import Levels
+from controller.fit.spread import inherited, spreads_hold
+from controller.fit.topology import NEW_HOSTNAME, Levels
 from controller.fit.types import (
     Assignment,
     GangRequest,
@@ -51,9 +52,11 @@ def _orders(pod_sets: Sequence[PodSetRequest]) -> Iterator[tuple[PodSetRequest, 
         return
     seen = {tuple(p.name for p in given)}
 
-    def narrow_first(p: PodSetRequest) -> tuple[int, int, str]:
+    def narrow_first(p: PodSetRequest) -> tuple[int, int, int, str]:
         constrained = 0 if p.topology.mode is TopologyMode.REQUIRED else 1
-        return (constrained, -p.count * max(p.shape.requests.values(), default=0), p.name)
+        # Spread pod sets last: the domains other pod sets' new nodes add are known then.
+        return (1 if p.shape.spreads else 0, constrained,
+                -p.count * max(p.shape.requests.values(), default=0), p.name)
 
     for order in chain((tuple(sorted(given, key=narrow_first)),), permutations(given)):
         names = tuple(p.name for p in order)
@@ -84,6 +87,9 @@ def _attempt(
 ) -> tuple[Workspace, dict[str, Outcome]] | _Failure:
     """Place the gang on forks of ``base``; on failure return the first failure's state."""
     first_failure: _Failure | None = None
+    spread_sets = len(request.pod_sets) > 1 and any(p.shape.spreads for p in request.pod_sets)
+    if spread_sets:
+        request = replace(request, pod_sets=inherited(request.pod_sets))
     for order in islice(_orders(request.pod_sets), _budget(len(request.pod_sets))):
         ws = base.fork()
         outcomes: dict[str, Outcome] = {}
@@ -96,7 +102,13 @@ def _attempt(
                 break
             outcomes[ps.name] = got
         else:
-            return ws, outcomes
+            broken = spreads_hold(ws, request.pod_sets) if spread_sets else None
+            if broken is None:
+                return ws, outcomes
+            # Pod sets placed after it (or their new nodes) broke its spread: another order.
+            if first_failure is None:
+                ps = next(p for p in order if p.name == broken)
+                first_failure = _Failure(base.fork(), ps, ())
     assert first_failure is not None
     return first_failure
 
@@ -122,7 +134,8 @@ def _build(
                     pods=merged[name],
                     node=None if slot else name,
                     new_node=slot,
-                    domain={k: labels[k] for k in levels if k in labels},
+                    domain={k: labels[k] for k in levels
+                            if k in labels and labels[k] != NEW_HOSTNAME},
                     requests=requests,
                     devices=tuple(ws.usage.allocations.get((name, ps.name), ())),
                 )
@@ -212,6 +225,20 @@ def _plan(request: GangRequest, snapshot: Snapshot, mode: Mode) -> Result:
         why = best.explain(snapshot, Mode.PROVISION)
         now = _without_repeats(reasons[0], why.message)
         reasons = [now] if now is not None else []
+        counted = _counting_each_other(request)
+        if counted and not isinstance(_attempt(_relaxed(request), Workspace(
+            snapshot.nodes, snapshot.pools, levels, shapes, empty=True), Mode.PROVISION
+        ), _Failure):
+            # Pod sets whose spreads count each other's pods are placed one after another
+            # in a few orders (a heuristic): finding none is no proof that none exists.
+            reasons.insert(0, Reason(
+                ReasonCode.UNSUPPORTED, best.pod_set.name,
+                f"gang {request.name}: the topology spread of pod set {counted} counts the "
+                "pods of other pod sets of the gang, and Muster found no placement in the "
+                f"orders it tries ({why.message})",
+                needed=why.needed, best=why.best, level=why.level, domain=why.domain,
+            ))
+            return NoFit(request.name, mode, tuple(reasons))
         reasons.insert(
             0,
             Reason(
@@ -226,3 +253,22 @@ def _plan(request: GangRequest, snapshot: Snapshot, mode: Mode) -> Result:
             ),
         )
     return NoFit(request.name, mode, tuple(reasons))
+
+
+def _relaxed(request: GangRequest) -> GangRequest:
+    """The gang without the spreads that count other pod sets' pods (fewer constraints: if
+    even this never fits, the gang never fits)."""
+    sets = []
+    for ps in request.pod_sets:
+        kept = [s for s in ps.shape.spreads if not s.peers]
+        sets.append(replace(ps, shape=replace(
+            ps.shape, spread=kept[0] if kept else None, more_spreads=tuple(kept[1:]))))
+    return replace(request, pod_sets=tuple(sets))
+
+
+def _counting_each_other(request: GangRequest) -> str | None:
+    """The first pod set with a spread that counts another pod set's pods, if any."""
+    for ps in request.pod_sets:
+        if any(s.peers for s in ps.shape.spreads):
+            return ps.name
+    return None

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from controller.fit.shapes import ShapeCounter, label_keys, pods_that_fit
-from controller.fit.topology import fill
+from controller.fit.topology import NEW_HOSTNAME, fill
 from controller.fit.types import Mode, PodSetPlacement, PodSetRequest, TopologyMode
 from controller.fit.workspace import NodeClass, PoolRef, Workspace
 
@@ -199,9 +199,11 @@ class PodSetPlacer:
             nodes=lambda x: len(x.members), name=lambda x: x.first,
         )
 
-    def _commit(self, existing: list[Take], purchase: Purchase | None) -> tuple[
-        tuple[str, int], ...
-    ]:
+    def _commit(
+        self, existing: list[Take], purchase: Purchase | None, *, even: bool = False
+    ) -> tuple[tuple[str, int], ...]:
+        """Take the nodes and add the new ones; ``even``: a purchase's pods spread evenly
+        over its new nodes (topology spread on the hostname), not packed."""
         requests = self.ps.shape.requests
         out: list[tuple[str, int]] = []
         for cls, pods_each, nodes in existing:
@@ -209,13 +211,19 @@ class PodSetPlacer:
                 out.append((name, pods_each))
         if purchase is not None:
             for batch, nodes, pods in purchase.takes:
-                spread = [batch.per_node] * (pods // batch.per_node)
-                if pods % batch.per_node:
-                    spread.append(pods % batch.per_node)
-                spread.extend([0] * (nodes - len(spread)))
+                if even:
+                    q, r = divmod(pods, nodes)
+                    spread = [q + 1] * r + [q] * (nodes - r)
+                else:
+                    spread = [batch.per_node] * (pods // batch.per_node)
+                    if pods % batch.per_node:
+                        spread.append(pods % batch.per_node)
+                    spread.extend([0] * (nodes - len(spread)))
                 added = self.ws.add_nodes(batch.ref, spread, requests, self.counter)
                 for name, n in zip(added, spread, strict=True):
                     out.append((name, n))
+        placed = self.ws.usage.placed
+        placed[self.ps.name] = (*placed.get(self.ps.name, ()), *out)
         return tuple(out)
 
     def _placement(
@@ -243,7 +251,7 @@ class PodSetPlacer:
         if self.ps.shape.spread is not None:
             from controller.fit.spread import spread_place  # it builds on this module
 
-            return spread_place(self, self.ps.shape.spread)
+            return spread_place(self, self.ps.shape.spreads)
         topo = self.ps.topology
         if topo.mode is TopologyMode.NONE or topo.level is None:
             return self._anywhere(fewest_nodes=True)
@@ -287,6 +295,8 @@ class PodSetPlacer:
         level = self.ws.index.levels.node_level
         node_labels = self.ws.labels(name)
         value = node_labels.get(level) if level else None
+        if value == NEW_HOSTNAME:
+            value = None
         labels = dict(self.ws.index.levels.labels_of(self.ws.index.levels.path(node_labels)))
         if level and value is not None:
             labels[level] = value

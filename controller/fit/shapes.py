@@ -176,8 +176,7 @@ def label_keys(shape: PodShape) -> tuple[str, ...]:
     keys = set(shape.node_selector)
     for term in shape.affinity_terms:
         keys.update(r.key for r in term.match_expressions)
-    if shape.spread is not None:
-        keys.add(shape.spread.key)
+    keys.update(s.key for s in shape.spreads)
     return tuple(sorted(keys))
 
 

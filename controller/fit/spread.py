@@ -1,168 +1,561 @@
-"""Placement of a pod set under a DoNotSchedule topology spread constraint among its own
-pods (the scheduler's PodTopologySpread filter).
+"""Placement of a pod set under DoNotSchedule topology spread constraints (the scheduler's
+PodTopologySpread filter), on existing nodes and on the nodes the plan adds.
 
 The scheduler admits a pod into a domain of the constraint's key while that domain's
 matching pods, plus the pod, minus the fewest matching pods of any *eligible* domain stay
 within ``maxSkew``. Eligible domains are those of every node carrying the key (and, by the
 default policies, matching the pod's node affinity; taints only with nodeTaintsPolicy
-Honor), usable or not, so a full node still counts as a domain holding none of the pods.
+Honor), usable or not, so a full node still counts as a domain. Muster creates a plan's new
+nodes before the pods exist, so their domains are eligible from the first pod on: a new
+node of another pod set in a third zone is a zone holding none of this pod set's pods.
+
+Matching pods are the pod set's own (when the selector matches them), the running pods the
+selector matches (:attr:`Spread.running`) and the pods of other pod sets of the gang it
+matches (:attr:`Spread.peers`, counted as they were placed before this one; the gang checks
+every constraint again once the whole gang is placed, :func:`spreads_hold`).
+
 A final count per domain whose largest minus smallest is within ``maxSkew`` can be reached
-pod by pod, so the engine plans such a count:
+pod by pod (the fewest first), so the engine plans such a count: for a level ``L`` (the
+fewest pods any domain ends with; 0 with fewer domains than ``minDomains``) every domain
+takes between ``L`` and ``L + maxSkew`` matching pods in all. Higher levels are tried first;
+the cheapest level wins (existing room before new nodes). New domains a pool could add are
+opened only when the domains there are cannot hold the pod set, cheapest first.
 
-* existing nodes only: every eligible domain gets at least ``lo`` and at most
-  ``lo + maxSkew`` pods, for the largest ``lo`` that works (``lo`` is 0 when there are fewer
-  eligible domains than ``minDomains``);
-* with new nodes: ``lo`` is 0, so no domain (no node, when the key is the hostname) takes
-  more than ``maxSkew`` pods. Valid whatever the other domains hold; it may buy more nodes
-  than a larger ``lo`` would (conservative, never wrong).
-
-Nodes without the key cannot take these pods at all.
+With the hostname key every node, existing or new, is a domain: new nodes take between ``L``
+and ``L + maxSkew`` pods each (spread evenly). A hostname constraint next to another key's
+(zone and hostname, the common pair) caps every node at ``maxSkew`` pods in all (``L`` 0,
+valid whatever the rest holds) while the other key is planned as above.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from controller.fit.placement import Batch, Outcome, PodSetPlacer, Purchase, Take, buy
 from controller.fit.shapes import selector_matches, untolerated
-from controller.fit.topology import HOSTNAME
-from controller.fit.types import PodSetPlacement, Spread
-from controller.fit.workspace import NodeClass
+from controller.fit.topology import HOSTNAME, NEW_HOSTNAME, fill
+from controller.fit.types import PodSetPlacement, PodSetRequest, PodShape, Spread, Taint
+from controller.fit.workspace import NodeClass, Workspace
 
 EVERY_NODE = 1 << 20
 """A fill depth below every level: fewest nodes, domains ignored."""
 
+MAX_LEVELS = 32
+"""Per-node levels tried for a hostname spread beside another key's (highest first)."""
 
-def _eligible(p: PodSetPlacer, spread: Spread) -> set[str]:
-    shape = p.ps.shape
-    if spread.affinity_terms is not None:
-        shape = replace(shape, affinity_terms=spread.affinity_terms)
-    out: set[str] = set()
-    for n in p.ws.all_nodes():
-        value = n.labels.get(spread.key)
-        if value is None or value in out:
-            continue
-        if spread.honor_affinity and not selector_matches(shape, n.labels, n.name):
-            continue
-        if spread.honor_taints and untolerated(n.taints, shape.tolerations):
-            continue
-        out.add(value)
-    return out
+MAX_OPENED = 32
+"""New domains tried one by one (a pool rarely offers more zones than this)."""
 
 
-def spread_place(p: PodSetPlacer, spread: Spread) -> Outcome | None:
-    key = spread.key
-    classes: dict[str, list[NodeClass]] = {}
-    cap: dict[str, int] = {}
-    for cls, c in p.cands:
-        value = cls.labels.get(key)
-        if value is not None:
-            classes.setdefault(value, []).append(cls)
-            cap[value] = cap.get(value, 0) + c * len(cls.members)
-    eligible = sorted(_eligible(p, spread) | set(cap))
-    got: tuple[list[Take], Purchase | None] | None = _existing(
-        p, spread, eligible, classes, cap
-    )
-    if got is None and p.batches:
-        got = _with_new(p, spread, eligible, classes, cap)
+# ---------------------------------------------------------------------------- counting
+
+
+def _domain(spread: Spread, name: str, labels: Mapping[str, str]) -> str | None:
+    value = labels.get(spread.key)
+    if value == NEW_HOSTNAME:
+        return name  # a new node is its own hostname domain
+    return value
+
+
+def _eligible(
+    spread: Spread, shape: PodShape, keys: Sequence[str], name: str | None,
+    labels: Mapping[str, str], taints: tuple[Taint, ...],
+) -> bool:
+    """Whether the scheduler counts the node (and its pods) for ``spread``: it carries every
+    constraint's key and passes the node inclusion policies (``shape``: the pod's own node
+    selection, :func:`_own`)."""
+    if any(k not in labels for k in keys):
+        return False
+    if spread.honor_affinity and not selector_matches(shape, labels, name):
+        return False
+    return not (spread.honor_taints and untolerated(taints, shape.tolerations))
+
+
+def _own(shape: PodShape, spread: Spread) -> PodShape:
+    """The shape with the pod's own node affinity, which nodeAffinityPolicy Honor reads."""
+    if spread.affinity_terms is None:
+        return shape
+    return replace(shape, affinity_terms=spread.affinity_terms)
+
+
+def domain_counts(
+    ws: Workspace, ps: PodSetRequest, spread: Spread, *, own: bool,
+    before: frozenset[str] | None = None,
+) -> dict[str, int]:
+    """Matching pods per eligible domain of ``spread`` now: running pods, the peers' pods
+    placed so far (``before``: only those of these pod sets) and (``own``) the pod set's
+    own."""
+    shape = _own(ps.shape, spread)
+    keys = [s.key for s in ps.shape.spreads]
+    counts: dict[str, int] = {}
+    on: dict[str, int] = dict(spread.running)
+    peers = spread.peers if before is None else [n for n in spread.peers if n in before]
+    sets = [*peers, *([ps.name] if own and spread.counts_self else [])]
+    for pod_set in sets:
+        for name, pods in ws.usage.placed.get(pod_set, ()):
+            on[name] = on.get(name, 0) + pods
+    for node in ws.all_nodes():
+        if spread.key not in node.labels:
+            continue
+        if not _eligible(spread, shape, keys, node.name, node.labels, node.taints):
+            continue
+        value = node.labels[spread.key]
+        counts[value] = counts.get(value, 0) + on.get(node.name, 0)
+    for name, labels, taints in ws.slot_nodes():
+        if not _eligible(spread, shape, keys, None, labels, taints):
+            continue
+        slot_value = _domain(spread, name, labels)
+        if slot_value is not None:
+            counts[slot_value] = counts.get(slot_value, 0) + on.get(name, 0)
+    return counts
+
+
+def _skew_ok(counts: Mapping[str, int], spread: Spread) -> bool:
+    if not counts:
+        return True
+    low = 0 if len(counts) < spread.min_domains else min(counts.values())
+    return max(counts.values()) - low <= spread.max_skew
+
+
+def spreads_hold(ws: Workspace, pod_sets: Sequence[PodSetRequest]) -> str | None:
+    """The first pod set whose spread the whole gang's plan breaks (pods of a pod set placed
+    after it, or new nodes adding domains it holds none of), or None. ``pod_sets`` in the
+    order their pods are created: the scheduler takes them in that order, so a pod set's
+    spread must hold over its own pods and those of the pod sets before it."""
+    for k, ps in enumerate(pod_sets):
+        before = frozenset(p.name for p in pod_sets[:k])
+        for spread in ps.shape.spreads:
+            counts = domain_counts(ws, ps, spread, own=True, before=before)
+            if spread.counts_self:
+                if not _skew_ok(counts, spread):
+                    return ps.name
+                continue
+            # Its pods match nothing: each went where the matching pods were within skew.
+            low = 0 if len(counts) < spread.min_domains else min(counts.values(), default=0)
+            used = {_domain(spread, n, ws.labels(n)) for n, k in ws.usage.placed.get(ps.name, ())
+                    if k > 0}
+            if any(counts.get(v, 0) - low > spread.max_skew for v in used if v is not None):
+                return ps.name
+    return None
+
+
+def inherited(pod_sets: Sequence[PodSetRequest]) -> tuple[PodSetRequest, ...]:
+    """Pod sets with the spreads of other pod sets that count their pods: the scheduler
+    checks such a constraint only for the other pod set's pods, but those see where these
+    went, so they are placed within it too (the final counts hold it either way). Only where
+    the pod set has no spread on that key and keeps at most one key besides the hostname."""
+    out: list[PodSetRequest] = []
+    for ps in pod_sets:
+        have = list(ps.shape.spreads)
+        for other in pod_sets:
+            if other is ps:
+                continue
+            for s in other.shape.spreads:
+                if ps.name not in s.peers or not s.counts_self:
+                    continue
+                if any(h.key == s.key for h in have):
+                    continue
+                if s.key != HOSTNAME and any(h.key != HOSTNAME for h in have):
+                    continue
+                peers = tuple(n for n in (*s.peers, other.name) if n != ps.name)
+                have.append(replace(s, peers=peers))
+        if len(have) == len(ps.shape.spreads):
+            out.append(ps)
+            continue
+        first = next((h for h in have if h.key != HOSTNAME), have[0])
+        out.append(replace(ps, shape=replace(
+            ps.shape, spread=first, more_spreads=tuple(h for h in have if h is not first))))
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------- placing
+
+
+@dataclass(slots=True)
+class _Domain:
+    value: str
+    count: int
+    """Matching pods there already."""
+    classes: list[NodeClass]
+    existing: int
+    """Pods of the pod set its existing nodes (and earlier new nodes) can take."""
+    batches: list[Batch]
+    new: int
+    """Pods new nodes there could take (the pool-wide limits aside)."""
+    opened: bool = False
+    """Not a domain yet: only once the plan adds a node there."""
+
+    @property
+    def room(self) -> int:
+        return self.existing + self.new
+
+
+def spread_place(p: PodSetPlacer, spreads: Sequence[Spread]) -> Outcome | None:
+    host = next((s for s in spreads if s.key == HOSTNAME), None)
+    primary = next((s for s in spreads if s.key != HOSTNAME), host)
+    assert primary is not None
+    keys = [s.key for s in spreads]
+    if primary is host:
+        got = _by_node(p, primary, keys)
+    elif host is None:
+        got = _by_domain(p, primary, keys, None, None, None)
+    else:
+        got = _pair(p, primary, host, keys)
     if got is None:
         return None
-    existing, purchase = got
-    pods = p._commit(existing, purchase)
+    existing, purchase, even = got
+    pods = p._commit(existing, purchase, even=even)
     return Outcome(pods, PodSetPlacement(p.ps.name, None, None, len(pods)))
 
 
-def _existing(
-    p: PodSetPlacer, spread: Spread, eligible: list[str], classes: dict[str, list[NodeClass]],
-    cap: dict[str, int],
-) -> tuple[list[Take], None] | None:
-    need, skew = p.ps.count, spread.max_skew
-    if not eligible:
-        return None
-    caps = [cap.get(v, 0) for v in eligible]
-    top = 0 if len(eligible) < spread.min_domains else min(min(caps), need // len(eligible))
-    for lo in range(top, -1, -1):
-        if sum(min(c, lo + skew) for c in caps) < need:
+def _pair(
+    p: PodSetPlacer, spread: Spread, host: Spread, keys: Sequence[str]
+) -> tuple[list[Take], Purchase, bool] | None:
+    """A key's spread and the hostname's on one pod set. While no node is a hostname domain
+    yet (only new nodes will be), every new node takes between L and L + maxSkew pods, spread
+    evenly within its domain, for the highest such L that works; otherwise every node ends
+    with at most maxSkew of the matching pods (L 0, whatever the others hold)."""
+    held = domain_counts(p.ws, p.ps, host, own=False)
+    counts = domain_counts(p.ws, p.ps, spread, own=False)
+    if held or not host.counts_self:
+        return _by_domain(p, spread, keys, held, host, None, counts)
+    top = min(p.ps.count, max((b.per_node for b in p.batches), default=0))
+    for level in range(top, max(0, top - MAX_LEVELS), -1):
+        got = _by_domain(p, spread, keys, held, host, level, counts)
+        if got is not None and got[1].nodes < host.min_domains:
             continue
-        counts = {v: lo for v in eligible}
-        rest = need - lo * len(eligible)
-        # The extra pods go to the roomiest domains first (fewest domains), then by name.
-        for v in sorted(eligible, key=lambda d: (-cap.get(d, 0), d)):
-            if rest <= 0:
-                break
-            more = min(rest, min(cap.get(v, 0), lo + skew) - lo)
-            counts[v] += more
-            rest -= more
-        takes: list[Take] = []
-        for v, n in counts.items():
-            if n > 0:
-                takes.extend(p._fill(classes[v], n, EVERY_NODE))
-        return takes, None
-    return None
+        if got is not None and all(pods // nodes >= level for _, nodes, pods in got[1].takes):
+            return got[0], got[1], True
+    return _by_domain(p, spread, keys, held, host, None, counts)
 
 
-def _with_new(
-    p: PodSetPlacer, spread: Spread, eligible: list[str], classes: dict[str, list[NodeClass]],
-    cap: dict[str, int],
-) -> tuple[list[Take], Purchase] | None:
-    need, skew, key = p.ps.count, spread.max_skew, spread.key
-    per_node = key == HOSTNAME
-    takes: list[Take] = []
-    taken = 0
-    for v in eligible:
-        if v not in classes:
+def _class_cap(p: PodSetPlacer, cls: NodeClass, c: int, caps: dict[str, int] | None,
+               host: Spread | None) -> int:
+    if caps is None or host is None:
+        return c
+    if not host.counts_self:
+        return c if all(caps.get(m, 0) <= host.max_skew for m in cls.members) else 0
+    held = max((caps.get(m, 0) for m in cls.members), default=0)
+    return max(0, min(c, host.max_skew - held))
+
+
+def _by_domain(
+    p: PodSetPlacer, spread: Spread, keys: Sequence[str], caps: dict[str, int] | None,
+    host: Spread | None, level: int | None, counts: dict[str, int] | None = None,
+) -> tuple[list[Take], Purchase, bool] | None:
+    """``host``: a hostname spread beside ``spread``; every node takes at most its maxSkew
+    (``caps``: matching pods each node holds already), or, with ``level``, new nodes take
+    between ``level`` and ``level`` + maxSkew each. ``counts``: :func:`domain_counts` of
+    ``spread``, when the caller has them."""
+    if counts is None:
+        counts = domain_counts(p.ws, p.ps, spread, own=False)
+    per: dict[str, int] = {}
+    domains: dict[str, _Domain] = {v: _Domain(v, c, [], 0, [], 0) for v, c in counts.items()}
+    for cls, c in p.cands:
+        if any(k not in cls.labels for k in keys):
             continue
-        room = min(cap[v], skew) if not per_node else cap[v]
-        n = min(room, need - taken)
-        if n <= 0:
+        value = cls.labels[spread.key]
+        c = _class_cap(p, cls, c, caps, host)
+        if c <= 0:
             continue
-        if per_node:  # one node per domain: at most maxSkew pods on it
-            cls = classes[v][0]
-            n = min(n, skew, p.per_node[cls.key])
-            takes.append((cls, n, 1))
-        else:
-            takes.extend(p._fill(classes[v], n, EVERY_NODE))
-        taken += n
-    rest = need - taken
-    if rest <= 0:
-        return takes, Purchase((), 0.0, 0)
+        per[cls.first] = c
+        d = domains.get(value)
+        if d is None:  # a node the pod set can use that is no eligible domain (Ignore)
+            d = domains[value] = _Domain(value, 0, [], 0, [], 0)
+        d.classes.append(cls)
+        d.existing += c * len(cls.members)
     pool_left = p.pool_left()
-    if per_node:
-        batches = [Batch(b.ref, min(b.per_node, skew), b.nodes) for b in p.batches]
-        purchase = buy(batches, rest, pool_left)
-        return None if purchase is None else (takes, purchase)
-    purchase = _per_domain(p, spread, takes, rest, pool_left)
-    return None if purchase is None else (takes, purchase)
+    node_cap = None if host is None else host.max_skew + (level or 0)
+    fresh = _add_batches(p, spread, keys, node_cap, level or 0, domains, pool_left)
+    opened = sorted(fresh.values(), key=lambda d: (_price(d), d.value))[:MAX_OPENED]
+    base = list(domains.values())
+    # The cheapest plan over the domains there and the first k new ones; at equal cost the
+    # most domains (what the constraint asks for: the pods apart).
+    best: tuple[tuple[float, int, int], tuple[list[Take], Purchase]] | None = None
+    for k in range(len(opened) + 1):
+        got = _levels(p, spread, [*base, *opened[:k]], dict(pool_left), per)
+        if got is not None:
+            rank = (got[1].cost, got[1].nodes, -k)
+            if best is None or rank < best[0]:
+                best = (rank, got)
+            if got[1].nodes == 0:
+                break
+    return None if best is None else (*best[1], False)
 
 
-def _per_domain(
-    p: PodSetPlacer, spread: Spread, takes: list[Take], rest: int, pool_left: dict[int, int]
-) -> Purchase | None:
-    """New nodes for ``rest`` pods, no domain of the key holding more than maxSkew of them
-    (``takes`` already put some on existing nodes)."""
-    key, skew = spread.key, spread.max_skew
-    by_value: dict[str, list[Batch]] = {}
+def _add_batches(
+    p: PodSetPlacer, spread: Spread, keys: Sequence[str], node_cap: int | None, least: int,
+    domains: dict[str, _Domain], pool_left: Mapping[int, int],
+) -> dict[str, _Domain]:
+    """New capacity per domain of the key (at most ``node_cap`` pods a node, nodes that
+    hold fewer than ``least`` left out): into ``domains``, or domains not there yet
+    (returned)."""
+    fresh: dict[str, _Domain] = {}
     for b in p.batches:
-        value = b.ref.labels.get(key)
-        if value is not None:
-            by_value.setdefault(value, []).append(b)
-    held: dict[str, int] = {}
-    for cls, n, k in takes:
-        value = cls.labels[key]
-        held[value] = held.get(value, 0) + n * k
-    parts: list[tuple[Batch, int, int]] = []
-    cost, nodes = 0.0, 0
-    for v in sorted(by_value, key=lambda d: (min(b.price / b.per_node for b in by_value[d]), d)):
-        want = min(rest, skew - held.get(v, 0))
-        if want <= 0:
+        if any(k not in b.ref.labels for k in keys):
             continue
-        got = buy(by_value[v], want, pool_left)
+        value = b.ref.labels[spread.key]
+        per_node = b.per_node if node_cap is None else min(b.per_node, node_cap)
+        if per_node <= 0 or per_node < least:
+            continue
+        d = domains.get(value) or fresh.get(value)
+        if d is None:
+            d = fresh[value] = _Domain(value, 0, [], 0, [], 0, opened=True)
+        d.batches.append(Batch(b.ref, per_node, b.nodes))
+        d.new += per_node * min(b.nodes, pool_left.get(b.ref.pool_index, 0))
+    return fresh
+
+
+def _price(d: _Domain) -> float:
+    return min((b.price / b.per_node for b in d.batches), default=0.0)
+
+
+def _levels(
+    p: PodSetPlacer, spread: Spread, domains: list[_Domain], pool_left: dict[int, int],
+    per: dict[str, int],
+) -> tuple[list[Take], Purchase] | None:
+    """The cheapest plan over ``domains`` at any level (see the module docstring)."""
+    need, skew = p.ps.count, spread.max_skew
+    if not domains:
+        return None
+    if not spread.counts_self:
+        return _beside(p, spread, domains, pool_left, per)
+    few = len(domains) < spread.min_domains
+    top = 0 if few else min(d.count + d.room for d in domains)
+    top = min(top, (need + sum(d.count for d in domains)) // len(domains))
+    best: tuple[tuple[float, int, int], list[Take], Purchase] | None = None
+    for level in range(top, -1, -1):
+        lo = {d.value: max(0, level - d.count, 1 if d.opened else 0) for d in domains}
+        hi = {d.value: min(d.room, level + skew - d.count) for d in domains}
+        if any(hi[v] < lo[v] for v in lo):
+            if any(d.count > level + skew for d in domains):
+                break  # a domain already over: lower levels only make it worse
+            continue
+        if sum(lo.values()) > need or sum(hi.values()) < need:
+            continue
+        got = _realise(p, domains, lo, hi, need, dict(pool_left), per)
         if got is None:
             continue
-        parts.extend(got.takes)
-        cost += got.cost
-        nodes += got.nodes
-        rest -= want
-        if rest == 0:
-            return Purchase(tuple(parts), cost, nodes)
-    return None
+        takes, purchase = got
+        rank = (purchase.cost, purchase.nodes, -level)
+        if best is None or rank < best[0]:
+            best = (rank, takes, purchase)
+        if purchase.nodes == 0:
+            break
+    if best is None:
+        return None
+    for batch, nodes, _ in best[2].takes:
+        pool_left[batch.ref.pool_index] = pool_left.get(batch.ref.pool_index, 0) - nodes
+    return best[1], best[2]
+
+
+def _realise(
+    p: PodSetPlacer, domains: list[_Domain], lo: dict[str, int], hi: dict[str, int],
+    need: int, pool_left: dict[int, int], per: dict[str, int],
+) -> tuple[list[Take], Purchase] | None:
+    """Pods per domain within [lo, hi]: the extra pods to existing room first (roomiest
+    domains first), then to the cheapest new capacity; then which nodes."""
+    x = dict(lo)
+    extra = need - sum(lo.values())
+    for d in sorted(domains, key=lambda d: (-(d.existing - x[d.value]), d.value)):
+        if extra <= 0:
+            break
+        more = max(0, min(hi[d.value], d.existing) - x[d.value])
+        more = min(more, extra)
+        x[d.value] += more
+        extra -= more
+    for d in sorted(domains, key=lambda d: (_price(d), d.value)):
+        if extra <= 0:
+            break
+        more = min(hi[d.value] - x[d.value], extra)
+        x[d.value] += more
+        extra -= more
+    if extra > 0:
+        return None
+    takes: list[Take] = []
+    parts: list[tuple[Batch, int, int]] = []
+    cost, nodes = 0.0, 0
+    for d in domains:
+        n = x[d.value]
+        if n <= 0:
+            continue
+        on_existing = min(n, d.existing)
+        if on_existing:
+            takes.extend(_fill(d.classes, on_existing, per))
+        rest = n - on_existing
+        if rest:
+            got = buy(d.batches, rest, pool_left)
+            if got is None:
+                return None
+            parts.extend(got.takes)
+            cost += got.cost
+            nodes += got.nodes
+    return takes, Purchase(tuple(parts), cost, nodes)
+
+
+def _beside(
+    p: PodSetPlacer, spread: Spread, domains: list[_Domain], pool_left: dict[int, int],
+    per: dict[str, int],
+) -> tuple[list[Take], Purchase] | None:
+    """A selector that matches other pods only: the pod set's pods go to domains whose
+    matching pods are within maxSkew of the fewest (they change no count)."""
+    if any(d.opened for d in domains):
+        return None  # a new domain would lower the fewest: not tried
+    low = 0 if len(domains) < spread.min_domains else min(d.count for d in domains)
+    allowed = [d for d in domains if d.count - low <= spread.max_skew]
+    lo = {d.value: 0 for d in allowed}
+    hi = {d.value: d.room for d in allowed}
+    if sum(hi.values()) < p.ps.count:
+        return None
+    return _realise(p, allowed, lo, hi, p.ps.count, pool_left, per)
+
+
+def _fill(classes: Sequence[NodeClass], need: int, per: dict[str, int]) -> list[Take]:
+    return fill(
+        classes, need, EVERY_NODE, path=lambda x: x.path, per_node=lambda x: per[x.first],
+        nodes=lambda x: len(x.members), name=lambda x: x.first,
+    )
+
+
+# ---------------------------------------------------------------------------- hostname
+
+
+def _by_node(
+    p: PodSetPlacer, spread: Spread, keys: Sequence[str]
+) -> tuple[list[Take], Purchase, bool] | None:
+    """Every node a domain: eligible nodes each end with [L, L + maxSkew] matching pods."""
+    need, skew = p.ps.count, spread.max_skew
+    counts = domain_counts(p.ws, p.ps, spread, own=False)
+    # Node name -> hostname value: counts are keyed by the label's value.
+    usable: list[tuple[NodeClass, int]] = []
+    for cls, c in p.cands:
+        if any(k not in cls.labels for k in keys):
+            continue
+        usable.append((cls, c))
+    held = {m: counts.get(_host(p.ws, m, spread), 0) for cls, _ in usable for m in cls.members}
+    if not spread.counts_self:
+        # Its pods change no count: nodes within maxSkew of the fewest (0 once a new node
+        # joins, so taken as 0) take what fits.
+        ok = [(cls, c) for cls, c in usable if all(held[m] <= skew for m in cls.members)]
+        return _host_plan(p, ok, need, 0, 1 << 30, {}, counts_self=False)
+    top = _host_top(p, spread, usable, held, counts)
+    best: tuple[tuple[float, int, int], tuple[list[Take], Purchase]] | None = None
+    for level in range(top, max(-1, top - MAX_LEVELS), -1):
+        got = _host_plan(p, usable, need, level, level + skew, held, counts_self=True)
+        if got is None:
+            continue
+        if level and len(counts) + got[1].nodes < spread.min_domains:
+            continue  # fewer nodes than minDomains: the fewest counts as 0
+        rank = (got[1].cost, got[1].nodes, -level)
+        if best is None or rank < best[0]:
+            best = (rank, (got[0], got[1]))
+        if got[1].nodes == 0:
+            break
+    if best is None:
+        return None
+    return best[1][0], best[1][1], True
+
+
+def _host_top(
+    p: PodSetPlacer, spread: Spread, usable: list[tuple[NodeClass, int]],
+    held: Mapping[str, int], counts: Mapping[str, int],
+) -> int:
+    """The highest level worth trying: every eligible node must reach it."""
+    if any(held.values()) or any(counts.values()):
+        return 0  # matching pods already on some nodes: each node ends with at most maxSkew
+    if not counts:  # only new nodes will be domains
+        return min(p.ps.count, max((b.per_node for b in p.batches), default=0))
+    room: dict[str, int] = {}
+    for cls, c in usable:
+        for m in cls.members:
+            room[_host(p.ws, m, spread)] = c
+    return min(min(room.get(v, 0) for v in counts), p.ps.count // len(counts))
+
+
+def _host(ws: Workspace, name: str, spread: Spread) -> str:
+    value = _domain(spread, name, ws.labels(name))
+    return value if value is not None else name
+
+
+def _host_plan(
+    p: PodSetPlacer, usable: list[tuple[NodeClass, int]], need: int, level: int, top: int,
+    held: Mapping[str, int], *, counts_self: bool,
+) -> tuple[list[Take], Purchase, bool] | None:
+    """Every usable node gets between ``level`` and ``top`` pods in all (``held`` already
+    there); new nodes too. With ``level`` > 0 every eligible node must reach it, which only
+    nodes with room and nothing held do (the caller tries such levels only then)."""
+    takes: list[Take] = []
+    rest = need
+    groups: list[tuple[NodeClass, int, int]] = []  # class, min pods each, max pods each
+    for cls, c in usable:
+        h = max((held.get(m, 0) for m in cls.members), default=0)
+        hi = min(c, top - h) if counts_self else c
+        if hi <= 0:
+            continue
+        groups.append((cls, min(level, hi), hi))
+    floor = sum(lo * len(cls.members) for cls, lo, _ in groups)
+    if floor > need:
+        return None
+    for cls, lo, _ in groups:
+        if lo:
+            takes.append((cls, lo, len(cls.members)))
+            rest -= lo * len(cls.members)
+    extra, rest = _extra(groups, rest)
+    takes = _merge(takes, extra)
+    if rest <= 0:
+        return takes, Purchase((), 0.0, 0), True
+    if not p.batches:
+        return None
+    cap = top if counts_self else 1 << 30
+    batches = [Batch(b.ref, min(b.per_node, cap), b.nodes) for b in p.batches
+               if min(b.per_node, cap) >= max(level, 1)]
+    purchase = buy(batches, rest, p.pool_left())
+    if purchase is None:
+        return None
+    if any(pods // nodes < level for _, nodes, pods in purchase.takes):
+        return None
+    return takes, purchase, True
+
+
+def _extra(groups: list[tuple[NodeClass, int, int]], rest: int) -> tuple[list[Take], int]:
+    """``rest`` pods on top of each node's minimum, onto the nodes with the most room left
+    (fewest nodes touched); what does not fit is returned."""
+    extra: list[Take] = []
+    for cls, lo, hi in sorted(groups, key=lambda g: (-(g[2] - g[1]), g[0].first)):
+        if rest <= 0:
+            break
+        room = hi - lo
+        if room <= 0:
+            continue
+        whole = min(len(cls.members), rest // room)
+        if whole:
+            extra.append((cls, room, whole))
+            rest -= whole * room
+        if rest and whole < len(cls.members) and rest < room:
+            extra.append((cls, rest, 1))
+            rest = 0
+    return extra, rest
+
+
+def _merge(base: list[Take], extra: list[Take]) -> list[Take]:
+    """Takes of one class as per-node counts: ``base`` gives every member ``lo`` pods, and
+    ``extra`` adds pods to its first members."""
+    if not extra:
+        return base
+    out: list[Take] = []
+    more: dict[object, list[tuple[int, int]]] = {}
+    for cls, pods, nodes in extra:
+        more.setdefault(cls.key, []).append((pods, nodes))
+    lo_of = {cls.key: (cls, pods) for cls, pods, _ in base}
+    for key, (cls, lo) in lo_of.items():
+        done = 0
+        for pods, nodes in more.pop(key, []):
+            out.append((cls, lo + pods, nodes))
+            done += nodes
+        if len(cls.members) - done:
+            out.append((cls, lo, len(cls.members) - done))
+    for cls, pods, nodes in extra:
+        if cls.key in more:
+            out.append((cls, pods, nodes))
+    return out

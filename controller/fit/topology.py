@@ -19,6 +19,12 @@ from typing import TypeVar
 
 HOSTNAME = "kubernetes.io/hostname"
 
+NEW_HOSTNAME = "~unnamed"
+"""The hostname label of a node a pool would add, while matching selectors: every node has
+one (its kubelet sets it), but a new node's name is not known, so no ``In`` value or
+nodeSelector names it. Not a valid label value, so it equals none. Never reported as a
+domain: a new node's own domain at the hostname level is its slot."""
+
 T = TypeVar("T")
 K = TypeVar("K")
 

@@ -71,8 +71,9 @@ class SelectorTerm:
 
 @dataclass(frozen=True, slots=True)
 class Spread:
-    """A DoNotSchedule topology spread constraint that counts only the pod set's own pods:
-    over every eligible domain of ``key``, most pods minus fewest pods <= ``max_skew``."""
+    """A DoNotSchedule topology spread constraint (the scheduler's PodTopologySpread): over
+    every eligible domain of ``key`` (domains of existing nodes and of the nodes the plan
+    adds), the most matching pods minus the fewest stays within ``max_skew``."""
 
     key: str
     max_skew: int = 1
@@ -87,6 +88,14 @@ class Spread:
     the shape's). The shape's terms may also hold filters that are not node affinity (nodes
     excluded for inter-pod anti-affinity, an allocated claim's nodes): the scheduler still
     counts those nodes as domains."""
+    running: tuple[tuple[str, int], ...] = ()
+    """(node name, running pods the constraint's selector matches there): counted where the
+    node is an eligible domain."""
+    peers: tuple[str, ...] = ()
+    """Other pod sets of the gang whose pods the selector matches (counted too)."""
+    counts_self: bool = True
+    """Whether the selector matches the pod set's own pods (False: its pods only go where
+    the matching pods already are within ``max_skew`` of the fewest)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +117,14 @@ class PodShape:
     """At most this many pods of the pod set on one node (required pod anti-affinity of the
     pod set with itself on ``kubernetes.io/hostname``)."""
     spread: Spread | None = None
-    """A topology spread constraint among the pod set's own pods (:class:`Spread`)."""
+    """A DoNotSchedule topology spread constraint (:class:`Spread`)."""
+    more_spreads: tuple[Spread, ...] = ()
+    """Further DoNotSchedule constraints on other keys (at most one besides the hostname
+    key's; the snapshot builder refuses more)."""
+
+    @property
+    def spreads(self) -> tuple[Spread, ...]:
+        return (self.spread, *self.more_spreads) if self.spread is not None else ()
     unsupported: tuple[str, ...] = ()
     """Constraints of the pod spec the engine cannot plan, each naming its field: the gang
     is refused (:attr:`ReasonCode.UNSUPPORTED`), never planned as if they were absent."""

@@ -30,7 +30,7 @@ from controller.fit.dra_types import NodeDevices, PodDevices
 from controller.fit.ports import unlisted
 from controller.fit.shapes import ShapeCounter, label_keys, uses_node_name
 from controller.fit.taints import lasting_taints, transient
-from controller.fit.topology import Levels
+from controller.fit.topology import HOSTNAME, NEW_HOSTNAME, Levels
 from controller.fit.types import (
     NewNodeSlot,
     NodeState,
@@ -232,6 +232,7 @@ class WorkspaceIndex:
         for pi, pool in enumerate(self.pools):
             for di, dom in enumerate(pool.domains):
                 labels = {**pool.labels, **dom.labels}
+                labels.setdefault(HOSTNAME, NEW_HOSTNAME)
                 self.refs.append(PoolRef(pi, di, pool, dom, labels, levels.path(labels)))
         self.taint_ids: dict[int, int] = {}
         self.taint_tokens: dict[tuple[Taint, ...], int] = {}
@@ -295,13 +296,16 @@ class Usage:
     so copies share them."""
     allocations: dict[tuple[str, str], list[PodDevices]] = field(default_factory=dict)
     """(node or slot name, pod set) -> device allocations of the pods placed there."""
+    placed: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)
+    """Pod set -> (node or slot name, pods) of this plan, for topology spread counting the
+    pods of other pod sets."""
 
     def copy(self) -> Usage:
         return Usage(
             dict(self.classes), set(self.slot_keys), dict(self.slots), dict(self.slot_labels),
             dict(self.slot_count), dict(self.pool_used), dict(self.domain_used),
             self.pool_booked, self.domain_booked,
-            {k: list(v) for k, v in self.allocations.items()},
+            {k: list(v) for k, v in self.allocations.items()}, dict(self.placed),
         )
 
 
@@ -394,6 +398,13 @@ class Workspace:
     def all_nodes(self) -> Sequence[NodeState]:
         """Every node of the snapshot, usable or not (topology spread counts them all)."""
         return self.index.nodes.nodes
+
+    def slot_nodes(self) -> list[tuple[str, Mapping[str, str], tuple[Taint, ...]]]:
+        """(name, labels, taints) of every new node this plan adds so far (spread domains)."""
+        pools = self.index.pools
+        index = self.index.pool_index
+        return [(name, self.usage.slot_labels[name], pools[index[slot.pool]].taints)
+                for name, slot in self.usage.slots.items()]
 
     def labels(self, name: str) -> Mapping[str, str]:
         """Labels of a node or slot (a slot carries its pool template's and domain's)."""

@@ -451,7 +451,7 @@ class ClusterState:
             node = self._nodes.get(record.node)
             if node is not None:
                 out.append(BoundPod(record.namespace, record.labels, node.metadata.labels,
-                                    record.anti_affinity))
+                                    record.anti_affinity, node=record.node))
         return out
 
     def scheduled_consumers(self, request_key: str) -> Mapping[str, int]:

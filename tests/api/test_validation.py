@@ -64,10 +64,21 @@ def problems(doc: dict[str, Any]) -> list[str]:
      "template.spec.containers[1].name: Duplicate value 'm'"),
     ({"containers": [{"name": "m"}], "initContainers": [{"name": "m"}]},
      "template.spec.initContainers[0].name: Duplicate value 'm'"),
+    # Overhead is the RuntimeClass admission plugin's to set: without a runtimeClassName the
+    # pods are refused (found by the scheduler oracle on new capacity).
+    (container({"cpu": "1"}, overhead={"cpu": "100m"}),
+     "spec.overhead: set without a runtimeClassName"),
+    (container({"cpu": "1"}, overhead={"gpu": "1"}, runtimeClassName="kata"),
+     "spec.overhead[gpu]: invalid resource name"),
 ])
 def test_refused_like_the_api_server(spec: dict[str, Any], field: str) -> None:
     found = problems(template(spec))
     assert any(field in p for p in found), found
+
+
+def test_overhead_with_a_runtime_class_is_accepted() -> None:
+    assert problems(template(container({"cpu": "1"}, overhead={"cpu": "100m"},
+                                       runtimeClassName="kata"))) == []
 
 
 def test_valid_template_has_no_problem() -> None:

@@ -151,3 +151,22 @@ async def test_overlapping_acquisitions_never_grant_more_than_the_stock(
     assert len(granted) == 1, results
     assert all(isinstance(r, CapacityUnavailable) for r in results if r not in granted)
     assert len(await _nodes(kube)) == 2
+
+
+async def test_a_node_carries_the_labels_the_plan_saw(kube: KubeClient) -> None:
+    """One definition (controller.node_labels) for the fake provider's Nodes and the fit
+    engine's picture of a new node: every label of the picture is on the Node, and the
+    Node's well-known kubelet labels are in the picture (the hostname aside, unknown)."""
+    from controller.node_labels import KUBELET_KEYS
+    from controller.snapshot import pool_state
+    from controller.topology_defaults import HOSTNAME
+
+    p = pool()
+    await FakeProvider(kube).acquire(req("k9", 1, p=p))
+    node = (await _nodes(kube))[0]
+    labels = node["metadata"]["labels"]
+    picture = {**pool_state(p, []).labels, **R1}
+    assert picture.items() <= labels.items()
+    assert {k for k in KUBELET_KEYS if k != HOSTNAME} <= picture.keys()
+    assert labels[HOSTNAME] == node["metadata"]["name"]
+    assert node["status"]["nodeInfo"]["architecture"] == labels["kubernetes.io/arch"]

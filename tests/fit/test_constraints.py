@@ -96,7 +96,11 @@ def test_self_affinity_on_a_level_is_a_required_topology() -> None:
 @pytest.mark.parametrize("extra, labels, field", [
     (affinity({"app": "other"}, RACK), {"app": "w"}, "podAffinity.required[0]"),
     (affinity({"app": "w"}, "zone"), {"app": "w"}, "not a topology level"),
-    (anti({"app": "w"}, RACK), {"app": "w"}, "planned only on kubernetes.io/hostname"),
+    ({**anti({"app": "w"}, RACK), "topologySpreadConstraints": [
+        {"maxSkew": 1, "topologyKey": "topology.muster.dev/block",
+         "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"app": "w"}}}]},
+     {"app": "w"}, "self anti-affinity) on topology.muster.dev/rack and "
+     "topology.muster.dev/block together is not planned"),
     ({"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "d"}}]}, {},
      "spec.volumes[0] (data) is a persistentVolumeClaim volume"),
     ({"runtimeClassName": "gvisor"}, {}, "spec.runtimeClassName gvisor"),
@@ -107,9 +111,9 @@ def test_self_affinity_on_a_level_is_a_required_topology() -> None:
      "spec.containers[0].restartPolicyRules"),
     ({"topologySpreadConstraints": [
         {"maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": "DoNotSchedule",
-         "labelSelector": {"matchLabels": {"app": "w"}}} for key in (RACK, HOST)]},
-     {"app": "w"}, "spec.topologySpreadConstraints[1] (DoNotSchedule on kubernetes.io/hostname)"
-     ": a second spread constraint"),
+         "labelSelector": {"matchLabels": {"app": "w"}}}
+        for key in (RACK, "topology.muster.dev/block")]},
+     {"app": "w"}, f"on {RACK} and topology.muster.dev/block together is not planned"),
 ])
 def test_refused_with_the_field_named(extra: dict[str, Any], labels: dict[str, str],
                                       field: str) -> None:
@@ -162,3 +166,52 @@ def test_pods_naming_their_node_are_admitted_without_inter_pod_rules() -> None:
     assert isinstance(check(docs, cluster), Plan)
     docs = request(("w", 9, {"nodeName": "a"}, {"app": "w"}))
     assert isinstance(check(docs, cluster), NoFit)  # 8 cpu: resources still count
+
+
+def test_affinity_to_running_pods_keeps_the_pods_in_their_domains() -> None:
+    """Required pod affinity to running pods: the scheduler admits a pod only into a domain
+    of the key holding a selected pod, on existing nodes and on new ones there."""
+    from controller.fit import PoolDomain, PoolState, Snapshot
+
+    cluster = [*CLUSTER, running("x", "c", {"app": "db"})]
+    got = check(request(("w", 3, affinity({"app": "db"}, RACK), {"app": "w"})), cluster)
+    assert isinstance(got, Plan)
+    assert {a.node for a in got.assignments} == {"c"}  # rack r2 only
+    on_host = check(request(("w", 3, affinity({"app": "db"}, HOST), {"app": "w"})), cluster)
+    assert isinstance(on_host, Plan) and {a.node for a in on_host.assignments} == {"c"}
+    # Too many for rack r2's only node: a pool adding nodes in r2 makes room, one in r1 not.
+    _, gang = request_from_documents(
+        request(("w", 12, affinity({"app": "db"}, RACK), {"app": "w"})), DEFAULT_LEVELS, cluster)
+    snap = snapshot_from_documents(cluster)
+    for rack, fits in (("r2", True), ("r1", False)):
+        pool = PoolState("p", {}, (), {"cpu": 8_000, "pods": 110}, (PoolDomain(
+            {"topology.muster.dev/block": "b1", RACK: rack}, 2),), 2, 1.0)
+        with_pool = Snapshot(snap.nodes, (pool,), snap.levels)
+        assert isinstance(plan(gang, with_pool, Mode.PROVISION), Plan) is fits, rack
+    # Pods in another namespace are not selected (the term's namespaces default to its own).
+    other = [*CLUSTER, {**running("x", "c", {"app": "db"}),
+                        "metadata": {"name": "x", "namespace": "other", "labels": {"app": "db"}}}]
+    refused = check(request(("w", 1, affinity({"app": "db"}, RACK), {"app": "w"})), other)
+    assert isinstance(refused, NoFit)
+
+
+def test_self_anti_affinity_on_a_zone_key_is_one_pod_per_domain() -> None:
+    """Required anti-affinity of a pod set with itself on a key other than the hostname: at
+    most one of its pods per domain of the key, new domains included."""
+    from controller.fit import PoolDomain, PoolState, Snapshot
+
+    got = check(request(("w", 2, anti({"app": "w"}, RACK), {"app": "w"})), CLUSTER)
+    assert isinstance(got, Plan)
+    racks = {"a": "r1", "b": "r1", "c": "r2"}
+    assert sorted(racks[a.node or ""] for a in got.assignments) == ["r1", "r2"]
+    assert isinstance(check(request(("w", 3, anti({"app": "w"}, RACK), {"app": "w"})),
+                            CLUSTER), NoFit)
+    _, gang = request_from_documents(request(("w", 4, anti({"app": "w"}, RACK), {"app": "w"})),
+                                     DEFAULT_LEVELS, CLUSTER)
+    snap = snapshot_from_documents(CLUSTER)
+    pool = PoolState("p", {}, (), {"cpu": 8_000, "pods": 110}, tuple(
+        PoolDomain({"topology.muster.dev/block": "b1", RACK: r}, 2) for r in ("r3", "r4")),
+        4, 1.0)
+    grown = plan(gang, Snapshot(snap.nodes, (pool,), snap.levels), Mode.PROVISION)
+    assert isinstance(grown, Plan), grown
+    assert sum(n.count for n in grown.new_nodes) == 2  # one in r3, one in r4

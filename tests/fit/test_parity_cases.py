@@ -77,3 +77,53 @@ def test_muster_agrees_with_an_independent_reference_scheduler() -> None:
             cautious.append((case.id, answer.reasons))
     assert wrong == []
     assert cautious == []
+
+
+# ---------------------------------------------------------------------------- new capacity
+
+
+def test_provisioning_cases_cover_every_field_and_make_valid_nodes() -> None:
+    from controller.api.capacitypool import CapacityPool
+    from e2e.parity_cases import PROVISION_FIELDS, provision_cases
+
+    many = provision_cases(seed=0, count=300)
+    assert len({c.id for c in many}) == 300
+    seen = Counter(f for c in many for f in c.fields)
+    assert {f: seen[f] for f in PROVISION_FIELDS if seen[f] < 15} == {}
+    for case in many[:40]:
+        for pool in case.pools:
+            CapacityPool.model_validate(pool)
+        answer = muster_answer(case)
+        for node in case.plan_nodes(answer):
+            Node.model_validate(node)
+            labels = node["metadata"]["labels"]
+            # as the fake provider registers them, with what every kubelet sets
+            assert labels["kubernetes.io/os"] == "linux" and labels["parity.muster.dev/case"]
+            assert labels["kubernetes.io/hostname"] == node["metadata"]["name"]
+
+
+def test_provisioning_cases_agree_with_the_reference_scheduler() -> None:
+    """Muster plans new nodes from the case's pools; the nodes of its plan are created as
+    the fake provider would, and tests/fit/reference_scheduler.py searches every order of
+    placing the gang's pods on them. When Muster finds no plan, the reference gets every
+    node the pools may add: placing the gang there proves a plan existed. A refusal
+    (Unsupported) or a template the API server refuses (InvalidParameters) is not judged."""
+    from e2e.parity_cases import PROVISION_FIELDS, provision_cases
+    from tests.fit.reference_scheduler import gang_fits
+
+    wrong, cautious, judged = [], [], 0
+    for case in provision_cases(seed=0, count=6 * len(PROVISION_FIELDS)):
+        answer = muster_answer(case)
+        if answer.refused or answer.exit_code == 2:
+            continue
+        reference = gang_fits([*case.nodes(), *case.plan_nodes(answer)], case.running(),
+                              case.pods(), budget=50_000)
+        assert reference is not None, case.id
+        judged += 1
+        if answer.fits and not reference:
+            wrong.append(case.id)
+        if reference and not answer.fits:
+            cautious.append((case.id, answer.reasons))
+    assert wrong == []
+    assert cautious == []
+    assert judged >= 4 * len(PROVISION_FIELDS)

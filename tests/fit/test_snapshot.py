@@ -123,7 +123,10 @@ def test_pool_headroom_counts_existing_and_in_flight_nodes() -> None:
     assert state.max_new_nodes == 10 - 3 - 1
     assert [d.max_new_nodes for d in state.domains] == [1, 2]
     assert [d.max_nodes for d in state.domains] == [4, 2]
-    assert state.labels == {"kind": "gpu", POOL_LABEL: "p"}
+    # The template's labels and what every kubelet sets (the hostname is the engine's).
+    assert state.labels == {"kind": "gpu", POOL_LABEL: "p", "kubernetes.io/os": "linux",
+                            "kubernetes.io/arch": "amd64", "beta.kubernetes.io/os": "linux",
+                            "beta.kubernetes.io/arch": "amd64"}
     assert state.allocatable["pods"] == 110
     assert state.price_per_node_hour == 2.5
 
@@ -199,3 +202,70 @@ def test_cluster_sample_builds() -> None:
     assert sum(1 for n in snap.nodes
                if any(t.key == "node.kubernetes.io/unschedulable" for t in n.taints)) == 1
     assert [p.name for p in snap.pools] == ["p5-b1", "p5-placement-groups"]
+
+
+def _plan_on_pool(spec: dict[str, Any], template_labels: dict[str, str] | None = None,
+                  parameters: dict[str, Any] | None = None) -> Any:
+    from controller.fit import GangRequest, Mode, PodSetRequest, plan
+    from controller.snapshot import shape_of
+
+    tpl: dict[str, Any] = {"labels": template_labels or {}, "allocatable": {"cpu": "8"}}
+    cap = CapacityPool.model_validate({"metadata": {"name": "p"}, "spec": {
+        "provider": "fake", "maxNodes": 4, "nodeTemplate": tpl,
+        "parameters": parameters or {}}})
+    snap = build_snapshot([], pools=[cap])
+    pod_spec = Pod.model_validate({"metadata": {"name": "x"}, "spec": {
+        **spec, "containers": [{"name": "c", "resources": {"requests": {"cpu": "1"}}}]}}).spec
+    gang = GangRequest("ns/g", (PodSetRequest("w", 2, shape_of(pod_spec)),))
+    return plan(gang, snap, Mode.PROVISION)
+
+
+def _affinity(key: str, op: str, values: tuple[str, ...] = ()) -> dict[str, Any]:
+    expr: dict[str, Any] = {"key": key, "operator": op}
+    if values:
+        expr["values"] = list(values)
+    return {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [expr]}]}}}}
+
+
+@pytest.mark.parametrize(
+    ("spec", "fits"),
+    [
+        pytest.param({"nodeSelector": {"kubernetes.io/os": "linux"}}, True, id="os-selector"),
+        pytest.param({"nodeSelector": {"kubernetes.io/arch": "amd64"}}, True, id="arch-selector"),
+        pytest.param({"nodeSelector": {"beta.kubernetes.io/os": "linux"}}, True, id="beta-os"),
+        pytest.param({"nodeSelector": {"kubernetes.io/os": "windows"}}, False, id="windows"),
+        pytest.param(_affinity("kubernetes.io/os", "DoesNotExist"), False, id="os-absent"),
+        pytest.param(_affinity("kubernetes.io/hostname", "Exists"), True, id="hostname-exists"),
+        pytest.param(_affinity("kubernetes.io/hostname", "DoesNotExist"), False,
+                     id="hostname-absent"),
+        pytest.param(_affinity("kubernetes.io/hostname", "NotIn", ("n1",)), True,
+                     id="hostname-not-in"),
+        # a new node's name is not known: no selector can name it
+        pytest.param(_affinity("kubernetes.io/hostname", "In", ("n1",)), False,
+                     id="hostname-in"),
+    ],
+)
+def test_a_new_node_carries_what_its_kubelet_sets(spec: dict[str, Any], fits: bool) -> None:
+    from controller.fit import Plan
+
+    got = _plan_on_pool(spec)
+    assert isinstance(got, Plan) is fits, got
+    if fits:  # the placeholder hostname is never reported as a domain
+        assert all("kubernetes.io/hostname" not in a.domain for a in got.assignments)
+
+
+def test_the_pool_template_names_the_architecture_and_instance_type() -> None:
+    from controller.fit import Plan
+
+    arm = {"kubernetes.io/arch": "arm64"}
+    assert isinstance(_plan_on_pool({"nodeSelector": {"kubernetes.io/arch": "arm64"}}, arm), Plan)
+    assert not isinstance(_plan_on_pool({"nodeSelector": {"kubernetes.io/arch": "amd64"}}, arm),
+                          Plan)
+    state = pool_state(CapacityPool.model_validate({"metadata": {"name": "p"}, "spec": {
+        "provider": "gcp", "maxNodes": 1, "nodeTemplate": {"allocatable": {"cpu": "1"}},
+        "parameters": {"machineType": "a3-highgpu-8g", "zone": "us-central1-a"}}}), [])
+    assert state.labels["node.kubernetes.io/instance-type"] == "a3-highgpu-8g"
+    assert state.labels["beta.kubernetes.io/instance-type"] == "a3-highgpu-8g"
+    assert state.labels["topology.kubernetes.io/zone"] == "us-central1-a"
+    assert state.labels["topology.kubernetes.io/region"] == "us-central1"

@@ -140,16 +140,34 @@ def test_the_boundary_builds_a_spread_or_a_key_requirement() -> None:
         (RACK, "Exists")]
 
 
-def test_spread_around_running_pods_is_refused() -> None:
+def test_spread_counts_running_pods() -> None:
+    """Running pods of the namespace the selector matches count in their domain: with one in
+    rack r1, two more pods (maxSkew 1) go one to r2 and then either rack, never both to r1."""
     tsc = {"maxSkew": 1, "topologyKey": RACK, "whenUnsatisfiable": "DoNotSchedule",
            "labelSelector": {"matchLabels": {"app": "w"}}}
-    running = [{"kind": "Node", "metadata": {"name": "a", "labels": {RACK: "r"}},
-                "status": {"conditions": [{"type": "Ready", "status": "True"}]}},
-               {"kind": "Pod", "metadata": {"name": "x", "namespace": "ns",
-                                            "labels": {"app": "w"}},
-                "spec": {"nodeName": "a", "containers": [{"name": "c"}]}}]
-    _, gang = request_from_documents(docs(tsc, {"app": "w"}), DEFAULT_LEVELS, running)
-    assert "spreading around running pods" in gang.pod_sets[0].shape.unsupported[0]
+    cluster: list[dict[str, Any]] = [
+        {"kind": "Node", "metadata": {"name": n, "labels": {RACK: r, BLOCK: "b", HOST: n}},
+         "status": {"allocatable": {"cpu": "8", "pods": "110"},
+                    "conditions": [{"type": "Ready", "status": "True"}]}}
+        for n, r in (("a", "r1"), ("b", "r2"))]
+    cluster.append({"kind": "Pod", "metadata": {"name": "x", "namespace": "ns",
+                                                "labels": {"app": "w"}},
+                    "status": {"phase": "Running"},
+                    "spec": {"nodeName": "a", "containers": [{"name": "c"}]}})
+    snap = snapshot_from_documents(cluster, levels=DEFAULT_LEVELS)
+    request = docs(tsc, {"app": "w"})
+    _, gang = request_from_documents(request, DEFAULT_LEVELS, cluster)
+    assert gang.pod_sets[0].shape.spread is not None
+    assert gang.pod_sets[0].shape.spread.running == (("a", 1),)
+    got = plan(gang, snap, Mode.CHECK)
+    assert isinstance(got, Plan)
+    on = {a.node: a.pods for a in got.assignments}
+    assert on.get("b", 0) >= 1 and on.get("a", 0) <= 1
+    # Pods in other namespaces are not counted.
+    cluster[-1]["metadata"]["namespace"] = "other"
+    _, gang = request_from_documents(request, DEFAULT_LEVELS, cluster)
+    assert gang.pod_sets[0].shape.spread is not None
+    assert gang.pod_sets[0].shape.spread.running == ()
 
 
 def test_nodes_excluded_by_anti_affinity_still_count_as_domains() -> None:
@@ -177,3 +195,145 @@ def test_nodes_excluded_by_anti_affinity_still_count_as_domains() -> None:
         request[0]["spec"]["podSets"][0]["count"] = count
         _, gang = request_from_documents(request, DEFAULT_LEVELS, cluster)
         assert isinstance(plan(gang, snap, Mode.CHECK), Plan if fits else NoFit), count
+
+
+# ---------------------------------------------------------------------------- new capacity
+
+ZONE_KEY = "topology.kubernetes.io/zone"
+
+
+def zone_pool(zones: tuple[str, ...], *, per_zone: int = 9, taints: tuple[Any, ...] = (),
+              name: str = "p", price: float = 1.0) -> PoolState:
+    domains = tuple(PoolDomain({ZONE_KEY: z}, per_zone) for z in zones)
+    return PoolState(name, {}, taints, {"cpu": 4_000, "pods": 110}, domains,
+                     per_zone * len(zones), price)
+
+
+def one(count: int, *spreads: Spread, **extra: Any) -> GangRequest:
+    shape = PodShape({"cpu": 1_000}, spread=spreads[0], more_spreads=spreads[1:],
+                     **extra)
+    return GangRequest("ns/g", (PodSetRequest("w", count, shape),))
+
+
+def per_value(got: Plan, snap: Snapshot, key: str) -> dict[str, int]:
+    labels = {n.name: n.labels for n in snap.nodes}
+    out: dict[str, int] = {}
+    for a in got.assignments:
+        if a.node is not None:
+            value = labels[a.node][key]
+        else:
+            assert a.new_node is not None
+            value = (f"new-{a.new_node.pool}-{a.new_node.index}-{sorted(a.new_node.domain.items())}"
+                     if key == HOST else a.new_node.domain[key])
+        out[value] = out.get(value, 0) + a.pods
+    return out
+
+
+def test_more_than_max_skew_per_zone_on_new_capacity() -> None:
+    """9 pods, zone spread maxSkew 1, a pool in three zones: the scheduler places 3/3/3
+    (Muster said NeverFits, planning at most maxSkew per zone on new nodes)."""
+    snap = Snapshot((), (zone_pool(("z1", "z2", "z3")),), LEVELS)
+    got = plan(one(9, Spread(ZONE_KEY, 1)), snap, Mode.PROVISION)
+    assert isinstance(got, Plan), got
+    assert per_value(got, snap, ZONE_KEY) == {"z1": 3, "z2": 3, "z3": 3}
+
+
+def test_a_single_zone_pool_takes_every_pod() -> None:
+    snap = Snapshot((), (zone_pool(("z1",)),), LEVELS)
+    got = plan(one(9, Spread(ZONE_KEY, 1)), snap, Mode.PROVISION)
+    assert isinstance(got, Plan), got
+    assert per_value(got, snap, ZONE_KEY) == {"z1": 9}
+
+
+def test_existing_zones_and_a_pool_in_a_third() -> None:
+    """Existing nodes in z1 and z2 (room 2 each), a pool in z3: the spread needs the new
+    zone as soon as the existing ones are full, and then fills it to within maxSkew."""
+    nodes = tuple(node(f"n{z}", cpu=2_000, labels={ZONE_KEY: f"z{z}"}) for z in (1, 2))
+    snap = Snapshot(nodes, (zone_pool(("z3",)),), LEVELS)
+    for count, fits in ((4, True), (5, True), (7, True), (8, False)):
+        got = plan(one(count, Spread(ZONE_KEY, 1)), snap, Mode.PROVISION)
+        assert isinstance(got, Plan) is fits, (count, got)
+        if isinstance(got, Plan):
+            counts = per_value(got, snap, ZONE_KEY)
+            assert max(counts.values()) - min(counts.values()) <= 1, counts
+    # 8 pods: z1 and z2 hold 2 each for good, z3 would need 4.
+
+
+def test_hostname_spread_over_existing_and_new_nodes() -> None:
+    nodes = (node("a", cpu=4_000), node("b", cpu=4_000))
+    pool = PoolState("p", {}, (), {"cpu": 4_000, "pods": 110}, (PoolDomain({}, 4),), 4, 1.0)
+    snap = Snapshot(nodes, (pool,), LEVELS)
+    got = plan(one(12, Spread(HOST, 1)), snap, Mode.PROVISION)
+    assert isinstance(got, Plan), got
+    counts = per_value(got, snap, HOST)
+    assert sum(counts.values()) == 12 and max(counts.values()) - min(counts.values()) <= 1
+
+
+def test_taints_policy_honor_ignores_domains_the_pods_do_not_tolerate() -> None:
+    from controller.fit import Taint
+
+    tainted = node("t", cpu=4_000, labels={ZONE_KEY: "z0"},
+                   taints=(Taint("dedicated", "x", "NoSchedule"),))
+    snap = Snapshot((tainted,), (zone_pool(("z1", "z2")),), LEVELS)
+    honor = plan(one(6, Spread(ZONE_KEY, 1, honor_taints=True)), snap, Mode.PROVISION)
+    assert isinstance(honor, Plan), honor
+    assert per_value(honor, snap, ZONE_KEY) == {"z1": 3, "z2": 3}
+    # By default the tainted zone is a domain with none of the pods: 1 per zone at most.
+    ignore = plan(one(6, Spread(ZONE_KEY, 1)), snap, Mode.PROVISION)
+    assert isinstance(ignore, NoFit)
+    assert isinstance(plan(one(2, Spread(ZONE_KEY, 1)), snap, Mode.PROVISION), Plan)
+
+
+def test_min_domains_caps_each_domain_while_fewer_exist() -> None:
+    snap = Snapshot((), (zone_pool(("z1", "z2")),), LEVELS)
+    assert isinstance(plan(one(4, Spread(ZONE_KEY, 1, 3)), snap, Mode.PROVISION), NoFit)
+    assert isinstance(plan(one(2, Spread(ZONE_KEY, 1, 3)), snap, Mode.PROVISION), Plan)
+    assert isinstance(plan(one(4, Spread(ZONE_KEY, 1)), snap, Mode.PROVISION), Plan)
+
+
+def test_zone_and_hostname_on_one_pod_set() -> None:
+    snap = Snapshot((), (zone_pool(("z1", "z2", "z3")),), LEVELS)
+    got = plan(one(9, Spread(ZONE_KEY, 1), Spread(HOST, 1)), snap, Mode.PROVISION)
+    assert isinstance(got, Plan), got
+    assert per_value(got, snap, ZONE_KEY) == {"z1": 3, "z2": 3, "z3": 3}
+    # Only new nodes are hostname domains: each holds within maxSkew of the others.
+    per_node = [a.pods for a in got.assignments]
+    assert max(per_node) - min(per_node) <= 1, per_node
+
+
+def test_another_pod_sets_new_node_is_a_domain() -> None:
+    """Pod set ``pinned`` needs a new node in z3; pod set ``w`` spreads over zones: the
+    scheduler counts z3 (with none of w's pods), so w must take a share there too."""
+    nodes = tuple(node(f"n{z}", cpu=8_000, labels={ZONE_KEY: f"z{z}"}) for z in (1, 2))
+    snap = Snapshot(nodes, (zone_pool(("z3",)),), LEVELS)
+    pinned = PodSetRequest("pinned", 1, PodShape({"cpu": 1_000},
+                                                node_selector={ZONE_KEY: "z3"}))
+    spread = PodSetRequest("w", 6, PodShape({"cpu": 1_000},
+                                            spread=Spread(ZONE_KEY, 1)))
+    for order in ((spread, pinned), (pinned, spread)):
+        got = plan(GangRequest("ns/g", order), snap, Mode.PROVISION)
+        assert isinstance(got, Plan), got
+        w = [a for a in got.assignments if a.pod_set == "w"]
+        counts: dict[str, int] = {}
+        for a in w:
+            value = a.domain.get(ZONE_KEY) or (a.new_node.domain[ZONE_KEY] if a.new_node
+                                               else {n.name: n for n in nodes}[a.node or ""]
+                                               .labels[ZONE_KEY])
+            counts[value] = counts.get(value, 0) + a.pods
+        assert sum(counts.values()) == 6 and max(counts.values()) - min(counts.values()) <= 1
+
+
+def test_spread_counts_the_pods_of_another_pod_set() -> None:
+    """Leader and workers share a label and a zone spread: together within maxSkew."""
+    snap = Snapshot((), (zone_pool(("z1", "z2", "z3")),), LEVELS)
+    leader = PodSetRequest("leader", 1, PodShape(
+        {"cpu": 1_000}, spread=Spread(ZONE_KEY, 1, peers=("workers",))))
+    workers = PodSetRequest("workers", 5, PodShape(
+        {"cpu": 1_000}, spread=Spread(ZONE_KEY, 1, peers=("leader",))))
+    got = plan(GangRequest("ns/g", (leader, workers)), snap, Mode.PROVISION)
+    assert isinstance(got, Plan), got
+    counts: dict[str, int] = {}
+    for a in got.assignments:
+        assert a.new_node is not None
+        counts[a.new_node.domain[ZONE_KEY]] = counts.get(a.new_node.domain[ZONE_KEY], 0) + a.pods
+    assert sum(counts.values()) == 6 and max(counts.values()) - min(counts.values()) <= 1
