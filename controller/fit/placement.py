@@ -17,6 +17,7 @@ A pod set is placed only when all its pods fit; the workspace changes only on su
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -127,7 +128,6 @@ class PodSetPlacer:
         self.ps = ps
         self.mode = mode
         self.counter = ShapeCounter(ps.shape, ps.name)
-        count = self.counter.count
         self.cands: list[tuple[NodeClass, int]] = []
         shape = ps.shape
         # Classes already agree on everything the shape reads except the topology path, so
@@ -144,33 +144,77 @@ class PodSetPlacer:
             if c > 0:
                 self.cands.append((cls, c))
         self.per_node = {cls.key: c for cls, c in self.cands}
-        self.batches: list[Batch] = []
-        if mode is Mode.PROVISION:
-            # A new node's count depends on its pool and on the domain labels the shape
-            # reads; a pool has hundreds of domains, usually told apart by no selector.
-            keys = label_keys(shape)
-            per_pool: dict[tuple[int, tuple[str | None, ...]], int] = {}
-            # ws.headroom, inlined: this loop runs over every domain of every pool.
-            pool_room = [ws.pool_headroom(i) for i in range(len(ws.index.pools))]
-            used, booked = ws.usage.domain_used, ws.usage.domain_booked
-            for ref in ws.index.refs:
-                room = pool_room[ref.pool_index]
-                if room <= 0:
-                    continue
-                dkey = (ref.pool_index, ref.domain_index)
-                nodes = min(room, ref.domain.max_new_nodes - used.get(dkey, 0)
-                            - booked.get(dkey, 0))
-                if nodes <= 0:
-                    continue
-                pkey = (ref.pool_index, tuple([ref.labels.get(k) for k in keys]))
-                per_node = per_pool.get(pkey, -1)
-                if per_node < 0:
-                    per_node = per_pool[pkey] = count(
-                        ref.pool.allocatable, ref.labels, ref.pool.taints, None,
-                        ref.pool.devices,
-                    )
-                if per_node > 0:
-                    self.batches.append(Batch(ref, per_node, nodes))
+        self._batches: list[Batch] | None = None
+        self._keys = label_keys(shape)
+        self._per_pool: dict[tuple[int, tuple[str | None, ...]], int] = {}
+        self._pool_room: dict[int, int] = {}
+
+    @property
+    def batches(self) -> list[Batch]:
+        """Every (pool, domain) that can add a node holding a pod of this pod set, in
+        catalogue order; built on first use. Choosing the cheapest new capacity does not
+        need it (:meth:`_scan` walks the catalogue by price and stops early): only the
+        strategies that weigh every domain (spread, slices, explanations) build it."""
+        if self._batches is None:
+            self._batches = []
+            if self.mode is Mode.PROVISION:
+                for ref in self.ws.index.refs:
+                    b = self._batch(ref)
+                    if b is not None:
+                        self._batches.append(b)
+        return self._batches
+
+    def _batch(self, ref: PoolRef) -> Batch | None:
+        """What ``ref`` can add for this pod set now, or None (no room, or no pod fits)."""
+        pi = ref.pool_index
+        room = self._pool_room.get(pi)
+        if room is None:
+            room = self._pool_room[pi] = self.ws.pool_headroom(pi)
+        if room <= 0:
+            return None
+        usage = self.ws.usage
+        dkey = (pi, ref.domain_index)
+        nodes = min(room, ref.domain.max_new_nodes - usage.domain_used.get(dkey, 0)
+                    - usage.domain_booked.get(dkey, 0))
+        if nodes <= 0:
+            return None
+        # A new node's count depends on its pool and on the domain labels the shape reads;
+        # a pool has hundreds of domains, usually told apart by no selector.
+        pkey = (pi, tuple([ref.labels.get(k) for k in self._keys]))
+        per_node = self._per_pool.get(pkey)
+        if per_node is None:
+            per_node = self._per_pool[pkey] = self.counter.count(
+                ref.pool.allocatable, ref.labels, ref.pool.taints, None, ref.pool.devices
+            )
+        return Batch(ref, per_node, nodes) if per_node > 0 else None
+
+    def _scan(self, refs: Sequence[PoolRef], need: int) -> list[Batch]:
+        """The batches of ``refs`` (cheapest node first) that the cheapest purchase of
+        ``need`` pods can use: a node of a pool priced above the cheapest single-batch way
+        found so far cannot be part of a cheaper purchase, so the walk stops there."""
+        out: list[Batch] = []
+        if self.mode is not Mode.PROVISION:
+            return out
+        best = math.inf
+        for ref in refs:
+            price = ref.pool.price_per_node_hour
+            if price > best:
+                break
+            b = self._batch(ref)
+            if b is None:
+                continue
+            out.append(b)
+            if need <= 0:
+                break
+            if b.nodes * b.per_node >= need:
+                cost = -(-need // b.per_node) * price
+                if cost < best:
+                    best = cost
+        return out
+
+    def _pool_left_of(self, batches: Sequence[Batch]) -> dict[int, int]:
+        """Pool-wide headroom of the pools of ``batches`` (what :func:`buy` reads)."""
+        return {b.ref.pool_index: self.ws.pool_headroom(b.ref.pool_index) for b in batches}
 
     # ------------------------------------------------------------------ helpers
 
@@ -293,48 +337,40 @@ class PodSetPlacer:
         return PodSetPlacement(self.ps.name, level, value, 1, domain_labels=labels)
 
     def _single_with_new(self, depth: int) -> Outcome | None:
-        if not self.batches:
+        if self.mode is not Mode.PROVISION:
             return None
         need = self.ps.count
         levels = self.ws.index.levels
+        catalogue = self.ws.index.catalogue
         if depth == len(levels.domain):  # node level: one new node holding every pod
-            fitting = [b for b in self.batches if b.per_node >= need]
-            if not fitting:
+            best: Batch | None = None
+            for ref in catalogue.by_price:  # the first that holds them is the cheapest
+                b = self._batch(ref)
+                if b is not None and b.per_node >= need:
+                    best = b
+                    break
+            if best is None:
                 return None
-            best = min(fitting, key=lambda b: (b.price, b.ref.sort_name))
             pods = self._commit([], Purchase(((best, 1, need),), best.price, 1))
             return Outcome(pods, self._node_placement(pods[0][0]))
         caps = self.domain_caps(depth)
-        by_key: dict[tuple[str, ...], list[Batch]] = {}
-        for b in self.batches:
-            if len(b.ref.path) > depth:
-                by_key.setdefault(b.ref.path[: depth + 1], []).append(b)
         best_rank: tuple[float, int, tuple[str, ...]] | None = None
-        pool_left = self.pool_left()
-        for key in sorted(by_key):
-            batches = by_key[key]
+        chosen: Purchase | None = None
+        for key, refs in sorted(catalogue.by_domain(depth).items()):
             rest = need - caps.get(key, 0)
-            if len(batches) == 1 and rest > 0:
-                # buy()'s one-batch case without building a purchase: a required level
-                # prices every domain, and only the cheapest is bought.
-                b = batches[0]
-                k = one_batch_nodes(b, rest, pool_left)
-                if k is None:
-                    continue
-                rank = (k * b.price, k, key)
-            else:
-                purchase = buy(batches, rest, dict(pool_left))
-                if purchase is None:
-                    continue
-                rank = (purchase.cost, purchase.nodes, key)
+            batches = self._scan(refs, rest)
+            if not batches:
+                continue
+            purchase = buy(batches, rest, self._pool_left_of(batches))
+            if purchase is None:
+                continue
+            rank = (purchase.cost, purchase.nodes, key)
             if best_rank is None or rank < best_rank:
-                best_rank = rank
-        if best_rank is None:
+                best_rank, chosen = rank, purchase
+        if best_rank is None or chosen is None:
             return None
         key = best_rank[2]
         existing = caps.get(key, 0)
-        chosen = buy(by_key[key], need - existing, dict(pool_left))
-        assert chosen is not None
         taken = self._fill(self.members(key), existing, depth + 1) if existing else []
         pods = self._commit(taken, chosen)
         return Outcome(pods, self._placement(levels.domain[depth], key, pods))
@@ -344,9 +380,12 @@ class PodSetPlacer:
         take = min(need, self.existing_room())
         purchase: Purchase | None = None
         if take < need:
-            if not allow_new or not self.batches:
+            if not allow_new:
                 return None
-            purchase = buy(self.batches, need - take, self.pool_left())
+            scanned = self._scan(self.ws.index.catalogue.by_price, need - take)
+            if not scanned:
+                return None
+            purchase = buy(scanned, need - take, self._pool_left_of(scanned))
             if purchase is None:
                 return None
         classes = [cls for cls, _ in self.cands]

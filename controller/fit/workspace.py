@@ -155,6 +155,70 @@ def _at_maximum(pool: PoolState) -> PoolState:
     return replace(pool, domains=domains, max_new_nodes=pool.max_new_nodes + pool.booked_nodes)
 
 
+class Catalogue:
+    """The pools as one planning sees them: every (pool, domain) a new node can go to, and
+    the same refs ordered by price, whole and per topology domain, so that choosing new
+    capacity for a pod set can stop at the first price that cannot beat what it found
+    instead of sizing every pool's every domain.
+
+    Depends on the pools and levels only, not on the gang: built once per pools tuple and
+    shared by every plan and fork against it (:meth:`of` keeps the last few), which is what
+    makes a plan's cost independent of the pools that cannot serve it.
+    """
+
+    __slots__ = ("_by_domain", "by_price", "pool_index", "pools", "refs", "source")
+
+    def __init__(self, pools: Sequence[PoolState], levels: Levels, empty: bool) -> None:
+        self.source = pools
+        self.pools = tuple(_at_maximum(p) for p in pools) if empty else tuple(pools)
+        self.pool_index = {p.name: i for i, p in enumerate(pools)}
+        self.refs: list[PoolRef] = []
+        for pi, pool in enumerate(self.pools):
+            for di, dom in enumerate(pool.domains):
+                labels = {**pool.labels, **dom.labels}
+                self.refs.append(PoolRef(pi, di, pool, dom, labels, levels.path(labels)))
+        self.by_price: list[PoolRef] = sorted(self.refs, key=_price_order)
+        """Every ref, cheapest node first (ties by pool name, then domain)."""
+        self._by_domain: dict[int, dict[tuple[str, ...], list[PoolRef]]] = {}
+
+    def by_domain(self, depth: int) -> dict[tuple[str, ...], list[PoolRef]]:
+        """The refs under each domain of domain-level index ``depth`` (keys: topology path
+        prefixes), each list in :attr:`by_price` order."""
+        got = self._by_domain.get(depth)
+        if got is None:
+            got = {}
+            for ref in self.by_price:
+                if len(ref.path) > depth:
+                    got.setdefault(ref.path[: depth + 1], []).append(ref)
+            self._by_domain[depth] = got
+        return got
+
+    @classmethod
+    def of(cls, pools: Sequence[PoolState], levels: Levels, empty: bool) -> Catalogue:
+        """The catalogue of ``pools``, shared while the same pools tuple is planned against
+        (a planning pass, a benchmark); a list is never cached (it could change)."""
+        if not isinstance(pools, tuple):
+            return cls(pools, levels, empty)
+        key = (id(pools), empty, levels.all)
+        got = _CATALOGUES.get(key)
+        if got is not None and got.source is pools:
+            return got
+        got = cls(pools, levels, empty)
+        if len(_CATALOGUES) >= _CATALOGUES_KEPT:
+            del _CATALOGUES[next(iter(_CATALOGUES))]
+        _CATALOGUES[key] = got  # holds ``pools``, so the id stays this tuple's
+        return got
+
+
+def _price_order(ref: PoolRef) -> tuple[float, str, int]:
+    return (ref.pool.price_per_node_hour, ref.pool.name, ref.domain_index)
+
+
+_CATALOGUES: dict[tuple[int, bool, tuple[str, ...]], Catalogue] = {}
+"""Recent catalogues by pools tuple (a memo: the same pools give the same catalogue)."""
+_CATALOGUES_KEPT = 8
+
+
 class _NodeIndex:
     """Node name -> node, built on first use (only assigned nodes are ever looked up)."""
 
@@ -221,18 +285,15 @@ class WorkspaceIndex:
         empty: bool,
     ) -> None:
         self.levels = levels
-        self.pools = tuple(_at_maximum(p) for p in pools) if empty else tuple(pools)
         self.view = GangView.of(shapes)
         claims = [c for shape in shapes for c in shape.claims]
         self.device_keys = ClaimFitter(claims) if claims else None
         """Device equivalence (None: the gang claims no devices, devices are ignored)."""
         self.nodes = _NodeIndex(nodes)
-        self.pool_index = {p.name: i for i, p in enumerate(pools)}
-        self.refs: list[PoolRef] = []
-        for pi, pool in enumerate(self.pools):
-            for di, dom in enumerate(pool.domains):
-                labels = {**pool.labels, **dom.labels}
-                self.refs.append(PoolRef(pi, di, pool, dom, labels, levels.path(labels)))
+        self.catalogue = Catalogue.of(pools, levels, empty)
+        self.pools = self.catalogue.pools
+        self.pool_index = self.catalogue.pool_index
+        self.refs = self.catalogue.refs
         self.taint_ids: dict[int, int] = {}
         self.taint_tokens: dict[tuple[Taint, ...], int] = {}
         self._taint_keep: list[tuple[Taint, ...]] = []
