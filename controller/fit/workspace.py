@@ -384,10 +384,23 @@ class Workspace:
         """``empty``: every node as if nothing ran on it, it were Ready and not cordoned,
         and its condition taints were gone (the best the cluster could ever offer, for the
         NeverFits test)."""
+        view = GangView.of(shapes)
+        memo_key = None
+        if isinstance(nodes, tuple) and isinstance(pools, tuple) and not view.claims:
+            memo_key = (id(nodes), id(pools), view, levels, empty)
+            hit = _BASES.get(memo_key)
+            if hit is not None and hit[0] is nodes and hit[1] is pools:
+                self.index = hit[2]
+                self.usage = Usage(dict(hit[3]))
+                return
         self.index = WorkspaceIndex(nodes, pools, levels, shapes, empty=empty)
         self.usage = Usage(_classes(self.index, nodes, empty))
         if empty:
             self._heal()
+        if memo_key is not None:
+            if len(_BASES) >= _BASES_KEPT:
+                del _BASES[next(iter(_BASES))]
+            _BASES[memo_key] = (nodes, pools, self.index, dict(self.usage.classes))
 
     @classmethod
     def _of(cls, index: WorkspaceIndex, usage: Usage) -> Workspace:
@@ -578,6 +591,19 @@ class Workspace:
             names.append(name)
         return names
 
+
+_BASES: dict[
+    tuple[Any, ...],
+    tuple[Sequence[NodeState], Sequence[PoolState], WorkspaceIndex, dict[ClassKey, NodeClass]],
+] = {}
+"""Recent base workspaces by (nodes tuple, pools tuple, gang view, levels, empty): a memo,
+since the same snapshot seen by gangs that tell nodes apart the same way gives the same
+index and classes. Requests planned against one snapshot (a planning pass, the NeverFits
+judgement after each failure, a benchmark) scan its nodes once, not once per request. Not
+for gangs with device claims (their classes depend on the claims, not only on the view).
+Only the class dict is copied per workspace: classes are immutable, the index is shared
+like between forks."""
+_BASES_KEPT = 8
 
 _Group = tuple[NodeState, list[str], NodeDevices | None]
 """A class being built: its first node, its members' names, a member's devices."""
