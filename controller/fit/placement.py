@@ -21,7 +21,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from controller.fit.shapes import ShapeCounter, label_keys, pods_that_fit
+from controller.fit.shapes import ShapeCounter, pods_that_fit
 from controller.fit.topology import fill
 from controller.fit.types import Mode, PodSetPlacement, PodSetRequest, TopologyMode
 from controller.fit.workspace import NodeClass, PoolRef, Workspace
@@ -82,28 +82,33 @@ def buy(batches: Sequence[Batch], need: int, pool_left: dict[int, int]) -> Purch
         pool_left[b.ref.pool_index] = pool_left.get(b.ref.pool_index, 0) - k
         return Purchase(((b, k, need),), k * b.price, k)
     ordered = sorted(batches, key=lambda b: (b.price / b.per_node, b.price, b.ref.sort_name))
-    left = {id(b): b.nodes for b in ordered}
+    n = len(ordered)
+    # The finishing candidates of a step cost at least what has been spent plus one node, so
+    # walking them cheapest node first stops at the first price that cannot beat the best
+    # found; ties keep the earliest in ``ordered``, as a walk over all of them would.
+    cheap = sorted(range(n), key=lambda i: ordered[i].price)
+    left = [b.nodes for b in ordered]
     pools = dict(pool_left)
     prefix: list[tuple[Batch, int, int]] = []
     best: tuple[tuple[float, int], tuple[tuple[Batch, int, int], ...]] | None = None
     spent, nodes_so_far, rem = 0.0, 0, need
+    first = 0
     while rem > 0:
-        room = {id(b): min(left[id(b)], pools.get(b.ref.pool_index, 0)) for b in ordered}
-        for b in ordered:
-            if room[id(b)] * b.per_node >= rem:
-                k = -(-rem // b.per_node)
-                rank = (spent + k * b.price, nodes_so_far + k)
-                if best is None or rank < best[0]:
-                    best = (rank, (*prefix, (b, k, rem)))
-        usable = [b for b in ordered if room[id(b)] > 0]
-        if not usable:
+        bound = math.inf if best is None else best[0][0]
+        step = _finish(ordered, cheap, left, pools, rem, spent, nodes_so_far, bound)
+        if step is not None and (best is None or step[0] < best[0]):
+            best = (step[0], (*prefix, (ordered[step[1]], step[2], rem)))
+        # Rooms only shrink, so the first batch with room only moves forward.
+        while first < n and min(left[first], pools.get(ordered[first].ref.pool_index, 0)) <= 0:
+            first += 1
+        if first == n:
             break
-        b = usable[0]
-        k = room[id(b)]
+        b = ordered[first]
+        k = min(left[first], pools.get(b.ref.pool_index, 0))
         if k * b.per_node >= rem:
             break  # finishing with this batch was priced above
         prefix.append((b, k, k * b.per_node))
-        left[id(b)] -= k
+        left[first] -= k
         pools[b.ref.pool_index] -= k
         spent += k * b.price
         nodes_so_far += k
@@ -114,6 +119,28 @@ def buy(batches: Sequence[Batch], need: int, pool_left: dict[int, int]) -> Purch
     for b, k, _ in takes:
         pool_left[b.ref.pool_index] = pool_left.get(b.ref.pool_index, 0) - k
     return Purchase(takes, best[0][0], best[0][1])
+
+
+def _finish(
+    ordered: Sequence[Batch], cheap: Sequence[int], left: Sequence[int], pools: Mapping[int, int],
+    rem: int, spent: float, nodes_so_far: int, bound: float,
+) -> tuple[tuple[float, int], int, int] | None:
+    """The cheapest way to finish ``rem`` pods with one batch of ``ordered`` (walked in
+    ``cheap`` order, cheapest node first), costing no more than ``bound``: (rank, index,
+    nodes), ties to the earliest in ``ordered``."""
+    step: tuple[tuple[float, int], int, int] | None = None
+    for i in cheap:
+        b = ordered[i]
+        floor = spent + b.price
+        if floor > bound or (step is not None and floor > step[0][0]):
+            break
+        room = min(left[i], pools.get(b.ref.pool_index, 0))
+        if room * b.per_node >= rem:
+            k = -(-rem // b.per_node)
+            rank = (spent + k * b.price, nodes_so_far + k)
+            if step is None or (rank, i) < (step[0], step[1]):
+                step = (rank, i, k)
+    return step
 
 
 Take = tuple[NodeClass, int, int]
@@ -145,8 +172,7 @@ class PodSetPlacer:
                 self.cands.append((cls, c))
         self.per_node = {cls.key: c for cls, c in self.cands}
         self._batches: list[Batch] | None = None
-        self._keys = label_keys(shape)
-        self._per_pool: dict[tuple[int, tuple[str | None, ...]], int] = {}
+        self._per_node: list[int] | None = None
         self._pool_room: dict[int, int] = {}
 
     @property
@@ -158,14 +184,52 @@ class PodSetPlacer:
         if self._batches is None:
             self._batches = []
             if self.mode is Mode.PROVISION:
-                for ref in self.ws.index.refs:
-                    b = self._batch(ref)
-                    if b is not None:
-                        self._batches.append(b)
+                usage = self.ws.usage
+                touched = {*usage.pool_used, *usage.pool_booked}
+                touched.update(pi for pi, _ in usage.domain_used)
+                touched.update(pi for pi, _ in usage.domain_booked)
+                # Pools this plan (or a booked one) has not taken from have the headroom
+                # of the catalogue's pools: their batches are the catalogue's, per shape.
+                fresh = self.ws.index.catalogue.fresh_batches(self.ps.shape, self._all_batches)
+                if not touched:
+                    self._batches = list(fresh)
+                else:
+                    self._batches = [b for b in fresh if b.ref.pool_index not in touched]
+                    for ref in self.ws.index.refs:
+                        if ref.pool_index in touched:
+                            b = self._batch(ref)
+                            if b is not None:
+                                self._batches.append(b)
+                    self._batches.sort(key=lambda b: b.ref.ordinal)
         return self._batches
+
+    def _all_batches(self) -> list[Batch]:
+        per_node = self._pool_per_node()
+        out: list[Batch] = []
+        for ref in self.ws.index.refs:
+            if per_node[ref.ordinal] > 0:
+                b = self._batch(ref)
+                if b is not None:
+                    out.append(b)
+        return out
+
+    def _pool_per_node(self) -> list[int]:
+        if self._per_node is None:
+            counter = self.counter
+
+            def count(ref: PoolRef) -> int:
+                return pods_that_fit(counter.shape, ref.pool.allocatable, ref.labels,
+                                     ref.pool.taints, devices=ref.pool.devices,
+                                     fitter=counter.fitter)
+
+            self._per_node = self.ws.index.catalogue.per_node(self.ps.shape, count)
+        return self._per_node
 
     def _batch(self, ref: PoolRef) -> Batch | None:
         """What ``ref`` can add for this pod set now, or None (no room, or no pod fits)."""
+        per_node = self._pool_per_node()[ref.ordinal]
+        if per_node <= 0:
+            return None
         pi = ref.pool_index
         room = self._pool_room.get(pi)
         if room is None:
@@ -176,17 +240,7 @@ class PodSetPlacer:
         dkey = (pi, ref.domain_index)
         nodes = min(room, ref.domain.max_new_nodes - usage.domain_used.get(dkey, 0)
                     - usage.domain_booked.get(dkey, 0))
-        if nodes <= 0:
-            return None
-        # A new node's count depends on its pool and on the domain labels the shape reads;
-        # a pool has hundreds of domains, usually told apart by no selector.
-        pkey = (pi, tuple([ref.labels.get(k) for k in self._keys]))
-        per_node = self._per_pool.get(pkey)
-        if per_node is None:
-            per_node = self._per_pool[pkey] = self.counter.count(
-                ref.pool.allocatable, ref.labels, ref.pool.taints, None, ref.pool.devices
-            )
-        return Batch(ref, per_node, nodes) if per_node > 0 else None
+        return Batch(ref, per_node, nodes) if nodes > 0 else None
 
     def _scan(self, refs: Sequence[PoolRef], need: int) -> list[Batch]:
         """The batches of ``refs`` (cheapest node first) that the cheapest purchase of

@@ -23,12 +23,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from operator import itemgetter
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from controller.fit.devices import ClaimFitter, PodAllocation, emptied
 from controller.fit.dra_types import NodeDevices, PodDevices
 from controller.fit.ports import unlisted
-from controller.fit.shapes import ShapeCounter, label_keys, uses_node_name
+from controller.fit.shapes import ShapeCounter, label_keys, selector_keys, uses_node_name
 from controller.fit.taints import lasting_taints, transient
 from controller.fit.topology import Levels
 from controller.fit.types import (
@@ -40,6 +40,8 @@ from controller.fit.types import (
     Resources,
     Taint,
 )
+
+T = TypeVar("T")
 
 NEW_NODE_PREFIX = "~new"
 """Name prefix of new-node slots: sorts after every real node name, so existing nodes are
@@ -132,6 +134,8 @@ class PoolRef:
     domain: PoolDomain
     labels: Mapping[str, str]
     path: tuple[str, ...]
+    ordinal: int = 0
+    """Position in :attr:`Catalogue.refs`."""
 
     @property
     def sort_name(self) -> str:
@@ -166,7 +170,8 @@ class Catalogue:
     makes a plan's cost independent of the pools that cannot serve it.
     """
 
-    __slots__ = ("_by_domain", "by_price", "pool_index", "pools", "refs", "source")
+    __slots__ = ("_batches", "_by_domain", "_per_node", "by_price", "pool_index", "pools", "refs",
+                 "source")
 
     def __init__(self, pools: Sequence[PoolState], levels: Levels, empty: bool) -> None:
         self.source = pools
@@ -176,10 +181,53 @@ class Catalogue:
         for pi, pool in enumerate(self.pools):
             for di, dom in enumerate(pool.domains):
                 labels = {**pool.labels, **dom.labels}
-                self.refs.append(PoolRef(pi, di, pool, dom, labels, levels.path(labels)))
+                self.refs.append(
+                    PoolRef(pi, di, pool, dom, labels, levels.path(labels), len(self.refs))
+                )
         self.by_price: list[PoolRef] = sorted(self.refs, key=_price_order)
         """Every ref, cheapest node first (ties by pool name, then domain)."""
         self._by_domain: dict[int, dict[tuple[str, ...], list[PoolRef]]] = {}
+        self._per_node: dict[tuple[object, ...], list[int]] = {}
+        self._batches: dict[tuple[object, ...], Sequence[Any]] = {}
+
+    def fresh_batches(self, shape: PodShape, build: Callable[[], Sequence[T]]) -> Sequence[T]:
+        """``build()``: what every ref can add for a pod set of ``shape`` while nothing has
+        been taken from the pools, shared by every such pod set (not kept for shapes with
+        device claims). The caller does not change it."""
+        key = _fit_key(shape)
+        if key is None:
+            return build()
+        got = self._batches.get(key)
+        if got is None:
+            got = build()
+            if len(self._batches) >= _SHAPES_KEPT:
+                del self._batches[next(iter(self._batches))]
+            self._batches[key] = got
+        return got
+
+    def per_node(self, shape: PodShape, count: Callable[[PoolRef], int]) -> list[int]:
+        """Pods of ``shape`` a new node of each ref holds (aligned with :attr:`refs`), by
+        ``count`` once per pool and selected label values, shared by every pod set of
+        that shape planned against these pools (kept for the last few hundred shapes;
+        shapes with device claims are counted afresh: their fit depends on the devices)."""
+        key = _fit_key(shape)
+        got = self._per_node.get(key) if key is not None else None
+        if got is not None:
+            return got
+        keys = selector_keys(shape)
+        memo: dict[tuple[int, tuple[str | None, ...]], int] = {}
+        got = []
+        for ref in self.refs:
+            mkey = (ref.pool_index, tuple([ref.labels.get(k) for k in keys]))
+            c = memo.get(mkey)
+            if c is None:
+                c = memo[mkey] = count(ref)
+            got.append(c)
+        if key is not None:
+            if len(self._per_node) >= _SHAPES_KEPT:
+                del self._per_node[next(iter(self._per_node))]
+            self._per_node[key] = got
+        return got
 
     def by_domain(self, depth: int) -> dict[tuple[str, ...], list[PoolRef]]:
         """The refs under each domain of domain-level index ``depth`` (keys: topology path
@@ -208,6 +256,18 @@ class Catalogue:
             del _CATALOGUES[next(iter(_CATALOGUES))]
         _CATALOGUES[key] = got  # holds ``pools``, so the id stays this tuple's
         return got
+
+
+def _fit_key(shape: PodShape) -> tuple[object, ...] | None:
+    """Everything of ``shape`` that decides how many of its pods a new node holds (None
+    with device claims)."""
+    if shape.claims:
+        return None
+    return (tuple(sorted(shape.requests.items())), tuple(sorted(shape.node_selector.items())),
+            shape.affinity_terms, shape.tolerations, shape.max_per_node, shape.node_name)
+
+
+_SHAPES_KEPT = 512
 
 
 def _price_order(ref: PoolRef) -> tuple[float, str, int]:
