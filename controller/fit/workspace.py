@@ -458,9 +458,7 @@ class Workspace:
         if empty:
             self._heal()
         if memo_key is not None:
-            if len(_BASES) >= _BASES_KEPT:
-                del _BASES[next(iter(_BASES))]
-            _BASES[memo_key] = (nodes, pools, self.index, dict(self.usage.classes))
+            _remember(memo_key, (nodes, pools, self.index, dict(self.usage.classes)))
 
     @classmethod
     def _of(cls, index: WorkspaceIndex, usage: Usage) -> Workspace:
@@ -664,6 +662,24 @@ for gangs with device claims (their classes depend on the claims, not only on th
 Only the class dict is copied per workspace: classes are immutable, the index is shared
 like between forks."""
 _BASES_KEPT = 8
+
+
+def _remember(
+    key: tuple[Any, ...],
+    entry: tuple[Sequence[NodeState], Sequence[PoolState], WorkspaceIndex,
+                 dict[ClassKey, NodeClass]],
+) -> None:
+    """Keep ``entry``, with the entries of the snapshot (nodes tuple) seen just before it at
+    most: a controller builds a new snapshot per pass, and an older one is not planned
+    against again, so it is not held in memory."""
+    if _BASES:
+        latest = next(reversed(_BASES.values()))[0]
+        if latest is not entry[0]:
+            for k in [k for k, v in _BASES.items() if v[0] is not latest]:
+                del _BASES[k]
+    while len(_BASES) >= _BASES_KEPT:
+        del _BASES[next(iter(_BASES))]
+    _BASES[key] = entry
 
 _Group = tuple[NodeState, list[str], NodeDevices | None]
 """A class being built: its first node, its members' names, a member's devices."""
