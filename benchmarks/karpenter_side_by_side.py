@@ -237,7 +237,8 @@ def run_case(
             cells += [rate(pods, m["cpu_s"]), f"{ratio:.1f}x", "refused", "-"]
             notes.append(f"  {tree.name}: refused ({m['pod_sets']} pod sets): {m['refused']}")
             continue
-        dearer = "" if m["cost"] <= k["cost"] * (1 + 1e-9) else " (costlier)"
+        # Go prints metrics to 4 significant digits: equal plans differ below that.
+        dearer = "" if m["cost"] <= k["cost"] * (1 + 1e-3) else " (costlier)"
         cells += [
             rate(pods, m["cpu_s"]),
             f"{ratio:.1f}x",

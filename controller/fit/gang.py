@@ -112,7 +112,7 @@ def _packed(
         return got
     demand = []
     for ps in request.pod_sets:
-        if packing.packable(ps):
+        if packing.packable(ps, base.index.levels):
             n = packing.new_pods(ws, outcomes[ps.name].pods)
             if n > 0:
                 demand.append((ps.shape, n))
@@ -122,9 +122,10 @@ def _packed(
     choice = packing.choose(base, demand, budget)
     if choice is None:
         return got
-    ref, k = choice
     trial = base.fork()
-    bought = set(trial.add_nodes(ref, [0] * k, {}))
+    bought: set[str] = set()
+    for ref, k in choice:
+        bought.update(trial.add_nodes(ref, [0] * k, {}))
     again = _attempt(request, trial, mode)
     if isinstance(again, _Failure) or packing.cost(again[0]) >= budget:
         return got

@@ -91,3 +91,18 @@ def test_cheapest_pool_is_found_without_sizing_dearer_ones() -> None:
     got = planned(gang, *pools)
     assert got.cost_per_hour == min(-(-40 // (1000 * (i + 1) // 2500)) * 0.5 * (i + 1)
                                     for i in range(2, 200))
+
+
+def test_packing_keeps_a_one_per_node_pod_set_one_per_node() -> None:
+    # Alone: "anti" (one pod per node) buys two small nodes, "b" a large one: 3.5. Packed:
+    # two large nodes, each with one "anti" pod and one of "b": 3.0.
+    anti = PodSetRequest("anti", 2, PodShape({"cpu": 1500, "pods": 1}, max_per_node=1))
+    gang = GangRequest("ns/g", (anti, pod_set("b", 2, 1500)))
+    got = planned(gang, pool("small", 2000, 1.0), pool("large", 4000, 1.5))
+    assert got.cost_per_hour == 3.0
+    assert new_nodes(got) == {"large": 2}
+    per_node: dict[int, list[str]] = {}
+    for a in got.assignments:
+        assert a.new_node is not None
+        per_node.setdefault(a.new_node.index, []).extend([a.pod_set] * a.pods)
+    assert sorted(map(sorted, per_node.values())) == [["anti", "b"], ["anti", "b"]]
