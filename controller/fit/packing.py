@@ -117,8 +117,9 @@ def choose(
 ) -> Purchase | None:
     """The cheapest purchase found to hold all of ``demand`` for less than ``budget``.
 
-    Pools are ranked by their price per unit of the demand's scarcest resource on them;
-    the few best are sized by first-fit packing, and the last (least full) node of each
+    When one node holds every pod, the cheapest such node. Otherwise pools are ranked by
+    their price per unit of the demand's scarcest resource on them; the few best are sized
+    by first-fit packing, and the last (least full) node of each
     packing is bought from the cheapest pool that holds what it carries, as a scheduler
     that sizes each new node to its pods would.
     """
@@ -131,20 +132,22 @@ def choose(
     spread_out = max(-(-count // cap) for _, count, cap in items)  # nodes a per-node cap needs
     catalogue = ws.index.catalogue
     fits = [catalogue.per_node(shape, partial(_fits, shape)) for shape, _ in demand]
-    usable = [ref for ref in catalogue.by_price
-              if ws.headroom(ref) > 0 and all(f[ref.ordinal] > 0 for f in fits)]
-    ranked: list[tuple[float, int, PoolRef]] = []
-    for ref in usable:
-        alloc = ref.pool.allocatable
-        haves = [alloc.get(r, unlisted(r)) for r in resources]
-        if min(haves) <= 0:
-            continue
-        units = max(max(t / h for t, h in zip(totals, haves, strict=True)), spread_out)
-        ranked.append((ref.pool.price_per_node_hour * units, ref.ordinal, ref))
-    ranked.sort(key=lambda x: (x[0], x[1]))
+    usable: list[PoolRef] = []
+    for ref in catalogue.by_price:
+        if ref.pool.price_per_node_hour >= budget:
+            break  # a purchase holds at least one node of a pool it ranks
+        if all(f[ref.ordinal] > 0 for f in fits) and ws.headroom(ref) > 0:
+            usable.append(ref)
+    if spread_out <= 1:
+        # Requests that add up within one node fit it (nothing to fragment): the cheapest
+        # node that holds them all, if any, is the purchase.
+        one = _smallest(usable, resources, totals, None)
+        if one is not None:
+            return ((one, 1),)
+    ranked = _ranked(usable, resources, totals, spread_out)
     best: tuple[float, Purchase] | None = None
     bound = budget
-    for _, _, ref in ranked[:SIMULATED]:
+    for ref in ranked[:SIMULATED]:
         price = ref.pool.price_per_node_hour
         room = min(ws.headroom(ref), MAX_PACKED_NODES)
         if price > 0:  # all but the last node at this price must cost less than the bound
@@ -155,7 +158,7 @@ def choose(
         full = [ref.pool.allocatable.get(r, unlisted(r)) for r in resources]
         carried = [a - f for a, f in zip(full, nodes[-1], strict=True)]
         same = [u for u in usable if u.path == ref.path]  # the purchase stays in one domain
-        last = _smallest(same, resources, carried, ref)
+        last = _smallest(same, resources, carried, ref) or ref
         k = len(nodes)
         buys: Purchase = ((ref, k),) if last is ref else ((ref, k - 1), (last, 1))
         total = sum(r.pool.price_per_node_hour * n for r, n in buys if n > 0)
@@ -164,12 +167,37 @@ def choose(
     return None if best is None else best[1]
 
 
-def _smallest(
-    usable: Sequence[PoolRef], resources: Sequence[str], carried: Sequence[int], default: PoolRef
-) -> PoolRef:
-    """The cheapest ref (``usable`` is cheapest first) whose nodes hold ``carried``."""
+def _ranked(
+    usable: Sequence[PoolRef], resources: Sequence[str], totals: Sequence[int], spread_out: int
+) -> list[PoolRef]:
+    """One ref per pool (another domain of a pool sizes the same), cheapest per unit of the
+    scarcest resource first."""
+    ranked: list[tuple[float, int, PoolRef]] = []
+    seen: set[int] = set()
     for ref in usable:
-        if ref.pool.price_per_node_hour >= default.pool.price_per_node_hour:
+        if ref.pool_index in seen:
+            continue
+        seen.add(ref.pool_index)
+        alloc = ref.pool.allocatable
+        haves = [alloc.get(r, unlisted(r)) for r in resources]
+        if min(haves) <= 0:
+            continue
+        units = max(max(t / h for t, h in zip(totals, haves, strict=True)), spread_out)
+        ranked.append((ref.pool.price_per_node_hour * units, ref.ordinal, ref))
+    ranked.sort(key=lambda x: (x[0], x[1]))
+    return [ref for _, _, ref in ranked]
+
+
+def _smallest(
+    usable: Sequence[PoolRef], resources: Sequence[str], carried: Sequence[int],
+    default: PoolRef | None,
+) -> PoolRef | None:
+    """The cheapest ref (``usable`` is cheapest first) whose nodes hold ``carried``, if
+    cheaper than ``default``."""
+    for ref in usable:
+        if default is not None and (
+            ref.pool.price_per_node_hour >= default.pool.price_per_node_hour
+        ):
             break
         alloc = ref.pool.allocatable
         if all(alloc.get(r, unlisted(r)) >= c for r, c in zip(resources, carried, strict=True)):
