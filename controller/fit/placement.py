@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from controller.fit.shapes import ShapeCounter, pods_that_fit
 from controller.fit.topology import fill
@@ -34,10 +34,11 @@ class Batch:
     ref: PoolRef
     per_node: int
     nodes: int
+    price: float = field(init=False)
+    """The pool's price per node-hour (kept: purchases sort and walk many batches)."""
 
-    @property
-    def price(self) -> float:
-        return self.ref.pool.price_per_node_hour
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "price", self.ref.pool.price_per_node_hour)
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,7 +243,12 @@ class PodSetPlacer:
                     - usage.domain_booked.get(dkey, 0))
         return Batch(ref, per_node, nodes) if nodes > 0 else None
 
-    def _scan(self, refs: Sequence[PoolRef], need: int) -> list[Batch]:
+    def cheapest(self, need: int, cap: int | None = None) -> list[Batch]:
+        """The batches the cheapest purchase of ``need`` pods anywhere can use, at most
+        ``cap`` pods on a node: for :func:`buy`, instead of :attr:`batches`."""
+        return self._scan(self.ws.index.catalogue.by_price, need, cap)
+
+    def _scan(self, refs: Sequence[PoolRef], need: int, cap: int | None = None) -> list[Batch]:
         """The batches of ``refs`` (cheapest node first) that the cheapest purchase of
         ``need`` pods can use: a node of a pool priced above the cheapest single-batch way
         found so far cannot be part of a cheaper purchase, so the walk stops there."""
@@ -257,6 +263,8 @@ class PodSetPlacer:
             b = self._batch(ref)
             if b is None:
                 continue
+            if cap is not None and b.per_node > cap:
+                b = Batch(b.ref, cap, b.nodes)
             out.append(b)
             if need <= 0:
                 break
@@ -273,7 +281,11 @@ class PodSetPlacer:
     # ------------------------------------------------------------------ helpers
 
     def pool_left(self) -> dict[int, int]:
-        return {i: self.ws.pool_headroom(i) for i in range(len(self.ws.index.pools))}
+        usage = self.ws.usage
+        left = dict(self.ws.index.catalogue.fresh_headroom)
+        for i in {*usage.pool_used, *usage.pool_booked}:
+            left[i] = self.ws.pool_headroom(i)
+        return left
 
     def existing_room(self) -> int:
         return sum(c * len(cls.members) for cls, c in self.cands)

@@ -136,10 +136,13 @@ class PoolRef:
     path: tuple[str, ...]
     ordinal: int = 0
     """Position in :attr:`Catalogue.refs`."""
+    sort_name: str = ""
+    """``<pool>/<domain index>``: ties between equal prices break on it (kept, not formatted
+    per comparison: purchases sort many refs)."""
 
-    @property
-    def sort_name(self) -> str:
-        return f"{self.pool.name}/{self.domain_index:06d}"
+    def __post_init__(self) -> None:
+        if not self.sort_name:
+            object.__setattr__(self, "sort_name", f"{self.pool.name}/{self.domain_index:06d}")
 
 
 def _at_maximum(pool: PoolState) -> PoolState:
@@ -170,8 +173,8 @@ class Catalogue:
     makes a plan's cost independent of the pools that cannot serve it.
     """
 
-    __slots__ = ("_batches", "_by_domain", "_per_node", "by_price", "pool_index", "pools", "refs",
-                 "source")
+    __slots__ = ("_batches", "_by_domain", "_per_node", "by_price", "fresh_headroom",
+                 "pool_index", "pools", "refs", "source")
 
     def __init__(self, pools: Sequence[PoolState], levels: Levels, empty: bool) -> None:
         self.source = pools
@@ -185,8 +188,10 @@ class Catalogue:
                     PoolRef(pi, di, pool, dom, labels, levels.path(labels), len(self.refs))
                 )
         self.by_price: list[PoolRef] = sorted(self.refs, key=_price_order)
-        """Every ref, cheapest node first (ties by pool name, then domain)."""
+        """Every ref, cheapest node first (ties by :attr:`PoolRef.sort_name`)."""
         self._by_domain: dict[int, dict[tuple[str, ...], list[PoolRef]]] = {}
+        self.fresh_headroom = {i: max(0, p.max_new_nodes) for i, p in enumerate(self.pools)}
+        """Pool-wide headroom while nothing is taken (the caller copies it to change it)."""
         self._per_node: dict[tuple[object, ...], list[int]] = {}
         self._batches: dict[tuple[object, ...], Sequence[Any]] = {}
 
@@ -270,8 +275,8 @@ def _fit_key(shape: PodShape) -> tuple[object, ...] | None:
 _SHAPES_KEPT = 512
 
 
-def _price_order(ref: PoolRef) -> tuple[float, str, int]:
-    return (ref.pool.price_per_node_hour, ref.pool.name, ref.domain_index)
+def _price_order(ref: PoolRef) -> tuple[float, str]:
+    return (ref.pool.price_per_node_hour, ref.sort_name)
 
 
 _CATALOGUES: dict[tuple[int, bool, tuple[str, ...]], Catalogue] = {}
