@@ -128,7 +128,7 @@ def _with_new(
         return takes, Purchase((), 0.0, 0)
     pool_left = p.pool_left()
     if per_node:
-        batches = [Batch(b.ref, min(b.per_node, skew), b.nodes) for b in p.batches]
+        batches = p.cheapest(rest, cap=skew)
         purchase = buy(batches, rest, pool_left)
         return None if purchase is None else (takes, purchase)
     purchase = _per_domain(p, spread, takes, rest, pool_left)
