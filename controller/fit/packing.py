@@ -44,8 +44,10 @@ def packable(ps: PodSetRequest, levels: Levels) -> bool:
         return False
     if shape.unsupported:
         return False
-    if topo.mode is not TopologyMode.NONE and topo.level is not None and (
-        topo.level not in levels.domain
+    if (
+        topo.mode is not TopologyMode.NONE
+        and topo.level is not None
+        and (topo.level not in levels.domain)
     ):
         return False
     return shape.spread is None or ps.count <= shape.spread.max_skew
@@ -112,9 +114,7 @@ Purchase = tuple[tuple[PoolRef, int], ...]
 """(ref, new nodes) to buy up front."""
 
 
-def choose(
-    ws: Workspace, demand: Sequence[tuple[PodShape, int]], budget: float
-) -> Purchase | None:
+def choose(ws: Workspace, demand: Sequence[tuple[PodShape, int]], budget: float) -> Purchase | None:
     """The cheapest purchase found to hold all of ``demand`` for less than ``budget``.
 
     When one node holds every pod, the cheapest such node. Otherwise pools are ranked by
@@ -126,8 +126,10 @@ def choose(
     resources = sorted({r for shape, _ in demand for r, v in shape.requests.items() if v > 0})
     if not resources:
         return None
-    items = [([shape.requests.get(r, 0) for r in resources], count,
-              shape.max_per_node or count) for shape, count in demand]
+    items = [
+        ([shape.requests.get(r, 0) for r in resources], count, shape.max_per_node or count)
+        for shape, count in demand
+    ]
     totals = [sum(req[i] * count for req, count, _ in items) for i in range(len(resources))]
     spread_out = max(-(-count // cap) for _, count, cap in items)  # nodes a per-node cap needs
     catalogue = ws.index.catalogue
@@ -189,7 +191,9 @@ def _ranked(
 
 
 def _smallest(
-    usable: Sequence[PoolRef], resources: Sequence[str], carried: Sequence[int],
+    usable: Sequence[PoolRef],
+    resources: Sequence[str],
+    carried: Sequence[int],
     default: PoolRef | None,
 ) -> PoolRef | None:
     """The cheapest ref (``usable`` is cheapest first) whose nodes hold ``carried``, if

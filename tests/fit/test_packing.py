@@ -22,8 +22,15 @@ ZONE = "topology.kubernetes.io/zone"
 
 def pool(name: str, cpu: int, price: float, zones: int = 1, max_nodes: int = 100) -> PoolState:
     domains = tuple(PoolDomain({ZONE: f"z{i}"}, max_nodes) for i in range(zones))
-    return PoolState(name, {"type": name}, (), {"cpu": cpu, "pods": 110}, domains, max_nodes,
-                     price_per_node_hour=price)
+    return PoolState(
+        name,
+        {"type": name},
+        (),
+        {"cpu": cpu, "pods": 110},
+        domains,
+        max_nodes,
+        price_per_node_hour=price,
+    )
 
 
 def pod_set(name: str, count: int, cpu: int, **topo: object) -> PodSetRequest:
@@ -67,11 +74,14 @@ def test_a_pod_set_with_a_required_domain_uses_the_packed_node_like_any_free_cap
     # Alone: three small nodes (3.0). Only "a" and "c" (free to go anywhere) are sized
     # together, into one large node; "b", required within one zone, is placed like before
     # and takes the large node's room first, so "c" buys a small one: 2.5, still less.
-    gang = GangRequest("ns/g", (
-        pod_set("a", 1, 1500),
-        pod_set("b", 1, 1500, mode=TopologyMode.REQUIRED, level=ZONE),
-        pod_set("c", 1, 1500),
-    ))
+    gang = GangRequest(
+        "ns/g",
+        (
+            pod_set("a", 1, 1500),
+            pod_set("b", 1, 1500, mode=TopologyMode.REQUIRED, level=ZONE),
+            pod_set("c", 1, 1500),
+        ),
+    )
     got = planned(gang, pool("small", 2000, 1.0), pool("large", 4000, 1.5))
     assert got.cost_per_hour == 2.5
     assert new_nodes(got) == {"large": 1, "small": 1}
@@ -89,8 +99,9 @@ def test_cheapest_pool_is_found_without_sizing_dearer_ones() -> None:
     # Forty pods: the cheapest single purchase, as sizing every pool would find.
     gang = GangRequest("ns/g", (pod_set("a", 40, 2500),))
     got = planned(gang, *pools)
-    assert got.cost_per_hour == min(-(-40 // (1000 * (i + 1) // 2500)) * 0.5 * (i + 1)
-                                    for i in range(2, 200))
+    assert got.cost_per_hour == min(
+        -(-40 // (1000 * (i + 1) // 2500)) * 0.5 * (i + 1) for i in range(2, 200)
+    )
 
 
 def test_packing_keeps_a_one_per_node_pod_set_one_per_node() -> None:
