@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from itertools import chain, islice, permutations
 
+from controller.fit import packing
 from controller.fit.cel import SelectorError
 from controller.fit.explain import explain, validate
 from controller.fit.placement import Outcome, PodSetPlacer
@@ -113,6 +114,37 @@ def _attempt(
     return first_failure
 
 
+def _packed(
+    request: GangRequest, base: Workspace, mode: Mode, got: tuple[Workspace, dict[str, Outcome]]
+) -> tuple[Workspace, dict[str, Outcome]]:
+    """``got``, or the gang placed again with the new nodes of its free pod sets bought
+    together when that costs less (:mod:`controller.fit.packing`)."""
+    ws, outcomes = got
+    if mode is not Mode.PROVISION or not ws.usage.domain_used:
+        return got
+    demand = []
+    for ps in request.pod_sets:
+        if packing.packable(ps, base.index.levels):
+            n = packing.new_pods(ws, outcomes[ps.name].pods)
+            if n > 0:
+                demand.append((ps.shape, n))
+    if len(demand) < 2:
+        return got
+    budget = packing.cost(ws)
+    choice = packing.choose(base, demand, budget)
+    if choice is None:
+        return got
+    trial = base.fork()
+    bought: set[str] = set()
+    for ref, k in choice:
+        bought.update(trial.add_nodes(ref, [0] * k, {}))
+    again = _attempt(request, trial, mode)
+    if isinstance(again, _Failure) or packing.cost(again[0]) >= budget:
+        return got
+    used = {name for o in again[1].values() for name, n in o.pods if n > 0}
+    return again if bought <= used else got
+
+
 def _build(
     request: GangRequest, ws: Workspace, outcomes: dict[str, Outcome], mode: Mode
 ) -> Result:
@@ -200,6 +232,7 @@ def plan_on(
     got = _attempt(request, base, mode)
     if isinstance(got, _Failure):
         return None
+    got = _packed(request, base, mode, got)
     result = _build(request, got[0], got[1], mode)
     assert isinstance(result, Plan)
     return result, got[0]
@@ -212,6 +245,7 @@ def _plan(request: GangRequest, snapshot: Snapshot, mode: Mode) -> Result:
     base = Workspace(snapshot.nodes, pools, levels, shapes)
     got = _attempt(request, base, mode)
     if not isinstance(got, _Failure):
+        got = _packed(request, base, mode, got)
         return _build(request, got[0], got[1], mode)
     reasons: list[Reason] = [got.explain(snapshot, mode)]
     # The best the cluster could ever offer: nothing running, every node usable, every pool

@@ -17,10 +17,11 @@ A pod set is placed only when all its pods fit; the workspace changes only on su
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from controller.fit.shapes import ShapeCounter, label_keys, pods_that_fit
+from controller.fit.shapes import ShapeCounter, pods_that_fit
 from controller.fit.topology import NEW_HOSTNAME, fill
 from controller.fit.types import Mode, PodSetPlacement, PodSetRequest, TopologyMode
 from controller.fit.workspace import NodeClass, PoolRef, Workspace
@@ -33,10 +34,11 @@ class Batch:
     ref: PoolRef
     per_node: int
     nodes: int
+    price: float = field(init=False)
+    """The pool's price per node-hour (kept: purchases sort and walk many batches)."""
 
-    @property
-    def price(self) -> float:
-        return self.ref.pool.price_per_node_hour
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "price", self.ref.pool.price_per_node_hour)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,28 +83,33 @@ def buy(batches: Sequence[Batch], need: int, pool_left: dict[int, int]) -> Purch
         pool_left[b.ref.pool_index] = pool_left.get(b.ref.pool_index, 0) - k
         return Purchase(((b, k, need),), k * b.price, k)
     ordered = sorted(batches, key=lambda b: (b.price / b.per_node, b.price, b.ref.sort_name))
-    left = {id(b): b.nodes for b in ordered}
+    n = len(ordered)
+    # The finishing candidates of a step cost at least what has been spent plus one node, so
+    # walking them cheapest node first stops at the first price that cannot beat the best
+    # found; ties keep the earliest in ``ordered``, as a walk over all of them would.
+    cheap = sorted(range(n), key=lambda i: ordered[i].price)
+    left = [b.nodes for b in ordered]
     pools = dict(pool_left)
     prefix: list[tuple[Batch, int, int]] = []
     best: tuple[tuple[float, int], tuple[tuple[Batch, int, int], ...]] | None = None
     spent, nodes_so_far, rem = 0.0, 0, need
+    first = 0
     while rem > 0:
-        room = {id(b): min(left[id(b)], pools.get(b.ref.pool_index, 0)) for b in ordered}
-        for b in ordered:
-            if room[id(b)] * b.per_node >= rem:
-                k = -(-rem // b.per_node)
-                rank = (spent + k * b.price, nodes_so_far + k)
-                if best is None or rank < best[0]:
-                    best = (rank, (*prefix, (b, k, rem)))
-        usable = [b for b in ordered if room[id(b)] > 0]
-        if not usable:
+        bound = math.inf if best is None else best[0][0]
+        step = _finish(ordered, cheap, left, pools, rem, spent, nodes_so_far, bound)
+        if step is not None and (best is None or step[0] < best[0]):
+            best = (step[0], (*prefix, (ordered[step[1]], step[2], rem)))
+        # Rooms only shrink, so the first batch with room only moves forward.
+        while first < n and min(left[first], pools.get(ordered[first].ref.pool_index, 0)) <= 0:
+            first += 1
+        if first == n:
             break
-        b = usable[0]
-        k = room[id(b)]
+        b = ordered[first]
+        k = min(left[first], pools.get(b.ref.pool_index, 0))
         if k * b.per_node >= rem:
             break  # finishing with this batch was priced above
         prefix.append((b, k, k * b.per_node))
-        left[id(b)] -= k
+        left[first] -= k
         pools[b.ref.pool_index] -= k
         spent += k * b.price
         nodes_so_far += k
@@ -113,6 +120,28 @@ def buy(batches: Sequence[Batch], need: int, pool_left: dict[int, int]) -> Purch
     for b, k, _ in takes:
         pool_left[b.ref.pool_index] = pool_left.get(b.ref.pool_index, 0) - k
     return Purchase(takes, best[0][0], best[0][1])
+
+
+def _finish(
+    ordered: Sequence[Batch], cheap: Sequence[int], left: Sequence[int], pools: Mapping[int, int],
+    rem: int, spent: float, nodes_so_far: int, bound: float,
+) -> tuple[tuple[float, int], int, int] | None:
+    """The cheapest way to finish ``rem`` pods with one batch of ``ordered`` (walked in
+    ``cheap`` order, cheapest node first), costing no more than ``bound``: (rank, index,
+    nodes), ties to the earliest in ``ordered``."""
+    step: tuple[tuple[float, int], int, int] | None = None
+    for i in cheap:
+        b = ordered[i]
+        floor = spent + b.price
+        if floor > bound or (step is not None and floor > step[0][0]):
+            break
+        room = min(left[i], pools.get(b.ref.pool_index, 0))
+        if room * b.per_node >= rem:
+            k = -(-rem // b.per_node)
+            rank = (spent + k * b.price, nodes_so_far + k)
+            if step is None or (rank, i) < (step[0], step[1]):
+                step = (rank, i, k)
+    return step
 
 
 Take = tuple[NodeClass, int, int]
@@ -127,7 +156,6 @@ class PodSetPlacer:
         self.ps = ps
         self.mode = mode
         self.counter = ShapeCounter(ps.shape, ps.name)
-        count = self.counter.count
         self.cands: list[tuple[NodeClass, int]] = []
         shape = ps.shape
         # Classes already agree on everything the shape reads except the topology path, so
@@ -144,38 +172,120 @@ class PodSetPlacer:
             if c > 0:
                 self.cands.append((cls, c))
         self.per_node = {cls.key: c for cls, c in self.cands}
-        self.batches: list[Batch] = []
-        if mode is Mode.PROVISION:
-            # A new node's count depends on its pool and on the domain labels the shape
-            # reads; a pool has hundreds of domains, usually told apart by no selector.
-            keys = label_keys(shape)
-            per_pool: dict[tuple[int, tuple[str | None, ...]], int] = {}
-            # ws.headroom, inlined: this loop runs over every domain of every pool.
-            pool_room = [ws.pool_headroom(i) for i in range(len(ws.index.pools))]
-            used, booked = ws.usage.domain_used, ws.usage.domain_booked
-            for ref in ws.index.refs:
-                room = pool_room[ref.pool_index]
-                if room <= 0:
-                    continue
-                dkey = (ref.pool_index, ref.domain_index)
-                nodes = min(room, ref.domain.max_new_nodes - used.get(dkey, 0)
-                            - booked.get(dkey, 0))
-                if nodes <= 0:
-                    continue
-                pkey = (ref.pool_index, tuple([ref.labels.get(k) for k in keys]))
-                per_node = per_pool.get(pkey, -1)
-                if per_node < 0:
-                    per_node = per_pool[pkey] = count(
-                        ref.pool.allocatable, ref.labels, ref.pool.taints, None,
-                        ref.pool.devices,
-                    )
-                if per_node > 0:
-                    self.batches.append(Batch(ref, per_node, nodes))
+        self._batches: list[Batch] | None = None
+        self._per_node: list[int] | None = None
+        self._pool_room: dict[int, int] = {}
+
+    @property
+    def batches(self) -> list[Batch]:
+        """Every (pool, domain) that can add a node holding a pod of this pod set, in
+        catalogue order; built on first use. Choosing the cheapest new capacity does not
+        need it (:meth:`_scan` walks the catalogue by price and stops early): only the
+        strategies that weigh every domain (spread, slices, explanations) build it."""
+        if self._batches is None:
+            self._batches = []
+            if self.mode is Mode.PROVISION:
+                usage = self.ws.usage
+                touched = {*usage.pool_used, *usage.pool_booked}
+                touched.update(pi for pi, _ in usage.domain_used)
+                touched.update(pi for pi, _ in usage.domain_booked)
+                # Pools this plan (or a booked one) has not taken from have the headroom
+                # of the catalogue's pools: their batches are the catalogue's, per shape.
+                fresh = self.ws.index.catalogue.fresh_batches(self.ps.shape, self._all_batches)
+                if not touched:
+                    self._batches = list(fresh)
+                else:
+                    self._batches = [b for b in fresh if b.ref.pool_index not in touched]
+                    for ref in self.ws.index.refs:
+                        if ref.pool_index in touched:
+                            b = self._batch(ref)
+                            if b is not None:
+                                self._batches.append(b)
+                    self._batches.sort(key=lambda b: b.ref.ordinal)
+        return self._batches
+
+    def _all_batches(self) -> list[Batch]:
+        per_node = self._pool_per_node()
+        out: list[Batch] = []
+        for ref in self.ws.index.refs:
+            if per_node[ref.ordinal] > 0:
+                b = self._batch(ref)
+                if b is not None:
+                    out.append(b)
+        return out
+
+    def _pool_per_node(self) -> list[int]:
+        if self._per_node is None:
+            counter = self.counter
+
+            def count(ref: PoolRef) -> int:
+                return pods_that_fit(counter.shape, ref.pool.allocatable, ref.labels,
+                                     ref.pool.taints, devices=ref.pool.devices,
+                                     fitter=counter.fitter)
+
+            self._per_node = self.ws.index.catalogue.per_node(self.ps.shape, count)
+        return self._per_node
+
+    def _batch(self, ref: PoolRef) -> Batch | None:
+        """What ``ref`` can add for this pod set now, or None (no room, or no pod fits)."""
+        per_node = self._pool_per_node()[ref.ordinal]
+        if per_node <= 0:
+            return None
+        pi = ref.pool_index
+        room = self._pool_room.get(pi)
+        if room is None:
+            room = self._pool_room[pi] = self.ws.pool_headroom(pi)
+        if room <= 0:
+            return None
+        usage = self.ws.usage
+        dkey = (pi, ref.domain_index)
+        nodes = min(room, ref.domain.max_new_nodes - usage.domain_used.get(dkey, 0)
+                    - usage.domain_booked.get(dkey, 0))
+        return Batch(ref, per_node, nodes) if nodes > 0 else None
+
+    def cheapest(self, need: int, cap: int | None = None) -> list[Batch]:
+        """The batches the cheapest purchase of ``need`` pods anywhere can use, at most
+        ``cap`` pods on a node: for :func:`buy`, instead of :attr:`batches`."""
+        return self._scan(self.ws.index.catalogue.by_price, need, cap)
+
+    def _scan(self, refs: Sequence[PoolRef], need: int, cap: int | None = None) -> list[Batch]:
+        """The batches of ``refs`` (cheapest node first) that the cheapest purchase of
+        ``need`` pods can use: a node of a pool priced above the cheapest single-batch way
+        found so far cannot be part of a cheaper purchase, so the walk stops there."""
+        out: list[Batch] = []
+        if self.mode is not Mode.PROVISION:
+            return out
+        best = math.inf
+        for ref in refs:
+            price = ref.pool.price_per_node_hour
+            if price > best:
+                break
+            b = self._batch(ref)
+            if b is None:
+                continue
+            if cap is not None and b.per_node > cap:
+                b = Batch(b.ref, cap, b.nodes)
+            out.append(b)
+            if need <= 0:
+                break
+            if b.nodes * b.per_node >= need:
+                cost = -(-need // b.per_node) * price
+                if cost < best:
+                    best = cost
+        return out
+
+    def _pool_left_of(self, batches: Sequence[Batch]) -> dict[int, int]:
+        """Pool-wide headroom of the pools of ``batches`` (what :func:`buy` reads)."""
+        return {b.ref.pool_index: self.ws.pool_headroom(b.ref.pool_index) for b in batches}
 
     # ------------------------------------------------------------------ helpers
 
     def pool_left(self) -> dict[int, int]:
-        return {i: self.ws.pool_headroom(i) for i in range(len(self.ws.index.pools))}
+        usage = self.ws.usage
+        left = dict(self.ws.index.catalogue.fresh_headroom)
+        for i in {*usage.pool_used, *usage.pool_booked}:
+            left[i] = self.ws.pool_headroom(i)
+        return left
 
     def existing_room(self) -> int:
         return sum(c * len(cls.members) for cls, c in self.cands)
@@ -303,48 +413,40 @@ class PodSetPlacer:
         return PodSetPlacement(self.ps.name, level, value, 1, domain_labels=labels)
 
     def _single_with_new(self, depth: int) -> Outcome | None:
-        if not self.batches:
+        if self.mode is not Mode.PROVISION:
             return None
         need = self.ps.count
         levels = self.ws.index.levels
+        catalogue = self.ws.index.catalogue
         if depth == len(levels.domain):  # node level: one new node holding every pod
-            fitting = [b for b in self.batches if b.per_node >= need]
-            if not fitting:
+            best: Batch | None = None
+            for ref in catalogue.by_price:  # the first that holds them is the cheapest
+                b = self._batch(ref)
+                if b is not None and b.per_node >= need:
+                    best = b
+                    break
+            if best is None:
                 return None
-            best = min(fitting, key=lambda b: (b.price, b.ref.sort_name))
             pods = self._commit([], Purchase(((best, 1, need),), best.price, 1))
             return Outcome(pods, self._node_placement(pods[0][0]))
         caps = self.domain_caps(depth)
-        by_key: dict[tuple[str, ...], list[Batch]] = {}
-        for b in self.batches:
-            if len(b.ref.path) > depth:
-                by_key.setdefault(b.ref.path[: depth + 1], []).append(b)
         best_rank: tuple[float, int, tuple[str, ...]] | None = None
-        pool_left = self.pool_left()
-        for key in sorted(by_key):
-            batches = by_key[key]
+        chosen: Purchase | None = None
+        for key, refs in sorted(catalogue.by_domain(depth).items()):
             rest = need - caps.get(key, 0)
-            if len(batches) == 1 and rest > 0:
-                # buy()'s one-batch case without building a purchase: a required level
-                # prices every domain, and only the cheapest is bought.
-                b = batches[0]
-                k = one_batch_nodes(b, rest, pool_left)
-                if k is None:
-                    continue
-                rank = (k * b.price, k, key)
-            else:
-                purchase = buy(batches, rest, dict(pool_left))
-                if purchase is None:
-                    continue
-                rank = (purchase.cost, purchase.nodes, key)
+            batches = self._scan(refs, rest)
+            if not batches:
+                continue
+            purchase = buy(batches, rest, self._pool_left_of(batches))
+            if purchase is None:
+                continue
+            rank = (purchase.cost, purchase.nodes, key)
             if best_rank is None or rank < best_rank:
-                best_rank = rank
-        if best_rank is None:
+                best_rank, chosen = rank, purchase
+        if best_rank is None or chosen is None:
             return None
         key = best_rank[2]
         existing = caps.get(key, 0)
-        chosen = buy(by_key[key], need - existing, dict(pool_left))
-        assert chosen is not None
         taken = self._fill(self.members(key), existing, depth + 1) if existing else []
         pods = self._commit(taken, chosen)
         return Outcome(pods, self._placement(levels.domain[depth], key, pods))
@@ -354,9 +456,12 @@ class PodSetPlacer:
         take = min(need, self.existing_room())
         purchase: Purchase | None = None
         if take < need:
-            if not allow_new or not self.batches:
+            if not allow_new:
                 return None
-            purchase = buy(self.batches, need - take, self.pool_left())
+            scanned = self._scan(self.ws.index.catalogue.by_price, need - take)
+            if not scanned:
+                return None
+            purchase = buy(scanned, need - take, self._pool_left_of(scanned))
             if purchase is None:
                 return None
         classes = [cls for cls, _ in self.cands]

@@ -170,6 +170,15 @@ def pods_that_fit(
     return fit
 
 
+def selector_keys(shape: PodShape) -> tuple[str, ...]:
+    """Label keys :func:`selector_matches` reads (sorted): the only labels that can change
+    how many pods of the shape a node holds."""
+    keys = set(shape.node_selector)
+    for term in shape.affinity_terms:
+        keys.update(r.key for r in term.match_expressions)
+    return tuple(sorted(keys))
+
+
 def label_keys(shape: PodShape) -> tuple[str, ...]:
     """Label keys the shape's selectors look at (sorted): nodes that agree on them, on their
     free resources and on their taints are equivalent for this shape."""

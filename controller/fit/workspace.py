@@ -23,12 +23,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from operator import itemgetter
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from controller.fit.devices import ClaimFitter, PodAllocation, emptied
 from controller.fit.dra_types import NodeDevices, PodDevices
 from controller.fit.ports import unlisted
-from controller.fit.shapes import ShapeCounter, label_keys, uses_node_name
+from controller.fit.shapes import ShapeCounter, label_keys, selector_keys, uses_node_name
 from controller.fit.taints import lasting_taints, transient
 from controller.fit.topology import HOSTNAME, NEW_HOSTNAME, Levels
 from controller.fit.types import (
@@ -40,6 +40,8 @@ from controller.fit.types import (
     Resources,
     Taint,
 )
+
+T = TypeVar("T")
 
 NEW_NODE_PREFIX = "~new"
 """Name prefix of new-node slots: sorts after every real node name, so existing nodes are
@@ -132,10 +134,15 @@ class PoolRef:
     domain: PoolDomain
     labels: Mapping[str, str]
     path: tuple[str, ...]
+    ordinal: int = 0
+    """Position in :attr:`Catalogue.refs`."""
+    sort_name: str = ""
+    """``<pool>/<domain index>``: ties between equal prices break on it (kept, not formatted
+    per comparison: purchases sort many refs)."""
 
-    @property
-    def sort_name(self) -> str:
-        return f"{self.pool.name}/{self.domain_index:06d}"
+    def __post_init__(self) -> None:
+        if not self.sort_name:
+            object.__setattr__(self, "sort_name", f"{self.pool.name}/{self.domain_index:06d}")
 
 
 def _at_maximum(pool: PoolState) -> PoolState:
@@ -153,6 +160,129 @@ def _at_maximum(pool: PoolState) -> PoolState:
         for d in pool.domains
     )
     return replace(pool, domains=domains, max_new_nodes=pool.max_new_nodes + pool.booked_nodes)
+
+
+class Catalogue:
+    """The pools as one planning sees them: every (pool, domain) a new node can go to, and
+    the same refs ordered by price, whole and per topology domain, so that choosing new
+    capacity for a pod set can stop at the first price that cannot beat what it found
+    instead of sizing every pool's every domain.
+
+    Depends on the pools and levels only, not on the gang: built once per pools tuple and
+    shared by every plan and fork against it (:meth:`of` keeps the last few), which is what
+    makes a plan's cost independent of the pools that cannot serve it.
+    """
+
+    __slots__ = ("_batches", "_by_domain", "_per_node", "by_price", "fresh_headroom",
+                 "pool_index", "pools", "refs", "source")
+
+    def __init__(self, pools: Sequence[PoolState], levels: Levels, empty: bool) -> None:
+        self.source = pools
+        self.pools = tuple(_at_maximum(p) for p in pools) if empty else tuple(pools)
+        self.pool_index = {p.name: i for i, p in enumerate(pools)}
+        self.refs: list[PoolRef] = []
+        for pi, pool in enumerate(self.pools):
+            for di, dom in enumerate(pool.domains):
+                labels = {**pool.labels, **dom.labels}
+                labels.setdefault(HOSTNAME, NEW_HOSTNAME)
+                self.refs.append(
+                    PoolRef(pi, di, pool, dom, labels, levels.path(labels), len(self.refs))
+                )
+        self.by_price: list[PoolRef] = sorted(self.refs, key=_price_order)
+        """Every ref, cheapest node first (ties by :attr:`PoolRef.sort_name`)."""
+        self._by_domain: dict[int, dict[tuple[str, ...], list[PoolRef]]] = {}
+        self.fresh_headroom = {i: max(0, p.max_new_nodes) for i, p in enumerate(self.pools)}
+        """Pool-wide headroom while nothing is taken (the caller copies it to change it)."""
+        self._per_node: dict[tuple[object, ...], list[int]] = {}
+        self._batches: dict[tuple[object, ...], Sequence[Any]] = {}
+
+    def fresh_batches(self, shape: PodShape, build: Callable[[], Sequence[T]]) -> Sequence[T]:
+        """``build()``: what every ref can add for a pod set of ``shape`` while nothing has
+        been taken from the pools, shared by every such pod set (not kept for shapes with
+        device claims). The caller does not change it."""
+        key = _fit_key(shape)
+        if key is None:
+            return build()
+        got = self._batches.get(key)
+        if got is None:
+            got = build()
+            if len(self._batches) >= _SHAPES_KEPT:
+                del self._batches[next(iter(self._batches))]
+            self._batches[key] = got
+        return got
+
+    def per_node(self, shape: PodShape, count: Callable[[PoolRef], int]) -> list[int]:
+        """Pods of ``shape`` a new node of each ref holds (aligned with :attr:`refs`), by
+        ``count`` once per pool and selected label values, shared by every pod set of
+        that shape planned against these pools (kept for the last few hundred shapes;
+        shapes with device claims are counted afresh: their fit depends on the devices)."""
+        key = _fit_key(shape)
+        got = self._per_node.get(key) if key is not None else None
+        if got is not None:
+            return got
+        keys = selector_keys(shape)
+        memo: dict[tuple[int, tuple[str | None, ...]], int] = {}
+        got = []
+        for ref in self.refs:
+            mkey = (ref.pool_index, tuple([ref.labels.get(k) for k in keys]))
+            c = memo.get(mkey)
+            if c is None:
+                c = memo[mkey] = count(ref)
+            got.append(c)
+        if key is not None:
+            if len(self._per_node) >= _SHAPES_KEPT:
+                del self._per_node[next(iter(self._per_node))]
+            self._per_node[key] = got
+        return got
+
+    def by_domain(self, depth: int) -> dict[tuple[str, ...], list[PoolRef]]:
+        """The refs under each domain of domain-level index ``depth`` (keys: topology path
+        prefixes), each list in :attr:`by_price` order."""
+        got = self._by_domain.get(depth)
+        if got is None:
+            got = {}
+            for ref in self.by_price:
+                if len(ref.path) > depth:
+                    got.setdefault(ref.path[: depth + 1], []).append(ref)
+            self._by_domain[depth] = got
+        return got
+
+    @classmethod
+    def of(cls, pools: Sequence[PoolState], levels: Levels, empty: bool) -> Catalogue:
+        """The catalogue of ``pools``, shared while the same pools tuple is planned against
+        (a planning pass, a benchmark); a list is never cached (it could change)."""
+        if not isinstance(pools, tuple):
+            return cls(pools, levels, empty)
+        key = (id(pools), empty, levels.all)
+        got = _CATALOGUES.get(key)
+        if got is not None and got.source is pools:
+            return got
+        got = cls(pools, levels, empty)
+        if len(_CATALOGUES) >= _CATALOGUES_KEPT:
+            del _CATALOGUES[next(iter(_CATALOGUES))]
+        _CATALOGUES[key] = got  # holds ``pools``, so the id stays this tuple's
+        return got
+
+
+def _fit_key(shape: PodShape) -> tuple[object, ...] | None:
+    """Everything of ``shape`` that decides how many of its pods a new node holds (None
+    with device claims)."""
+    if shape.claims:
+        return None
+    return (tuple(sorted(shape.requests.items())), tuple(sorted(shape.node_selector.items())),
+            shape.affinity_terms, shape.tolerations, shape.max_per_node, shape.node_name)
+
+
+_SHAPES_KEPT = 512
+
+
+def _price_order(ref: PoolRef) -> tuple[float, str]:
+    return (ref.pool.price_per_node_hour, ref.sort_name)
+
+
+_CATALOGUES: dict[tuple[int, bool, tuple[str, ...]], Catalogue] = {}
+"""Recent catalogues by pools tuple (a memo: the same pools give the same catalogue)."""
+_CATALOGUES_KEPT = 8
 
 
 class _NodeIndex:
@@ -221,19 +351,15 @@ class WorkspaceIndex:
         empty: bool,
     ) -> None:
         self.levels = levels
-        self.pools = tuple(_at_maximum(p) for p in pools) if empty else tuple(pools)
         self.view = GangView.of(shapes)
         claims = [c for shape in shapes for c in shape.claims]
         self.device_keys = ClaimFitter(claims) if claims else None
         """Device equivalence (None: the gang claims no devices, devices are ignored)."""
         self.nodes = _NodeIndex(nodes)
-        self.pool_index = {p.name: i for i, p in enumerate(pools)}
-        self.refs: list[PoolRef] = []
-        for pi, pool in enumerate(self.pools):
-            for di, dom in enumerate(pool.domains):
-                labels = {**pool.labels, **dom.labels}
-                labels.setdefault(HOSTNAME, NEW_HOSTNAME)
-                self.refs.append(PoolRef(pi, di, pool, dom, labels, levels.path(labels)))
+        self.catalogue = Catalogue.of(pools, levels, empty)
+        self.pools = self.catalogue.pools
+        self.pool_index = self.catalogue.pool_index
+        self.refs = self.catalogue.refs
         self.taint_ids: dict[int, int] = {}
         self.taint_tokens: dict[tuple[Taint, ...], int] = {}
         self._taint_keep: list[tuple[Taint, ...]] = []
@@ -327,10 +453,21 @@ class Workspace:
         """``empty``: every node as if nothing ran on it, it were Ready and not cordoned,
         and its condition taints were gone (the best the cluster could ever offer, for the
         NeverFits test)."""
+        view = GangView.of(shapes)
+        memo_key = None
+        if isinstance(nodes, tuple) and isinstance(pools, tuple) and not view.claims:
+            memo_key = (id(nodes), id(pools), view, levels, empty)
+            hit = _BASES.get(memo_key)
+            if hit is not None and hit[0] is nodes and hit[1] is pools:
+                self.index = hit[2]
+                self.usage = Usage(dict(hit[3]))
+                return
         self.index = WorkspaceIndex(nodes, pools, levels, shapes, empty=empty)
         self.usage = Usage(_classes(self.index, nodes, empty))
         if empty:
             self._heal()
+        if memo_key is not None:
+            _remember(memo_key, (nodes, pools, self.index, dict(self.usage.classes)))
 
     @classmethod
     def _of(cls, index: WorkspaceIndex, usage: Usage) -> Workspace:
@@ -528,6 +665,37 @@ class Workspace:
             names.append(name)
         return names
 
+
+_BASES: dict[
+    tuple[Any, ...],
+    tuple[Sequence[NodeState], Sequence[PoolState], WorkspaceIndex, dict[ClassKey, NodeClass]],
+] = {}
+"""Recent base workspaces by (nodes tuple, pools tuple, gang view, levels, empty): a memo,
+since the same snapshot seen by gangs that tell nodes apart the same way gives the same
+index and classes. Requests planned against one snapshot (a planning pass, the NeverFits
+judgement after each failure, a benchmark) scan its nodes once, not once per request. Not
+for gangs with device claims (their classes depend on the claims, not only on the view).
+Only the class dict is copied per workspace: classes are immutable, the index is shared
+like between forks."""
+_BASES_KEPT = 8
+
+
+def _remember(
+    key: tuple[Any, ...],
+    entry: tuple[Sequence[NodeState], Sequence[PoolState], WorkspaceIndex,
+                 dict[ClassKey, NodeClass]],
+) -> None:
+    """Keep ``entry``, with the entries of the snapshot (nodes tuple) seen just before it at
+    most: a controller builds a new snapshot per pass, and an older one is not planned
+    against again, so it is not held in memory."""
+    if _BASES:
+        latest = next(reversed(_BASES.values()))[0]
+        if latest is not entry[0]:
+            for k in [k for k, v in _BASES.items() if v[0] is not latest]:
+                del _BASES[k]
+    while len(_BASES) >= _BASES_KEPT:
+        del _BASES[next(iter(_BASES))]
+    _BASES[key] = entry
 
 _Group = tuple[NodeState, list[str], NodeDevices | None]
 """A class being built: its first node, its members' names, a member's devices."""
