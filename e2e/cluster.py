@@ -353,7 +353,7 @@ def _wait(cluster: Cluster, component: str, probe: Any, *, within: float) -> Non
 def kubectl(cluster: Cluster, *args: str, stdin: str | None = None,
             check: bool = True) -> subprocess.CompletedProcess[str]:
     if shutil.which("kubectl") is None:
-        raise ClusterError("kubectl is needed (Debian package 'kubectl'; .ci/run installs it)")
+        raise ClusterError("kubectl is needed (Debian package 'kubectl'; hack/test installs it)")
     done = subprocess.run(
         ["kubectl", "--kubeconfig", str(cluster.admin_kubeconfig), *args],
         input=stdin, capture_output=True, text=True, check=False,

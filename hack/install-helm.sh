@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build helm from its Go module (no prebuilt binary can be downloaded on our machines) into a
 # cache outside the clone, and print the binary's path. Cached by version: the second call
-# prints the path at once.
+# prints the path at once. A lock beside the cache (flock) lets one build run at a time: a
+# second call waits for the first, says so, and then finds helm built.
 #
 #   hack/install-helm.sh                  # -> ~/.cache/muster/helm/v3.22.0/helm
 #   HELM_VERSION=v3.22.0 MUSTER_CACHE=/somewhere hack/install-helm.sh
@@ -18,6 +19,18 @@ if [[ -x $DIR/helm ]]; then
     echo "$DIR/helm"
     exit 0
 fi
+mkdir -p "$(dirname "$DIR")"
+exec 9>"$DIR.lock"
+if ! flock --nonblock 9; then
+    echo "install-helm.sh: another build is writing $DIR (it holds $DIR.lock); waiting for it" >&2
+    flock 9
+    if [[ -x $DIR/helm ]]; then
+        echo "install-helm.sh: the other build completed $DIR" >&2
+        echo "$DIR/helm"
+        exit 0
+    fi
+    echo "install-helm.sh: the other build stopped before completing $DIR; building" >&2
+fi
 if ! command -v go >/dev/null 2>&1; then
     echo "error: go is required to build helm (Debian: apt-get install -y golang-go)" >&2
     exit 2
@@ -32,7 +45,6 @@ GOBIN="$tmp" GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod \
     go install -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
     "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" >&2
 "$tmp/helm" version --short >&2
-mkdir -p "$(dirname "$DIR")"
 rm -rf "$DIR"
 mv "$tmp" "$DIR"
 echo "$DIR/helm"

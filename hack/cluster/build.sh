@@ -6,14 +6,16 @@
 # The binaries go to a cache outside the clone, keyed by versions.env, so every clone, session
 # and CI run on this machine shares one build; a second run with the cache prints its path and
 # does nothing else. Go's own module and build caches (GOMODCACHE, GOCACHE) make a rebuild after
-# a version bump incremental.
+# a version bump incremental. A lock beside the cache directory (flock) lets one build write it
+# at a time: a second build (another clone's tests, CI beside a developer) waits for the first,
+# says so, and then finds the cache complete.
 #
 #   hack/cluster/build.sh            build what is missing, print the bin directory
 #   hack/cluster/build.sh --print    print the bin directory only (exit 1 if not built)
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
-# shellcheck source=versions.env
+# shellcheck source=versions.env disable=SC1091  # shellcheck is not given -x by the tests
 source "$here/versions.env"
 
 key="$(sha256sum "$here/versions.env" | cut -c1-12)"
@@ -30,6 +32,19 @@ fi
 if [[ -f "$out/.complete" ]]; then
     echo "$bin"
     exit 0
+fi
+
+mkdir -p "$cache_root"
+exec 9>"$out.lock"
+if ! flock --nonblock 9; then
+    echo "build.sh: another build is writing $out (it holds $out.lock); waiting for it" >&2
+    flock 9
+    if [[ -f "$out/.complete" ]]; then
+        echo "build.sh: the other build completed $out" >&2
+        echo "$bin"
+        exit 0
+    fi
+    echo "build.sh: the other build stopped before completing $out; building" >&2
 fi
 
 command -v go >/dev/null || { echo "build.sh: the go command is needed (Go >= 1.26)" >&2; exit 2; }
@@ -69,7 +84,7 @@ build_kubernetes() {
     for c in kube-apiserver kube-controller-manager kube-scheduler; do
         [[ -x "$bin/$c" ]] && continue
         step "resolving $c dependencies (k8s.io/kubernetes $KUBERNETES_VERSION)"
-        (cd "$src" && go get "k8s.io/kubernetes/cmd/$c@$KUBERNETES_VERSION" 2>&1 | grep -v '^go: downloading' >&2 || true)
+        (cd "$src" || exit; go get "k8s.io/kubernetes/cmd/$c@$KUBERNETES_VERSION" 2>&1 | grep -v '^go: downloading' >&2 || true)
         step "compiling $c"
         (cd "$src" && go build -ldflags "-s -w $ver" -o "$bin/$c.tmp" "k8s.io/kubernetes/cmd/$c")
         mv "$bin/$c.tmp" "$bin/$c"
@@ -95,7 +110,7 @@ GO
     printf 'module muster.dev/cluster/etcd\n\ngo 1.26.0\n\nrequire go.etcd.io/etcd/server/v3 %s\n' \
         "$ETCD_VERSION" >"$src/go.mod"
     step "resolving etcd $ETCD_VERSION"
-    (cd "$src" && go mod tidy 2>&1 | grep -v '^go: downloading' >&2 || true)
+    (cd "$src" || exit; go mod tidy 2>&1 | grep -v '^go: downloading' >&2 || true)
     step "compiling etcd"
     (cd "$src" && go build -ldflags "-s -w" -o "$bin/etcd.tmp" .)
     mv "$bin/etcd.tmp" "$bin/etcd"

@@ -23,7 +23,7 @@ KUBECTL_MISSING = (
     "kubectl is not installed, and these tests render and apply the manifests with it. "
     "Install it (Debian/Ubuntu: `apt-get update && apt-get install -y kubectl`, the package "
     "that provides /usr/bin/kubectl on Muster's machines; elsewhere see "
-    "https://kubernetes.io/docs/tasks/tools/) and run the tests again. `bash .ci/run` "
+    "https://kubernetes.io/docs/tasks/tools/) and run the tests again. `hack/test` "
     "installs it."
 )
 

@@ -10,7 +10,7 @@ pod would: read-only root, a tmpfs at /tmp, the image's USER, WORKDIR and ENV.
 
 Cold (nothing cached) the build takes minutes, and its progress is printed as it goes; warm
 (nothing changed) it takes seconds. Nothing is skipped: a machine without podman, debootstrap
-or root fails with what to install (``bash .ci/run`` installs them).
+or root fails with what to install (``hack/test`` installs them).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def image(request: pytest.FixtureRequest) -> Iterator[Built]:
     if missing:
         pytest.fail(
             f"building the image needs {', '.join(missing)}: apt-get install -y "
-            f"{' '.join(missing)} (bash .ci/run installs them)", pytrace=False)
+            f"{' '.join(missing)} (hack/test installs them)", pytrace=False)
     if os.geteuid() != 0:
         pytest.fail("building the image needs root (debootstrap, chroot builds, image "
                     "mounts); run the tests as root, as CI does", pytrace=False)

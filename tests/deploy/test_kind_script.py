@@ -45,7 +45,7 @@ def test_shellcheck_is_clean() -> None:
     shellcheck = shutil.which("shellcheck")
     if shellcheck is None:
         if os.environ.get("CI"):
-            pytest.fail("shellcheck is missing in CI; .ci/run installs it with apt-get")
+            pytest.fail("shellcheck is missing in CI; hack/test installs it with apt-get")
         pytest.skip("shellcheck is not installed (apt-get install -y shellcheck); bash -n ran")
     proc = subprocess.run(
         [shellcheck, "--severity=style", str(SCRIPT)], capture_output=True, text=True,

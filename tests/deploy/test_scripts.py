@@ -1,5 +1,6 @@
-"""The shell scripts CI and developers run (image build, helm build, lock refresh, CI entry
-point) parse with bash, pass shellcheck, are executable and fail fast."""
+"""The shell scripts CI and developers run (the test command, image build, helm and cluster
+builds, lock refresh, CI entry point) parse with bash, pass shellcheck, are executable and fail
+fast."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = sorted([*ROOT.glob("hack/*.sh"), *ROOT.glob("hack/image/*.sh"), ROOT / ".ci" / "run"])
+SCRIPTS = sorted([*ROOT.glob("hack/*.sh"), *ROOT.glob("hack/image/*.sh"),
+                  *ROOT.glob("hack/cluster/*.sh"), ROOT / "hack" / "test", ROOT / ".ci" / "run"])
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.relative_to(ROOT).as_posix())
@@ -26,7 +28,7 @@ def test_script_is_sound(script: Path) -> None:
     shellcheck = shutil.which("shellcheck")
     if shellcheck is None:
         if os.environ.get("CI"):
-            pytest.fail("shellcheck is missing in CI; .ci/run installs it with apt-get")
+            pytest.fail("shellcheck is missing in CI; hack/test installs it with apt-get")
         pytest.skip("shellcheck is not installed (apt-get install -y shellcheck); bash -n ran")
     proc = subprocess.run([shellcheck, "--severity=style", str(script)], capture_output=True,
                           text=True, check=False)
