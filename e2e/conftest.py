@@ -200,7 +200,12 @@ async def eventually(
     deadline = loop.time() + within
     last: T | None = None
     while True:
-        last = await probe()
+        try:
+            last = await asyncio.wait_for(probe(), max(deadline - loop.time(), step))
+        except TimeoutError:
+            raise AssertionError(
+                f"timed out after {within:g}s waiting for {what}: the probe did not answer "
+                f"(last answer: {last!r})") from None
         if last:
             return last
         if loop.time() > deadline:

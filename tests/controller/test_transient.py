@@ -37,7 +37,7 @@ from sandbox.server import SandboxServer
 from sandbox.store import Store
 from tests.controller.builders import gpu_node
 from tests.controller.conftest import CRDS
-from tests.helpers import eventually
+from tests.helpers import bounded, eventually
 
 _until = functools.partial(eventually, within=30.0, step=0.05)
 
@@ -157,25 +157,27 @@ async def test_watches_failing_for_seconds_fail_readyz_long_before_a_streams_len
     assert controller.stall_after > 300
     controller.failing_after = 1.5
     probes = Probes(controller, None)
-    await controller.start()
+    # Each step bounded well under the runner's timeout, saying which one a loaded machine
+    # made slow.
+    await bounded(controller.start(), 60, "the controller to start")
     port = server.port
     back: SandboxServer | None = None
     try:
         assert probes.ready()[0]
-        await server.stop()
+        await bounded(server.stop(), 30, "the API server to stop")
         await asyncio.sleep(0.5)
         assert probes.ready()[0], "a failure or two is not yet a stall"
 
         async def not_ready() -> bool:
             return not probes.ready()[0]
 
-        await _until(not_ready)
+        await _until(not_ready, what="/readyz to fail while the API server is down")
         assert "made no progress" in probes.ready()[1]["reason"]
         assert probes.live()[0]
         back = SandboxServer(port=port, store=server.store)
-        await back.start()
-        await _until(lambda: _ready(probes))
+        await bounded(back.start(), 30, "the API server to come back")
+        await _until(lambda: _ready(probes), what="/readyz to pass once the API server is back")
     finally:
-        await controller.stop()
+        await bounded(controller.stop(), 60, "the controller to stop")
         if back is not None:
-            await back.stop()
+            await bounded(back.stop(), 30, "the API server to stop")
