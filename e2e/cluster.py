@@ -617,23 +617,61 @@ def _kueue_webhooks(cluster: Cluster, bin_dir: Path, pki: Path) -> str:
 
 
 KUEUE_METRICS_CERTS = Path("/etc/kueue/metrics/certs")
+"""Kueue 0.17 reads its metrics serving certificate from this fixed path whenever its internal
+cert management is off (a pod mounts a Secret there), exits without one, and has no flag or
+config field to read it from elsewhere."""
+
+# Run by sh in a mount namespace of Kueue's own (unshare): /etc becomes an overlay whose
+# writable layer is a tmpfs of that namespace, and the state directory's certificates are
+# bound at KUEUE_METRICS_CERTS in it; nothing reaches the machine's /etc, and two clusters on
+# one machine each give their Kueue their own certificate.
+_PRIVATE_ETC = """
+set -eu
+certs=$1 scratch=$2 target=$3
+shift 3
+mount -t tmpfs muster-kueue-etc "$scratch"
+mkdir "$scratch/upper" "$scratch/work"
+mount -t overlay overlay -o "lowerdir=/etc,upperdir=$scratch/upper,workdir=$scratch/work" /etc
+mkdir -p "$target"
+mount --bind "$certs" "$target"
+exec "$@"
+"""
 
 
-def _kueue_metrics_certs(pki: Path) -> None:
-    """Kueue 0.17 reads its metrics serving certificate from this fixed path whenever its
-    internal cert management is off (a pod mounts a Secret there), and exits without one.
-    We serve metrics on 127.0.0.1 only, with the webhook's certificate."""
-    try:
-        KUEUE_METRICS_CERTS.mkdir(parents=True, exist_ok=True)
-        for name, src in (("tls.crt", "kueue-webhook.crt"), ("tls.key", "kueue-webhook.key")):
-            target = KUEUE_METRICS_CERTS / name
-            if not target.exists() or target.read_bytes() != (pki / src).read_bytes():
-                shutil.copy(pki / src, target)
-    except OSError as exc:
+def _kueue_metrics_certs(cluster: Cluster, pki: Path) -> Path:
+    """The state directory's copy of what Kueue serves metrics with (the webhook's
+    certificate: metrics are served on 127.0.0.1 only)."""
+    certs = cluster.state / "kueue-metrics-certs"
+    certs.mkdir(parents=True, exist_ok=True)
+    for name, src in (("tls.crt", "kueue-webhook.crt"), ("tls.key", "kueue-webhook.key")):
+        shutil.copy(pki / src, certs / name)
+    return certs
+
+
+def _unshare() -> list[str]:
+    # Without root, a user namespace (mapping the user to root in it) allows the mounts.
+    return ["unshare", "--mount", "--propagation", "private",
+            *([] if os.geteuid() == 0 else ["--map-root-user"])]
+
+
+def with_private_etc(cluster: Cluster, certs: Path, argv: list[str]) -> list[str]:
+    """``argv`` run with :data:`KUEUE_METRICS_CERTS` showing ``certs``, in a mount namespace
+    of its own; the same pid (unshare and sh exec), so pid files and stop work unchanged."""
+    scratch = cluster.state / "kueue-etc"
+    scratch.mkdir(parents=True, exist_ok=True)
+    if "," in str(scratch) or ":" in str(scratch):
+        raise ClusterError(f"the state directory {cluster.state} must not contain ',' or ':' "
+                           "(Kueue's /etc overlay names it in mount options)")
+    probe = subprocess.run([*_unshare(), "true"], capture_output=True, text=True, check=False)
+    if probe.returncode != 0:
         raise ClusterError(
-            f"Kueue needs its metrics certificate in {KUEUE_METRICS_CERTS} (a fixed path in "
-            f"Kueue 0.17) and it cannot be written: {exc}; run as root or create it"
-        ) from exc
+            f"Kueue needs its metrics certificate at {KUEUE_METRICS_CERTS} (fixed in Kueue "
+            f"0.17); the harness mounts it there in a namespace of Kueue's own rather than "
+            f"write the machine's /etc, and unshare failed: {probe.stderr.strip()}. Run as "
+            "root or allow unprivileged user namespaces (sysctl "
+            "kernel.unprivileged_userns_clone=1, kernel.apparmor_restrict_unprivileged_userns=0)")
+    return [*_unshare(), "sh", "-c", _PRIVATE_ETC, "kueue-private-etc", str(certs), str(scratch),
+            str(KUEUE_METRICS_CERTS), *argv]
 
 
 def _start_kueue(cluster: Cluster, bin_dir: Path, pki: Path) -> None:
@@ -643,14 +681,13 @@ def _start_kueue(cluster: Cluster, bin_dir: Path, pki: Path) -> None:
             str(_cache_dir(bin_dir) / "kueue-crds"))
     kubectl(cluster, "create", "namespace", "kueue-system", check=False)
     config = _kueue_config(cluster, pki)
-    _kueue_metrics_certs(pki)
-    _start(cluster, "kueue", [
+    _start(cluster, "kueue", with_private_etc(cluster, _kueue_metrics_certs(cluster, pki), [
         str(bin_dir / "kueue"), f"--config={config}",
         f"--kubeconfig={cluster.admin_kubeconfig}",
         # No aggregated API here: the visibility server would need an APIService and a Service.
         "--feature-gates=VisibilityOnDemand=false",
         "--zap-log-level=info",
-    ])
+    ]))
     _wait(cluster, "kueue",
           lambda: _get(f"http://127.0.0.1:{cluster.ports.kueue_health}/readyz") == 200,
           within=60)
