@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -65,3 +68,27 @@ def test_kueue_gets_its_metrics_certificate_from_the_state_directory_not_the_mac
     assert seen.read_text() == f"certificate of {state}\n"
     assert _tree(etc_kueue) == before, f"{etc_kueue} changed on the machine"
     cp._stop(cluster, "kueue")
+
+
+@pytest.mark.parametrize(("select", "builds"), [(["-m", "not real"], False), ([], True)])
+def test_only_a_run_that_selects_a_real_tier_test_builds_the_control_plane(
+    tmp_path: Path, select: list[str], builds: bool,
+) -> None:
+    # The fast local loop (-m "not real") started the real control plane's build (tens of
+    # minutes cold): the build hook looked at the tests before -m deselected them.
+    (tmp_path / "test_tiers.py").write_text(
+        "import pytest\n\n\n@pytest.mark.real\ndef test_real():\n    pass\n\n\n"
+        "def test_sandbox():\n    pass\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    called = tmp_path / "go-was-called"
+    (bin_dir / "go").write_text(f"#!/bin/sh\ntouch {called}\nexit 1\n")
+    (bin_dir / "go").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHONPATH": str(cp.ROOT),
+           "MUSTER_CLUSTER_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "e2e.real",
+         *select, str(tmp_path / "test_tiers.py")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert called.exists() == builds, done.stdout + done.stderr
