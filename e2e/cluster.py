@@ -13,17 +13,28 @@ the real RBAC authorizer checks the shipped manifests.
 Everything lives in one state directory (``.cluster/`` in the clone by default, git-ignored):
 certificates (kept between runs), logs, pid files, kubeconfigs, etcd data. ``up`` is
 idempotent (a running cluster is reused), ``down`` stops every process it started and checks
-that none is left. No traffic leaves 127.0.0.1.
+that none is left. No traffic leaves 127.0.0.1, and nothing is written outside the state
+directory but the claim of its ports (below) and the build cache.
+
+Two clusters on one machine never share ports: unless ``MUSTER_CLUSTER_PORT_BASE`` says
+otherwise, a state directory claims a slot of :data:`PORT_SLOT` ports (from
+:data:`PORT_BASE_FIRST` up, free and claimed by no other state directory) in a registry under
+the user's cache directory, and keeps it (``<state>/port-base``). A test run takes its state
+directory for itself (:func:`session_cluster`): a second run beside it, in the same clone,
+gets ``.cluster-2`` and ports of its own.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
+import itertools
 import json
 import os
 import shutil
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -33,7 +44,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import yaml
 
@@ -141,13 +152,148 @@ class Cluster:
         return self.logs / "audit.log"
 
     def version(self) -> str:
-        return _versions()["KUBERNETES_VERSION"]
+        return kubernetes_version()
+
+
+def kubernetes_version() -> str:
+    """The Kubernetes release hack/cluster/versions.env pins."""
+    return _versions()["KUBERNETES_VERSION"]
 
 
 def default_cluster() -> Cluster:
-    state = Path(os.environ.get("MUSTER_CLUSTER_STATE", DEFAULT_STATE))
-    base = int(os.environ.get("MUSTER_CLUSTER_PORT_BASE", "26400"))
+    """``MUSTER_CLUSTER_STATE`` (default ``.cluster`` in the clone) with
+    ``MUSTER_CLUSTER_PORT_BASE``, or else the ports that state directory claimed."""
+    state = Path(os.path.abspath(os.environ.get("MUSTER_CLUSTER_STATE", DEFAULT_STATE)))
+    given = os.environ.get("MUSTER_CLUSTER_PORT_BASE")
+    if given is not None:
+        try:
+            base = int(given)
+        except ValueError:
+            raise ClusterError(
+                f"MUSTER_CLUSTER_PORT_BASE must be a port number, got {given!r}") from None
+    else:
+        base = port_base(state)
     return Cluster(state=state, ports=Ports(base))
+
+
+PORT_BASE_FIRST = 26400
+PORT_SLOT = 50
+"""Ports a cluster uses from its base: its components (+0 to +8), Muster's processes (+20 to
++25, e2e/real.py), a fault proxy (+24) and a bare cluster beside it (+40 to +48)."""
+PORT_SLOTS = 60
+LEGACY_PORT_BASE = 26400
+"""Every cluster's base before bases were claimed: a running cluster without a recorded base
+was started with it."""
+
+
+def _port_registry() -> Path:
+    cache = os.environ.get("MUSTER_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "muster")
+    return Path(cache) / "cluster-ports"
+
+
+def _recorded_base(state: Path) -> int | None:
+    try:
+        return int((state / "port-base").read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _claimant(registry: Path, base: int) -> Path | None:
+    """The state directory that holds ``base``; None when unclaimed, or when the claimant no
+    longer records that base (it moved, or it was deleted with its clone)."""
+    try:
+        state = Path((registry / str(base)).read_text().strip())
+    except OSError:
+        return None
+    return state if _recorded_base(state) == base else None
+
+
+def _ports_free(base: int) -> bool:
+    for port in range(base, base + PORT_SLOT):
+        with socket.socket() as sock:
+            # As the components bind: a port left in TIME_WAIT by a stopped cluster is free.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+    return True
+
+
+def _state_running(state: Path) -> bool:
+    for pid_file in (state / "run").glob("*.pid"):
+        with contextlib.suppress(OSError, ValueError):
+            if _alive(int(pid_file.read_text().strip())):
+                return True
+    return False
+
+
+def port_base(state: Path) -> int:
+    """The base of the ports ``state``'s cluster uses: the one it claimed before, while no
+    other state directory holds it and its ports are free (or its own cluster runs on them);
+    else the first slot that is unclaimed and free. Claims are made under a lock, so two runs
+    starting at once get different slots."""
+    registry = _port_registry()
+    registry.mkdir(parents=True, exist_ok=True)
+    with (registry / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        running = _state_running(state)
+        recorded = _recorded_base(state)
+        if recorded is None and running:
+            recorded = LEGACY_PORT_BASE
+        if recorded is not None and _claimant(registry, recorded) in (None, state) and (
+                running or _ports_free(recorded)):
+            chosen = recorded
+        else:
+            slots = (PORT_BASE_FIRST + i * PORT_SLOT for i in range(PORT_SLOTS))
+            free = (b for b in slots if _claimant(registry, b) in (None, state)
+                    and _ports_free(b))
+            found = next(free, None)
+            if found is None:
+                raise ClusterError(
+                    f"no free port slot for a cluster between {PORT_BASE_FIRST} and "
+                    f"{PORT_BASE_FIRST + PORT_SLOTS * PORT_SLOT} (claims in {registry}); "
+                    "set MUSTER_CLUSTER_PORT_BASE")
+            chosen = found
+        state.mkdir(parents=True, exist_ok=True)
+        (state / "port-base").write_text(f"{chosen}\n")
+        (registry / str(chosen)).write_text(f"{state}\n")
+    return chosen
+
+
+_SESSION: list[tuple[Cluster, IO[str]]] = []
+
+
+def session_cluster() -> Cluster:
+    """This test run's cluster, which no other run on the machine uses: the state directory
+    of ``MUSTER_CLUSTER_STATE``, or else the first of ``.cluster``, ``.cluster-2``, ... that
+    no other live run holds, locked while this process lives. The choice is exported, so
+    every later :func:`default_cluster` (and any tool run from the tests) agrees."""
+    if _SESSION:
+        return _SESSION[0][0]
+    given = os.environ.get("MUSTER_CLUSTER_STATE")
+    candidates = [Path(given)] if given else (
+        DEFAULT_STATE if i == 1 else ROOT / f"{DEFAULT_STATE.name}-{i}"
+        for i in itertools.count(1))
+    for state in candidates:
+        state.mkdir(parents=True, exist_ok=True)
+        lock = (state / "session.lock").open("w")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            if given:
+                raise ClusterError(
+                    f"another test run is using the cluster in {state} (MUSTER_CLUSTER_STATE); "
+                    "unset it to get a cluster of this run's own") from None
+            continue
+        os.environ["MUSTER_CLUSTER_STATE"] = str(state)
+        cluster = default_cluster()
+        os.environ["MUSTER_CLUSTER_PORT_BASE"] = str(cluster.ports.base)
+        _SESSION.append((cluster, lock))
+        return cluster
+    raise AssertionError("unreachable: the candidates never end")
 
 
 def progress(message: str) -> None:

@@ -167,8 +167,12 @@ def forbidden(lines: list[str]) -> list[str]:
 
 @pytest.fixture(scope="session")
 def real_cluster(request: pytest.FixtureRequest) -> Iterator[cp.Cluster]:
-    """The local control plane, started once per session (built first if needed)."""
-    cluster = cp.default_cluster()
+    """The local control plane, started once per session (built first if needed), in a state
+    directory and on ports no other test run on the machine uses."""
+    try:
+        cluster = cp.session_cluster()
+    except cp.ClusterError as exc:
+        pytest.fail(f"no cluster for this run: {exc}", pytrace=False)
     capture = request.config.pluginmanager.getplugin("capturemanager")
 
     def terminal() -> Any:
@@ -369,7 +373,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             f"muster (real): the session's Muster ended on its own {len(_EXITS)} time(s):")
         for line in _EXITS:
             terminalreporter.write_line(line)
-    version = cp.default_cluster().version()
+    version = cp.kubernetes_version()
     for tier, label in (("sandbox", "tier sandbox"),
                         (REAL, f"tier real (kube-apiserver {version})")):
         c = counts[tier]

@@ -49,7 +49,7 @@ def test_the_readme_marks_every_install_step() -> None:
 @pytest.fixture(scope="module")
 def bare(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cp.Cluster]:
     """A control plane beside the tier's (its own ports and state), with nothing installed."""
-    base = cp.default_cluster().ports.base + 40
+    base = cp.session_cluster().ports.base + 40
     cluster = cp.Cluster(state=tmp_path_factory.mktemp("bare-cluster"), ports=cp.Ports(base))
     try:
         cp.up(cluster, bare=True)
