@@ -501,7 +501,9 @@ def kubectl(cluster: Cluster, *args: str, stdin: str | None = None,
     if shutil.which("kubectl") is None:
         raise ClusterError("kubectl is needed (Debian package 'kubectl'; hack/test installs it)")
     done = subprocess.run(
-        ["kubectl", "--kubeconfig", str(cluster.admin_kubeconfig), *args],
+        # Its discovery and HTTP caches in the state directory, not ~/.kube/cache.
+        ["kubectl", "--kubeconfig", str(cluster.admin_kubeconfig),
+         f"--cache-dir={cluster.state / 'kube-cache'}", *args],
         input=stdin, capture_output=True, text=True, check=False,
     )
     if check and done.returncode != 0:
@@ -859,6 +861,14 @@ def helm_binary() -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
+def helm_homes(cluster: Cluster) -> dict[str, str]:
+    """helm's cache, config and data directories in the state directory (not ~/.cache/helm,
+    ~/.config/helm, ~/.local/share/helm)."""
+    home = cluster.state / "helm"
+    return {"HELM_CACHE_HOME": str(home / "cache"), "HELM_CONFIG_HOME": str(home / "config"),
+            "HELM_DATA_HOME": str(home / "data")}
+
+
 # The chart's Deployment is installed as a user would, but nothing here can run its image
 # (kwok only pretends): its pods must not land on the fake provider's nodes, where kwok would
 # mark them Running and keep those nodes busy. Muster runs as a process instead (e2e/real.py).
@@ -879,7 +889,7 @@ def _install_muster(cluster: Cluster) -> None:
             [helm_binary(), "--kubeconfig", str(cluster.admin_kubeconfig), "upgrade",
              "--install", "muster", str(ROOT / "charts" / "muster"), "--namespace",
              MUSTER_NAMESPACE, "--create-namespace", "--values", str(values), "--wait=false"],
-            capture_output=True, text=True, check=False)
+            capture_output=True, text=True, check=False, env={**os.environ, **helm_homes(cluster)})
         if done.returncode != 0:
             raise ClusterError(f"helm install of charts/muster failed: {done.stderr.strip()}")
     else:

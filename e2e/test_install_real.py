@@ -79,7 +79,9 @@ def workdir(tmp_path: Path) -> Path:
 
 def run_step(name: str, cluster: cp.Cluster, workdir: Path) -> str:
     helm = Path(cp.helm_binary())
+    # kubectl's and helm's caches in the cluster's state directory, not the user's home.
     env = {**os.environ, **IMAGE_ENV, "KUBECONFIG": str(cluster.admin_kubeconfig),
+           "KUBECACHEDIR": str(cluster.state / "kube-cache"), **cp.helm_homes(cluster),
            "PATH": f"{helm.parent}{os.pathsep}{os.environ['PATH']}"}
     done = subprocess.run(["bash", "-euo", "pipefail", "-c", readme_steps()[name]],
                           cwd=workdir, env=env, capture_output=True, text=True, timeout=600)
