@@ -446,7 +446,10 @@ def _stop(cluster: Cluster, component: str, *, timeout: float = 10.0) -> None:
         if _alive(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 30
             while _alive(pid):
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"{component} (pid {pid}) still alive 30s after SIGKILL")
                 time.sleep(0.05)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)

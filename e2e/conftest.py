@@ -215,6 +215,15 @@ async def eventually(
         await asyncio.sleep(step)
 
 
+async def bounded(awaitable: Awaitable[T], within: float, what: str) -> T:
+    """``awaitable``'s result, or the test fails after ``within`` seconds naming ``what``
+    (instead of hanging until the runner's timeout, which names nothing)."""
+    try:
+        return await asyncio.wait_for(awaitable, within)
+    except TimeoutError:
+        raise AssertionError(f"timed out after {within:g}s waiting for {what}") from None
+
+
 TIERS = [pytest.param("sandbox"), pytest.param("real", marks=pytest.mark.real)]
 
 
@@ -273,7 +282,7 @@ async def _sandbox_env(namespace: str, run: str, config: MusterConfig) -> AsyncI
     from sandbox.server import SandboxServer
 
     server = SandboxServer(crd_dir=CRD_DIR, bookmark_interval=0.5)
-    await server.start()
+    await bounded(server.start(), 30, "the sandbox API server to start")
     tmp = tempfile.TemporaryDirectory(prefix="muster-e2e-")
     path = server.write_kubeconfig(Path(tmp.name) / "kubeconfig")
     kube = await KubeClient.from_kubeconfig(path)
@@ -287,14 +296,14 @@ async def _sandbox_env(namespace: str, run: str, config: MusterConfig) -> AsyncI
         provider = FakeProvider(own, heartbeat_seconds=config.providers.kind.heartbeat_seconds)
         providers.append(provider)
         controller = Controller(kube=own, config=config, providers={"kind": provider})
-        await controller.start()
+        await bounded(controller.start(), 60, "the controller to start")
         holder.update(controller=controller, kube=own)
 
     async def stop() -> None:
         controller, own = holder["controller"], holder["kube"]
         holder.update(controller=None, kube=None)
         if controller is not None:
-            await controller.stop()
+            await bounded(controller.stop(), 60, "the controller to stop")
         if own is not None:
             await own.close()
 
@@ -322,7 +331,7 @@ async def _sandbox_env(namespace: str, run: str, config: MusterConfig) -> AsyncI
             await scheduler.stop()
         await stop()
         await kube.close()
-        await server.stop()
+        await bounded(server.stop(), 30, "the sandbox API server to stop")
         tmp.cleanup()
 
 

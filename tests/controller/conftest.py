@@ -17,6 +17,7 @@ from controller.operator import Controller
 from providers.fake import FakeProvider
 from sandbox.server import SandboxServer
 from sandbox.store import Store
+from tests.helpers import bounded
 
 CRDS = Path(__file__).resolve().parents[2] / "crds"
 
@@ -24,11 +25,11 @@ CRDS = Path(__file__).resolve().parents[2] / "crds"
 @pytest.fixture
 async def server() -> AsyncIterator[SandboxServer]:
     srv = SandboxServer(crd_dir=CRDS, bookmark_interval=0.2)
-    await srv.start()
+    await bounded(srv.start(), 30, "the sandbox API server to start")
     try:
         yield srv
     finally:
-        await srv.stop()
+        await bounded(srv.stop(), 30, "the sandbox API server to stop")
 
 
 @pytest.fixture
@@ -45,13 +46,13 @@ async def short_history(tmp_path: Path) -> AsyncIterator[tuple[SandboxServer, Ku
     """A server that keeps only 5 events per resource, like an apiserver after compaction:
     a watch's or a listing's resourceVersion falls out of its window after a few writes."""
     srv = SandboxServer(store=Store(history=5), bookmark_interval=0.1)
-    await srv.start()
+    await bounded(srv.start(), 30, "the sandbox API server to start")
     client = await KubeClient.from_kubeconfig(srv.write_kubeconfig(tmp_path / "kc"))
     try:
         yield srv, client
     finally:
         await client.close()
-        await srv.stop()
+        await bounded(srv.stop(), 30, "the sandbox API server to stop")
 
 
 @pytest.fixture
@@ -78,9 +79,9 @@ async def running(
     provider = FakeProvider(kube, heartbeat_seconds=3600)
     controller = Controller(kube=kube, config=muster_config, clock=clock,
                             providers={"kind": provider})
-    await controller.start()
+    await bounded(controller.start(), 60, "the controller to start")
     try:
         yield controller, clock, provider
     finally:
-        await controller.stop()
+        await bounded(controller.stop(), 60, "the controller to stop")
 
