@@ -33,3 +33,16 @@ def test_script_is_sound(script: Path) -> None:
     proc = subprocess.run([shellcheck, "--severity=style", str(script)], capture_output=True,
                           text=True, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_ci_runs_exactly_the_one_test_command() -> None:
+    # CI and a newcomer run the same thing: every tool installed and every tier run by
+    # hack/test, not by steps only CI takes.
+    code = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]
+    assert "hack/test" in code, code
+    assert not [line for line in code if "pytest" in line or "pip" in line or "apt" in line]
+    test = (ROOT / "hack" / "test").read_text()
+    for step in ("pip install", "apt-get install", "hack/cluster/build.sh",
+                 "hack/install-helm.sh", '-m pytest -q "$@"'):
+        assert step in test, step
