@@ -62,8 +62,8 @@ MESSAGES: Mapping[Reason, str] = {
         "Capacity is provisioned and booked: {where} ({new_nodes} new node(s))."
     ),
     Reason.FAILED_TO_CREATE_PODS: (
-        "Cannot build the pods of this request: {detail}. Create the PodTemplate(s) in the "
-        "request's namespace, then recreate the request (its spec is immutable)."
+        "Cannot build the pods of this request: {detail}. Create {missing}, then recreate "
+        "the request (its spec is immutable)."
     ),
     Reason.FAILED_TO_BOOK_CAPACITY: (
         "Lost the PodTemplate(s) while booking: {detail}. Recreate them and the request."

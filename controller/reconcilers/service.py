@@ -98,7 +98,10 @@ ARRIVAL_POLL_SECONDS = 0.5
 class Invalid(Exception):
     reason: Reason
     detail: str
-    missing_template: bool = False
+    missing: tuple[str, ...] = ()
+    """What the request refers to and the cache does not hold (``PodTemplate ns/t``,
+    ``ResourceClaimTemplate ns/c``, ``DeviceClass gpu``): each comes through its own watch
+    and may only be late, so the request waits for it (``retry.arrival_wait_seconds``)."""
 
 
 class ProvisioningService:
@@ -206,11 +209,19 @@ class ProvisioningService:
         try:
             gang = self.gang(req, mode)
         except Invalid as exc:
-            if exc.missing_template:
+            if exc.missing:
                 wait = self.arrival_grace_left(req)
                 if wait > 0:
-                    return min(wait, ARRIVAL_POLL_SECONDS)
-            return await self.fail(req, exc.reason, message(exc.reason, detail=exc.detail))
+                    # Its arrival (the cache's watch event) reconciles the request at once;
+                    # the timer only ends the wait.
+                    self.state.wait_for(req.key, exc.missing)
+                    return wait
+            self.state.wait_for(req.key, ())
+            return await self.fail(req, exc.reason, message(
+                exc.reason, detail=exc.detail,
+                missing=", ".join(exc.missing) or "the PodTemplate(s) in the request's namespace",
+            ))
+        self.state.wait_for(req.key, ())
         digests = json.dumps(self.template_digests(req.namespace, req.template_names),
                              sort_keys=True, separators=(",", ":"))
         attempt = req.attempt + 1
@@ -353,7 +364,10 @@ class ProvisioningService:
             )
             wait = self.arrival_grace_left(req) if reason is Reason.NEVER_FITS else 0.0
             if wait > 0:
-                # A pool or nodes created with the request may not be in the cache yet.
+                # A pool or nodes created with the request may not be in the cache yet: a new
+                # or changed pool, or a new node, plans it again at once; the poll covers
+                # what no arrival announces (a node's labels or taints changing).
+                self.state.wait_for(req.key, ("CapacityPool", "Node"))
                 return min(wait, ARRIVAL_POLL_SECONDS)
             return await self.fail(req, reason, message(reason, detail=detail))
         return await self.retry_or_fail(
@@ -881,7 +895,7 @@ def build_gang(req: RequestRecord, state: ClusterState, config: MusterConfig) ->
             raise Invalid(
                 Reason.FAILED_TO_CREATE_PODS,
                 f"spec.podSets[{i}]: PodTemplate {req.namespace}/{ref} not found",
-                missing_template=True,
+                missing=(f"PodTemplate {req.namespace}/{ref}",),
             )
         if isinstance(found, TemplateError):
             raise Invalid(
@@ -906,6 +920,16 @@ def build_gang(req: RequestRecord, state: ClusterState, config: MusterConfig) ->
         raise Invalid(Reason.INVALID_PARAMETERS, str(exc)) from None
     except SnapshotError as exc:
         raise Invalid(Reason.FAILED_TO_CREATE_PODS, str(exc)) from None
+    missing = [(pod_set.name, claim) for pod_set in gang.pod_sets
+               for claim in pod_set.shape.claims if claim.missing]
+    if missing:
+        # Created by a later apply (or a watch behind the request's): waited for like a
+        # PodTemplate, never an invalid request.
+        raise Invalid(
+            Reason.FAILED_TO_CREATE_PODS,
+            "; ".join(f"pod set {name}: {claim.error}" for name, claim in missing),
+            missing=tuple(dict.fromkeys(m for _, claim in missing for m in claim.missing)),
+        )
     for pod_set in gang.pod_sets:
         level = pod_set.topology.level
         if level is not None and level not in state.levels:

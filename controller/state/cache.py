@@ -205,8 +205,12 @@ class ClusterState:
         """Pool -> acquisitions running through it (their nodes may not be in the cache yet)."""
         self.pools_changed = asyncio.Event()
         """Set on every pool event (the pool finalizer loop waits on it)."""
-        self.dra = DraState()
+        self.dra = DraState(on_event=self.arrived)
         """DRA objects (ResourceSlices, claims, classes, claim templates)."""
+        self._waiting: dict[str, set[str]] = {}
+        """``Kind key`` (or a bare kind: any of it) -> requests waiting for it to arrive."""
+        self._waits: dict[str, set[str]] = {}
+        """Request key -> what it waits for (the inverse of ``_waiting``)."""
         self._sorted_nodes: tuple[NodeState, ...] | None = None
         self._ready_waiters: dict[str, list[asyncio.Future[None]]] = {}
         self.synced: dict[str, asyncio.Event] = {
@@ -248,6 +252,8 @@ class ClusterState:
         # Pool headroom counts nodes by labels; heartbeats (status only) leave it as it is.
         if old is None or old.metadata.labels != labels:
             self._pool_states = None
+        if old is None:
+            self.arrived(f"Node {name}")
         if node.settled:
             for fut in self._ready_waiters.pop(name, []):
                 if not fut.done():
@@ -440,6 +446,36 @@ class ClusterState:
         """Bound pods still holding capacity on ``node``."""
         return self._pods_on.get(node, 0)
 
+    # ------------------------------------------------------------------ late arrivals
+
+    def wait_for(self, request_key: str, wanted: Iterable[str]) -> None:
+        """Reconcile ``request_key`` as soon as one of ``wanted`` arrives (``Kind key``,
+        e.g. ``PodTemplate ns/t``, ``DeviceClass gpu``; a bare kind: any object of it),
+        instead of what it waited for before. Empty: it waits for nothing."""
+        for old in self._waits.pop(request_key, ()):
+            keys = self._waiting.get(old)
+            if keys is not None:
+                keys.discard(request_key)
+                if not keys:
+                    del self._waiting[old]
+        wanted = set(wanted)
+        if wanted:
+            self._waits[request_key] = wanted
+            for w in wanted:
+                self._waiting.setdefault(w, set()).add(request_key)
+
+    def waiting_for(self, request_key: str) -> frozenset[str]:
+        return frozenset(self._waits.get(request_key, ()))
+
+    def arrived(self, wanted: str) -> None:
+        """``Kind key`` arrived or changed: the requests waiting for it (or for any of its
+        kind) are planned again now, not at their next timer."""
+        kind = wanted.partition(" ")[0]
+        keys = self._waiting.get(wanted, set()) | self._waiting.get(kind, set())
+        for key in keys:
+            self.wait_for(key, ())
+            self.notify(key)
+
     # ------------------------------------------------------------------ templates, pools
 
     def replace_templates(self, items: Iterable[Body]) -> None:
@@ -460,6 +496,7 @@ class ClusterState:
         except ValidationError as exc:
             self._templates.pop(key, None)
             self._template_errors[key] = TemplateError(_first_error(exc))
+        self.arrived(f"PodTemplate {key}")
         if notify:
             self._notify_bookings_of(key)
 
@@ -508,10 +545,14 @@ class ClusterState:
             self._sorted_nodes = None
         before = (known_errors or self._pool_errors).get(name)
         quantities = _quantity_errors(body)
+        old = self._pools.get(name)
         try:
             # A pool with unreadable amounts stays known (its nodes can still be released);
             # the snapshot leaves it out of planning.
-            self._pools[name] = CapacityPool.model_validate(body)
+            self._pools[name] = pool = CapacityPool.model_validate(body)
+            if old is None or old.spec != pool.spec:
+                # Not on its status writes: only a new or changed pool can make a gang fit.
+                self.arrived(f"CapacityPool {name}")
             self._pool_errors.pop(name, None)
             if quantities:
                 self._pool_quantity_errors[name] = quantities
@@ -648,6 +689,7 @@ class ClusterState:
         old = self._requests.pop(key, None)
         self._bookings.pop(key, None)
         self._reserved.pop(key, None)
+        self.wait_for(key, ())
         uid = uid or (old.uid if old is not None else None)
         if uid:
             self._deleted[uid] = None
