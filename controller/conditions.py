@@ -42,6 +42,7 @@ class Reason(enum.StrEnum):
     ACQUISITION_FAILED = "AcquisitionFailed"
     NODES_NOT_READY = "NodesNotReady"
     NODES_VANISHED = "BookedNodesVanished"
+    NODES_UNUSABLE = "BookedNodesUnusable"
     OVER_BUDGET = "OverBudget"
     NAMESPACE_LIMIT_REACHED = "NamespaceLimitReached"
     UNSUPPORTED_CONSTRAINT = "UnsupportedConstraint"
@@ -96,6 +97,10 @@ MESSAGES: Mapping[Reason, str] = {
     ),
     Reason.NODES_VANISHED: (
         "Booked node(s) disappeared before the pods used them: {detail}. Create a new "
+        "request to book capacity again."
+    ),
+    Reason.NODES_UNUSABLE: (
+        "Booked existing node(s) can no longer take the gang's pods: {detail}. Create a new "
         "request to book capacity again."
     ),
     Reason.UNSUPPORTED_CONSTRAINT: (

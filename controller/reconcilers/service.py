@@ -36,6 +36,7 @@ from controller import crashpoints
 from controller.acquire.atomic import AcquisitionFailed, acquire_all, release_groups
 from controller.acquire.keys import groups_for
 from controller.acquire.providers import ProviderSet
+from controller.api.node import Node
 from controller.api.parameters import (
     NO_RETRY,
     VALID_UNTIL_SECONDS,
@@ -57,7 +58,9 @@ from controller.config import MusterConfig
 from controller.constraints import needs_running_pods
 from controller.decisions import decide
 from controller.fit.explain import shortfall
-from controller.fit.types import GangRequest, Mode, NoFit, Plan, ReasonCode
+from controller.fit.shapes import selector_matches, untolerated
+from controller.fit.taints import CONDITION_TAINTS, UNSCHEDULABLE
+from controller.fit.types import GangRequest, Mode, NoFit, Plan, PodShape, ReasonCode, Taint
 from controller.kube import ApiError, Body, KubeClient
 from controller.kube.events import EventRecorder
 from controller.kube.resources import PROVISIONING_REQUESTS
@@ -532,6 +535,10 @@ class ProvisioningService:
             reason, templates = stale
             return (ConditionType.CAPACITY_REVOKED, reason,
                     message(reason, detail=", ".join(f"{req.namespace}/{n}" for n in templates)))
+        unusable = self.unusable_booked_nodes(req, booking)
+        if unusable:
+            return (ConditionType.CAPACITY_REVOKED, Reason.NODES_UNUSABLE,
+                    message(Reason.NODES_UNUSABLE, detail="; ".join(unusable[:10])))
         vanished = [n for n in booking.existing_nodes if not self.state.node_exists(n)]
         for g in booking.groups:
             have = len(self.group_nodes(g))
@@ -550,6 +557,40 @@ class ProvisioningService:
                     message(Reason.RESERVATION_TIME_EXPIRED, booked=scheduled, total=total,
                             seconds=duration))
         return None
+
+    def unusable_booked_nodes(self, req: RequestRecord, booking: Booking) -> list[str]:
+        """Booked existing nodes the gang's pods can no longer be scheduled on (a taint
+        they do not tolerate, a cordon, a label their selector or topology needs changed),
+        each with why; nodes already running the pods booked there are not asked."""
+        if not booking.existing_nodes or not self.state.synced["nodes"].is_set():
+            return []
+        mode = self.config.classes.mode_for(req.class_name, req.parameters)
+        if mode is None:
+            return []
+        try:
+            gang = self.gang(req, mode)
+        except Invalid:
+            return []  # templates gone or changed: stale_templates speaks for them
+        shapes = {ps.name: ps.shape for ps in gang.pod_sets}
+        planned: dict[str, int] = {}
+        for a in booking.plan.assignments:
+            if a.node is not None:
+                planned[a.node] = planned.get(a.node, 0) + a.pods
+        scheduled = self.state.scheduled_consumers(req.key)
+        out: list[str] = []
+        for a in booking.plan.assignments:
+            node = self.state.node(a.node) if a.node is not None else None
+            shape = shapes.get(a.pod_set)
+            if node is None or shape is None or scheduled.get(node.metadata.name, 0) >= (
+                planned[node.metadata.name]
+            ):
+                continue
+            why = _unusable_for(shape, node, a.domain)
+            if why is not None:
+                text = f"{node.metadata.name} ({why} of pod set {a.pod_set})"
+                if not any(o.startswith(f"{node.metadata.name} (") for o in out):
+                    out.append(text)
+        return out
 
     def consumed_elsewhere(self, req: RequestRecord, booking: Booking) -> dict[str, int]:
         """Node -> scheduled pods consuming this request on nodes the booking does not hold
@@ -968,6 +1009,32 @@ class _Later:
 
 def _accepted() -> tuple[ConditionType, bool, Reason, str]:
     return (ConditionType.ACCEPTED, True, Reason.ACCEPTED, message(Reason.ACCEPTED))
+
+
+def _unusable_for(shape: PodShape, node: Node, domain: Mapping[str, str]) -> str | None:
+    """Why pods of ``shape`` can no longer be scheduled on ``node``, booked for them in the
+    topology ``domain``, or None. The taints of node conditions (not-ready, pressure) are
+    left out: the lifecycle controller lifts them when the condition clears, and a node
+    that stays NotReady is no longer planned on anyway."""
+    name = node.metadata.name
+    taints = [Taint(t.key, t.value, t.effect) for t in node.spec.taints
+              if t.key not in CONDITION_TAINTS and t.key != UNSCHEDULABLE]
+    if node.spec.unschedulable:
+        taints.append(Taint(UNSCHEDULABLE, "", "NoSchedule"))
+    bad = untolerated(tuple(taints), shape.tolerations, bound=shape.node_name is not None)
+    if bad:
+        t = bad[0]
+        if t.key == UNSCHEDULABLE:
+            return "cordoned, not tolerated by the pods"
+        value = f"={t.value}" if t.value else ""
+        return f"taint {t.key}{value}:{t.effect} not tolerated by the pods"
+    labels = node.metadata.labels
+    if not selector_matches(shape, labels, name):
+        return "its labels no longer match the node selector or affinity"
+    moved = sorted(k for k, v in domain.items() if labels.get(k) != v)
+    if moved:
+        return f"label {moved[0]} is no longer {domain[moved[0]]!r}, the booked domain"
+    return None
 
 
 def class_details(plan: Plan) -> dict[str, str]:

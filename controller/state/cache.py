@@ -254,6 +254,13 @@ class ClusterState:
             self._pool_states = None
         if old is None:
             self.arrived(f"Node {name}")
+        elif (old.spec.taints != node.spec.taints or old.metadata.labels != labels
+              or old.spec.unschedulable != node.spec.unschedulable):
+            # A taint, cordon or label change can make a booked existing node unusable for
+            # its gang: those bookings check again.
+            for key, booking in self.bookings().items():
+                if name in booking.existing_nodes:
+                    self.notify(key)
         if node.settled:
             for fut in self._ready_waiters.pop(name, []):
                 if not fut.done():
