@@ -171,7 +171,7 @@ async def test_what_never_comes_fails_the_request_after_the_wait(
         assert f"Create {missing}, then recreate the request" in cond["message"], cond
 
 
-@pytest.mark.parametrize("kind", ["template", "claim-template", "device-class"])
+@pytest.mark.parametrize("kind", sorted(LATE))
 async def test_an_arrival_plans_the_waiting_request_at_once(
     kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider], kind: str
 ) -> None:
