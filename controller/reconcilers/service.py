@@ -43,6 +43,7 @@ from controller.api.parameters import (
     Parameters,
     read_parameters,
 )
+from controller.api.pod import PodTemplate
 from controller.api.provisioningrequest import ProvisioningRequest
 from controller.clock import Clock
 from controller.conditions import (
@@ -132,6 +133,8 @@ class ProvisioningService:
         """Told of every condition a status write changed (Events, metrics); must not block."""
         self.recorder = recorder
         """Posts the ParametersIgnored Warning when a request is first accepted."""
+        self._shapes: dict[str, tuple[tuple[Any, ...], Mapping[str, PodShape]]] = {}
+        """Booked requests' pod shapes and what they were built from (``_booked_shapes``)."""
 
     # ------------------------------------------------------------------ entry point
 
@@ -564,26 +567,22 @@ class ProvisioningService:
         each with why; nodes already running the pods booked there are not asked."""
         if not booking.existing_nodes or not self.state.synced["nodes"].is_set():
             return []
-        mode = self.config.classes.mode_for(req.class_name, req.parameters)
-        if mode is None:
-            return []
-        try:
-            gang = self.gang(req, mode)
-        except Invalid:
-            return []  # templates gone or changed: stale_templates speaks for them
-        shapes = {ps.name: ps.shape for ps in gang.pod_sets}
         planned: dict[str, int] = {}
         for a in booking.plan.assignments:
             if a.node is not None:
                 planned[a.node] = planned.get(a.node, 0) + a.pods
         scheduled = self.state.scheduled_consumers(req.key)
+        waiting = {n for n, pods in planned.items()
+                   if scheduled.get(n, 0) < pods and self.state.node_exists(n)}
+        mode = self.config.classes.mode_for(req.class_name, req.parameters)
+        if not waiting or mode is None:
+            return []  # (checked first: every pod of the gang that lands wakes this)
+        shapes = self._booked_shapes(req, mode)
         out: list[str] = []
         for a in booking.plan.assignments:
-            node = self.state.node(a.node) if a.node is not None else None
+            node = self.state.node(a.node) if a.node in waiting else None
             shape = shapes.get(a.pod_set)
-            if node is None or shape is None or scheduled.get(node.metadata.name, 0) >= (
-                planned[node.metadata.name]
-            ):
+            if node is None or shape is None:
                 continue
             why = _unusable_for(shape, node, a.domain)
             if why is not None:
@@ -591,6 +590,29 @@ class ProvisioningService:
                 if not any(o.startswith(f"{node.metadata.name} (") for o in out):
                     out.append(text)
         return out
+
+    def _booked_shapes(self, req: RequestRecord, mode: Mode) -> Mapping[str, PodShape]:
+        """Pod set -> pod shape of a booked request, rebuilt only when the request, one of
+        its templates or a DRA object changed: a gang's every pod that lands wakes it."""
+        templates: list[object] = []
+        for name in req.template_names:
+            found = self.state.template(req.namespace, name)
+            templates.append(found.metadata.resource_version if isinstance(found, PodTemplate)
+                             else found)
+        key = (req.resource_version, tuple(templates), self.state.dra.version)
+        cached = self._shapes.get(req.key)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        try:
+            gang = self.gang(req, mode)
+        except Invalid:
+            shapes: Mapping[str, PodShape] = {}  # stale_templates speaks for the templates
+        else:
+            shapes = {ps.name: ps.shape for ps in gang.pod_sets}
+        if len(self._shapes) > 4096:
+            self._shapes.clear()
+        self._shapes[req.key] = (key, shapes)
+        return shapes
 
     def consumed_elsewhere(self, req: RequestRecord, booking: Booking) -> dict[str, int]:
         """Node -> scheduled pods consuming this request on nodes the booking does not hold
