@@ -273,7 +273,8 @@ async def test_a_read_ahead_of_the_server_times_out_too_large(http: Http) -> Non
         took = asyncio.get_running_loop().time() - started
         assert code == 504, (path, code, status)
         assert status["reason"] == "Timeout", status
-        assert status["message"].startswith(f"Too large resource version: {ahead}, current: ")
+        assert status["message"].startswith(
+            f"Timeout: Too large resource version: {ahead}, current: "), status
         assert status["details"]["causes"] == [
             {"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}]
         assert status["details"]["retryAfterSeconds"] == 1, status
