@@ -1,5 +1,5 @@
 """controller_bench and kueue_bench on the sandbox and on a real cluster, one after the other,
-as one Markdown table (the README's "sandbox and real side by side").
+as one Markdown table (docs/benchmarks/side-by-side.md).
 
     python3 -m benchmarks.side_by_side --kubeconfig .cluster/admin.kubeconfig \\
         --muster-kubeconfig .cluster/muster.kubeconfig [--requests 200] [--rate 50] \\

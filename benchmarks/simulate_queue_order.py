@@ -4,7 +4,7 @@ muster-retry and pod-by-pod and print, per hour of submit, the jobs submitted, t
 run time, how many never started, the mean wait of those that did and the GPUs paid and
 used in that hour (mean); then how many jobs
 never start at other cloud seeds (is the gap the seed's?). No plot, no assertion: numbers
-for the README's "Why Muster loses small jobs" paragraph.
+for "Why Muster loses small jobs" in docs/benchmarks/simulator.md.
 
     python3 -m benchmarks.simulate_queue_order [--trace PATH] [--window 0] [--mix 0]
         [--level scarce] [--hours 244-262] [--seeds 4]

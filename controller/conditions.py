@@ -106,7 +106,7 @@ MESSAGES: Mapping[Reason, str] = {
     Reason.UNSUPPORTED_CONSTRAINT: (
         "The pods carry a placement constraint Muster does not plan: {detail}. Muster refuses "
         "rather than book capacity the scheduler might not use; remove the constraint or "
-        "provision this gang another way (see docs/filter-parity.md)."
+        "provision this gang another way (see docs/design/filter-parity.md)."
     ),
     Reason.TEMPLATE_DELETED: (
         "PodTemplate(s) {detail} the booking was planned from were deleted before the "

@@ -107,6 +107,17 @@ class TopologyConfig(_Section):
         min_length=1,
         description="Node label keys of the topology levels, widest first.",
     )
+    relax_after_seconds: float | None = Field(
+        default=None,
+        ge=0,
+        description="How long a request waits for the one domain its "
+        "muster.dev/required-topology annotation asks for before Muster takes the most "
+        "compact placement it can get (one domain of the next wider level before two, fewest "
+        "domains), named in provisioningClassDetails (muster.dev/topology-relaxed) and the "
+        "Provisioned message. null: never (placement stays strict). A request overrides it "
+        "with the relaxTopologyAfter parameter or the muster.dev/relax-topology-after "
+        "annotation (never: strict). Kueue's podset-required-topology is never relaxed.",
+    )
 
     @model_validator(mode="after")
     def _unique(self) -> TopologyConfig:
@@ -160,6 +171,29 @@ class RetryConfig(_Section):
         "CapacityNeverFits). Clients such as kubectl apply and Kueue create them a moment "
         "apart, in either order, and each kind reaches Muster through its own watch; its "
         "arrival plans the waiting request at once.",
+    )
+    replan_on_capacity_change: bool = Field(
+        default=True,
+        description="Plan waiting requests again, oldest first and in one planner pass, as "
+        "soon as something that could let them fit changes in the cluster (nodes released, "
+        "freed or added, a booking ended, a request deleted, a CapacityPool created or "
+        "changed, a stock-out's avoidance window over), instead of only when their backoff "
+        "timer fires. A woken request that still does not fit writes nothing; the backoff "
+        "still covers what Muster cannot watch (a cloud's stock).",
+    )
+    replan_order: Literal["arrival", "backoff"] = Field(
+        default="backoff",
+        description="Who among the waiting requests a re-planning round (and every planner "
+        "pass) serves first: backoff, the request whose backoff timer would have fired first "
+        "(freed capacity goes where the timers alone would have sent it, without the wait); "
+        "arrival, the oldest request (FIFO, as Kueue's BestEffortFIFO). Measured with "
+        "muster simulate: under overload arrival order leaves more short jobs never started.",
+    )
+    replan_max_per_second: float = Field(
+        default=4.0,
+        gt=0,
+        description="At most this many such re-planning rounds start per second, each only "
+        "once the previous one was planned, however fast the cluster churns.",
     )
 
     @model_validator(mode="after")
@@ -335,7 +369,7 @@ class BudgetsConfig(_Section):
         "max_nodes, max_gpus, max_cost_per_hour; unset means unlimited. A request that "
         "alone exceeds its namespace's limit fails OverBudget; one that fits the limit but "
         "not beside what the namespace already holds waits, as for a full pool "
-        "(NamespaceLimitReached, retried with backoff). See docs/tenancy.md.",
+        "(NamespaceLimitReached, retried with backoff). See docs/concepts/tenancy.md.",
     )
 
     def for_namespace(self, namespace: str) -> NamespaceLimits:
@@ -553,7 +587,7 @@ def load_config(path: Path | None = None, **overrides: Any) -> MusterConfig:
 
 REMOVED_SETTINGS = {
     "event_source": "removed setting: Muster watches ProvisioningRequests with its own "
-    "list-then-watch loop, there is no kopf any more (README, Throughput); delete it",
+    "list-then-watch loop, there is no kopf any more (docs/dependencies.md); delete it",
 }
 """Top-level settings an older Muster took: a config that still has one is refused with what
 became of it, not as an unknown setting."""

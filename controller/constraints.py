@@ -1,7 +1,7 @@
 """Pod-spec constraints beyond node selection, turned into what the fit engine plans, or
 into a refusal naming the field (pure; used by :func:`controller.snapshot.gang_of`).
 
-What becomes what (docs/filter-parity.md has the whole table):
+What becomes what (docs/design/filter-parity.md has the whole table):
 
 * required pod anti-affinity of a pod set with itself on ``kubernetes.io/hostname``: at most
   one pod of the pod set per node (:attr:`PodShape.max_per_node`);

@@ -42,6 +42,7 @@ from controller.reconcilers.telemetry import (
 from controller.state.cache import ClusterState
 from controller.state.feeds import Feeds
 from controller.state.planner import Planner
+from controller.state.wakeups import Wakeups
 from controller.workqueue import WorkQueue
 from providers.base import Provider, ProviderConfigError
 from providers.registry import ProviderContext
@@ -106,6 +107,14 @@ class Controller:
             metered(self.service.reconcile, self.metrics), clock=self.clock,
             concurrency=config.acquisition.max_concurrent_reconciles,
         )
+        self.wakeups = Wakeups(clock=self.clock, waiting=self.service.waiting,
+                               enqueue=self._enqueue,
+                               max_per_second=config.retry.replan_max_per_second)
+        if config.retry.replan_on_capacity_change:
+            self.service.wakeups = self.wakeups
+            self.state.capacity_changed = self.wakeups.poke
+            self.state.shortage_set = lambda until: self.wakeups.poke_at(
+                until, "stock-out window ended")
         self.metrics.watch_state(state_reading(
             state=self.state, served=lambda name: config.classes.mode_for(name) is not None,
             in_flight=lambda: len(self.service.in_flight), queue=self.queue, events=self.events,
@@ -185,6 +194,8 @@ class Controller:
         self.events.start()
         self.planner.start()
         self.queue.start()
+        if self.service.wakeups is not None:
+            self.wakeups.start()
         self._started = True
         for key in list(self.state.requests()):
             self.queue.add(key)
@@ -218,6 +229,7 @@ class Controller:
         self._started = False
         self.providers.running = False
         self.queue.halt()
+        self.wakeups.halt()
         if self.kueue is not None:
             self.kueue.halt()
         if self.podgroups is not None:
@@ -234,7 +246,7 @@ class Controller:
         """
         if not self.ready:
             return []
-        tasks = [*self._tasks, *self.queue.tasks, *self.feeds.tasks]
+        tasks = [*self._tasks, *self.queue.tasks, *self.feeds.tasks, *self.wakeups.tasks]
         if self.kueue is not None:
             tasks += self.kueue.tasks
         if self.podgroups is not None:
@@ -248,14 +260,41 @@ class Controller:
         """The watches (of this controller's client) whose view has not moved for
         :attr:`stall_after` seconds (stuck), or for :attr:`failing_after` seconds while
         their requests fail (API server unreachable or erring)."""
+        return sorted(self._stalls())
+
+    def stall_reasons(self) -> list[str]:
+        """Why each stalled watch counts as stalled, by the threshold it was judged by (a
+        failing watch by ``min(failing_after, stall_after)``, a quiet one by
+        ``stall_after``), with how long it has made no progress."""
+        stalls = self._stalls()
+        failing = sorted(n for n, (error, _) in stalls.items() if error is not None)
+        quiet = sorted(n for n, (error, _) in stalls.items() if error is None)
+        out = []
+        if failing:
+            limit = min(self.failing_after, self.stall_after)
+            idle = max(stalls[n][1] for n in failing)
+            errors = sorted({str(stalls[n][0]) for n in failing})
+            out.append(f"watch(es) {', '.join(failing)} made no progress for over {limit:.0f}s "
+                       f"(up to {idle:.0f}s) while their requests fail: {'; '.join(errors)}")
+        if quiet:
+            idle = max(stalls[n][1] for n in quiet)
+            out.append(f"watch(es) {', '.join(quiet)} made no progress for over "
+                       f"{self.stall_after:.0f}s (up to {idle:.0f}s)")
+        return out
+
+    def _stalls(self) -> dict[str, tuple[str | None, float]]:
+        """Stalled watch -> (its last error while failing, seconds without progress)."""
         if not self.ready:
-            return []
+            return {}
         now = asyncio.get_running_loop().time()
-        return sorted(
-            name for name, health in self.kube.watches.items()
-            if now - health.progress_at > (
-                min(self.failing_after, self.stall_after) if health.error is not None
-                else self.stall_after))
+        out = {}
+        for name, health in self.kube.watches.items():
+            idle = now - health.progress_at
+            limit = (min(self.failing_after, self.stall_after) if health.error is not None
+                     else self.stall_after)
+            if idle > limit:
+                out[name] = (health.error, idle)
+        return out
 
     async def _check_crds(self) -> None:
         """Fail start-up with the fix when a CRD Muster serves or reads is not installed."""
@@ -293,6 +332,7 @@ class Controller:
                 pass
             except Exception:
                 log.exception("task %s failed while stopping", task.get_name())
+        await self.wakeups.stop()
         await self.queue.stop()
         await self.planner.stop()
         await self.events.stop()  # after the queue: the last reconciles' events still go out

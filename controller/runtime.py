@@ -2,20 +2,17 @@
 
 A controller allocates many short-lived dicts per API call (JSON bodies, watch events) and
 keeps a large, long-lived cache of the cluster. With CPython's default collector thresholds
-(700, 10, 10) a burst of 1,000 ProvisioningRequests spent about 1.3 s of an 8 s run in
-garbage collection, most of it in full collections rescanning that cache, with pauses up to
-200 ms that stall every request in flight (``benchmarks/controller_bench.py``). Fewer young
-collections, and the heap that exists once the caches have synced moved out of the
-collector's sight, cut that to about a third. Only the program's entry point calls these:
-a library must not change its host's collector.
+(700, 10, 10) a burst of requests triggers full collections that rescan that cache, pausing
+every request in flight. Fewer young collections, and the heap that exists once the caches
+have synced moved out of the collector's sight, keep those pauses rare (figures:
+docs/benchmarks/controller-throughput.md). Only the program's entry point calls these: a
+library must not change its host's collector.
 
 The same process frees most of what it allocates within a request, but glibc's heap (where
 objects over 512 bytes and the C libraries allocate) gives freed memory back to the system
-only from its top: one live block above a freed run keeps the run resident. In a soak on
-the real control plane (``benchmarks/soak.py``) the memory in use stayed flat at 37 MB while
-the heap the process held grew by about 3 MB an hour, and ``malloc_trim(0)`` gave 2.2 MB of
-it back at once. So ``muster run`` trims the heap once a minute: on the soak's process a trim
-took 0.1-0.3 ms and gave back about 0.57 MB each time (perf and strace on ``malloc_trim``).
+only from its top: one live block above a freed run keeps the run resident, so a process
+whose memory in use is flat can still grow. ``muster run`` therefore trims the heap with
+``malloc_trim(0)`` once a minute, a sub-millisecond call (figures: docs/benchmarks/soak.md).
 Where the C library has no ``malloc_trim`` (musl, macOS) it does nothing.
 """
 

@@ -52,7 +52,7 @@ from controller.fit.types import (
     TopologyRequest,
 )
 from controller.fit.types import Snapshot as FitSnapshot
-from controller.tas_slices import SLICE_SIZE, slice_request
+from controller.tas_slices import SLICE_SIZE, kueue_problems, slice_request, unconstrained
 from controller.topology_defaults import (
     DEFAULT_LEVELS,
     DEFAULT_PODS_PER_NODE,
@@ -129,11 +129,12 @@ def topology_conflicts(annotations: Mapping[str, str]) -> list[str]:
     muster = [k for k in (MUSTER_REQUIRED, MUSTER_PREFERRED) if annotations.get(k)]
     if len(muster) > 1:
         out.append(f"metadata.annotations: {' and '.join(muster)} are both set")
-    kueue = [k for k in (KUEUE_REQUIRED, KUEUE_PREFERRED) if annotations.get(k)]
-    if annotations.get(KUEUE_UNCONSTRAINED, "").lower() == "true":
+    # Kueue's own annotations, as its webhook checks them (presence counts, whatever the
+    # value); an unconstrained=false asks for nothing a Muster annotation could contradict.
+    out.extend(kueue_problems(annotations))
+    kueue = [k for k in (KUEUE_REQUIRED, KUEUE_PREFERRED) if k in annotations]
+    if unconstrained(annotations):
         kueue.append(KUEUE_UNCONSTRAINED)
-    if len(kueue) > 1:
-        out.append(f"metadata.annotations: {' and '.join(kueue)} are both set")
     if len(muster) == 1 and len(kueue) == 1:
         mode = {MUSTER_REQUIRED: "required", MUSTER_PREFERRED: "preferred"}[muster[0]]
         other = {KUEUE_REQUIRED: "required", KUEUE_PREFERRED: "preferred",
@@ -155,7 +156,7 @@ def topology_of(annotations: Mapping[str, str], levels: Sequence[str]) -> Topolo
     ):
         if annotations.get(key):
             return TopologyRequest(mode, resolve_level(annotations[key], levels))
-    if annotations.get(KUEUE_UNCONSTRAINED, "").lower() == "true":
+    if unconstrained(annotations):
         return TopologyRequest()
     for key, mode in (
         (KUEUE_REQUIRED, TopologyMode.REQUIRED),
@@ -205,15 +206,17 @@ def gang_of(
         template = templates[ref]
         set_name = facts[i].name
         spec = template.template.spec
-        try:
-            shape = with_claims(shape_of(spec), spec, namespace, dra or DraCatalog())
-        except ValueError as exc:
-            raise SnapshotError(f"PodTemplate {ref}: {exc}") from exc
+        # What the API server would refuse first: reading the pods' requests fails on some
+        # of it (a negative quantity), and that must be said as the field it is.
         problems = [*pod_template_problems(template),
                     *topology_conflicts(template.template.metadata.annotations)]
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
             raise InvalidTemplate(f"PodTemplate {ref}: {problems[0]}{more}")
+        try:
+            shape = with_claims(shape_of(spec), spec, namespace, dra or DraCatalog())
+        except ValueError as exc:
+            raise SnapshotError(f"PodTemplate {ref}: {exc}") from exc
         annotations = template.template.metadata.annotations
         topology = topology_of(annotations, levels)
         shape, topology = inter_pod(

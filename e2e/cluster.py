@@ -445,7 +445,7 @@ def start_apiserver(cluster: Cluster, bin_dir: Path) -> None:
 
 RESTART_GRACE_SECONDS = 90.0
 """After kube-apiserver restarts (etcd kept), its authorizer answers 403 until its RBAC
-informers have synced, for up to half a minute on the loaded 2-core machine, although
+informers have synced, which can take tens of seconds on a loaded machine, although
 /readyz is already 200: refusals in this window are no missing grant."""
 
 

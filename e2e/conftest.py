@@ -3,7 +3,7 @@
 By default each test gets a fresh API sandbox with Muster's CRDs, Muster's controller
 (in-process, config ``e2e/muster-e2e.yaml``) with the fake provider, and the sandbox
 scheduler. With ``--kubeconfig PATH`` the tests talk to that cluster instead, where Muster
-must already run with the same config (see the README, "End-to-end tests"); scenarios that
+must already run with the same config (see docs/testing/tiers.md); scenarios that
 need to restart the controller are skipped there, saying why.
 
 Tests isolate themselves with a per-test namespace and a per-test run label on every node,

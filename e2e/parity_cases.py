@@ -25,7 +25,7 @@ Conventions that make the two answers comparable:
 * ``running()`` pods carry ``spec.nodeName`` and hold capacity from creation;
 * a case Muster *refuses* (``Answer.refused``) names a constraint it does not plan; the
   scheduler may still place it: count those apart, they are documented limits, not
-  disagreements (docs/filter-parity.md);
+  disagreements (docs/design/filter-parity.md);
 * a ``"node-name"`` case has pods with ``spec.nodeName``: no scheduler places them, the
   node's kubelet admits or rejects them (resources, ports, node affinity, NoExecute taints).
   kwok does no admission, so on kwok nodes such a pod always "runs": judge those cases by

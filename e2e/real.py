@@ -327,9 +327,11 @@ def pytest_configure(config: pytest.Config) -> None:
 _BUILD_ERROR: list[str] = []
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Build the control plane before the first test runs, when any selected test is on the
-    real tier: a cold build takes many minutes, more than one test's timeout allows."""
+    real tier: a cold build takes many minutes, more than one test's timeout allows. Last, so
+    that ``-m "not real"`` and ``-k`` have already deselected: a sandbox run builds nothing."""
     if config.option.collectonly or not any(REAL in item.keywords for item in items):
         return
     with contextlib.suppress(ValueError):

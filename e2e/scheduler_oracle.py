@@ -13,7 +13,7 @@ carries ``PodScheduled=False`` with reason ``Unschedulable`` and nothing changes
 settle time lets such a retry happen). The two answers agree when they are equal.
 
 * A case Muster **refuses** (it names a constraint it does not plan, ``REFUSED``) is counted
-  and not run: those are documented limits (docs/filter-parity.md), not agreements.
+  and not run: those are documented limits (docs/design/filter-parity.md), not agreements.
 * A case with **node-name** pods (``spec.nodeName``) is counted as **excluded** and not run:
   no scheduler places such a pod, the node's kubelet admits or rejects it, and kwok (this
   cluster's kubelet) admits every pod, so the cluster cannot judge Muster's answer there.
@@ -33,7 +33,7 @@ disagreements, a per-field table and one final line
 ``scheduler_oracle cases=N agree=A disagree=D refused=R excluded=E undecided=U
 known_limits=K`` (K of the D disagreements fall under a documented limit: Muster said "fits"
 for several pod sets, or for a pod set with affinity to itself, whose placement the
-scheduler's scores decide; docs/filter-parity.md). It exits 1 on any other disagreement
+scheduler's scores decide; docs/design/filter-parity.md). It exits 1 on any other disagreement
 or an undecided case. Without
 ``--kubeconfig`` it uses the control plane of :mod:`e2e.cluster` (``MUSTER_CLUSTER_STATE``,
 ``MUSTER_CLUSTER_PORT_BASE``), which must be up (``python3 -m e2e.cluster up``). ``--only``
@@ -75,7 +75,7 @@ EXCLUDED_FIELDS = {
 
 KNOWN_LIMITS = {
     # Muster says "fits" where the scheduler's scores, which Muster does not model, may
-    # strand pods (docs/filter-parity.md, "Limits"). Only that direction is a known limit.
+    # strand pods (docs/design/filter-parity.md, "Limits"). Only that direction is a known limit.
     "pod-sets": "several pod sets compete for nodes in the scheduler's order",
     "pod-affinity": "the scheduler's scores choose the domain of the pod set's first pod",
 }
@@ -355,7 +355,7 @@ class Oracle:
         async def one(case: Case) -> Outcome:
             alone = cluster_wide(case)
             async with gate.slot(alone):
-                # Muster's answer in-process (about 50 ms of CPU, blocking this loop briefly).
+                # Muster's answer in-process (CPU-bound: it blocks this loop briefly).
                 answer = muster_answer(case)
                 try:
                     if alone and not answer.refused:

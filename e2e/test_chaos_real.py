@@ -2,7 +2,7 @@
 CI: ``muster run`` killed at every named step of the acquisition path in turn, a leader
 killed with SIGKILL mid-acquisition while a standby waits, kube-apiserver restarted with
 Muster running; then every invariant checked against the API. The ≥1,000-crash run is
-``python3 -m e2e.chaos --crashes 1000 ...`` (README, "Crashes and faults")."""
+``python3 -m e2e.chaos --crashes 1000 ...`` (docs/testing/chaos.md)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,12 @@
 """The README's install section, run block by block on a bare real control plane.
 
-A user installs Muster from the clone with the commands under "Install into a cluster". This
+A user installs Muster from the clone with the commands under "Install". This
 test runs those fenced blocks (each marked ``<!-- install-step: NAME -->`` in README.md) with
 bash, unchanged, against a control plane of its own that has nothing of Muster on it: the
 kustomize path, then the Helm path, each with the samples and the uninstall. What this
-machine cannot do is stood in for, as the README says: the image is never pulled (kwok only
-marks the Deployment's pods Running on a node it fakes), so the controller runs as ``muster
-run`` with the installed ServiceAccount's token and the installed ConfigMap's config file.
+machine cannot do is stood in for, as docs/tasks/install.md says: the image is never pulled
+(kwok only marks the Deployment's pods Running on a node it fakes), so the controller runs as
+``muster run`` with the installed ServiceAccount's token and the installed ConfigMap's config file.
 Everything else is the real thing: Pod Security admission of the Deployment's pods, RBAC,
 the admission policies, the PriorityClass and PodDisruptionBudget, the uninstall's cleanup.
 """

@@ -387,7 +387,7 @@ async def test_path_a_an_annotation_overriding_a_config_parameter_churns_in_kueu
     (``provReqSyncedWithConfig``), so it deletes the request it just created with the
     annotation's value and creates it again, forever; the Workload is never admitted. Muster
     takes each incarnation as a new request and releases what a deleted one acquired (the
-    fixture's clean-up checks no node is left). README, Kueue integration: set such a
+    fixture's clean-up checks no node is left). docs/concepts/kueue.md: set such a
     parameter in the config or on the Job, not both."""
     _real_kueue(env)
     names = await path_a_wiring(env, parameters={"ValidUntilSeconds": "600"})
@@ -526,7 +526,7 @@ async def test_path_a_tas_without_the_rack_selector_runs_the_gang_elsewhere(
     its message saying the pods run elsewhere, and Muster releases the unused nodes at once:
     an acquisition wasted, nothing leaked). Avoid it with
     ``podSetUpdates.nodeSelector: [{key: <rack label>, valueFromProvisioningClassDetail:
-    <rack label>}]`` (README, Kueue integration)."""
+    <rack label>}]`` (docs/concepts/kueue.md)."""
     _real_kueue(env)
     names, rack, wl, busy = await _another_rack_frees_up_while_muster_acquires(
         env, rack_selector=False)

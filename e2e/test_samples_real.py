@@ -3,7 +3,7 @@
 and the ProvisioningRequest in one go, in kustomize's order (the request may reach Muster
 before its templates). It must be provisioned on that FIRST apply: Muster waits
 ``retry.arrival_wait_seconds`` for templates created after their request instead of failing
-it for good (which it did, so the README's command only worked when applied twice).
+it for good (else the README's command would only work when applied twice).
 """
 
 from __future__ import annotations

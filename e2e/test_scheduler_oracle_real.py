@@ -3,8 +3,8 @@ test in CI. Two cases per field of e2e/parity_cases.py (case ``i`` focuses on
 ``FIELDS[i % len(FIELDS)]``), each judged by Muster (``muster fit --mode check``) and by the
 real scheduler binding the gang's pods on kwok nodes; every judged case must agree (a
 disagreement under a documented limit, e2e.scheduler_oracle.KNOWN_LIMITS, is reported, not
-failed). The full run is ``python3 -m e2e.scheduler_oracle --seed 0 --count 500`` (README,
-"The real scheduler as the oracle")."""
+failed). The full run is ``python3 -m e2e.scheduler_oracle --seed 0 --count 500``
+(docs/testing/scheduler-oracle.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Tenancy end to end: per-namespace limits, and no request holding or consuming capacity
-through objects of another namespace or another request (docs/tenancy.md).
+through objects of another namespace or another request (docs/concepts/tenancy.md).
 
 ``e2e/muster-e2e.yaml`` limits namespace ``e2e-limited`` to 4 nodes (32 GPUs, 400/h; the
 scenario pool's nodes have 8 GPUs and cost 98/h). Scenarios that need a second namespace make

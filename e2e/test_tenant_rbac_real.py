@@ -1,5 +1,5 @@
-"""A tenant under the sample Role of docs/tenancy.md (``config/samples/tenancy``), on the real
-control plane with its RBAC authorizer: it gets capacity from Muster in its own namespace, and
+"""A tenant under the sample Role of docs/concepts/tenancy.md (``config/samples/tenancy``), on the
+real control plane with its RBAC authorizer: it gets capacity from Muster in its own namespace, and
 is refused everything that would let it spend beyond its limits or forge Muster's state
 (CapacityPools, Nodes, other namespaces, the requests' annotations and status)."""
 

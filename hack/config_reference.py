@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Print (or write into README.md) the configuration reference table, generated from the
-config model ``controller.config.MusterConfig`` so the README cannot drift from it.
+"""Print (or write into docs/reference/config.md) the configuration reference table, generated
+from the config model ``controller.config.MusterConfig`` so the documentation cannot drift from it.
 
     python3 hack/config_reference.py           # print the table
-    python3 hack/config_reference.py --write   # replace the table in README.md
+    python3 hack/config_reference.py --write   # replace the table in docs/reference/config.md
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "reference" / "config.md"
 sys.path.insert(0, str(ROOT))
 
 from controller.config import ENV_PREFIX, MusterConfig  # noqa: E402
@@ -81,20 +82,22 @@ def table() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help="update README.md in place")
+    parser.add_argument(
+        "--write", action="store_true", help="update docs/reference/config.md in place"
+    )
     args = parser.parse_args(argv)
     block = f"{START}\n{table()}\n{END}"
     if not args.write:
         print(block)
         return 0
-    readme = ROOT / "README.md"
-    text = readme.read_text()
+    text = PAGE.read_text()
     if START not in text or END not in text:
-        print(f"error: README.md lacks the markers {START!r} ... {END!r}", file=sys.stderr)
+        where = PAGE.relative_to(ROOT)
+        print(f"error: {where} lacks the markers {START!r} ... {END!r}", file=sys.stderr)
         return 2
     before, rest = text.split(START, 1)
     _, after = rest.split(END, 1)
-    readme.write_text(before + block + after)
+    PAGE.write_text(before + block + after)
     return 0
 
 

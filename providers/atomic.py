@@ -83,8 +83,8 @@ class AtomicProvider(ABC, Generic[M]):
     launch_adopts: bool = False
     """The adapter's launch itself finds what already exists under the key (the fake
     provider's node names are deterministic per key, and creating one again answers with the
-    existing node), so the skeleton skips its own look-up: one listing fewer per acquisition
-    (measured by ``benchmarks/controller_bench``)."""
+    existing node), so the skeleton skips its own look-up: one listing fewer per
+    acquisition."""
 
     def __init__(self) -> None:
         self._key_locks: dict[str, asyncio.Lock] = {}

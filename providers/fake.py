@@ -73,9 +73,7 @@ A process's draws for a pool come from one ``random.Random(seed)``; patching the
 parameters changes the probabilities at once (the draws go on from where they were)."""
 CALLS_KEPT = 1_000
 """The last calls :attr:`FakeProvider.calls` keeps: a long-running controller's must not
-grow with every request it ever handled. Tests read the last few. 10,000 acquisition records
-take 3.6 MB, and filling them made the soak's memory (benchmarks/soak.py) grow for its first
-80 minutes."""
+grow with every request it ever handled (docs/benchmarks/soak.md). Tests read the last few."""
 
 T = TypeVar("T")
 Now = Callable[[], datetime]

@@ -1,4 +1,4 @@
-"""Lint, type and layering checks run as tests, so the README's single test command (and CI)
+"""Lint, type and layering checks run as tests, so the README's test command (and CI)
 fails when any of them fails."""
 
 from __future__ import annotations

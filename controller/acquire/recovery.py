@@ -8,7 +8,7 @@ what it knows (:class:`GroupView`) and what it remembered from earlier sweeps
 * A group is **held** while an acquisition under its key runs in this process, while any
   node of it is counted on by a live booking, or while the request whose plan records the
   key is ``Acquiring`` or ``Booked``. Held groups are never released.
-* A group no request holds, on which no pod ever ran, is an **orphan**: an interrupted or
+* A group no request holds, on which no sweep saw a pod, is an **orphan**: an interrupted or
   failed attempt, or a request that is gone. It is released once it has been seen unheld
   for ``grace`` seconds. The grace covers the window in which the collector's view lags
   the API server: a plan persisted by a previous leader, or written a moment ago, that the
@@ -86,10 +86,14 @@ def decide(
         if waited < grace:
             return Decision(False, f"orphan, released in {grace - waited:.0f}s",
                             replace(seen, unheld_since=since))
+        # What the collector knows of its use is what its sweeps saw (pods of other
+        # requests may have come and gone between two sweeps, or before a restart): say
+        # that, not that no pod ever ran on it.
+        unused = "no pod runs on it, nor did at any sweep since this Muster started"
         if not view.owner_known:
-            why = "its request is gone and no pod ever ran on it"
+            why = f"its request is gone and {unused}"
         else:
-            why = "no booking holds it (an interrupted or failed attempt) and it is unused"
+            why = f"no booking holds it (an interrupted or failed attempt) and {unused}"
         return Decision(True, f"{why} (unheld for {waited:.0f}s)", Seen())
     if view.pool_deleting:
         return Decision(True, "its CapacityPool is being deleted and no booking or pod uses it",

@@ -129,7 +129,7 @@ class CapacityPoolSpec(_Model):
 
 
 class PoolDomainStatus(BaseModel):
-    """One topology domain of the pool as Muster sees it (see docs/capacitypool-status.md)."""
+    """One topology domain of the pool as Muster sees it (docs/reference/capacitypool-status.md)."""
 
     model_config = ConfigDict(populate_by_name=True, extra="ignore")
 
@@ -181,7 +181,7 @@ class PoolDomainStatus(BaseModel):
 
 class CapacityPoolStatus(BaseModel):
     """Written by Muster at a bounded rate (``pool_status`` in its config), only when it
-    changes; a proposal other components can read: docs/capacitypool-status.md."""
+    changes; a proposal other components can read: docs/reference/capacitypool-status.md."""
 
     model_config = ConfigDict(populate_by_name=True, extra="ignore")
 

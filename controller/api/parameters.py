@@ -20,10 +20,23 @@ ignores the names it does not know too.
 A parameter Muster honours with a value it cannot read (``noRetry: maybe``) is still invalid
 input: Muster cannot do what was asked, and the request fails with ``InvalidParameters``
 naming the value.
+
+Each value is read exactly as the shipped admission policy
+(``config/admission/provisioningrequest-policy.yaml``, and the chart's copy) reads it, so no
+value is refused by one and accepted by the other: the policy's CEL trims with cel-go's
+``trim()`` (Go's ``strings.TrimSpace``: Unicode White_Space, not Python's ``str.strip``,
+which also strips U+001C..U+001F), lowers with ``lowerAscii()`` (ASCII letters only) and
+matches with RE2 (``[0-9]`` is ASCII digits; ``$`` is the end of the text). Python's
+``int()`` would also take full-width digits, ``_`` and a leading ``+``. Requests Kueue
+creates are exempt from the policy, so for them this reading is the only check.
+``tests/api/test_parameter_policy.py`` evaluates the policy's own expressions against this
+module on random strings.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,7 +49,29 @@ from controller.fit.types import Mode
 NO_RETRY = "noRetry"
 VALID_UNTIL_SECONDS = "ValidUntilSeconds"
 PROCESSOR_INSTANCE = "processorInstance"
+RELAX_TOPOLOGY_AFTER = "relaxTopologyAfter"
+NEVER = "never"
 MAX_RUN_DURATION_SECONDS = "maxRunDurationSeconds"
+
+
+# Go's unicode.IsSpace (what strings.TrimSpace, so cel-go's trim(), strips): '\t', '\n',
+# '\v', '\f', '\r', ' ', U+0085, U+00A0 and the other Unicode White_Space characters.
+GO_SPACE = (
+    "\t\n\v\f\r \u0085\u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006"
+    "\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+)
+_SECONDS = re.compile(r"[0-9]+", re.ASCII)
+_ASCII_UPPER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def cel_trim(text: str) -> str:
+    """CEL's ``trim()`` as Kubernetes evaluates it (cel-go ext/strings.go ``trimSpace``)."""
+    return text.strip(GO_SPACE)
+
+
+def cel_lower_ascii(text: str) -> str:
+    """CEL's ``lowerAscii()``: ASCII letters lowered, every other character kept."""
+    return text.translate(_ASCII_UPPER)
 
 
 def _problem(text: str) -> PydanticCustomError:
@@ -57,10 +92,27 @@ class ClassParameters(BaseModel):
         default=None, alias=VALID_UNTIL_SECONDS,
         description="Retry only until this many seconds after the request's creation.")
 
+    relax_topology_after_seconds: float | None = Field(
+        default=None, alias=RELAX_TOPOLOGY_AFTER,
+        description="How long the request waits for the one topology domain its "
+        "muster.dev/required-topology annotation asks for before Muster takes the most "
+        "compact placement it can get (one domain of the next wider level before two, fewest "
+        "domains): a duration such as 30m, 1h30m, 90s or a number of seconds; never keeps "
+        "the placement strict. Absent: topology.relax_after_seconds.")
+
+    @field_validator("relax_topology_after_seconds", mode="before")
+    @classmethod
+    def _relax_after(cls, value: Any) -> float:
+        seconds = duration_seconds(str(value))
+        if seconds is None:
+            raise _problem(f"parameter {RELAX_TOPOLOGY_AFTER} must be a duration such as 30m, "
+                           f"1h30m, 90s or 0, or {NEVER}, got {str(value)!r}")
+        return seconds
+
     @field_validator("no_retry", mode="before")
     @classmethod
     def _no_retry(cls, value: Any) -> bool:
-        text = str(value).strip().lower()
+        text = cel_lower_ascii(cel_trim(str(value)))
         if text not in ("true", "false"):
             raise _problem(f"parameter {NO_RETRY} must be true or false, got {str(value)!r}")
         return text == "true"
@@ -68,14 +120,12 @@ class ClassParameters(BaseModel):
     @field_validator("valid_until_seconds", mode="before")
     @classmethod
     def _valid_until(cls, value: Any) -> int:
-        try:
-            seconds = int(str(value).strip())
-        except ValueError:
-            seconds = -1
-        if seconds < 0:
+        text = cel_trim(str(value))
+        if _SECONDS.fullmatch(text) is None:
             raise _problem(f"parameter {VALID_UNTIL_SECONDS} must be a whole number of "
                            f"seconds >= 0, got {str(value)!r}")
-        return seconds
+        # At most 255 digits (the CRD's maxLength), far below int()'s digit limit.
+        return int(text)
 
 
 class AtomicParameters(ClassParameters):
@@ -141,6 +191,24 @@ class Parameters:
             return ""
         return (f"Ignored parameter(s): {', '.join(sorted(self.ignored))} (see the request's "
                 f"Accepted condition).")
+
+
+_DURATION = re.compile(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
+
+
+def duration_seconds(text: str) -> float | None:
+    """Seconds of a duration written as Kubernetes and Go write them (``1h30m``, ``90s``) or
+    as a whole number of seconds; ``never``: infinity; None when unreadable."""
+    text = text.strip().lower()
+    if text == NEVER:
+        return math.inf
+    if text.isdigit():
+        return float(text)
+    match = _DURATION.fullmatch(text)
+    if not text or match is None:
+        return None
+    hours, minutes, seconds = (int(g or 0) for g in match.groups())
+    return float(hours * 3600 + minutes * 60 + seconds)
 
 
 def read_parameters(parameters: Mapping[str, Any], mode: Mode, class_name: str) -> Parameters:

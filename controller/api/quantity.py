@@ -11,9 +11,11 @@ import re
 from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 
+# As Kubernetes' ParseQuantity: ASCII digits only, nothing around the quantity (no
+# whitespace, no trailing newline); the API server refuses anything else.
 _PATTERN = re.compile(
-    r"^(?P<num>[+-]?(?:\d+(?:\.\d*)?|\.\d+))"
-    r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?\d+)?$"
+    r"(?P<num>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
+    r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?"
 )
 _SUFFIX: dict[str, Decimal] = {
     "": Decimal(1),
@@ -44,8 +46,7 @@ def parse_quantity(value: str | int | float) -> Decimal:
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"invalid quantity {value!r}")
         return Decimal(str(value))
-    text = value.strip()
-    match = _PATTERN.match(text)
+    match = _PATTERN.fullmatch(value)
     if match is None:
         raise ValueError(f"invalid quantity {value!r}: expected a number with an optional "
                          "suffix such as 500m, 2Gi, 1e3 or 129M")

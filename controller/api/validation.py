@@ -38,7 +38,7 @@ POD_SPEC_FIELDS = frozenset({
     "topologySpreadConstraints", "setHostnameAsFQDN", "os", "hostUsers", "schedulingGates",
     "resourceClaims", "resources", "hostnameOverride", "workloadRef", "schedulingGroup",
 })
-"""core/v1 PodSpec fields (the release Muster targets; see docs/filter-parity.md)."""
+"""core/v1 PodSpec fields (the release Muster targets; see docs/design/filter-parity.md)."""
 CONTAINER_FIELDS = frozenset({
     "name", "image", "command", "args", "workingDir", "ports", "envFrom", "env", "resources",
     "resizePolicy", "restartPolicy", "restartPolicyRules", "volumeMounts", "volumeDevices",
@@ -64,10 +64,16 @@ def limit_object_name(full: str) -> str:
 
 
 def qualified_name(key: str) -> bool:
-    """A label key (``[prefix/]name``), as ``IsQualifiedName``."""
-    prefix, _, name = key.rpartition("/")
-    if prefix and (len(prefix) > 253 or _DNS_SUBDOMAIN.fullmatch(prefix) is None):
+    """A label key (``[prefix/]name``), as ``IsQualifiedName``: at most one ``/``, and a
+    prefix, when there is a ``/``, that is a non-empty DNS subdomain ("/rack" is refused)."""
+    parts = key.split("/")
+    if len(parts) > 2:
         return False
+    if len(parts) == 2:
+        prefix = parts[0]
+        if not prefix or len(prefix) > 253 or _DNS_SUBDOMAIN.fullmatch(prefix) is None:
+            return False
+    name = parts[-1]
     return 0 < len(name) <= 63 and _NAME_PART.fullmatch(name) is not None
 
 
@@ -166,9 +172,15 @@ def _container(where: str, c: Container, declared: set[str]) -> list[str]:
 def pod_spec_problems(spec: PodSpec, where: str = "spec") -> list[str]:
     declared = {ref.name for ref in spec.resource_claims}
     out = _claims(spec, where)
+    names: set[str] = set()
     for kind, containers in (("containers", spec.containers),
                              ("initContainers", spec.init_containers)):
         for i, c in enumerate(containers):
+            # One name space for both lists, as the API server's validateContainers. (A
+            # missing name is let through: hand-written inputs of `muster fit` omit it.)
+            if c.name and c.name in names:
+                out.append(f"{where}.{kind}[{i}].name: Duplicate value {c.name!r}")
+            names.add(c.name)
             out.extend(_container(f"{where}.{kind}[{i}]", c, declared))
     if spec.resources is not None:
         out.extend(_resources(f"{where}.resources", spec.resources.requests,

@@ -73,9 +73,8 @@ class Probes:
             body["reason"] = (f"standing by; lease held by {self.elector.holder or 'nobody'}"
                               if ok else f"cannot reach the lease: {error}")
         elif self.controller.ready and (stalled := self.controller.stalled_watches()):
-            ok, body["reason"] = False, (
-                f"watch(es) {', '.join(stalled)} made no progress for over "
-                f"{self.controller.stall_after:.0f}s")
+            # Says the threshold each watch was judged by (a failing one is stalled sooner).
+            ok, body["reason"] = False, "; ".join(self.controller.stall_reasons())
             body["stalled_watches"] = stalled
         elif self.controller.ready:
             ok, body["reason"] = True, "reconciling"

@@ -48,7 +48,8 @@ def simulate_command(
         list[str] | None,
         typer.Option(
             "--strategy",
-            help="muster, muster-relax, muster-retry, pod-by-pod, best-effort-atomic or "
+            help="muster, muster-relax, muster-retry, muster-shipped, pod-by-pod, "
+            "best-effort-atomic or "
             "gang-no-topology; "
             "repeat for several (default: all).",
         ),
@@ -145,6 +146,18 @@ def simulate_command(
         typer.Option(help="muster-retry: planning attempts before a request is marked Failed "
                      "and its job never starts (retry.max_attempts).", rich_help_panel=_POLICY),
     ] = 720,
+    shipped_relax_after: Annotated[
+        float | None,
+        typer.Option(help="muster-shipped: the controller's topology.relax_after_seconds "
+                     "(seconds a gang waits for its required rack or block before the most "
+                     "compact placement; default: the controller's default, never).",
+                     rich_help_panel=_POLICY),
+    ] = None,
+    shipped_replan_order: Annotated[
+        str | None,
+        typer.Option(help="muster-shipped: the controller's retry.replan_order, arrival or "
+                     "backoff (default: the controller's default).", rich_help_panel=_POLICY),
+    ] = None,
     provreq_atomic: Annotated[
         bool,
         typer.Option("--provreq-atomic/--no-provreq-atomic",
@@ -252,6 +265,9 @@ def simulate_command(
         retry_initial_s=retry_initial,
         retry_max_s=retry_max,
         retry_attempts=retry_attempts,
+        shipped_relax_after_s=(shipped_relax_after if shipped_relax_after is not None
+                               else SimConfig().shipped_relax_after_s),
+        shipped_replan_order=shipped_replan_order or SimConfig().shipped_replan_order,
         provreq_atomic=provreq_atomic,
         stockout_reported=stockout_reported,
     )
@@ -350,7 +366,8 @@ def _emit(
     # With --json, stdout carries only the JSON (and the summary line): the rest goes to stderr.
     console = Console(stderr=style == "json")
     if not console.is_terminal:
-        console.width = 120  # piped to a file: keep one row per metric
+        # Piped to a file: keep one row per metric, whatever the number of strategies.
+        console.width = max(120, 30 + 16 * len(results))
     if style == "json":
         typer.echo(json.dumps(report.to_json(results, trace, config), indent=2))
     elif style == "markdown":

@@ -53,9 +53,10 @@ class SelectorError(ValueError):
 # ---------------------------------------------------------------------------- values
 
 
+# Kubernetes' ParseQuantity: ASCII digits, nothing around the quantity.
 _QUANTITY = re.compile(
-    r"^(?P<num>[+-]?(?:\d+(?:\.\d*)?|\.\d+))"
-    r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?\d+)?$"
+    r"(?P<num>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
+    r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?"
 )
 _SUFFIX: dict[str, Decimal] = {
     "": Decimal(1), "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"),
@@ -70,7 +71,7 @@ def quantity_milli(text: str) -> int:
 
     Kept here rather than imported from ``controller.api`` so the engine depends on nothing
     outside ``controller.fit``."""
-    match = _QUANTITY.match(text.strip())
+    match = _QUANTITY.fullmatch(text)
     if match is None:
         raise ValueError(f"invalid quantity {text!r}")
     suffix = match.group("suffix") or ""
@@ -84,10 +85,12 @@ def quantity_milli(text: str) -> int:
     return int((value * 1000).to_integral_value(rounding=ROUND_CEILING))
 
 
+# ASCII digits, nothing around the version (Kubernetes' semver() parses strictly).
 _SEMVER = re.compile(
-    r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
-    r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
-    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
+    r"(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)"
+    r"(?:-((?:0|[1-9][0-9]*|[0-9]*[a-zA-Z-][0-9a-zA-Z-]*)"
+    r"(?:\.(?:0|[1-9][0-9]*|[0-9]*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
+    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?"
 )
 
 
@@ -134,7 +137,7 @@ class SemVer:
 
 @lru_cache(maxsize=4096)
 def _parse_semver(text: str) -> SemVer:
-    match = _SEMVER.match(text.strip())
+    match = _SEMVER.fullmatch(text)
     if match is None:
         raise ValueError(f"invalid semantic version {text!r}")
     pre = tuple(match.group(4).split(".")) if match.group(4) else ()

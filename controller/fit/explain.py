@@ -395,8 +395,10 @@ def shortfall(result: NoFit) -> str:
     """
     parts = []
     seen: set[str | None] = set()
-    # Today's shortfall first; the empty-cluster one (NeverFits) only for pod sets without.
-    ordered = sorted(result.reasons, key=lambda r: r.code is ReasonCode.NEVER_FITS)
+    # The empty-cluster shortfall (NeverFits) first: it is why such a request fails, and
+    # the detail states its figures first, so a headline with today's (smaller) figures
+    # would contradict it. Today's shortfall for the other pod sets.
+    ordered = sorted(result.reasons, key=lambda r: r.code is not ReasonCode.NEVER_FITS)
     for r in ordered:
         if r.code in (ReasonCode.INVALID, ReasonCode.UNSUPPORTED):
             continue
@@ -405,6 +407,8 @@ def shortfall(result: NoFit) -> str:
         seen.add(r.pod_set)
         short = max(0, r.needed - r.best)
         what = f"pod set {r.pod_set} is short by {short} pod(s)"
+        if r.code is ReasonCode.NEVER_FITS:
+            what += " even in an empty cluster"
         if r.level is not None and r.domain is not None:
             name = r.level.rsplit("/", 1)[-1]
             parts.append(f"{what}: it must fit within one {name} and the closest {name}, "

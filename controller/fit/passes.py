@@ -7,7 +7,10 @@ slots removed, its new nodes moved into the pools' headroom) instead of a worksp
 over every node of the cluster. A burst of similar requests, the common case for a
 controller, then costs one node scan per pass instead of one per request.
 
-Gangs that claim DRA devices, and gangs that do not fit, take the full path.
+Gangs that claim DRA devices, and gangs that do not fit, take the full path, unless the
+caller needs no explanation of a NoFit (``explain=False``: a request planned again only to
+see whether it fits now); then a gang equal to one that missed since the last commit misses
+again without being planned.
 """
 
 from __future__ import annotations
@@ -18,7 +21,15 @@ from controller.fit.capacity import apply_plan
 from controller.fit.explain import validate
 from controller.fit.gang import plan, plan_on
 from controller.fit.topology import Levels
-from controller.fit.types import GangRequest, Mode, Plan, Result, Snapshot
+from controller.fit.types import (
+    GangRequest,
+    Mode,
+    NoFit,
+    Plan,
+    PodSetRequest,
+    Result,
+    Snapshot,
+)
 from controller.fit.workspace import GangView, Workspace
 
 
@@ -42,14 +53,23 @@ class PlanningPass:
         """The latest plan made on a workspace, with the workspace carrying its usage."""
         self.reused = 0
         """Plans made on a kept workspace (for benchmarks and tests)."""
+        self._missed: list[tuple[Mode, tuple[PodSetRequest, ...]]] = []
+        """Gangs (mode, pod sets) that did not fit since the last commit."""
+        self.skipped = 0
+        """NoFits answered from :attr:`_missed` (for benchmarks and tests)."""
 
-    def plan(self, request: GangRequest, mode: Mode) -> Result:
-        """Plan ``request`` on the current snapshot; nothing is booked until :meth:`commit`."""
+    def plan(self, request: GangRequest, mode: Mode, *, explain: bool = True) -> Result:
+        """Plan ``request`` on the current snapshot; nothing is booked until :meth:`commit`.
+
+        ``explain=False``: a NoFit may come without reasons (not permanent)."""
         self._last = None
+        if not explain and (mode, request.pod_sets) in self._missed:
+            self.skipped += 1
+            return NoFit(request.name, mode, ())
         shapes = [ps.shape for ps in request.pod_sets]
         view = GangView.of(shapes)
         if view.claims or validate(request, self.snapshot):
-            return plan(request, self.snapshot, mode)
+            return self._missing(plan(request, self.snapshot, mode), request, mode)
         base = self._base
         if base is None or base.mode is not mode or base.view != view:
             pools = self.snapshot.pools if mode is Mode.PROVISION else ()
@@ -59,14 +79,22 @@ class PlanningPass:
             self.reused += 1
         got = plan_on(request, base.ws, mode)
         if got is None:
+            if not explain:
+                return self._missing(NoFit(request.name, mode, ()), request, mode)
             # The full path explains the NoFit (it also tries an empty cluster).
-            return plan(request, self.snapshot, mode)
+            return self._missing(plan(request, self.snapshot, mode), request, mode)
         result, after = got
         self._last = (result, _Base(mode, view, after))
         return result
 
+    def _missing(self, result: Result, request: GangRequest, mode: Mode) -> Result:
+        if isinstance(result, NoFit):
+            self._missed.append((mode, request.pod_sets))
+        return result
+
     def commit(self, result: Plan) -> None:
         """Book ``result``: later plans do not count its capacity."""
+        self._missed.clear()
         self.snapshot = apply_plan(self.snapshot, result)
         last, self._last = self._last, None
         if last is not None and last[0] is result:

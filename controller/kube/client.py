@@ -4,14 +4,13 @@ kubernetes-asyncio loads the kubeconfig (or the in-cluster service account) and 
 client sends every request (``ApiClient.call_api``: TLS, auth and exec plugins' token
 refresh, proxies); Muster reads the raw answer (``_preload_content=False``) as plain JSON
 dicts with orjson. The library's model objects are skipped on purpose: per operation they
-cost 2.3x-2.7x (a GET) to 16x-20x (a LIST of 1,000 nodes) the client's CPU
-(``benchmarks/kube_client_bench.py``), and its custom-object helpers would send dict
+cost several times the client's CPU, most of all on a LIST (docs/benchmarks/kube-client.md),
+and its custom-object helpers would send dict
 patches as JSON-patch (a real server rejects those). Watches are Muster's own list-then-watch
 (:meth:`KubeClient.watch`) over the same client, not ``kubernetes_asyncio.watch.Watch``,
 which never re-lists, retries an expired resourceVersion once with the same expired
 resourceVersion, and resumes forever from a resourceVersion a server that came back with
-another etcd never had (tests/controller/test_kube_watch_library.py; README, "The API
-client and why Muster keeps its own watch").
+another etcd never had (tests/controller/test_kube_watch_library.py; docs/design/api-client.md).
 """
 
 from __future__ import annotations
@@ -98,10 +97,9 @@ class WatchEvent:
 
 
 LIST_PAGE_SIZE = 500
-"""Objects per LIST request. One unpaginated LIST of 100,000 Pods is a 215 MB body decoded
-into dicts all at once: ``benchmarks/memory.py`` measured a 2.2 GB peak for 10,000 nodes and
-100,000 pods listed whole, and 1.5 GB RSS kept after with the cache as it was then, against
-312 MB fed in pages."""
+"""Objects per LIST request. An unpaginated LIST of a large cluster's Pods is one body decoded
+into dicts all at once, a peak many times the cache it feeds, and the process keeps much of
+that heap afterwards; pages bound the peak to one page (docs/benchmarks/memory.md)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,7 +280,7 @@ class KubeClient:
             headers["Content-Type"] = content_type
         # The library's API client builds and sends the request (auth, refreshing exec
         # plugins' tokens, proxy, TLS server name); its raw response is read here, since its
-        # model objects cost 2.3x-20x the CPU of plain dicts (benchmarks/kube_client_bench.py).
+        # model objects cost many times the CPU of plain dicts (docs/benchmarks/kube-client.md).
         task = asyncio.ensure_future(self._api.call_api(
             path, method, query_params=list(query.items()) if query else None,
             header_params=headers, body=body, auth_settings=["BearerToken"],
@@ -666,7 +664,7 @@ CONNECTION_POOL_SIZE = 512
 
 def _pooled(cfg: k8s_client.Configuration) -> k8s_client.Configuration:
     # kubernetes-asyncio sizes its pool at 5 x CPUs; every watch holds one connection for
-    # minutes, so on a 2-core machine a handful of watches would starve all other calls.
+    # minutes, so on a small machine a handful of watches would starve all other calls.
     cfg.connection_pool_maxsize = CONNECTION_POOL_SIZE
     return cfg
 

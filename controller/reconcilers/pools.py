@@ -1,7 +1,7 @@
 """CapacityPool finalizer: a pool is not gone until the nodes Muster acquired through it are.
 
 A provider releases nodes with the pool's own settings (region, project, instance
-parameters), so a pool deleted while it still had nodes used to leave them running for good,
+parameters), so a pool deleted while it still had nodes would leave them running for good,
 heartbeated and even planned on by later requests. Muster therefore holds every pool it
 serves with the ``muster.dev/release-nodes`` finalizer, added when the pool appears and, at
 the latest, before any node is acquired through it (:func:`hold_pools`), so no node is ever

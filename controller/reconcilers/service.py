@@ -39,6 +39,7 @@ from controller.acquire.providers import ProviderSet
 from controller.api.node import Node
 from controller.api.parameters import (
     NO_RETRY,
+    RELAX_TOPOLOGY_AFTER,
     VALID_UNTIL_SECONDS,
     Parameters,
     read_parameters,
@@ -66,6 +67,16 @@ from controller.kube import ApiError, Body, KubeClient
 from controller.kube.events import EventRecorder
 from controller.kube.resources import PROVISIONING_REQUESTS
 from controller.reconcilers.pools import hold_pools
+from controller.relaxation import (
+    RELAXED_DETAIL,
+    alternatives,
+    relax_after,
+    relax_at,
+    relaxable,
+    relaxed_placements,
+)
+from controller.relaxation import describe as describe_relaxed
+from controller.relaxation import detail as relaxed_detail
 from controller.snapshot import InvalidTemplate, SnapshotError, gang_of, parse_object
 from controller.state.bookings import (
     ATTEMPT_ANNOTATION,
@@ -85,6 +96,7 @@ from controller.state.cache import ClusterState, TemplateError, object_key
 from controller.state.planner import Planner, Refusal
 from controller.state.requests import RequestRecord
 from controller.state.tenancy import exceeded, foreign_request_owner
+from controller.state.wakeups import Wakeups
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +108,11 @@ NEW_NODES_DETAIL = "muster.dev/new-nodes"
 
 
 ARRIVAL_POLL_SECONDS = 0.5
+
+WAITING_REASONS = frozenset({
+    Reason.CAPACITY_IS_NOT_FOUND, Reason.NAMESPACE_LIMIT_REACHED, Reason.POOL_UNUSABLE,
+})
+"""A request whose last attempt ended so waits for something Muster sees change."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +152,8 @@ class ProvisioningService:
         """Posts the ParametersIgnored Warning when a request is first accepted."""
         self._shapes: dict[str, tuple[tuple[Any, ...], Mapping[str, PodShape]]] = {}
         """Booked requests' pod shapes and what they were built from (``_booked_shapes``)."""
+        self.wakeups: Wakeups | None = None
+        """Wakes waiting requests when capacity may have freed (see :meth:`waiting`)."""
 
     # ------------------------------------------------------------------ entry point
 
@@ -160,6 +179,7 @@ class ProvisioningService:
             return 0.05
 
     async def _reconcile(self, key: str) -> Delay:
+        woken = self.wakeups is not None and self.wakeups.claim(key)
         req = self.state.request(key)
         if req is None:
             self.state.unreserve(key)
@@ -184,7 +204,33 @@ class ProvisioningService:
                     detail=f"the {PLAN_ANNOTATION} annotation is unreadable",
                 )
             return await self.resume(req, booking)
-        return await self.provision(req, mode)
+        return await self.provision(req, mode, woken=woken)
+
+    def waiting(self) -> list[str]:
+        """The requests waiting for capacity Muster can see free, in the order to plan them
+        (:meth:`plan_order`): not yet
+        planned, their last attempt found no fit (``CapacityIsNotFound``), met a full
+        namespace or a pool the provider refuses. Not those whose acquisition failed
+        (a cloud's stock, which Muster cannot watch) or whose nodes never got Ready: their
+        backoff is the only signal."""
+        now = self.clock.now()
+        waiting = [
+            req for req in self.state.requests().values()
+            if req.retry_at is not None and not req.deleting
+            and req.annotated_phase is Phase.NEW and _waiting_reason(req) in WAITING_REASONS
+        ]
+        waiting.sort(key=lambda req: self.plan_order(req, now))
+        return [req.key for req in waiting]
+
+    def plan_order(self, req: RequestRecord, now: datetime) -> tuple[Any, ...]:
+        """Where ``req`` goes in a planner pass (``retry.replan_order``): by arrival, or by
+        when its backoff timer fires (a request planned now, new or due, before those still
+        waiting: the order the timers alone would plan them in), then by arrival."""
+        arrival = self.state.arrival(req.key)
+        if self.config.retry.replan_order == "arrival":
+            return arrival
+        due = req.retry_at if req.retry_at is not None and req.retry_at > now else now
+        return (due, *arrival)
 
     async def resume(self, req: RequestRecord, booking: Booking) -> Delay:
         """An acquisition this call did not just persist (after a restart, or a retry after
@@ -207,10 +253,14 @@ class ProvisioningService:
 
     # ------------------------------------------------------------------ new requests
 
-    async def provision(self, req: RequestRecord, mode: Mode) -> Delay:
+    async def provision(self, req: RequestRecord, mode: Mode, *, woken: bool = False) -> Delay:
+        """``woken``: planned ahead of its backoff timer because capacity may have freed
+        (:class:`Wakeups`); if it still does not fit, nothing is written and the timer
+        stands."""
         now = self.clock.now()
         retry_at = req.retry_at
-        if retry_at is not None and retry_at > now:
+        waiting = retry_at is not None and retry_at > now
+        if retry_at is not None and waiting and not woken:
             return (retry_at - now).total_seconds()
         try:
             gang = self.gang(req, mode)
@@ -231,9 +281,18 @@ class ProvisioningService:
         digests = json.dumps(self.template_digests(req.namespace, req.template_names),
                              sort_keys=True, separators=(",", ":"))
         attempt = req.attempt + 1
+        relaxable_sets, relax_time = self.relaxation(req, gang)
         result = await self.planner.plan(
-            req.key, gang, mode, lambda plan: self.book(req, plan, attempt)
+            req.key, gang, mode, lambda plan: self.book(req, plan, attempt),
+            order=self.plan_order(req, now),
+            fallbacks=alternatives(gang, relaxable_sets, self.state.levels)
+            if relax_time is not None and now >= relax_time else (),
+            explain=not waiting,
         )
+        if waiting and retry_at is not None and not isinstance(result, Plan):
+            # Still no fit: the backoff timer keeps the request's attempts and condition
+            # (a churn of wake-ups must not turn into a churn of writes).
+            return max(0.0, (retry_at - self.clock.now()).total_seconds())
         if isinstance(result, Refusal):
             if result.wait:
                 return await self.retry_or_fail(
@@ -241,7 +300,7 @@ class ProvisioningService:
                 )
             return await self.fail(req, result.reason, result.text)
         if isinstance(result, NoFit):
-            return await self.no_fit(req, gang, mode, result, attempt)
+            return await self.no_fit(req, gang, mode, result, attempt, relax_time=relax_time)
         booking = self.state.bookings().get(req.key)
         if booking is None:  # the request was deleted while it was being planned
             return None
@@ -270,6 +329,18 @@ class ProvisioningService:
             return await self.confirm(req, booking)
         return await self.acquire(req, booking, announce=True)
 
+    def relaxation(self, req: RequestRecord, gang: GangRequest) -> tuple[
+            dict[str, str], datetime | None]:
+        """The pod sets of ``gang`` Muster may relax (name -> required level) and when it
+        may (None: never); see :mod:`controller.relaxation`."""
+        seconds = relax_after(self.parameters(req).values.relax_topology_after_seconds,
+                              req.annotations, self.config.topology.relax_after_seconds)
+        when = relax_at(req.created_at, seconds)
+        if when is None:
+            return {}, None
+        sets = relaxable(gang, self._template_annotations(req), self.state.levels)
+        return sets, (when if sets else None)
+
     def arrival_grace_left(self, req: RequestRecord) -> float:
         """Seconds this request still waits for objects created with it (a PodTemplate, a
         CapacityPool, nodes) before a verdict that they are missing is final (0: now)."""
@@ -297,7 +368,11 @@ class ProvisioningService:
         seconds = params.values.valid_until_seconds
         if seconds is None or created is None:
             return None
-        return created + timedelta(seconds=seconds)
+        try:
+            return created + timedelta(seconds=seconds)
+        except OverflowError:
+            # Past the last representable date (up to 255 digits are valid): no deadline.
+            return None
 
     def book(self, req: RequestRecord, plan: Plan, attempt: int) -> Booking | Refusal:
         """The booking to reserve for ``plan``, or why a budget or the namespace's limits
@@ -342,7 +417,7 @@ class ProvisioningService:
                        groups=groups_for(plan, owner_uid=req.uid, attempt=attempt))
 
     async def no_fit(self, req: RequestRecord, gang: GangRequest, mode: Mode, result: NoFit,
-                     attempt: int) -> Delay:
+                     attempt: int, *, relax_time: datetime | None = None) -> Delay:
         # The shortfall first (where it came closest, by how much, whether waiting helps),
         # then the engine's reasons in full.
         reasons = "; ".join(r.message for r in result.reasons) or "no capacity"
@@ -360,6 +435,14 @@ class ProvisioningService:
             return await self.retry_or_fail(
                 req, attempt=attempt, reason=Reason.POOL_UNUSABLE,
                 detail=f"{pools}. Without {'it' if len(refused) == 1 else 'them'}: {detail}",
+            )
+        if relax_time is not None and relax_time > self.clock.now():
+            # Waiting helps once the topology may be relaxed, even when the strict request
+            # can never fit (no single domain is big enough).
+            return await self.retry_or_fail(
+                req, attempt=attempt, reason=Reason.CAPACITY_IS_NOT_FOUND,
+                detail=f"{detail} Muster relaxes its topology at {rfc3339(relax_time)} "
+                f"({RELAX_TOPOLOGY_AFTER})", relax_time=relax_time,
             )
         if result.permanent:
             codes = {r.code for r in result.reasons}
@@ -483,20 +566,63 @@ class ProvisioningService:
         try:
             details = class_details(booking.plan)
             where = _where(booking.plan)
+            relaxed, sets = self.relaxed(req, booking.plan)
+            if relaxed:
+                details[RELAXED_DETAIL] = relaxed_detail(relaxed)
+                created = req.created_at
+                waited = ((self.clock.now() - created).total_seconds()
+                          if created is not None else None)
+                where = f"{where}. {describe_relaxed(relaxed, sets, waited).rstrip('.')}"
             text = (
                 message(reason, where=where)
                 if reason is Reason.CAPACITY_IS_FOUND
                 else message(reason, where=where, new_nodes=len(booking.acquired_nodes))
             )
             crashpoints.reached("before-confirm")
-            await self.write_status(
+            req = await self.write_status(
                 req, [_accepted(), (ConditionType.PROVISIONED, True, reason, text)],
                 details=details,
             )
         finally:
             self.state.unreserve(req.key)
+        await self.mark_booked(req)
         return self.config.booking.duration_seconds
 
+    async def mark_booked(self, req: RequestRecord) -> RequestRecord:
+        """Say ``Booked`` in the phase annotation users read, once Provisioned=True has
+        landed (status and metadata are two writes: after a crash between them the request
+        still reads as Booked, and the next reconcile writes the annotation)."""
+        if req.annotated_phase is Phase.BOOKED:
+            return req
+        return await self.persist(req, annotations={PHASE_ANNOTATION: Phase.BOOKED})
+
+
+    def relaxed(self, req: RequestRecord, plan: Plan) -> tuple[dict[str, str], dict[str, str]]:
+        """The pod sets ``plan`` does not keep in the one domain their
+        ``muster.dev/required-topology`` asks for (pod set -> where they went), and the
+        required levels; empty when the plan is strict. Read from the plan, so it holds after
+        a restart too."""
+        mode = self.config.classes.mode_for(req.class_name, req.parameters) or Mode.PROVISION
+        try:
+            gang = self.gang(req, mode)
+        except Invalid:
+            return {}, {}
+        seconds = relax_after(self.parameters(req).values.relax_topology_after_seconds,
+                              req.annotations, self.config.topology.relax_after_seconds)
+        if seconds is None:
+            return {}, {}
+        sets = relaxable(gang, self._template_annotations(req), self.state.levels)
+        return relaxed_placements(plan, sets), sets
+
+    def _template_annotations(self, req: RequestRecord) -> list[Mapping[str, str]]:
+        """The annotations of the PodTemplate of each of ``req``'s pod sets, in order."""
+        notes: list[Mapping[str, str]] = []
+        for ps in (req.body.get("spec") or {}).get("podSets") or []:
+            ref = (ps.get("podTemplateRef") or {}).get("name") if isinstance(ps, dict) else None
+            found = self.state.template(req.namespace, str(ref))
+            notes.append(found.template.metadata.annotations
+                         if found is not None and not isinstance(found, TemplateError) else {})
+        return notes
 
     # ------------------------------------------------------------------ booked requests
 
@@ -507,6 +633,7 @@ class ProvisioningService:
         if not req.condition_true(ConditionType.PROVISIONED):
             # Persisted as Booked by an earlier Muster whose status write never landed.
             return await self.confirm(req, booking)
+        req = await self.mark_booked(req)
         ending = self._ending(req, booking)
         if ending is not None:
             return await self.end_booking(req, booking, *ending)
@@ -743,7 +870,10 @@ class ProvisioningService:
         reason: Reason,
         detail: str,
         permanent: bool = False,
+        relax_time: datetime | None = None,
     ) -> Delay:
+        """``relax_time``: when the request's topology may be relaxed; the next attempt is
+        then no later than that."""
         self.state.unreserve(req.key)
         max_attempts = self.config.retry.max_attempts
         params = self.parameters(req)
@@ -755,6 +885,8 @@ class ProvisioningService:
                 attempt=attempt,
             )
         delay = self.config.retry.backoff(attempt)
+        if relax_time is not None:
+            delay = max(0.0, min(delay, (relax_time - self.clock.now()).total_seconds()))
         deadline = self.valid_until(req, params)
         if (not permanent and attempt < max_attempts and deadline is not None
                 and self.clock.now() + timedelta(seconds=delay) > deadline):
@@ -947,6 +1079,10 @@ def build_gang(req: RequestRecord, state: ClusterState, config: MusterConfig) ->
     if problems:
         raise Invalid(Reason.INVALID_PARAMETERS, "; ".join(problems))
     try:
+        relax_after(None, req.annotations, None)
+    except ValueError as exc:
+        raise Invalid(Reason.INVALID_PARAMETERS, str(exc)) from None
+    try:
         pr = parse_object(ProvisioningRequest, dict(req.body))
     except SnapshotError as exc:
         raise Invalid(Reason.INVALID_PARAMETERS, str(exc)) from None
@@ -961,8 +1097,10 @@ def build_gang(req: RequestRecord, state: ClusterState, config: MusterConfig) ->
                 missing=(f"PodTemplate {req.namespace}/{ref}",),
             )
         if isinstance(found, TemplateError):
+            # It exists: the API server would refuse its pods, so the request itself must
+            # change, as for every other field the API server refuses (pod_template_problems).
             raise Invalid(
-                Reason.FAILED_TO_CREATE_PODS,
+                Reason.INVALID_PARAMETERS,
                 f"spec.podSets[{i}]: PodTemplate {req.namespace}/{ref} is invalid: "
                 f"{found.detail}",
             )
@@ -983,16 +1121,7 @@ def build_gang(req: RequestRecord, state: ClusterState, config: MusterConfig) ->
         raise Invalid(Reason.INVALID_PARAMETERS, str(exc)) from None
     except SnapshotError as exc:
         raise Invalid(Reason.FAILED_TO_CREATE_PODS, str(exc)) from None
-    missing = [(pod_set.name, claim) for pod_set in gang.pod_sets
-               for claim in pod_set.shape.claims if claim.missing]
-    if missing:
-        # Created by a later apply (or a watch behind the request's): waited for like a
-        # PodTemplate, never an invalid request.
-        raise Invalid(
-            Reason.FAILED_TO_CREATE_PODS,
-            "; ".join(f"pod set {name}: {claim.error}" for name, claim in missing),
-            missing=tuple(dict.fromkeys(m for _, claim in missing for m in claim.missing)),
-        )
+    _refuse_missing_claim_objects(gang)
     for pod_set in gang.pod_sets:
         level = pod_set.topology.level
         if level is not None and level not in state.levels:
@@ -1002,6 +1131,21 @@ def build_gang(req: RequestRecord, state: ClusterState, config: MusterConfig) ->
                 f"configured (levels: {', '.join(state.levels)})",
             )
     return gang
+
+
+def _refuse_missing_claim_objects(gang: GangRequest) -> None:
+    """:class:`Invalid` naming the ResourceClaimTemplates, ResourceClaims and DeviceClasses
+    the gang's pods claim through that the cache does not hold. Created by a later apply
+    (or come through a watch behind the request's), they are waited for like a
+    PodTemplate: never an invalid request."""
+    missing = [(pod_set.name, claim) for pod_set in gang.pod_sets
+               for claim in pod_set.shape.claims if claim.missing]
+    if missing:
+        raise Invalid(
+            Reason.FAILED_TO_CREATE_PODS,
+            "; ".join(f"pod set {name}: {claim.error}" for name, claim in missing),
+            missing=tuple(dict.fromkeys(m for _, claim in missing for m in claim.missing)),
+        )
 
 
 class _Later:
@@ -1027,6 +1171,14 @@ class _Later:
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
         return current
+
+
+def _waiting_reason(req: RequestRecord) -> Reason | None:
+    cond = req.condition(ConditionType.PROVISIONED)
+    try:
+        return Reason(str((cond or {}).get("reason") or ""))
+    except ValueError:
+        return None
 
 
 def _accepted() -> tuple[ConditionType, bool, Reason, str]:

@@ -58,6 +58,18 @@ FAILED = 6
 """muster-retry: the controller marked the request Failed after ``retry_attempts``."""
 
 
+def _controller_default_order() -> str:
+    from controller.config import RetryConfig
+
+    return str(RetryConfig().replan_order)
+
+
+def _controller_default_relax_after() -> float | None:
+    from controller.config import TopologyConfig
+
+    return TopologyConfig().relax_after_seconds
+
+
 @dataclass(frozen=True, slots=True)
 class SimConfig:
     cloud: CloudConfig = field(default_factory=CloudConfig)
@@ -112,6 +124,12 @@ class SimConfig:
     retry_attempts: int = 720
     """muster-retry: planning attempts before the request is marked Failed and its job never
     starts (the controller's ``retry.max_attempts``)."""
+    shipped_relax_after_s: float | None = field(
+        default_factory=lambda: _controller_default_relax_after())
+    """muster-shipped: the controller's ``topology.relax_after_seconds`` (None: never
+    relax; the default is the controller's)."""
+    shipped_replan_order: str = field(default_factory=lambda: _controller_default_order())
+    """muster-shipped: the controller's ``retry.replan_order`` (arrival or backoff)."""
     deadlock_check_s: float = 60.0
     """How often partially bound gangs are checked for a deadlock."""
     bin_seconds: float | None = None
@@ -138,6 +156,10 @@ class SimConfig:
                 "ProvisioningRequest backoff needs 0 < initial <= max",
             ),
             (self.booking_s >= 0, "booking duration must be >= 0 seconds"),
+            (self.shipped_relax_after_s is None or self.shipped_relax_after_s >= 0,
+             "shipped relax-after must be >= 0 seconds"),
+            (self.shipped_replan_order in ("arrival", "backoff"),
+             "shipped replan order must be arrival or backoff"),
             (self.relax_after_s >= 0, "relax-after must be >= 0 seconds"),
             (self.reserve_s >= 0, "reservation time must be >= 0 seconds"),
             (
@@ -302,6 +324,10 @@ class Simulation(abc.ABC):
     def on_room(self) -> None:
         """Stock or quota room grew (a node was released, other tenants freed stock)."""
 
+    def on_node_released(self) -> None:
+        """An idle node was released (quota room grew; the cluster saw the node go)."""
+        self.on_room()
+
     @abc.abstractmethod
     def on_cancel(self, run: JobRun) -> None:
         """``run`` was cancelled while pending; forget its queued pods."""
@@ -420,7 +446,7 @@ class Simulation(abc.ABC):
         del self.nodes[node.name]
         self.meter.paid -= self.gpus_per_node
         self.cloud.release(node.rack)
-        self.on_room()
+        self.on_node_released()
 
     def _index_add(self, node: SimNode) -> None:
         self.capacity_version += 1

@@ -67,6 +67,7 @@ _STYLE = {
     "muster": ("tab:green", "o", "-"),
     "muster-relax": ("tab:olive", "s", "--"),
     "muster-retry": ("tab:cyan", "P", "-"),
+    "muster-shipped": ("tab:red", "X", "-"),
     "pod-by-pod": ("tab:red", "v", "-"),
     "best-effort-atomic": ("tab:purple", "^", "-."),
     "gang-no-topology": ("tab:gray", "D", ":"),

@@ -1,4 +1,4 @@
-"""Output of ``muster simulate``: a rich table, a Markdown table (for the README), JSON and
+"""Output of ``muster simulate``: a rich table, a Markdown table (for the documentation), JSON and
 the one-line summary. Charts are in :mod:`controller.simulate.plots`, the only module that
 needs matplotlib."""
 

@@ -18,7 +18,7 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 # The fit-engine strategies take ~10x longer than the others: start them first.
-_SLOW_FIRST = ("muster", "muster-relax", "muster-retry", "gang-no-topology")
+_SLOW_FIRST = ("muster", "muster-relax", "muster-retry", "muster-shipped", "gang-no-topology")
 
 
 def default_workers() -> int:

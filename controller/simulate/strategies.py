@@ -13,6 +13,15 @@
   ``reserve_s`` (off by default) it also holds a reservation for that long: younger jobs may
   only use GPUs left on busy nodes;
   ``gang-no-topology`` asks without any topology.
+``muster-shipped`` is the controller as it ships, with its defaults: ``muster-retry``'s
+per-request backoff for what the controller cannot watch (the cloud's stock), plus the
+re-planning of every waiting request (in ``retry.replan_order``) the moment something it
+watches frees capacity (a job's pods end, an idle node is released:
+:mod:`controller.state.wakeups`; such a re-plan that misses counts no attempt), plus
+topology relaxation after ``shipped_relax_after_s`` (the controller's
+``topology.relax_after_seconds``; None: never): then the most compact placement
+(``preferred`` at the rack level), the next attempt no later than the relaxation, and a gang
+no block can hold waits for it instead of being refused.
 
 ``muster``, ``muster-relax`` and ``gang-no-topology`` queue in arrival order and backfill
 (Kueue's BestEffortFIFO in front of Muster): a job that does not fit does not block a later
@@ -30,6 +39,7 @@ scoring) under every strategy.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -86,6 +96,7 @@ class GangFit(Simulation):
         topology: bool,
         relax: bool = False,
         retry: bool = False,
+        wake: bool = False,
         planner: Planner | None = None,
     ) -> None:
         super().__init__(trace, config)
@@ -95,8 +106,16 @@ class GangFit(Simulation):
             planner = plan
         self.planner: Planner = planner
         self.topology = topology
-        self.relax = relax and topology
+        self.wake = wake and retry
+        self.relax_after: float | None = (
+            config.shipped_relax_after_s if self.wake else config.relax_after_s if relax else None)
+        self.relax = self.relax_after is not None and topology
         self.retry: RetryConfig | None = None
+        self.waiting: dict[int, JobRun] = {}
+        """muster-shipped: job seq -> run, of the requests waiting for capacity."""
+        self.due: dict[int, float] = {}
+        """muster-shipped: job seq -> when its backoff timer is due (a timer that is not is
+        stale: the attempt was moved earlier, to the relaxation)."""
         if retry:
             if relax:
                 raise ValueError("muster-retry does not relax topology")
@@ -107,13 +126,14 @@ class GangFit(Simulation):
             )
         self.attempts: dict[int, int] = {}
         """muster-retry: job seq -> planning attempts that found no capacity."""
-        self._no_fit: dict[tuple[int, int], tuple[int, int]] = {}
+        self._no_fit: dict[tuple[int, int, bool], tuple[int, int]] = {}
         """muster-retry: shape -> (capacity version, cloud version) it last found no fit
         at; the same shape on the same cluster gets the same answer without the engine."""
         if not topology:
             self.name = "gang-no-topology"
         else:
-            self.name = "muster-relax" if relax else "muster-retry" if retry else "muster"
+            self.name = ("muster-shipped" if self.wake else "muster-relax" if relax
+                         else "muster-retry" if retry else "muster")
         cc = config.cloud
         # Shapes of pending jobs -> their runs in arrival order.
         self.queues: dict[tuple[int, int], deque[JobRun]] = {}
@@ -139,7 +159,8 @@ class GangFit(Simulation):
             )
             self._relaxed = (TopologyRequest(TopologyMode.PREFERRED, RACK_LABEL),)
             block = cc.racks_per_block * cc.nodes_per_rack
-            self._largest = min(cc.quota_nodes, cc.racks * cc.nodes_per_rack if relax else block)
+            self._largest = min(cc.quota_nodes,
+                                cc.racks * cc.nodes_per_rack if self.relax else block)
         else:
             self._attempts = (TopologyRequest(),)
             self._largest = min(cc.quota_nodes, cc.racks * cc.nodes_per_rack)
@@ -174,6 +195,14 @@ class GangFit(Simulation):
     def on_capacity_freed(self) -> None:
         if self.retry is None:
             self.drain()
+        elif self.wake:
+            self._wake()
+
+    def on_node_released(self) -> None:
+        if self.wake:
+            self._wake()
+        else:
+            self.on_room()
 
     def on_room(self) -> None:
         # muster-retry: the controller plans a waiting request again on its own timer only
@@ -193,9 +222,43 @@ class GangFit(Simulation):
         if run.status != PENDING:
             return
         if self.retry is not None:
+            due = self.due.get(run.job.seq)
+            if due is not None and due != self.now:
+                return  # replaced by an earlier attempt (the relaxation)
             self._attempt(run)
         else:
             self.drain()
+
+    def _wake(self) -> None:
+        """muster-shipped: plan every waiting request again, in the controller's
+        ``retry.replan_order`` (arrival: oldest first; backoff: the one whose timer is due
+        first), as one planner pass does; a shape that missed stops every shape at least as
+        large this round (it could not fit either). A miss counts no attempt and leaves the
+        backoff timer."""
+        if not self.waiting:
+            return
+        failed: list[tuple[int, int, bool]] = []
+        order = (sorted(self.waiting) if self.config.shipped_replan_order == "arrival"
+                 else sorted(self.waiting, key=lambda seq: (self.due.get(seq, math.inf), seq)))
+        for seq in order:
+            run = self.waiting[seq]
+            if run.status != PENDING:
+                del self.waiting[seq]
+                continue
+            relaxed = self._relaxed_now(run)
+            if any(run.pods >= fp and run.pod_gpus >= fg and relaxed <= fr
+                   for fp, fg, fr in failed):
+                continue
+            if self.try_place(run):
+                del self.waiting[seq]
+                self.attempts.pop(seq, None)
+                self.due.pop(seq, None)
+            else:
+                failed.append((run.pods, run.pod_gpus, relaxed))
+
+    def _relaxed_now(self, run: JobRun) -> bool:
+        return (self.relax and run.pods > 1 and self.relax_after is not None
+                and self.now - run.job.submit >= self.relax_after)
 
     def _attempt(self, run: JobRun) -> None:
         """muster-retry: plan ``run`` now; if it does not fit, again after the backoff of
@@ -204,6 +267,8 @@ class GangFit(Simulation):
         controller's ``ValidUntilSeconds``, may end the retries first)."""
         if self.try_place(run):
             self.attempts.pop(run.job.seq, None)
+            self.waiting.pop(run.job.seq, None)
+            self.due.pop(run.job.seq, None)
             return
         retry = self.retry
         if retry is None:
@@ -212,11 +277,21 @@ class GangFit(Simulation):
         self.note_retry()
         if attempt >= retry.max_attempts:
             self.attempts.pop(run.job.seq, None)
+            self.waiting.pop(run.job.seq, None)
             self.fail(run)
             return
         self.attempts[run.job.seq] = attempt
         # Past the cap the delay no longer grows; clamping keeps 2**attempt a small number.
-        self.push(self.now + retry.backoff(min(attempt, 64)), TIMER, run)
+        delay = retry.backoff(min(attempt, 64))
+        if self.wake:
+            self.waiting[run.job.seq] = run
+            if self.relax and run.pods > 1 and self.relax_after is not None:
+                # As retry_or_fail: the next attempt no later than the relaxation.
+                until = run.job.submit + self.relax_after - self.now
+                if until > 0:
+                    delay = min(delay, until)
+            self.due[run.job.seq] = self.now + delay
+        self.push(self.now + delay, TIMER, run)
 
     # ------------------------------------------------------------------ queue
     def drain(self) -> None:
@@ -302,14 +377,16 @@ class GangFit(Simulation):
             return False  # it needs empty nodes, which the reservation keeps
         if not restricted and not self._may_fit(run):
             return False
-        key = (run.pods, run.pod_gpus)
+        relaxed = (self.relax and run.pods > 1 and self.relax_after is not None
+                   and self.now - run.job.submit >= self.relax_after)
+        key = (run.pods, run.pod_gpus, relaxed)
         if self.retry is not None:
             version = (self.capacity_version, self.cloud.version)
             if self._no_fit.get(key) == version:
                 return False
         # One pod is always inside one rack: the block fallback could not place it either.
         attempts = self._attempts if run.pods > 1 else self._attempts[:1]
-        if self.relax and run.pods > 1 and self.now - run.job.submit >= self.config.relax_after_s:
+        if relaxed:
             attempts = attempts + self._relaxed
         for topology in attempts:
             request = GangRequest(
@@ -436,6 +513,7 @@ STRATEGIES = (
     "muster",
     "muster-relax",
     "muster-retry",
+    "muster-shipped",
     "pod-by-pod",
     "best-effort-atomic",
     "gang-no-topology",
@@ -450,6 +528,8 @@ def make(name: str, trace: Trace, config: SimConfig, planner: Planner | None = N
         return GangFit(trace, config, topology=True, relax=True, planner=planner)
     if name == "muster-retry":
         return GangFit(trace, config, topology=True, retry=True, planner=planner)
+    if name == "muster-shipped":
+        return GangFit(trace, config, topology=True, retry=True, wake=True, planner=planner)
     if name == "gang-no-topology":
         return GangFit(trace, config, topology=False, planner=planner)
     if name == "pod-by-pod":

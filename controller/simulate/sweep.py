@@ -290,7 +290,7 @@ def tasks_for(trace: Trace, spec: SweepSpec) -> list[Task]:
         for name in spec.strategies
     ]
     # Longest first (fit-engine strategies on the full mix), so the processes end together.
-    slow = {"muster", "muster-relax", "muster-retry", "gang-no-topology"}
+    slow = {"muster", "muster-relax", "muster-retry", "muster-shipped", "gang-no-topology"}
     return sorted(tasks, key=lambda t: (t.strategy not in slow, t.mix))
 
 

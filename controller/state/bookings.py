@@ -45,9 +45,9 @@ class Phase(enum.StrEnum):
     ACQUIRING = "Acquiring"
     """Plan and keys persisted; provider calls may be in flight (resumed after a restart)."""
     BOOKED = "Booked"
-    """Provisioned=True; capacity held for the request's pods. Not written as such when the
-    request went through Acquiring: Acquiring plus Provisioned=True means Booked (one API
-    write less per request)."""
+    """Provisioned=True; capacity held for the request's pods. Written right after the
+    Provisioned=True status write (two writes: the status and the metadata are separate
+    endpoints); until it lands, Acquiring plus Provisioned=True reads as Booked."""
     ENDED = "Ended"
     """Booking consumed, expired or revoked; nodes in use stay until idle."""
     FAILED = "Failed"

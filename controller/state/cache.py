@@ -22,7 +22,7 @@ import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Any
 
@@ -63,8 +63,8 @@ DELETED_SECONDS = 300.0
 """How long a deleted request's uid is remembered: between this and twice this (two
 generations, turned over by :meth:`ClusterState.prune_vanished`), five times the longest a
 write or a list can be in flight (the client's timeout is 60 s). Kept by age rather than
-count so that a steady stream of requests keeps a steady number of uids: counted to 16,384,
-the soak's memory grew for nine hours at 0.5 deletions/s (benchmarks/soak.py)."""
+count so that a steady stream of requests keeps a steady number of uids: a bound by count
+alone lets memory grow for hours before it is reached (docs/benchmarks/soak.md)."""
 DELETED_MEMORY = 16_384
 """At most this many uids per generation, however many requests a burst deletes."""
 
@@ -150,6 +150,18 @@ class ClusterState:
         self.notify: Callable[[str], None] = notify or (lambda key: None)
         self.forget: Callable[[str], None] = forget or (lambda key: None)
         """Told of every request key deleted (the work queue drops its timers)."""
+        self.capacity_changed: Callable[[str], None] = lambda why: None
+        """Told (with what happened) whenever something changed that could let a waiting
+        request fit: a node added, freed or changed, a booking gone, a pool created or
+        changed, a refused pool fixed (see :mod:`controller.state.wakeups`)."""
+        self.shortage_set: Callable[[datetime], None] = lambda until: None
+        """Told when a stock-out's avoidance window will end (:meth:`mark_short`)."""
+        self._arrivals: dict[str, int] = {}
+        """Request key -> the order the cache first saw it in (ties of creationTimestamp,
+        which has one-second resolution)."""
+        self._arrived = 0
+        self._pool_specs: dict[str, Any] = {}
+        """The spec of each pool last seen (status writes do not change what plans see)."""
         self._nodes: dict[str, Node] = {}
         self._nodes_by_key: dict[str, set[str]] = {}
         self._gone_by_key: dict[str, set[str]] = {}
@@ -254,17 +266,26 @@ class ClusterState:
             self._pool_states = None
         if old is None:
             self.arrived(f"Node {name}")
-        elif (old.spec.taints != node.spec.taints or old.metadata.labels != labels
-              or old.spec.unschedulable != node.spec.unschedulable):
-            # A taint, cordon or label change can make a booked existing node unusable for
-            # its gang: those bookings check again.
-            for key, booking in self.bookings().items():
-                if name in booking.existing_nodes:
-                    self.notify(key)
+            self.capacity_changed("node added")
+        else:
+            if old.metadata.labels != labels or _schedulability(old) != _schedulability(node):
+                self.capacity_changed("node changed")
+            self._recheck_bookings_on(old, node)
         if node.settled:
             for fut in self._ready_waiters.pop(name, []):
                 if not fut.done():
                     fut.set_result(None)
+
+    def _recheck_bookings_on(self, old: Node, node: Node) -> None:
+        """A taint, cordon or label change can make a booked existing node unusable for its
+        gang: the bookings counting on it check again."""
+        if (old.spec.taints == node.spec.taints and old.metadata.labels == node.metadata.labels
+                and old.spec.unschedulable == node.spec.unschedulable):
+            return
+        name = node.metadata.name
+        for key, booking in self.bookings().items():
+            if name in booking.existing_nodes:
+                self.notify(key)
 
     def delete_node(self, name: str) -> None:
         self._unindex(name, gone=True)
@@ -274,6 +295,7 @@ class ClusterState:
         self._node_states.pop(name, None)
         self._sorted_nodes = None
         self._pool_states = None
+        self.capacity_changed("node deleted")
         # A booking's new nodes are known by their acquisition key's label: the persisted
         # booking names the groups, not the nodes (those exist only once acquired).
         acquisition = old.metadata.labels.get(KEY_LABEL)
@@ -386,7 +408,10 @@ class ClusterState:
     def upsert_pod(self, body: Body) -> None:
         key = object_key(body)
         record = _pod_record(body)
-        self._forget_pod(key)
+        old = self._forget_pod(key)
+        if old is not None and old.holds and old.node and not (
+                record is not None and record.holds and record.node == old.node):
+            self.capacity_changed("pod finished")
         if record is None:
             return
         self._pods[key] = record
@@ -406,6 +431,8 @@ class ClusterState:
 
     def delete_pod(self, key: str) -> None:
         record = self._forget_pod(key)
+        if record is not None and record.holds and record.node:
+            self.capacity_changed("pod deleted")
         if record is not None and record.consumer:
             self.notify(record.consumer)
 
@@ -550,6 +577,12 @@ class ClusterState:
             # Its nodes stop (or start) being plannable: node states are rebuilt.
             self._deleting_pools.symmetric_difference_update({name})
             self._sorted_nodes = None
+        spec = body.get("spec")
+        if self._pool_specs.get(name) != spec or deleting:
+            # Created, or its spec edited (a limit raised, a domain added); a status write
+            # (the pool status writer's, every few seconds) changes nothing a plan sees.
+            self._pool_specs[name] = spec
+            self.capacity_changed("pool changed")
         before = (known_errors or self._pool_errors).get(name)
         quantities = _quantity_errors(body)
         old = self._pools.get(name)
@@ -576,6 +609,7 @@ class ClusterState:
 
     def delete_pool(self, name: str) -> None:
         self.pools_changed.set()
+        self._pool_specs.pop(name, None)
         self._pools.pop(name, None)
         self._pool_errors.pop(name, None)
         self._pool_state_errors.pop(name, None)
@@ -606,6 +640,7 @@ class ClusterState:
             self._unusable_pools[name] = problems
         else:
             self._unusable_pools.pop(name, None)
+            self.capacity_changed("pool usable")
         self._pool_states = None
 
     def unusable_pools(self) -> Mapping[str, tuple[str, ...]]:
@@ -676,6 +711,10 @@ class ClusterState:
                 return None
         record = RequestRecord.parse(body, old)
         self._requests[key] = record
+        if key not in self._arrivals:
+            self._arrived += 1
+            self._arrivals[key] = self._arrived
+        had_booking = key in self._bookings
         if uid and meta.get("namespace"):
             self._uid_namespace[str(uid)] = str(meta["namespace"])
         if record.annotated_phase in ACTIVE_PHASES and not record.deleting:
@@ -688,15 +727,20 @@ class ClusterState:
                 self._bookings.pop(key, None)
         else:
             self._bookings.pop(key, None)
+        if had_booking and key not in self._bookings and key not in self._reserved:
+            self.capacity_changed("booking ended")
         return record
 
     def delete_request(self, key: str, *, uid: str | None = None) -> None:
         """Forget the request; ``uid`` (else the cached one's) is remembered as deleted."""
         self._held_cache.pop(key, None)
         old = self._requests.pop(key, None)
-        self._bookings.pop(key, None)
-        self._reserved.pop(key, None)
+        self._arrivals.pop(key, None)
         self.wait_for(key, ())
+        booked = self._bookings.pop(key, None) is not None
+        booked = self._reserved.pop(key, None) is not None or booked
+        if booked:
+            self.capacity_changed("request deleted")
         uid = uid or (old.uid if old is not None else None)
         if uid:
             self._deleted[uid] = None
@@ -709,6 +753,13 @@ class ClusterState:
 
     def requests(self) -> Mapping[str, RequestRecord]:
         return self._requests
+
+    def arrival(self, key: str) -> tuple[datetime, int]:
+        """Where ``key`` stands in the order of arrival: its creationTimestamp, then the
+        order the cache first saw it in (a request not cached sorts last)."""
+        record = self._requests.get(key)
+        created = record.created_at if record is not None else None
+        return (created or _LAST, self._arrivals.get(key, sys.maxsize))
 
     def reserve(self, key: str, booking: Booking) -> None:
         """Hold ``booking`` in memory until :meth:`unreserve` (the plan is being persisted)."""
@@ -814,6 +865,7 @@ class ClusterState:
         there until ``until``, so retries look elsewhere instead of failing the same way."""
         self._short[(pool, tuple(sorted(domain.items())))] = (available, until)
         self._pool_states = None
+        self.shortage_set(until)
 
     def shortages(self, now: datetime) -> dict[str, list[tuple[dict[str, str], int, datetime]]]:
         """Pool -> (domain, nodes available, until) of each stock-out still in force."""
@@ -934,6 +986,15 @@ class ClusterState:
         return out
 
 
+_LAST = datetime.max.replace(tzinfo=UTC)
+
+
+def _schedulability(node: Node) -> tuple[Any, ...]:
+    """What of a node decides whether pods can go to it, beside its labels: readiness,
+    start-up and other taints, cordoning, allocatable."""
+    return (node.usable, node.spec.unschedulable, node.spec.taints, node.allocatable())
+
+
 def _confirmed(record: RequestRecord | None) -> bool:
     """Provisioned=True: the booking's acquisition is over and will not be rolled back."""
     return record is not None and record.condition_true(ConditionType.PROVISIONED)
@@ -993,8 +1054,11 @@ def _all_errors(exc: ValidationError) -> tuple[str, ...]:
 
 
 def _first_error(exc: ValidationError) -> str:
+    # The field path as the API server writes it: list items as [i], not .i.
     err = exc.errors()[0]
-    where = ".".join(str(p) for p in err["loc"])
+    where = ""
+    for part in err["loc"]:
+        where += f"[{part}]" if isinstance(part, int) else f".{part}" if where else str(part)
     return f"{where}: {err['msg']}"
 
 
@@ -1004,8 +1068,8 @@ NODE_CONDITION_KEPT = ("type", "status", "reason", "message")
 
 def _slim_node(body: Body) -> Body:
     """What the cache keeps of a Node: the model keeps unknown fields, and managedFields,
-    images, nodeInfo, addresses and heartbeat times were two thirds of its memory
-    (``benchmarks/memory.py``) with nothing in Muster reading them."""
+    images, nodeInfo, addresses and heartbeat times were most of its memory
+    (docs/benchmarks/memory.md) with nothing in Muster reading them."""
     if not isinstance(body, Mapping):
         return body  # a model already (tests build them)
     meta = body.get("metadata")

@@ -2,8 +2,8 @@
 
 One task per resource, each re-listing after a 410 Gone or a dropped stream (see
 :meth:`controller.kube.KubeClient.watch`). ProvisioningRequests come the same way, and each
-event of one enqueues its key for a reconcile: the controller's only event source (README,
-"Throughput", has the measurement that replaced kopf with it).
+event of one enqueues its key for a reconcile: the controller's only event source
+(docs/design/api-client.md).
 """
 
 from __future__ import annotations

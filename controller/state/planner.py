@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from controller.conditions import Reason
 from controller.fit import PlanningPass
@@ -54,6 +55,9 @@ class _Item:
     mode: Mode
     book: BookFn
     future: asyncio.Future[Result | Refusal]
+    order: tuple[Any, ...]
+    fallbacks: tuple[GangRequest, ...]
+    explain: bool
 
 
 class Planner:
@@ -90,16 +94,26 @@ class Planner:
                 await task
 
     async def plan(
-        self, key: str, gang: GangRequest, mode: Mode, book: BookFn
+        self, key: str, gang: GangRequest, mode: Mode, book: BookFn,
+        order: tuple[Any, ...] = (),
+        fallbacks: tuple[GangRequest, ...] = (),
+        explain: bool = True,
     ) -> Result | Refusal:
         """Plan ``gang``; a Plan returned has been reserved under ``key`` already.
+
+        A pass plans its requests by ``order`` (the request's arrival: older first, so a
+        round of woken waiting requests goes to the one that waited longest), then in the
+        order they came to the planner. ``fallbacks``: gangs tried in turn, in the same
+        pass, when ``gang`` does not fit (a relaxed topology); the NoFit returned is the last
+        one's. ``explain=False``: a NoFit may come without reasons (the caller only needs
+        to know whether it fits now: a woken waiting request), which makes it cheap.
 
         Returns the fit engine's NoFit, or the :class:`Refusal` of ``book``. ``book`` runs in
         the pass's synchronous step, right before the booking is reserved: what it reads of
         the state (e.g. a namespace's usage) includes every booking of the pass so far.
         """
         future: asyncio.Future[Result | Refusal] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Item(key, gang, mode, book, future))
+        self._pending.append(_Item(key, gang, mode, book, future, order, fallbacks, explain))
         self._wakeup.set()
         return await future
 
@@ -127,8 +141,7 @@ class Planner:
             # The window also grows with the last pass's cost (capped): when requests trickle
             # in one by one under load, back-to-back passes would each pay the snapshot for
             # a handful of requests and starve the event loop; this keeps planning to at most
-            # about half of the loop's time. (Twice the last pass, capped at 0.2 s, gave the
-            # same throughput and a longer wait before planning: controller_bench.)
+            # about half of the loop's time.
             await asyncio.sleep(
                 min(max(self.coalesce_seconds, self._last_pass_seconds), MAX_COALESCE_SECONDS)
             )
@@ -147,11 +160,16 @@ class Planner:
         for key in keys:
             self._state.unreserve(key)
         planning = PlanningPass(self._state.snapshot(now=self._now() if self._now else None))
+        if any(item.order for item in batch):
+            batch = sorted(batch, key=lambda item: item.order)
         for item in batch:
             if item.future.done():
                 continue
             try:
-                result = planning.plan(item.gang, item.mode)
+                for gang in (item.gang, *item.fallbacks):
+                    result = planning.plan(gang, item.mode, explain=item.explain)
+                    if isinstance(result, Plan):
+                        break
                 if isinstance(result, Plan):
                     booking = item.book(result)
                     if isinstance(booking, Refusal):

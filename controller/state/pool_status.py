@@ -8,7 +8,7 @@ I/O and no clock: ``now`` is given, so the writer
 (:mod:`controller.reconcilers.pool_status`) stays thin and the figures are testable alone.
 Whatever the status says is what the planner would use: ``provisionableNodes`` is the
 domain's ``max_new_nodes`` in the planning snapshot, ``free`` its nodes' free capacity there.
-The fields are described in docs/capacitypool-status.md.
+The fields are described in docs/reference/capacitypool-status.md.
 """
 
 from __future__ import annotations

@@ -3,10 +3,11 @@ plans from a template: refused with the field named, never planned."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from controller.api.pod import PodTemplate
@@ -59,6 +60,10 @@ def problems(doc: dict[str, Any]) -> list[str]:
     (container({"cpu": "1"}, resources={"requests": {"cpu": "2"}},
                initContainers=[{"name": "i", "resources": {"requests": {"cpu": "3"}}}]),
      "aggregate requests (3000m)"),
+    ({"containers": [{"name": "m"}, {"name": "m"}]},
+     "template.spec.containers[1].name: Duplicate value 'm'"),
+    ({"containers": [{"name": "m"}], "initContainers": [{"name": "m"}]},
+     "template.spec.initContainers[0].name: Duplicate value 'm'"),
 ])
 def test_refused_like_the_api_server(spec: dict[str, Any], field: str) -> None:
     found = problems(template(spec))
@@ -82,7 +87,26 @@ def request(tpl: dict[str, Any], count: int = 4) -> list[dict[str, Any]]:
     ({"muster.dev/required-topology": "rack", "muster.dev/preferred-topology": "block"},
      "are both set"),
     ({"kueue.x-k8s.io/podset-required-topology": "rack",
-      "kueue.x-k8s.io/podset-unconstrained-topology": "true"}, "are both set"),
+      "kueue.x-k8s.io/podset-unconstrained-topology": "true"},
+     "must not contain more than one topology annotation"),
+    # Kueue counts an annotation present whatever its value, and reads booleans as Go does.
+    ({"kueue.x-k8s.io/podset-required-topology": "rack",
+      "kueue.x-k8s.io/podset-unconstrained-topology": "T"},
+     "must not contain more than one topology annotation"),
+    ({"kueue.x-k8s.io/podset-preferred-topology": "rack",
+      "kueue.x-k8s.io/podset-unconstrained-topology": "false"},
+     "must not contain more than one topology annotation"),
+    ({"kueue.x-k8s.io/podset-unconstrained-topology": "yes"},
+     "metadata.annotations[kueue.x-k8s.io/podset-unconstrained-topology]: must be a boolean"),
+    ({"kueue.x-k8s.io/podset-unconstrained-topology": "tRuE"},
+     "metadata.annotations[kueue.x-k8s.io/podset-unconstrained-topology]: must be a boolean"),
+    ({"kueue.x-k8s.io/podset-required-topology": ""},
+     "metadata.annotations[kueue.x-k8s.io/podset-required-topology]: must be a label name"),
+    ({"kueue.x-k8s.io/podset-slice-required-topology": "rack",
+      "kueue.x-k8s.io/podset-slice-size": " 2"},
+     "metadata.annotations[kueue.x-k8s.io/podset-slice-size]: must be a numeric value"),
+    ({"muster.dev/required-topology": "rack",
+      "kueue.x-k8s.io/podset-unconstrained-topology": "1"}, "contradicts"),
     ({"muster.dev/required-topology": "rack",
       "kueue.x-k8s.io/podset-required-topology": "block"}, "contradicts"),
     ({"kueue.x-k8s.io/podset-slice-required-topology": "rack",
@@ -92,6 +116,28 @@ def test_contradictory_topology_fails_with_the_field(annotations: dict[str, str]
                                                      message: str) -> None:
     with pytest.raises(InvalidTemplate, match=message.replace("[", r"\[").replace("]", r"\]")):
         request_from_documents(request(template(container({}), annotations=annotations)))
+
+
+@pytest.mark.parametrize("annotations", [
+    {"kueue.x-k8s.io/podset-unconstrained-topology": "1"},
+    {"kueue.x-k8s.io/podset-unconstrained-topology": "F"},
+    {"muster.dev/required-topology": "rack",
+     "kueue.x-k8s.io/podset-unconstrained-topology": "false"},
+    {"kueue.x-k8s.io/podset-required-topology": "rack",
+     "kueue.x-k8s.io/podset-slice-required-topology": "rack",
+     "kueue.x-k8s.io/podset-slice-size": "+2"},
+])
+def test_values_kueue_accepts_are_accepted(annotations: dict[str, str]) -> None:
+    request_from_documents(request(template(container({}), annotations=annotations)))
+
+
+def test_a_negative_quantity_is_refused_as_the_field_it_is() -> None:
+    # Reading the pods' requests fails on it too; the field must be named, not that.
+    spec = container({"memory": "-1Gi"})
+    with pytest.raises(InvalidTemplate, match=re.escape(
+            "template.spec.containers[0].resources.requests[memory]: must be greater than "
+            "or equal to 0")):
+        request_from_documents(request(template(spec)))
 
 
 def test_files_are_read_with_strict_field_validation() -> None:
@@ -128,3 +174,35 @@ def test_label_values_as_the_api_server(text: str) -> None:
     assert label_value(text) == reference_value(text)
     if "/" not in text:
         assert qualified_name(text) == (text != "" and reference_value(text))
+
+
+def reference_subdomain(text: str) -> bool:
+    """IsDNS1123Subdomain, label by label."""
+    if not 0 < len(text) <= 253:
+        return False
+    for label in text.split("."):
+        if not label or not all(c in "abcdefghijklmnopqrstuvwxyz0123456789-" for c in label):
+            return False
+        if label[0] == "-" or label[-1] == "-":
+            return False
+    return True
+
+
+def reference_qualified_name(text: str) -> bool:
+    """apimachinery's IsQualifiedName: strings.Split on "/", one or two parts, a non-empty
+    DNS-subdomain prefix, a name part as a label value but non-empty."""
+    parts = text.split("/")
+    if len(parts) == 2:
+        if not parts[0] or not reference_subdomain(parts[0]):
+            return False
+    elif len(parts) != 1:
+        return False
+    return parts[-1] != "" and reference_value(parts[-1])
+
+
+@given(st.text(alphabet="aZ09-_./ é", max_size=70))
+@example("/rack")
+@example("a.b/")
+@example("x.io/rack")
+def test_qualified_names_as_the_api_server(text: str) -> None:
+    assert qualified_name(text) == reference_qualified_name(text), text

@@ -246,3 +246,14 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 def test_the_release_decision(view: GroupView, seen: Seen, after: float, release: bool) -> None:
     decision = decide(view, seen, now=T0 + timedelta(seconds=after), grace=GRACE, idle_ttl=300)
     assert decision.release is release, decision.why
+
+
+@pytest.mark.parametrize("view", [GroupView(), GroupView(owner_known=True)])
+def test_an_orphan_release_says_only_what_the_sweeps_saw(view: GroupView) -> None:
+    # Pods of other requests may have run on the nodes between two sweeps or before a
+    # restart; the collector cannot say that no pod ever ran on them.
+    decision = decide(view, Seen(unheld_since=T0), now=T0 + timedelta(seconds=GRACE),
+                      grace=GRACE, idle_ttl=300)
+    assert decision.release
+    assert "ever" not in decision.why
+    assert "no pod runs on it, nor did at any sweep since this Muster started" in decision.why

@@ -103,7 +103,7 @@ def test_a_typo_next_to_a_tooling_name_is_still_caught(monkeypatch: pytest.Monke
 def test_variables_of_musters_tooling_are_not_settings(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A second real control plane (README, "The real control plane"), its kept cluster, the
+    # A second real control plane (docs/testing/real-cluster.md), its kept cluster, the
     # image and helm caches, the GCP provider's own settings: set while the e2e tier loads
     # e2e/muster-e2e.yaml in the test process, or beside `muster run`.
     for key, value in (("MUSTER_CLUSTER_PORT_BASE", "27400"), ("MUSTER_CLUSTER_STATE", "/x"),

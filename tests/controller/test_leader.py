@@ -302,7 +302,7 @@ async def _value(value: Any) -> Any:
 # ---------------------------------------------------------------- configuration
 
 def test_config_defaults_replace_a_dead_leader_in_about_8_seconds() -> None:
-    # Shorter than client-go's 15/10/2 s, with the same ordering (README: leader election).
+    # Shorter than client-go's 15/10/2 s, with the same ordering (docs/operations/ha.md).
     cfg = load_config().leader_election
     assert cfg.enabled is True
     assert (cfg.lease_duration_seconds, cfg.renew_deadline_seconds,

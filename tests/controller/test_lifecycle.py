@@ -69,6 +69,42 @@ async def test_booking_expires_after_ten_virtual_minutes(
     await _until(released)
 
 
+async def _phase(kube: KubeClient, name: str) -> str | None:
+    pr = await kube.get(PROVISIONING_REQUESTS, name, namespace="ns")
+    return (pr["metadata"].get("annotations") or {}).get("muster.dev/phase")
+
+
+async def test_the_phase_annotation_says_where_the_request_is(
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
+) -> None:
+    # Users read muster.dev/phase (kubectl get -o wide, the plugin): it must not say
+    # Acquiring while the request is Provisioned=True.
+    _, clock, _ = running
+    await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
+        "phased", namespace="ns", pod_sets=[("workers", 2)]), namespace="ns")
+    cond = await _until(lambda: _condition(kube, "phased", "Provisioned"))
+    await _until(lambda: _provisioned_true(kube, "phased"))
+
+    async def booked() -> bool:
+        return await _phase(kube, "phased") == "Booked"
+
+    await _until(booked)
+    await asyncio.sleep(0.1)
+    assert await _phase(kube, "phased") == "Booked", cond
+    await clock.advance(600)
+    await _until(lambda: _condition(kube, "phased", "BookingExpired"))
+
+    async def ended() -> bool:
+        return await _phase(kube, "phased") == "Ended"
+
+    await _until(ended)
+
+
+async def _provisioned_true(kube: KubeClient, name: str) -> bool:
+    cond = await _condition(kube, name, "Provisioned")
+    return cond is not None and cond["status"] == "True"
+
+
 # The default budget (720 attempts, about 12 h at the 60 s cap) is too many to step through;
 # the schedule and the final Failed are the same with any budget.
 @pytest.mark.parametrize(
@@ -95,6 +131,11 @@ async def test_stock_out_backs_off_on_the_clock_then_fails(
 
     failed = await _until(lambda: _condition(kube, "starved", "Failed"))
     assert failed["reason"] == "RetriesExhausted"
+
+    async def phase_failed() -> bool:
+        return await _phase(kube, "starved") == "Failed"
+
+    await _until(phase_failed)
     assert sum(1 for c in provider.calls if c.op == "acquire") == retry.max_attempts
 
 

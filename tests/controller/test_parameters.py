@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from typing import Any
 
 import pytest
@@ -18,8 +19,9 @@ from controller.clock import ManualClock
 from controller.commands import objects
 from controller.fit.types import Mode
 from controller.kube import KubeClient
-from controller.kube.resources import EVENTS, PROVISIONING_REQUESTS
+from controller.kube.resources import EVENTS, POD_TEMPLATES, PROVISIONING_REQUESTS
 from controller.operator import Controller
+from controller.topology_defaults import KUEUE_REQUIRED, KUEUE_UNCONSTRAINED
 from providers.fake import FakeProvider
 from tests.controller.builders import starve
 from tests.helpers import eventually
@@ -160,12 +162,69 @@ async def test_valid_until_seconds_stops_retrying_that_long_after_creation(
     assert _acquires(provider) == 2
 
 
+@pytest.mark.parametrize(("parameters", "words"), [
+    ({"noRetry": "maybe"}, "noRetry must be true or false, got 'maybe'"),
+    # Values the admission policy refuses; requests Kueue creates are exempt from it.
+    ({"ValidUntilSeconds": "\uff16\uff10"}, "ValidUntilSeconds must be a whole number of "
+     "seconds >= 0, got '\uff16\uff10'"),
+    ({"ValidUntilSeconds": "+60"}, "ValidUntilSeconds must be a whole number"),
+    ({"ValidUntilSeconds": "6_0"}, "ValidUntilSeconds must be a whole number"),
+    ({"noRetry": "true\x1c"}, "noRetry must be true or false"),
+])
 async def test_an_unreadable_value_fails_the_request_naming_it(
-    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider],
+    parameters: dict[str, str], words: str,
 ) -> None:
     _, _, provider = running
-    await _create(kube, "maybe", {"noRetry": "maybe"})
+    await _create(kube, "maybe", parameters)
     failed = await _until(lambda: _true(kube, "maybe", "Failed"))
     assert failed["reason"] == "InvalidParameters"
-    assert "noRetry must be true or false, got 'maybe'" in failed["message"]
+    assert words in failed["message"]
+    assert await _condition(kube, "maybe", "Provisioned") is None or (
+        (await _condition(kube, "maybe", "Provisioned") or {}).get("status") != "True")
     assert _acquires(provider) == 0
+
+
+async def test_a_valid_until_past_the_last_date_means_no_deadline(
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The policy accepts any run of digits (up to the CRD's 255 characters); creation plus
+    # that many seconds is past the last date Python can represent.
+    controller, clock, provider = running
+    starve(provider)
+    await _create(kube, "forever", {"ValidUntilSeconds": "9" * 255})
+
+    async def attempted(n: int) -> bool:
+        return _acquires(provider) >= n
+
+    await _until(lambda: attempted(1))
+    await asyncio.sleep(0.05)
+    await clock.advance(controller.config.retry.backoff(1))
+    await _until(lambda: attempted(2))
+    assert await _condition(kube, "forever", "Failed") is None
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+# Kueue's TAS pod-set annotations on a hand-written request's template, read as Kueue's
+# webhook reads them (tests/kueue/test_tas_annotations.py holds the differential test).
+@pytest.mark.parametrize(("annotations", "words"), [
+    ({KUEUE_UNCONSTRAINED: "yes"},
+     f"metadata.annotations[{KUEUE_UNCONSTRAINED}]: must be a boolean value"),
+    ({KUEUE_UNCONSTRAINED: "T", KUEUE_REQUIRED: "topology.muster.dev/rack"},
+     "metadata.annotations: must not contain more than one topology annotation"),
+])
+async def test_a_value_kueue_refuses_fails_the_request_naming_the_annotation(
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider],
+    annotations: dict[str, str], words: str,
+) -> None:
+    _, _, provider = running
+    body = objects.pod_template("tas", namespace="ns", requests={"cpu": "1"})
+    body["template"]["metadata"]["annotations"] = annotations
+    await kube.create(POD_TEMPLATES, body, namespace="ns")
+    await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
+        "tas", namespace="ns", pod_sets=[("tas", 1)]), namespace="ns")
+    failed = await _until(lambda: _true(kube, "tas", "Failed"))
+    assert failed["reason"] == "InvalidParameters"
+    assert "PodTemplate tas: " + words in failed["message"]
+    assert not [c for c in provider.calls if c.op == "acquire"]

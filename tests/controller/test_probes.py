@@ -21,6 +21,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from controller.commands.probes import Probes
 from controller.config import MusterConfig
 from controller.kube import KubeClient
+from controller.kube.client import WatchHealth
 from controller.kube.resources import LEASES, NAMESPACES
 from controller.leader import LeaderElector
 from controller.operator import Controller
@@ -77,6 +78,32 @@ async def test_ready_only_once_started_live_throughout(controller: Controller) -
         assert (status, body["reason"]) == (503, "shutting down")
     finally:
         await client.close()
+
+
+async def test_a_stalled_watch_is_reported_by_the_threshold_it_was_judged_by(
+    controller: Controller,
+) -> None:
+    # A failing watch is stalled after min(failing_after, stall_after): the reason must say
+    # that figure, not stall_after (which is minutes).
+    await controller.start()
+    probes = Probes(controller, None)
+    now = asyncio.get_running_loop().time()
+    assert controller.failing_after < controller.stall_after
+    (failing, quiet, *_) = sorted(controller.kube.watches)
+    controller.kube.watches[failing] = WatchHealth(
+        progress_at=now - controller.failing_after - 5, error="connection refused")
+    ok, body = probes.ready()
+    assert not ok and body["stalled_watches"] == [failing]
+    assert body["reason"] == (
+        f"watch(es) {failing} made no progress for over {controller.failing_after:.0f}s "
+        f"(up to {controller.failing_after + 5:.0f}s) while their requests fail: "
+        "connection refused")
+    controller.kube.watches[quiet] = WatchHealth(progress_at=now - controller.stall_after - 1)
+    ok, body = probes.ready()
+    assert body["stalled_watches"] == sorted([failing, quiet])
+    assert body["reason"].endswith(
+        f"; watch(es) {quiet} made no progress for over {controller.stall_after:.0f}s "
+        f"(up to {controller.stall_after + 1:.0f}s)")
 
 
 @pytest.mark.parametrize("victim", ["watch-nodes", "reconcile-0", "collector"])

@@ -39,7 +39,8 @@ BUILD = ROOT / "hack" / "build-image.sh"
 RUN_IN_IMAGE = ROOT / "hack" / "image" / "run-in-image.sh"
 IMAGE = "localhost/muster:test"
 MAX_SIZE_MB = 500
-"""429 MB when measured (README: "The image"); matplotlib and numpy back in would pass this."""
+"""The image measured 429 MB (docs/benchmarks/image.md); matplotlib and numpy back in would pass
+this."""
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # a cold build takes minutes
 

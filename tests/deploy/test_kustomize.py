@@ -237,7 +237,7 @@ def test_metrics_are_https_for_authorized_scrapers_only(default: list[Doc],
         ("authentication.k8s.io", "tokenreviews", ("create",)),
         ("authorization.k8s.io", "subjectaccessreviews", ("create",)),
     }
-    # Bound to nobody: who scrapes is the cluster's choice (README: "Metrics").
+    # Bound to nobody: who scrapes is the cluster's choice (docs/reference/metrics.md).
     assert not [b for b in find(default, "ClusterRoleBinding")
                 if b["roleRef"]["name"] == "muster-metrics-reader"]
 

@@ -435,9 +435,10 @@ def test_enforcement_refuses_what_is_not_granted() -> None:
 
 
 def test_cloud_providers_hold_no_kubernetes_client() -> None:
-    # README "RBAC per provider": the aws and gcp rows grant nothing beyond config/rbac because
-    # only the fake provider (and the registry that hands it the client) talks to the API
-    # server; the real tier's audit log records what the controller itself calls.
+    # docs/tasks/install.md, "RBAC per provider": the aws and gcp rows grant nothing beyond
+    # config/rbac because only the fake provider (and the registry that hands it the client)
+    # talks to the API server; the real tier's audit log records what the controller itself
+    # calls.
     import ast
 
     allowed = {"__init__", "registry", "fake"}

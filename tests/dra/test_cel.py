@@ -45,6 +45,9 @@ GPU = device_value(
         ('semver("1.0.0-rc.1").isLessThan(semver("1.0.0"))', True),
         ('semver("1.0.0-alpha.10").isGreaterThan(semver("1.0.0-alpha.9"))', True),
         ('isQuantity("1Gi") && !isQuantity("one") && isSemver("1.2.3")', True),
+        # Parsed as Kubernetes parses them: nothing around the value, ASCII digits only.
+        ('isQuantity("1Gi ") || isQuantity(" 1") || isQuantity("\\uff11")', False),
+        ('isSemver(" 1.2.3") || isSemver("1.2.3 ") || isSemver("\\uff11.2.3")', False),
         ('cel.bind(a, device.attributes["gpu.nvidia.com"], a.index == 3)', True),
         ('device.allowMultipleAllocations', False),
     ],

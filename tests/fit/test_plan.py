@@ -22,6 +22,7 @@ from controller.fit import (
     Toleration,
     plan,
 )
+from controller.fit.explain import shortfall
 from tests.builders import BLOCK, GPU, RACK, Cluster, Gang, PoolB, node, shape
 
 CHECK, PROVISION = Mode.CHECK, Mode.PROVISION
@@ -340,6 +341,19 @@ def test_nofit(cluster: Cluster, gang: Gang, mode: Mode, code: ReasonCode, messa
     text = " | ".join(r.message for r in result.reasons)
     assert message in text
     assert result.permanent is (code in (ReasonCode.NEVER_FITS, ReasonCode.INVALID))
+
+
+def test_a_never_fits_headline_agrees_with_its_detail() -> None:
+    # Rack r0 has 6 hosts, 5 of them busy now: today it holds 1 of 8, empty it holds 6 of 8.
+    # The request fails as NeverFits, whose detail says "room for 6"; the headline must too.
+    snap = Cluster().rack("b0", "r0", hosts=6, free=[8, 0, 0, 0, 0, 0]).snapshot()
+    result = plan(Gang().pod_set("w", 8, gpu=8, required="rack").build(), snap, CHECK)
+    assert isinstance(result, NoFit) and result.permanent
+    assert "the best is rack r0 (block b0) with room for 6" in result.reasons[0].message
+    headline = shortfall(result)
+    assert headline.startswith("Pod set w is short by 2 pod(s) even in an empty cluster: it "
+                               "must fit within one rack and the closest rack, b0/r0, can "
+                               "hold 6 of 8."), headline
 
 
 def test_nofit_places_nothing_partially() -> None:

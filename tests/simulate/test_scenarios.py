@@ -277,3 +277,43 @@ def test_muster_retry_uses_the_controllers_retry_defaults() -> None:
         options["retry_initial"].default, options["retry_max"].default,
         options["retry_attempts"].default,
     ) == (sim.retry_initial_s, sim.retry_max_s, sim.retry_attempts)
+
+
+def test_muster_shipped_plans_waiting_requests_the_moment_capacity_frees() -> None:
+    # The trace of the muster-retry test above. As shipped, the controller plans every waiting
+    # request again the moment A's pods end (1100 s). In backoff order (the default) the node
+    # goes to C, whose timer was due first (1110 s, B's at 1220 s): muster-retry's choice,
+    # 10 s sooner; B follows when C ends. In arrival order B takes it, then C: what a FIFO
+    # queue gives.
+    jobs = trace((0, 1000, 8), (10, 1000, 8), (500, 1000, 8))
+    cfg = replace(config(quota_gpus=8), retry_max_s=300.0, retry_attempts=100)
+    assert cfg.shipped_replan_order == RetryConfig().replan_order == "backoff"
+    shipped = make("muster-shipped", jobs, cfg)
+    r = shipped.run()
+    assert [run.start for run in shipped.runs] == [100, 2100, 1100]
+    fifo = make("muster-shipped", jobs, replace(cfg, shipped_replan_order="arrival"))
+    f = fifo.run()
+    assert [run.start for run in fifo.runs] == [100, 1100, 2100]
+    # The re-plans on a wake-up count no attempt: only the timers' misses do. Backoff order:
+    # B at 10 .. 920 s, then 1220, 1520, 1820 s (C holds the node); C at 500 .. 810 s.
+    assert r.retries == 8 + 3 + 6
+    # Arrival order: B at 10 .. 920 s; C at 500, 510, 530, 570, 650, 810, 1110, 1410, 1710,
+    # 2010 s (B holds the node from 1100 s).
+    assert f.retries == 8 + 10
+    # Stock returning in the cloud is not watched: there the backoff stays.
+    assert make("muster-shipped", jobs, replace(cfg, retry_attempts=8)).run().failed == 1
+
+
+def test_muster_shipped_relaxes_topology_only_when_the_controller_is_configured_to() -> None:
+    # The trace of the muster-relax test above (an 8-node gang fits no block).
+    jobs = trace((0, H, 64))
+    cfg = config(blocks=2, racks_per_block=1, nodes_per_rack=4, initial_stock=(4, 4))
+    strict = make("muster-shipped", jobs, cfg).run()
+    assert SimConfig().shipped_relax_after_s is None  # the controller's default: never
+    assert (strict.never_fits, strict.started) == (1, 0)
+    relaxed = make("muster-shipped", jobs, replace(cfg, shipped_relax_after_s=900.0))
+    r = relaxed.run()
+    # Attempts at 0, 10, 30, 70, 130 .. 850 s (60 s cap), then at 900 s, the relaxation
+    # (the next attempt is no later than it): nodes at 900 s, ready at 1000 s.
+    assert (r.started, r.gangs_cross_block) == (1, 1)
+    assert r.wait_p50_s == pytest.approx(1000)
