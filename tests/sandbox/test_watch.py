@@ -240,6 +240,7 @@ def _configmap(name: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}}
 
 
+@pytest.mark.timeout(120)  # on the real tier, the first may start the cluster
 async def test_a_watch_ahead_of_the_server_is_accepted_and_silent(http: Http) -> None:
     """A client resuming from a resourceVersion the server has not reached (the server came
     back with another etcd, whose revisions start again): the apiserver's watch cache
@@ -260,6 +261,7 @@ async def test_a_watch_ahead_of_the_server_is_accepted_and_silent(http: Http) ->
     assert (code, body) == (200, ""), (code, body)
 
 
+@pytest.mark.timeout(120)  # on the real tier, the first may start the cluster
 async def test_a_read_ahead_of_the_server_times_out_too_large(http: Http) -> None:
     """A list or get at a resourceVersion the server has not reached waits for it (3 s),
     then is answered 504 Timeout with the cause ResourceVersionTooLarge
