@@ -42,6 +42,7 @@ class Reason(enum.StrEnum):
     ACQUISITION_FAILED = "AcquisitionFailed"
     NODES_NOT_READY = "NodesNotReady"
     NODES_VANISHED = "BookedNodesVanished"
+    NODES_UNUSABLE = "BookedNodesUnusable"
     OVER_BUDGET = "OverBudget"
     NAMESPACE_LIMIT_REACHED = "NamespaceLimitReached"
     UNSUPPORTED_CONSTRAINT = "UnsupportedConstraint"
@@ -62,8 +63,8 @@ MESSAGES: Mapping[Reason, str] = {
         "Capacity is provisioned and booked: {where} ({new_nodes} new node(s))."
     ),
     Reason.FAILED_TO_CREATE_PODS: (
-        "Cannot build the pods of this request: {detail}. Create the PodTemplate(s) in the "
-        "request's namespace, then recreate the request (its spec is immutable)."
+        "Cannot build the pods of this request: {detail}. Create {missing}, then recreate "
+        "the request (its spec is immutable)."
     ),
     Reason.FAILED_TO_BOOK_CAPACITY: (
         "Lost the PodTemplate(s) while booking: {detail}. Recreate them and the request."
@@ -96,6 +97,10 @@ MESSAGES: Mapping[Reason, str] = {
     ),
     Reason.NODES_VANISHED: (
         "Booked node(s) disappeared before the pods used them: {detail}. Create a new "
+        "request to book capacity again."
+    ),
+    Reason.NODES_UNUSABLE: (
+        "Booked existing node(s) can no longer take the gang's pods: {detail}. Create a new "
         "request to book capacity again."
     ),
     Reason.UNSUPPORTED_CONSTRAINT: (

@@ -165,10 +165,12 @@ class RetryConfig(_Section):
         default=10.0,
         ge=0,
         description="How long after its creation a request waits for objects created with it "
-        "before failing for good: a PodTemplate it names (else FailedToCreatePods) and the "
-        "CapacityPools or nodes that would let it fit (else CapacityNeverFits). Clients such "
-        "as kubectl apply and Kueue create them a moment apart, in either order, and each kind "
-        "reaches Muster through its own watch.",
+        "before failing for good: a PodTemplate it names, or a ResourceClaimTemplate, "
+        "ResourceClaim or DeviceClass its pods claim through (else FailedToCreatePods, naming "
+        "what to create), and the CapacityPools or nodes that would let it fit (else "
+        "CapacityNeverFits). Clients such as kubectl apply and Kueue create them a moment "
+        "apart, in either order, and each kind reaches Muster through its own watch; its "
+        "arrival plans the waiting request at once.",
     )
     replan_on_capacity_change: bool = Field(
         default=True,

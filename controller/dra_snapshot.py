@@ -374,12 +374,23 @@ def _tolerations(items: Sequence[Any]) -> tuple[DeviceToleration, ...]:
     return tuple(DeviceToleration(t.key, t.operator, t.value, t.effect) for t in items)
 
 
+class _Missing(DraError):
+    """A referenced object that is not (yet) in the cache."""
+
+    def __init__(self, text: str, missing: str) -> None:
+        super().__init__(text)
+        self.missing = missing
+
+
 def _request(
     name: str, req: ExactDeviceRequest | DeviceSubRequest, source: str, catalog: DraCatalog,
 ) -> DeviceRequest:
     cls = catalog.classes.get(req.device_class_name)
     if cls is None:
-        raise DraError(f"{source} request {name}: DeviceClass {req.device_class_name} not found")
+        raise _Missing(
+            f"{source} request {name}: DeviceClass {req.device_class_name} not found",
+            f"DeviceClass {req.device_class_name}",
+        )
     selectors = [
         compile_selector(s.cel.expression, f"DeviceClass {req.device_class_name}")
         for s in cls.spec.selectors
@@ -420,6 +431,8 @@ def claim_shape(name: str, source: str, devices: DeviceClaim, catalog: DraCatalo
             DeviceConstraint(tuple(c.requests), c.match_attribute, c.distinct_attribute)
             for c in devices.constraints
         )
+    except _Missing as exc:
+        return ClaimShape(name, source, (), error=str(exc), missing=(exc.missing,))
     except (DraError, SelectorError) as exc:
         return ClaimShape(name, source, (), error=str(exc))
     return ClaimShape(name, source, tuple(requests), constraints)
@@ -463,14 +476,16 @@ def with_claims(shape: PodShape, spec: PodSpec, namespace: str,
             source = f"ResourceClaimTemplate {namespace}/{ref.resource_claim_template_name}"
             template = catalog.templates.get((namespace, ref.resource_claim_template_name))
             if template is None:
-                claims.append(ClaimShape(ref.name, source, (), error=f"{source} not found"))
+                claims.append(ClaimShape(ref.name, source, (), error=f"{source} not found",
+                                         missing=(source,)))
                 continue
             claims.append(claim_shape(ref.name, source, template.spec.spec.devices, catalog))
         elif ref.resource_claim_name:
             source = f"ResourceClaim {namespace}/{ref.resource_claim_name}"
             claim = catalog.claims.get((namespace, ref.resource_claim_name))
             if claim is None:
-                claims.append(ClaimShape(ref.name, source, (), error=f"{source} not found"))
+                claims.append(ClaimShape(ref.name, source, (), error=f"{source} not found",
+                                         missing=(source,)))
                 continue
             alloc = claim.status.allocation
             if alloc is None:

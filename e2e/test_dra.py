@@ -5,6 +5,7 @@ two requests never count the same devices."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -205,6 +206,38 @@ async def test_two_requests_never_count_the_same_devices(env: Env) -> None:
     # 3 + 3 pods need 6 same-root GPU pairs; the node has 4: one request must wait.
     assert reasons[1] == "True/CapacityIsFound"
     assert reasons[0] in ("False/CapacityIsNotFound", "False/RetriesExhausted")
+
+
+async def test_claim_template_and_device_classes_created_after_the_request(env: Env) -> None:
+    """``kubectl apply`` in the order request, PodTemplate, DeviceClasses, claim template:
+    the request waits for what its pods claim through (retry.arrival_wait_seconds) and is
+    planned once they arrive, instead of failing as an invalid request."""
+    if not await env.kube.serves("resource.k8s.io/v1"):
+        pytest.skip("this API server does not serve resource.k8s.io/v1 (DRA, Kubernetes "
+                    ">= 1.34)")
+    name = env.name("dra-node")
+    node = objects.node(name, allocatable={"cpu": "96", "memory": "1024Gi"},
+                        labels={**env.selector, objects.BLOCK: "b1", objects.RACK: "b1-r1"},
+                        taints=[objects.GPU_TAINT])
+    await env.kube.create(NODES, node)
+    env.cleanup.append(lambda: env.kube.delete(NODES, name))
+    publisher = CapacityPool.model_validate(
+        {"metadata": {"name": "publisher"},
+         "spec": {"provider": "kind", "maxNodes": 1,
+                  "nodeTemplate": {"allocatable": {"cpu": "1"},
+                                   "resourceSlices": nvidia_gpu_node()}}})
+    for body in render_resource_slices(publisher, name):
+        await env.kube.create(RESOURCE_SLICES, body)
+        slice_name = body["metadata"]["name"]
+        env.cleanup.append(lambda n=slice_name: env.kube.delete(RESOURCE_SLICES, n))
+    await env.request("late", [("workers", 2)], class_name=CHECK)
+    await _worker(env)
+    await asyncio.sleep(2)
+    assert await env.condition("late", "Failed") is None
+    await _pair_template(env)
+    cond = await env.wait_condition("late", "Provisioned")
+    assert cond["reason"] == "CapacityIsFound", cond
+    assert await env.condition("late", "Failed") is None
 
 
 async def _bound(env: Env, want: int) -> int | None:

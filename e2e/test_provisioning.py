@@ -184,6 +184,42 @@ async def test_booked_nodes_vanishing_revokes_the_capacity(env: Env) -> None:
     assert victim in cond["message"]
 
 
+UNUSABLE = {
+    # how a booked existing node stops taking the gang's pods: (its patch, the words said)
+    "tainted": ({"spec": {"taints": [objects.GPU_TAINT, {
+        "key": "example.com/maintenance", "value": "now", "effect": "NoSchedule"}]}},
+        "taint example.com/maintenance=now:NoSchedule not tolerated"),
+    "evicting": ({"spec": {"taints": [objects.GPU_TAINT, {
+        "key": "example.com/drain", "effect": "NoExecute"}]}},
+        "taint example.com/drain:NoExecute not tolerated"),
+    "cordoned": ({"spec": {"unschedulable": True}}, "cordoned"),
+    "unlabelled": ({"metadata": {"labels": {"e2e.muster.dev/run": None}}},
+                   "no longer match the node selector"),
+}
+
+
+@pytest.mark.parametrize("change", sorted(UNUSABLE))
+async def test_a_booked_existing_node_that_becomes_unusable_revokes_the_capacity(
+    env: Env, change: str
+) -> None:
+    """A node booked for a gang that gets a taint its pods do not tolerate, a cordon, or
+    loses a label their nodeSelector needs, before the pods came: the pods could never be
+    scheduled there, so the booking is revoked at once, naming the node and why."""
+    nodes = await env.existing_gpu_nodes(2, rack="b1-r3")
+    await env.worker_template()
+    await env.request("spoilt", [("workers", 2)], class_name=CHECK)
+    cond = await env.wait_condition("spoilt", "Provisioned")
+    assert cond["reason"] == "CapacityIsFound"
+    patch, words = UNUSABLE[change]
+    await env.kube.merge_patch(NODES, nodes[0], patch)
+
+    cond = await env.wait_condition("spoilt", "CapacityRevoked",
+                                    within=env.config.booking.duration_seconds / 2)
+    assert cond["reason"] == "BookedNodesUnusable", cond
+    assert nodes[0] in cond["message"] and words in cond["message"], cond
+    assert nodes[1] not in cond["message"], cond
+
+
 async def test_deleting_a_request_releases_its_unused_nodes(env: Env) -> None:
     pool = await env.gpu_pool()
     await env.worker_template()

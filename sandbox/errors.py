@@ -102,5 +102,17 @@ def bad_request(message: str) -> ApiError:
     return ApiError(400, "BadRequest", message)
 
 
+def too_large_resource_version(wanted: int, current: int) -> ApiError:
+    """The apiserver's answer to a read at a resourceVersion its watch cache has not
+    reached within 3 s (``storage.NewTooLargeResourceVersionError``): 504 Timeout, cause
+    ResourceVersionTooLarge, retry after 1 s (``errors.NewTimeoutError`` prefixes the
+    message with "Timeout: ")."""
+    return ApiError(
+        504, "Timeout", f"Timeout: Too large resource version: {wanted}, current: {current}",
+        causes=[{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
+        retry_after=1,
+    )
+
+
 def gone(message: str) -> ApiError:
     return ApiError(410, "Expired", message)

@@ -38,6 +38,9 @@ KUBE_VERSION = {
     "platform": "linux/amd64",
 }
 _TRUE = frozenset({"true", "True", "1", "yes"})
+FRESH_WAIT_SECONDS = 3.0
+"""How long a read at a resourceVersion ahead of the store waits for it (the apiserver's
+``blockTimeout``)."""
 TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
 SUBJECT_ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
 _Number = TypeVar("_Number", int, float)
@@ -492,12 +495,8 @@ class SandboxServer:
         store = self.store
         if verb == "watch":
             return await self._watch(request, t)
-        if verb == "list":
-            return self._list(request, t)
-        if verb == "get":
-            assert t.name is not None
-            obj = store.get_raw(t.rt, t.name, t.namespace)
-            return self._object_response(request, t, obj)
+        if verb in ("list", "get"):
+            return await self._read(request, t, verb)
         if verb == "create":
             body = await self._body(request)
             if t.subresource == "binding":
@@ -537,6 +536,28 @@ class SandboxServer:
             out = _table(t.rt, [out], str(obj["metadata"].get("resourceVersion", "")),
                          version=t.version)
         return _json_response(out, status)
+
+    async def _read(self, request: web.Request, t: Target, verb: str) -> web.Response:
+        await self._wait_fresh(request.query.get("resourceVersion"))
+        if verb == "list":
+            return self._list(request, t)
+        assert t.name is not None
+        obj = self.store.get_raw(t.rt, t.name, t.namespace)
+        return self._object_response(request, t, obj)
+
+    async def _wait_fresh(self, resource_version: str | None) -> None:
+        """A read at a resourceVersion the store has not reached waits up to
+        :data:`FRESH_WAIT_SECONDS` for it, then fails like the apiserver's watch cache
+        (``waitUntilFreshAndBlock``): 504, "Too large resource version"."""
+        try:
+            wanted = int(resource_version or 0)
+        except ValueError:
+            return  # the store's own parsing refuses it
+        deadline = time.monotonic() + FRESH_WAIT_SECONDS
+        while wanted > self.store.resource_version:
+            if time.monotonic() >= deadline:
+                raise errors.too_large_resource_version(wanted, self.store.resource_version)
+            await asyncio.sleep(0.05)
 
     def _list(self, request: web.Request, t: Target) -> web.Response:
         q = request.query
@@ -737,5 +758,7 @@ class SandboxServer:
                 transport = request.transport
                 if transport is None or transport.is_closing():
                     return
-                if bookmarks:
+                if bookmarks and self.store.resource_version >= watcher.since:
+                    # None while the store is behind the watch (cacheWatcher.process sends
+                    # nothing older than the watch's resourceVersion).
                     await resp.write(self._bookmark(t))

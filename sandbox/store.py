@@ -1023,6 +1023,9 @@ class Store:
                 raise errors.gone(
                     f"too old resource version: {since} ({table.compacted_rv})"
                 )
+            # Ahead of the store (a client of an API server that came back with another
+            # etcd): accepted, and silent until the store passes it, as on the apiserver.
+            watcher.since = since
             for ev in table.events:
                 if ev.rv > since:
                     watcher.offer(ev)

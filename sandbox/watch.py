@@ -48,7 +48,7 @@ class Watcher:
 
     __slots__ = (
         "api_version", "close_reason", "closed", "delivered", "match", "max_queue", "namespace",
-        "on_close", "queue", "resource", "wakeup",
+        "on_close", "queue", "resource", "since", "wakeup",
     )
 
     def __init__(
@@ -70,6 +70,10 @@ class Watcher:
         self.close_reason = ""
         self.delivered = 0
         self.on_close: Callable[[Watcher], None] | None = None
+        self.since = 0
+        """The resourceVersion the watch started from: like the apiserver's watch cache
+        (``cacheWatcher.process``), only events and bookmarks newer than it are sent, so a
+        watch from a resourceVersion the store has not reached hears nothing until it does."""
 
     def _in_scope(self, obj: Obj) -> bool:
         if self.namespace is None:
@@ -77,7 +81,7 @@ class Watcher:
         return (obj.get("metadata") or {}).get("namespace") == self.namespace
 
     def offer(self, ev: WatchEvent) -> None:
-        if self.closed:
+        if self.closed or ev.rv <= self.since:
             return
         if not self._in_scope(ev.obj):
             return

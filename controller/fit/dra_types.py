@@ -188,6 +188,9 @@ class ClaimShape:
     error: str | None = None
     """Set by the snapshot builder when the claim cannot be used as written (a selector
     that does not compile, an unknown DeviceClass): the engine answers Invalid."""
+    missing: tuple[str, ...] = ()
+    """The objects ``error`` says are not found, as ``Kind name`` (``ResourceClaimTemplate
+    ns/t``, ``DeviceClass gpu``): they come through other watches and may only be late."""
 
 
 # ---------------------------------------------------------------------------- results

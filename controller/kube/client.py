@@ -461,10 +461,11 @@ class KubeClient:
         window), a dropped stream or a 5xx leads to a fresh list, so the listing must
         replace the caller's view rather than merge into it: an object no page since the
         first held is gone once the last page came. So does a server that lost the history
-        the watch resumes from (it came back empty or restarted): resourceVersions going
-        back, "too large resource version", or a stream that ended without a single event
-        or bookmark (a server ahead of which the watch sits is silent). Failures are retried
-        with backoff and logged once per interval, not per attempt.
+        the watch resumes from (it came back empty or restarted): a current resourceVersion
+        behind the one the watch would resume from (checked before every resume: the
+        apiserver accepts such a watch and is silent), resourceVersions going back, "too
+        large resource version", or a stream that ended without a single event or bookmark.
+        Failures are retried with backoff and logged once per interval, not per attempt.
         """
         timeout = server_timeout or self.watch_timeout
         name = ",".join(p for p in (res.plural, namespace, label_selector) if p)
@@ -522,9 +523,13 @@ class KubeClient:
         if health.failures:
             _problems.resolved(f"watch {res.plural}", "watch %s re-listed", res.plural)
         health.failures = 0
+        resuming = False
         while True:
             # A stream that ends (server timeout, dropped connection) resumes from the last
             # resourceVersion seen, when it proved the server knows it; otherwise re-list.
+            if resuming:
+                await self._check_reached(res, rv, namespace)
+            resuming = True
             try:
                 rv, proven = await self._watch_once(
                     res, rv, on_event, namespace, label_selector, server_timeout, health
@@ -535,6 +540,24 @@ class KubeClient:
             if not proven:
                 log.debug("watch %s: a stream without events; re-listing", res.plural)
                 return
+
+    async def _check_reached(self, res: Resource, rv: str, namespace: str | None) -> None:
+        """Raise :class:`_HistoryLost` when the server's current resourceVersion is behind
+        ``rv``, the one a watch is about to resume from. An API server that came back with
+        another etcd (empty, or restored from a backup) accepts such a watch and stays
+        silent until its revisions pass it (the watch cache sends nothing older than the
+        watch), up to a whole stream's length: the cache would keep the old world meanwhile.
+        One item's listing (a consistent read) tells it at the cost of one small request."""
+        since = _int_rv(rv)
+        if since is None:
+            return
+        body = await self._request("GET", res.path(namespace=namespace), query={"limit": 1})
+        now = _int_rv(str((body.get("metadata") or {}).get("resourceVersion", "")))
+        if now is not None and now < since:
+            raise _HistoryLost(
+                f"the server's resourceVersion {now} is behind {rv}, where the watch would "
+                "resume (it came back with another etcd)"
+            )
 
     async def _watch_once(
         self,
@@ -651,7 +674,8 @@ def _int_rv(rv: str) -> int | None:
 
 
 def _too_large(exc: ApiError) -> bool:
-    """The apiserver's answer to a watch from a resourceVersion it has not reached."""
+    """The apiserver's answer to a read at a resourceVersion its watch cache has not reached
+    within 3 s (504 Timeout, cause ResourceVersionTooLarge)."""
     return "too large resource version" in exc.body.lower()
 
 

@@ -210,13 +210,16 @@ def verdict(
     revoked = _true(conditions, "CapacityRevoked")
     if revoked is not None and active and not finished:
         vanished = revoked.get("reason") == Reason.NODES_VANISHED.value
+        unusable = revoked.get("reason") == Reason.NODES_UNUSABLE.value
         if placed_by_kueue and vanished and admitted:
             return CheckVerdict(READY, str(revoked.get("message") or ""))
-        if placed_by_kueue and vanished:
+        if placed_by_kueue and (vanished or unusable):
+            # A tainted or cordoned node is no node failure to Kueue's TAS: only a Retry
+            # (evict and requeue, once admitted) has it place the gang elsewhere.
             return _retry_or_reject(
-                "Retrying after booked nodes vanished", revoked, attempt=attempt,
-                retry_count=retry_count, limit=backoff_limit, base=backoff_base,
-                maximum=backoff_max,
+                f"Retrying after booked nodes {'vanished' if vanished else 'became unusable'}",
+                revoked, attempt=attempt, retry_count=retry_count, limit=backoff_limit,
+                base=backoff_base, maximum=backoff_max,
             )
         return CheckVerdict(REJECTED, str(revoked.get("message") or "capacity revoked"))
     expired = _true(conditions, "BookingExpired")

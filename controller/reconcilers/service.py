@@ -36,6 +36,7 @@ from controller import crashpoints
 from controller.acquire.atomic import AcquisitionFailed, acquire_all, release_groups
 from controller.acquire.keys import groups_for
 from controller.acquire.providers import ProviderSet
+from controller.api.node import Node
 from controller.api.parameters import (
     NO_RETRY,
     RELAX_TOPOLOGY_AFTER,
@@ -43,6 +44,7 @@ from controller.api.parameters import (
     Parameters,
     read_parameters,
 )
+from controller.api.pod import PodTemplate
 from controller.api.provisioningrequest import ProvisioningRequest
 from controller.clock import Clock
 from controller.conditions import (
@@ -58,7 +60,9 @@ from controller.config import MusterConfig
 from controller.constraints import needs_running_pods
 from controller.decisions import decide
 from controller.fit.explain import shortfall
-from controller.fit.types import GangRequest, Mode, NoFit, Plan, ReasonCode
+from controller.fit.shapes import selector_matches, untolerated
+from controller.fit.taints import CONDITION_TAINTS, UNSCHEDULABLE
+from controller.fit.types import GangRequest, Mode, NoFit, Plan, PodShape, ReasonCode, Taint
 from controller.kube import ApiError, Body, KubeClient
 from controller.kube.events import EventRecorder
 from controller.kube.resources import PROVISIONING_REQUESTS
@@ -115,7 +119,10 @@ WAITING_REASONS = frozenset({
 class Invalid(Exception):
     reason: Reason
     detail: str
-    missing_template: bool = False
+    missing: tuple[str, ...] = ()
+    """What the request refers to and the cache does not hold (``PodTemplate ns/t``,
+    ``ResourceClaimTemplate ns/c``, ``DeviceClass gpu``): each comes through its own watch
+    and may only be late, so the request waits for it (``retry.arrival_wait_seconds``)."""
 
 
 class ProvisioningService:
@@ -143,6 +150,8 @@ class ProvisioningService:
         """Told of every condition a status write changed (Events, metrics); must not block."""
         self.recorder = recorder
         """Posts the ParametersIgnored Warning when a request is first accepted."""
+        self._shapes: dict[str, tuple[tuple[Any, ...], Mapping[str, PodShape]]] = {}
+        """Booked requests' pod shapes and what they were built from (``_booked_shapes``)."""
         self.wakeups: Wakeups | None = None
         """Wakes waiting requests when capacity may have freed (see :meth:`waiting`)."""
 
@@ -256,11 +265,19 @@ class ProvisioningService:
         try:
             gang = self.gang(req, mode)
         except Invalid as exc:
-            if exc.missing_template:
+            if exc.missing:
                 wait = self.arrival_grace_left(req)
                 if wait > 0:
-                    return min(wait, ARRIVAL_POLL_SECONDS)
-            return await self.fail(req, exc.reason, message(exc.reason, detail=exc.detail))
+                    # Its arrival (the cache's watch event) reconciles the request at once;
+                    # the timer only ends the wait.
+                    self.state.wait_for(req.key, exc.missing)
+                    return wait
+            self.state.wait_for(req.key, ())
+            return await self.fail(req, exc.reason, message(
+                exc.reason, detail=exc.detail,
+                missing=", ".join(exc.missing) or "the PodTemplate(s) in the request's namespace",
+            ))
+        self.state.wait_for(req.key, ())
         digests = json.dumps(self.template_digests(req.namespace, req.template_names),
                              sort_keys=True, separators=(",", ":"))
         attempt = req.attempt + 1
@@ -436,7 +453,10 @@ class ProvisioningService:
             )
             wait = self.arrival_grace_left(req) if reason is Reason.NEVER_FITS else 0.0
             if wait > 0:
-                # A pool or nodes created with the request may not be in the cache yet.
+                # A pool or nodes created with the request may not be in the cache yet: a new
+                # or changed pool, or a new node, plans it again at once; the poll covers
+                # what no arrival announces (a node's labels or taints changing).
+                self.state.wait_for(req.key, ("CapacityPool", "Node"))
                 return min(wait, ARRIVAL_POLL_SECONDS)
             return await self.fail(req, reason, message(reason, detail=detail))
         return await self.retry_or_fail(
@@ -645,6 +665,10 @@ class ProvisioningService:
             reason, templates = stale
             return (ConditionType.CAPACITY_REVOKED, reason,
                     message(reason, detail=", ".join(f"{req.namespace}/{n}" for n in templates)))
+        unusable = self.unusable_booked_nodes(req, booking)
+        if unusable:
+            return (ConditionType.CAPACITY_REVOKED, Reason.NODES_UNUSABLE,
+                    message(Reason.NODES_UNUSABLE, detail="; ".join(unusable[:10])))
         vanished = [n for n in booking.existing_nodes if not self.state.node_exists(n)]
         for g in booking.groups:
             have = len(self.group_nodes(g))
@@ -663,6 +687,59 @@ class ProvisioningService:
                     message(Reason.RESERVATION_TIME_EXPIRED, booked=scheduled, total=total,
                             seconds=duration))
         return None
+
+    def unusable_booked_nodes(self, req: RequestRecord, booking: Booking) -> list[str]:
+        """Booked existing nodes the gang's pods can no longer be scheduled on (a taint
+        they do not tolerate, a cordon, a label their selector or topology needs changed),
+        each with why; nodes already running the pods booked there are not asked."""
+        if not booking.existing_nodes or not self.state.synced["nodes"].is_set():
+            return []
+        planned: dict[str, int] = {}
+        for a in booking.plan.assignments:
+            if a.node is not None:
+                planned[a.node] = planned.get(a.node, 0) + a.pods
+        scheduled = self.state.scheduled_consumers(req.key)
+        waiting = {n for n, pods in planned.items()
+                   if scheduled.get(n, 0) < pods and self.state.node_exists(n)}
+        mode = self.config.classes.mode_for(req.class_name, req.parameters)
+        if not waiting or mode is None:
+            return []  # (checked first: every pod of the gang that lands wakes this)
+        shapes = self._booked_shapes(req, mode)
+        out: list[str] = []
+        for a in booking.plan.assignments:
+            node = self.state.node(a.node) if a.node in waiting else None
+            shape = shapes.get(a.pod_set)
+            if node is None or shape is None:
+                continue
+            why = _unusable_for(shape, node, a.domain)
+            if why is not None:
+                text = f"{node.metadata.name} ({why} of pod set {a.pod_set})"
+                if not any(o.startswith(f"{node.metadata.name} (") for o in out):
+                    out.append(text)
+        return out
+
+    def _booked_shapes(self, req: RequestRecord, mode: Mode) -> Mapping[str, PodShape]:
+        """Pod set -> pod shape of a booked request, rebuilt only when the request, one of
+        its templates or a DRA object changed: a gang's every pod that lands wakes it."""
+        templates: list[object] = []
+        for name in req.template_names:
+            found = self.state.template(req.namespace, name)
+            templates.append(found.metadata.resource_version if isinstance(found, PodTemplate)
+                             else found)
+        key = (req.resource_version, tuple(templates), self.state.dra.version)
+        cached = self._shapes.get(req.key)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        try:
+            gang = self.gang(req, mode)
+        except Invalid:
+            shapes: Mapping[str, PodShape] = {}  # stale_templates speaks for the templates
+        else:
+            shapes = {ps.name: ps.shape for ps in gang.pod_sets}
+        if len(self._shapes) > 4096:
+            self._shapes.clear()
+        self._shapes[req.key] = (key, shapes)
+        return shapes
 
     def consumed_elsewhere(self, req: RequestRecord, booking: Booking) -> dict[str, int]:
         """Node -> scheduled pods consuming this request on nodes the booking does not hold
@@ -1017,7 +1094,7 @@ def build_gang(req: RequestRecord, state: ClusterState, config: MusterConfig) ->
             raise Invalid(
                 Reason.FAILED_TO_CREATE_PODS,
                 f"spec.podSets[{i}]: PodTemplate {req.namespace}/{ref} not found",
-                missing_template=True,
+                missing=(f"PodTemplate {req.namespace}/{ref}",),
             )
         if isinstance(found, TemplateError):
             # It exists: the API server would refuse its pods, so the request itself must
@@ -1044,6 +1121,7 @@ def build_gang(req: RequestRecord, state: ClusterState, config: MusterConfig) ->
         raise Invalid(Reason.INVALID_PARAMETERS, str(exc)) from None
     except SnapshotError as exc:
         raise Invalid(Reason.FAILED_TO_CREATE_PODS, str(exc)) from None
+    _refuse_missing_claim_objects(gang)
     for pod_set in gang.pod_sets:
         level = pod_set.topology.level
         if level is not None and level not in state.levels:
@@ -1053,6 +1131,21 @@ def build_gang(req: RequestRecord, state: ClusterState, config: MusterConfig) ->
                 f"configured (levels: {', '.join(state.levels)})",
             )
     return gang
+
+
+def _refuse_missing_claim_objects(gang: GangRequest) -> None:
+    """:class:`Invalid` naming the ResourceClaimTemplates, ResourceClaims and DeviceClasses
+    the gang's pods claim through that the cache does not hold. Created by a later apply
+    (or come through a watch behind the request's), they are waited for like a
+    PodTemplate: never an invalid request."""
+    missing = [(pod_set.name, claim) for pod_set in gang.pod_sets
+               for claim in pod_set.shape.claims if claim.missing]
+    if missing:
+        raise Invalid(
+            Reason.FAILED_TO_CREATE_PODS,
+            "; ".join(f"pod set {name}: {claim.error}" for name, claim in missing),
+            missing=tuple(dict.fromkeys(m for _, claim in missing for m in claim.missing)),
+        )
 
 
 class _Later:
@@ -1090,6 +1183,32 @@ def _waiting_reason(req: RequestRecord) -> Reason | None:
 
 def _accepted() -> tuple[ConditionType, bool, Reason, str]:
     return (ConditionType.ACCEPTED, True, Reason.ACCEPTED, message(Reason.ACCEPTED))
+
+
+def _unusable_for(shape: PodShape, node: Node, domain: Mapping[str, str]) -> str | None:
+    """Why pods of ``shape`` can no longer be scheduled on ``node``, booked for them in the
+    topology ``domain``, or None. The taints of node conditions (not-ready, pressure) are
+    left out: the lifecycle controller lifts them when the condition clears, and a node
+    that stays NotReady is no longer planned on anyway."""
+    name = node.metadata.name
+    taints = [Taint(t.key, t.value, t.effect) for t in node.spec.taints
+              if t.key not in CONDITION_TAINTS and t.key != UNSCHEDULABLE]
+    if node.spec.unschedulable:
+        taints.append(Taint(UNSCHEDULABLE, "", "NoSchedule"))
+    bad = untolerated(tuple(taints), shape.tolerations, bound=shape.node_name is not None)
+    if bad:
+        t = bad[0]
+        if t.key == UNSCHEDULABLE:
+            return "cordoned, not tolerated by the pods"
+        value = f"={t.value}" if t.value else ""
+        return f"taint {t.key}{value}:{t.effect} not tolerated by the pods"
+    labels = node.metadata.labels
+    if not selector_matches(shape, labels, name):
+        return "its labels no longer match the node selector or affinity"
+    moved = sorted(k for k, v in domain.items() if labels.get(k) != v)
+    if moved:
+        return f"label {moved[0]} is no longer {domain[moved[0]]!r}, the booked domain"
+    return None
 
 
 def class_details(plan: Plan) -> dict[str, str]:

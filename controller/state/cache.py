@@ -217,8 +217,12 @@ class ClusterState:
         """Pool -> acquisitions running through it (their nodes may not be in the cache yet)."""
         self.pools_changed = asyncio.Event()
         """Set on every pool event (the pool finalizer loop waits on it)."""
-        self.dra = DraState()
+        self.dra = DraState(on_event=self.arrived)
         """DRA objects (ResourceSlices, claims, classes, claim templates)."""
+        self._waiting: dict[str, set[str]] = {}
+        """``Kind key`` (or a bare kind: any of it) -> requests waiting for it to arrive."""
+        self._waits: dict[str, set[str]] = {}
+        """Request key -> what it waits for (the inverse of ``_waiting``)."""
         self._sorted_nodes: tuple[NodeState, ...] | None = None
         self._ready_waiters: dict[str, list[asyncio.Future[None]]] = {}
         self.synced: dict[str, asyncio.Event] = {
@@ -261,13 +265,27 @@ class ClusterState:
         if old is None or old.metadata.labels != labels:
             self._pool_states = None
         if old is None:
+            self.arrived(f"Node {name}")
             self.capacity_changed("node added")
-        elif old.metadata.labels != labels or _schedulability(old) != _schedulability(node):
-            self.capacity_changed("node changed")
+        else:
+            if old.metadata.labels != labels or _schedulability(old) != _schedulability(node):
+                self.capacity_changed("node changed")
+            self._recheck_bookings_on(old, node)
         if node.settled:
             for fut in self._ready_waiters.pop(name, []):
                 if not fut.done():
                     fut.set_result(None)
+
+    def _recheck_bookings_on(self, old: Node, node: Node) -> None:
+        """A taint, cordon or label change can make a booked existing node unusable for its
+        gang: the bookings counting on it check again."""
+        if (old.spec.taints == node.spec.taints and old.metadata.labels == node.metadata.labels
+                and old.spec.unschedulable == node.spec.unschedulable):
+            return
+        name = node.metadata.name
+        for key, booking in self.bookings().items():
+            if name in booking.existing_nodes:
+                self.notify(key)
 
     def delete_node(self, name: str) -> None:
         self._unindex(name, gone=True)
@@ -462,6 +480,36 @@ class ClusterState:
         """Bound pods still holding capacity on ``node``."""
         return self._pods_on.get(node, 0)
 
+    # ------------------------------------------------------------------ late arrivals
+
+    def wait_for(self, request_key: str, wanted: Iterable[str]) -> None:
+        """Reconcile ``request_key`` as soon as one of ``wanted`` arrives (``Kind key``,
+        e.g. ``PodTemplate ns/t``, ``DeviceClass gpu``; a bare kind: any object of it),
+        instead of what it waited for before. Empty: it waits for nothing."""
+        for old in self._waits.pop(request_key, ()):
+            keys = self._waiting.get(old)
+            if keys is not None:
+                keys.discard(request_key)
+                if not keys:
+                    del self._waiting[old]
+        wanted = set(wanted)
+        if wanted:
+            self._waits[request_key] = wanted
+            for w in wanted:
+                self._waiting.setdefault(w, set()).add(request_key)
+
+    def waiting_for(self, request_key: str) -> frozenset[str]:
+        return frozenset(self._waits.get(request_key, ()))
+
+    def arrived(self, wanted: str) -> None:
+        """``Kind key`` arrived or changed: the requests waiting for it (or for any of its
+        kind) are planned again now, not at their next timer."""
+        kind = wanted.partition(" ")[0]
+        keys = self._waiting.get(wanted, set()) | self._waiting.get(kind, set())
+        for key in keys:
+            self.wait_for(key, ())
+            self.notify(key)
+
     # ------------------------------------------------------------------ templates, pools
 
     def replace_templates(self, items: Iterable[Body]) -> None:
@@ -482,6 +530,7 @@ class ClusterState:
         except ValidationError as exc:
             self._templates.pop(key, None)
             self._template_errors[key] = TemplateError(_first_error(exc))
+        self.arrived(f"PodTemplate {key}")
         if notify:
             self._notify_bookings_of(key)
 
@@ -536,10 +585,14 @@ class ClusterState:
             self.capacity_changed("pool changed")
         before = (known_errors or self._pool_errors).get(name)
         quantities = _quantity_errors(body)
+        old = self._pools.get(name)
         try:
             # A pool with unreadable amounts stays known (its nodes can still be released);
             # the snapshot leaves it out of planning.
-            self._pools[name] = CapacityPool.model_validate(body)
+            self._pools[name] = pool = CapacityPool.model_validate(body)
+            if old is None or old.spec != pool.spec:
+                # Not on its status writes: only a new or changed pool can make a gang fit.
+                self.arrived(f"CapacityPool {name}")
             self._pool_errors.pop(name, None)
             if quantities:
                 self._pool_quantity_errors[name] = quantities
@@ -683,6 +736,7 @@ class ClusterState:
         self._held_cache.pop(key, None)
         old = self._requests.pop(key, None)
         self._arrivals.pop(key, None)
+        self.wait_for(key, ())
         booked = self._bookings.pop(key, None) is not None
         booked = self._reserved.pop(key, None) is not None or booked
         if booked:

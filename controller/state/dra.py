@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -38,6 +38,14 @@ KINDS: dict[str, type[BaseModel]] = {
     "resourceclaimtemplates": ResourceClaimTemplate,
 }
 
+KIND_NAMES = {
+    "resourceslices": "ResourceSlice",
+    "resourceclaims": "ResourceClaim",
+    "deviceclasses": "DeviceClass",
+    "resourceclaimtemplates": "ResourceClaimTemplate",
+}
+"""Plural -> kind, as claims name what they miss (``ClaimShape.missing``)."""
+
 
 def _key(body: Mapping[str, Any]) -> str:
     meta = body.get("metadata") or {}
@@ -46,7 +54,10 @@ def _key(body: Mapping[str, Any]) -> str:
 
 
 class DraState:
-    def __init__(self) -> None:
+    def __init__(self, on_event: Callable[[str], None] | None = None) -> None:
+        self._on_event = on_event or (lambda wanted: None)
+        """Told ``Kind key`` of every object that arrives or changes (requests waiting for
+        it are planned again)."""
         self._objects: dict[str, dict[str, BaseModel]] = {kind: {} for kind in KINDS}
         self._catalog: DraCatalog | None = None
         self._devices: dict[str, NodeDevices] | None = None
@@ -75,6 +86,8 @@ class DraState:
         else:
             self._objects[kind][_key(body)] = obj
         self._changed()
+        # Even one that does not parse: the waiting request then fails naming it, at once.
+        self._on_event(f"{KIND_NAMES[kind]} {_key(body)}")
 
     def delete(self, kind: str, key: str) -> None:
         if self._objects[kind].pop(key, None) is not None:

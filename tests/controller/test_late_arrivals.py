@@ -1,7 +1,9 @@
-"""A request that arrives before its PodTemplate or the CapacityPool that lets it fit (separate
-watch streams, or a client that creates the request first) waits for them a little
-(``retry.arrival_wait_seconds``) instead of failing at once; what never comes still fails the
-request (controller/reconcilers/service.py).
+"""A request that arrives before its PodTemplate, the ResourceClaimTemplate or DeviceClass
+its pods claim through, or the CapacityPool that lets it fit (separate watch streams, or a
+client that creates the request first) waits for them a little
+(``retry.arrival_wait_seconds``) instead of failing at once, and is planned as soon as its
+watch brings what it waits for; what never comes still fails the request, naming what to
+create (controller/reconcilers/service.py).
 
 Real Kueue (path A) creates the templates and then the request; under load Muster saw the
 request first and failed it with FailedToCreatePods (benchmarks/kueue_bench.py, 1 Workload
@@ -12,14 +14,22 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
 from controller.clock import ManualClock
 from controller.commands import objects
+from controller.dra_templates import NVIDIA_DRIVER, nvidia_gpu_node
 from controller.kube import KubeClient
-from controller.kube.resources import CAPACITY_POOLS, POD_TEMPLATES, PROVISIONING_REQUESTS
+from controller.kube.resources import (
+    CAPACITY_POOLS,
+    DEVICE_CLASSES,
+    POD_TEMPLATES,
+    PROVISIONING_REQUESTS,
+    RESOURCE_CLAIM_TEMPLATES,
+)
 from controller.operator import Controller
 from providers.fake import FakeProvider
 from tests.helpers import eventually
@@ -45,10 +55,68 @@ async def _late_pool(kube: KubeClient) -> None:
     await kube.create(CAPACITY_POOLS, objects.gpu_pool("wide", nodes_per_rack=32))
 
 
-LATE = {
-    # what arrives late: (the request's pod set, what creates it, the reason if it never does)
-    "template": (("late", 2), _late_template, "FailedToCreatePods"),
-    "pool": (("workers", 20), _late_pool, "CapacityNeverFits"),
+DRA_POOL = "dra"
+GPU_CLASS = "late-gpu"
+
+
+async def _dra_world(kube: KubeClient, *, device_class: bool, claim_template: bool) -> None:
+    """A pool whose nodes publish 8 GPUs, a "claims" template whose pods each claim one
+    through the ResourceClaimTemplate "one-gpu" of DeviceClass late-gpu, and whichever of
+    those two the case does not create late."""
+    pool = objects.gpu_pool(DRA_POOL, blocks=1, racks_per_block=1, nodes_per_rack=4,
+                            max_nodes=4)
+    pool["spec"]["nodeTemplate"]["allocatable"].pop(objects.GPU)
+    pool["spec"]["nodeTemplate"]["resourceSlices"] = nvidia_gpu_node(gpus=8, nics=0)
+    await kube.create(CAPACITY_POOLS, pool)
+    worker = objects.pod_template("claims", namespace="ns", requests={"cpu": "8"},
+                                  tolerations=[objects.GPU_TOLERATION])
+    spec = worker["template"]["spec"]
+    spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]
+    spec["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
+    await kube.create(POD_TEMPLATES, worker, namespace="ns")
+    if device_class:
+        await _late_device_class(kube)
+    if claim_template:
+        await _late_claim_template(kube)
+
+
+async def _late_device_class(kube: KubeClient) -> None:
+    await kube.create(DEVICE_CLASSES, {
+        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+        "metadata": {"name": GPU_CLASS},
+        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{NVIDIA_DRIVER}"'}}]},
+    })
+
+
+async def _late_claim_template(kube: KubeClient) -> None:
+    await kube.create(RESOURCE_CLAIM_TEMPLATES, {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "one-gpu", "namespace": "ns"},
+        "spec": {"spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": GPU_CLASS}},
+        ]}}},
+    }, namespace="ns")
+
+
+Setup = Callable[[KubeClient], Awaitable[None]]
+
+
+async def _nothing(kube: KubeClient) -> None:
+    return None
+
+
+LATE: dict[str, tuple[tuple[str, int], Setup, Setup, str, str]] = {
+    # what arrives late: (the request's pod set, what exists before, what creates it late,
+    # the reason if it never does, the object that message names)
+    "template": (("late", 2), _nothing, _late_template, "FailedToCreatePods",
+                 "PodTemplate ns/late"),
+    "pool": (("workers", 20), _nothing, _late_pool, "CapacityNeverFits", ""),
+    "claim-template": (("claims", 2), functools.partial(
+        _dra_world, device_class=True, claim_template=False), _late_claim_template,
+        "FailedToCreatePods", "ResourceClaimTemplate ns/one-gpu"),
+    "device-class": (("claims", 2), functools.partial(
+        _dra_world, device_class=False, claim_template=True), _late_device_class,
+        "FailedToCreatePods", f"DeviceClass {GPU_CLASS}"),
 }
 
 
@@ -68,7 +136,8 @@ async def test_what_arrives_after_its_request_is_waited_for(
     """``kubectl apply`` of a request with its template or pool, whose watch events reach
     Muster in either order: what arrives within the wait is used."""
     _, clock, _ = running
-    pod_set, create, _ = LATE[kind]
+    pod_set, before, create, _, _ = LATE[kind]
+    await before(kube)
     await _created_and_waiting(kube, clock, "early", pod_set, 1)
     await create(kube)
 
@@ -86,7 +155,8 @@ async def test_what_never_comes_fails_the_request_after_the_wait(
     kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider], kind: str
 ) -> None:
     controller, clock, _ = running
-    pod_set, _, reason = LATE[kind]
+    pod_set, before, _, reason, missing = LATE[kind]
+    await before(kube)
     await _created_and_waiting(kube, clock, "orphan", pod_set,
                                controller.config.retry.arrival_wait_seconds / 2)
 
@@ -96,8 +166,30 @@ async def test_what_never_comes_fails_the_request_after_the_wait(
 
     cond = await _until(failed)
     assert cond["reason"] == reason, cond
-    if kind == "template":
-        assert "PodTemplate ns/late not found" in cond["message"]
+    if missing:
+        assert f"{missing} not found" in cond["message"], cond
+        assert f"Create {missing}, then recreate the request" in cond["message"], cond
+
+
+@pytest.mark.parametrize("kind", sorted(LATE))
+async def test_an_arrival_plans_the_waiting_request_at_once(
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider], kind: str
+) -> None:
+    """The watch event that brings what a request waits for plans it again: no timer has to
+    fire (the virtual clock stands still after the request is seen waiting)."""
+    controller, clock, _ = running
+    pod_set, before, create, _, _ = LATE[kind]
+    await before(kube)
+    await _created_and_waiting(kube, clock, "early", pod_set, 1)
+    await create(kube)
+
+    async def planned() -> bool:
+        pr = await kube.get(PROVISIONING_REQUESTS, "early", namespace="ns")
+        return "muster.dev/plan" in (pr["metadata"].get("annotations") or {})
+
+    await _until(planned)
+    assert not controller.state.waiting_for("ns/early")
+    assert await _condition(kube, "early", "Failed") is None
 
 
 async def test_the_wait_for_a_template_is_the_configured_one(kube: KubeClient) -> None:

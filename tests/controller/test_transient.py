@@ -90,6 +90,9 @@ async def test_an_api_server_back_with_an_empty_store_is_listed_afresh(
             return controller.state.node_exists(name)
 
         await _until(lambda: seen("before"))
+        # Every watch has had a bookmark: each resumes from its resourceVersion, which the
+        # new server has not reached (a watch cut before anything arrived re-lists anyway).
+        await asyncio.sleep(1.0)
         # Another etcd: fewer objects, so its resourceVersions are behind the watches'.
         fresh = Store()
         fresh.load_crd_dir(CRDS)

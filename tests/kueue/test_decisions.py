@@ -171,6 +171,18 @@ def test_a_vanished_node_kueue_tas_placed_the_gang_on_is_left_to_kueue() -> None
     assert judge(invalid, reject_at_once=permanent, placed_by_kueue=True).state == "Rejected"
 
 
+def test_a_node_kueue_tas_placed_the_gang_on_that_became_unusable_retries() -> None:
+    """Tainted or cordoned is no node failure Kueue's TAS replaces: Retry, before and after
+    admission, has Kueue place the gang again; Muster's own placement still rejects."""
+    unusable = [cond("Provisioned"), cond("CapacityRevoked", message="gpu-2 (cordoned)",
+                                          reason="BookedNodesUnusable")]
+    for admitted in (False, True):
+        got = judge(unusable, admitted=admitted, placed_by_kueue=True)
+        assert got.state == "Retry", got
+        assert got.message == "Retrying after booked nodes became unusable: gpu-2 (cordoned)"
+    assert judge(unusable, admitted=True).state == "Rejected", "Muster's own placement"
+
+
 def test_backoff_doubles_from_the_base_up_to_the_cap() -> None:
     assert [backoff_seconds(n, base=60, maximum=1800) for n in range(7)] == [
         60, 120, 240, 480, 960, 1800, 1800]

@@ -1,5 +1,6 @@
 """Watch semantics: events from a resourceVersion, initial ADDED events, selectors, bookmarks,
-timeouts, 410 Gone for expired resourceVersions, and the query spellings real clients send."""
+timeouts, 410 Gone for expired resourceVersions, silence ahead of the server's, and the query
+spellings real clients send."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from sandbox import SandboxServer, Store
-from tests.sandbox.conftest import pod
+from tests.sandbox.conftest import Http, pod
 
 pytestmark = pytest.mark.timeout(20)
 PODS = "/api/v1/namespaces/default/pods"
@@ -230,3 +231,53 @@ async def test_in_process_watch_iterates_events(server: SandboxServer) -> None:
         if len(watcher_events) == 2:
             watcher.close()
     assert watcher_events == [("ADDED", "a"), ("DELETED", "a")]
+
+
+CONFIGMAPS = "/api/v1/namespaces/default/configmaps"
+
+
+def _configmap(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}}
+
+
+@pytest.mark.timeout(120)  # on the real tier, the first may start the cluster
+async def test_a_watch_ahead_of_the_server_is_accepted_and_silent(http: Http) -> None:
+    """A client resuming from a resourceVersion the server has not reached (the server came
+    back with another etcd, whose revisions start again): the apiserver's watch cache
+    accepts the watch and sends nothing older than it, neither the events that happen
+    meanwhile nor bookmarks, until ``timeoutSeconds`` ends the stream (the cacher's
+    ``getAllEventsSinceLocked`` has no upper bound; ``cacheWatcher.process`` drops what is
+    not newer)."""
+    code, listing = await http.get(CONFIGMAPS)
+    assert code == 200, listing
+    ahead = str(int(listing["metadata"]["resourceVersion"]) + 10**7)
+    watching = asyncio.create_task(http.get(
+        CONFIGMAPS, watch="true", resourceVersion=ahead, allowWatchBookmarks="true",
+        timeoutSeconds="3"))
+    await asyncio.sleep(1)
+    code, created = await http.post(CONFIGMAPS, _configmap("meanwhile"))
+    assert code == 201, created
+    code, body = await watching
+    assert (code, body) == (200, ""), (code, body)
+
+
+@pytest.mark.timeout(120)  # on the real tier, the first may start the cluster
+async def test_a_read_ahead_of_the_server_times_out_too_large(http: Http) -> None:
+    """A list or get at a resourceVersion the server has not reached waits for it (3 s),
+    then is answered 504 Timeout with the cause ResourceVersionTooLarge
+    (``storage.NewTooLargeResourceVersionError``): Muster's watch re-lists on it."""
+    code, created = await http.post(CONFIGMAPS, _configmap("here"))
+    assert code == 201, created
+    ahead = str(int(created["metadata"]["resourceVersion"]) + 10**7)
+    for path in (CONFIGMAPS, f"{CONFIGMAPS}/here"):
+        started = asyncio.get_running_loop().time()
+        code, status = await http.get(path, resourceVersion=ahead)
+        took = asyncio.get_running_loop().time() - started
+        assert code == 504, (path, code, status)
+        assert status["reason"] == "Timeout", status
+        assert status["message"].startswith(
+            f"Timeout: Too large resource version: {ahead}, current: "), status
+        assert status["details"]["causes"] == [
+            {"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}]
+        assert status["details"]["retryAfterSeconds"] == 1, status
+        assert 2.5 < took < 10, took
