@@ -393,15 +393,18 @@ class ProvisioningService:
                     releasing=self.state.releasing, released=self.state.released,
                 )
                 crashpoints.reached("acquired")
-                booking = booking.with_nodes(nodes)
+                booking = booking.with_nodes(
+                    {k: [n.name for n in got] for k, got in nodes.items()},
+                    {k: [n.provider_id for n in got if n.provider_id]
+                     for k, got in nodes.items()},
+                )
                 decide("acquire", req.key, outcome="acquired", attempt=booking.attempt,
                        groups=[_group_text(g) for g in booking.groups],
                        nodes=sorted(booking.acquired_nodes))
                 self.state.reserve(req.key, booking)
+                req = await self.remember_launched(req, booking)
                 timeout = self.config.acquisition.node_ready_timeout_seconds
-                not_ready = await self.state.wait_ready(
-                    booking.acquired_nodes, within=timeout, sleep=self.clock.sleep
-                )
+                not_ready = await self.wait_nodes(booking, within=timeout)
             finally:
                 # Later status writes start from this one's conditions, never race it.
                 if announcing is not None:
@@ -433,6 +436,54 @@ class ProvisioningService:
             self.in_flight -= keys
             self.state.end_acquiring(pools)
         return await self.confirm(req, booking)
+
+    async def remember_launched(self, req: RequestRecord, booking: Booking) -> RequestRecord:
+        """Persist what the provider launched (names and providerIDs) on the plan, once:
+        a restarted controller, or a booking checked for vanished nodes, then knows the
+        group's nodes by providerID, whatever names or labels they registered with."""
+        if req.booking is not None and req.booking.groups == booking.groups:
+            return req
+        return await self.persist(req, annotations={PLAN_ANNOTATION: booking.to_annotation()})
+
+    async def wait_nodes(self, booking: Booking, *, within: float) -> list[str]:
+        """Wait until the node of every providerID the booking's groups launched has
+        registered and is Ready and settled, or ``within`` seconds pass (the injected
+        clock); return the nodes still not so (their names, or name hints)."""
+        hints = {p: n for g in booking.groups for p, n in zip(g.provider_ids, g.nodes,
+                                                              strict=False)}
+        pending = self._unsettled(booking)
+        if not pending:
+            return []
+        timer = asyncio.ensure_future(self.clock.sleep(within))
+        try:
+            while pending and not timer.done():
+                change = self.state.changed(pending)
+                try:
+                    await asyncio.wait({change, timer}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    change.cancel()
+                pending = self._unsettled(booking)
+        finally:
+            timer.cancel()
+        out = []
+        for pid in pending:
+            node = self.state.node_by_provider_id(pid)
+            out.append(node.metadata.name if node is not None else hints.get(pid, pid))
+        return out
+
+    def _unsettled(self, booking: Booking) -> list[str]:
+        """The booking's providerIDs without a Ready, settled node (a group whose
+        provider gave no providerIDs: its node names)."""
+        out: list[str] = []
+        for group in booking.groups:
+            if not group.provider_ids:
+                out.extend(n for n in group.nodes if not self.state.node_ready(n))
+                continue
+            for pid in group.provider_ids:
+                node = self.state.node_by_provider_id(pid)
+                if node is None or not node.settled:
+                    out.append(pid)
+        return out
 
     async def _announce(self, req: RequestRecord, booking: Booking) -> RequestRecord:
         new_nodes = sum(g.count for g in booking.groups)
@@ -639,11 +690,9 @@ class ProvisioningService:
         )
 
     def group_nodes(self, group: Group) -> tuple[str, ...]:
-        """The group's registered nodes (names recorded on the booking, else found by the
-        acquisition-key label)."""
-        if group.nodes:
-            return tuple(n for n in group.nodes if self.state.node_exists(n))
-        return tuple(sorted(self.state.nodes_by_key().get(group.key, ())))
+        """The group's registered nodes: found by the providerIDs the provider launched
+        (a group persisted by an older Muster: by its names, else its key's label)."""
+        return self.state.group_node_names(group)
 
     # ------------------------------------------------------------------ deletion
 
