@@ -390,8 +390,8 @@ class AwsProvider(AtomicProvider[Instance]):
     async def to_nodes(
         self, pool: CapacityPool, machines: Sequence[Instance], request: AcquireRequest | None
     ) -> Nodes:
-        """Nodes named as kubelet registers them; an acquisition's also get the domain's
-        labels and the instances' network topology."""
+        """Nodes named as kubelet registers them (a hint: Muster knows them by providerID);
+        an acquisition's also get the instances' observed network topology."""
         params = parse_parameters(pool)
         if request is None:
             return [self._node(params, pool.metadata.name, i, {}) for i in machines]
@@ -678,8 +678,10 @@ class AwsProvider(AtomicProvider[Instance]):
             topology = await self._topology(ec2, [i["InstanceId"] for i in instances])
         nodes = []
         for instance in instances:
+            # What EC2 reports (zone, network node layers), never the planned domain: Muster
+            # compares the registered Node's labels with the plan (a node elsewhere fails
+            # the acquisition) instead of asserting the plan here.
             extra = dict(topology.get(instance["InstanceId"], {}))
-            extra.update(request.domain)
             nodes.append(self._node(params, request.pool.metadata.name, instance, extra))
         return sorted(nodes, key=lambda n: n.name)
 

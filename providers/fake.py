@@ -1,11 +1,19 @@
-"""The fake provider: "acquires" nodes by creating Node objects, as kwok does.
+"""The fake provider: an in-process cloud whose machines register their Nodes as kubelet does.
 
 It is a real :class:`providers.base.Provider`, the adapter of the same all-or-nothing
 skeleton as the cloud providers (:mod:`providers.atomic`), used by ``muster demo``, the e2e
-tests, the benchmark and a kind cluster alike. Nodes are built from the pool's template
-(labels plus the chosen domain's topology labels, taints, capacity and allocatable), carry
-``spec.providerID = kind://<pool>/<key>/<i>`` and labels naming pool, acquisition key and
-owner, so :meth:`FakeProvider.list` finds them after a restart. A heartbeat task renews each
+tests, the benchmark and a kind cluster alike. A launched machine (:class:`FakeMachine`)
+boots with the user data the provider rendered for it, as a cloud machine does, and a
+kubelet stand-in (:func:`kubelet_node`) registers its Node only from what the machine has:
+the name and ``spec.providerID = kind://<pool>/<key>/<i>`` the cloud gives it, the
+well-known labels of kubelet and the cloud-controller-manager (hostname, os, arch, the zone
+and topology labels of where the cloud put it), the machine's shape (the pool template's
+capacity) and the ``--register-with-taints`` of its user data (Muster's startup taint).
+Muster's own labels (pool, acquisition, domain, the pool template's labels and taints) are
+written by Muster when it registers the node (:mod:`controller.acquire.registration`), as
+on a real cloud. The cloud's records of its machines (its "tags": pool, key, owner) are kept
+on the Node under ``fake.muster.dev/``, Muster never reads them; :meth:`FakeProvider.list`
+finds the machines by them after a restart. A heartbeat task renews each
 node's Lease in ``kube-node-lease`` and its Ready condition, so a real node lifecycle
 controller keeps them Ready; with ``heartbeat_seconds=0`` that is left to kwok, which
 manages every node annotated ``kwok.x-k8s.io/node: fake`` (the real-cluster test tier).
@@ -35,7 +43,7 @@ from controller.api.capacitypool import CapacityPool
 from controller.dra_templates import render_resource_slices
 from controller.kube import ApiError, Body, KubeClient
 from controller.kube.resources import LEASES, NAMESPACES, NODES, RESOURCE_SLICES
-from controller.topology_defaults import KEY_LABEL, OWNER_ANNOTATION, POOL_LABEL
+from controller.topology_defaults import UNREGISTERED_TAINT
 from providers.atomic import AtomicProvider, Launch
 from providers.base import (
     AcquireRequest,
@@ -50,7 +58,12 @@ from providers.base import (
 log = logging.getLogger(__name__)
 
 PROVIDER_LABEL = "muster.dev/provider"
-OWNER_UID_LABEL = "muster.dev/owner-uid"
+"""The fake cloud's mark on its machines' Nodes (its name, ``kind``)."""
+TAG_POOL = "fake.muster.dev/pool"
+TAG_KEY = "fake.muster.dev/key"
+TAG_OWNER_UID = "fake.muster.dev/owner-uid"
+TAG_OWNER = "fake.muster.dev/owner"
+"""The fake cloud's tags of a machine (EC2's instance tags), kept on its Node."""
 NODE_LEASE_NAMESPACE = "kube-node-lease"
 BOOT_DELAY_ANNOTATION = "muster.dev/boot-delay"
 KNOWN_PARAMETERS = frozenset(
@@ -223,9 +236,9 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
     # ------------------------------------------------------------------ the adapter
 
     async def find(self, pool: CapacityPool, key: str | None) -> Nodes:
-        selector = f"{PROVIDER_LABEL}={self.name},{POOL_LABEL}={pool.metadata.name}"
+        selector = f"{PROVIDER_LABEL}={self.name},{TAG_POOL}={pool.metadata.name}"
         if key is not None:
-            selector += f",{KEY_LABEL}={key}"
+            selector += f",{TAG_KEY}={key}"
         listing = await self._kube.list(NODES, label_selector=selector)
         return sorted((_provided(n) for n in listing.get("items") or []), key=lambda n: n.name)
 
@@ -298,13 +311,14 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
         allowed = request.count if grant is None else min(grant, request.count)
         if stock is None:
             return allowed
-        selector = f"{PROVIDER_LABEL}={self.name},{POOL_LABEL}={pool.metadata.name}"
+        selector = f"{PROVIDER_LABEL}={self.name},{TAG_POOL}={pool.metadata.name}"
         listing = await self._kube.list(NODES, label_selector=selector)
+        where = placed_in(pool.metadata.name, request)
         others = sum(
             1
             for n in listing.get("items") or []
-            if all(n["metadata"].get("labels", {}).get(k) == v for k, v in request.domain.items())
-            and n["metadata"].get("labels", {}).get(KEY_LABEL) != request.key
+            if all(n["metadata"].get("labels", {}).get(k) == v for k, v in where.items())
+            and n["metadata"].get("labels", {}).get(TAG_KEY) != request.key
         )
         return max(0, min(allowed, stock - others))
 
@@ -517,57 +531,79 @@ def _node_name(pool: str, key: str, index: int) -> str:
     return f"{pool[:40]}-{digest}-{index}"
 
 
-def _node_body(
-    pool: CapacityPool,
-    request: AcquireRequest,
-    name: str,
-    *,
-    now: datetime,
-    provider: str = "kind",
-) -> Body:
-    """The Node a new machine of ``pool`` registers as, in ``request.domain``."""
-    tpl = pool.spec.node_template
-    index = name.rsplit("-", 1)[-1]
+@dataclass(frozen=True, slots=True)
+class FakeMachine:
+    """A machine of the fake cloud, as it boots: what the cloud gave it and its user data."""
+
+    name: str
+    provider_id: str
+    pool: str
+    key: str
+    owner: str
+    owner_uid: str
+    placement: Mapping[str, str]
+    """Where the cloud put it: the zone and topology labels the cloud-controller-manager
+    reports for it."""
+    capacity: Mapping[str, str]
+    allocatable: Mapping[str, str]
+    user_data: Mapping[str, Any]
+    """``nodeLabels`` and ``registerWithTaints``, as kubelet flags in a real bootstrap."""
+
+
+def user_data(pool: CapacityPool) -> dict[str, Any]:
+    """The bootstrap the fake provider renders for a machine: the startup taint only (no
+    label of Muster's: Muster writes those when it registers the node)."""
+    return {"nodeLabels": {},
+            "registerWithTaints": [{"key": UNREGISTERED_TAINT, "effect": "NoExecute"}]}
+
+
+def placed_in(pool: str, request: AcquireRequest) -> dict[str, str]:
+    """Where the fake cloud puts a request's machines: the requested domain, with a real
+    value of its own for each placeholder the planner invented for a pool without declared
+    domains (the cloud names a new placement group, not Muster)."""
+    digest = hashlib.sha256(f"{pool}/{request.key}".encode()).hexdigest()[:10]
+    return {k: (f"{pool[:40]}-{digest}" if v.startswith("muster-new-") else v)
+            for k, v in request.domain.items()}
+
+
+def kubelet_node(machine: FakeMachine, *, now: datetime, provider: str = "kind") -> Body:
+    """The Node a kubelet on ``machine`` registers (with the cloud-controller-manager's
+    labels): only what the machine has."""
     labels = {
-        **tpl.labels,
-        **request.domain,
-        "kubernetes.io/hostname": name,
+        **machine.user_data.get("nodeLabels", {}),
+        **machine.placement,
+        "kubernetes.io/hostname": machine.name,
         "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
         "type": "kwok",
         PROVIDER_LABEL: provider,
-        POOL_LABEL: pool.metadata.name,
-        KEY_LABEL: request.key,
+        TAG_POOL: machine.pool,
+        TAG_KEY: machine.key,
     }
-    if request.owner_uid:
-        labels[OWNER_UID_LABEL] = request.owner_uid
-    allocatable = dict(tpl.allocatable)
-    allocatable.setdefault("pods", "110")
-    capacity = dict(tpl.capacity or allocatable)
-    capacity.setdefault("pods", allocatable["pods"])
+    if machine.owner_uid:
+        labels[TAG_OWNER_UID] = machine.owner_uid
     stamp = _rfc3339_micro(now)
     return {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {
-            "name": name,
+            "name": machine.name,
             "labels": labels,
             "annotations": {
-                OWNER_ANNOTATION: request.owner,
+                TAG_OWNER: machine.owner,
                 "kwok.x-k8s.io/node": "fake",
                 "node.alpha.kubernetes.io/ttl": "0",
             },
         },
         "spec": {
-            "providerID": f"kind://{pool.metadata.name}/{request.key}/{index}",
-            "taints": [
-                {"key": t.key, "value": t.value, "effect": t.effect} for t in tpl.taints
-            ],
+            "providerID": machine.provider_id,
+            "taints": [dict(t) for t in machine.user_data.get("registerWithTaints", [])],
         },
         "status": {
-            "capacity": capacity,
-            "allocatable": allocatable,
+            "capacity": dict(machine.capacity),
+            "allocatable": dict(machine.allocatable),
             "conditions": [_ready_condition(True, stamp)],
-            "addresses": [{"type": "Hostname", "address": name}],
+            "addresses": [{"type": "Hostname", "address": machine.name}],
             "nodeInfo": {
                 "kubeletVersion": "fake",
                 "architecture": "amd64",
@@ -576,6 +612,40 @@ def _node_body(
             "phase": "Running",
         },
     }
+
+
+def _machine(pool: CapacityPool, request: AcquireRequest, name: str) -> FakeMachine:
+    """The machine the fake cloud launches as ``name`` for ``request``."""
+    tpl = pool.spec.node_template
+    index = name.rsplit("-", 1)[-1]
+    allocatable = dict(tpl.allocatable)
+    allocatable.setdefault("pods", "110")
+    capacity = dict(tpl.capacity or allocatable)
+    capacity.setdefault("pods", allocatable["pods"])
+    return FakeMachine(
+        name=name,
+        provider_id=f"kind://{pool.metadata.name}/{request.key}/{index}",
+        pool=pool.metadata.name,
+        key=request.key,
+        owner=request.owner,
+        owner_uid=request.owner_uid,
+        placement=placed_in(pool.metadata.name, request),
+        capacity=capacity,
+        allocatable=allocatable,
+        user_data=user_data(pool),
+    )
+
+
+def _node_body(
+    pool: CapacityPool,
+    request: AcquireRequest,
+    name: str,
+    *,
+    now: datetime,
+    provider: str = "kind",
+) -> Body:
+    """The Node a new machine of ``pool`` registers as, launched for ``request``."""
+    return kubelet_node(_machine(pool, request, name), now=now, provider=provider)
 
 
 def _ready_condition(ready: bool, now: str, *, since: str | None = None) -> Body:
@@ -600,10 +670,10 @@ def _provided(node: Body) -> ProvidedNode:
     return ProvidedNode(
         name=meta.get("name", ""),
         provider_id=node.get("spec", {}).get("providerID", ""),
-        pool=labels.get(POOL_LABEL, ""),
-        key=labels.get(KEY_LABEL, ""),
-        owner=(meta.get("annotations") or {}).get(OWNER_ANNOTATION, ""),
-        owner_uid=labels.get(OWNER_UID_LABEL, ""),
+        pool=labels.get(TAG_POOL, ""),
+        key=labels.get(TAG_KEY, ""),
+        owner=(meta.get("annotations") or {}).get(TAG_OWNER, ""),
+        owner_uid=labels.get(TAG_OWNER_UID, ""),
         labels=labels,
     )
 

@@ -818,9 +818,12 @@ class ClusterState:
         return plan
 
     def _registered(self, group: Group) -> tuple[str, ...]:
-        """The group's nodes found by providerID, else by its acquisition-key label."""
+        """The group's nodes Muster registered (found by providerID and carrying the pool's
+        label, so the pool's node count includes them), else by the acquisition-key label.
+        A node that appeared but is not registered yet stays booked as a new node."""
         if group.provider_ids:
-            return self.group_node_names(group)
+            return tuple(n for n in self.group_node_names(group)
+                         if self._nodes[n].metadata.labels.get(POOL_LABEL) == group.pool)
         return tuple(sorted(self._nodes_by_key.get(group.key, ())))
 
     def mark_short(

@@ -1,0 +1,46 @@
+"""Registration: placeholders never published; the observed domain is."""
+
+from __future__ import annotations
+
+from controller.acquire.registration import fresh_domain, observed_domain, placeholder
+from controller.api.node import Node
+from controller.commands import objects
+from controller.fit.types import Mode, Plan, PodSetPlacement
+from controller.reconcilers.service import TOPOLOGY_DOMAIN_DETAIL, class_details
+from controller.state.bookings import Group
+
+FRESH = "muster-new-gpu-0"
+
+
+def _plan() -> Plan:
+    labels = {objects.BLOCK: FRESH, objects.RACK: FRESH}
+    return Plan(request="ns/r", mode=Mode.PROVISION, assignments=(), new_nodes=(),
+                placements=(PodSetPlacement("workers", objects.RACK, FRESH, 1, labels),),
+                cost_per_hour=0.0)
+
+
+def test_a_placeholder_domain_is_published_as_its_nodes_registered_it() -> None:
+    group = Group("k1", "gpu", {objects.BLOCK: FRESH, objects.RACK: FRESH}, 2)
+    nodes = [Node.model_validate(objects.node(f"n{i}", allocatable={"cpu": "1"}, labels={
+        objects.BLOCK: "pg-7", objects.RACK: "pg-7-a"})) for i in range(2)]
+    seen = observed_domain(group, nodes)
+    details = class_details(_plan(), seen)
+    assert details[objects.RACK] == "pg-7-a" and details[objects.BLOCK] == "pg-7"
+    assert details[TOPOLOGY_DOMAIN_DETAIL] == "pg-7-a"
+    assert not any(placeholder(v) or FRESH in v for v in details.values())
+
+
+def test_an_unobserved_placeholder_is_never_published() -> None:
+    details = class_details(_plan(), {})
+    assert not any(FRESH in v for v in details.values())
+    assert TOPOLOGY_DOMAIN_DETAIL not in details and objects.RACK not in details
+
+
+def test_nodes_that_disagree_publish_nothing_and_fresh_values_are_per_acquisition() -> None:
+    group = Group("k1", "gpu", {objects.RACK: FRESH}, 2)
+    nodes = [Node.model_validate(objects.node(f"n{i}", allocatable={"cpu": "1"}, labels={
+        objects.RACK: f"r{i}"})) for i in range(2)]
+    assert observed_domain(group, nodes) == {}
+    other = Group("k2", "gpu", {objects.RACK: FRESH}, 2)
+    assert fresh_domain(group) != fresh_domain(other)
+    assert not placeholder(fresh_domain(group))
