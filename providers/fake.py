@@ -113,6 +113,7 @@ class ProviderCall:
 class _Injected:
     errors: list[ProviderError] = field(default_factory=list)
     grants: list[int] = field(default_factory=list)
+    silent: list[bool] = field(default_factory=list)
 
 
 def domain_key(domain: Mapping[str, str]) -> str:
@@ -154,6 +155,8 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
         self._stock_locks: dict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
         self._owned: set[str] = set()
         self._since: dict[str, str] = {}
+        self._silent: dict[tuple[str, str], list[ProvidedNode]] = {}
+        """(pool, key) -> machines that never registered (:meth:`never_register_next`)."""
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._fault_rngs: dict[str, random.Random] = {}
 
@@ -171,6 +174,13 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
         """The next launch creates only ``nodes`` nodes; the skeleton must delete them and
         fail."""
         self._injected[pool].grants.append(nodes)
+
+    def never_register_next(self, *, pool: str = "*") -> None:
+        """The next launch's machines boot but never register a Node (a broken bootstrap):
+        the cloud holds them (:meth:`list` shows them) until they are released. Such
+        machines live only in this process's memory (the fake cloud keeps its other
+        machines as their Nodes)."""
+        self._injected[pool].silent.append(True)
 
     # ------------------------------------------------------------------ Provider
 
@@ -240,7 +250,10 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
         if key is not None:
             selector += f",{TAG_KEY}={key}"
         listing = await self._kube.list(NODES, label_selector=selector)
-        return sorted((_provided(n) for n in listing.get("items") or []), key=lambda n: n.name)
+        found = [_provided(n) for n in listing.get("items") or []]
+        found += [m for (p, k), machines in self._silent.items()
+                  if p == pool.metadata.name and key in (None, k) for m in machines]
+        return sorted(found, key=lambda n: n.name)
 
     async def launch(
         self, request: AcquireRequest, have: Sequence[ProvidedNode]
@@ -259,6 +272,13 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
         timeout = self._draw(pool, "timeout")
         allowed = await self._allowed(pool, request, grant)
         names = [_node_name(pool_name, request.key, i) for i in range(request.count)]
+        if self._take(pool_name, lambda i: i.silent):
+            machines = [_machine(pool, request, name) for name in names[:allowed]]
+            silent = [ProvidedNode(m.name, m.provider_id, m.pool, m.key, m.owner, m.owner_uid)
+                      for m in machines]
+            self._silent[(pool_name, request.key)] = silent
+            self._launched.add(request.key)
+            return Launch(silent)
         try:
             results = await asyncio.gather(
                 *(self._create_node(pool, request, name) for name in names[:allowed])
@@ -287,10 +307,11 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
         return Launch(created)
 
     async def delete(self, pool: CapacityPool, key: str, known: Sequence[ProvidedNode]) -> int:
+        silent = {m.name for m in self._silent.pop((pool.metadata.name, key), [])}
         nodes = await self.find(pool, key)
-        names = {n.name for n in nodes} | {n.name for n in known}
+        names = ({n.name for n in nodes} | {n.name for n in known}) - silent
         results = await asyncio.gather(*(self._delete_node(name) for name in sorted(names)))
-        return sum(results)
+        return sum(results) + len(silent)
 
     async def to_nodes(
         self, pool: CapacityPool, machines: Sequence[ProvidedNode], request: AcquireRequest | None
