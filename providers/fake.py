@@ -34,7 +34,7 @@ import logging
 import random
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -114,6 +114,7 @@ class _Injected:
     errors: list[ProviderError] = field(default_factory=list)
     grants: list[int] = field(default_factory=list)
     silent: list[bool] = field(default_factory=list)
+    misplaced: list[Mapping[str, str]] = field(default_factory=list)
 
 
 def domain_key(domain: Mapping[str, str]) -> str:
@@ -174,6 +175,11 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
         """The next launch creates only ``nodes`` nodes; the skeleton must delete them and
         fail."""
         self._injected[pool].grants.append(nodes)
+
+    def misplace_next(self, placement: Mapping[str, str], *, pool: str = "*") -> None:
+        """The next launch's machines are put in ``placement`` (topology labels), not in
+        the requested domain, as a cloud may when a placement group is full."""
+        self._injected[pool].misplaced.append(dict(placement))
 
     def never_register_next(self, *, pool: str = "*") -> None:
         """The next launch's machines boot but never register a Node (a broken bootstrap):
@@ -279,9 +285,11 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
             self._silent[(pool_name, request.key)] = silent
             self._launched.add(request.key)
             return Launch(silent)
+        placement = self._take(pool_name, lambda i: i.misplaced)
         try:
             results = await asyncio.gather(
-                *(self._create_node(pool, request, name) for name in names[:allowed])
+                *(self._create_node(pool, request, name, placement)
+                  for name in names[:allowed])
             )
         except ApiError as exc:
             raise TransientProviderError(
@@ -483,10 +491,15 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
         return deleted
 
     async def _create_node(
-        self, pool: CapacityPool, request: AcquireRequest, name: str
+        self, pool: CapacityPool, request: AcquireRequest, name: str,
+        placement: Mapping[str, str] | None = None,
     ) -> tuple[ProvidedNode, bool]:
-        """Create one node (or find it made by an earlier call); True when created now."""
-        body = _node_body(pool, request, name, now=self._now(), provider=self.name)
+        """Create one node (or find it made by an earlier call); True when created now.
+        ``placement``: where the cloud put it, when not where it was asked."""
+        machine = _machine(pool, request, name)
+        if placement is not None:
+            machine = replace(machine, placement={**machine.placement, **placement})
+        body = kubelet_node(machine, now=self._now(), provider=self.name)
         ready_delay = float(pool.spec.parameters.get("readyDelaySeconds", 0.0))
         if ready_delay:
             body["status"]["conditions"] = [_ready_condition(False, _rfc3339_micro(self._now()))]
@@ -655,18 +668,6 @@ def _machine(pool: CapacityPool, request: AcquireRequest, name: str) -> FakeMach
         allocatable=allocatable,
         user_data=user_data(pool),
     )
-
-
-def _node_body(
-    pool: CapacityPool,
-    request: AcquireRequest,
-    name: str,
-    *,
-    now: datetime,
-    provider: str = "kind",
-) -> Body:
-    """The Node a new machine of ``pool`` registers as, launched for ``request``."""
-    return kubelet_node(_machine(pool, request, name), now=now, provider=provider)
 
 
 def _ready_condition(ready: bool, now: str, *, since: str | None = None) -> Body:

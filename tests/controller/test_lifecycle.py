@@ -484,3 +484,30 @@ async def test_a_crash_between_launch_and_registration_is_resumed_from_tags(
     pr = await kube.get(PROVISIONING_REQUESTS, "gang", namespace="ns")
     persisted = Booking.from_annotation(pr["metadata"]["annotations"][PLAN_ANNOTATION])
     assert persisted.groups[0].provider_ids == tuple(sorted(n.provider_id for n in launched))
+
+
+async def test_nodes_registered_outside_the_planned_domain_fail_the_attempt(
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
+) -> None:
+    """The cloud put the gang's machines in another rack than planned: never a false
+    Provisioned. Muster releases them, plans again away from that rack, and confirms only
+    nodes registered where they were planned."""
+    controller, clock, provider = running
+    provider.misplace_next({objects.RACK: "b9-r9"}, pool="gpu")
+    await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
+        "gang", namespace="ns", pod_sets=[("workers", 2)]), namespace="ns")
+
+    async def provisioned() -> dict[str, Any] | None:
+        await clock.advance(30)
+        cond = await _condition(kube, "gang", "Provisioned")
+        return cond if cond is not None and cond["status"] == "True" else None
+
+    await eventually(provisioned, within=30.0, step=0.05)
+    acquires = [c for c in provider.calls if c.op == "acquire"]
+    releases = [c for c in provider.calls if c.op == "release"]
+    assert len(acquires) == 2 and [c.key for c in releases] == [acquires[0].key]
+    pr = await kube.get(PROVISIONING_REQUESTS, "gang", namespace="ns")
+    rack = pr["status"]["provisioningClassDetails"][objects.RACK]
+    nodes = (await kube.list(NODES, label_selector="muster.dev/pool=gpu"))["items"]
+    assert len(nodes) == 2 and {n["metadata"]["labels"][objects.RACK] for n in nodes} == {rack}
+    assert rack != "b9-r9"
