@@ -600,15 +600,20 @@ def placed_in(pool: str, request: AcquireRequest) -> dict[str, str]:
             for k, v in request.domain.items()}
 
 
+def kubelet_well_known_labels(name: str) -> dict[str, str]:
+    """The labels a kubelet sets on the Node it registers as ``name`` by itself (the
+    cloud-controller-manager's zone, region and instance type come from the placement)."""
+    return {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+            "kubernetes.io/arch": "amd64"}
+
+
 def kubelet_node(machine: FakeMachine, *, now: datetime, provider: str = "kind") -> Body:
     """The Node a kubelet on ``machine`` registers (with the cloud-controller-manager's
     labels): only what the machine has."""
     labels = {
         **machine.user_data.get("nodeLabels", {}),
         **machine.placement,
-        "kubernetes.io/hostname": machine.name,
-        "kubernetes.io/os": "linux",
-        "kubernetes.io/arch": "amd64",
+        **kubelet_well_known_labels(machine.name),
         "type": "kwok",
         PROVIDER_LABEL: provider,
         TAG_POOL: machine.pool,
