@@ -492,7 +492,7 @@ async def test_nodes_registered_outside_the_planned_domain_fail_the_attempt(
     """The cloud put the gang's machines in another rack than planned: never a false
     Provisioned. Muster releases them, plans again away from that rack, and confirms only
     nodes registered where they were planned."""
-    controller, clock, provider = running
+    _, clock, provider = running
     provider.misplace_next({objects.RACK: "b9-r9"}, pool="gpu")
     await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
         "gang", namespace="ns", pod_sets=[("workers", 2)]), namespace="ns")
