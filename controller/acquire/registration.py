@@ -81,11 +81,23 @@ def observed_domain(group: Group, nodes: Sequence[Node]) -> dict[tuple[str, str]
     return out
 
 
+CLOUD_UNINITIALIZED = "node.cloudprovider.kubernetes.io/uninitialized"
+"""The kubelet's ``--cloud-provider=external`` taint, lifted by the cloud-controller-manager
+once it has labelled the node (zone, instance type, topology)."""
+
+
+def awaiting_cloud(node: Node) -> bool:
+    """The cloud-controller-manager has not initialised ``node`` yet: its zone and topology
+    labels may still be missing, so the domain cannot be checked (nor filled in) yet."""
+    return any(t.key == CLOUD_UNINITIALIZED for t in node.spec.taints)
+
+
 def registration(
     node: Node, pool: CapacityPool, group: Group, *, owner: str, owner_uid: str
 ) -> dict[str, Any] | OutsideDomain | None:
     """The merge patch that registers ``node`` as a node of ``group``, None when it is
     registered already, or :class:`OutsideDomain` when it is not where the group was planned.
+    Call it only once the cloud initialised the node (:func:`awaiting_cloud`).
     """
     labels = node.metadata.labels
     for key, planned in sorted(group.domain.items()):

@@ -38,6 +38,7 @@ from controller.acquire.keys import groups_for
 from controller.acquire.providers import ProviderSet
 from controller.acquire.registration import (
     OutsideDomain,
+    awaiting_cloud,
     observed_domain,
     placeholder,
     register,
@@ -522,7 +523,7 @@ class ProvisioningService:
             pool = pools.get(group.pool)
             for pid in group.provider_ids:
                 node = self.state.node_by_provider_id(pid)
-                if node is None or pool is None:
+                if node is None or pool is None or awaiting_cloud(node):
                     pending.append(pid)
                     continue
                 patch = registration(node, pool, group, owner=req.key, owner_uid=req.uid)
