@@ -92,6 +92,21 @@ def awaiting_cloud(node: Node) -> bool:
     return any(t.key == CLOUD_UNINITIALIZED for t in node.spec.taints)
 
 
+BASE_RESOURCES = frozenset({"cpu", "memory", "pods", "ephemeral-storage"})
+
+
+def missing_devices(node: Node, pool: CapacityPool) -> list[str]:
+    """Extended resources (GPUs, EFA, ...) the pool's nodes offer that ``node`` does not
+    advertise yet (its device plugin is still starting): until they show, the node is not
+    what was planned, and pods asking for them would stay Pending."""
+    have = node.allocatable()
+    return sorted(
+        name for name, amount in pool.spec.node_template.allocatable.items()
+        if name not in BASE_RESOURCES and "/" in name and str(amount) not in ("0", "")
+        and str(have.get(name, "0")) in ("0", "")
+    )
+
+
 def registration(
     node: Node, pool: CapacityPool, group: Group, *, owner: str, owner_uid: str
 ) -> dict[str, Any] | OutsideDomain | None:

@@ -59,3 +59,14 @@ def test_a_node_the_cloud_has_not_initialised_is_left_for_the_cloud_first() -> N
     assert awaiting_cloud(Node.model_validate(body))
     body["spec"]["taints"] = body["spec"]["taints"][1:]
     assert not awaiting_cloud(Node.model_validate(body))
+
+
+def test_a_node_is_not_what_was_planned_until_its_devices_show() -> None:
+    from controller.acquire.registration import missing_devices
+    from controller.api.capacitypool import CapacityPool
+
+    pool = CapacityPool.model_validate(objects.gpu_pool("gpu"))
+    starting = Node.model_validate(objects.node("i-0a", allocatable={"cpu": "96"}))
+    assert missing_devices(starting, pool) == [objects.GPU]
+    ready = Node.model_validate(objects.node("i-0a", allocatable={"cpu": "96", objects.GPU: "8"}))
+    assert missing_devices(ready, pool) == []
