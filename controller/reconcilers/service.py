@@ -36,7 +36,6 @@ from controller import crashpoints
 from controller.acquire.atomic import AcquisitionFailed, acquire_all, release_groups
 from controller.acquire.keys import groups_for
 from controller.acquire.providers import ProviderSet
-from controller.api.node import Node
 from controller.acquire.registration import (
     OutsideDomain,
     awaiting_cloud,
@@ -46,6 +45,7 @@ from controller.acquire.registration import (
     register,
     registration,
 )
+from controller.api.node import Node
 from controller.api.parameters import (
     NO_RETRY,
     RELAX_TOPOLOGY_AFTER,
