@@ -188,16 +188,23 @@ async def test_overlapping_acquisitions_never_grant_more_than_the_stock(
 
 async def test_a_node_carries_the_labels_the_plan_saw(kube: KubeClient) -> None:
     """One definition (controller.node_labels) for the fake provider's Nodes and the fit
-    engine's picture of a new node: every label of the picture is on the Node, and the
-    Node's well-known kubelet labels are in the picture (the hostname aside, unknown)."""
+    engine's picture of a new node: once Muster registered it, every label of the picture
+    is on the Node, and the Node's well-known kubelet labels are in the picture (the
+    hostname aside, unknown)."""
+    from controller.acquire.registration import registration
+    from controller.api.node import Node
     from controller.node_labels import KUBELET_KEYS
     from controller.snapshot import pool_state
+    from controller.state.bookings import Group
     from controller.topology_defaults import HOSTNAME
 
     p = pool()
     await FakeProvider(kube).acquire(req("k9", 1, p=p))
     node = (await _nodes(kube))[0]
-    labels = node["metadata"]["labels"]
+    group = Group(key="k9", pool=p.metadata.name, domain=R1, count=1)
+    patch = registration(Node.model_validate(node), p, group, owner="", owner_uid="")
+    assert isinstance(patch, dict), patch
+    labels = {**node["metadata"]["labels"], **patch["metadata"].get("labels", {})}
     picture = {**pool_state(p, []).labels, **R1}
     assert picture.items() <= labels.items()
     assert {k for k in KUBELET_KEYS if k != HOSTNAME} <= picture.keys()
