@@ -20,8 +20,9 @@ import pytest
 from controller.clock import ManualClock
 from controller.commands.probes import Probes
 from controller.config import MusterConfig
-from controller.kube import ApiError, KubeClient
+from controller.kube import KubeClient
 from controller.kube.resources import NAMESPACES, NODES
+from controller.leader import LeaderElector
 from controller.operator import Controller
 from e2e import cluster as cp
 from providers.fake import FakeProvider
@@ -80,8 +81,19 @@ async def test_etcd_wiped_under_a_running_api_server_fails_readyz(own: cp.Cluste
         clock=ManualClock(start=datetime.now(UTC)),
         providers={"kind": FakeProvider(kube, heartbeat_seconds=3600)},
     )
-    probes = Probes(controller, None)
+    # Renewals ride out etcd's and kube-apiserver's restarts: the leader must stay the leader.
+    elector = LeaderElector(
+        kube,
+        name="muster-wipe",
+        namespace="default",
+        identity="wipe-test",
+        lease_duration_seconds=120,
+        renew_deadline_seconds=90.0,
+        retry_period_seconds=1.0,
+    )
+    probes = Probes(controller, elector)
     try:
+        await elector.acquire()
         await kube.create(NAMESPACES, {"metadata": {"name": "before-wipe"}})
         await kube.create(NODES, gpu_node("before-wipe"))
         await controller.start()
@@ -96,17 +108,8 @@ async def test_etcd_wiped_under_a_running_api_server_fails_readyz(own: cp.Cluste
         await asyncio.to_thread(cp.wipe_etcd, own)
         wiped_at = time.monotonic()
 
-        # Muster's next create reaches the new etcd (retried while the API server
-        # reconnects to it).
-        async def created() -> bool:
-            try:
-                await kube.create(NAMESPACES, {"metadata": {"name": "after-wipe"}})
-            except ApiError as exc:
-                return exc.conflict
-            return True
-
-        await eventually(created, within=READYZ_WITHIN, step=0.5)
-
+        # No create of ours: the leader's next renewal finds no Lease in the new etcd
+        # (a get reads etcd, not the watch cache) and creates it there.
         async def not_ready() -> bool:
             return not probes.ready()[0]
 
@@ -114,8 +117,7 @@ async def test_etcd_wiped_under_a_running_api_server_fails_readyz(own: cp.Cluste
         failed_after = time.monotonic() - wiped_at
         reason = probes.ready()[1]["reason"]
         assert reason.startswith(
-            "the API server's storage went back in time: creating a "
-            "Namespace answered resourceVersion "
+            "the API server's storage went back in time: creating a Lease answered resourceVersion "
         ), reason
         assert reason.endswith(
             "restart kube-apiserver so its cache is rebuilt from etcd, and Muster re-lists"
@@ -147,4 +149,5 @@ async def test_etcd_wiped_under_a_running_api_server_fails_readyz(own: cp.Cluste
         print(f"ready again {time.monotonic() - restarted_at:.0f}s after the restart began")
     finally:
         await controller.stop()
+        await elector.release()
         await kube.close()
