@@ -221,7 +221,7 @@ class Scale:
                 await kube.merge_patch(PROVISIONING_REQUESTS, item["metadata"]["name"],
                                        {"metadata": {"finalizers": None}}, namespace=self.ns)
         for res, sel in ((NODES, f"{RUN_LABEL}={self.run}"),
-                         (NODES, f"muster.dev/pool=scale-{self.run}")):
+                         (NODES, f"fake.muster.dev/pool=scale-{self.run}")):
             with contextlib.suppress(ApiError):
                 listing = await kube.list(res, label_selector=sel)
                 await _each([n["metadata"]["name"] for n in listing.get("items") or []],

@@ -17,9 +17,16 @@ DEFAULT_LEVELS: tuple[str, ...] = (
 POOL_LABEL = "muster.dev/pool"
 """Label on every node a CapacityPool created: the pool's name."""
 KEY_LABEL = "muster.dev/acquisition-key"
-"""Set by every provider on the nodes it acquires: the acquisition's idempotency key."""
+"""The acquisition's idempotency key, written by Muster on the nodes it registers."""
 OWNER_ANNOTATION = "muster.dev/owner"
-"""``<namespace>/<request>`` a node was acquired for (the fake provider sets it)."""
+"""``<namespace>/<request>`` a node was acquired for (written when Muster registers it)."""
+OWNER_UID_LABEL = "muster.dev/owner-uid"
+"""The uid of the request a node was acquired for (written when Muster registers it)."""
+UNREGISTERED_TAINT = "muster.dev/unregistered"
+"""The startup taint (``NoExecute``) a machine Muster launched registers its Node with:
+nothing runs on the node until Muster has made it the node it planned (pool, acquisition
+and domain labels, the pool's nodeTemplate labels and taints) and lifted the taint. The
+providers put it into the machine's bootstrap (``--register-with-taints``)."""
 
 # Pod-template annotations selecting a pod set's topology. Muster's own win over Kueue's.
 MUSTER_REQUIRED = "muster.dev/required-topology"

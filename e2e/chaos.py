@@ -67,9 +67,10 @@ from controller.kube.resources import (
     POD_TEMPLATES,
     PROVISIONING_REQUESTS,
 )
-from controller.topology_defaults import KEY_LABEL
+from controller.topology_defaults import KEY_LABEL, OWNER_UID_LABEL
 from e2e import cluster as cp
 from e2e.real import MusterProcess
+from providers import fake
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAOS_CONFIG = ROOT / "e2e" / "muster-chaos.yaml"
@@ -207,10 +208,14 @@ class Recorder:
         seen = self.nodes.get(name)
         if seen is None or (seen.deleted_rv is not None and added_rv is not None):
             alloc = (body.get("status") or {}).get("allocatable") or {}
+            # A node registers with the fake cloud's tags only; Muster's labels come when it
+            # registers the node (a rolled-back one may never get them).
+            key = labels.get(KEY_LABEL) or labels.get(fake.TAG_KEY, "")
             self.nodes[name] = NodeSeen(
-                key=labels.get(KEY_LABEL, ""), owner_uid=labels.get("muster.dev/owner-uid", ""),
+                key=key,
+                owner_uid=labels.get(OWNER_UID_LABEL) or labels.get(fake.TAG_OWNER_UID, ""),
                 gpus=int(alloc.get(objects.GPU, "0")), added_rv=added_rv)
-            self.node_names_by_key[labels.get(KEY_LABEL, "")].add(name)
+            self.node_names_by_key[key].add(name)
 
     # requests
     def request_sync(self, items: list[Body], list_rv: int) -> None:
@@ -427,7 +432,7 @@ async def remove_run(kube: KubeClient, namespace: str, pool: str, requests: list
             await kube.delete(PROVISIONING_REQUESTS, name, namespace=namespace)
     deadline = time.monotonic() + release_within
     while time.monotonic() < deadline:
-        listing = await kube.list(NODES, label_selector=f"{POOL_LABEL}={pool}")
+        listing = await kube.list(NODES, label_selector=f"{fake.TAG_POOL}={pool}")
         if not listing.get("items"):
             break
         await asyncio.sleep(1)
@@ -532,7 +537,7 @@ class Chaos:
         kube = self.kube
 
         async def node_sync(items: list[Body]) -> None:
-            listing = await kube.list(NODES, label_selector=f"{POOL_LABEL}={self.pool}")
+            listing = await kube.list(NODES, label_selector=f"{fake.TAG_POOL}={self.pool}")
             self.rec.node_sync(items, int(listing["metadata"]["resourceVersion"]))
 
         async def request_sync(items: list[Body]) -> None:
@@ -541,7 +546,7 @@ class Chaos:
 
         await asyncio.gather(
             kube.watch(NODES, whole_listing(node_sync), self.rec.node_event,
-                       label_selector=f"{POOL_LABEL}={self.pool}"),
+                       label_selector=f"{fake.TAG_POOL}={self.pool}"),
             kube.watch(PROVISIONING_REQUESTS, whole_listing(request_sync), self.rec.request_event,
                        namespace=self.ns),
         )
@@ -795,7 +800,7 @@ class Chaos:
         self.muster.stop()
         self.standby.stop()
         # Anything Muster did not release (it should have): the run's nodes go.
-        listing = await kube.list(NODES, label_selector=f"{POOL_LABEL}={self.pool}")
+        listing = await kube.list(NODES, label_selector=f"{fake.TAG_POOL}={self.pool}")
         for node in listing.get("items") or []:
             with contextlib.suppress(ApiError):
                 await kube.delete(NODES, node["metadata"]["name"])

@@ -182,7 +182,7 @@ class Env:
         return sorted(outcomes)
 
     async def pool_nodes(self, pool: str) -> list[Body]:
-        listing = await self.kube.list(NODES, label_selector=f"muster.dev/pool={pool}")
+        listing = await self.kube.list(NODES, label_selector=f"fake.muster.dev/pool={pool}")
         return list(listing.get("items") or [])
 
     async def bound_pods(self) -> int:

@@ -182,17 +182,32 @@ class Answer:
 
 
 def new_node(case: Case, pool: Any, domain: dict[str, str], name: str) -> Body:
-    """A Node of ``pool`` in ``domain`` exactly as the fake provider registers it (its
-    labels from controller.node_labels, the template's taints and allocatable), named for
-    the case and labelled with it."""
+    """A Node of ``pool`` in ``domain`` exactly as it ends up when a machine of the fake
+    cloud registers (its kubelet's labels from controller.node_labels, the startup taint)
+    and Muster registers it (the template's labels and taints, the domain, the startup
+    taint lifted), named for the case and labelled with it."""
     from datetime import UTC, datetime
 
+    from controller.acquire.registration import registration
+    from controller.api.node import Node
+    from controller.state.bookings import Group
     from providers.base import AcquireRequest
-    from providers.fake import _node_body
+    from providers.fake import _machine, kubelet_node
 
     request = AcquireRequest(key=f"{case.id}-k", pool=pool, count=1, domain=domain,
                              owner=f"{case.namespace}/gang")
-    node = _node_body(pool, request, name, now=datetime.now(UTC))
+    node = kubelet_node(_machine(pool, request, name), now=datetime.now(UTC))
+    node["metadata"]["resourceVersion"] = "1"
+    group = Group(key=request.key, pool=pool.metadata.name, domain=domain, count=1)
+    patch = registration(Node.model_validate(node), pool, group, owner=request.owner,
+                         owner_uid="")
+    assert isinstance(patch, dict), patch
+    node["metadata"]["labels"].update(patch["metadata"].get("labels", {}))
+    node["metadata"].setdefault("annotations", {}).update(
+        patch["metadata"].get("annotations", {}))
+    if "spec" in patch:
+        node["spec"]["taints"] = patch["spec"]["taints"]
+    del node["metadata"]["resourceVersion"]
     node["metadata"]["labels"][CASE_LABEL] = case.id
     return node
 

@@ -85,7 +85,8 @@ def test_each_provider_fault_in_turn_then_all_at_once_with_crashes(
             kube = chaos.kube
 
             async def pool_empty() -> bool:
-                listing = await kube.list(NODES, label_selector=f"muster.dev/pool={chaos.pool}")
+                listing = await kube.list(NODES,
+                                          label_selector=f"fake.muster.dev/pool={chaos.pool}")
                 return not listing.get("items")
 
             for kind in ("stockOut", "quota", "throttle", "timeout", "partial"):
@@ -119,7 +120,7 @@ def test_each_provider_fault_in_turn_then_all_at_once_with_crashes(
             assert chaos.kube is not None
             await chaos.kube.delete(PROVISIONING_REQUESTS, victim, namespace=chaos.ns)
             await asyncio.sleep(12)  # the collector retries every second meanwhile
-            left = await chaos.kube.list(NODES, label_selector=f"muster.dev/pool={chaos.pool}")
+            left = await chaos.kube.list(NODES, label_selector=f"fake.muster.dev/pool={chaos.pool}")
             assert left.get("items"), "the refused release kept the nodes (for now)"
             refused = [ln for ln in muster.new_lines() if "failed: pool" in ln
                        and "releasing" in ln and "injected fault" in ln]

@@ -209,7 +209,7 @@ async def test_two_gangs_competing_for_one_gangs_stock_never_split(env: Env) -> 
             return left == used
 
         await eventually(only_the_winners, within=30, what="no node held for the loser")
-        listing = await env.kube.list(NODES, label_selector=f"muster.dev/pool={pool}")
+        listing = await env.kube.list(NODES, label_selector=f"fake.muster.dev/pool={pool}")
         assert len(listing.get("items") or []) == 3
     finally:
         await cleanup_groups(env)

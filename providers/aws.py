@@ -23,6 +23,10 @@ Set ``nodeNameFrom: instanceId`` in the pool when kubelet uses the bare instance
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
+import hashlib
+import json
 import logging
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -43,6 +47,7 @@ from providers.base import (
     QuotaExceeded,
     TransientProviderError,
 )
+from providers.bootstrap import BootstrapError, merge_nodeadm
 from providers.common import (
     INSTANCE_TYPE_LABEL,
     CloudProviderSettings,
@@ -95,6 +100,9 @@ THROTTLE_CODES = frozenset({
     "Unavailable",
 })
 _TERMINATE_CHUNK = 1000
+BOOTSTRAP_CACHE_SECONDS = 60.0
+"""How long a launch template's merged user data is reused before it is read again (a
+``$Default``/``$Latest`` version may move)."""
 _TOPOLOGY_CHUNK = 100
 
 
@@ -153,6 +161,13 @@ class AwsPoolParameters(PoolParameters):
         default="privateDnsName", alias="nodeNameFrom"
     )
     record_network_topology: bool = Field(default=True, alias="recordNetworkTopology")
+    bootstrap: Literal["nodeadm", "asIs"] = Field(
+        default="nodeadm",
+        description="nodeadm: Muster launches from a copy of the launch template whose user "
+        "data (EKS AL2023, MIME multi-part) gets one more NodeConfig part registering the "
+        "node behind muster.dev/unregistered:NoExecute; asIs: the template is used as it is "
+        "(its bootstrap sets that taint itself, or the node is usable at once)",
+    )
 
     @field_validator("subnets")
     @classmethod
@@ -329,11 +344,25 @@ class AwsProvider(AtomicProvider[Instance]):
         self._calls: CloudCalls[str] = self.settings.calls(
             is_transient=is_transient, map_error=map_error, expected=_expected
         )
+        self._bootstrap_cache: dict[tuple[str | None, str], tuple[float, dict[str, Any]]] = {}
 
     # ---- the adapter ------------------------------------------------------------------
 
     async def validate(self, pool: CapacityPool) -> None:
-        parse_parameters(pool)
+        """The parameters, and (``bootstrap: nodeadm``) that the launch template's user data
+        can carry Muster's startup taint: said before anything is bought."""
+        params = parse_parameters(pool)
+        if params.bootstrap != "nodeadm":
+            return
+        try:
+            ec2 = await self._client(params.region)
+            await self._merged_template_data(ec2, params)
+        except ProviderConfigError:
+            raise
+        except ProviderError as exc:
+            # EC2 unreachable now says nothing about the pool: the launch reads the
+            # template again and fails there, retryably, if it must.
+            log.info("pool %s: launch template not checked now: %s", pool.metadata.name, exc)
 
     def check(self, request: AcquireRequest) -> None:
         self._zone_for(parse_parameters(request.pool), request)
@@ -350,11 +379,12 @@ class AwsProvider(AtomicProvider[Instance]):
         params = parse_parameters(request.pool)
         zone, subnet = self._zone_for(params, request)
         ec2 = await self._client(params.region)
+        template = await self._launch_template(ec2, params, request.pool.metadata.name)
         group = await self._ensure_placement_group(ec2, params, request)
         response = await self._calls.call(
             ec2.create_fleet,
             what="CreateFleet",
-            **self._fleet_request(params, request, zone, subnet, group),
+            **self._fleet_request(params, request, zone, subnet, group, template=template),
         )
         launched = [
             instance_id
@@ -390,8 +420,8 @@ class AwsProvider(AtomicProvider[Instance]):
     async def to_nodes(
         self, pool: CapacityPool, machines: Sequence[Instance], request: AcquireRequest | None
     ) -> Nodes:
-        """Nodes named as kubelet registers them; an acquisition's also get the domain's
-        labels and the instances' network topology."""
+        """Nodes named as kubelet registers them (a hint: Muster knows them by providerID);
+        an acquisition's also get the instances' observed network topology."""
         params = parse_parameters(pool)
         if request is None:
             return [self._node(params, pool.metadata.name, i, {}) for i in machines]
@@ -442,12 +472,10 @@ class AwsProvider(AtomicProvider[Instance]):
         zone: str,
         subnet: str,
         group: str | None,
+        *,
+        template: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
-        template: dict[str, Any] = {"Version": params.launch_template.version}
-        if params.launch_template.id is not None:
-            template["LaunchTemplateId"] = params.launch_template.id
-        else:
-            template["LaunchTemplateName"] = params.launch_template.name
+        template = dict(template or _source_template(params))
         override: dict[str, Any] = {
             "InstanceType": params.instance_type,
             "SubnetId": subnet,
@@ -496,6 +524,72 @@ class AwsProvider(AtomicProvider[Instance]):
             f"({detail}); everything launched was terminated"
         )
         return _error_for_codes(codes, message, available=got)
+
+    # ---- bootstrap --------------------------------------------------------------------
+
+    async def _merged_template_data(
+        self, ec2: Any, params: AwsPoolParameters
+    ) -> dict[str, Any]:
+        """The launch template's data with Muster's NodeConfig merged into its user data
+        (read-only; cached :data:`BOOTSTRAP_CACHE_SECONDS`);
+        :class:`ProviderConfigError` when the user data cannot carry it."""
+        source = _source_template(params)
+        cache_key = (params.region, json.dumps(source, sort_keys=True))
+        loop = asyncio.get_running_loop()
+        cached = self._bootstrap_cache.get(cache_key)
+        if cached is not None and cached[0] > loop.time():
+            return cached[1]
+        spec = {k: v for k, v in source.items() if k != "Version"}
+        response = await self._calls.call(
+            ec2.describe_launch_template_versions, what="DescribeLaunchTemplateVersions",
+            Versions=[params.launch_template.version], **spec,
+        )
+        versions = response.get("LaunchTemplateVersions") or []
+        if not versions:
+            raise ProviderConfigError(
+                f"spec.parameters.launchTemplate: version {params.launch_template.version} of "
+                f"{_template_text(params)} not found"
+            )
+        data = dict(versions[0].get("LaunchTemplateData") or {})
+        try:
+            user_data = base64.b64decode(data.get("UserData") or "").decode()
+        except (binascii.Error, UnicodeDecodeError):
+            raise ProviderConfigError(
+                f"spec.parameters.launchTemplate: the user data of {_template_text(params)} is "
+                "not base64 text"
+            ) from None
+        try:
+            merged = merge_nodeadm(user_data)
+        except BootstrapError as exc:
+            raise ProviderConfigError(
+                f"spec.parameters.launchTemplate: {exc} (or set spec.parameters.bootstrap: "
+                "asIs when the template registers nodes behind "
+                "muster.dev/unregistered:NoExecute itself)"
+            ) from None
+        data["UserData"] = base64.b64encode(merged.encode()).decode()
+        self._bootstrap_cache[cache_key] = (loop.time() + BOOTSTRAP_CACHE_SECONDS, data)
+        return data
+
+    async def _launch_template(
+        self, ec2: Any, params: AwsPoolParameters, pool: str
+    ) -> dict[str, Any]:
+        """The launch template the fleet uses: the pool's own (``bootstrap: asIs``), else
+        Muster's copy of it with the merged user data, named by its content (created once;
+        a copy of the same content is reused)."""
+        if params.bootstrap == "asIs":
+            return _source_template(params)
+        data = await self._merged_template_data(ec2, params)
+        digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+        name = f"muster-{pool[:80]}-{digest}"
+        tags = [{"Key": TAG_CLUSTER, "Value": self.settings.cluster_name},
+                {"Key": TAG_POOL, "Value": pool}]
+        await self._calls.call(
+            ec2.create_launch_template, what="CreateLaunchTemplate",
+            expect={"InvalidLaunchTemplateName.AlreadyExistsException"},
+            LaunchTemplateName=name, LaunchTemplateData=data,
+            TagSpecifications=[{"ResourceType": "launch-template", "Tags": tags}],
+        )
+        return {"LaunchTemplateName": name, "Version": "1"}
 
     # ---- cloud calls ------------------------------------------------------------------
 
@@ -678,8 +772,10 @@ class AwsProvider(AtomicProvider[Instance]):
             topology = await self._topology(ec2, [i["InstanceId"] for i in instances])
         nodes = []
         for instance in instances:
+            # What EC2 reports (zone, network node layers), never the planned domain: Muster
+            # compares the registered Node's labels with the plan (a node elsewhere fails
+            # the acquisition) instead of asserting the plan here.
             extra = dict(topology.get(instance["InstanceId"], {}))
-            extra.update(request.domain)
             nodes.append(self._node(params, request.pool.metadata.name, instance, extra))
         return sorted(nodes, key=lambda n: n.name)
 
@@ -707,6 +803,20 @@ class AwsProvider(AtomicProvider[Instance]):
             owner_uid=tags.get(TAG_OWNER_UID, ""),
             labels=labels,
         )
+
+
+def _source_template(params: AwsPoolParameters) -> dict[str, Any]:
+    """The pool's launch template as a LaunchTemplateSpecification."""
+    template: dict[str, Any] = {"Version": params.launch_template.version}
+    if params.launch_template.id is not None:
+        template["LaunchTemplateId"] = params.launch_template.id
+    else:
+        template["LaunchTemplateName"] = params.launch_template.name
+    return template
+
+
+def _template_text(params: AwsPoolParameters) -> str:
+    return f"launch template {params.launch_template.id or params.launch_template.name}"
 
 
 def make_aws_provider(

@@ -1,11 +1,19 @@
-"""The fake provider: "acquires" nodes by creating Node objects, as kwok does.
+"""The fake provider: an in-process cloud whose machines register their Nodes as kubelet does.
 
 It is a real :class:`providers.base.Provider`, the adapter of the same all-or-nothing
 skeleton as the cloud providers (:mod:`providers.atomic`), used by ``muster demo``, the e2e
-tests, the benchmark and a kind cluster alike. Nodes are built from the pool's template
-(labels plus the chosen domain's topology labels, taints, capacity and allocatable), carry
-``spec.providerID = kind://<pool>/<key>/<i>`` and labels naming pool, acquisition key and
-owner, so :meth:`FakeProvider.list` finds them after a restart. A heartbeat task renews each
+tests, the benchmark and a kind cluster alike. A launched machine (:class:`FakeMachine`)
+boots with the user data the provider rendered for it, as a cloud machine does, and a
+kubelet stand-in (:func:`kubelet_node`) registers its Node only from what the machine has:
+the name and ``spec.providerID = kind://<pool>/<key>/<i>`` the cloud gives it, the
+well-known labels of kubelet and the cloud-controller-manager (hostname, os, arch, the zone
+and topology labels of where the cloud put it), the machine's shape (the pool template's
+capacity) and the ``--register-with-taints`` of its user data (Muster's startup taint).
+Muster's own labels (pool, acquisition, domain, the pool template's labels and taints) are
+written by Muster when it registers the node (:mod:`controller.acquire.registration`), as
+on a real cloud. The cloud's records of its machines (its "tags": pool, key, owner) are kept
+on the Node under ``fake.muster.dev/``, Muster never reads them; :meth:`FakeProvider.list`
+finds the machines by them after a restart. A heartbeat task renews each
 node's Lease in ``kube-node-lease`` and its Ready condition, so a real node lifecycle
 controller keeps them Ready; with ``heartbeat_seconds=0`` that is left to kwok, which
 manages every node annotated ``kwok.x-k8s.io/node: fake`` (the real-cluster test tier).
@@ -26,7 +34,7 @@ import logging
 import random
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -35,8 +43,8 @@ from controller.api.capacitypool import CapacityPool
 from controller.dra_templates import render_resource_slices
 from controller.kube import ApiError, Body, KubeClient
 from controller.kube.resources import LEASES, NAMESPACES, NODES, RESOURCE_SLICES
-from controller.node_labels import ARCH, OS, node_labels
-from controller.topology_defaults import KEY_LABEL, OWNER_ANNOTATION, POOL_LABEL
+from controller.node_labels import ARCH, OS, cloud_facts, node_labels
+from controller.topology_defaults import UNREGISTERED_TAINT
 from providers.atomic import AtomicProvider, Launch
 from providers.base import (
     AcquireRequest,
@@ -51,7 +59,12 @@ from providers.base import (
 log = logging.getLogger(__name__)
 
 PROVIDER_LABEL = "muster.dev/provider"
-OWNER_UID_LABEL = "muster.dev/owner-uid"
+"""The fake cloud's mark on its machines' Nodes (its name, ``kind``)."""
+TAG_POOL = "fake.muster.dev/pool"
+TAG_KEY = "fake.muster.dev/key"
+TAG_OWNER_UID = "fake.muster.dev/owner-uid"
+TAG_OWNER = "fake.muster.dev/owner"
+"""The fake cloud's tags of a machine (EC2's instance tags), kept on its Node."""
 NODE_LEASE_NAMESPACE = "kube-node-lease"
 BOOT_DELAY_ANNOTATION = "muster.dev/boot-delay"
 KNOWN_PARAMETERS = frozenset(
@@ -99,6 +112,8 @@ class ProviderCall:
 class _Injected:
     errors: list[ProviderError] = field(default_factory=list)
     grants: list[int] = field(default_factory=list)
+    silent: list[bool] = field(default_factory=list)
+    misplaced: list[Mapping[str, str]] = field(default_factory=list)
 
 
 def domain_key(domain: Mapping[str, str]) -> str:
@@ -140,6 +155,8 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
         self._stock_locks: dict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
         self._owned: set[str] = set()
         self._since: dict[str, str] = {}
+        self._silent: dict[tuple[str, str], list[ProvidedNode]] = {}
+        """(pool, key) -> machines that never registered (:meth:`never_register_next`)."""
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._fault_rngs: dict[str, random.Random] = {}
 
@@ -157,6 +174,18 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
         """The next launch creates only ``nodes`` nodes; the skeleton must delete them and
         fail."""
         self._injected[pool].grants.append(nodes)
+
+    def misplace_next(self, placement: Mapping[str, str], *, pool: str = "*") -> None:
+        """The next launch's machines are put in ``placement`` (topology labels), not in
+        the requested domain, as a cloud may when a placement group is full."""
+        self._injected[pool].misplaced.append(dict(placement))
+
+    def never_register_next(self, *, pool: str = "*") -> None:
+        """The next launch's machines boot but never register a Node (a broken bootstrap):
+        the cloud holds them (:meth:`list` shows them) until they are released. Such
+        machines live only in this process's memory (the fake cloud keeps its other
+        machines as their Nodes)."""
+        self._injected[pool].silent.append(True)
 
     # ------------------------------------------------------------------ Provider
 
@@ -222,11 +251,14 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
     # ------------------------------------------------------------------ the adapter
 
     async def find(self, pool: CapacityPool, key: str | None) -> Nodes:
-        selector = f"{PROVIDER_LABEL}={self.name},{POOL_LABEL}={pool.metadata.name}"
+        selector = f"{PROVIDER_LABEL}={self.name},{TAG_POOL}={pool.metadata.name}"
         if key is not None:
-            selector += f",{KEY_LABEL}={key}"
+            selector += f",{TAG_KEY}={key}"
         listing = await self._kube.list(NODES, label_selector=selector)
-        return sorted((_provided(n) for n in listing.get("items") or []), key=lambda n: n.name)
+        found = [_provided(n) for n in listing.get("items") or []]
+        found += [m for (p, k), machines in self._silent.items()
+                  if p == pool.metadata.name and key in (None, k) for m in machines]
+        return sorted(found, key=lambda n: n.name)
 
     async def launch(
         self, request: AcquireRequest, have: Sequence[ProvidedNode]
@@ -245,9 +277,18 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
         timeout = self._draw(pool, "timeout")
         allowed = await self._allowed(pool, request, grant)
         names = [_node_name(pool_name, request.key, i) for i in range(request.count)]
+        if self._take(pool_name, lambda i: i.silent):
+            machines = [_machine(pool, request, name) for name in names[:allowed]]
+            silent = [ProvidedNode(m.name, m.provider_id, m.pool, m.key, m.owner, m.owner_uid)
+                      for m in machines]
+            self._silent[(pool_name, request.key)] = silent
+            self._launched.add(request.key)
+            return Launch(silent)
+        placement = self._take(pool_name, lambda i: i.misplaced)
         try:
             results = await asyncio.gather(
-                *(self._create_node(pool, request, name) for name in names[:allowed])
+                *(self._create_node(pool, request, name, placement)
+                  for name in names[:allowed])
             )
         except ApiError as exc:
             raise TransientProviderError(
@@ -273,10 +314,11 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
         return Launch(created)
 
     async def delete(self, pool: CapacityPool, key: str, known: Sequence[ProvidedNode]) -> int:
+        silent = {m.name for m in self._silent.pop((pool.metadata.name, key), [])}
         nodes = await self.find(pool, key)
-        names = {n.name for n in nodes} | {n.name for n in known}
+        names = ({n.name for n in nodes} | {n.name for n in known}) - silent
         results = await asyncio.gather(*(self._delete_node(name) for name in sorted(names)))
-        return sum(results)
+        return sum(results) + len(silent)
 
     async def to_nodes(
         self, pool: CapacityPool, machines: Sequence[ProvidedNode], request: AcquireRequest | None
@@ -297,13 +339,14 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
         allowed = request.count if grant is None else min(grant, request.count)
         if stock is None:
             return allowed
-        selector = f"{PROVIDER_LABEL}={self.name},{POOL_LABEL}={pool.metadata.name}"
+        selector = f"{PROVIDER_LABEL}={self.name},{TAG_POOL}={pool.metadata.name}"
         listing = await self._kube.list(NODES, label_selector=selector)
+        where = placed_in(pool.metadata.name, request)
         others = sum(
             1
             for n in listing.get("items") or []
-            if all(n["metadata"].get("labels", {}).get(k) == v for k, v in request.domain.items())
-            and n["metadata"].get("labels", {}).get(KEY_LABEL) != request.key
+            if all(n["metadata"].get("labels", {}).get(k) == v for k, v in where.items())
+            and n["metadata"].get("labels", {}).get(TAG_KEY) != request.key
         )
         return max(0, min(allowed, stock - others))
 
@@ -447,10 +490,15 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
         return deleted
 
     async def _create_node(
-        self, pool: CapacityPool, request: AcquireRequest, name: str
+        self, pool: CapacityPool, request: AcquireRequest, name: str,
+        placement: Mapping[str, str] | None = None,
     ) -> tuple[ProvidedNode, bool]:
-        """Create one node (or find it made by an earlier call); True when created now."""
-        body = _node_body(pool, request, name, now=self._now(), provider=self.name)
+        """Create one node (or find it made by an earlier call); True when created now.
+        ``placement``: where the cloud put it, when not where it was asked."""
+        machine = _machine(pool, request, name)
+        if placement is not None:
+            machine = replace(machine, placement={**machine.placement, **placement})
+        body = kubelet_node(machine, now=self._now(), provider=self.name)
         ready_delay = float(pool.spec.parameters.get("readyDelaySeconds", 0.0))
         if ready_delay:
             body["status"]["conditions"] = [_ready_condition(False, _rfc3339_micro(self._now()))]
@@ -516,55 +564,76 @@ def _node_name(pool: str, key: str, index: int) -> str:
     return f"{pool[:40]}-{digest}-{index}"
 
 
-def _node_body(
-    pool: CapacityPool,
-    request: AcquireRequest,
-    name: str,
-    *,
-    now: datetime,
-    provider: str = "kind",
-) -> Body:
-    """The Node a new machine of ``pool`` registers as, in ``request.domain``."""
-    tpl = pool.spec.node_template
-    index = name.rsplit("-", 1)[-1]
+@dataclass(frozen=True, slots=True)
+class FakeMachine:
+    """A machine of the fake cloud, as it boots: what the cloud gave it and its user data."""
+
+    name: str
+    provider_id: str
+    pool: str
+    key: str
+    owner: str
+    owner_uid: str
+    placement: Mapping[str, str]
+    """Where the cloud put it: the zone and topology labels the cloud-controller-manager
+    reports for it."""
+    capacity: Mapping[str, str]
+    allocatable: Mapping[str, str]
+    user_data: Mapping[str, Any]
+    """``nodeLabels`` and ``registerWithTaints``, as kubelet flags in a real bootstrap."""
+
+
+def user_data(pool: CapacityPool) -> dict[str, Any]:
+    """The bootstrap the fake provider renders for a machine: the startup taint only (no
+    label of Muster's: Muster writes those when it registers the node)."""
+    return {"nodeLabels": {},
+            "registerWithTaints": [{"key": UNREGISTERED_TAINT, "effect": "NoExecute"}]}
+
+
+def placed_in(pool: str, request: AcquireRequest) -> dict[str, str]:
+    """Where the fake cloud puts a request's machines: the requested domain, with a real
+    value of its own for each placeholder the planner invented for a pool without declared
+    domains (the cloud names a new placement group, not Muster)."""
+    digest = hashlib.sha256(f"{pool}/{request.key}".encode()).hexdigest()[:10]
+    return {k: (f"{pool[:40]}-{digest}" if v.startswith("muster-new-") else v)
+            for k, v in request.domain.items()}
+
+
+def kubelet_node(machine: FakeMachine, *, now: datetime, provider: str = "kind") -> Body:
+    """The Node a kubelet on ``machine`` registers (with the cloud-controller-manager's
+    labels): only what the machine has."""
     labels = {
-        **node_labels({**tpl.labels, **request.domain}, hostname=name,
-                      parameters=pool.spec.parameters),
+        **machine.user_data.get("nodeLabels", {}),
+        **node_labels(machine.placement, hostname=machine.name),
         "type": "kwok",
         PROVIDER_LABEL: provider,
-        POOL_LABEL: pool.metadata.name,
-        KEY_LABEL: request.key,
+        TAG_POOL: machine.pool,
+        TAG_KEY: machine.key,
     }
-    if request.owner_uid:
-        labels[OWNER_UID_LABEL] = request.owner_uid
-    allocatable = dict(tpl.allocatable)
-    allocatable.setdefault("pods", "110")
-    capacity = dict(tpl.capacity or allocatable)
-    capacity.setdefault("pods", allocatable["pods"])
+    if machine.owner_uid:
+        labels[TAG_OWNER_UID] = machine.owner_uid
     stamp = _rfc3339_micro(now)
     return {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {
-            "name": name,
+            "name": machine.name,
             "labels": labels,
             "annotations": {
-                OWNER_ANNOTATION: request.owner,
+                TAG_OWNER: machine.owner,
                 "kwok.x-k8s.io/node": "fake",
                 "node.alpha.kubernetes.io/ttl": "0",
             },
         },
         "spec": {
-            "providerID": f"kind://{pool.metadata.name}/{request.key}/{index}",
-            "taints": [
-                {"key": t.key, "value": t.value, "effect": t.effect} for t in tpl.taints
-            ],
+            "providerID": machine.provider_id,
+            "taints": [dict(t) for t in machine.user_data.get("registerWithTaints", [])],
         },
         "status": {
-            "capacity": capacity,
-            "allocatable": allocatable,
+            "capacity": dict(machine.capacity),
+            "allocatable": dict(machine.allocatable),
             "conditions": [_ready_condition(True, stamp)],
-            "addresses": [{"type": "Hostname", "address": name}],
+            "addresses": [{"type": "Hostname", "address": machine.name}],
             "nodeInfo": {
                 "kubeletVersion": "fake",
                 "architecture": labels[ARCH],
@@ -573,6 +642,28 @@ def _node_body(
             "phase": "Running",
         },
     }
+
+
+def _machine(pool: CapacityPool, request: AcquireRequest, name: str) -> FakeMachine:
+    """The machine the fake cloud launches as ``name`` for ``request``."""
+    tpl = pool.spec.node_template
+    index = name.rsplit("-", 1)[-1]
+    allocatable = dict(tpl.allocatable)
+    allocatable.setdefault("pods", "110")
+    capacity = dict(tpl.capacity or allocatable)
+    capacity.setdefault("pods", allocatable["pods"])
+    return FakeMachine(
+        name=name,
+        provider_id=f"kind://{pool.metadata.name}/{request.key}/{index}",
+        pool=pool.metadata.name,
+        key=request.key,
+        owner=request.owner,
+        owner_uid=request.owner_uid,
+        placement={**cloud_facts(pool.spec.parameters), **placed_in(pool.metadata.name, request)},
+        capacity=capacity,
+        allocatable=allocatable,
+        user_data=user_data(pool),
+    )
 
 
 def _ready_condition(ready: bool, now: str, *, since: str | None = None) -> Body:
@@ -597,10 +688,10 @@ def _provided(node: Body) -> ProvidedNode:
     return ProvidedNode(
         name=meta.get("name", ""),
         provider_id=node.get("spec", {}).get("providerID", ""),
-        pool=labels.get(POOL_LABEL, ""),
-        key=labels.get(KEY_LABEL, ""),
-        owner=(meta.get("annotations") or {}).get(OWNER_ANNOTATION, ""),
-        owner_uid=labels.get(OWNER_UID_LABEL, ""),
+        pool=labels.get(TAG_POOL, ""),
+        key=labels.get(TAG_KEY, ""),
+        owner=(meta.get("annotations") or {}).get(TAG_OWNER, ""),
+        owner_uid=labels.get(TAG_OWNER_UID, ""),
         labels=labels,
     )
 

@@ -34,6 +34,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from controller.api.capacitypool import CapacityPool
+from controller.topology_defaults import UNREGISTERED_TAINT
 from providers.atomic import AtomicProvider, Launch
 from providers.base import (
     AcquireRequest,
@@ -69,6 +70,18 @@ META_OWNER = "muster-owner"
 META_OWNER_UID = "muster-owner-uid"
 META_POOL = "muster-pool"
 RESERVED_PREFIX = "muster-"
+META_STARTUP_TAINT = "muster-register-with-taints"
+"""Instance metadata naming Muster's startup taint as kubelet's ``--register-with-taints``
+takes it; a startup script passes it on (``curl .../attributes/muster-register-with-taints``).
+A ``kube-env`` (the GCE configure-helper's settings) gets it in ``NODE_TAINTS`` instead,
+so the stock bootstrap applies it without the user adding anything."""
+STARTUP_TAINT_VALUE = f"{UNREGISTERED_TAINT}=:NoExecute"
+TOPOLOGY_LABELS = {
+    "block": "cloud.google.com/gce-topology-block",
+    "subblock": "cloud.google.com/gce-topology-subblock",
+    "host": "cloud.google.com/gce-topology-host",
+}
+"""The labels GKE derives from an instance's ``resourceStatus.physicalHostTopology``."""
 
 CAPACITY_CODES = frozenset({
     "ZONE_RESOURCE_POOL_EXHAUSTED",
@@ -396,8 +409,7 @@ class GcpProvider(AtomicProvider[Any]):
     async def to_nodes(
         self, pool: CapacityPool, machines: Sequence[Any], request: AcquireRequest | None
     ) -> Nodes:
-        domain = request.domain if request is not None else {}
-        return self._nodes(parse_parameters(pool), pool.metadata.name, machines, domain)
+        return self._nodes(parse_parameters(pool), pool.metadata.name, machines)
 
     # ---- request building ------------------------------------------------------------
 
@@ -429,7 +441,7 @@ class GcpProvider(AtomicProvider[Any]):
         from google.cloud import compute_v1
 
         pool = request.pool.metadata.name
-        metadata = dict(params.metadata)
+        metadata = with_startup_taint(params.metadata)
         metadata.update({
             META_KEY: request.key,
             META_POOL: pool,
@@ -679,16 +691,17 @@ class GcpProvider(AtomicProvider[Any]):
         params: GcpPoolParameters,
         pool: str,
         instances: Sequence[Any],
-        domain: Mapping[str, str],
     ) -> Nodes:
         nodes = []
         for instance in instances:
             meta = _metadata(instance)
+            # What Compute reports (zone, physical host topology), never the planned domain:
+            # Muster compares the registered Node with the plan.
             labels = {
                 params.zone_label: params.zone,
                 INSTANCE_TYPE_LABEL: str(instance.machine_type).rsplit("/", 1)[-1],
+                **host_topology(instance),
             }
-            labels.update(domain)
             nodes.append(ProvidedNode(
                 name=instance.name,
                 provider_id=f"gce://{params.project}/{params.zone}/{instance.name}",
@@ -703,6 +716,41 @@ class GcpProvider(AtomicProvider[Any]):
 
 def _metadata(instance: Any) -> dict[str, str]:
     return {item.key: item.value for item in instance.metadata.items}
+
+
+def with_startup_taint(metadata: Mapping[str, str]) -> dict[str, str]:
+    """The pool's instance metadata with Muster's startup taint: always under
+    :data:`META_STARTUP_TAINT`, and merged into ``NODE_TAINTS`` of a ``kube-env`` (one
+    ``KEY: value`` per line, as the GCE configure-helper reads it)."""
+    out = dict(metadata)
+    out[META_STARTUP_TAINT] = STARTUP_TAINT_VALUE
+    env = out.get("kube-env")
+    if env is None:
+        return out
+    lines = env.splitlines()
+    for i, line in enumerate(lines):
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == "NODE_TAINTS":
+            taints = [t for t in value.strip().strip("'\"").split(",") if t]
+            if STARTUP_TAINT_VALUE not in taints:
+                taints.append(STARTUP_TAINT_VALUE)
+            lines[i] = f"NODE_TAINTS: '{','.join(taints)}'"
+            break
+    else:
+        lines.append(f"NODE_TAINTS: '{STARTUP_TAINT_VALUE}'")
+    out["kube-env"] = "\n".join(lines) + "\n"
+    return out
+
+
+def host_topology(instance: Any) -> dict[str, str]:
+    """GKE's topology labels from ``resourceStatus.physicalHostTopology`` (machine types that
+    report it: A3, A4 and similar); empty when absent."""
+    status = getattr(instance, "resource_status", None)
+    topology = getattr(status, "physical_host_topology", None) if status else None
+    if not topology:
+        return {}
+    return {label: str(getattr(topology, field))
+            for field, label in TOPOLOGY_LABELS.items() if getattr(topology, field, "")}
 
 
 def make_gcp_provider(

@@ -18,7 +18,13 @@ from controller.api.capacitypool import CapacityPool
 from controller.decisions import decide
 from controller.problem_log import ProblemLog
 from controller.state.bookings import Group
-from providers.base import AcquireRequest, CapacityUnavailable, Provider, ProviderError
+from providers.base import (
+    AcquireRequest,
+    CapacityUnavailable,
+    ProvidedNode,
+    Provider,
+    ProviderError,
+)
 
 log = logging.getLogger(__name__)
 _problems = ProblemLog(log)
@@ -56,9 +62,9 @@ async def acquire_all(
     provider_for: ProviderFor,
     releasing: set[str] | None = None,
     released: set[str] | None = None,
-) -> dict[str, list[str]]:
-    """Acquire every group or none; return node names by key (``releasing``, ``released``:
-    see :func:`release_groups`)."""
+) -> dict[str, list[ProvidedNode]]:
+    """Acquire every group or none; return what the provider launched by key, sorted by
+    node name (``releasing``, ``released``: see :func:`release_groups`)."""
     missing = sorted({g.pool for g in groups} - set(pools))
     if missing:
         raise AcquisitionFailed(
@@ -80,7 +86,7 @@ async def acquire_all(
     )
     failures: list[BaseException] = []
     short: list[tuple[Group, int]] = []
-    acquired: dict[str, list[str]] = {}
+    acquired: dict[str, list[ProvidedNode]] = {}
     for group, result in zip(groups, results, strict=True):
         if isinstance(result, BaseException):
             failures.append(result)
@@ -114,7 +120,7 @@ async def acquire_all(
 
 async def _acquire_group(
     group: Group, pool: CapacityPool, provider_for: ProviderFor, owner: str, owner_uid: str
-) -> list[str]:
+) -> list[ProvidedNode]:
     provider = provider_for(pool)
     nodes = await provider.acquire(
         AcquireRequest(
@@ -126,7 +132,7 @@ async def _acquire_group(
             owner_uid=owner_uid,
         )
     )
-    return sorted(n.name for n in nodes)
+    return sorted(nodes, key=lambda n: n.name)
 
 
 async def release_groups(

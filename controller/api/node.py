@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from controller.api.meta import ObjectMeta
 from controller.api.pod import Quantity
+from controller.topology_defaults import UNREGISTERED_TAINT
 
 
 class _Open(BaseModel):
@@ -78,9 +79,12 @@ class Node(_Open):
 
     @property
     def settled(self) -> bool:
-        """Ready and carrying no start-up taint: the scheduler (and Kueue's topology
-        assignment, which reads taints too) can place pods on it now."""
-        return self.ready and not any(t.key in STARTUP_TAINTS for t in self.spec.taints)
+        """Ready and carrying no start-up taint (nor Muster's, which Muster lifts once it
+        registered the node): the scheduler (and Kueue's topology assignment, which reads
+        taints too) can place pods on it now."""
+        return self.ready and not any(
+            t.key in STARTUP_TAINTS or t.key == UNREGISTERED_TAINT for t in self.spec.taints
+        )
 
     @property
     def schedulable(self) -> bool:

@@ -28,7 +28,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -36,6 +36,15 @@ from controller import crashpoints
 from controller.acquire.atomic import AcquisitionFailed, acquire_all, release_groups
 from controller.acquire.keys import groups_for
 from controller.acquire.providers import ProviderSet
+from controller.acquire.registration import (
+    OutsideDomain,
+    awaiting_cloud,
+    missing_devices,
+    observed_domain,
+    placeholder,
+    register,
+    registration,
+)
 from controller.api.node import Node
 from controller.api.parameters import (
     NO_RETRY,
@@ -62,7 +71,16 @@ from controller.decisions import decide
 from controller.fit.explain import shortfall
 from controller.fit.shapes import selector_matches, untolerated
 from controller.fit.taints import CONDITION_TAINTS, UNSCHEDULABLE
-from controller.fit.types import GangRequest, Mode, NoFit, Plan, PodShape, ReasonCode, Taint
+from controller.fit.types import (
+    GangRequest,
+    Mode,
+    NoFit,
+    Plan,
+    PodSetPlacement,
+    PodShape,
+    ReasonCode,
+    Taint,
+)
 from controller.kube import ApiError, Body, KubeClient
 from controller.kube.events import EventRecorder
 from controller.kube.resources import PROVISIONING_REQUESTS
@@ -496,19 +514,41 @@ class ProvisioningService:
                     releasing=self.state.releasing, released=self.state.released,
                 )
                 crashpoints.reached("acquired")
-                booking = booking.with_nodes(nodes)
+                booking = booking.with_nodes(
+                    {k: [n.name for n in got] for k, got in nodes.items()},
+                    {k: [n.provider_id for n in got if n.provider_id]
+                     for k, got in nodes.items()},
+                )
                 decide("acquire", req.key, outcome="acquired", attempt=booking.attempt,
                        groups=[_group_text(g) for g in booking.groups],
                        nodes=sorted(booking.acquired_nodes))
                 self.state.reserve(req.key, booking)
+                req = await self.remember_launched(req, booking)
                 timeout = self.config.acquisition.node_ready_timeout_seconds
-                not_ready = await self.state.wait_ready(
-                    booking.acquired_nodes, within=timeout, sleep=self.clock.sleep
-                )
+                not_ready, outside = await self.wait_nodes(req, booking, within=timeout)
             finally:
                 # Later status writes start from this one's conditions, never race it.
                 if announcing is not None:
                     req = await announcing.result(req)
+            if outside:
+                # The cloud put the gang elsewhere than planned: its pods would be split
+                # across domains. Release everything and plan again away from this domain.
+                until = self.clock.now() + timedelta(
+                    seconds=self.config.retry.max_backoff_seconds)
+                for group in booking.groups:
+                    self.state.mark_short(group.pool, group.domain, available=0, until=until)
+                await release_groups(
+                    booking.groups, pools=self.state.pools(), provider_for=self.providers.for_pool,
+                    owner=req.key, why="a node registered outside the planned domain",
+                    releasing=self.state.releasing, released=self.state.released,
+                )
+                decide("acquire", req.key, outcome="outside-domain", attempt=booking.attempt,
+                       nodes=[o.describe() for o in outside[:5]])
+                return await self.retry_or_fail(
+                    req, attempt=booking.attempt, reason=Reason.ACQUISITION_FAILED,
+                    detail="; ".join(o.describe() for o in outside[:5])
+                    + "; every node of the attempt was released",
+                )
             if not_ready:
                 await release_groups(
                     booking.groups, pools=self.state.pools(), provider_for=self.providers.for_pool,
@@ -537,6 +577,97 @@ class ProvisioningService:
             self.state.end_acquiring(pools)
         return await self.confirm(req, booking)
 
+    async def remember_launched(self, req: RequestRecord, booking: Booking) -> RequestRecord:
+        """Persist what the provider launched (names and providerIDs) on the plan, once:
+        a restarted controller, or a booking checked for vanished nodes, then knows the
+        group's nodes by providerID, whatever names or labels they registered with."""
+        if req.booking is not None and req.booking.groups == booking.groups:
+            return req
+        return await self.persist(req, annotations={PLAN_ANNOTATION: booking.to_annotation()})
+
+    async def wait_nodes(
+        self, req: RequestRecord, booking: Booking, *, within: float
+    ) -> tuple[list[str], list[OutsideDomain]]:
+        """Register the node of every providerID the booking's groups launched as it
+        appears (:mod:`controller.acquire.registration`) and wait until each is registered,
+        Ready and settled, or ``within`` seconds pass (the injected clock). Return the nodes
+        still not so (their names, or the provider's name hints) and the nodes that
+        registered outside their planned domain (the wait ends at the first)."""
+        hints = {p: n for g in booking.groups for p, n in zip(g.provider_ids, g.nodes,
+                                                              strict=False)}
+        pending, outside = await self._register(req, booking)
+        timer = asyncio.ensure_future(self.clock.sleep(within))
+        try:
+            while pending and not outside and not timer.done():
+                change = self.state.changed(pending)
+                try:
+                    await asyncio.wait({change, timer}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    change.cancel()
+                pending, outside = await self._register(req, booking)
+        finally:
+            timer.cancel()
+        out: list[str] = []
+        pools = {p: self.state.pools().get(g.pool) for g in booking.groups
+                 for p in g.provider_ids}
+        for pid in pending:
+            node = self.state.node_by_provider_id(pid)
+            pool = pools.get(pid)
+            missing = missing_devices(node, pool) if node is not None and pool else []
+            if node is not None and missing:
+                # The device plugin never advertised what the pool's nodes offer.
+                out.append(f"{node.metadata.name} (no {', '.join(missing)} in allocatable)")
+            elif node is not None:
+                out.append(node.metadata.name)
+            elif "://" in pid:
+                # No Node with the providerID: the machine's kubelet never registered (a
+                # bootstrap that does not join the cluster, a wrong cluster endpoint).
+                out.append(f"{hints.get(pid, pid)} ({pid}: never registered)")
+            else:
+                out.append(pid)
+        return out, outside
+
+    async def _register(
+        self, req: RequestRecord, booking: Booking
+    ) -> tuple[list[str], list[OutsideDomain]]:
+        """Register the booking's nodes that appeared; return the providerIDs (or, for a
+        group whose provider gave none, the names) without a registered, settled node and
+        the nodes found outside their domain."""
+        pending: list[str] = []
+        outside: list[OutsideDomain] = []
+        pools = self.state.pools()
+        for group in booking.groups:
+            if not group.provider_ids:
+                pending.extend(n for n in group.nodes if not self.state.node_ready(n))
+                continue
+            pool = pools.get(group.pool)
+            for pid in group.provider_ids:
+                node = self.state.node_by_provider_id(pid)
+                if node is None or pool is None or awaiting_cloud(node):
+                    pending.append(pid)
+                    continue
+                patch = registration(node, pool, group, owner=req.key, owner_uid=req.uid)
+                if isinstance(patch, OutsideDomain):
+                    outside.append(patch)
+                    continue
+                if patch is not None:
+                    written = await register(self.kube, node.metadata.name, patch)
+                    # Not a decision line: the acquisition's own line names the nodes.
+                    log.debug("%s: registering node %s (%s) as %s of pool %s: %s", req.key,
+                              node.metadata.name, pid, group.key, group.pool,
+                              "written" if written else "changed meanwhile, retried")
+                    if written is not None:
+                        # The watch may bring the write after the next look: a node left
+                        # pending until its next change would wait for nothing.
+                        self.state.upsert_node(written)
+                        node = self.state.node_by_provider_id(pid)
+                    if (node is None or written is None or not node.settled
+                            or missing_devices(node, pool)):
+                        pending.append(pid)
+                elif not node.settled or missing_devices(node, pool):
+                    pending.append(pid)
+        return pending, outside
+
     async def _announce(self, req: RequestRecord, booking: Booking) -> RequestRecord:
         new_nodes = sum(g.count for g in booking.groups)
         text = message(Reason.PROVISIONING, new_nodes=new_nodes, attempt=booking.attempt)
@@ -564,7 +695,7 @@ class ProvisioningService:
         plan (phase Acquiring) into a booking."""
         reason = Reason.CAPACITY_IS_PROVISIONED if booking.groups else Reason.CAPACITY_IS_FOUND
         try:
-            details = class_details(booking.plan)
+            details = class_details(booking.plan, self.observed_domains(booking))
             where = _where(booking.plan)
             relaxed, sets = self.relaxed(req, booking.plan)
             if relaxed:
@@ -623,6 +754,17 @@ class ProvisioningService:
             notes.append(found.template.metadata.annotations
                          if found is not None and not isinstance(found, TemplateError) else {})
         return notes
+
+    def observed_domains(self, booking: Booking) -> dict[tuple[str, str], str]:
+        """(label, placeholder value) -> the value the nodes of the booking's groups
+        registered with (pools without declared domains)."""
+        out: dict[tuple[str, str], str] = {}
+        for group in booking.groups:
+            nodes = [n for name in self.state.group_node_names(group)
+                     if (n := self.state.node(name)) is not None]
+            if nodes:
+                out.update(observed_domain(group, nodes))
+        return out
 
     # ------------------------------------------------------------------ booked requests
 
@@ -843,11 +985,9 @@ class ProvisioningService:
         )
 
     def group_nodes(self, group: Group) -> tuple[str, ...]:
-        """The group's registered nodes (names recorded on the booking, else found by the
-        acquisition-key label)."""
-        if group.nodes:
-            return tuple(n for n in group.nodes if self.state.node_exists(n))
-        return tuple(sorted(self.state.nodes_by_key().get(group.key, ())))
+        """The group's registered nodes: found by the providerIDs the provider launched
+        (a group persisted by an older Muster: by its names, else its key's label)."""
+        return self.state.group_node_names(group)
 
     # ------------------------------------------------------------------ deletion
 
@@ -1211,17 +1351,26 @@ def _unusable_for(shape: PodShape, node: Node, domain: Mapping[str, str]) -> str
     return None
 
 
-def class_details(plan: Plan) -> dict[str, str]:
+def class_details(
+    plan: Plan, observed: Mapping[tuple[str, str], str] | None = None
+) -> dict[str, str]:
     """``provisioningClassDetails``: where the gang goes, in keys Kueue can copy into
     nodeSelectors (``valueFromProvisioningClassDetail``): the chosen domain of the widest
     constrained pod set under ``muster.dev/topology-level``/``-domain`` and, per level, the
-    level's node label -> value."""
+    level's node label -> value.
+
+    A placeholder domain (a pool without declared domains) is published as the value its
+    nodes registered with (``observed``: (label, placeholder) -> value); one no node
+    carries is left out, never published: no node would match it."""
+    seen = observed or {}
+    placed = [_observed_placement(p, seen) for p in plan.placements
+              if p.level and p.domain_labels]
     details: dict[str, str] = {}
-    placed = [p for p in plan.placements if p.level and p.domain_labels]
     if placed:
         main = placed[0]
-        details[TOPOLOGY_LEVEL_DETAIL] = str(main.level)
-        details[TOPOLOGY_DOMAIN_DETAIL] = str(main.domain)
+        if main.domain is not None:
+            details[TOPOLOGY_LEVEL_DETAIL] = str(main.level)
+            details[TOPOLOGY_DOMAIN_DETAIL] = str(main.domain)
         # Kueue copies a level's key into every pod set's nodeSelector, so a level is only
         # published when every constrained pod set (e.g. every TAS slice) shares its value.
         details.update({
@@ -1235,6 +1384,18 @@ def class_details(plan: Plan) -> dict[str, str]:
     new_nodes = sum(n.count for n in plan.new_nodes)
     details[NEW_NODES_DETAIL] = str(new_nodes)
     return dict(list(details.items())[:64])
+
+
+def _observed_placement(
+    p: PodSetPlacement, seen: Mapping[tuple[str, str], str]
+) -> PodSetPlacement:
+    """``p`` with its placeholder domain values replaced by those observed, or dropped."""
+    labels = {k: seen.get((k, v), v) for k, v in p.domain_labels.items()}
+    labels = {k: v for k, v in labels.items() if not placeholder(v)}
+    domain = p.domain
+    if domain is not None and p.level is not None and placeholder(domain):
+        domain = seen.get((p.level, domain))
+    return replace(p, domain_labels=labels, domain=domain)
 
 
 def _group_text(group: Group) -> str:

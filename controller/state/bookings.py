@@ -62,16 +62,24 @@ class Group:
     domain: Mapping[str, str]
     count: int
     nodes: tuple[str, ...] = ()
-    """Node names once acquired (sorted), empty before."""
+    """Node names once acquired (sorted), empty before: the names the provider expects its
+    machines to register as, a hint (a kubelet may register under another name)."""
+    provider_ids: tuple[str, ...] = ()
+    """``spec.providerID`` of every machine the provider launched (sorted), empty before:
+    the identity of the group's nodes. Persisted with the plan once the provider answered,
+    so a restarted controller finds the nodes whatever name they registered under."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "key": self.key,
             "pool": self.pool,
             "domain": dict(self.domain),
             "count": self.count,
             "nodes": list(self.nodes),
         }
+        if self.provider_ids:
+            out["providerIDs"] = list(self.provider_ids)
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Group:
@@ -81,6 +89,7 @@ class Group:
             domain={str(k): str(v) for k, v in (data.get("domain") or {}).items()},
             count=int(data["count"]),
             nodes=tuple(str(n) for n in data.get("nodes") or ()),
+            provider_ids=tuple(str(p) for p in data.get("providerIDs") or ()),
         )
 
 
@@ -99,9 +108,22 @@ class Booking:
         """Nodes that already existed when the plan was made."""
         return tuple(sorted({a.node for a in self.plan.assignments if a.node is not None}))
 
-    def with_nodes(self, nodes: Mapping[str, Sequence[str]]) -> Booking:
+    @property
+    def acquired_provider_ids(self) -> tuple[str, ...]:
+        return tuple(p for g in self.groups for p in g.provider_ids)
+
+    def with_nodes(
+        self,
+        nodes: Mapping[str, Sequence[str]],
+        provider_ids: Mapping[str, Sequence[str]] | None = None,
+    ) -> Booking:
+        """The booking with what the provider launched per key: node names (hints) and
+        providerIDs (identities)."""
+        ids = provider_ids or {}
         groups = tuple(
-            replace(g, nodes=tuple(sorted(nodes.get(g.key, g.nodes)))) for g in self.groups
+            replace(g, nodes=tuple(sorted(nodes.get(g.key, g.nodes))),
+                    provider_ids=tuple(sorted(ids.get(g.key, g.provider_ids))))
+            for g in self.groups
         )
         return replace(self, groups=groups)
 
@@ -269,13 +291,17 @@ def effective_plan(
     consuming this request) are taken off that node's booking, because the node's free
     capacity already counts them (the double count of autoscaler#9805).
     ``existing`` tells which node names are currently in the cluster; ``nodes_by_key``
-    (acquisition key -> registered node names, from the nodes' labels) covers nodes that
-    registered before the acquisition returned and the booking learnt their names; without
+    (acquisition key -> registered node names, by providerID or the nodes' labels) covers
+    nodes that registered before the acquisition returned and the booking learnt their
+    names, and nodes that registered under another name than the provider's hint; without
     it they would look like free capacity for a moment.
     """
     slot_nodes: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[str, ...]] = {}
     for g in booking.groups:
-        names = g.nodes or tuple(sorted((nodes_by_key or {}).get(g.key, ())))
+        found = tuple(sorted((nodes_by_key or {}).get(g.key, ())))
+        # A group's providerIDs resolve to the names its nodes registered under, which
+        # may differ from the provider's name hints.
+        names = found if g.provider_ids else (g.nodes or found)
         slot_nodes[(g.pool, tuple(sorted(g.domain.items())))] = names
     remaining = dict(scheduled_on)
     assignments: list[Assignment] = []

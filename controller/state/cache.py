@@ -42,6 +42,7 @@ from controller.pod_groups import request_name as gang_request_name
 from controller.snapshot import node_state, pod_requests, pool_state
 from controller.state.bookings import (
     Booking,
+    Group,
     Phase,
     effective_plan,
     merge_plans,
@@ -164,6 +165,9 @@ class ClusterState:
         """The spec of each pool last seen (status writes do not change what plans see)."""
         self._nodes: dict[str, Node] = {}
         self._nodes_by_key: dict[str, set[str]] = {}
+        self._node_by_provider_id: dict[str, str] = {}
+        """``spec.providerID`` -> node name: how an acquisition's nodes are known."""
+        self._provider_id_waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._gone_by_key: dict[str, set[str]] = {}
         self._node_states: dict[str, NodeState] = {}
         self._usage: dict[str, dict[str, int]] = {}
@@ -253,6 +257,11 @@ class ClusterState:
         old = self._nodes.get(name)
         self._unindex(name)
         self._nodes[name] = node
+        provider_id = node.spec.provider_id
+        if provider_id:
+            self._node_by_provider_id[provider_id] = name
+            self._wake(provider_id)
+        self._wake(name)
         labels = node.metadata.labels
         key = labels.get(KEY_LABEL)
         if key:
@@ -296,11 +305,18 @@ class ClusterState:
         self._sorted_nodes = None
         self._pool_states = None
         self.capacity_changed("node deleted")
-        # A booking's new nodes are known by their acquisition key's label: the persisted
-        # booking names the groups, not the nodes (those exist only once acquired).
+        provider_id = old.spec.provider_id
+        if provider_id:
+            if self._node_by_provider_id.get(provider_id) == name:
+                del self._node_by_provider_id[provider_id]
+            self._wake(provider_id)
+        self._wake(name)
+        # A booking's new nodes are known by their providerIDs (or, in a booking persisted
+        # before the provider answered, by their acquisition key's label).
         acquisition = old.metadata.labels.get(KEY_LABEL)
         for key, booking in self.bookings().items():
             if (name in booking.existing_nodes or name in booking.acquired_nodes
+                    or (provider_id and provider_id in booking.acquired_provider_ids)
                     or any(g.key == acquisition for g in booking.groups)):
                 self.notify(key)
 
@@ -343,6 +359,47 @@ class ClusterState:
     def nodes_by_key(self) -> Mapping[str, set[str]]:
         """Acquisition key -> names of the registered nodes carrying it."""
         return self._nodes_by_key
+
+    def node_by_provider_id(self, provider_id: str) -> Node | None:
+        """The registered Node whose ``spec.providerID`` is ``provider_id``."""
+        name = self._node_by_provider_id.get(provider_id)
+        return self._nodes.get(name) if name is not None else None
+
+    def group_node_names(self, group: Group) -> tuple[str, ...]:
+        """The group's registered nodes (sorted): found by the providerIDs the provider
+        launched; a group persisted before the provider answered (or by an older Muster)
+        by the names recorded, else by its acquisition-key label."""
+        if group.provider_ids:
+            found = (self._node_by_provider_id.get(p) for p in group.provider_ids)
+            return tuple(sorted(n for n in found if n is not None))
+        if group.nodes:
+            return tuple(n for n in group.nodes if n in self._nodes)
+        return tuple(sorted(self._nodes_by_key.get(group.key, ())))
+
+    def changed(self, provider_ids: Iterable[str]) -> asyncio.Future[None]:
+        """A future done at the next change (registration, update, deletion) of a node
+        with one of ``provider_ids`` (or named one of them); the caller cancels it when it
+        stops waiting."""
+        provider_ids = set(provider_ids)
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        for pid in set(provider_ids):
+            self._provider_id_waiters.setdefault(pid, []).append(fut)
+
+        def forget(done: asyncio.Future[None]) -> None:
+            for pid in set(provider_ids):
+                waiters = self._provider_id_waiters.get(pid)
+                if waiters and done in waiters:
+                    waiters.remove(done)
+                    if not waiters:
+                        del self._provider_id_waiters[pid]
+
+        fut.add_done_callback(forget)
+        return fut
+
+    def _wake(self, provider_id: str) -> None:
+        for fut in list(self._provider_id_waiters.get(provider_id, ())):
+            if not fut.done():
+                fut.set_result(None)
 
     def _refresh_node(self, name: str) -> None:
         node = self._nodes.get(name)
@@ -783,8 +840,14 @@ class ClusterState:
             out.update(booking.existing_nodes)
             for group in booking.groups:
                 out.update(group.nodes)
+                out.update(self.group_node_names(group))
                 out.update(self._nodes_by_key.get(group.key, ()))
         return out
+
+    def booked_provider_ids(self) -> set[str]:
+        """providerIDs of the machines every live booking's acquisitions launched."""
+        return {p for booking in self.bookings().values()
+                for p in booking.acquired_provider_ids}
 
     # ------------------------------------------------------------------ tenancy
 
@@ -842,9 +905,10 @@ class ClusterState:
             cached = None  # another booking: nothing of the memo applies
         named = cached[3] if cached is not None else _nodes_named(booking)
         nodes = self._nodes
+        registered = {g.key: self._registered(g) for g in booking.groups}
         signature = (
             tuple(sorted(consumers.items())) if consumers else (),
-            tuple([len(self._nodes_by_key.get(g.key, ())) for g in booking.groups]),
+            tuple([registered[g.key] for g in booking.groups]),
             tuple([n in nodes for n in named]),
         )
         if cached is not None and cached[1] == signature:
@@ -853,10 +917,19 @@ class ClusterState:
             booking,
             existing=_Present(self._nodes),
             scheduled_on=consumers,
-            nodes_by_key=self._nodes_by_key,
+            nodes_by_key=registered,
         )
         self._held_cache[key] = (booking, signature, plan, named)
         return plan
+
+    def _registered(self, group: Group) -> tuple[str, ...]:
+        """The group's nodes Muster registered (found by providerID and carrying the pool's
+        label, so the pool's node count includes them), else by the acquisition-key label.
+        A node that appeared but is not registered yet stays booked as a new node."""
+        if group.provider_ids:
+            return tuple(n for n in self.group_node_names(group)
+                         if self._nodes[n].metadata.labels.get(POOL_LABEL) == group.pool)
+        return tuple(sorted(self._nodes_by_key.get(group.key, ())))
 
     def mark_short(
         self, pool: str, domain: Mapping[str, str], *, available: int, until: datetime
@@ -914,6 +987,7 @@ class ClusterState:
                 continue
             for group in booking.groups:
                 blocked.update(self._nodes_by_key.get(group.key, ()))
+                blocked.update(self._registered(group))
         if not blocked:
             return nodes
         return tuple(replace(n, schedulable=False) if n.name in blocked and n.schedulable

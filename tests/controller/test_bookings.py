@@ -80,3 +80,43 @@ def test_deleting_a_booked_new_node_wakes_its_request_at_once() -> None:
     assert woken == []
     state.delete_node("n0")
     assert woken == ["a/r"]
+
+
+def test_a_groups_nodes_are_known_by_provider_id_whatever_their_names_and_labels() -> None:
+    """A cloud node registers under the name its kubelet picks (not necessarily the
+    provider's hint) and without Muster's labels: the booking persisted with the launched
+    providerIDs still finds it, holds it, and is woken when it goes."""
+    from controller.commands import objects
+    from controller.state.bookings import PHASE_ANNOTATION, PLAN_ANNOTATION
+    from controller.state.cache import ClusterState
+    from controller.topology_defaults import DEFAULT_LEVELS
+
+    woken: list[str] = []
+    state = ClusterState(levels=DEFAULT_LEVELS, notify=woken.append)
+    state.replace_pools([objects.gpu_pool("p", price=10.0)])
+    plan = plan_on([], new=2)
+    booking = Booking(plan, attempt=1, groups=groups_for(plan, owner_uid="uid-1", attempt=1))
+    key = booking.groups[0].key
+    pids = ["aws:///us-east-1a/i-0a", "aws:///us-east-1a/i-0b"]
+    booking = booking.with_nodes({key: ["ip-hint-a", "ip-hint-b"]}, {key: pids})
+    again = Booking.from_annotation(booking.to_annotation())
+    assert again.groups[0].provider_ids == tuple(pids)
+    state.upsert_request({"metadata": {
+        "name": "r", "namespace": "a", "uid": "uid-1", "resourceVersion": "1",
+        "annotations": {PLAN_ANNOTATION: again.to_annotation(), PHASE_ANNOTATION: "Booked"},
+    }})
+    nodes = [objects.node(n, allocatable={"cpu": "96", objects.GPU: "8"}) for n in ("i-0a", "i-0b")]
+    for body, pid in zip(nodes, pids, strict=True):
+        body.setdefault("spec", {})["providerID"] = pid
+    stranger = objects.node("i-0c", allocatable={"cpu": "96"})
+    stranger.setdefault("spec", {})["providerID"] = "aws:///us-east-1a/i-0c"
+    state.replace_nodes([*nodes, stranger])
+    assert state.group_node_names(again.groups[0]) == ("i-0a", "i-0b")
+    assert {"i-0a", "i-0b"} <= state.booked_nodes()
+    assert "i-0c" not in state.booked_nodes()
+    woken.clear()
+    state.delete_node("i-0c")
+    assert woken == []
+    state.delete_node("i-0b")
+    assert woken == ["a/r"]
+    assert state.group_node_names(again.groups[0]) == ("i-0a",)

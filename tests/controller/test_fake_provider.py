@@ -8,11 +8,14 @@ from typing import Any
 import pytest
 
 from controller.acquire.atomic import AcquisitionFailed, acquire_all
+from controller.acquire.registration import OutsideDomain, register, registration
 from controller.api.capacitypool import CapacityPool
+from controller.api.node import Node
 from controller.commands import objects
 from controller.kube import KubeClient
 from controller.kube.resources import LEASES, NODES
 from controller.state.bookings import Group
+from controller.topology_defaults import UNREGISTERED_TAINT
 from providers.base import AcquireRequest, CapacityUnavailable, ProviderConfigError, QuotaExceeded
 from providers.fake import FakeProvider
 
@@ -31,7 +34,7 @@ def req(key: str, count: int, domain: dict[str, str] = R1, p: CapacityPool | Non
 
 
 async def _nodes(kube: KubeClient) -> list[dict[str, Any]]:
-    return list((await kube.list(NODES, label_selector="muster.dev/pool=gpu"))["items"])
+    return list((await kube.list(NODES, label_selector="fake.muster.dev/pool=gpu"))["items"])
 
 
 async def test_acquire_creates_nodes_from_the_template_in_the_domain(kube: KubeClient) -> None:
@@ -42,13 +45,43 @@ async def test_acquire_creates_nodes_from_the_template_in_the_domain(kube: KubeC
     assert len(nodes) == 3
     node = nodes[0]
     labels = node["metadata"]["labels"]
-    assert labels[objects.RACK] == "b1-r1" and labels["muster.dev/acquisition-key"] == "k1"
-    assert labels["muster.dev/owner-uid"] == "uid-1"
+    # As a kubelet registers it: where the cloud put it, kubelet's own labels, the startup
+    # taint of its user data; none of Muster's labels or the pool template's taints.
+    assert labels[objects.RACK] == "b1-r1" and labels["kubernetes.io/os"] == "linux"
+    assert not {k for k in labels if k.startswith("muster.dev/")} - {"muster.dev/provider"}
     assert node["spec"]["providerID"].startswith("kind://gpu/k1/")
-    assert node["spec"]["taints"] == [objects.GPU_TAINT]
+    assert node["spec"]["taints"] == [{"key": UNREGISTERED_TAINT, "effect": "NoExecute"}]
     assert node["status"]["allocatable"][objects.GPU] == "8"
     assert any(c["type"] == "Ready" and c["status"] == "True"
                for c in node["status"]["conditions"])
+    assert {n.provider_id for n in got} == {n["spec"]["providerID"] for n in nodes}
+
+
+async def test_registration_makes_the_node_the_one_muster_planned(kube: KubeClient) -> None:
+    """Muster's registration writes pool, acquisition, owner and the template's labels and
+    taints and lifts the startup taint; a second pass finds nothing to do; a node that
+    registered in another rack than planned is refused."""
+    provider = FakeProvider(kube)
+    got = await provider.acquire(req("k1", 1))
+    body = await kube.get(NODES, got[0].name)
+    group = Group("k1", "gpu", R1, 1, (got[0].name,), (got[0].provider_id,))
+    patch = registration(Node.model_validate(body), pool(), group, owner="ns/gang",
+                         owner_uid="uid-1")
+    assert isinstance(patch, dict)
+    assert await register(kube, got[0].name, patch) is not None
+    after = await kube.get(NODES, got[0].name)
+    labels = after["metadata"]["labels"]
+    assert labels["muster.dev/pool"] == "gpu" and labels["muster.dev/acquisition-key"] == "k1"
+    assert labels["muster.dev/owner-uid"] == "uid-1"
+    assert after["spec"]["taints"] == [objects.GPU_TAINT]
+    node = Node.model_validate(after)
+    assert node.settled
+    assert registration(node, pool(), group, owner="ns/gang", owner_uid="uid-1") is None
+    # A stale write (the node changed since it was read) is refused, not applied blindly.
+    assert await register(kube, got[0].name, patch) is None
+    elsewhere = Group("k1", "gpu", R2, 1, (got[0].name,), (got[0].provider_id,))
+    outside = registration(node, pool(), elsewhere, owner="ns/gang", owner_uid="uid-1")
+    assert isinstance(outside, OutsideDomain) and outside.observed == "b1-r1"
 
 
 async def test_same_key_returns_the_same_nodes(kube: KubeClient) -> None:

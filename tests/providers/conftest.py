@@ -55,6 +55,8 @@ def aws_parameters(**overrides: Any) -> dict[str, Any]:
         "instanceType": "p5.48xlarge",
         "subnets": {AWS_ZONE: "subnet-0aaa1111", "us-east-1b": "subnet-0bbb2222"},
         "tags": {"team": "ml"},
+        # The launch template is used as it is; the nodeadm merge has its own tests.
+        "bootstrap": "asIs",
     }
     params.update(overrides)
     return params
@@ -113,9 +115,8 @@ class MotoEc2:
 
     def pool(self, name: str = "gpu-pool", **overrides: Any) -> CapacityPool:
         params = aws_parameters(
-            launchTemplate={"id": self.launch_template_id},
-            subnets=self.subnets,
-            **overrides,
+            **{"launchTemplate": {"id": self.launch_template_id}, "subnets": self.subnets,
+               **overrides},
         )
         return make_pool("aws", params, name)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from controller.acquire.keys import acquisition_key
-from providers.base import AcquireRequest, CapacityUnavailable
+from providers.base import AcquireRequest, CapacityUnavailable, ProviderConfigError
 from tests.providers.aws_fake import ControllerCrash
 from tests.providers.conftest import AWS_ZONE, GRACE, ZONE_LABEL, MotoEc2, restarted
 
@@ -129,3 +129,77 @@ async def test_crash_after_the_cloud_call_leaks_nothing_and_duplicates_nothing(
         live.key}
     await controller.clock.advance(10 * GRACE)
     assert await controller.sweep() == {}  # held: never released
+
+
+STOCK_USER_DATA = """MIME-Version: 1.0
+Content-Type: multipart/mixed; boundary="BOUNDARY"
+
+--BOUNDARY
+Content-Type: application/node.eks.aws
+
+---
+apiVersion: node.eks.aws/v1alpha1
+kind: NodeConfig
+spec:
+  cluster:
+    name: my-cluster
+    apiServerEndpoint: https://example.com
+    certificateAuthority: Y2E=
+    cidr: 10.100.0.0/16
+
+--BOUNDARY--
+"""
+
+
+def _template(moto_ec2: MotoEc2, name: str, user_data: str) -> str:
+    import base64
+
+    return str(moto_ec2.client.create_launch_template(
+        LaunchTemplateName=name, LaunchTemplateData={
+            "ImageId": "ami-12c6146b",
+            "UserData": base64.b64encode(user_data.encode()).decode(),
+        },
+    )["LaunchTemplate"]["LaunchTemplateId"])
+
+
+async def test_a_stock_nodeadm_template_launches_with_muster_s_startup_taint(
+    moto_ec2: MotoEc2,
+) -> None:
+    """The fleet launches from Muster's copy of the pool's template, whose user data is the
+    user's NodeConfig plus Muster's (kubelet --register-with-taints); a second acquisition
+    reuses the copy."""
+    import base64
+
+    from providers.bootstrap import STARTUP_TAINT_FLAG
+
+    template = _template(moto_ec2, "stock-al2023", STOCK_USER_DATA)
+    provider = moto_ec2.provider()
+    pool = moto_ec2.pool(launchTemplate={"id": template}, bootstrap="nodeadm")
+    await provider.validate(pool)
+    for uid in ("uid-a", "uid-b"):
+        await provider.acquire(AcquireRequest(
+            key=acquisition_key(uid, 1, 0), pool=pool, count=1,
+            domain={"topology.kubernetes.io/zone": AWS_ZONE}, owner="ns/g", owner_uid=uid))
+    copies = [t for t in moto_ec2.client.describe_launch_templates()["LaunchTemplates"]
+              if t["LaunchTemplateName"].startswith("muster-gpu-pool-")]
+    assert len(copies) == 1
+    data = moto_ec2.client.describe_launch_template_versions(
+        LaunchTemplateId=copies[0]["LaunchTemplateId"])["LaunchTemplateVersions"][0]
+    user_data = base64.b64decode(data["LaunchTemplateData"]["UserData"]).decode()
+    assert "my-cluster" in user_data and STARTUP_TAINT_FLAG in user_data
+    assert len(moto_ec2.live_instances()) == 2
+
+
+async def test_a_template_muster_cannot_extend_is_refused_before_anything_is_bought(
+    moto_ec2: MotoEc2,
+) -> None:
+    template = _template(moto_ec2, "al2-script", "#!/bin/bash\n/etc/eks/bootstrap.sh c\n")
+    provider = moto_ec2.provider()
+    pool = moto_ec2.pool(launchTemplate={"id": template}, bootstrap="nodeadm")
+    with pytest.raises(ProviderConfigError, match=r"bootstrap\.sh"):
+        await provider.validate(pool)
+    with pytest.raises(ProviderConfigError, match=r"bootstrap\.sh"):
+        await provider.acquire(AcquireRequest(
+            key=acquisition_key("uid-a", 1, 0), pool=pool, count=1,
+            domain={"topology.kubernetes.io/zone": AWS_ZONE}, owner="ns/g", owner_uid="uid-a"))
+    assert moto_ec2.live_instances() == []

@@ -283,3 +283,33 @@ async def test_an_operation_timeout_ends_the_attempt_and_a_late_vm_is_collected(
     await controller.clock.advance(GRACE)
     assert await controller.sweep() == {r.key: 1}
     assert gcp_fake.fake.all_instances() == []
+
+
+def test_the_startup_taint_reaches_a_stock_kube_env_and_the_metadata() -> None:
+    from providers.gcp import META_STARTUP_TAINT, STARTUP_TAINT_VALUE, with_startup_taint
+
+    plain = with_startup_taint({"startup-script": "#!/bin/bash"})
+    assert plain[META_STARTUP_TAINT] == STARTUP_TAINT_VALUE
+    assert plain["startup-script"] == "#!/bin/bash"
+    env = with_startup_taint({"kube-env": "CLUSTER_NAME: c\nNODE_TAINTS: 'a=b:NoSchedule'\n"})
+    assert f"NODE_TAINTS: 'a=b:NoSchedule,{STARTUP_TAINT_VALUE}'" in env["kube-env"]
+    assert "CLUSTER_NAME: c" in env["kube-env"]
+    assert with_startup_taint(env)["kube-env"] == env["kube-env"]
+    bare = with_startup_taint({"kube-env": "CLUSTER_NAME: c"})
+    assert f"NODE_TAINTS: '{STARTUP_TAINT_VALUE}'" in bare["kube-env"]
+
+
+def test_host_topology_is_read_from_what_compute_reports() -> None:
+    from google.cloud import compute_v1
+
+    from providers.gcp import host_topology
+
+    instance = compute_v1.Instance(resource_status=compute_v1.ResourceStatus(
+        physical_host_topology=compute_v1.ResourceStatusPhysicalHostTopology(
+            block="b1", subblock="sb2", host="h3")))
+    assert host_topology(instance) == {
+        "cloud.google.com/gce-topology-block": "b1",
+        "cloud.google.com/gce-topology-subblock": "sb2",
+        "cloud.google.com/gce-topology-host": "h3",
+    }
+    assert host_topology(compute_v1.Instance()) == {}

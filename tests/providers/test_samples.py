@@ -3,6 +3,7 @@ every call the providers make, scoped to Muster's tags."""
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 
@@ -16,6 +17,19 @@ from providers.gcp import GcpProvider
 SAMPLES = Path(__file__).resolve().parents[2] / "config" / "samples"
 
 
+class _StockTemplate:
+    """An EC2 client that knows one launch template: a stock EKS AL2023 (nodeadm) one."""
+
+    def describe_launch_template_versions(self, **_: object) -> dict[str, object]:
+        user_data = (
+            'MIME-Version: 1.0\nContent-Type: multipart/mixed; boundary="B"\n\n--B\n'
+            "Content-Type: application/node.eks.aws\n\napiVersion: node.eks.aws/v1alpha1\n"
+            "kind: NodeConfig\nspec:\n  cluster:\n    name: c\n--B--\n"
+        )
+        return {"LaunchTemplateVersions": [{"LaunchTemplateData": {
+            "UserData": base64.b64encode(user_data.encode()).decode()}}]}
+
+
 def load_pool(name: str) -> CapacityPool:
     return CapacityPool.model_validate(yaml.safe_load((SAMPLES / name).read_text()))
 
@@ -25,7 +39,7 @@ async def test_sample_pools_are_valid_for_their_provider() -> None:
     assert aws_pool.spec.provider == "aws" and gcp_pool.spec.provider == "gcp"
     assert aws_pool.spec.node_template.allocatable["nvidia.com/gpu"] == "8"
     assert gcp_pool.spec.node_template.allocatable["nvidia.com/gpu"] == "8"
-    await AwsProvider(client_factory=lambda _r: None).validate(aws_pool)
+    await AwsProvider(client_factory=lambda _r: _StockTemplate()).validate(aws_pool)
     await GcpProvider(clients_factory=lambda: None).validate(gcp_pool)
 
 
@@ -39,7 +53,8 @@ def test_aws_policy_grants_every_call_and_scopes_deletes_to_our_tag() -> None:
     assert {
         "ec2:CreateFleet", "ec2:RunInstances", "ec2:CreateTags", "ec2:DescribeInstances",
         "ec2:DescribeInstanceTopology", "ec2:TerminateInstances", "ec2:CreatePlacementGroup",
-        "ec2:DeletePlacementGroup", "iam:PassRole",
+        "ec2:DeletePlacementGroup", "iam:PassRole", "ec2:DescribeLaunchTemplateVersions",
+        "ec2:CreateLaunchTemplate",
     } <= granted
     deletes = [s for s in policy["Statement"] if "ec2:TerminateInstances" in s["Action"]]
     assert deletes and all(
