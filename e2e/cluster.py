@@ -626,6 +626,16 @@ def restart_apiserver(cluster: Cluster, *, down_seconds: float = 0.0) -> None:
     start_apiserver(cluster, bin_dir)
 
 
+def wipe_etcd(cluster: Cluster) -> None:
+    """Stop etcd, delete its data and start it empty while kube-apiserver keeps running: for
+    the test of storage that goes back in time under the API server (it destroys CRDs and
+    RBAC too, so only on a cluster of that test's own)."""
+    bin_dir = build()
+    _stop(cluster, "etcd")
+    shutil.rmtree(cluster.state / "etcd", ignore_errors=True)
+    _start_etcd(cluster, bin_dir)
+
+
 def stop_controller_manager(cluster: Cluster) -> None:
     """For benchmarks with kubelet-less nodes (its node lifecycle controller would mark them
     NotReady): stopped until :func:`start_controller_manager`."""

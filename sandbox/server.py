@@ -121,6 +121,8 @@ class SandboxServer:
         denied."""
         self.reviews: list[dict[str, Any]] = []
         """Every TokenReview and SubjectAccessReview answered, with its status."""
+        self.etcd: Store | None = None
+        """Where writes and gets go while :meth:`wipe_storage` holds (else ``store``)."""
         if crd_dir is not None:
             self.store.load_crd_dir(crd_dir)
 
@@ -200,6 +202,20 @@ class SandboxServer:
         start again."""
         self._close_watches(frozenset())
         self.store = store
+        self.etcd = None
+
+    def wipe_storage(self, etcd: Store) -> None:
+        """Write to ``etcd`` from now on while lists and watches keep serving the old store:
+        etcd wiped (or restored from a backup) under a running kube-apiserver. Its watch
+        cache keeps the old objects and resourceVersions (its own watch on etcd resumes from
+        a revision the new etcd has not reached, and waits), while writes, and gets, which
+        read etcd, reach the new one. :meth:`replace_store` is the restart that ends it."""
+        self.etcd = etcd
+
+    @property
+    def _storage(self) -> Store:
+        """What writes and gets reach: the store, or the new etcd after :meth:`wipe_storage`."""
+        return self.etcd if self.etcd is not None else self.store
 
     def _close_watches(self, resources: frozenset[str]) -> int:
         closed = 0
@@ -492,7 +508,7 @@ class SandboxServer:
     async def _serve(self, request: web.Request, t: Target, verb: str) -> web.StreamResponse:
         q = request.query
         dry_run = q.get("dryRun") == "All"
-        store = self.store
+        store = self._storage
         if verb == "watch":
             return await self._watch(request, t)
         if verb in ("list", "get"):
@@ -542,7 +558,7 @@ class SandboxServer:
         if verb == "list":
             return self._list(request, t)
         assert t.name is not None
-        obj = self.store.get_raw(t.rt, t.name, t.namespace)
+        obj = self._storage.get_raw(t.rt, t.name, t.namespace)
         return self._object_response(request, t, obj)
 
     async def _wait_fresh(self, resource_version: str | None) -> None:
@@ -586,7 +602,7 @@ class SandboxServer:
         target = (body or {}).get("target") if isinstance(body, dict) else None
         if not isinstance(target, dict) or not target.get("name"):
             raise bad_request("a Binding needs target.name")
-        self.store.bind(t.name, t.namespace, str(target["name"]))
+        self._storage.bind(t.name, t.namespace, str(target["name"]))
         return _json_response(
             {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
              "code": 201},
@@ -607,8 +623,8 @@ class SandboxServer:
         if body is None:
             raise bad_request("the patch body is empty")
         q = request.query
-        existed = (t.namespace or "", t.name) in self.store.table(t.rt).objects
-        obj = self.store.patch_raw(
+        existed = (t.namespace or "", t.name) in self._storage.table(t.rt).objects
+        obj = self._storage.patch_raw(
             t.rt, t.name, body, t.namespace, patch_type=patch_type, subresource=t.subresource,
             version=t.version, dry_run=dry_run, field_manager=q.get("fieldManager"),
             force=q.get("force", "") in _TRUE,
@@ -631,7 +647,7 @@ class SandboxServer:
     async def _delete(self, request: web.Request, t: Target, dry_run: bool) -> web.Response:
         assert t.name is not None
         opts = await self._delete_options(request)
-        obj = self.store.delete_raw(
+        obj = self._storage.delete_raw(
             t.rt, t.name, t.namespace, propagation=opts.get("propagationPolicy"),
             preconditions=opts.get("preconditions"),
             dry_run=dry_run or "All" in (opts.get("dryRun") or []),

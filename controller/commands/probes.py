@@ -12,7 +12,9 @@ only for authenticated, authorized scrapers: :mod:`controller.commands.metrics_a
   API server. 503 otherwise: the leader still starting or with a stalled watch, a standby
   that cannot reach the Lease, or a replica shutting down or that lost the Lease. A stalled
   watch is listed in /healthz too, without failing it (a restart cannot bring back an API
-  server that is down, and the watch re-lists by itself).
+  server that is down, and the watch re-lists by itself). So is an API server whose storage
+  went back in time under it (etcd wiped or restored while kube-apiserver ran): its watch
+  cache keeps serving the old objects, and /readyz says to restart kube-apiserver.
 
 Standbys are *ready*, like controller-runtime's managers (their readyz checks know nothing
 of leader election). Nothing routes traffic to Muster, so readiness only gates rollouts:
@@ -60,6 +62,8 @@ class Probes:
             # Reported, not fatal: a stalled watch re-lists by itself, and a restart cannot
             # bring back an API server that is down.
             body["stalled_watches"] = stalled
+        if self.controller.kube.storage_regressed:
+            body["storage_regressed"] = self.controller.kube.storage_regressed
         return not dead, body
 
     def ready(self) -> tuple[bool, dict[str, Any]]:
@@ -72,6 +76,10 @@ class Probes:
             ok = error is None
             body["reason"] = (f"standing by; lease held by {self.elector.holder or 'nobody'}"
                               if ok else f"cannot reach the lease: {error}")
+        elif self.controller.ready and (regressed := self.controller.kube.storage_regressed):
+            # The view is stale and re-listing serves the same stale cache: only a
+            # kube-apiserver restart mends it (see KubeClient._check_write).
+            ok, body["reason"] = False, regressed
         elif self.controller.ready and (stalled := self.controller.stalled_watches()):
             # Says the threshold each watch was judged by (a failing one is stalled sooner).
             ok, body["reason"] = False, "; ".join(self.controller.stall_reasons())

@@ -58,6 +58,9 @@ class WatchHealth:
     """Why its last request failed, while it fails."""
     failures: int = 0
     """Failures in a row (the backoff)."""
+    seen_rv: int | None = None
+    """The highest resourceVersion received since the watch's last listing began (an etcd
+    revision; None when the server's are not numbers)."""
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
@@ -176,6 +179,13 @@ class KubeClient:
         """Objects per LIST request (:meth:`pages`)."""
         self.watches: dict[str, WatchHealth] = {}
         """Running watches by name (resource, namespace, selector)."""
+        self.storage_regressed: str | None = None
+        """Set when a create answered a resourceVersion below one the watches had already
+        received before it was sent (:meth:`_check_write`): the API server's storage went
+        back in time (etcd wiped or restored under a running kube-apiserver) while its watch
+        cache still serves the old world. Cleared once every watch listed again below that
+        resourceVersion (kube-apiserver restarted and serves the new storage)."""
+        self._regressed_from: int | None = None
 
     @classmethod
     async def from_kubeconfig(
@@ -390,7 +400,61 @@ class KubeClient:
             first = False
 
     async def create(self, res: Resource, body: Body, *, namespace: str | None = None) -> Body:
-        return await self._request("POST", res.path(namespace=namespace), body=body)
+        seen = self.seen_rv()
+        created = await self._request("POST", res.path(namespace=namespace), body=body)
+        self._check_write(res, created, seen)
+        return created
+
+    def seen_rv(self) -> int | None:
+        """The highest resourceVersion the running watches have received since their last
+        listings began."""
+        rvs = [h.seen_rv for h in self.watches.values() if h.seen_rv is not None]
+        return max(rvs) if rvs else None
+
+    def _check_write(self, res: Resource, written: Body, seen: int | None) -> None:
+        """Notice storage that went back in time under the API server.
+
+        A create writes a new etcd revision, above every revision committed before the
+        request was sent, so above ``seen`` (the watches' highest before sending). One below
+        it came from an etcd that lost the history the watches saw: etcd was wiped or
+        restored while kube-apiserver kept running. Its watch cache then keeps serving the
+        old world (lists and watches at the old, larger resourceVersions, its own etcd watch
+        waiting for a revision the new etcd has not reached), so re-listing cannot rebuild
+        the view: only a kube-apiserver restart can, and /readyz says so meanwhile.
+
+        Only creates: a patch or update that changes nothing answers the object's old
+        resourceVersion. Events are left out: they are the resource commonly kept on an
+        etcd of its own (``--etcd-servers-overrides``), whose revisions are another count.
+        resourceVersions are compared as numbers, as the watch's resume check does (etcd
+        revisions on every server Muster meets; anything else is not compared).
+        """
+        if seen is None or res.plural == "events":
+            return
+        rv = _int_rv(str((written.get("metadata") or {}).get("resourceVersion", "")))
+        if rv is None or rv >= seen:
+            return
+        if self.storage_regressed is None:
+            log.error("the API server's storage went back in time: creating %s answered "
+                      "resourceVersion %d, below %d already received by the watches",
+                      res.plural, rv, seen)
+        self._regressed_from = max(seen, self._regressed_from or 0)
+        self.storage_regressed = (
+            f"the API server's storage went back in time: creating a {res.kind} answered "
+            f"resourceVersion {rv}, below {self._regressed_from} the watches had already "
+            "received (etcd was wiped or restored while kube-apiserver kept running, and its "
+            "watch cache still serves the old objects); restart kube-apiserver so its cache "
+            "is rebuilt from etcd, and Muster re-lists"
+        )
+
+    def _relisted(self) -> None:
+        """Clear :attr:`storage_regressed` once every watch listed below where the storage
+        went back from: the server serves the new storage now."""
+        if self._regressed_from is None:
+            return
+        if all(h.seen_rv is not None and h.seen_rv < self._regressed_from
+               for h in self.watches.values()):
+            log.warning("every watch re-listed from the API server's new storage")
+            self.storage_regressed = self._regressed_from = None
 
     async def merge_patch(
         self,
@@ -517,9 +581,13 @@ class KubeClient:
         rv = ""
         async for page in self.pages(res, namespace=namespace, label_selector=label_selector):
             rv = page.resource_version
+            if page.first:
+                health.seen_rv = None  # a listing replaces the view, and what it saw
+            health.seen_rv = _max_rv(health.seen_rv, rv)
             await _maybe_await(on_page(page))
             health.progress_at = _monotonic()
         health.progress_at, health.error = _monotonic(), None
+        self._relisted()
         if health.failures:
             _problems.resolved(f"watch {res.plural}", "watch %s re-listed", res.plural)
         health.failures = 0
@@ -594,6 +662,7 @@ class KubeClient:
                     )
                 rv, proven = seen, True
                 health.progress_at = _monotonic()
+                health.seen_rv = _max_rv(health.seen_rv, seen)
                 if kind == "BOOKMARK":
                     continue
                 await _maybe_await(on_event(WatchEvent(str(kind), obj)))
@@ -671,6 +740,13 @@ def _pooled(cfg: k8s_client.Configuration) -> k8s_client.Configuration:
 
 def _int_rv(rv: str) -> int | None:
     return int(rv) if rv.isdigit() else None
+
+
+def _max_rv(current: int | None, rv: str) -> int | None:
+    now = _int_rv(rv)
+    if now is None:
+        return current
+    return now if current is None else max(current, now)
 
 
 def _too_large(exc: ApiError) -> bool:

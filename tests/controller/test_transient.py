@@ -26,6 +26,7 @@ from controller.config import MusterConfig
 from controller.kube import KubeClient
 from controller.kube.resources import (
     CAPACITY_POOLS,
+    EVENTS,
     NAMESPACES,
     NODES,
     POD_TEMPLATES,
@@ -104,6 +105,67 @@ async def test_an_api_server_back_with_an_empty_store_is_listed_afresh(
                 "before")
 
         await _until(current, within=10)
+    finally:
+        await controller.stop()
+
+
+async def test_storage_wiped_under_a_running_api_server_fails_readyz_until_it_restarts(
+    server: SandboxServer, kube: KubeClient,
+) -> None:
+    await _setup(kube)
+    await kube.create(NODES, gpu_node("before"))
+    controller = _controller(kube)
+    probes = Probes(controller, None)
+    await controller.start()
+    try:
+        async def seen_before() -> bool:
+            return controller.state.node_exists("before")
+
+        await _until(seen_before)
+        # Muster's own create, with the watches caught up: not a regression.
+        await kube.create(NAMESPACES, {"metadata": {"name": "ordinary"}})
+        assert probes.ready() == (True, {"role": "single", "reason": "reconciling"})
+        # Every watch has had a bookmark at the store's resourceVersion by now.
+        await asyncio.sleep(1.0)
+        seen = int((await kube.list(NODES))["metadata"]["resourceVersion"])
+        # etcd wiped while kube-apiserver runs: its cache (lists, watches) keeps the old
+        # world, writes reach the new etcd, whose revisions start again.
+        etcd = Store()
+        etcd.load_crd_dir(CRDS)
+        server.wipe_storage(etcd)
+        # Events are not compared: they are often kept on an etcd of their own, whose
+        # revisions are another count.
+        etcd.create("namespaces", {"metadata": {"name": "ns"}})
+        event = await kube.create(EVENTS, {
+            "metadata": {"generateName": "x.", "namespace": "ns"},
+            "involvedObject": {"kind": "Namespace", "name": "ns"}, "reason": "Test",
+            "message": "m", "type": "Normal"}, namespace="ns")
+        assert int(event["metadata"]["resourceVersion"]) < seen
+        assert probes.ready()[0]
+        created = await kube.create(NAMESPACES, {"metadata": {"name": "after-wipe"}})
+        rv = int(created["metadata"]["resourceVersion"])
+        assert rv < seen
+        ok, body = probes.ready()
+        assert not ok
+        assert body["reason"] == (
+            f"the API server's storage went back in time: creating a Namespace answered "
+            f"resourceVersion {rv}, below {seen} the watches had already received (etcd was "
+            "wiped or restored while kube-apiserver kept running, and its watch cache still "
+            "serves the old objects); restart kube-apiserver so its cache is rebuilt from "
+            "etcd, and Muster re-lists")
+        assert probes.live()[1]["storage_regressed"] == body["reason"]
+        # A re-list serves the same stale cache: still not ready a few streams later.
+        await asyncio.sleep(1.0)
+        assert not probes.ready()[0]
+        assert controller.state.node_exists("before")
+        # kube-apiserver restarted: its cache is rebuilt from the new etcd, the watches
+        # re-list from it, and Muster is ready again with the new world.
+        server.replace_store(etcd)
+
+        async def mended() -> bool:
+            return probes.ready()[0] and not controller.state.node_exists("before")
+
+        await _until(mended, within=10)
     finally:
         await controller.stop()
 
