@@ -25,6 +25,13 @@ With the hostname key every node, existing or new, is a domain: new nodes take b
 and ``L + maxSkew`` pods each (spread evenly). A hostname constraint next to another key's
 (zone and hostname, the common pair) caps every node at ``maxSkew`` pods in all (``L`` 0,
 valid whatever the rest holds) while the other key is planned as above.
+
+The cheapest plan of a pod set alone may use fewer domains than the pools offer; another pod
+set of the gang whose new nodes land in a further domain then breaks it (that domain holds
+none of its pods). When the gang's check finds that, the gang places the same order again
+*cautiously* (:attr:`PodSetPlacer.cautious`): every domain the pools offer opened (as many as
+the pods allow), and on the hostname at most maxSkew pods a node (level 0), which no node
+added later can break.
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ EVERY_NODE = 1 << 20
 """A fill depth below every level: fewest nodes, domains ignored."""
 
 MAX_LEVELS = 32
-"""Per-node levels tried for a hostname spread beside another key's (highest first)."""
+"""Per-node levels tried for a hostname spread, about (highest first, :func:`_node_levels`)."""
 
 MAX_OPENED = 32
 """New domains tried one by one (a pool rarely offers more zones than this)."""
@@ -218,10 +225,12 @@ def _pair(
     with at most maxSkew of the matching pods (L 0, whatever the others hold)."""
     held = domain_counts(p.ws, p.ps, host, own=False)
     counts = domain_counts(p.ws, p.ps, spread, own=False)
-    if held or not host.counts_self:
+    if held or not host.counts_self or p.cautious:
         return _by_domain(p, spread, keys, held, host, None, counts)
     top = min(p.ps.count, max((b.per_node for b in p.batches), default=0))
-    for level in range(top, max(0, top - MAX_LEVELS), -1):
+    for level in _node_levels(top, p.ps.count):
+        if level == 0:
+            break  # the plan below (every node at most maxSkew) is level 0's
         got = _by_domain(p, spread, keys, held, host, level, counts)
         if got is not None and got[1].nodes < host.min_domains:
             continue
@@ -269,7 +278,24 @@ def _by_domain(
     node_cap = None if host is None else host.max_skew + (level or 0)
     fresh = _add_batches(p, spread, keys, node_cap, level or 0, domains, pool_left)
     opened = sorted(fresh.values(), key=lambda d: (_price(d), d.value))[:MAX_OPENED]
-    base = list(domains.values())
+    got = _over_opened(p, spread, list(domains.values()), opened, pool_left, per)
+    return None if got is None else (*got, False)
+
+
+def _over_opened(
+    p: PodSetPlacer, spread: Spread, base: list[_Domain], opened: list[_Domain],
+    pool_left: Mapping[int, int], per: dict[str, int],
+) -> tuple[list[Take], Purchase] | None:
+    """The plan over the domains there (``base``) and new ones (``opened``, cheapest
+    first)."""
+    if p.cautious:
+        # Other pod sets of the gang may add nodes in any domain the pools offer: open them
+        # all (as many as the pods allow), so none appears later holding none of the pods.
+        for k in range(len(opened), -1, -1):
+            got = _levels(p, spread, [*base, *opened[:k]], dict(pool_left), per)
+            if got is not None:
+                return got
+        return None
     # The cheapest plan over the domains there and the first k new ones; at equal cost the
     # most domains (what the constraint asks for: the pods apart).
     best: tuple[tuple[float, int, int], tuple[list[Take], Purchase]] | None = None
@@ -281,7 +307,7 @@ def _by_domain(
                 best = (rank, got)
             if got[1].nodes == 0:
                 break
-    return None if best is None else (*best[1], False)
+    return None if best is None else best[1]
 
 
 def _add_batches(
@@ -441,7 +467,7 @@ def _by_node(
         return _host_plan(p, ok, need, 0, 1 << 30, {}, counts_self=False)
     top = _host_top(p, spread, usable, held, counts)
     best: tuple[tuple[float, int, int], tuple[list[Take], Purchase]] | None = None
-    for level in range(top, max(-1, top - MAX_LEVELS), -1):
+    for level in _node_levels(top, need):
         got = _host_plan(p, usable, need, level, level + skew, held, counts_self=True)
         if got is None:
             continue
@@ -457,13 +483,31 @@ def _by_node(
     return best[1][0], best[1][1], True
 
 
+def _node_levels(top: int, need: int) -> list[int]:
+    """Per-node levels worth trying, highest first, about ``MAX_LEVELS`` of them: those just
+    under ``top``; for each count of nodes ``n`` the level ``need // n`` (n nodes of at
+    least that many pods each hold ``need`` only at such a level, so a cap on the levels
+    just under ``top`` alone missed every plan of a large pod set); and 0, always valid
+    (every node at most maxSkew, whatever the others hold)."""
+    levels = set(range(top, max(0, top - MAX_LEVELS // 2), -1))
+    n = -(-need // top) if top > 0 else need + 1
+    while len(levels) < MAX_LEVELS and n <= need:
+        level = need // n
+        levels.add(level)
+        n = need // level + 1  # the next count of nodes with another level
+    levels.add(0)
+    return sorted(levels, reverse=True)
+
+
 def _host_top(
     p: PodSetPlacer, spread: Spread, usable: list[tuple[NodeClass, int]],
     held: Mapping[str, int], counts: Mapping[str, int],
 ) -> int:
     """The highest level worth trying: every eligible node must reach it."""
-    if any(held.values()) or any(counts.values()):
-        return 0  # matching pods already on some nodes: each node ends with at most maxSkew
+    if any(held.values()) or any(counts.values()) or p.cautious:
+        # Matching pods already on some nodes, or other pod sets' new nodes to come (each a
+        # domain holding none of these pods): each node ends with at most maxSkew.
+        return 0
     if not counts:  # only new nodes will be domains
         return min(p.ps.count, max((b.per_node for b in p.batches), default=0))
     room: dict[str, int] = {}
