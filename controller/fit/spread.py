@@ -36,13 +36,14 @@ added later can break.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from controller.fit.placement import Batch, Outcome, PodSetPlacer, Purchase, Take, buy
 from controller.fit.shapes import selector_matches, untolerated
 from controller.fit.topology import HOSTNAME, NEW_HOSTNAME, fill
-from controller.fit.types import PodSetPlacement, PodSetRequest, PodShape, Spread, Taint
+from controller.fit.types import Mode, PodSetPlacement, PodSetRequest, PodShape, Spread, Taint
 from controller.fit.workspace import NodeClass, Workspace
 
 EVERY_NODE = 1 << 20
@@ -316,20 +317,40 @@ def _add_batches(
 ) -> dict[str, _Domain]:
     """New capacity per domain of the key (at most ``node_cap`` pods a node, nodes that
     hold fewer than ``least`` left out): into ``domains``, or domains not there yet
-    (returned)."""
+    (returned).
+
+    Per domain, the pools are walked cheapest node first and the walk stops at a node
+    priced above the cheapest single pool's way of holding the whole pod set there: no
+    share of the pod set a domain takes is bought cheaper with such nodes, so the spread's
+    cost does not grow with the pools that cannot serve it."""
     fresh: dict[str, _Domain] = {}
-    for b in p.batches:
-        if any(k not in b.ref.labels for k in keys):
-            continue
-        value = b.ref.labels[spread.key]
-        per_node = b.per_node if node_cap is None else min(b.per_node, node_cap)
-        if per_node <= 0 or per_node < least:
-            continue
-        d = domains.get(value) or fresh.get(value)
-        if d is None:
-            d = fresh[value] = _Domain(value, 0, [], 0, [], 0, opened=True)
-        d.batches.append(Batch(b.ref, per_node, b.nodes))
-        d.new += per_node * min(b.nodes, pool_left.get(b.ref.pool_index, 0))
+    if p.mode is not Mode.PROVISION:
+        return fresh
+    need = p.ps.count
+    for value, refs in p.ws.index.catalogue.by_label(spread.key).items():
+        bound = math.inf
+        d = domains.get(value)
+        for ref in refs:
+            price = ref.pool.price_per_node_hour
+            if price > bound:
+                break
+            if any(k not in ref.labels for k in keys):
+                continue
+            b = p._batch(ref)
+            if b is None:
+                continue
+            per_node = b.per_node if node_cap is None else min(b.per_node, node_cap)
+            if per_node <= 0 or per_node < least:
+                continue
+            if d is None:
+                d = fresh.get(value)
+                if d is None:
+                    d = fresh[value] = _Domain(value, 0, [], 0, [], 0, opened=True)
+            nodes = min(b.nodes, pool_left.get(ref.pool_index, 0))
+            d.batches.append(b if per_node == b.per_node else Batch(ref, per_node, b.nodes))
+            d.new += per_node * nodes
+            if nodes * per_node >= need:
+                bound = min(bound, -(-need // per_node) * price)
     return fresh
 
 
