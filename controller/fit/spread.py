@@ -570,17 +570,44 @@ def _host_plan(
     takes = _merge(takes, extra)
     if rest <= 0:
         return takes, Purchase((), 0.0, 0), True
-    if not p.batches:
-        return None
     cap = top if counts_self else 1 << 30
-    batches = [Batch(b.ref, min(b.per_node, cap), b.nodes) for b in p.batches
-               if min(b.per_node, cap) >= max(level, 1)]
+    batches = _cheapest(p, rest, cap, max(level, 1))
+    if not batches:
+        return None
     purchase = buy(batches, rest, p.pool_left())
     if purchase is None:
         return None
     if any(pods // nodes < level for _, nodes, pods in purchase.takes):
         return None
     return takes, purchase, True
+
+
+def _cheapest(p: PodSetPlacer, need: int, cap: int, least: int) -> list[Batch]:
+    """The batches (at most ``cap`` pods a node, none holding fewer than ``least``) the
+    cheapest purchase of ``need`` pods can use: the catalogue walked cheapest node first,
+    up to a node priced above the cheapest single batch's way of holding them all."""
+    out: list[Batch] = []
+    if p.mode is not Mode.PROVISION:
+        return out
+    bound = math.inf
+    pool_left = p.pool_left()
+    fits = p._pool_per_node()
+    # Refs whose nodes hold too few pods first (one pass): at high levels most refs do.
+    refs = [r for r in p.ws.index.catalogue.by_price if fits[r.ordinal] >= least]
+    for ref in refs:
+        price = ref.pool.price_per_node_hour
+        if price > bound:
+            break
+        b = p._batch(ref)
+        if b is None:
+            continue
+        per_node = min(b.per_node, cap)
+        if per_node < least:
+            continue
+        out.append(b if per_node == b.per_node else Batch(ref, per_node, b.nodes))
+        if min(b.nodes, pool_left.get(ref.pool_index, 0)) * per_node >= need:
+            bound = min(bound, -(-need // per_node) * price)
+    return out
 
 
 def _extra(groups: list[tuple[NodeClass, int, int]], rest: int) -> tuple[list[Take], int]:
