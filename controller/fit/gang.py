@@ -92,24 +92,28 @@ def _attempt(
     if spread_sets:
         request = replace(request, pod_sets=inherited(request.pod_sets))
     for order in islice(_orders(request.pod_sets), _budget(len(request.pod_sets))):
-        ws = base.fork()
-        outcomes: dict[str, Outcome] = {}
-        for ps in order:
-            before = ws.fork()
-            got = PodSetPlacer(ws, ps, mode).place()
-            if got is None:
+        for cautious in (False, True):
+            ws = base.fork()
+            outcomes: dict[str, Outcome] = {}
+            for ps in order:
+                before = ws.fork()
+                got = PodSetPlacer(ws, ps, mode, cautious=cautious).place()
+                if got is None:
+                    if first_failure is None:
+                        first_failure = _Failure(before, ps, tuple(outcomes))
+                    break
+                outcomes[ps.name] = got
+            else:
+                broken = spreads_hold(ws, request.pod_sets) if spread_sets else None
+                if broken is None:
+                    return ws, outcomes
+                # Pod sets placed after it (or their new nodes) broke its spread: the same
+                # order with spreads that later nodes cannot break, then another order.
                 if first_failure is None:
-                    first_failure = _Failure(before, ps, tuple(outcomes))
-                break
-            outcomes[ps.name] = got
-        else:
-            broken = spreads_hold(ws, request.pod_sets) if spread_sets else None
-            if broken is None:
-                return ws, outcomes
-            # Pod sets placed after it (or their new nodes) broke its spread: another order.
-            if first_failure is None:
-                ps = next(p for p in order if p.name == broken)
-                first_failure = _Failure(base.fork(), ps, ())
+                    ps = next(p for p in order if p.name == broken)
+                    first_failure = _Failure(base.fork(), ps, ())
+                continue
+            break  # a pod set did not fit: placing it cautiously does not make it fit
     assert first_failure is not None
     return first_failure
 

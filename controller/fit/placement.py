@@ -151,10 +151,15 @@ Take = tuple[NodeClass, int, int]
 class PodSetPlacer:
     """Places one pod set on a workspace (see the module docstring for the rules)."""
 
-    def __init__(self, ws: Workspace, ps: PodSetRequest, mode: Mode) -> None:
+    def __init__(
+        self, ws: Workspace, ps: PodSetRequest, mode: Mode, *, cautious: bool = False
+    ) -> None:
         self.ws = ws
         self.ps = ps
         self.mode = mode
+        # A spread that other pod sets' new nodes cannot break: every domain the pools offer
+        # opened, at most maxSkew pods on a new hostname domain (controller.fit.spread).
+        self.cautious = cautious
         self.counter = ShapeCounter(ps.shape, ps.name)
         self.cands: list[tuple[NodeClass, int]] = []
         shape = ps.shape

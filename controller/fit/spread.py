@@ -25,24 +25,32 @@ With the hostname key every node, existing or new, is a domain: new nodes take b
 and ``L + maxSkew`` pods each (spread evenly). A hostname constraint next to another key's
 (zone and hostname, the common pair) caps every node at ``maxSkew`` pods in all (``L`` 0,
 valid whatever the rest holds) while the other key is planned as above.
+
+The cheapest plan of a pod set alone may use fewer domains than the pools offer; another pod
+set of the gang whose new nodes land in a further domain then breaks it (that domain holds
+none of its pods). When the gang's check finds that, the gang places the same order again
+*cautiously* (:attr:`PodSetPlacer.cautious`): every domain the pools offer opened (as many as
+the pods allow), and on the hostname at most maxSkew pods a node (level 0), which no node
+added later can break.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from controller.fit.placement import Batch, Outcome, PodSetPlacer, Purchase, Take, buy
 from controller.fit.shapes import selector_matches, untolerated
 from controller.fit.topology import HOSTNAME, NEW_HOSTNAME, fill
-from controller.fit.types import PodSetPlacement, PodSetRequest, PodShape, Spread, Taint
+from controller.fit.types import Mode, PodSetPlacement, PodSetRequest, PodShape, Spread, Taint
 from controller.fit.workspace import NodeClass, Workspace
 
 EVERY_NODE = 1 << 20
 """A fill depth below every level: fewest nodes, domains ignored."""
 
 MAX_LEVELS = 32
-"""Per-node levels tried for a hostname spread beside another key's (highest first)."""
+"""Per-node levels tried for a hostname spread, about (highest first, :func:`_node_levels`)."""
 
 MAX_OPENED = 32
 """New domains tried one by one (a pool rarely offers more zones than this)."""
@@ -218,10 +226,12 @@ def _pair(
     with at most maxSkew of the matching pods (L 0, whatever the others hold)."""
     held = domain_counts(p.ws, p.ps, host, own=False)
     counts = domain_counts(p.ws, p.ps, spread, own=False)
-    if held or not host.counts_self:
+    if held or not host.counts_self or p.cautious:
         return _by_domain(p, spread, keys, held, host, None, counts)
     top = min(p.ps.count, max((b.per_node for b in p.batches), default=0))
-    for level in range(top, max(0, top - MAX_LEVELS), -1):
+    for level in _node_levels(top, p.ps.count):
+        if level == 0:
+            break  # the plan below (every node at most maxSkew) is level 0's
         got = _by_domain(p, spread, keys, held, host, level, counts)
         if got is not None and got[1].nodes < host.min_domains:
             continue
@@ -269,7 +279,24 @@ def _by_domain(
     node_cap = None if host is None else host.max_skew + (level or 0)
     fresh = _add_batches(p, spread, keys, node_cap, level or 0, domains, pool_left)
     opened = sorted(fresh.values(), key=lambda d: (_price(d), d.value))[:MAX_OPENED]
-    base = list(domains.values())
+    got = _over_opened(p, spread, list(domains.values()), opened, pool_left, per)
+    return None if got is None else (*got, False)
+
+
+def _over_opened(
+    p: PodSetPlacer, spread: Spread, base: list[_Domain], opened: list[_Domain],
+    pool_left: Mapping[int, int], per: dict[str, int],
+) -> tuple[list[Take], Purchase] | None:
+    """The plan over the domains there (``base``) and new ones (``opened``, cheapest
+    first)."""
+    if p.cautious:
+        # Other pod sets of the gang may add nodes in any domain the pools offer: open them
+        # all (as many as the pods allow), so none appears later holding none of the pods.
+        for k in range(len(opened), -1, -1):
+            got = _levels(p, spread, [*base, *opened[:k]], dict(pool_left), per)
+            if got is not None:
+                return got
+        return None
     # The cheapest plan over the domains there and the first k new ones; at equal cost the
     # most domains (what the constraint asks for: the pods apart).
     best: tuple[tuple[float, int, int], tuple[list[Take], Purchase]] | None = None
@@ -281,7 +308,7 @@ def _by_domain(
                 best = (rank, got)
             if got[1].nodes == 0:
                 break
-    return None if best is None else (*best[1], False)
+    return None if best is None else best[1]
 
 
 def _add_batches(
@@ -290,20 +317,40 @@ def _add_batches(
 ) -> dict[str, _Domain]:
     """New capacity per domain of the key (at most ``node_cap`` pods a node, nodes that
     hold fewer than ``least`` left out): into ``domains``, or domains not there yet
-    (returned)."""
+    (returned).
+
+    Per domain, the pools are walked cheapest node first and the walk stops at a node
+    priced above the cheapest single pool's way of holding the whole pod set there: no
+    share of the pod set a domain takes is bought cheaper with such nodes, so the spread's
+    cost does not grow with the pools that cannot serve it."""
     fresh: dict[str, _Domain] = {}
-    for b in p.batches:
-        if any(k not in b.ref.labels for k in keys):
-            continue
-        value = b.ref.labels[spread.key]
-        per_node = b.per_node if node_cap is None else min(b.per_node, node_cap)
-        if per_node <= 0 or per_node < least:
-            continue
-        d = domains.get(value) or fresh.get(value)
-        if d is None:
-            d = fresh[value] = _Domain(value, 0, [], 0, [], 0, opened=True)
-        d.batches.append(Batch(b.ref, per_node, b.nodes))
-        d.new += per_node * min(b.nodes, pool_left.get(b.ref.pool_index, 0))
+    if p.mode is not Mode.PROVISION:
+        return fresh
+    need = p.ps.count
+    for value, refs in p.ws.index.catalogue.by_label(spread.key).items():
+        bound = math.inf
+        d = domains.get(value)
+        for ref in refs:
+            price = ref.pool.price_per_node_hour
+            if price > bound:
+                break
+            if any(k not in ref.labels for k in keys):
+                continue
+            b = p._batch(ref)
+            if b is None:
+                continue
+            per_node = b.per_node if node_cap is None else min(b.per_node, node_cap)
+            if per_node <= 0 or per_node < least:
+                continue
+            if d is None:
+                d = fresh.get(value)
+                if d is None:
+                    d = fresh[value] = _Domain(value, 0, [], 0, [], 0, opened=True)
+            nodes = min(b.nodes, pool_left.get(ref.pool_index, 0))
+            d.batches.append(b if per_node == b.per_node else Batch(ref, per_node, b.nodes))
+            d.new += per_node * nodes
+            if nodes * per_node >= need:
+                bound = min(bound, -(-need // per_node) * price)
     return fresh
 
 
@@ -441,7 +488,7 @@ def _by_node(
         return _host_plan(p, ok, need, 0, 1 << 30, {}, counts_self=False)
     top = _host_top(p, spread, usable, held, counts)
     best: tuple[tuple[float, int, int], tuple[list[Take], Purchase]] | None = None
-    for level in range(top, max(-1, top - MAX_LEVELS), -1):
+    for level in _node_levels(top, need):
         got = _host_plan(p, usable, need, level, level + skew, held, counts_self=True)
         if got is None:
             continue
@@ -457,13 +504,31 @@ def _by_node(
     return best[1][0], best[1][1], True
 
 
+def _node_levels(top: int, need: int) -> list[int]:
+    """Per-node levels worth trying, highest first, about ``MAX_LEVELS`` of them: those just
+    under ``top``; for each count of nodes ``n`` the level ``need // n`` (n nodes of at
+    least that many pods each hold ``need`` only at such a level, so a cap on the levels
+    just under ``top`` alone missed every plan of a large pod set); and 0, always valid
+    (every node at most maxSkew, whatever the others hold)."""
+    levels = set(range(top, max(0, top - MAX_LEVELS // 2), -1))
+    n = -(-need // top) if top > 0 else need + 1
+    while len(levels) < MAX_LEVELS and n <= need:
+        level = need // n
+        levels.add(level)
+        n = need // level + 1  # the next count of nodes with another level
+    levels.add(0)
+    return sorted(levels, reverse=True)
+
+
 def _host_top(
     p: PodSetPlacer, spread: Spread, usable: list[tuple[NodeClass, int]],
     held: Mapping[str, int], counts: Mapping[str, int],
 ) -> int:
     """The highest level worth trying: every eligible node must reach it."""
-    if any(held.values()) or any(counts.values()):
-        return 0  # matching pods already on some nodes: each node ends with at most maxSkew
+    if any(held.values()) or any(counts.values()) or p.cautious:
+        # Matching pods already on some nodes, or other pod sets' new nodes to come (each a
+        # domain holding none of these pods): each node ends with at most maxSkew.
+        return 0
     if not counts:  # only new nodes will be domains
         return min(p.ps.count, max((b.per_node for b in p.batches), default=0))
     room: dict[str, int] = {}
@@ -505,17 +570,44 @@ def _host_plan(
     takes = _merge(takes, extra)
     if rest <= 0:
         return takes, Purchase((), 0.0, 0), True
-    if not p.batches:
-        return None
     cap = top if counts_self else 1 << 30
-    batches = [Batch(b.ref, min(b.per_node, cap), b.nodes) for b in p.batches
-               if min(b.per_node, cap) >= max(level, 1)]
+    batches = _cheapest(p, rest, cap, max(level, 1))
+    if not batches:
+        return None
     purchase = buy(batches, rest, p.pool_left())
     if purchase is None:
         return None
     if any(pods // nodes < level for _, nodes, pods in purchase.takes):
         return None
     return takes, purchase, True
+
+
+def _cheapest(p: PodSetPlacer, need: int, cap: int, least: int) -> list[Batch]:
+    """The batches (at most ``cap`` pods a node, none holding fewer than ``least``) the
+    cheapest purchase of ``need`` pods can use: the catalogue walked cheapest node first,
+    up to a node priced above the cheapest single batch's way of holding them all."""
+    out: list[Batch] = []
+    if p.mode is not Mode.PROVISION:
+        return out
+    bound = math.inf
+    pool_left = p.pool_left()
+    fits = p._pool_per_node()
+    # Refs whose nodes hold too few pods first (one pass): at high levels most refs do.
+    refs = [r for r in p.ws.index.catalogue.by_price if fits[r.ordinal] >= least]
+    for ref in refs:
+        price = ref.pool.price_per_node_hour
+        if price > bound:
+            break
+        b = p._batch(ref)
+        if b is None:
+            continue
+        per_node = min(b.per_node, cap)
+        if per_node < least:
+            continue
+        out.append(b if per_node == b.per_node else Batch(ref, per_node, b.nodes))
+        if min(b.nodes, pool_left.get(ref.pool_index, 0)) * per_node >= need:
+            bound = min(bound, -(-need // per_node) * price)
+    return out
 
 
 def _extra(groups: list[tuple[NodeClass, int, int]], rest: int) -> tuple[list[Take], int]:

@@ -173,7 +173,7 @@ class Catalogue:
     makes a plan's cost independent of the pools that cannot serve it.
     """
 
-    __slots__ = ("_batches", "_by_domain", "_per_node", "by_price", "fresh_headroom",
+    __slots__ = ("_batches", "_by_domain", "_by_label", "_per_node", "by_price", "fresh_headroom",
                  "pool_index", "pools", "refs", "source")
 
     def __init__(self, pools: Sequence[PoolState], levels: Levels, empty: bool) -> None:
@@ -191,6 +191,7 @@ class Catalogue:
         self.by_price: list[PoolRef] = sorted(self.refs, key=_price_order)
         """Every ref, cheapest node first (ties by :attr:`PoolRef.sort_name`)."""
         self._by_domain: dict[int, dict[tuple[str, ...], list[PoolRef]]] = {}
+        self._by_label: dict[str, dict[str, list[PoolRef]]] = {}
         self.fresh_headroom = {i: max(0, p.max_new_nodes) for i, p in enumerate(self.pools)}
         """Pool-wide headroom while nothing is taken (the caller copies it to change it)."""
         self._per_node: dict[tuple[object, ...], list[int]] = {}
@@ -245,6 +246,19 @@ class Catalogue:
                 if len(ref.path) > depth:
                     got.setdefault(ref.path[: depth + 1], []).append(ref)
             self._by_domain[depth] = got
+        return got
+
+    def by_label(self, key: str) -> dict[str, list[PoolRef]]:
+        """The refs whose new nodes carry label ``key``, per value, each list in
+        :attr:`by_price` order (any key, a topology level or not)."""
+        got = self._by_label.get(key)
+        if got is None:
+            got = {}
+            for ref in self.by_price:
+                value = ref.labels.get(key)
+                if value is not None:
+                    got.setdefault(value, []).append(ref)
+            self._by_label[key] = got
         return got
 
     @classmethod

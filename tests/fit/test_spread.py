@@ -337,3 +337,77 @@ def test_spread_counts_the_pods_of_another_pod_set() -> None:
         assert a.new_node is not None
         counts[a.new_node.domain[ZONE_KEY]] = counts.get(a.new_node.domain[ZONE_KEY], 0) + a.pods
     assert sum(counts.values()) == 6 and max(counts.values()) - min(counts.values()) <= 1
+
+
+# ---------------------------------------------------------------------------- many pools
+
+
+def catalogue_pools(count: int) -> tuple[PoolState, ...]:
+    """``count`` pools of growing size (a cloud's instance types), each in three zones,
+    priced by size plus a per-node overhead: bigger nodes are cheaper per pod."""
+    zones = ("z1", "z2", "z3")
+    return tuple(
+        PoolState(f"it-{i}", {"it": str(i)}, (),
+                  {"cpu": (i + 1) * 1_000 - 100, "memory": (i + 1) * 2**31, "pods": 10 * (i + 1)},
+                  tuple(PoolDomain({ZONE_KEY: z}, 1_000) for z in zones), 3_000,
+                  0.1 * (i + 1) + 0.2)
+        for i in range(count)
+    )
+
+
+def held_over_plan(got: Plan, key: str) -> None:
+    """Every pod set's spread over every domain the plan's nodes make (new nodes only)."""
+
+    def domain(a: Any) -> object:
+        new = a.new_node
+        return (new.pool, new.index, tuple(sorted(new.domain.items()))) if key == HOST \
+            else new.domain[key]
+
+    domains = {domain(a) for a in got.assignments if a.new_node is not None}
+    for name in {a.pod_set for a in got.assignments}:
+        counts = dict.fromkeys(domains, 0)
+        for a in got.assignments:
+            if a.pod_set == name and a.new_node is not None:
+                counts[domain(a)] += a.pods
+        assert max(counts.values()) - min(counts.values()) <= 1, (name, counts)
+
+
+def spread_gang(key: str, sizes: tuple[tuple[int, int, int], ...]) -> GangRequest:
+    """One pod set per (pods, cpu m, memory MiB), each spread among its own pods."""
+    return GangRequest("ns/mix", tuple(
+        PodSetRequest(f"ps{i}", n, PodShape({"cpu": cpu, "memory": mem * 2**20, "pods": 1},
+                                            spread=Spread(key, 1)))
+        for i, (n, cpu, mem) in enumerate(sizes)))
+
+
+def test_spread_pod_sets_of_one_gang_over_many_three_zone_pools() -> None:
+    """Several zone-spread pod sets, pools in three zones: the cheapest plan of a pod set
+    alone packs it into one zone, which another pod set's nodes in the other zones then
+    break (Muster said NeverFits on every order); spreads that later nodes cannot break
+    plan."""
+    snap = Snapshot((), catalogue_pools(40), LEVELS)
+    gang = spread_gang(ZONE_KEY, ((3, 1_500, 1_024), (1, 1_000, 100), (1, 1_500, 4_096),
+                                  (1, 500, 1_024), (2, 500, 512)))
+    got = plan(gang, snap, Mode.PROVISION)
+    assert isinstance(got, Plan), got
+    held_over_plan(got, ZONE_KEY)
+
+
+def test_hostname_spread_pod_sets_of_one_gang() -> None:
+    """The same with hostname spreads: every node another pod set adds is a domain with
+    none of this pod set's pods, so each new node holds at most maxSkew of them."""
+    snap = Snapshot((), catalogue_pools(40), LEVELS)
+    gang = spread_gang(HOST, ((11, 1_500, 1_024), (9, 1_000, 100), (8, 500, 512)))
+    got = plan(gang, snap, Mode.PROVISION)
+    assert isinstance(got, Plan), got
+    held_over_plan(got, HOST)
+
+
+def test_a_large_hostname_spread_on_big_nodes() -> None:
+    """1,000 pods, hostname spread, nodes of up to 399 pods: even counts exist (4 nodes of
+    250) far below the per-node levels just under the largest node's (Muster tried only
+    32 of those and said NeverFits)."""
+    snap = Snapshot((), catalogue_pools(400), LEVELS)
+    got = plan(one(1_000, Spread(HOST, 1)), snap, Mode.PROVISION)
+    assert isinstance(got, Plan), got
+    held_over_plan(got, HOST)
