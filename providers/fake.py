@@ -34,7 +34,7 @@ import logging
 import random
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -113,6 +113,8 @@ class ProviderCall:
 class _Injected:
     errors: list[ProviderError] = field(default_factory=list)
     grants: list[int] = field(default_factory=list)
+    silent: list[bool] = field(default_factory=list)
+    misplaced: list[Mapping[str, str]] = field(default_factory=list)
 
 
 def domain_key(domain: Mapping[str, str]) -> str:
@@ -154,6 +156,8 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
         self._stock_locks: dict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
         self._owned: set[str] = set()
         self._since: dict[str, str] = {}
+        self._silent: dict[tuple[str, str], list[ProvidedNode]] = {}
+        """(pool, key) -> machines that never registered (:meth:`never_register_next`)."""
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._fault_rngs: dict[str, random.Random] = {}
 
@@ -171,6 +175,18 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
         """The next launch creates only ``nodes`` nodes; the skeleton must delete them and
         fail."""
         self._injected[pool].grants.append(nodes)
+
+    def misplace_next(self, placement: Mapping[str, str], *, pool: str = "*") -> None:
+        """The next launch's machines are put in ``placement`` (topology labels), not in
+        the requested domain, as a cloud may when a placement group is full."""
+        self._injected[pool].misplaced.append(dict(placement))
+
+    def never_register_next(self, *, pool: str = "*") -> None:
+        """The next launch's machines boot but never register a Node (a broken bootstrap):
+        the cloud holds them (:meth:`list` shows them) until they are released. Such
+        machines live only in this process's memory (the fake cloud keeps its other
+        machines as their Nodes)."""
+        self._injected[pool].silent.append(True)
 
     # ------------------------------------------------------------------ Provider
 
@@ -240,7 +256,10 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
         if key is not None:
             selector += f",{TAG_KEY}={key}"
         listing = await self._kube.list(NODES, label_selector=selector)
-        return sorted((_provided(n) for n in listing.get("items") or []), key=lambda n: n.name)
+        found = [_provided(n) for n in listing.get("items") or []]
+        found += [m for (p, k), machines in self._silent.items()
+                  if p == pool.metadata.name and key in (None, k) for m in machines]
+        return sorted(found, key=lambda n: n.name)
 
     async def launch(
         self, request: AcquireRequest, have: Sequence[ProvidedNode]
@@ -259,9 +278,18 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
         timeout = self._draw(pool, "timeout")
         allowed = await self._allowed(pool, request, grant)
         names = [_node_name(pool_name, request.key, i) for i in range(request.count)]
+        if self._take(pool_name, lambda i: i.silent):
+            machines = [_machine(pool, request, name) for name in names[:allowed]]
+            silent = [ProvidedNode(m.name, m.provider_id, m.pool, m.key, m.owner, m.owner_uid)
+                      for m in machines]
+            self._silent[(pool_name, request.key)] = silent
+            self._launched.add(request.key)
+            return Launch(silent)
+        placement = self._take(pool_name, lambda i: i.misplaced)
         try:
             results = await asyncio.gather(
-                *(self._create_node(pool, request, name) for name in names[:allowed])
+                *(self._create_node(pool, request, name, placement)
+                  for name in names[:allowed])
             )
         except ApiError as exc:
             raise TransientProviderError(
@@ -287,10 +315,11 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
         return Launch(created)
 
     async def delete(self, pool: CapacityPool, key: str, known: Sequence[ProvidedNode]) -> int:
+        silent = {m.name for m in self._silent.pop((pool.metadata.name, key), [])}
         nodes = await self.find(pool, key)
-        names = {n.name for n in nodes} | {n.name for n in known}
+        names = ({n.name for n in nodes} | {n.name for n in known}) - silent
         results = await asyncio.gather(*(self._delete_node(name) for name in sorted(names)))
-        return sum(results)
+        return sum(results) + len(silent)
 
     async def to_nodes(
         self, pool: CapacityPool, machines: Sequence[ProvidedNode], request: AcquireRequest | None
@@ -462,10 +491,15 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
         return deleted
 
     async def _create_node(
-        self, pool: CapacityPool, request: AcquireRequest, name: str
+        self, pool: CapacityPool, request: AcquireRequest, name: str,
+        placement: Mapping[str, str] | None = None,
     ) -> tuple[ProvidedNode, bool]:
-        """Create one node (or find it made by an earlier call); True when created now."""
-        body = _node_body(pool, request, name, now=self._now(), provider=self.name)
+        """Create one node (or find it made by an earlier call); True when created now.
+        ``placement``: where the cloud put it, when not where it was asked."""
+        machine = _machine(pool, request, name)
+        if placement is not None:
+            machine = replace(machine, placement={**machine.placement, **placement})
+        body = kubelet_node(machine, now=self._now(), provider=self.name)
         ready_delay = float(pool.spec.parameters.get("readyDelaySeconds", 0.0))
         if ready_delay:
             body["status"]["conditions"] = [_ready_condition(False, _rfc3339_micro(self._now()))]
@@ -566,15 +600,20 @@ def placed_in(pool: str, request: AcquireRequest) -> dict[str, str]:
             for k, v in request.domain.items()}
 
 
+def kubelet_well_known_labels(name: str) -> dict[str, str]:
+    """The labels a kubelet sets on the Node it registers as ``name`` by itself (the
+    cloud-controller-manager's zone, region and instance type come from the placement)."""
+    return {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+            "kubernetes.io/arch": "amd64"}
+
+
 def kubelet_node(machine: FakeMachine, *, now: datetime, provider: str = "kind") -> Body:
     """The Node a kubelet on ``machine`` registers (with the cloud-controller-manager's
     labels): only what the machine has."""
     labels = {
         **machine.user_data.get("nodeLabels", {}),
         **machine.placement,
-        "kubernetes.io/hostname": machine.name,
-        "kubernetes.io/os": "linux",
-        "kubernetes.io/arch": "amd64",
+        **kubelet_well_known_labels(machine.name),
         "type": "kwok",
         PROVIDER_LABEL: provider,
         TAG_POOL: machine.pool,
@@ -634,18 +673,6 @@ def _machine(pool: CapacityPool, request: AcquireRequest, name: str) -> FakeMach
         allocatable=allocatable,
         user_data=user_data(pool),
     )
-
-
-def _node_body(
-    pool: CapacityPool,
-    request: AcquireRequest,
-    name: str,
-    *,
-    now: datetime,
-    provider: str = "kind",
-) -> Body:
-    """The Node a new machine of ``pool`` registers as, launched for ``request``."""
-    return kubelet_node(_machine(pool, request, name), now=now, provider=provider)
 
 
 def _ready_condition(ready: bool, now: str, *, since: str | None = None) -> Body:

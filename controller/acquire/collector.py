@@ -87,12 +87,17 @@ class Collector:
                 owner = owners.get(nodes[0].owner_uid) if nodes[0].owner_uid else None
                 # Bookings made while the provider listed or the last group was released.
                 booked = self._state.booked_nodes()
+                booked_ids = self._state.booked_provider_ids()
+                # A machine's Node is known by its providerID; the provider's name is a hint
+                # (a kubelet may register under another name).
+                names = [self._node_name(n) for n in nodes]
                 view = GroupView(
                     in_flight=key in in_flight,
-                    booked=any(n.name in booked for n in nodes),
+                    booked=any(n in booked for n in names)
+                    or any(n.provider_id in booked_ids for n in nodes),
                     owner_known=owner is not None,
                     holder=owner[0] if owner is not None and key in owner[1] else None,
-                    in_use=any(self._state.pods_on(n.name) > 0 for n in nodes),
+                    in_use=any(self._state.pods_on(n) > 0 for n in names),
                     pool_deleting=deleting,
                 )
                 seen = self._seen.get(key, Seen())
@@ -118,6 +123,11 @@ class Collector:
             for key in set(self._seen) - listed:
                 del self._seen[key]
         return released
+
+    def _node_name(self, node: ProvidedNode) -> str:
+        """The name ``node`` registered under (found by providerID), else the provider's."""
+        found = self._state.node_by_provider_id(node.provider_id) if node.provider_id else None
+        return found.metadata.name if found is not None else node.name
 
     async def _list(self, pool: CapacityPool) -> list[ProvidedNode] | None:
         """The pool's nodes as its provider lists them; None (logged once per change of

@@ -496,7 +496,14 @@ class ProvisioningService:
         out: list[str] = []
         for pid in pending:
             node = self.state.node_by_provider_id(pid)
-            out.append(node.metadata.name if node is not None else hints.get(pid, pid))
+            if node is not None:
+                out.append(node.metadata.name)
+            elif "://" in pid:
+                # No Node with the providerID: the machine's kubelet never registered (a
+                # bootstrap that does not join the cluster, a wrong cluster endpoint).
+                out.append(f"{hints.get(pid, pid)} ({pid}: never registered)")
+            else:
+                out.append(pid)
         return out, outside
 
     async def _register(

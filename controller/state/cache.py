@@ -744,6 +744,11 @@ class ClusterState:
                 out.update(self._nodes_by_key.get(group.key, ()))
         return out
 
+    def booked_provider_ids(self) -> set[str]:
+        """providerIDs of the machines every live booking's acquisitions launched."""
+        return {p for booking in self.bookings().values()
+                for p in booking.acquired_provider_ids}
+
     # ------------------------------------------------------------------ tenancy
 
     def plan_usage(self, groups: Iterable[tuple[str, int]]) -> Usage:

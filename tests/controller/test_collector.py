@@ -246,3 +246,80 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 def test_the_release_decision(view: GroupView, seen: Seen, after: float, release: bool) -> None:
     decision = decide(view, seen, now=T0 + timedelta(seconds=after), grace=GRACE, idle_ttl=300)
     assert decision.release is release, decision.why
+
+
+class _RenamingCloud:
+    """A provider whose machines register under other names than it reports (EKS with
+    resource-name hostnames): only the providerID ties a machine to its Node."""
+
+    name = "kind"
+
+    def __init__(self, machines: list[ProvidedNode]) -> None:
+        self.machines = machines
+        self.released: list[str] = []
+
+    async def validate(self, pool: CapacityPool) -> None:
+        return None
+
+    async def acquire(self, request: AcquireRequest) -> list[ProvidedNode]:
+        raise AssertionError("not called")
+
+    async def release(self, pool: CapacityPool, key: str) -> int:
+        self.released.append(key)
+        gone = [m for m in self.machines if m.key == key]
+        self.machines = [m for m in self.machines if m.key != key]
+        return len(gone)
+
+    async def list(self, pool: CapacityPool) -> list[ProvidedNode]:
+        return list(self.machines)
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+
+async def test_booked_and_busy_machines_are_known_by_provider_id_not_by_name(
+    kube: KubeClient,
+) -> None:
+    """The provider's name for a machine is a hint: a booking that recorded the machine's
+    providerID holds it, and a pod on the Node it registered as keeps it in use, whatever
+    the Node is called."""
+    clock = ManualClock()
+    state = ClusterState(levels=DEFAULT_LEVELS)
+    state.replace_pools([objects.gpu_pool("gpu")])
+    machines = [
+        ProvidedNode(f"ip-10-0-0-{i}.ec2.internal", f"aws:///us-east-1a/i-0{i}", "gpu", key,
+                     "ns/x", uid)
+        for i, (key, uid) in enumerate([("booked-1-0", "uid-b"), ("used-1-0", "uid-u")])
+    ]
+    nodes = []
+    for i in range(2):
+        body = objects.node(f"i-0{i}", allocatable={"cpu": "96", objects.GPU: "8"})
+        body.setdefault("spec", {})["providerID"] = f"aws:///us-east-1a/i-0{i}"
+        nodes.append(body)
+    state.replace_nodes(nodes)
+    booked = Booking(plan_on([], new=1), attempt=1, groups=(
+        Group("booked-1-0", "gpu", R1, 1, ("ip-10-0-0-0.ec2.internal",),
+              ("aws:///us-east-1a/i-00",)),))
+    state.upsert_request({
+        "metadata": {"name": "b", "namespace": "ns", "uid": "uid-b", "resourceVersion": "1",
+                     "annotations": {PHASE_ANNOTATION: Phase.BOOKED,
+                                     PLAN_ANNOTATION: booked.to_annotation()}},
+        "spec": {"provisioningClassName": "atomic-provisioning.muster.dev", "podSets": []},
+    })
+    state.upsert_request(_request("u", "uid-u", Phase.ENDED, "used-1-0"))
+    state.upsert_pod(_pod("p0", "i-01", "u"))
+    cloud = _RenamingCloud(machines)
+    providers = ProviderSet(ProviderContext(kube=kube), instances={"kind": cloud})
+    collector = Collector(state=state, providers=providers, idle_ttl=300, grace=GRACE,
+                          now=clock.now, in_flight=lambda: set())
+    for _ in range(3):
+        await clock.advance(400)
+        assert await collector.run_once() == []
+    assert cloud.released == []
+    state.delete_pod("ns/p0")
+    await collector.run_once()
+    await clock.advance(300)
+    assert [r.key for r in await collector.run_once()] == ["used-1-0"]

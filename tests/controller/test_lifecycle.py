@@ -20,6 +20,7 @@ from controller.config import MusterConfig, RetryConfig
 from controller.kube import KubeClient
 from controller.kube.resources import (
     CAPACITY_POOLS,
+    NAMESPACES,
     NODES,
     POD_TEMPLATES,
     PODS,
@@ -347,3 +348,166 @@ async def test_nodes_that_never_become_ready_fail_the_request_after_a_small_budg
         return not (await kube.list(NODES, label_selector="muster.dev/pool=gpu"))["items"]
 
     await _until(released)
+
+
+async def test_machines_that_never_register_are_released_and_said_so(
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
+) -> None:
+    """Machines whose kubelet never registers a Node (a broken bootstrap) are known only by
+    the providerIDs the provider launched: at the ready timeout the condition names them as
+    never registered, they are terminated, and the retry gets registered nodes."""
+    controller, clock, provider = running
+    provider.never_register_next(pool="gpu")
+    await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
+        "silent", namespace="ns", pod_sets=[("workers", 2)]), namespace="ns")
+
+    async def not_ready() -> dict[str, Any] | None:
+        await clock.advance(60)
+        cond = await _condition(kube, "silent", "Provisioned")
+        return cond if cond is not None and cond["reason"] == "NodesNotReady" else None
+
+    cond = await eventually(not_ready, within=30.0, step=0.05)
+    assert cond["message"].count("never registered") == 2, cond
+    assert "kind://gpu/" in cond["message"], cond
+    releases = [c for c in provider.calls if c.op == "release"]
+    assert [c.count for c in releases] == [2]
+    assert await provider.list(controller.state.pools()["gpu"]) == []
+
+    async def provisioned() -> bool:
+        await clock.advance(60)
+        cond = await _condition(kube, "silent", "Provisioned")
+        return cond is not None and cond["status"] == "True"
+
+    await eventually(provisioned, within=30.0, step=0.05)
+    nodes = (await kube.list(NODES, label_selector="muster.dev/pool=gpu"))["items"]
+    assert len(nodes) == 2
+    assert all(not any(t["key"] == "muster.dev/unregistered" for t in n["spec"]["taints"])
+               for n in nodes)
+
+
+async def test_a_node_whose_provider_id_matches_no_acquisition_is_never_touched(
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
+) -> None:
+    """A Node registering behind Muster's startup taint with a providerID no acquisition
+    launched (another tool's machine, a stale bootstrap) is neither adopted (labelled,
+    untainted, booked) nor deleted, while Muster provisions and releases around it."""
+    _, clock, _ = running
+    stranger = gpu_node("stranger", rack="b1-r1")
+    stranger["spec"]["providerID"] = "kind://gpu/not-ours/0"
+    stranger["spec"]["taints"] = [{"key": "muster.dev/unregistered", "effect": "NoExecute"}]
+    await kube.create(NODES, stranger)
+    await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
+        "gang", namespace="ns", pod_sets=[("workers", 2)]), namespace="ns")
+
+    async def provisioned() -> bool:
+        cond = await _condition(kube, "gang", "Provisioned")
+        return cond is not None and cond["status"] == "True"
+
+    await _until(provisioned)
+    await kube.delete(PROVISIONING_REQUESTS, "gang", namespace="ns")
+
+    async def released() -> bool:
+        await clock.advance(60)
+        return not (await kube.list(NODES, label_selector="muster.dev/pool=gpu"))["items"]
+
+    await eventually(released, within=30.0, step=0.05)
+    node = await kube.get(NODES, "stranger")
+    assert "muster.dev/pool" not in node["metadata"]["labels"]
+    assert node["spec"]["taints"] == stranger["spec"]["taints"]
+
+
+async def test_a_crash_between_launch_and_registration_is_resumed_from_tags(
+    kube: KubeClient,
+) -> None:
+    """Muster died after the provider launched a gang's machines and before it registered
+    their Nodes (they carry only what the kubelet gave them, behind the startup taint). The
+    restarted Muster resumes the persisted plan, finds the machines by the cloud's tags
+    under the same key (nothing launched again), registers them and confirms."""
+    from datetime import UTC, datetime
+
+    from controller.acquire.keys import groups_for
+    from controller.api.capacitypool import CapacityPool
+    from controller.state.bookings import (
+        ATTEMPT_ANNOTATION,
+        PHASE_ANNOTATION,
+        PLAN_ANNOTATION,
+        Booking,
+    )
+    from providers.base import AcquireRequest
+    from tests.controller.builders import plan_on
+
+    await kube.create(NAMESPACES, {"metadata": {"name": "ns"}})
+    await kube.create(CAPACITY_POOLS, objects.gpu_pool("gpu"))
+    await kube.create(POD_TEMPLATES, objects.pod_template(
+        "workers", namespace="ns", requests={"cpu": "90", objects.GPU: "8"},
+        required_level=objects.RACK, tolerations=[objects.GPU_TOLERATION],
+    ), namespace="ns")
+    created = await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
+        "gang", namespace="ns", pod_sets=[("workers", 2)],
+        class_name="not-yet.example.com"), namespace="ns")
+    uid = created["metadata"]["uid"]
+    plan = plan_on([], new=2, pool="gpu", rack="b1-r1")
+    booking = Booking(plan, attempt=1, groups=groups_for(plan, owner_uid=uid, attempt=1))
+    group = booking.groups[0]
+    # The launch that happened before the crash.
+    first = FakeProvider(kube, heartbeat_seconds=3600)
+    pool = CapacityPool.model_validate(await kube.get(CAPACITY_POOLS, "gpu"))
+    launched = await first.acquire(AcquireRequest(
+        key=group.key, pool=pool, count=2, domain=dict(group.domain), owner="ns/gang",
+        owner_uid=uid))
+    await kube.merge_patch(PROVISIONING_REQUESTS, "gang", {
+        "metadata": {"annotations": {PLAN_ANNOTATION: booking.to_annotation(),
+                                     ATTEMPT_ANNOTATION: "1", PHASE_ANNOTATION: "Acquiring"},
+                     "finalizers": ["muster.dev/release-nodes"]},
+        "spec": {"provisioningClassName": "atomic-provisioning.muster.dev"},
+    }, namespace="ns")
+
+    provider = FakeProvider(kube, heartbeat_seconds=3600)
+    clock = ManualClock(start=datetime.now(UTC))
+    controller = Controller(kube=kube, config=MusterConfig(), clock=clock,
+                            providers={"kind": provider})
+    await controller.start()
+    try:
+        async def provisioned() -> bool:
+            cond = await _condition(kube, "gang", "Provisioned")
+            return cond is not None and cond["status"] == "True"
+
+        await _until(provisioned)
+    finally:
+        await controller.stop()
+    assert [c.outcome for c in provider.calls if c.op == "acquire"] == ["reused"]
+    nodes = (await kube.list(NODES, label_selector=f"muster.dev/acquisition-key={group.key}"))
+    assert sorted(n["spec"]["providerID"] for n in nodes["items"]) == sorted(
+        n.provider_id for n in launched)
+    assert all(not any(t["key"] == "muster.dev/unregistered" for t in n["spec"]["taints"])
+               for n in nodes["items"])
+    pr = await kube.get(PROVISIONING_REQUESTS, "gang", namespace="ns")
+    persisted = Booking.from_annotation(pr["metadata"]["annotations"][PLAN_ANNOTATION])
+    assert persisted.groups[0].provider_ids == tuple(sorted(n.provider_id for n in launched))
+
+
+async def test_nodes_registered_outside_the_planned_domain_fail_the_attempt(
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
+) -> None:
+    """The cloud put the gang's machines in another rack than planned: never a false
+    Provisioned. Muster releases them, plans again away from that rack, and confirms only
+    nodes registered where they were planned."""
+    _, clock, provider = running
+    provider.misplace_next({objects.RACK: "b9-r9"}, pool="gpu")
+    await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
+        "gang", namespace="ns", pod_sets=[("workers", 2)]), namespace="ns")
+
+    async def provisioned() -> dict[str, Any] | None:
+        await clock.advance(30)
+        cond = await _condition(kube, "gang", "Provisioned")
+        return cond if cond is not None and cond["status"] == "True" else None
+
+    await eventually(provisioned, within=30.0, step=0.05)
+    acquires = [c for c in provider.calls if c.op == "acquire"]
+    releases = [c for c in provider.calls if c.op == "release"]
+    assert len(acquires) == 2 and [c.key for c in releases] == [acquires[0].key]
+    pr = await kube.get(PROVISIONING_REQUESTS, "gang", namespace="ns")
+    rack = pr["status"]["provisioningClassDetails"][objects.RACK]
+    nodes = (await kube.list(NODES, label_selector="muster.dev/pool=gpu"))["items"]
+    assert len(nodes) == 2 and {n["metadata"]["labels"][objects.RACK] for n in nodes} == {rack}
+    assert rack != "b9-r9"
