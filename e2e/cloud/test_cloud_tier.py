@@ -1,0 +1,285 @@
+"""The cloud tier's scenarios, each on AWS (EC2 over HTTP) and GCP (Compute over HTTP): what a
+platform team meets when Muster buys GPU nodes on EKS or GKE."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import pytest
+
+from controller.commands import objects
+from controller.kube import ApiError, Body, KubeClient
+from controller.kube.resources import (
+    CAPACITY_POOLS,
+    NAMESPACES,
+    NODES,
+    POD_TEMPLATES,
+    PODS,
+    PROVISIONING_REQUESTS,
+)
+from controller.topology_defaults import POOL_LABEL, UNREGISTERED_TAINT
+from e2e.cloud.tier import (
+    AWS_ZONE,
+    GCP_PROJECT,
+    GCP_ZONE,
+    LAUNCH_TEMPLATE,
+    REGION,
+    STOCK_KUBE_ENV,
+    Cloud,
+)
+
+pytestmark = [pytest.mark.real, pytest.mark.cloud]
+
+T = TypeVar("T")
+RUN_LABEL = "cloud-tier.muster.dev/run"
+LEVEL = {
+    "aws": "topology.k8s.aws/network-node-layer-3",
+    "gcp": "cloud.google.com/gce-topology-subblock",
+}
+PROVIDER_ID = {"aws": f"aws:///{AWS_ZONE}/", "gcp": f"gce://{GCP_PROJECT}/{GCP_ZONE}/"}
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T | None]], *, within: float = 40.0, what: str = "condition"
+) -> T:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    last: T | None = None
+    while True:
+        last = await probe()
+        if last:
+            return last
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {within:g}s waiting for {what}; last: {last!r}")
+        await asyncio.sleep(0.25)
+
+
+@dataclass
+class Scenario:
+    """One test on one cloud: its namespace, pool and helpers."""
+
+    cloud: Cloud
+    kube: KubeClient
+    provider: str
+    run: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+
+    @property
+    def namespace(self) -> str:
+        return f"cloud-{self.run}"
+
+    @property
+    def pool(self) -> str:
+        return f"{self.provider}-gpu-{self.run}"
+
+    @property
+    def level(self) -> str:
+        return LEVEL[self.provider]
+
+    def pool_body(self, **spec: Any) -> Body:
+        if self.provider == "aws":
+            parameters: Body = {
+                "region": REGION,
+                "launchTemplate": {"name": LAUNCH_TEMPLATE, "version": "1"},
+                "instanceType": "p5.48xlarge",
+                "subnets": {AWS_ZONE: self.cloud.subnet},
+                "recordNetworkTopology": True,
+            }
+        else:
+            parameters = {
+                "project": GCP_PROJECT,
+                "zone": GCP_ZONE,
+                "machineType": "a3-highgpu-8g",
+                "image": "projects/cos-cloud/global/images/family/cos-stable",
+                "metadata": {"kube-env": STOCK_KUBE_ENV},
+            }
+        body: Body = {
+            "apiVersion": "muster.dev/v1alpha1",
+            "kind": "CapacityPool",
+            "metadata": {"name": self.pool},
+            "spec": {
+                "provider": self.provider,
+                "maxNodes": 8,
+                "pricePerNodeHour": 98.0,
+                "expectedReadySeconds": 5,
+                "nodeTemplate": {
+                    "labels": {RUN_LABEL: self.run},
+                    "taints": [objects.GPU_TAINT],
+                    "allocatable": {
+                        "cpu": "180",
+                        "memory": "1800Gi",
+                        objects.GPU: "8",
+                        "pods": "110",
+                    },
+                },
+                "topology": {"level": self.level, "maxNodesPerDomain": 8},
+                "parameters": parameters,
+            },
+        }
+        body["spec"].update(spec)
+        return body
+
+    async def setup(self, **spec: Any) -> None:
+        await self.kube.create(
+            NAMESPACES,
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.namespace}},
+        )
+        await self.kube.create(CAPACITY_POOLS, self.pool_body(**spec))
+        template = objects.pod_template(
+            "workers",
+            namespace=self.namespace,
+            requests={"cpu": "90", "memory": "900Gi", objects.GPU: "8"},
+            required_level=self.level,
+            tolerations=[objects.GPU_TOLERATION],
+            node_selector={RUN_LABEL: self.run},
+        )
+        await self.kube.create(POD_TEMPLATES, template, namespace=self.namespace)
+        self.template = template
+
+    async def request(self, name: str, count: int) -> None:
+        await self.kube.create(
+            PROVISIONING_REQUESTS,
+            objects.provisioning_request(
+                name,
+                pod_sets=[("workers", count)],
+                namespace=self.namespace,
+            ),
+            namespace=self.namespace,
+        )
+
+    async def condition(self, request: str, type_: str) -> dict[str, Any] | None:
+        pr = await self.kube.get(PROVISIONING_REQUESTS, request, namespace=self.namespace)
+        for cond in (pr.get("status") or {}).get("conditions") or []:
+            if cond.get("type") == type_:
+                return dict(cond)
+        return None
+
+    async def wait_condition(
+        self, request: str, type_: str, status: str = "True", *, within: float = 60.0
+    ) -> dict[str, Any]:
+        async def probe() -> dict[str, Any] | None:
+            cond = await self.condition(request, type_)
+            return cond if cond is not None and cond.get("status") == status else None
+
+        return await eventually(probe, within=within, what=f"{request} {type_}={status}")
+
+    async def details(self, request: str) -> dict[str, str]:
+        pr = await self.kube.get(PROVISIONING_REQUESTS, request, namespace=self.namespace)
+        return dict((pr.get("status") or {}).get("provisioningClassDetails") or {})
+
+    async def pods_for(self, request: str, count: int) -> None:
+        details = await self.details(request)
+        selector = {self.level: details[self.level]} if self.level in details else {}
+        for i in range(count):
+            await self.kube.create(
+                PODS,
+                objects.consumer_pod(
+                    f"{request}-{i}",
+                    request=request,
+                    template=self.template,
+                    node_selector=selector,
+                ),
+                namespace=self.namespace,
+            )
+
+    async def cloud_nodes(self) -> list[Body]:
+        """The Nodes of this pool's live machines, found by providerID."""
+        ids = await asyncio.to_thread(self.machine_ids)
+        listing = await self.kube.list(NODES)
+        return [
+            n
+            for n in listing.get("items") or []
+            if (n.get("spec") or {}).get("providerID", "").startswith(PROVIDER_ID[self.provider])
+            and n["spec"]["providerID"].rsplit("/", 1)[-1] in ids
+        ]
+
+    def machines(self) -> list[dict[str, Any]]:
+        if self.provider == "aws":
+            return self.cloud.live_instances(self.pool)
+        return self.cloud.live_vms(self.pool)
+
+    def machine_ids(self) -> set[str]:
+        """Instance ids (AWS) or VM names (GCP) of the pool's live machines."""
+        if self.provider == "aws":
+            return {i["InstanceId"] for i in self.cloud.live_instances(self.pool)}
+        return {v["name"] for v in self.cloud.live_vms(self.pool)}
+
+    async def bound(self) -> dict[str, str]:
+        listing = await self.kube.list(PODS, namespace=self.namespace)
+        return {
+            p["metadata"]["name"]: p["spec"]["nodeName"]
+            for p in listing.get("items") or []
+            if p["spec"].get("nodeName")
+        }
+
+    async def cleanup(self) -> None:
+        with contextlib.suppress(ApiError):
+            await self.kube.delete(NAMESPACES, self.namespace)
+
+        async def released() -> bool:
+            return not await asyncio.to_thread(self.machines)
+
+        with contextlib.suppress(AssertionError):
+            await eventually(released, within=30, what="the pool's machines to be released")
+        with contextlib.suppress(ApiError):
+            await self.kube.delete(CAPACITY_POOLS, self.pool)
+
+
+@pytest.fixture(params=["aws", "gcp"])
+async def scenario(request: pytest.FixtureRequest, cloud: Cloud) -> AsyncIterator[Scenario]:
+    async with await KubeClient.from_kubeconfig(cloud.cluster.admin_kubeconfig) as kube:
+        s = Scenario(cloud, kube, request.param)
+        cloud.muster.new_lines()
+        try:
+            yield s
+        finally:
+            await s.cleanup()
+            cloud.registrar.broken_pools.discard(s.pool)
+    assert cloud.muster.running, f"the tier's Muster exited:\n{cloud.muster.tail()}"
+    refused = [line for line in cloud.muster.new_lines() if "forbidden" in line.lower()]
+    assert not refused, "Muster was refused by RBAC:\n" + "\n".join(refused[:10])
+
+
+def _taints(node: Body) -> list[str]:
+    return [t["key"] for t in (node.get("spec") or {}).get("taints") or []]
+
+
+async def test_a_gang_is_provisioned_into_one_domain_and_bound(scenario: Scenario) -> None:
+    s = scenario
+    await s.setup()
+    await s.request("gang", 2)
+    await s.wait_condition("gang", "Provisioned")
+    nodes = await eventually(lambda: _registered(s, 2), what="2 registered cloud nodes")
+    details = await s.details("gang")
+    domain = details.get(s.level)
+    assert domain and not domain.startswith("muster-new-"), details
+    for node in nodes:
+        labels = node["metadata"]["labels"]
+        assert labels[s.level] == domain, "the domain published is the one registered"
+        assert labels[POOL_LABEL] == s.pool
+        assert labels[RUN_LABEL] == s.run, "the pool's nodeTemplate labels were applied"
+        assert UNREGISTERED_TAINT not in _taints(node)
+        assert objects.GPU in _taints(node)
+    await s.pods_for("gang", 2)
+    bound = await eventually(lambda: _bound_all(s, 2), what="the scheduler to bind 2 pods")
+    assert set(bound.values()) == {n["metadata"]["name"] for n in nodes}
+
+
+async def _registered(s: Scenario, count: int) -> list[Body] | None:
+    nodes = await s.cloud_nodes()
+    done = [
+        n
+        for n in nodes
+        if UNREGISTERED_TAINT not in _taints(n)
+        and (n["metadata"].get("labels") or {}).get(POOL_LABEL) == s.pool
+    ]
+    return done if len(done) == count else None
+
+
+async def _bound_all(s: Scenario, count: int) -> dict[str, str] | None:
+    bound = await s.bound()
+    return bound if len(bound) == count else None
