@@ -329,11 +329,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 _BUILD_ERROR: list[str] = []
+_CLOUD_IDS: set[str] = set()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Build the control plane before the first test runs, when any selected test is on the
     real tier: a cold build takes many minutes, more than one test's timeout allows."""
+    # By marker, not keyword: a directory named cloud (tests/cloud) is a keyword too.
+    _CLOUD_IDS.update(item.nodeid for item in items if item.get_closest_marker(CLOUD))
     if config.option.collectonly or not any(REAL in item.keywords for item in items):
         return
     with contextlib.suppress(ValueError):
@@ -349,7 +352,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _tier(report: Any) -> str:
-    if CLOUD in report.keywords:
+    if report.nodeid in _CLOUD_IDS:
         return CLOUD
     return REAL if REAL in report.keywords else "sandbox"
 
