@@ -5,7 +5,8 @@ One background thread polls the clouds as the CCM does (EC2 over HTTP through th
 endpoint; the Compute fake's instances, which are the VMs' own metadata) and writes Nodes
 with the admin kubeconfig. A VM registers ``boot_seconds`` after it is first seen running
 (its boot); a VM whose pool is in :attr:`Registrar.broken_pools` never registers (a
-bootstrap that fails on the machine, which no API shows).
+bootstrap that fails on the machine, which no API shows), and one whose pool is in
+:attr:`Registrar.held_pools` registers only once the pool is taken out (a slow boot).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class Registrar:
     boot_seconds: float = 1.0
     poll_seconds: float = 0.5
     broken_pools: set[str] = field(default_factory=set)
+    held_pools: set[str] = field(default_factory=set)
     registered: dict[str, str] = field(default_factory=dict)
     """providerID -> Node name, of the Nodes this stand-in registered."""
     problems: list[str] = field(default_factory=list)
@@ -105,7 +107,7 @@ class Registrar:
             zone = instance["Placement"]["AvailabilityZone"]
             provider_id = f"aws:///{zone}/{instance['InstanceId']}"
             tags = {t["Key"]: t["Value"] for t in instance.get("Tags") or []}
-            if tags.get(AWS_TAG_POOL) in self.broken_pools or provider_id in self.registered:
+            if self._skip(tags.get(AWS_TAG_POOL)) or provider_id in self.registered:
                 out[provider_id] = None
                 continue
             attribute = self.ec2.describe_instance_attribute(
@@ -129,7 +131,7 @@ class Registrar:
         for instance in instances:
             zone = str(instance["zone"]).rsplit("/", 1)[-1]
             provider_id = f"gce://{self.gce_project}/{zone}/{instance['name']}"
-            if instance["labels"].get(GCE_LABEL_POOL) in self.broken_pools:
+            if self._skip(instance["labels"].get(GCE_LABEL_POOL)):
                 out[provider_id] = None
                 continue
             try:
@@ -138,6 +140,9 @@ class Registrar:
                 self.problems.append(f"{instance['name']}: {exc}")
                 out[provider_id] = None
         return out
+
+    def _skip(self, pool: str | None) -> bool:
+        return pool in self.broken_pools or pool in self.held_pools
 
     def stop(self) -> None:
         self._stop.set()

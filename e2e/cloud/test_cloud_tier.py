@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -283,3 +284,133 @@ async def _registered(s: Scenario, count: int) -> list[Body] | None:
 async def _bound_all(s: Scenario, count: int) -> dict[str, str] | None:
     bound = await s.bound()
     return bound if len(bound) == count else None
+
+
+async def _provisioned_on(s: Scenario, request: str, count: int) -> list[Body]:
+    await s.wait_condition(request, "Provisioned")
+    return await eventually(lambda: _registered(s, count), what=f"{count} registered nodes")
+
+
+async def test_capacity_lost_mid_fleet_is_rolled_back(scenario: Scenario) -> None:
+    """The first launch gets one machine of two, then the cloud runs out: that machine is
+    terminated, and the retry provisions the gang; no machine is left over."""
+    s = scenario
+    await s.setup()
+    known = set(s.cloud.layer.fleets)
+    if s.provider == "aws":
+        before = s.cloud.layer.actions.count("CreateFleet")
+        s.cloud.layer.inject_partial_fleet(1)
+    else:
+        before = len(s.cloud.compute.calls("bulk_insert"))
+        with s.cloud.compute.lock:
+            s.cloud.compute.operation_error = "ZONE_RESOURCE_POOL_EXHAUSTED"
+    await s.request("gang", 2)
+    nodes = await _provisioned_on(s, "gang", 2)
+    if s.provider == "aws":
+        assert s.cloud.layer.actions.count("CreateFleet") - before >= 2, "it was retried"
+        gang = {n["spec"]["providerID"].rsplit("/", 1)[-1] for n in nodes}
+        first = set(s.cloud.layer.fleets) - known - gang
+        assert len(first) == 1, "the partial fleet launched one machine"
+    else:
+        assert len(s.cloud.compute.calls("bulk_insert")) - before >= 2, "it was retried"
+    machines = await asyncio.to_thread(s.machine_ids)
+    assert machines == {n["spec"]["providerID"].rsplit("/", 1)[-1] for n in nodes}, (
+        "only the provisioned gang's machines are alive"
+    )
+
+
+async def test_muster_killed_between_launch_and_registration(scenario: Scenario) -> None:
+    """Muster dies after the machines were launched and before their Nodes registered; the
+    restarted Muster finds them by tag and providerID and provisions with exactly them."""
+    s = scenario
+    await s.setup()
+    s.cloud.registrar.held_pools.add(s.pool)
+    try:
+        await s.request("gang", 2)
+        launched = await eventually(lambda: _machines(s, 2), what="2 machines launched")
+        await asyncio.to_thread(s.cloud.muster.stop, signal.SIGKILL)
+        s.cloud.registrar.held_pools.discard(s.pool)
+        await asyncio.to_thread(s.cloud.muster.start)
+        nodes = await _provisioned_on(s, "gang", 2)
+    finally:
+        s.cloud.registrar.held_pools.discard(s.pool)
+    assert {n["spec"]["providerID"].rsplit("/", 1)[-1] for n in nodes} == launched
+    assert await asyncio.to_thread(s.machine_ids) == launched, "no second launch"
+
+
+async def _machines(s: Scenario, count: int) -> set[str] | None:
+    ids = await asyncio.to_thread(s.machine_ids)
+    return ids if len(ids) == count else None
+
+
+async def test_a_machine_that_never_registers_is_released(scenario: Scenario) -> None:
+    """Machines whose kubelet never registers are terminated after the registration budget,
+    and the request's condition says which and why."""
+    s = scenario
+    await s.setup()
+    s.cloud.registrar.broken_pools.add(s.pool)
+    await s.request("gang", 2)
+    first = await eventually(lambda: _machines(s, 2), what="2 machines launched")
+
+    async def said_so() -> str | None:
+        pr = await s.kube.get(PROVISIONING_REQUESTS, "gang", namespace=s.namespace)
+        for cond in (pr.get("status") or {}).get("conditions") or []:
+            text = (
+                f"{cond.get('type')}={cond.get('status')} {cond.get('reason')}: "
+                f"{cond.get('message')}"
+            )
+            if "never registered" in str(cond.get("message")):
+                return text
+        return None
+
+    said = await eventually(said_so, within=60, what="a condition naming the unregistered")
+    assert PROVIDER_ID[s.provider] in said, f"the machine is named by providerID: {said}"
+
+    async def first_gone() -> bool:
+        return not (await asyncio.to_thread(s.machine_ids)) & first
+
+    await eventually(first_gone, within=30, what="the unregistered machines to be terminated")
+    pr = await s.kube.get(PROVISIONING_REQUESTS, "gang", namespace=s.namespace)
+    provisioned = [
+        c
+        for c in (pr.get("status") or {}).get("conditions") or []
+        if c.get("type") == "Provisioned" and c.get("status") == "True"
+    ]
+    assert not provisioned, "never a Provisioned gang without its nodes"
+
+
+async def test_idle_release_terminates_the_machines(scenario: Scenario) -> None:
+    """A gang whose request goes away: its machines are idle and released, the instances
+    terminated, and their Nodes go with them."""
+    s = scenario
+    await s.setup()
+    await s.request("gang", 2)
+    nodes = await _provisioned_on(s, "gang", 2)
+    names = {n["metadata"]["name"] for n in nodes}
+    await s.kube.delete(PROVISIONING_REQUESTS, "gang", namespace=s.namespace)
+
+    async def terminated() -> bool:
+        return not await asyncio.to_thread(s.machine_ids)
+
+    await eventually(terminated, within=40, what="the idle machines to be terminated")
+
+    async def nodes_gone() -> bool:
+        listing = await s.kube.list(NODES)
+        return not names & {n["metadata"]["name"] for n in listing.get("items") or []}
+
+    await eventually(nodes_gone, within=20, what="their Nodes to go")
+
+
+async def test_a_machine_terminated_out_of_band_revokes_the_booking(scenario: Scenario) -> None:
+    s = scenario
+    await s.setup()
+    await s.request("gang", 2)
+    nodes = await _provisioned_on(s, "gang", 2)
+    victim = nodes[0]["spec"]["providerID"].rsplit("/", 1)[-1]
+    if s.provider == "aws":
+        await asyncio.to_thread(s.cloud.ec2.terminate_instances, InstanceIds=[victim])
+    else:
+        with s.cloud.compute.lock:
+            s.cloud.compute.instances[GCP_ZONE].pop(victim)
+    cond = await s.wait_condition("gang", "CapacityRevoked", within=40)
+    assert cond["reason"] == "BookedNodesVanished", cond
