@@ -22,8 +22,16 @@ from controller.kube.resources import (
     POD_TEMPLATES,
     PODS,
     PROVISIONING_REQUESTS,
+    Resource,
 )
-from controller.topology_defaults import POOL_LABEL, UNREGISTERED_TAINT
+from controller.kueue.resources import (
+    ADMISSION_CHECKS,
+    CLUSTER_QUEUES,
+    LOCAL_QUEUES,
+    PROVISIONING_REQUEST_CONFIGS,
+    RESOURCE_FLAVORS,
+)
+from controller.topology_defaults import MUSTER_REQUIRED, POOL_LABEL, UNREGISTERED_TAINT
 from e2e.cloud.tier import (
     AWS_ZONE,
     GCP_PROJECT,
@@ -414,3 +422,181 @@ async def test_a_machine_terminated_out_of_band_revokes_the_booking(scenario: Sc
             s.cloud.compute.instances[GCP_ZONE].pop(victim)
     cond = await s.wait_condition("gang", "CapacityRevoked", within=40)
     assert cond["reason"] == "BookedNodesVanished", cond
+
+
+JOBS = Resource("batch", "v1", "jobs", namespaced=True, kind="Job")
+KUEUE_V = "kueue.x-k8s.io/v1beta2"
+KUEUE_CHECK = "kueue.x-k8s.io/provisioning-request"
+ATOMIC = "atomic-provisioning.muster.dev"
+
+
+async def test_kueue_path_a_job_runs_on_the_cloud_nodes(scenario: Scenario) -> None:
+    """A batch/v1 Job queued in Kueue with its built-in ProvisioningRequest check naming
+    Muster's class: Muster buys the gang from the cloud, the machines register, Kueue admits
+    with the domain copied from provisioningClassDetails, the scheduler binds every pod."""
+    s = scenario
+    await s.setup()
+    names = {k: f"{k}-{s.run}" for k in ("flavor", "config", "check", "cq")}
+    cluster_scoped: list[tuple[Resource, str]] = []
+
+    async def create(res: Resource, body: Body) -> None:
+        await s.kube.create(res, body)
+        cluster_scoped.append((res, body["metadata"]["name"]))
+
+    try:
+        await create(
+            RESOURCE_FLAVORS,
+            {
+                "apiVersion": KUEUE_V,
+                "kind": "ResourceFlavor",
+                "metadata": {"name": names["flavor"]},
+                "spec": {"nodeLabels": {RUN_LABEL: s.run}, "tolerations": [objects.GPU_TOLERATION]},
+            },
+        )
+        await create(
+            PROVISIONING_REQUEST_CONFIGS,
+            {
+                "apiVersion": KUEUE_V,
+                "kind": "ProvisioningRequestConfig",
+                "metadata": {"name": names["config"]},
+                "spec": {
+                    "provisioningClassName": ATOMIC,
+                    "managedResources": [objects.GPU],
+                    "retryStrategy": {
+                        "backoffLimitCount": 2,
+                        "backoffBaseSeconds": 1,
+                        "backoffMaxSeconds": 4,
+                    },
+                    "podSetUpdates": {
+                        "nodeSelector": [
+                            {"key": s.level, "valueFromProvisioningClassDetail": s.level}
+                        ]
+                    },
+                },
+            },
+        )
+        await create(
+            ADMISSION_CHECKS,
+            {
+                "apiVersion": KUEUE_V,
+                "kind": "AdmissionCheck",
+                "metadata": {"name": names["check"]},
+                "spec": {
+                    "controllerName": KUEUE_CHECK,
+                    "parameters": {
+                        "apiGroup": "kueue.x-k8s.io",
+                        "kind": "ProvisioningRequestConfig",
+                        "name": names["config"],
+                    },
+                },
+            },
+        )
+        await create(
+            CLUSTER_QUEUES,
+            {
+                "apiVersion": KUEUE_V,
+                "kind": "ClusterQueue",
+                "metadata": {"name": names["cq"]},
+                "spec": {
+                    "namespaceSelector": {
+                        "matchLabels": {"kubernetes.io/metadata.name": s.namespace}
+                    },
+                    "resourceGroups": [
+                        {
+                            "coveredResources": ["cpu", "memory", objects.GPU],
+                            "flavors": [
+                                {
+                                    "name": names["flavor"],
+                                    "resources": [
+                                        {"name": "cpu", "nominalQuota": "1000"},
+                                        {"name": "memory", "nominalQuota": "10Ti"},
+                                        {"name": objects.GPU, "nominalQuota": "64"},
+                                    ],
+                                }
+                            ],
+                        }
+                    ],
+                    "admissionChecksStrategy": {"admissionChecks": [{"name": names["check"]}]},
+                },
+            },
+        )
+        await s.kube.create(
+            LOCAL_QUEUES,
+            {
+                "apiVersion": KUEUE_V,
+                "kind": "LocalQueue",
+                "metadata": {"name": "training", "namespace": s.namespace},
+                "spec": {"clusterQueue": names["cq"]},
+            },
+            namespace=s.namespace,
+        )
+
+        async def active() -> bool:
+            cq = await s.kube.get(CLUSTER_QUEUES, names["cq"])
+            return any(
+                c.get("type") == "Active" and c.get("status") == "True"
+                for c in (cq.get("status") or {}).get("conditions") or []
+            )
+
+        await eventually(active, within=30, what="the ClusterQueue to be Active")
+        await s.kube.create(JOBS, _job("train", s, 2), namespace=s.namespace)
+
+        async def bound() -> list[Body] | None:
+            listing = await s.kube.list(
+                PODS, namespace=s.namespace, label_selector="batch.kubernetes.io/job-name=train"
+            )
+            pods = [p for p in listing.get("items") or [] if p["spec"].get("nodeName")]
+            return pods if len(pods) == 2 else None
+
+        pods = await eventually(bound, within=120, what="Kueue to admit and 2 pods to bind")
+        nodes = {n["metadata"]["name"]: n for n in await s.cloud_nodes()}
+        assert len(nodes) == 2, f"Muster bought {sorted(nodes)} for a gang of 2"
+        domains = {nodes[p["spec"]["nodeName"]]["metadata"]["labels"][s.level] for p in pods}
+        assert len(domains) == 1, f"the gang runs in one {s.level}: {domains}"
+        assert {p["spec"]["nodeSelector"][s.level] for p in pods} == domains, (
+            "Kueue copied the registered domain from provisioningClassDetails"
+        )
+    finally:
+        with contextlib.suppress(ApiError):
+            await s.kube.delete(JOBS, "train", namespace=s.namespace)
+        await s.cleanup()
+        for res, name in reversed(cluster_scoped):
+            with contextlib.suppress(ApiError):
+                await s.kube.delete(res, name)
+
+
+def _job(name: str, s: Scenario, workers: int) -> Body:
+    """An Indexed Job of ``workers`` 8-GPU pods that must share one domain of the pool's
+    level (Muster's pod-template annotation, which Kueue copies to its PodTemplates)."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "namespace": s.namespace,
+            "labels": {"kueue.x-k8s.io/queue-name": "training"},
+        },
+        "spec": {
+            "suspend": True,
+            "parallelism": workers,
+            "completions": workers,
+            "completionMode": "Indexed",
+            "template": {
+                "metadata": {"annotations": {MUSTER_REQUIRED: s.level}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [
+                        {
+                            "name": "worker",
+                            "image": "registry.k8s.io/pause:3.10",
+                            "resources": {
+                                "requests": {"cpu": "8", "memory": "64Gi", objects.GPU: "8"},
+                                "limits": {objects.GPU: "8"},
+                            },
+                        }
+                    ],
+                },
+            },
+        },
+    }
