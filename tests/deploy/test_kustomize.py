@@ -131,12 +131,13 @@ def test_default_install_contents(default: list[Doc]) -> None:
         if doc["kind"] in ("ServiceAccount", "ConfigMap", "Service", "Deployment"):
             assert doc["metadata"]["namespace"] == NAMESPACE, doc["metadata"]
     # Least privilege: no Node create/delete or node-Lease writes unless asked for (the fake
-    # provider's RBAC is its own kustomization, which e2e/kind adds).
+    # provider's RBAC is its own kustomization, which e2e/kind adds); patch only, to register
+    # the nodes Muster's acquisitions launched.
     assert not [d for d in default if "fake-provider" in d["metadata"]["name"]]
     for role in find(default, "ClusterRole") + find(default, "Role"):
         for rule in role["rules"]:
             if "nodes" in rule.get("resources", []):
-                assert set(rule["verbs"]) <= {"list", "watch"}, role["metadata"]["name"]
+                assert set(rule["verbs"]) <= {"list", "watch", "patch"}, role["metadata"]["name"]
             if "leases" in rule.get("resources", []):
                 assert role["metadata"].get("namespace") == NAMESPACE
     fake = render(CONFIG / "rbac" / "fake-provider")
