@@ -243,12 +243,14 @@ async def scenario(request: pytest.FixtureRequest, cloud: Cloud) -> AsyncIterato
     async with await KubeClient.from_kubeconfig(cloud.cluster.admin_kubeconfig) as kube:
         s = Scenario(cloud, kube, request.param)
         cloud.muster.new_lines()
+        problems = len(cloud.registrar.problems)
         try:
             yield s
         finally:
             await s.cleanup()
             cloud.registrar.broken_pools.discard(s.pool)
     assert cloud.muster.running, f"the tier's Muster exited:\n{cloud.muster.tail()}"
+    assert cloud.registrar.problems[problems:] == [], "the node lifecycle stand-in failed"
     refused = [line for line in cloud.muster.new_lines() if "forbidden" in line.lower()]
     assert not refused, "Muster was refused by RBAC:\n" + "\n".join(refused[:10])
 

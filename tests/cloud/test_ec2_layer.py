@@ -4,25 +4,34 @@ replay, capacity lost mid-fleet rolled back, network topology per placement."""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import boto3
 import pytest
 
 from controller.acquire.keys import acquisition_key
+from controller.kube import KubeClient
+from controller.kube.resources import NODES
+from controller.topology_defaults import UNREGISTERED_TAINT
 from e2e.cloud.ec2 import AWS_TEST_ENV, Ec2Layer, ec2_endpoint
+from e2e.cloud.registrar import Registrar
 from providers.aws import AwsProvider, parse_parameters
 from providers.base import AcquireRequest, CapacityUnavailable
 from providers.naming import aws_client_token
+from sandbox.server import SandboxServer
 from tests.providers.conftest import (
     AWS_ZONE,
+    CRDS,
     ZONE_LABEL,
     aws_parameters,
     fast_aws_settings,
     make_pool,
 )
+from tests.providers.test_bootstrap import STOCK
 
 
 @dataclass
@@ -39,7 +48,9 @@ class Endpoint:
     def request(self, uid: str, count: int, **params: Any) -> AcquireRequest:
         pool = make_pool(
             "aws",
-            aws_parameters(launchTemplate={"id": self.template}, subnets=self.subnets, **params),
+            aws_parameters(
+                **{"launchTemplate": {"id": self.template}, "subnets": self.subnets, **params}
+            ),
         )
         return AcquireRequest(
             key=acquisition_key(uid, 0, 0),
@@ -135,3 +146,43 @@ def test_placement_groups_exist_until_unused(ep: Endpoint) -> None:
     assert groups[0]["GroupName"] == "pg-a"
     ep.ec2.delete_placement_group(GroupName="pg-a")
     assert ep.ec2.describe_placement_groups()["PlacementGroups"] == []
+
+
+async def test_the_registrar_registers_what_the_vm_has_and_deletes_it_with_the_vm(
+    ep: Endpoint, tmp_path: Path
+) -> None:
+    """The tier's node lifecycle against the API sandbox: an instance launched from a stock
+    nodeadm template (Muster's copy) registers its Node behind the startup taint with the
+    cloud's name, providerID and topology; terminated, its Node goes."""
+    stock = ep.ec2.create_launch_template(
+        LaunchTemplateName="eks-al2023-stock",
+        LaunchTemplateData={
+            "ImageId": "ami-12c6146b",
+            "UserData": base64.b64encode(STOCK.encode()).decode(),
+        },
+    )["LaunchTemplate"]["LaunchTemplateId"]
+    request = ep.request(
+        "uid-f", 1, bootstrap="nodeadm", launchTemplate={"id": stock, "version": "1"}
+    )
+    nodes = await ep.provider().acquire(request)
+    server = SandboxServer(crd_dir=CRDS)
+    await server.start()
+    try:
+        kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
+        registrar = Registrar(kubeconfig, ec2=ep.ec2, boot_seconds=0)
+        async with await KubeClient.from_kubeconfig(kubeconfig) as kube:
+            await registrar.sync(kube)
+            node = await kube.get(NODES, nodes[0].name)
+            assert node["spec"]["providerID"] == nodes[0].provider_id
+            assert node["spec"]["taints"] == [{"key": UNREGISTERED_TAINT, "effect": "NoExecute"}]
+            labels = node["metadata"]["labels"]
+            assert (
+                labels["topology.k8s.aws/network-node-layer-3"]
+                == nodes[0].labels["topology.k8s.aws/network-node-layer-3"]
+            )
+            ep.ec2.terminate_instances(InstanceIds=[nodes[0].provider_id.rsplit("/", 1)[1]])
+            await registrar.sync(kube)
+            assert await kube.get_or_none(NODES, nodes[0].name) is None
+        assert registrar.problems == []
+    finally:
+        await server.stop()
