@@ -351,6 +351,16 @@ def _error(status: int, code: str, message: str) -> tuple[int, dict[str, str], b
     return status, {"Content-Type": "text/xml"}, body.encode()
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that went away mid-request (a Muster process killed by a scenario) is
+        # part of the test, not a server error worth a traceback.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 @contextlib.contextmanager
 def serve(layer: Ec2Layer) -> Iterator[str]:
     """Serve ``layer`` on an ephemeral loopback port; yields its endpoint URL."""
@@ -374,7 +384,7 @@ def serve(layer: Ec2Layer) -> Iterator[str]:
         def log_message(self, format: str, *args: Any) -> None:
             return
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = _Server(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
