@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 E2E_CONFIG = ROOT / "e2e" / "muster-e2e.yaml"
 FORBIDDEN = re.compile(r"forbidden", re.IGNORECASE)
 REAL = "real"
+CLOUD = "cloud"
 
 
 class MusterProcess:
@@ -199,6 +200,7 @@ def real_cluster(request: pytest.FixtureRequest) -> Iterator[cp.Cluster]:
 def real_muster(real_cluster: cp.Cluster) -> Iterator[MusterProcess]:
     """Muster as its own process, as its ServiceAccount, for the whole session."""
     muster = MusterProcess(real_cluster)
+    SESSION_MUSTERS.append(muster)  # the cloud tier stops it while its own Muster runs
     muster.new_lines()  # earlier sessions' lines are not this session's business
     audit = real_cluster.audit_log
     since = audit.stat().st_size if audit.exists() else 0
@@ -217,6 +219,8 @@ def real_muster(real_cluster: cp.Cluster) -> Iterator[MusterProcess]:
 
 
 _RBAC_REPORT: list[str] = []
+SESSION_MUSTERS: list[MusterProcess] = []
+"""The session's Muster (one per cluster is the leader; e2e/cloud/tier.py runs its own)."""
 
 
 @pytest.fixture
@@ -329,6 +333,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 _BUILD_ERROR: list[str] = []
+_CLOUD_IDS: set[str] = set()
 
 
 @pytest.hookimpl(trylast=True)
@@ -336,6 +341,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Build the control plane before the first test runs, when any selected test is on the
     real tier: a cold build takes many minutes, more than one test's timeout allows. Last, so
     that ``-m "not real"`` and ``-k`` have already deselected: a sandbox run builds nothing."""
+    # By marker, not keyword: a directory named cloud (tests/cloud) is a keyword too.
+    _CLOUD_IDS.update(item.nodeid for item in items if item.get_closest_marker(CLOUD))
     if config.option.collectonly or not any(REAL in item.keywords for item in items):
         return
     with contextlib.suppress(ValueError):
@@ -351,11 +358,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _tier(report: Any) -> str:
+    if report.nodeid in _CLOUD_IDS:
+        return CLOUD
     return REAL if REAL in report.keywords else "sandbox"
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    counts: dict[str, Counter[str]] = {"sandbox": Counter(), REAL: Counter()}
+    counts: dict[str, Counter[str]] = {"sandbox": Counter(), REAL: Counter(),
+                                       CLOUD: Counter()}
     for outcome in ("passed", "failed", "skipped", "error", "xfailed", "xpassed"):
         for report in terminalreporter.stats.get(outcome, []):
             if not hasattr(report, "keywords"):
@@ -375,7 +385,19 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             terminalreporter.write_line(line)
     version = cp.kubernetes_version()
     for tier, label in (("sandbox", "tier sandbox"),
-                        (REAL, f"tier real (kube-apiserver {version})")):
+                        (REAL, f"tier real (kube-apiserver {version})"),
+                        (CLOUD, f"tier cloud (EC2: moto {_moto_version()} behind "
+                                "e2e/cloud/ec2.py; Compute: tests/providers/gcp_fake.py; "
+                                f"kube-apiserver {version})")):
         c = counts[tier]
         terminalreporter.write_line(
             f"{label}: {c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped")
+
+
+def _moto_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("moto")
+    except PackageNotFoundError:
+        return "not installed"

@@ -668,7 +668,9 @@ class GcpProvider(AtomicProvider[Any]):
                     project=params.project,
                     zone=params.zone,
                     instance=name,
-                    request_id=gcp_request_id(f"{key}/{name}", "delete"),
+                    # The VM's name goes into the purpose, not the key: key and name together
+                    # exceed the 63 characters a key may have with real acquisition keys.
+                    request_id=gcp_request_id(key, f"delete\x1f{name}"),
                 ),
             )
             if isinstance(operation, ExpectedStatus):

@@ -10,6 +10,7 @@ cannot be deleted while a VM uses them.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import re
@@ -50,6 +51,10 @@ class FakeCompute:
     polls_before_done: int = 0
     """Each new operation reports RUNNING for this many polls."""
     page_size: int = 500
+    host_topology: bool = False
+    """Report ``resourceStatus.physicalHostTopology`` as A3/A4 machine types do: one block
+    per zone, one sub-block per placement (the request's resource policy, else the request),
+    one host per VM."""
     operation_error: str | None = None
     """Error code the next bulkInsert operation ends with (e.g. QUOTA_EXCEEDED)."""
     instances: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
@@ -160,6 +165,11 @@ class FakeCompute:
                     "metadata": props.get("metadata", {"items": []}),
                     "resourcePolicies": list(props.get("resourcePolicies", [])),
                 }
+                if self.host_topology:
+                    placement = "/".join(props.get("resourcePolicies", [])) or pattern
+                    existing[name]["resourceStatus"] = {"physicalHostTopology": {
+                        "block": _digest(zone), "subblock": _digest(zone, placement),
+                        "host": _digest(zone, placement, name)}}
         op = self._operation(project, "zone", zone, "bulkInsert", pattern, error,
                              503 if error else 0)
         if request_id:
@@ -250,6 +260,10 @@ def _names(pattern: str, count: int, existing: dict[str, Any]) -> list[str]:
     return [f"{head}{str(highest + i).zfill(width)}{tail}" for i in range(1, count + 1)]
 
 
+def _digest(*parts: str) -> str:
+    return hashlib.sha256("/".join(parts).encode()).hexdigest()[:12]
+
+
 def _error(status: int, reason: str) -> tuple[int, Any]:
     message = f"fake compute: {reason}"
     return status, {"error": {"code": status, "message": message,
@@ -265,7 +279,10 @@ def serve(fake: FakeCompute) -> Iterator[str]:
         def _reply(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
-            body = json.loads(raw) if raw else None
+            try:
+                body = json.loads(raw) if raw else None
+            except ValueError:  # a form (an OAuth token request): the handler reads it raw
+                body = raw.decode(errors="replace")
             with fake.lock:
                 status, reply = fake.handle(self.command, self.path, body)
                 fake.lock.notify_all()

@@ -313,3 +313,17 @@ def test_host_topology_is_read_from_what_compute_reports() -> None:
         "cloud.google.com/gce-topology-host": "h3",
     }
     assert host_topology(compute_v1.Instance()) == {}
+
+
+async def test_release_with_a_real_acquisition_key_deletes_every_vm(gcp_fake: GcpFake) -> None:
+    """Keys are ``<request uid>-<attempt>-<index>`` (40 characters): each VM's delete
+    requestId must not be built from the key and the VM name together (over 63 characters)."""
+    provider = gcp_fake.provider()
+    r = req(gcp_fake, "5ef2bbdb-204f-4acb-9d0b-6510d3dc0e58", 2)
+    assert len(r.key) >= 40
+    await provider.acquire(r)
+    assert len(gcp_fake.fake.all_instances()) == 2
+    assert await provider.release(r.pool, r.key) == 2
+    assert gcp_fake.fake.all_instances() == []
+    ids = {c.query["requestId"][0] for c in gcp_fake.fake.calls("delete_instance")}
+    assert len(ids) == 2, "one idempotent requestId per VM"

@@ -1,0 +1,421 @@
+"""EC2 over real HTTP on 127.0.0.1: moto's server, and one small layer in front of it.
+
+:class:`MotoServer` runs ``python -m moto.server`` on a free loopback port. :class:`Ec2Layer`
+is an HTTP proxy in front of it (the endpoint Muster's AWS provider is given through
+``MUSTER_AWS_ENDPOINT_URL``) that forwards every request unchanged except the few moto gets
+wrong or lacks, which Muster relies on; each is answered the way EC2 documents it:
+
+* ``CreateFleet Type=instant``: moto ignores ``ClientToken`` and ``OnDemandOptions.
+  MinTargetCapacity``. Here a repeated token returns the first response and launches
+  nothing; a per-zone stock (:attr:`Ec2Layer.stock`, live instances a zone may hold) below
+  ``MinTargetCapacity`` launches nothing and answers ``InsufficientInstanceCapacity`` in the
+  response's ``Errors`` (HTTP 200, as EC2 does). :meth:`Ec2Layer.inject_partial_fleet` makes
+  the next fleet launch only some instances and report ``InsufficientInstanceCapacity`` for
+  the rest (capacity lost while the fleet launched), so the provider's rollback runs.
+* ``DescribeInstanceTopology``: moto answers HTTP 500. Here each instance gets three network
+  node layers derived from its zone and placement (its fleet's placement group, else the
+  fleet): instances launched together share them, deterministically per placement, as EC2
+  reports them for p5/trn instances.
+* ``CreatePlacementGroup`` / ``DeletePlacementGroup`` / ``DescribePlacementGroups``: moto's
+  server answers HTTP 500; here they are kept by the layer (a group in use cannot be deleted).
+
+Anything else (DescribeInstances, TerminateInstances, launch templates, tags, user data) is
+moto's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlencode
+from xml.sax.saxutils import escape
+
+XMLNS = "http://ec2.amazonaws.com/doc/2016-11-15/"
+_REGION = re.compile(r"Credential=[^/]+/\d+/([a-z0-9-]+)/ec2/")
+_INSTANCE_ID = re.compile(r"<item>(i-[0-9a-f]+)</item>")
+LIVE_STATES = ("pending", "running")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class MotoServer:
+    """``python -m moto.server`` on 127.0.0.1, as its own process."""
+
+    def __init__(self, log: str | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, within: float = 30.0) -> None:
+        out = open(self._log, "ab") if self._log else subprocess.DEVNULL  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"moto server exited with {self.proc.returncode}")
+            with contextlib.suppress(OSError):
+                urllib.request.urlopen(f"{self.url}/moto-api/", timeout=1).close()
+                return
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"moto server not answering on {self.url} after {within:.0f}s")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@dataclass
+class Ec2Layer:
+    """The fleet semantics moto lacks, in front of moto's server (see the module docstring)."""
+
+    upstream: str
+    stock: dict[str, int] = field(default_factory=dict)
+    """zone -> how many live instances the zone may hold; absent = unlimited."""
+    partial_fleets: list[int] = field(default_factory=list)
+    """Injected: each entry is how many instances the next CreateFleet launches before it
+    runs out of capacity."""
+    placement_groups: dict[str, str] = field(default_factory=dict)
+    """group name -> strategy."""
+    fleets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """instance id -> {fleet, group, zone} of the fleet that launched it."""
+    actions: list[str] = field(default_factory=list)
+    """Every action seen, in order (tests read it)."""
+    _tokens: dict[str, bytes] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def inject_partial_fleet(self, launched: int) -> None:
+        with self.lock:
+            self.partial_fleets.append(launched)
+
+    # ---- moto, directly ---------------------------------------------------------------
+
+    def moto(self, region: str) -> Any:
+        import boto3
+
+        return boto3.client(
+            "ec2",
+            region_name=region,
+            endpoint_url=self.upstream,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
+
+    def _live_in_zone(self, region: str, zone: str) -> int:
+        pages = (
+            self.moto(region)
+            .get_paginator("describe_instances")
+            .paginate(
+                Filters=[
+                    {"Name": "availability-zone", "Values": [zone]},
+                    {"Name": "instance-state-name", "Values": list(LIVE_STATES)},
+                ]
+            )
+        )
+        return sum(len(r["Instances"]) for p in pages for r in p["Reservations"])
+
+    # ---- requests ---------------------------------------------------------------------
+
+    def handle(
+        self, method: str, path: str, headers: dict[str, str], body: bytes
+    ) -> tuple[int, dict[str, str], bytes]:
+        form = {k: v[0] for k, v in parse_qs(body.decode(), keep_blank_values=True).items()}
+        action = form.get("Action", "")
+        match = _REGION.search(headers.get("Authorization", ""))
+        region = match.group(1) if match else "us-east-1"
+        with self.lock:
+            self.actions.append(action)
+            if action == "CreateFleet":
+                return self._create_fleet(method, path, headers, form, region)
+            if action == "DescribeInstanceTopology":
+                return _xml("DescribeInstanceTopologyResponse", self._topology(form, region))
+            if action == "CreatePlacementGroup":
+                return self._create_group(form)
+            if action == "DeletePlacementGroup":
+                return self._delete_group(form, region)
+            if action == "DescribePlacementGroups":
+                return _xml("DescribePlacementGroupsResponse", self._describe_groups(form))
+        return self.forward(method, path, headers, body)
+
+    def forward(
+        self, method: str, path: str, headers: dict[str, str], body: bytes
+    ) -> tuple[int, dict[str, str], bytes]:
+        keep = {
+            k: v
+            for k, v in headers.items()
+            if k.lower() not in ("host", "content-length", "connection")
+        }
+        request = urllib.request.Request(
+            self.upstream + path, data=body or None, headers=keep, method=method
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                return (
+                    response.status,
+                    {"Content-Type": response.headers.get("Content-Type", "text/xml")},
+                    response.read(),
+                )
+        except urllib.error.HTTPError as exc:
+            return (
+                exc.code,
+                {"Content-Type": exc.headers.get("Content-Type", "text/xml")},
+                exc.read(),
+            )
+
+    def _create_fleet(
+        self, method: str, path: str, headers: dict[str, str], form: dict[str, str], region: str
+    ) -> tuple[int, dict[str, str], bytes]:
+        token = form.get("ClientToken")
+        if token and token in self._tokens:
+            return 200, {"Content-Type": "text/xml"}, self._tokens[token]
+        prefix = "LaunchTemplateConfigs.1.Overrides.1."
+        zone = form.get(prefix + "AvailabilityZone", "")
+        group = form.get(prefix + "Placement.GroupName")
+        if group is not None and group not in self.placement_groups:
+            return _error(
+                400, "InvalidPlacementGroup.Unknown", f"The Placement Group '{group}' is unknown."
+            )
+        wanted = int(form.get("TargetCapacitySpecification.TotalTargetCapacity", "0"))
+        minimum = int(form.get("OnDemandOptions.MinTargetCapacity", "0"))
+        launch = wanted
+        if zone in self.stock:
+            launch = min(wanted, max(self.stock[zone] - self._live_in_zone(region, zone), 0))
+            if launch < minimum:
+                launch = 0
+        if self.partial_fleets:
+            launch = min(launch, self.partial_fleets.pop(0))
+        fleet_id = f"fleet-{uuid.uuid4()}"
+        instances = b""
+        if launch > 0:
+            form = dict(form, **{"TargetCapacitySpecification.TotalTargetCapacity": str(launch)})
+            if form.get("OnDemandOptions.MinTargetCapacity"):
+                form["OnDemandOptions.MinTargetCapacity"] = str(launch)
+            status, _, reply = self.forward(method, path, headers, urlencode(form).encode())
+            if status != 200:
+                return status, {"Content-Type": "text/xml"}, reply
+            found = re.search(rb"<fleetId>([^<]*)</fleetId>", reply)
+            fleet_id = found.group(1).decode() if found else fleet_id
+            inner = re.search(rb"<fleetInstanceSet>(.*)</fleetInstanceSet>", reply, re.S)
+            instances = inner.group(1) if inner else b""
+            for instance_id in _INSTANCE_ID.findall(instances.decode()):
+                self.fleets[instance_id] = {"fleet": fleet_id, "group": group, "zone": zone}
+        errors = ""
+        if launch < wanted:
+            instance_type = form.get(prefix + "InstanceType", "")
+            errors = (
+                "<item><errorCode>InsufficientInstanceCapacity</errorCode><errorMessage>"
+                + escape(
+                    f"We currently do not have sufficient {instance_type} capacity in "
+                    f"the Availability Zone you requested ({zone}): {launch} of "
+                    f"{wanted} launched."
+                )
+                + "</errorMessage><lifecycle>on-demand</lifecycle></item>"
+            )
+        body = (
+            (
+                f'<?xml version="1.0" encoding="UTF-8"?><CreateFleetResponse xmlns="{XMLNS}">'
+                f"<requestId>{uuid.uuid4()}</requestId><fleetId>{fleet_id}</fleetId>"
+                f"<errorSet>{errors}</errorSet><fleetInstanceSet>"
+            ).encode()
+            + instances
+            + b"</fleetInstanceSet></CreateFleetResponse>"
+        )
+        if token:
+            self._tokens[token] = body
+        return 200, {"Content-Type": "text/xml"}, body
+
+    def network_nodes(self, instance_id: str, zone: str) -> list[str]:
+        """Three layers, as EC2 reports them: a spine per zone, and below it the nodes of
+        the instance's placement (its fleet's placement group, else its fleet)."""
+        where = self.fleets.get(instance_id, {})
+        placement = where.get("group") or where.get("fleet") or instance_id
+
+        def node(*parts: str) -> str:
+            return "nn-" + hashlib.sha256("/".join(parts).encode()).hexdigest()[:17]
+
+        return [node(zone), node(zone, placement, "2"), node(zone, placement, "3")]
+
+    def _topology(self, form: dict[str, str], region: str) -> str:
+        ids = [v for k, v in sorted(form.items()) if k.startswith("InstanceId.")]
+        kwargs: dict[str, Any] = {"InstanceIds": ids} if ids else {}
+        try:
+            reservations = self.moto(region).describe_instances(**kwargs)["Reservations"]
+        except Exception:  # an unknown id: EC2 answers with the ones it knows
+            reservations = []
+        items = []
+        for reservation in reservations:
+            for i in reservation["Instances"]:
+                if i["State"]["Name"] not in LIVE_STATES:
+                    continue
+                zone = i["Placement"]["AvailabilityZone"]
+                nodes = "".join(
+                    f"<item>{n}</item>" for n in self.network_nodes(i["InstanceId"], zone)
+                )
+                group = self.fleets.get(i["InstanceId"], {}).get("group") or ""
+                items.append(
+                    f"<item><instanceId>{i['InstanceId']}</instanceId><instanceType>"
+                    f"{i['InstanceType']}</instanceType><groupName>{escape(group)}</groupName>"
+                    f"<networkNodeSet>{nodes}</networkNodeSet><availabilityZone>{zone}"
+                    f"</availabilityZone><zoneId>{zone}</zoneId></item>"
+                )
+        return f"<instanceSet>{''.join(items)}</instanceSet>"
+
+    def _create_group(self, form: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+        name = form.get("GroupName", "")
+        if name in self.placement_groups:
+            return _error(
+                400,
+                "InvalidPlacementGroup.Duplicate",
+                f"The placement group '{name}' already exists.",
+            )
+        self.placement_groups[name] = form.get("Strategy", "cluster")
+        return _xml(
+            "CreatePlacementGroupResponse",
+            _group_xml(name, self.placement_groups[name], tag="placementGroup"),
+        )
+
+    def _delete_group(self, form: dict[str, str], region: str) -> tuple[int, dict[str, str], bytes]:
+        name = form.get("GroupName", "")
+        if name not in self.placement_groups:
+            return _error(
+                400, "InvalidPlacementGroup.Unknown", f"The Placement Group '{name}' is unknown."
+            )
+        users = [i for i, where in self.fleets.items() if where.get("group") == name]
+        if users:
+            pages = self.moto(region).describe_instances(InstanceIds=users)["Reservations"]
+            if any(i["State"]["Name"] in LIVE_STATES for r in pages for i in r["Instances"]):
+                return _error(
+                    400, "InvalidPlacementGroup.InUse", f"The placement group '{name}' is in use."
+                )
+        del self.placement_groups[name]
+        return _xml("DeletePlacementGroupResponse", "<return>true</return>")
+
+    def _describe_groups(self, form: dict[str, str]) -> str:
+        names = [v for k, v in form.items() if k.startswith("GroupName.")]
+        items = "".join(
+            _group_xml(n, s, tag="item")
+            for n, s in self.placement_groups.items()
+            if not names or n in names
+        )
+        return f"<placementGroupSet>{items}</placementGroupSet>"
+
+
+def _group_xml(name: str, strategy: str, *, tag: str) -> str:
+    return (
+        f"<{tag}><groupName>{escape(name)}</groupName><strategy>{escape(strategy)}"
+        f"</strategy><state>available</state></{tag}>"
+    )
+
+
+def _xml(root: str, inner: str) -> tuple[int, dict[str, str], bytes]:
+    body = (
+        f'<?xml version="1.0" encoding="UTF-8"?><{root} xmlns="{XMLNS}"><requestId>'
+        f"{uuid.uuid4()}</requestId>{inner}</{root}>"
+    )
+    return 200, {"Content-Type": "text/xml"}, body.encode()
+
+
+def _error(status: int, code: str, message: str) -> tuple[int, dict[str, str], bytes]:
+    body = (
+        f'<?xml version="1.0" encoding="UTF-8"?><Response><Errors><Error><Code>{code}'
+        f"</Code><Message>{escape(message)}</Message></Error></Errors><RequestID>"
+        f"{uuid.uuid4()}</RequestID></Response>"
+    )
+    return status, {"Content-Type": "text/xml"}, body.encode()
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that went away mid-request (a Muster process killed by a scenario) is
+        # part of the test, not a server error worth a traceback.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
+@contextlib.contextmanager
+def serve(layer: Ec2Layer) -> Iterator[str]:
+    """Serve ``layer`` on an ephemeral loopback port; yields its endpoint URL."""
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _reply(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            status, headers, data = layer.handle(self.command, self.path, dict(self.headers), raw)
+            self.send_response(status)
+            for key, value in headers.items():
+                self.send_header(key, value)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = do_DELETE = do_PUT = _reply
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+    server = _Server(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+@contextlib.contextmanager
+def ec2_endpoint(log: str | None = None) -> Iterator[tuple[str, Ec2Layer]]:
+    """moto's server and the layer in front of it; yields (endpoint URL, layer)."""
+    moto = MotoServer(log)
+    moto.start()
+    try:
+        layer = Ec2Layer(moto.url)
+        with serve(layer) as url:
+            yield url, layer
+    finally:
+        moto.stop()
+
+
+AWS_TEST_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+"""Credentials moto accepts (any); a process talking to the endpoint needs some."""
+
+
+def aws_env(endpoint: str) -> dict[str, str]:
+    """Environment of a Muster process using the AWS provider against ``endpoint``."""
+    return dict(AWS_TEST_ENV, MUSTER_AWS_ENDPOINT_URL=endpoint)

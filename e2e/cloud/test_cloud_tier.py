@@ -1,0 +1,616 @@
+"""The cloud tier's scenarios, each on AWS (EC2 over HTTP) and GCP (Compute over HTTP): what a
+platform team meets when Muster buys GPU nodes on EKS or GKE."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import pytest
+
+from controller.commands import objects
+from controller.kube import ApiError, Body, KubeClient
+from controller.kube.resources import (
+    CAPACITY_POOLS,
+    NAMESPACES,
+    NODES,
+    POD_TEMPLATES,
+    PODS,
+    PROVISIONING_REQUESTS,
+    Resource,
+)
+from controller.kueue.resources import (
+    ADMISSION_CHECKS,
+    CLUSTER_QUEUES,
+    LOCAL_QUEUES,
+    PROVISIONING_REQUEST_CONFIGS,
+    RESOURCE_FLAVORS,
+)
+from controller.topology_defaults import MUSTER_REQUIRED, POOL_LABEL, UNREGISTERED_TAINT
+from e2e.cloud.tier import (
+    AWS_ZONE,
+    GCP_PROJECT,
+    GCP_ZONE,
+    LAUNCH_TEMPLATE,
+    REGION,
+    STOCK_KUBE_ENV,
+    Cloud,
+)
+
+pytestmark = [pytest.mark.real, pytest.mark.cloud]
+
+T = TypeVar("T")
+RUN_LABEL = "cloud-tier.muster.dev/run"
+LEVEL = {
+    "aws": "topology.k8s.aws/network-node-layer-3",
+    "gcp": "cloud.google.com/gce-topology-subblock",
+}
+PROVIDER_ID = {"aws": f"aws:///{AWS_ZONE}/", "gcp": f"gce://{GCP_PROJECT}/{GCP_ZONE}/"}
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T | None]], *, within: float = 40.0, what: str = "condition"
+) -> T:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    last: T | None = None
+    while True:
+        last = await probe()
+        if last:
+            return last
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {within:g}s waiting for {what}; last: {last!r}")
+        await asyncio.sleep(0.25)
+
+
+@dataclass
+class Scenario:
+    """One test on one cloud: its namespace, pool and helpers."""
+
+    cloud: Cloud
+    kube: KubeClient
+    provider: str
+    run: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+
+    @property
+    def namespace(self) -> str:
+        return f"cloud-{self.run}"
+
+    @property
+    def pool(self) -> str:
+        return f"{self.provider}-gpu-{self.run}"
+
+    @property
+    def level(self) -> str:
+        return LEVEL[self.provider]
+
+    def pool_body(self, **spec: Any) -> Body:
+        if self.provider == "aws":
+            parameters: Body = {
+                "region": REGION,
+                "launchTemplate": {"name": LAUNCH_TEMPLATE, "version": "1"},
+                "instanceType": "p5.48xlarge",
+                "subnets": {AWS_ZONE: self.cloud.subnet},
+                "recordNetworkTopology": True,
+            }
+        else:
+            parameters = {
+                "project": GCP_PROJECT,
+                "zone": GCP_ZONE,
+                "machineType": "a3-highgpu-8g",
+                "image": "projects/cos-cloud/global/images/family/cos-stable",
+                "metadata": {"kube-env": STOCK_KUBE_ENV},
+            }
+        body: Body = {
+            "apiVersion": "muster.dev/v1alpha1",
+            "kind": "CapacityPool",
+            "metadata": {"name": self.pool},
+            "spec": {
+                "provider": self.provider,
+                "maxNodes": 8,
+                "pricePerNodeHour": 98.0,
+                "expectedReadySeconds": 5,
+                "nodeTemplate": {
+                    "labels": {RUN_LABEL: self.run},
+                    "taints": [objects.GPU_TAINT],
+                    "allocatable": {
+                        "cpu": "180",
+                        "memory": "1800Gi",
+                        objects.GPU: "8",
+                        "pods": "110",
+                    },
+                },
+                "topology": {"level": self.level, "maxNodesPerDomain": 8},
+                "parameters": parameters,
+            },
+        }
+        body["spec"].update(spec)
+        return body
+
+    async def setup(self, **spec: Any) -> None:
+        await self.kube.create(
+            NAMESPACES,
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.namespace}},
+        )
+        await self.kube.create(CAPACITY_POOLS, self.pool_body(**spec))
+        template = objects.pod_template(
+            "workers",
+            namespace=self.namespace,
+            requests={"cpu": "90", "memory": "900Gi", objects.GPU: "8"},
+            required_level=self.level,
+            tolerations=[objects.GPU_TOLERATION],
+            node_selector={RUN_LABEL: self.run},
+        )
+        await self.kube.create(POD_TEMPLATES, template, namespace=self.namespace)
+        self.template = template
+
+    async def request(self, name: str, count: int) -> None:
+        await self.kube.create(
+            PROVISIONING_REQUESTS,
+            objects.provisioning_request(
+                name,
+                pod_sets=[("workers", count)],
+                namespace=self.namespace,
+            ),
+            namespace=self.namespace,
+        )
+
+    async def condition(self, request: str, type_: str) -> dict[str, Any] | None:
+        pr = await self.kube.get(PROVISIONING_REQUESTS, request, namespace=self.namespace)
+        for cond in (pr.get("status") or {}).get("conditions") or []:
+            if cond.get("type") == type_:
+                return dict(cond)
+        return None
+
+    async def wait_condition(
+        self, request: str, type_: str, status: str = "True", *, within: float = 60.0
+    ) -> dict[str, Any]:
+        async def probe() -> dict[str, Any] | None:
+            cond = await self.condition(request, type_)
+            return cond if cond is not None and cond.get("status") == status else None
+
+        return await eventually(probe, within=within, what=f"{request} {type_}={status}")
+
+    async def details(self, request: str) -> dict[str, str]:
+        pr = await self.kube.get(PROVISIONING_REQUESTS, request, namespace=self.namespace)
+        return dict((pr.get("status") or {}).get("provisioningClassDetails") or {})
+
+    async def pods_for(self, request: str, count: int) -> None:
+        details = await self.details(request)
+        selector = {self.level: details[self.level]} if self.level in details else {}
+        for i in range(count):
+            await self.kube.create(
+                PODS,
+                objects.consumer_pod(
+                    f"{request}-{i}",
+                    request=request,
+                    template=self.template,
+                    node_selector=selector,
+                ),
+                namespace=self.namespace,
+            )
+
+    async def cloud_nodes(self) -> list[Body]:
+        """The Nodes of this pool's live machines, found by providerID."""
+        ids = await asyncio.to_thread(self.machine_ids)
+        listing = await self.kube.list(NODES)
+        return [
+            n
+            for n in listing.get("items") or []
+            if (n.get("spec") or {}).get("providerID", "").startswith(PROVIDER_ID[self.provider])
+            and n["spec"]["providerID"].rsplit("/", 1)[-1] in ids
+        ]
+
+    def machines(self) -> list[dict[str, Any]]:
+        if self.provider == "aws":
+            return self.cloud.live_instances(self.pool)
+        return self.cloud.live_vms(self.pool)
+
+    def machine_ids(self) -> set[str]:
+        """Instance ids (AWS) or VM names (GCP) of the pool's live machines."""
+        if self.provider == "aws":
+            return {i["InstanceId"] for i in self.cloud.live_instances(self.pool)}
+        return {v["name"] for v in self.cloud.live_vms(self.pool)}
+
+    async def bound(self) -> dict[str, str]:
+        listing = await self.kube.list(PODS, namespace=self.namespace)
+        return {
+            p["metadata"]["name"]: p["spec"]["nodeName"]
+            for p in listing.get("items") or []
+            if p["spec"].get("nodeName")
+        }
+
+    async def cleanup(self) -> None:
+        with contextlib.suppress(ApiError):
+            await self.kube.delete(NAMESPACES, self.namespace)
+
+        async def released() -> bool:
+            return not await asyncio.to_thread(self.machines)
+
+        with contextlib.suppress(AssertionError):
+            await eventually(released, within=30, what="the pool's machines to be released")
+        with contextlib.suppress(ApiError):
+            await self.kube.delete(CAPACITY_POOLS, self.pool)
+
+
+@pytest.fixture(params=["aws", "gcp"])
+async def scenario(request: pytest.FixtureRequest, cloud: Cloud) -> AsyncIterator[Scenario]:
+    async with await KubeClient.from_kubeconfig(cloud.cluster.admin_kubeconfig) as kube:
+        s = Scenario(cloud, kube, request.param)
+        cloud.muster.new_lines()
+        problems = len(cloud.registrar.problems)
+        try:
+            yield s
+        finally:
+            await s.cleanup()
+            cloud.registrar.broken_pools.discard(s.pool)
+    assert cloud.muster.running, f"the tier's Muster exited:\n{cloud.muster.tail()}"
+    assert cloud.registrar.problems[problems:] == [], "the node lifecycle stand-in failed"
+    refused = [line for line in cloud.muster.new_lines() if "forbidden" in line.lower()]
+    assert not refused, "Muster was refused by RBAC:\n" + "\n".join(refused[:10])
+
+
+def _taints(node: Body) -> list[str]:
+    return [t["key"] for t in (node.get("spec") or {}).get("taints") or []]
+
+
+async def test_a_gang_is_provisioned_into_one_domain_and_bound(scenario: Scenario) -> None:
+    s = scenario
+    await s.setup()
+    await s.request("gang", 2)
+    await s.wait_condition("gang", "Provisioned")
+    nodes = await eventually(lambda: _registered(s, 2), what="2 registered cloud nodes")
+    details = await s.details("gang")
+    domain = details.get(s.level)
+    assert domain and not domain.startswith("muster-new-"), details
+    for node in nodes:
+        labels = node["metadata"]["labels"]
+        assert labels[s.level] == domain, "the domain published is the one registered"
+        assert labels[POOL_LABEL] == s.pool
+        assert labels[RUN_LABEL] == s.run, "the pool's nodeTemplate labels were applied"
+        assert UNREGISTERED_TAINT not in _taints(node)
+        assert objects.GPU in _taints(node)
+    await s.pods_for("gang", 2)
+    bound = await eventually(lambda: _bound_all(s, 2), what="the scheduler to bind 2 pods")
+    assert set(bound.values()) == {n["metadata"]["name"] for n in nodes}
+
+
+async def _registered(s: Scenario, count: int) -> list[Body] | None:
+    nodes = await s.cloud_nodes()
+    done = [
+        n
+        for n in nodes
+        if UNREGISTERED_TAINT not in _taints(n)
+        and (n["metadata"].get("labels") or {}).get(POOL_LABEL) == s.pool
+    ]
+    return done if len(done) == count else None
+
+
+async def _bound_all(s: Scenario, count: int) -> dict[str, str] | None:
+    bound = await s.bound()
+    return bound if len(bound) == count else None
+
+
+async def _provisioned_on(s: Scenario, request: str, count: int) -> list[Body]:
+    await s.wait_condition(request, "Provisioned")
+    return await eventually(lambda: _registered(s, count), what=f"{count} registered nodes")
+
+
+async def test_capacity_lost_mid_fleet_is_rolled_back(scenario: Scenario) -> None:
+    """The launch gets one machine of two before the cloud runs out (GCP: the bulkInsert
+    operation fails): whatever Muster decides next (a retry that provisions, or a failed
+    request), the machine of the failed launch is terminated and no machine is left but a
+    provisioned gang's."""
+    s = scenario
+    await s.setup()
+    known = set(s.cloud.layer.fleets)
+    if s.provider == "aws":
+        before = s.cloud.layer.actions.count("CreateFleet")
+        s.cloud.layer.inject_partial_fleet(1)
+    else:
+        before = len(s.cloud.compute.calls("bulk_insert"))
+        with s.cloud.compute.lock:
+            s.cloud.compute.operation_error = "ZONE_RESOURCE_POOL_EXHAUSTED"
+    await s.request("gang", 2)
+
+    async def settled() -> str | None:
+        for type_ in ("Provisioned", "Failed"):
+            cond = await s.condition("gang", type_)
+            if cond is not None and cond.get("status") == "True":
+                return type_
+        return None
+
+    outcome = await eventually(settled, within=60, what="the request to be Provisioned or Failed")
+    if s.provider == "aws":
+        assert s.cloud.layer.actions.count("CreateFleet") > before
+        partial = set(s.cloud.layer.fleets) - known
+        assert partial, "the partial fleet launched a machine"
+    else:
+        assert len(s.cloud.compute.calls("bulk_insert")) > before
+    nodes = await _registered(s, 2) if outcome == "Provisioned" else []
+    gang = {n["spec"]["providerID"].rsplit("/", 1)[-1] for n in nodes or []}
+
+    async def rolled_back() -> bool:
+        return await asyncio.to_thread(s.machine_ids) == gang
+
+    await eventually(rolled_back, within=30, what=f"only the gang's machines {gang} alive")
+
+
+async def test_muster_killed_between_launch_and_registration(scenario: Scenario) -> None:
+    """Muster dies after the machines were launched and before their Nodes registered; the
+    restarted Muster finds them by tag and providerID and provisions with exactly them."""
+    s = scenario
+    await s.setup()
+    s.cloud.registrar.held_pools.add(s.pool)
+    try:
+        await s.request("gang", 2)
+        launched = await eventually(lambda: _machines(s, 2), what="2 machines launched")
+        await asyncio.to_thread(s.cloud.muster.stop, signal.SIGKILL)
+        s.cloud.registrar.held_pools.discard(s.pool)
+        await asyncio.to_thread(s.cloud.muster.start)
+        nodes = await _provisioned_on(s, "gang", 2)
+    finally:
+        s.cloud.registrar.held_pools.discard(s.pool)
+    assert {n["spec"]["providerID"].rsplit("/", 1)[-1] for n in nodes} == launched
+    assert await asyncio.to_thread(s.machine_ids) == launched, "no second launch"
+
+
+async def _machines(s: Scenario, count: int) -> set[str] | None:
+    ids = await asyncio.to_thread(s.machine_ids)
+    return ids if len(ids) == count else None
+
+
+async def test_a_machine_that_never_registers_is_released(scenario: Scenario) -> None:
+    """Machines whose kubelet never registers are terminated after the registration budget,
+    and the request's condition says which and why."""
+    s = scenario
+    await s.setup()
+    s.cloud.registrar.broken_pools.add(s.pool)
+    await s.request("gang", 2)
+    first = await eventually(lambda: _machines(s, 2), what="2 machines launched")
+
+    async def said_so() -> str | None:
+        pr = await s.kube.get(PROVISIONING_REQUESTS, "gang", namespace=s.namespace)
+        for cond in (pr.get("status") or {}).get("conditions") or []:
+            text = (
+                f"{cond.get('type')}={cond.get('status')} {cond.get('reason')}: "
+                f"{cond.get('message')}"
+            )
+            if "never registered" in str(cond.get("message")):
+                return text
+        return None
+
+    said = await eventually(said_so, within=60, what="a condition naming the unregistered")
+    assert PROVIDER_ID[s.provider] in said, f"the machine is named by providerID: {said}"
+
+    async def first_gone() -> bool:
+        return not (await asyncio.to_thread(s.machine_ids)) & first
+
+    await eventually(first_gone, within=30, what="the unregistered machines to be terminated")
+    pr = await s.kube.get(PROVISIONING_REQUESTS, "gang", namespace=s.namespace)
+    provisioned = [
+        c
+        for c in (pr.get("status") or {}).get("conditions") or []
+        if c.get("type") == "Provisioned" and c.get("status") == "True"
+    ]
+    assert not provisioned, "never a Provisioned gang without its nodes"
+
+
+async def test_idle_release_terminates_the_machines(scenario: Scenario) -> None:
+    """A gang whose request goes away: its machines are idle and released, the instances
+    terminated, and their Nodes go with them."""
+    s = scenario
+    await s.setup()
+    await s.request("gang", 2)
+    nodes = await _provisioned_on(s, "gang", 2)
+    names = {n["metadata"]["name"] for n in nodes}
+    await s.kube.delete(PROVISIONING_REQUESTS, "gang", namespace=s.namespace)
+
+    async def terminated() -> bool:
+        return not await asyncio.to_thread(s.machine_ids)
+
+    await eventually(terminated, within=40, what="the idle machines to be terminated")
+
+    async def nodes_gone() -> bool:
+        listing = await s.kube.list(NODES)
+        return not names & {n["metadata"]["name"] for n in listing.get("items") or []}
+
+    await eventually(nodes_gone, within=20, what="their Nodes to go")
+
+
+async def test_a_machine_terminated_out_of_band_revokes_the_booking(scenario: Scenario) -> None:
+    s = scenario
+    await s.setup()
+    await s.request("gang", 2)
+    nodes = await _provisioned_on(s, "gang", 2)
+    victim = nodes[0]["spec"]["providerID"].rsplit("/", 1)[-1]
+    if s.provider == "aws":
+        await asyncio.to_thread(s.cloud.ec2.terminate_instances, InstanceIds=[victim])
+    else:
+        with s.cloud.compute.lock:
+            s.cloud.compute.instances[GCP_ZONE].pop(victim)
+    cond = await s.wait_condition("gang", "CapacityRevoked", within=40)
+    assert cond["reason"] == "BookedNodesVanished", cond
+
+
+JOBS = Resource("batch", "v1", "jobs", namespaced=True, kind="Job")
+KUEUE_V = "kueue.x-k8s.io/v1beta2"
+KUEUE_CHECK = "kueue.x-k8s.io/provisioning-request"
+ATOMIC = "atomic-provisioning.muster.dev"
+
+
+async def test_kueue_path_a_job_runs_on_the_cloud_nodes(scenario: Scenario) -> None:
+    """A batch/v1 Job queued in Kueue with its built-in ProvisioningRequest check naming
+    Muster's class: Muster buys the gang from the cloud, the machines register, Kueue admits
+    with the domain copied from provisioningClassDetails, the scheduler binds every pod."""
+    s = scenario
+    await s.setup()
+    names = {k: f"{k}-{s.run}" for k in ("flavor", "config", "check", "cq")}
+    cluster_scoped: list[tuple[Resource, str]] = []
+
+    async def create(res: Resource, body: Body) -> None:
+        await s.kube.create(res, body)
+        cluster_scoped.append((res, body["metadata"]["name"]))
+
+    try:
+        await create(
+            RESOURCE_FLAVORS,
+            {
+                "apiVersion": KUEUE_V,
+                "kind": "ResourceFlavor",
+                "metadata": {"name": names["flavor"]},
+                "spec": {"nodeLabels": {RUN_LABEL: s.run}, "tolerations": [objects.GPU_TOLERATION]},
+            },
+        )
+        await create(
+            PROVISIONING_REQUEST_CONFIGS,
+            {
+                "apiVersion": KUEUE_V,
+                "kind": "ProvisioningRequestConfig",
+                "metadata": {"name": names["config"]},
+                "spec": {
+                    "provisioningClassName": ATOMIC,
+                    "managedResources": [objects.GPU],
+                    "retryStrategy": {
+                        "backoffLimitCount": 2,
+                        "backoffBaseSeconds": 1,
+                        "backoffMaxSeconds": 4,
+                    },
+                    "podSetUpdates": {
+                        "nodeSelector": [
+                            {"key": s.level, "valueFromProvisioningClassDetail": s.level}
+                        ]
+                    },
+                },
+            },
+        )
+        await create(
+            ADMISSION_CHECKS,
+            {
+                "apiVersion": KUEUE_V,
+                "kind": "AdmissionCheck",
+                "metadata": {"name": names["check"]},
+                "spec": {
+                    "controllerName": KUEUE_CHECK,
+                    "parameters": {
+                        "apiGroup": "kueue.x-k8s.io",
+                        "kind": "ProvisioningRequestConfig",
+                        "name": names["config"],
+                    },
+                },
+            },
+        )
+        await create(
+            CLUSTER_QUEUES,
+            {
+                "apiVersion": KUEUE_V,
+                "kind": "ClusterQueue",
+                "metadata": {"name": names["cq"]},
+                "spec": {
+                    "namespaceSelector": {
+                        "matchLabels": {"kubernetes.io/metadata.name": s.namespace}
+                    },
+                    "resourceGroups": [
+                        {
+                            "coveredResources": ["cpu", "memory", objects.GPU],
+                            "flavors": [
+                                {
+                                    "name": names["flavor"],
+                                    "resources": [
+                                        {"name": "cpu", "nominalQuota": "1000"},
+                                        {"name": "memory", "nominalQuota": "10Ti"},
+                                        {"name": objects.GPU, "nominalQuota": "64"},
+                                    ],
+                                }
+                            ],
+                        }
+                    ],
+                    "admissionChecksStrategy": {"admissionChecks": [{"name": names["check"]}]},
+                },
+            },
+        )
+        await s.kube.create(
+            LOCAL_QUEUES,
+            {
+                "apiVersion": KUEUE_V,
+                "kind": "LocalQueue",
+                "metadata": {"name": "training", "namespace": s.namespace},
+                "spec": {"clusterQueue": names["cq"]},
+            },
+            namespace=s.namespace,
+        )
+
+        async def active() -> bool:
+            cq = await s.kube.get(CLUSTER_QUEUES, names["cq"])
+            return any(
+                c.get("type") == "Active" and c.get("status") == "True"
+                for c in (cq.get("status") or {}).get("conditions") or []
+            )
+
+        await eventually(active, within=30, what="the ClusterQueue to be Active")
+        await s.kube.create(JOBS, _job("train", s, 2), namespace=s.namespace)
+
+        async def bound() -> list[Body] | None:
+            listing = await s.kube.list(
+                PODS, namespace=s.namespace, label_selector="batch.kubernetes.io/job-name=train"
+            )
+            pods = [p for p in listing.get("items") or [] if p["spec"].get("nodeName")]
+            return pods if len(pods) == 2 else None
+
+        pods = await eventually(bound, within=120, what="Kueue to admit and 2 pods to bind")
+        nodes = {n["metadata"]["name"]: n for n in await s.cloud_nodes()}
+        assert len(nodes) == 2, f"Muster bought {sorted(nodes)} for a gang of 2"
+        domains = {nodes[p["spec"]["nodeName"]]["metadata"]["labels"][s.level] for p in pods}
+        assert len(domains) == 1, f"the gang runs in one {s.level}: {domains}"
+        assert {p["spec"]["nodeSelector"][s.level] for p in pods} == domains, (
+            "Kueue copied the registered domain from provisioningClassDetails"
+        )
+    finally:
+        with contextlib.suppress(ApiError):
+            await s.kube.delete(JOBS, "train", namespace=s.namespace)
+        await s.cleanup()
+        for res, name in reversed(cluster_scoped):
+            with contextlib.suppress(ApiError):
+                await s.kube.delete(res, name)
+
+
+def _job(name: str, s: Scenario, workers: int) -> Body:
+    """An Indexed Job of ``workers`` 8-GPU pods that must share one domain of the pool's
+    level (Muster's pod-template annotation, which Kueue copies to its PodTemplates)."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "namespace": s.namespace,
+            "labels": {"kueue.x-k8s.io/queue-name": "training"},
+        },
+        "spec": {
+            "suspend": True,
+            "parallelism": workers,
+            "completions": workers,
+            "completionMode": "Indexed",
+            "template": {
+                "metadata": {"annotations": {MUSTER_REQUIRED: s.level}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [
+                        {
+                            "name": "worker",
+                            "image": "registry.k8s.io/pause:3.10",
+                            "resources": {
+                                "requests": {"cpu": "8", "memory": "64Gi", objects.GPU: "8"},
+                                "limits": {objects.GPU: "8"},
+                            },
+                        }
+                    ],
+                },
+            },
+        },
+    }

@@ -1,0 +1,188 @@
+"""The cloud tier's EC2 endpoint (moto's server behind :mod:`e2e.cloud.ec2`), driven over real
+HTTP by Muster's AWS provider as the tier drives it: fleet all-or-nothing, ClientToken
+replay, capacity lost mid-fleet rolled back, network topology per placement."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from controller.acquire.keys import acquisition_key
+from controller.kube import KubeClient
+from controller.kube.resources import NODES
+from controller.topology_defaults import UNREGISTERED_TAINT
+from e2e.cloud.ec2 import AWS_TEST_ENV, Ec2Layer, ec2_endpoint
+from e2e.cloud.registrar import Registrar
+from providers.aws import AwsProvider, parse_parameters
+from providers.base import AcquireRequest, CapacityUnavailable
+from providers.naming import aws_client_token
+from sandbox.server import SandboxServer
+from tests.providers.conftest import (
+    AWS_ZONE,
+    CRDS,
+    ZONE_LABEL,
+    aws_parameters,
+    fast_aws_settings,
+    make_pool,
+)
+from tests.providers.test_bootstrap import STOCK
+
+
+@dataclass
+class Endpoint:
+    url: str
+    layer: Ec2Layer
+    ec2: Any
+    subnets: dict[str, str]
+    template: str
+
+    def provider(self) -> AwsProvider:
+        return AwsProvider(fast_aws_settings(endpoint_url=self.url))
+
+    def request(self, uid: str, count: int, **params: Any) -> AcquireRequest:
+        pool = make_pool(
+            "aws",
+            aws_parameters(
+                **{"launchTemplate": {"id": self.template}, "subnets": self.subnets, **params}
+            ),
+        )
+        return AcquireRequest(
+            key=acquisition_key(uid, 0, 0),
+            pool=pool,
+            count=count,
+            domain={ZONE_LABEL: AWS_ZONE},
+            owner=f"ml/{uid}",
+            owner_uid=uid,
+        )
+
+    def live(self) -> list[dict[str, Any]]:
+        pages = self.ec2.get_paginator("describe_instances").paginate(
+            Filters=[{"Name": "instance-state-name", "Values": ["pending", "running"]}]
+        )
+        return [i for p in pages for r in p["Reservations"] for i in r["Instances"]]
+
+
+@pytest.fixture(scope="module")
+def endpoint() -> Iterator[Endpoint]:
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in AWS_TEST_ENV.items():
+            mp.setenv(k, v)
+        with ec2_endpoint() as (url, layer):
+            ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=url)
+            vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
+            subnets = {
+                zone: ec2.create_subnet(VpcId=vpc, CidrBlock=cidr, AvailabilityZone=zone)["Subnet"][
+                    "SubnetId"
+                ]
+                for zone, cidr in ((AWS_ZONE, "10.0.1.0/24"), ("us-east-1b", "10.0.2.0/24"))
+            }
+            template = ec2.create_launch_template(
+                LaunchTemplateName="muster-gpu", LaunchTemplateData={"ImageId": "ami-12c6146b"}
+            )["LaunchTemplate"]["LaunchTemplateId"]
+            yield Endpoint(url, layer, ec2, subnets, template)
+
+
+@pytest.fixture
+def ep(endpoint: Endpoint) -> Iterator[Endpoint]:
+    yield endpoint
+    ids = [i["InstanceId"] for i in endpoint.live()]
+    if ids:
+        endpoint.ec2.terminate_instances(InstanceIds=ids)
+    endpoint.layer.stock.clear()
+    endpoint.layer.partial_fleets.clear()
+
+
+async def test_a_gang_launches_in_one_placement_with_network_topology(ep: Endpoint) -> None:
+    nodes = await ep.provider().acquire(ep.request("uid-a", 3))
+    assert len(ep.live()) == 3
+    layers = {
+        tuple(n.labels[f"topology.k8s.aws/network-node-layer-{k}"] for k in (1, 2, 3))
+        for n in nodes
+    }
+    assert len(layers) == 1, "instances of one fleet share their network nodes"
+    assert all(n.provider_id.startswith(f"aws:///{AWS_ZONE}/i-") for n in nodes)
+    other = await ep.provider().acquire(ep.request("uid-b", 1))
+    assert other[0].labels["topology.k8s.aws/network-node-layer-1"] == next(iter(layers))[0]
+    assert other[0].labels["topology.k8s.aws/network-node-layer-3"] != next(iter(layers))[2]
+
+
+async def test_min_target_capacity_is_all_or_nothing(ep: Endpoint) -> None:
+    ep.layer.stock[AWS_ZONE] = 2
+    with pytest.raises(CapacityUnavailable):
+        await ep.provider().acquire(ep.request("uid-c", 3))
+    assert ep.live() == []
+
+
+async def test_client_token_replay_launches_nothing_more(ep: Endpoint) -> None:
+    request = ep.request("uid-d", 2)
+    first = await ep.provider().acquire(request)
+    fleet = ep.provider()._fleet_request(
+        parse_parameters(request.pool), request, AWS_ZONE, ep.subnets[AWS_ZONE], None
+    )
+    assert fleet["ClientToken"] == aws_client_token(request.key)
+    again = ep.ec2.create_fleet(**fleet)
+    assert sorted(i for e in again["Instances"] for i in e["InstanceIds"]) == sorted(
+        n.provider_id.rsplit("/", 1)[1] for n in first
+    )
+    assert len(ep.live()) == 2
+
+
+async def test_capacity_lost_mid_fleet_is_rolled_back(ep: Endpoint) -> None:
+    ep.layer.inject_partial_fleet(1)
+    with pytest.raises(CapacityUnavailable, match="InsufficientInstanceCapacity"):
+        await ep.provider().acquire(ep.request("uid-e", 3))
+    assert ep.live() == [], "the one instance launched before capacity ran out is terminated"
+
+
+def test_placement_groups_exist_until_unused(ep: Endpoint) -> None:
+    ep.ec2.create_placement_group(GroupName="pg-a", Strategy="cluster")
+    groups = ep.ec2.describe_placement_groups(GroupNames=["pg-a"])["PlacementGroups"]
+    assert groups[0]["GroupName"] == "pg-a"
+    ep.ec2.delete_placement_group(GroupName="pg-a")
+    assert ep.ec2.describe_placement_groups()["PlacementGroups"] == []
+
+
+async def test_the_registrar_registers_what_the_vm_has_and_deletes_it_with_the_vm(
+    ep: Endpoint, tmp_path: Path
+) -> None:
+    """The tier's node lifecycle against the API sandbox: an instance launched from a stock
+    nodeadm template (Muster's copy) registers its Node behind the startup taint with the
+    cloud's name, providerID and topology; terminated, its Node goes."""
+    stock = ep.ec2.create_launch_template(
+        LaunchTemplateName="eks-al2023-stock",
+        LaunchTemplateData={
+            "ImageId": "ami-12c6146b",
+            "UserData": base64.b64encode(STOCK.encode()).decode(),
+        },
+    )["LaunchTemplate"]["LaunchTemplateId"]
+    request = ep.request(
+        "uid-f", 1, bootstrap="nodeadm", launchTemplate={"id": stock, "version": "1"}
+    )
+    nodes = await ep.provider().acquire(request)
+    server = SandboxServer(crd_dir=CRDS)
+    await server.start()
+    try:
+        kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
+        registrar = Registrar(kubeconfig, ec2=ep.ec2, boot_seconds=0)
+        async with await KubeClient.from_kubeconfig(kubeconfig) as kube:
+            await registrar.sync(kube)
+            node = await kube.get(NODES, nodes[0].name)
+            assert node["spec"]["providerID"] == nodes[0].provider_id
+            assert node["spec"]["taints"] == [{"key": UNREGISTERED_TAINT, "effect": "NoExecute"}]
+            labels = node["metadata"]["labels"]
+            assert (
+                labels["topology.k8s.aws/network-node-layer-3"]
+                == nodes[0].labels["topology.k8s.aws/network-node-layer-3"]
+            )
+            ep.ec2.terminate_instances(InstanceIds=[nodes[0].provider_id.rsplit("/", 1)[1]])
+            await registrar.sync(kube)
+            assert await kube.get_or_none(NODES, nodes[0].name) is None
+        assert registrar.problems == []
+    finally:
+        await server.stop()
