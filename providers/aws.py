@@ -31,7 +31,6 @@ import logging
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -53,6 +52,7 @@ from providers.common import (
     INSTANCE_TYPE_LABEL,
     CloudProviderSettings,
     PoolParameters,
+    ReservationFigures,
     parse_pool_parameters,
 )
 from providers.naming import aws_client_token, aws_placement_group_name
@@ -926,23 +926,6 @@ class AwsProvider(AtomicProvider[Instance]):
             owner_uid=tags.get(TAG_OWNER_UID, ""),
             labels=labels,
         )
-
-
-@dataclass(frozen=True)
-class ReservationFigures:
-    """One reservation as the cloud counts it: reserved = used + free."""
-
-    id: str
-    zone: str
-    reserved: int
-    free: int
-    state: str
-    start: datetime | None = None
-    end: datetime | None = None
-
-    @property
-    def used(self) -> int:
-        return self.reserved - self.free
 
 
 def _figures(found: Mapping[str, Any]) -> ReservationFigures:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from controller.api.capacitypool import CapacityPool
@@ -49,6 +49,7 @@ from providers.common import (
     INSTANCE_TYPE_LABEL,
     CloudProviderSettings,
     PoolParameters,
+    ReservationFigures,
     parse_pool_parameters,
 )
 from providers.naming import (
@@ -118,12 +119,47 @@ class ServiceAccountParams(PoolParameters):
     )
 
 
+RESERVATION_NAME_KEY = "compute.googleapis.com/reservation-name"
+"""The reservationAffinity key that targets a specific reservation by name."""
+
+
 class ReservationParams(PoolParameters):
     consume: Literal["ANY_RESERVATION", "NO_RESERVATION", "SPECIFIC_RESERVATION"] = (
         "ANY_RESERVATION"
     )
     key: str | None = None
     values: list[str] = Field(default_factory=list)
+    name: str | None = Field(
+        default=None,
+        pattern=r"^([a-z][-a-z0-9]{0,61}[a-z0-9]|projects/[a-z][a-z0-9-]{4,28}[a-z0-9]"
+        r"/reservations/[a-z][-a-z0-9]{0,61}[a-z0-9])$",
+        description="A specific reservation (in the pool's project, or "
+        "projects/P/reservations/R shared from another): instances consume only it "
+        "(SPECIFIC_RESERVATION) and fail rather than run outside it",
+    )
+    block: str | None = Field(
+        default=None,
+        pattern=r"^[a-z][-a-z0-9]{0,61}[a-z0-9]$",
+        description="A block of that reservation: the whole gang lands in it",
+    )
+
+    @model_validator(mode="after")
+    def _named(self) -> ReservationParams:
+        if self.block is not None and self.name is None:
+            raise ValueError("block needs the reservation's name")
+        if self.name is not None:
+            if self.key is not None or self.values:
+                raise ValueError("set either name (and block) or key and values")
+            if "consume" in self.model_fields_set and self.consume != "SPECIFIC_RESERVATION":
+                raise ValueError("a named reservation is consumed as SPECIFIC_RESERVATION")
+        return self
+
+    def affinity(self) -> tuple[str, str | None, list[str]]:
+        """(consume type, key, values) of the instances' reservationAffinity."""
+        if self.name is None:
+            return self.consume, self.key, list(self.values)
+        target = self.name if self.block is None else f"{self.name}/reservationBlocks/{self.block}"
+        return "SPECIFIC_RESERVATION", RESERVATION_NAME_KEY, [target]
 
 
 class GcpPoolParameters(PoolParameters):
@@ -220,6 +256,8 @@ class GcpClients:
     zone_operations: Any
     resource_policies: Any
     region_operations: Any
+    reservations: Any = None
+    reservation_blocks: Any = None
 
     @classmethod
     def create(
@@ -242,6 +280,8 @@ class GcpClients:
             zone_operations=compute_v1.ZoneOperationsClient(**kwargs),
             resource_policies=compute_v1.ResourcePoliciesClient(**kwargs),
             region_operations=compute_v1.RegionOperationsClient(**kwargs),
+            reservations=compute_v1.ReservationsClient(**kwargs),
+            reservation_blocks=compute_v1.ReservationBlocksClient(**kwargs),
         )
 
 
@@ -361,6 +401,44 @@ class GcpProvider(AtomicProvider[Any]):
 
     def check(self, request: AcquireRequest) -> None:
         self._check_zone(parse_parameters(request.pool), request)
+
+    async def reservations(self, pool: CapacityPool) -> list[ReservationFigures]:
+        """The cloud's own figures of the pool's named reservation (reservations.get), or
+        of its block (reservationBlocks.get) when the pool names one: empty without a
+        name. A reservation shared from another project is read in that project."""
+        params = parse_parameters(pool)
+        reservation = params.reservation
+        if reservation is None or reservation.name is None:
+            return []
+        project, name = params.project, reservation.name
+        if name.startswith("projects/"):
+            _, project, _, name = name.split("/")
+        clients = await self._get_clients()
+        if reservation.block is not None:
+            got = await self._calls.call(
+                clients.reservation_blocks.get,
+                what="reservationBlocks.get",
+                timeout=self.settings.request_timeout_seconds,
+                project=project, zone=params.zone, reservation=name,
+                reservation_block=reservation.block,
+            )
+            block = got.resource
+            return [ReservationFigures(
+                id=f"{name}/reservationBlocks/{block.name}", zone=params.zone,
+                reserved=int(block.count), free=max(0, int(block.count - block.in_use_count)),
+                state=str(block.status),
+            )]
+        found = await self._calls.call(
+            clients.reservations.get,
+            what="reservations.get",
+            timeout=self.settings.request_timeout_seconds,
+            project=project, zone=params.zone, reservation=name,
+        )
+        sku = found.specific_reservation
+        return [ReservationFigures(
+            id=name, zone=params.zone, reserved=int(sku.count),
+            free=max(0, int(sku.count - sku.in_use_count)), state=str(found.status),
+        )]
 
     async def find(self, pool: CapacityPool, key: str | None) -> Instances:
         params = parse_parameters(pool)
@@ -488,12 +566,11 @@ class GcpProvider(AtomicProvider[Any]):
                                           scopes=params.service_account.scopes)
             ]
         if params.reservation is not None:
-            affinity = compute_v1.ReservationAffinity(
-                consume_reservation_type=params.reservation.consume
-            )
-            if params.reservation.key:
-                affinity.key = params.reservation.key
-                affinity.values = params.reservation.values
+            consume, key, values = params.reservation.affinity()
+            affinity = compute_v1.ReservationAffinity(consume_reservation_type=consume)
+            if key:
+                affinity.key = key
+                affinity.values = values
             props.reservation_affinity = affinity
         if policy is not None:
             props.resource_policies = [policy]

@@ -13,8 +13,13 @@ from botocore.stub import ANY, Stubber
 
 from providers.aws import AwsProvider, parse_parameters
 from providers.base import AcquireRequest, CapacityUnavailable, ProviderConfigError
-from tests.providers.conftest import AWS_ZONE, ZONE_LABEL, aws_parameters, fast_aws_settings
-from tests.providers.conftest import make_pool
+from tests.providers.conftest import (
+    AWS_ZONE,
+    ZONE_LABEL,
+    aws_parameters,
+    fast_aws_settings,
+    make_pool,
+)
 from tests.providers.test_aws_stubbed import (
     KEY,
     KEY_FILTERS,
