@@ -338,3 +338,60 @@ async def test_an_api_server_away_is_one_warning_line_per_interval_without_trace
     assert len(lines) == 1, [r.getMessage() for r in lines]
     assert lines[0].exc_info is None
     assert "no answer ClientConnectorError" in lines[0].getMessage()
+
+
+async def test_reservation_figures_are_read_on_a_bounded_cadence_and_kept_on_errors() -> None:
+    from controller.api.capacitypool import CapacityPoolStatus
+    from controller.config import PoolStatusConfig
+    from controller.reconcilers.pool_status import PoolStatusWriter
+    from providers.base import TransientProviderError
+    from providers.common import ReservationFigures
+
+    class Provider:
+        reads = 0
+        fail = False
+
+        async def reservations(self, pool: CapacityPool) -> list[ReservationFigures]:
+            self.reads += 1
+            if self.fail:
+                raise TransientProviderError("DescribeCapacityReservations: throttled")
+            return [ReservationFigures(id="cr-0abc", zone="us-east-1a", reserved=16,
+                                       free=16 - self.reads, state="active",
+                                       end=NOW + timedelta(days=7))]
+
+    class Providers:
+        provider = Provider()
+
+        def for_pool(self, pool: CapacityPool) -> Provider:
+            return self.provider
+
+    clock = ManualClock(NOW)
+    providers = Providers()
+    writer = PoolStatusWriter(kube=None, state=None, providers=providers,  # type: ignore[arg-type]
+                              config=PoolStatusConfig(reservation_refresh_seconds=60),
+                              clock=clock)
+    pool = CapacityPool.model_validate(_pool_body())
+    first = await writer._reservation_rows(pool, ())
+    assert first == [{"id": "cr-0abc", "zone": "us-east-1a", "reserved": 16, "used": 1,
+                      "free": 15, "state": "active", "end": "2026-12-07T12:00:00Z",
+                      "observedAt": "2026-11-30T12:00:00Z"}]
+    await clock.advance(59)
+    assert await writer._reservation_rows(pool, ()) == first and providers.provider.reads == 1
+    await clock.advance(1)
+    assert (await writer._reservation_rows(pool, ()))[0]["used"] == 2
+    providers.provider.fail = True
+    await clock.advance(60)
+    kept = await writer._reservation_rows(pool, ())
+    assert kept[0]["used"] == 2 and providers.provider.reads == 3
+    # A pool with errors is not read at all.
+    await clock.advance(60)
+    await writer._reservation_rows(pool, ("spec.parameters: bad",))
+    assert providers.provider.reads == 3
+
+    state = ClusterState(levels=DEFAULT_LEVELS)
+    state.replace_pools([_pool_body()])
+    facts = replace(_facts(state), reservations=kept)
+    status = pool_status(facts, NOW)
+    assert status["reservations"] == kept
+    assert CapacityPoolStatus.model_validate(status).reservations[0].free == 14
+    assert "reservations" not in pool_status(_facts(state), NOW)
