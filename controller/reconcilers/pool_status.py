@@ -163,6 +163,12 @@ class PoolStatusWriter:
                 row["end"] = rfc3339(f.end)
             rows.append(row)
         self._reservations[name] = (now, rows)
+        if figures:
+            # One reservation per pool today: its free instances bound what is planned.
+            first = figures[0]
+            self.state.set_pool_reservation(name, first.free, start=first.start, end=first.end)
+        else:
+            self.state.set_pool_reservation(name, None)
         return rows
 
     async def _provider_errors(self, pool: CapacityPool) -> tuple[str, ...]:
@@ -191,6 +197,7 @@ class PoolStatusWriter:
             del self._validated[name]
         for name in [n for n in self._reservations if n not in wanted]:
             del self._reservations[name]
+            self.state.set_pool_reservation(name, None)
         changed = [n for n, status in wanted.items()
                    if _canonical(status) != _canonical(self.state.pool_status(n))]
         for name in [n for n in self._waiting_since if n not in changed]:

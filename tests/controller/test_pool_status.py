@@ -367,7 +367,9 @@ async def test_reservation_figures_are_read_on_a_bounded_cadence_and_kept_on_err
 
     clock = ManualClock(NOW)
     providers = Providers()
-    writer = PoolStatusWriter(kube=None, state=None, providers=providers,  # type: ignore[arg-type]
+    cache = ClusterState(levels=DEFAULT_LEVELS)
+    cache.replace_pools([_pool_body()])
+    writer = PoolStatusWriter(kube=None, state=cache, providers=providers,  # type: ignore[arg-type]
                               config=PoolStatusConfig(reservation_refresh_seconds=60),
                               clock=clock)
     pool = CapacityPool.model_validate(_pool_body())
@@ -379,6 +381,9 @@ async def test_reservation_figures_are_read_on_a_bounded_cadence_and_kept_on_err
     assert await writer._reservation_rows(pool, ()) == first and providers.provider.reads == 1
     await clock.advance(1)
     assert (await writer._reservation_rows(pool, ()))[0]["used"] == 2
+    # The planner adds at most what the reservation still holds (14 of the pool's 6: 6).
+    [planned] = cache.snapshot(now=clock.now()).pools
+    assert planned.max_new_nodes == 6
     providers.provider.fail = True
     await clock.advance(60)
     kept = await writer._reservation_rows(pool, ())
@@ -395,3 +400,19 @@ async def test_reservation_figures_are_read_on_a_bounded_cadence_and_kept_on_err
     assert status["reservations"] == kept
     assert CapacityPoolStatus.model_validate(status).reservations[0].free == 14
     assert "reservations" not in pool_status(_facts(state), NOW)
+
+
+def test_a_reservation_caps_what_is_planned_into_the_pool_and_only_inside_its_window() -> None:
+    state = ClusterState(levels=DEFAULT_LEVELS)
+    state.replace_pools([_pool_body()])
+    [pool] = state.snapshot(now=NOW).pools
+    assert pool.max_new_nodes == 6
+    start, end = NOW + timedelta(hours=1), NOW + timedelta(days=7)
+    state.set_pool_reservation("p", 3, start=start, end=end)
+    assert state.snapshot(now=NOW).pools[0].max_new_nodes == 0  # the block has not begun
+    [inside] = state.snapshot(now=start).pools
+    assert inside.max_new_nodes == 3
+    assert max(d.max_new_nodes for d in inside.domains) == 3
+    assert state.snapshot(now=end).pools[0].max_new_nodes == 0  # it has ended
+    state.set_pool_reservation("p", None)
+    assert state.snapshot(now=end).pools[0].max_new_nodes == 6
