@@ -81,11 +81,38 @@ def observed_domain(group: Group, nodes: Sequence[Node]) -> dict[tuple[str, str]
     return out
 
 
+CLOUD_UNINITIALIZED = "node.cloudprovider.kubernetes.io/uninitialized"
+"""The kubelet's ``--cloud-provider=external`` taint, lifted by the cloud-controller-manager
+once it has labelled the node (zone, instance type, topology)."""
+
+
+def awaiting_cloud(node: Node) -> bool:
+    """The cloud-controller-manager has not initialised ``node`` yet: its zone and topology
+    labels may still be missing, so the domain cannot be checked (nor filled in) yet."""
+    return any(t.key == CLOUD_UNINITIALIZED for t in node.spec.taints)
+
+
+BASE_RESOURCES = frozenset({"cpu", "memory", "pods", "ephemeral-storage"})
+
+
+def missing_devices(node: Node, pool: CapacityPool) -> list[str]:
+    """Extended resources (GPUs, EFA, ...) the pool's nodes offer that ``node`` does not
+    advertise yet (its device plugin is still starting): until they show, the node is not
+    what was planned, and pods asking for them would stay Pending."""
+    have = node.allocatable()
+    return sorted(
+        name for name, amount in pool.spec.node_template.allocatable.items()
+        if name not in BASE_RESOURCES and "/" in name and str(amount) not in ("0", "")
+        and str(have.get(name, "0")) in ("0", "")
+    )
+
+
 def registration(
     node: Node, pool: CapacityPool, group: Group, *, owner: str, owner_uid: str
 ) -> dict[str, Any] | OutsideDomain | None:
     """The merge patch that registers ``node`` as a node of ``group``, None when it is
     registered already, or :class:`OutsideDomain` when it is not where the group was planned.
+    Call it only once the cloud initialised the node (:func:`awaiting_cloud`).
     """
     labels = node.metadata.labels
     for key, planned in sorted(group.domain.items()):

@@ -38,6 +38,8 @@ from controller.acquire.keys import groups_for
 from controller.acquire.providers import ProviderSet
 from controller.acquire.registration import (
     OutsideDomain,
+    awaiting_cloud,
+    missing_devices,
     observed_domain,
     placeholder,
     register,
@@ -494,9 +496,16 @@ class ProvisioningService:
         finally:
             timer.cancel()
         out: list[str] = []
+        pools = {p: self.state.pools().get(g.pool) for g in booking.groups
+                 for p in g.provider_ids}
         for pid in pending:
             node = self.state.node_by_provider_id(pid)
-            if node is not None:
+            pool = pools.get(pid)
+            missing = missing_devices(node, pool) if node is not None and pool else []
+            if node is not None and missing:
+                # The device plugin never advertised what the pool's nodes offer.
+                out.append(f"{node.metadata.name} (no {', '.join(missing)} in allocatable)")
+            elif node is not None:
                 out.append(node.metadata.name)
             elif "://" in pid:
                 # No Node with the providerID: the machine's kubelet never registered (a
@@ -522,7 +531,7 @@ class ProvisioningService:
             pool = pools.get(group.pool)
             for pid in group.provider_ids:
                 node = self.state.node_by_provider_id(pid)
-                if node is None or pool is None:
+                if node is None or pool is None or awaiting_cloud(node):
                     pending.append(pid)
                     continue
                 patch = registration(node, pool, group, owner=req.key, owner_uid=req.uid)
@@ -540,9 +549,10 @@ class ProvisioningService:
                         # pending until its next change would wait for nothing.
                         self.state.upsert_node(written)
                         node = self.state.node_by_provider_id(pid)
-                    if node is None or written is None or not node.settled:
+                    if (node is None or written is None or not node.settled
+                            or missing_devices(node, pool)):
                         pending.append(pid)
-                elif not node.settled:
+                elif not node.settled or missing_devices(node, pool):
                     pending.append(pid)
         return pending, outside
 

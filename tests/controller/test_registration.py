@@ -44,3 +44,29 @@ def test_nodes_that_disagree_publish_nothing_and_fresh_values_are_per_acquisitio
     other = Group("k2", "gpu", {objects.RACK: FRESH}, 2)
     assert fresh_domain(group) != fresh_domain(other)
     assert not placeholder(fresh_domain(group))
+
+
+def test_a_node_the_cloud_has_not_initialised_is_left_for_the_cloud_first() -> None:
+    """Until the cloud-controller-manager lifted its taint, the node's zone and topology
+    labels may be missing: Muster neither checks nor fills in the domain yet."""
+    from controller.acquire.registration import CLOUD_UNINITIALIZED, awaiting_cloud
+
+    body = objects.node("i-0a", allocatable={"cpu": "1"})
+    body.setdefault("spec", {})["taints"] = [
+        {"key": CLOUD_UNINITIALIZED, "value": "true", "effect": "NoSchedule"},
+        {"key": "muster.dev/unregistered", "effect": "NoExecute"},
+    ]
+    assert awaiting_cloud(Node.model_validate(body))
+    body["spec"]["taints"] = body["spec"]["taints"][1:]
+    assert not awaiting_cloud(Node.model_validate(body))
+
+
+def test_a_node_is_not_what_was_planned_until_its_devices_show() -> None:
+    from controller.acquire.registration import missing_devices
+    from controller.api.capacitypool import CapacityPool
+
+    pool = CapacityPool.model_validate(objects.gpu_pool("gpu"))
+    starting = Node.model_validate(objects.node("i-0a", allocatable={"cpu": "96"}))
+    assert missing_devices(starting, pool) == [objects.GPU]
+    ready = Node.model_validate(objects.node("i-0a", allocatable={"cpu": "96", objects.GPU: "8"}))
+    assert missing_devices(ready, pool) == []
