@@ -24,6 +24,7 @@ Nodes are assumed to register under their instance name (GCE's kubelet default).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -162,6 +163,17 @@ class ReservationParams(PoolParameters):
         return "SPECIFIC_RESERVATION", RESERVATION_NAME_KEY, [target]
 
 
+class FlexStartParams(PoolParameters):
+    """Queued provisioning (Dynamic Workload Scheduler flex-start): gangs are asked of an
+    existing managed instance group (its instance template FLEX_START) by resize request,
+    all or nothing, and wait in Compute's queue instead of failing on a stock-out."""
+
+    instance_group_manager: str = Field(
+        alias="instanceGroupManager", pattern=r"^[a-z][-a-z0-9]{0,61}[a-z0-9]$",
+        description="The zonal managed instance group (in the pool's zone) resized.",
+    )
+
+
 class GcpPoolParameters(PoolParameters):
     """``spec.parameters`` of a CapacityPool with ``provider: gcp``."""
 
@@ -195,6 +207,7 @@ class GcpPoolParameters(PoolParameters):
         default="STANDARD", alias="provisioningModel"
     )
     reservation: ReservationParams | None = None
+    flex_start: FlexStartParams | None = Field(default=None, alias="flexStart")
     zone_label: str = Field(default="topology.kubernetes.io/zone", alias="zoneLabel")
 
     @property
@@ -258,6 +271,7 @@ class GcpClients:
     region_operations: Any
     reservations: Any = None
     reservation_blocks: Any = None
+    resize_requests: Any = None
 
     @classmethod
     def create(
@@ -282,6 +296,7 @@ class GcpClients:
             region_operations=compute_v1.RegionOperationsClient(**kwargs),
             reservations=compute_v1.ReservationsClient(**kwargs),
             reservation_blocks=compute_v1.ReservationBlocksClient(**kwargs),
+            resize_requests=compute_v1.InstanceGroupManagerResizeRequestsClient(**kwargs),
         )
 
 
@@ -370,6 +385,28 @@ def _expected(exc: BaseException, expect: Collection[int]) -> ExpectedStatus | N
 Instances = list[Any]
 Nodes = list[ProvidedNode]
 
+MIN_RUN_SECONDS = 600
+MAX_RUN_SECONDS = 7 * 24 * 3600
+"""Compute's bounds of a resize request's requestedRunDuration (10 minutes to 7 days)."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedStatus:
+    """A gang's resize request as Compute reports it."""
+
+    name: str
+    state: str
+    """ACCEPTED (queued), CREATING, SUCCEEDED, FAILED or CANCELLED."""
+    since: str = ""
+    """creationTimestamp: when it joined the queue."""
+    error: str = ""
+
+
+def resize_request_name(key: str) -> str:
+    """The resize request of acquisition ``key`` (RFC 1035, deterministic: a repeated
+    insert of the same key is the same request)."""
+    return "muster-" + hashlib.sha256(key.encode()).hexdigest()[:40]
+
 
 class GcpProvider(AtomicProvider[Any]):
     """The ``gcp`` provider: the all-or-nothing skeleton over Compute Engine VMs. Safe to
@@ -401,6 +438,105 @@ class GcpProvider(AtomicProvider[Any]):
 
     def check(self, request: AcquireRequest) -> None:
         self._check_zone(parse_parameters(request.pool), request)
+
+    # ---- queued provisioning (flex-start resize requests) ------------------------------
+
+    def _flex(self, pool: CapacityPool) -> tuple[GcpPoolParameters, FlexStartParams]:
+        params = parse_parameters(pool)
+        if params.flex_start is None:
+            raise ProviderConfigError(
+                f"pool {pool.metadata.name}: queued provisioning needs "
+                "spec.parameters.flexStart.instanceGroupManager"
+            )
+        return params, params.flex_start
+
+    async def enqueue(self, request: AcquireRequest, run_seconds: int) -> QueuedStatus:
+        """Ask the pool's MIG for ``request.count`` VMs at once (resizeBy), to run
+        ``run_seconds`` (the MIG deletes them then); idempotent per key."""
+        from google.cloud import compute_v1
+
+        if not MIN_RUN_SECONDS <= run_seconds <= MAX_RUN_SECONDS:
+            raise ProviderConfigError(
+                f"acquire {request.key}: a flex-start run lasts {MIN_RUN_SECONDS} to "
+                f"{MAX_RUN_SECONDS} seconds, not {run_seconds} (maxRunDurationSeconds)"
+            )
+        self.check(request)
+        params, flex = self._flex(request.pool)
+        clients = await self._get_clients()
+        await self._calls.call(
+            clients.resize_requests.insert_unary,
+            what="instanceGroupManagerResizeRequests.insert",
+            timeout=self.settings.request_timeout_seconds,
+            expect={409},  # the same key's request, from an earlier try
+            request=compute_v1.InsertInstanceGroupManagerResizeRequestRequest(
+                project=params.project, zone=params.zone,
+                instance_group_manager=flex.instance_group_manager,
+                request_id=gcp_request_id(request.key, "resize-request"),
+                instance_group_manager_resize_request_resource=(
+                    compute_v1.InstanceGroupManagerResizeRequest(
+                        name=resize_request_name(request.key),
+                        resize_by=request.count,
+                        requested_run_duration=compute_v1.Duration(seconds=run_seconds),
+                        description=f"muster {request.owner} {request.key}",
+                    )
+                ),
+            ),
+        )
+        found = await self.queued(request.pool, request.key)
+        if found is None:
+            raise TransientProviderError(
+                f"acquire {request.key}: resize request {resize_request_name(request.key)} "
+                "not visible after its insert"
+            )
+        return found
+
+    async def queued(self, pool: CapacityPool, key: str) -> QueuedStatus | None:
+        """The key's resize request as Compute reports it, or None when there is none."""
+        params, flex = self._flex(pool)
+        clients = await self._get_clients()
+        name = resize_request_name(key)
+        got = await self._calls.call(
+            clients.resize_requests.get,
+            what="instanceGroupManagerResizeRequests.get",
+            timeout=self.settings.request_timeout_seconds,
+            expect={404},
+            project=params.project, zone=params.zone,
+            instance_group_manager=flex.instance_group_manager, resize_request=name,
+        )
+        if isinstance(got, ExpectedStatus):
+            return None
+        errors = [e.message or e.code for e in got.status.error.errors] if got.status else []
+        return QueuedStatus(name=got.name, state=got.state, since=got.creation_timestamp,
+                            error="; ".join(errors))
+
+    async def cancel_queued(self, pool: CapacityPool, key: str) -> bool:
+        """Take the key's request out of Compute's queue and delete it (cancel only works
+        while ACCEPTED; a SUCCEEDED request's VMs are the MIG's to delete, by release).
+        False when there was none."""
+        params, flex = self._flex(pool)
+        found = await self.queued(pool, key)
+        if found is None:
+            return False
+        clients = await self._get_clients()
+        where = {"project": params.project, "zone": params.zone,
+                 "instance_group_manager": flex.instance_group_manager,
+                 "resize_request": found.name}
+        if found.state == "ACCEPTED":
+            await self._calls.call(
+                clients.resize_requests.cancel_unary,
+                what="instanceGroupManagerResizeRequests.cancel",
+                timeout=self.settings.request_timeout_seconds,
+                expect={400, 404},  # granted or gone meanwhile
+                **where,
+            )
+        await self._calls.call(
+            clients.resize_requests.delete_unary,
+            what="instanceGroupManagerResizeRequests.delete",
+            timeout=self.settings.request_timeout_seconds,
+            expect={400, 404},
+            **where,
+        )
+        return True
 
     async def reservations(self, pool: CapacityPool) -> list[ReservationFigures]:
         """The cloud's own figures of the pool's named reservation (reservations.get), or

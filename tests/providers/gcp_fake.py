@@ -16,6 +16,12 @@ reservation's shortfall ends with is not known here) or RESOURCE_NOT_FOUND when 
 none; reservations.get and reservationBlocks.get report the in-use counts. Not simulated:
 machine-type/accelerator matching against the reservation's instance properties, shared
 reservations' project permissions, sub-blocks, and where inside a block VMs land.
+
+Flex-start resize requests of a zonal MIG (insert with name, exactly one of resizeBy and
+instances, requestedRunDuration 10 minutes to 7 days; get; cancel only while ACCEPTED;
+delete only once not ACCEPTED/CREATING): they stay ACCEPTED until a test calls ``grant``,
+which creates all the VMs at once. Not simulated: the MIG itself (its template, target
+size, listManagedInstances), the run duration's expiry, and the queue's own timeout.
 """
 
 from __future__ import annotations
@@ -73,6 +79,8 @@ class FakeCompute:
     """(zone, reservation) -> block name -> how many VMs the block holds."""
     consumed: dict[tuple[str, str], tuple[str, str | None]] = field(default_factory=dict)
     """(zone, instance) -> (reservation, block) it runs in."""
+    resize_requests: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
+    """(zone, instance group manager, name) -> resize request JSON (queued flex-start)."""
     requests: list[Recorded] = field(default_factory=list)
     injected: list[Injected] = field(default_factory=list)
     _request_ids: dict[str, str] = field(default_factory=dict)
@@ -111,6 +119,18 @@ class FakeCompute:
     def in_use(self, zone: str, name: str, block: str | None = None) -> int:
         return sum(1 for (z, _), (r, b) in self.consumed.items()
                    if z == zone and r == name and (block is None or b == block))
+
+    def grant(self, zone: str, mig: str, name: str) -> None:
+        """The queue grants a resize request: all its VMs at once, SUCCEEDED."""
+        found = self.resize_requests[(zone, mig, name)]
+        existing = self.instances.setdefault(zone, {})
+        for vm in _names(f"{mig}-####", int(found["resizeBy"]), existing):
+            existing[vm] = {"kind": "compute#instance", "id": str(next(self._ids)),
+                            "name": vm, "status": "PROVISIONING", "labels": {},
+                            "metadata": {"items": []}, "resourcePolicies": [],
+                            "zone": f"https://compute.googleapis.com/compute/v1/projects/"
+                                    f"p/zones/{zone}"}
+        found["state"] = "SUCCEEDED"
 
     def inject(self, action: str, status: int, reason: str, times: int = 1) -> None:
         self.injected.append(Injected(action, status, reason, times))
@@ -259,6 +279,51 @@ class FakeCompute:
                                 "message": f"reservation {values[0]} not found in {zone}"}]}
         return name, block or None
 
+    def _insert_resize_request(self, project: str, zone: str, rest: list[str],
+                               query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
+        mig, name = rest[1], body.get("name", "")
+        if not re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", name):
+            return _error(400, "invalid")
+        if ("resizeBy" in body) == ("instances" in body):
+            return _error(400, "invalid")  # exactly one of resizeBy and instances
+        seconds = int((body.get("requestedRunDuration") or {}).get("seconds", "0"))
+        if not 600 <= seconds <= 7 * 24 * 3600:
+            return _error(400, "invalid")
+        if (zone, mig, name) in self.resize_requests:
+            return _error(409, "alreadyExists")
+        self.resize_requests[(zone, mig, name)] = {
+            "kind": "compute#instanceGroupManagerResizeRequest", "name": name,
+            "resizeBy": int(body["resizeBy"]), "requestedRunDuration": {"seconds": str(seconds)},
+            "state": "ACCEPTED", "creationTimestamp": "2026-12-02T08:00:00.000-08:00",
+            "zone": zone,
+        }
+        return 200, self._operation(project, "zone", zone, "insert", name)
+
+    def _get_resize_request(self, project: str, zone: str, rest: list[str],
+                            query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
+        found = self.resize_requests.get((zone, rest[1], rest[3]))
+        return (200, found) if found is not None else _error(404, "notFound")
+
+    def _cancel_resize_request(self, project: str, zone: str, rest: list[str],
+                               query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
+        found = self.resize_requests.get((zone, rest[1], rest[3]))
+        if found is None:
+            return _error(404, "notFound")
+        if found["state"] != "ACCEPTED":
+            return _error(400, "invalid")  # only a queued request can be cancelled
+        found["state"] = "CANCELLED"
+        return 200, self._operation(project, "zone", zone, "cancel", rest[3])
+
+    def _delete_resize_request(self, project: str, zone: str, rest: list[str],
+                               query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
+        found = self.resize_requests.get((zone, rest[1], rest[3]))
+        if found is None:
+            return _error(404, "notFound")
+        if found["state"] in ("ACCEPTED", "CREATING"):
+            return _error(400, "invalid")  # cancel first
+        del self.resize_requests[(zone, rest[1], rest[3])]
+        return 200, self._operation(project, "zone", zone, "delete", rest[3])
+
     def _get_reservation(self, project: str, zone: str, rest: list[str],
                          query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
         name = rest[1]
@@ -328,6 +393,13 @@ def _action(method: str, path: str) -> str:
         return "delete_instance"
     if "/operations/" in path:
         return "wait_operation" if path.endswith("/wait") else "get_operation"
+    if "/resizeRequests" in path:
+        if path.endswith("/resizeRequests"):
+            return "insert_resize_request" if method == "POST" else "unknown"
+        if path.endswith("/cancel"):
+            return "cancel_resize_request"
+        return {"GET": "get_resize_request", "DELETE": "delete_resize_request"}.get(
+            method, "unknown")
     if "/reservationBlocks/" in path and method == "GET":
         return "get_reservation_block"
     if "/reservations/" in path and method == "GET":
