@@ -350,6 +350,13 @@ class PoolStatusConfig(_Section):
         "wait for the next interval (oldest first). Worst case: min(pools / "
         "interval_seconds, this) writes per second.",
     )
+    reservation_refresh_seconds: float = Field(
+        default=60.0,
+        ge=10,
+        description="How often Muster reads the figures of the reservations a pool names "
+        "(DescribeCapacityReservations, reservations.get) for the pool's status: at most "
+        "one read per pool per this many seconds.",
+    )
 
 
 class BudgetsConfig(_Section):

@@ -52,6 +52,7 @@ from providers.common import (
     INSTANCE_TYPE_LABEL,
     CloudProviderSettings,
     PoolParameters,
+    ReservationFigures,
     parse_pool_parameters,
 )
 from providers.naming import aws_client_token, aws_placement_group_name
@@ -141,6 +142,32 @@ class PlacementGroupParams(PoolParameters):
         return self
 
 
+class CapacityReservationParams(PoolParameters):
+    """Named capacity the pool draws from: an On-Demand Capacity Reservation (by id or by
+    resource group) or a Capacity Block for ML (by its reservation id)."""
+
+    id: str | None = Field(default=None, pattern=r"^cr-[0-9a-f]+$")
+    resource_group_arn: str | None = Field(
+        default=None,
+        alias="resourceGroupArn",
+        pattern=r"^arn:aws[a-z-]*:resource-groups:[a-z0-9-]+:[0-9]{12}:group/[A-Za-z0-9._-]+$",
+    )
+    type: Literal["default", "capacity-block"] = Field(
+        default="default",
+        description="default: an ODCR (launches fail rather than run outside it); "
+        "capacity-block: a Capacity Block (market type capacity-block, fleet target "
+        "capacity type capacity-block)",
+    )
+
+    @model_validator(mode="after")
+    def _one_target(self) -> CapacityReservationParams:
+        if (self.id is None) == (self.resource_group_arn is None):
+            raise ValueError("set exactly one of id or resourceGroupArn")
+        if self.type == "capacity-block" and self.id is None:
+            raise ValueError("a capacity-block reservation is named by its id")
+        return self
+
+
 class AwsPoolParameters(PoolParameters):
     """``spec.parameters`` of a CapacityPool with ``provider: aws``."""
 
@@ -155,6 +182,12 @@ class AwsPoolParameters(PoolParameters):
     placement_group: PlacementGroupParams | None = Field(default=None, alias="placementGroup")
     capacity_reservation_usage: Literal["none", "use-capacity-reservations-first"] = Field(
         default="none", alias="capacityReservationUsage"
+    )
+    capacity_reservation: CapacityReservationParams | None = Field(
+        default=None,
+        alias="capacityReservation",
+        description="Launch only into this reservation or Capacity Block (Muster's copy of "
+        "the launch template targets it, with capacity-reservations-only)",
     )
     tags: dict[str, str] = Field(default_factory=dict)
     node_name_from: Literal["privateDnsName", "instanceId"] = Field(
@@ -345,6 +378,7 @@ class AwsProvider(AtomicProvider[Instance]):
             is_transient=is_transient, map_error=map_error, expected=_expected
         )
         self._bootstrap_cache: dict[tuple[str | None, str], tuple[float, dict[str, Any]]] = {}
+        self._reservation_cache: dict[tuple[str | None, str], dict[str, Any]] = {}
 
     # ---- the adapter ------------------------------------------------------------------
 
@@ -352,11 +386,13 @@ class AwsProvider(AtomicProvider[Instance]):
         """The parameters, and (``bootstrap: nodeadm``) that the launch template's user data
         can carry Muster's startup taint: said before anything is bought."""
         params = parse_parameters(pool)
-        if params.bootstrap != "nodeadm":
+        if params.bootstrap != "nodeadm" and params.capacity_reservation is None:
             return
         try:
             ec2 = await self._client(params.region)
             await self._merged_template_data(ec2, params)
+            if params.capacity_reservation is not None and params.capacity_reservation.id:
+                self._check_reservation(params, await self._reservation(ec2, params))
         except ProviderConfigError:
             raise
         except ProviderError as exc:
@@ -365,7 +401,26 @@ class AwsProvider(AtomicProvider[Instance]):
             log.info("pool %s: launch template not checked now: %s", pool.metadata.name, exc)
 
     def check(self, request: AcquireRequest) -> None:
-        self._zone_for(parse_parameters(request.pool), request)
+        params = parse_parameters(request.pool)
+        zone, _ = self._zone_for(params, request)
+        reserved = self._reserved_zone(params)
+        if reserved is not None and zone != reserved:
+            cr = params.capacity_reservation
+            raise ProviderConfigError(
+                f"acquire {request.key}: pool {request.pool.metadata.name} draws from "
+                f"capacity reservation {cr.id if cr else ''} in zone {reserved}, not {zone}"
+            )
+
+    async def reservations(self, pool: CapacityPool) -> list[ReservationFigures]:
+        """The cloud's own figures of the pool's reservation (DescribeCapacityReservations):
+        empty for a pool without one or one named by resource group (whose members EC2
+        lists through Resource Groups, not here)."""
+        params = parse_parameters(pool)
+        if params.capacity_reservation is None or params.capacity_reservation.id is None:
+            return []
+        ec2 = await self._client(params.region)
+        found = await self._reservation(ec2, params)
+        return [_figures(found)]
 
     async def find(self, pool: CapacityPool, key: str | None) -> Instances:
         params = parse_parameters(pool)
@@ -490,12 +545,17 @@ class AwsProvider(AtomicProvider[Instance]):
             "SingleInstanceType": True,
             "SingleAvailabilityZone": True,
         }
-        if params.capacity_reservation_usage != "none":
+        if params.capacity_reservation_usage != "none" or (
+            params.capacity_reservation is not None
+            and params.capacity_reservation.type == "default"
+        ):
             on_demand["CapacityReservationOptions"] = {
-                "UsageStrategy": params.capacity_reservation_usage
+                "UsageStrategy": "use-capacity-reservations-first"
             }
         tags = self._tags(params, request)
-        return {
+        block = (params.capacity_reservation is not None
+                 and params.capacity_reservation.type == "capacity-block")
+        fleet: dict[str, Any] = {
             "Type": "instant",
             "ClientToken": aws_client_token(request.key),
             "LaunchTemplateConfigs": [
@@ -503,14 +563,18 @@ class AwsProvider(AtomicProvider[Instance]):
             ],
             "TargetCapacitySpecification": {
                 "TotalTargetCapacity": request.count,
-                "DefaultTargetCapacityType": "on-demand",
+                "DefaultTargetCapacityType": "capacity-block" if block else "on-demand",
             },
-            "OnDemandOptions": on_demand,
             "TagSpecifications": [
                 {"ResourceType": "instance", "Tags": tags},
                 {"ResourceType": "fleet", "Tags": tags},
             ],
         }
+        if not block:
+            # OnDemandOptions (MinTargetCapacity) govern on-demand capacity only: a Capacity
+            # Block fleet fills what it can, and launch() counts and rolls back itself.
+            fleet["OnDemandOptions"] = on_demand
+        return fleet
 
     def _fleet_failure(
         self, request: AcquireRequest, got: int, errors: Sequence[Mapping[str, Any]]
@@ -531,10 +595,14 @@ class AwsProvider(AtomicProvider[Instance]):
         self, ec2: Any, params: AwsPoolParameters
     ) -> dict[str, Any]:
         """The launch template's data with Muster's NodeConfig merged into its user data
+        (``bootstrap: nodeadm``) and the reservation targeted (``capacityReservation``)
         (read-only; cached :data:`BOOTSTRAP_CACHE_SECONDS`);
         :class:`ProviderConfigError` when the user data cannot carry it."""
         source = _source_template(params)
-        cache_key = (params.region, json.dumps(source, sort_keys=True))
+        reservation = (params.capacity_reservation.model_dump(by_alias=True)
+                       if params.capacity_reservation is not None else None)
+        cache_key = (params.region, json.dumps([source, params.bootstrap, reservation],
+                                               sort_keys=True))
         loop = asyncio.get_running_loop()
         cached = self._bootstrap_cache.get(cache_key)
         if cached is not None and cached[0] > loop.time():
@@ -551,6 +619,11 @@ class AwsProvider(AtomicProvider[Instance]):
                 f"{_template_text(params)} not found"
             )
         data = dict(versions[0].get("LaunchTemplateData") or {})
+        if params.capacity_reservation is not None:
+            data.update(_reservation_template_data(params.capacity_reservation))
+        if params.bootstrap != "nodeadm":
+            self._bootstrap_cache[cache_key] = (loop.time() + BOOTSTRAP_CACHE_SECONDS, data)
+            return data
         try:
             user_data = base64.b64decode(data.get("UserData") or "").decode()
         except (binascii.Error, UnicodeDecodeError):
@@ -573,10 +646,12 @@ class AwsProvider(AtomicProvider[Instance]):
     async def _launch_template(
         self, ec2: Any, params: AwsPoolParameters, pool: str
     ) -> dict[str, Any]:
-        """The launch template the fleet uses: the pool's own (``bootstrap: asIs``), else
-        Muster's copy of it with the merged user data, named by its content (created once;
-        a copy of the same content is reused)."""
-        if params.bootstrap == "asIs":
+        """The launch template the fleet uses: the pool's own (``bootstrap: asIs`` and no
+        reservation), else Muster's copy of it with the merged user data and the
+        reservation's targeting, named by its content (created once; a copy of the same
+        content is reused). CreateFleet overrides cannot name a reservation (the EC2 model
+        has no CapacityReservationSpecification there), so the template carries it."""
+        if params.bootstrap == "asIs" and params.capacity_reservation is None:
             return _source_template(params)
         data = await self._merged_template_data(ec2, params)
         digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
@@ -590,6 +665,54 @@ class AwsProvider(AtomicProvider[Instance]):
             TagSpecifications=[{"ResourceType": "launch-template", "Tags": tags}],
         )
         return {"LaunchTemplateName": name, "Version": "1"}
+
+    # ---- reservations -----------------------------------------------------------------
+
+    def _reserved_zone(self, params: AwsPoolParameters) -> str | None:
+        cr = params.capacity_reservation
+        if cr is None or cr.id is None:
+            return None
+        known = self._reservation_cache.get((params.region, cr.id))
+        return None if known is None else str(known.get("AvailabilityZone") or "") or None
+
+    async def _reservation(self, ec2: Any, params: AwsPoolParameters) -> dict[str, Any]:
+        cr = params.capacity_reservation
+        assert cr is not None and cr.id is not None
+        response = await self._calls.call(
+            ec2.describe_capacity_reservations, what="DescribeCapacityReservations",
+            CapacityReservationIds=[cr.id],
+        )
+        found = response.get("CapacityReservations") or []
+        if not found:
+            raise ProviderConfigError(
+                f"spec.parameters.capacityReservation: {cr.id} not found in region "
+                f"{params.region or 'default'}"
+            )
+        reservation = dict(found[0])
+        self._reservation_cache[(params.region, cr.id)] = reservation
+        return reservation
+
+    @staticmethod
+    def _check_reservation(params: AwsPoolParameters, found: Mapping[str, Any]) -> None:
+        cr = params.capacity_reservation
+        assert cr is not None
+        zone = found.get("AvailabilityZone")
+        if zone not in params.subnets:
+            raise ProviderConfigError(
+                f"spec.parameters.capacityReservation: {cr.id} is in zone {zone}, where "
+                f"spec.parameters.subnets has no subnet ({sorted(params.subnets)})"
+            )
+        if found.get("InstanceType") != params.instance_type:
+            raise ProviderConfigError(
+                f"spec.parameters.capacityReservation: {cr.id} reserves "
+                f"{found.get('InstanceType')}, not {params.instance_type}"
+            )
+        kind = found.get("ReservationType", "default")
+        if kind != cr.type:
+            raise ProviderConfigError(
+                f"spec.parameters.capacityReservation: {cr.id} is a {kind} reservation, not "
+                f"{cr.type}"
+            )
 
     # ---- cloud calls ------------------------------------------------------------------
 
@@ -803,6 +926,34 @@ class AwsProvider(AtomicProvider[Instance]):
             owner_uid=tags.get(TAG_OWNER_UID, ""),
             labels=labels,
         )
+
+
+def _figures(found: Mapping[str, Any]) -> ReservationFigures:
+    total = int(found.get("TotalInstanceCount") or 0)
+    return ReservationFigures(
+        id=str(found.get("CapacityReservationId", "")),
+        zone=str(found.get("AvailabilityZone", "")),
+        reserved=total,
+        free=min(total, int(found.get("AvailableInstanceCount") or 0)),
+        state=str(found.get("State", "")),
+        start=found.get("StartDate"),
+        end=found.get("EndDate"),
+    )
+
+
+def _reservation_template_data(cr: CapacityReservationParams) -> dict[str, Any]:
+    """Launch-template data that sends instances into the reservation and nowhere else."""
+    target: dict[str, str] = (
+        {"CapacityReservationId": cr.id} if cr.id is not None
+        else {"CapacityReservationResourceGroupArn": str(cr.resource_group_arn)}
+    )
+    data: dict[str, Any] = {"CapacityReservationSpecification": {
+        "CapacityReservationPreference": "capacity-reservations-only",
+        "CapacityReservationTarget": target,
+    }}
+    if cr.type == "capacity-block":
+        data["InstanceMarketOptions"] = {"MarketType": "capacity-block"}
+    return data
 
 
 def _source_template(params: AwsPoolParameters) -> dict[str, Any]:

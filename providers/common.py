@@ -9,6 +9,8 @@ that is the same for every provider lives here, so a fix to it reaches all of th
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from datetime import datetime
 from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -20,6 +22,24 @@ from providers.retry import CloudCalls, RetryPolicy
 
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 """The well-known label every cloud node carries (kubelet sets it from the machine type)."""
+
+
+@dataclass(frozen=True)
+class ReservationFigures:
+    """One reservation (or block of one) as the cloud counts it: reserved = used + free;
+    ``start``/``end`` bound when it can be used (a Capacity Block), None when unbounded."""
+
+    id: str
+    zone: str
+    reserved: int
+    free: int
+    state: str
+    start: datetime | None = None
+    end: datetime | None = None
+
+    @property
+    def used(self) -> int:
+        return self.reserved - self.free
 
 
 class PoolParameters(BaseModel):

@@ -55,6 +55,7 @@ from providers.base import (
     QuotaExceeded,
     TransientProviderError,
 )
+from providers.common import ReservationFigures
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ TAG_OWNER = "fake.muster.dev/owner"
 NODE_LEASE_NAMESPACE = "kube-node-lease"
 BOOT_DELAY_ANNOTATION = "muster.dev/boot-delay"
 KNOWN_PARAMETERS = frozenset(
-    {"stock", "defaultStock", "latencySeconds", "readyDelaySeconds", "faults"}
+    {"stock", "defaultStock", "latencySeconds", "readyDelaySeconds", "faults", "reservation"}
 )
 FAULT_KINDS = ("stockOut", "quota", "throttle", "timeout", "partial", "releaseError")
 """``parameters.faults``: each a probability (0-1) drawn per call; ``seed`` makes the draws
@@ -205,6 +206,13 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
                     f"got {value!r}"
                 )
         _validate_faults(pool.metadata.name, params.get("faults"))
+        try:
+            _reservation(pool)
+        except (TypeError, ValueError, KeyError) as exc:
+            raise ProviderConfigError(
+                f"pool {pool.metadata.name}: parameters.reservation must be {{id: <str>, "
+                f"nodes: <int>, start?: <RFC 3339>, end?: <RFC 3339>}} ({exc})"
+            ) from None
         for i, entry in enumerate(params.get("stock") or []):
             if (
                 not isinstance(entry, dict)
@@ -215,6 +223,22 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
                     f"pool {pool.metadata.name}: parameters.stock[{i}] must be "
                     "{labels: {...}, nodes: <int>}"
                 )
+
+    async def reservations(self, pool: CapacityPool) -> builtins.list[ReservationFigures]:
+        """``parameters.reservation`` ({id, nodes, start?, end?}) as a cloud would report
+        it: ``nodes`` reserved, used by the pool's nodes that exist."""
+        held = _reservation(pool)
+        if held is None:
+            return []
+        rid, size, start, end = held
+        used = await self._pool_node_count(pool)
+        return [ReservationFigures(id=rid, zone="", reserved=size, free=max(0, size - used),
+                                   state="active", start=start, end=end)]
+
+    async def _pool_node_count(self, pool: CapacityPool) -> int:
+        selector = f"{PROVIDER_LABEL}={self.name},{TAG_POOL}={pool.metadata.name}"
+        listing = await self._kube.list(NODES, label_selector=selector)
+        return len(listing.get("items") or [])
 
     async def acquire(self, request: AcquireRequest) -> Nodes:
         """The skeleton's acquire, recorded in :attr:`calls` ("reused": nothing created,
@@ -329,6 +353,9 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
         """The domain's lock when its stock is limited (one per domain, not per request):
         counting the domain's nodes and creating ours is one step, and a shortfall's nodes
         are gone before anyone counts again."""
+        if _reservation(request.pool) is not None:
+            # A reservation is shared by every domain of the pool: one lock for the pool.
+            return self._stock_locks[(request.pool.metadata.name, "reservation")]
         if self._stock_for(request.pool, request.domain) is None:
             return contextlib.nullcontext()
         return self._stock_locks[(request.pool.metadata.name, domain_key(request.domain))]
@@ -337,8 +364,17 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
         """How many of the request's nodes may exist: stock and injected grants permitting."""
         stock = self._stock_for(pool, request.domain)
         allowed = request.count if grant is None else min(grant, request.count)
+        held = _reservation(pool)
+        if held is not None:
+            # Only the reservation's free nodes, and only inside its window.
+            _, size, start, end = held
+            now = datetime.now(UTC)
+            if (start is not None and now < start) or (end is not None and now >= end):
+                return 0
+            mine = len(await self.find(pool, request.key))
+            allowed = min(allowed, size - (await self._pool_node_count(pool) - mine))
         if stock is None:
-            return allowed
+            return max(0, allowed)
         selector = f"{PROVIDER_LABEL}={self.name},{TAG_POOL}={pool.metadata.name}"
         listing = await self._kube.list(NODES, label_selector=selector)
         where = placed_in(pool.metadata.name, request)
@@ -694,6 +730,31 @@ def _provided(node: Body) -> ProvidedNode:
         owner_uid=labels.get(TAG_OWNER_UID, ""),
         labels=labels,
     )
+
+
+def _reservation(
+    pool: CapacityPool,
+) -> tuple[str, int, datetime | None, datetime | None] | None:
+    """``parameters.reservation`` read: (id, nodes, start, end); ValueError/TypeError/KeyError
+    when malformed."""
+    value = pool.spec.parameters.get("reservation")
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) - {"id", "nodes", "start", "end"}:
+        raise ValueError("unknown or missing fields")
+    rid, size = value["id"], value["nodes"]
+    if not isinstance(rid, str) or not rid or not isinstance(size, int) or size < 0:
+        raise ValueError("id must be a name, nodes an integer >= 0")
+
+    def when(text: Any) -> datetime | None:
+        if text is None:
+            return None
+        parsed = datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+        if parsed.tzinfo is None:
+            raise ValueError(f"{text!r} has no time zone")
+        return parsed
+
+    return rid, size, when(value.get("start")), when(value.get("end"))
 
 
 def _validate_faults(pool: str, faults: Any) -> None:

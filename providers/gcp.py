@@ -24,13 +24,14 @@ Nodes are assumed to register under their instance name (GCE's kubelet default).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from controller.api.capacitypool import CapacityPool
@@ -49,6 +50,7 @@ from providers.common import (
     INSTANCE_TYPE_LABEL,
     CloudProviderSettings,
     PoolParameters,
+    ReservationFigures,
     parse_pool_parameters,
 )
 from providers.naming import (
@@ -118,12 +120,58 @@ class ServiceAccountParams(PoolParameters):
     )
 
 
+RESERVATION_NAME_KEY = "compute.googleapis.com/reservation-name"
+"""The reservationAffinity key that targets a specific reservation by name."""
+
+
 class ReservationParams(PoolParameters):
     consume: Literal["ANY_RESERVATION", "NO_RESERVATION", "SPECIFIC_RESERVATION"] = (
         "ANY_RESERVATION"
     )
     key: str | None = None
     values: list[str] = Field(default_factory=list)
+    name: str | None = Field(
+        default=None,
+        pattern=r"^([a-z][-a-z0-9]{0,61}[a-z0-9]|projects/[a-z][a-z0-9-]{4,28}[a-z0-9]"
+        r"/reservations/[a-z][-a-z0-9]{0,61}[a-z0-9])$",
+        description="A specific reservation (in the pool's project, or "
+        "projects/P/reservations/R shared from another): instances consume only it "
+        "(SPECIFIC_RESERVATION) and fail rather than run outside it",
+    )
+    block: str | None = Field(
+        default=None,
+        pattern=r"^[a-z][-a-z0-9]{0,61}[a-z0-9]$",
+        description="A block of that reservation: the whole gang lands in it",
+    )
+
+    @model_validator(mode="after")
+    def _named(self) -> ReservationParams:
+        if self.block is not None and self.name is None:
+            raise ValueError("block needs the reservation's name")
+        if self.name is not None:
+            if self.key is not None or self.values:
+                raise ValueError("set either name (and block) or key and values")
+            if "consume" in self.model_fields_set and self.consume != "SPECIFIC_RESERVATION":
+                raise ValueError("a named reservation is consumed as SPECIFIC_RESERVATION")
+        return self
+
+    def affinity(self) -> tuple[str, str | None, list[str]]:
+        """(consume type, key, values) of the instances' reservationAffinity."""
+        if self.name is None:
+            return self.consume, self.key, list(self.values)
+        target = self.name if self.block is None else f"{self.name}/reservationBlocks/{self.block}"
+        return "SPECIFIC_RESERVATION", RESERVATION_NAME_KEY, [target]
+
+
+class FlexStartParams(PoolParameters):
+    """Queued provisioning (Dynamic Workload Scheduler flex-start): gangs are asked of an
+    existing managed instance group (its instance template FLEX_START) by resize request,
+    all or nothing, and wait in Compute's queue instead of failing on a stock-out."""
+
+    instance_group_manager: str = Field(
+        alias="instanceGroupManager", pattern=r"^[a-z][-a-z0-9]{0,61}[a-z0-9]$",
+        description="The zonal managed instance group (in the pool's zone) resized.",
+    )
 
 
 class GcpPoolParameters(PoolParameters):
@@ -159,6 +207,7 @@ class GcpPoolParameters(PoolParameters):
         default="STANDARD", alias="provisioningModel"
     )
     reservation: ReservationParams | None = None
+    flex_start: FlexStartParams | None = Field(default=None, alias="flexStart")
     zone_label: str = Field(default="topology.kubernetes.io/zone", alias="zoneLabel")
 
     @property
@@ -220,6 +269,9 @@ class GcpClients:
     zone_operations: Any
     resource_policies: Any
     region_operations: Any
+    reservations: Any = None
+    reservation_blocks: Any = None
+    resize_requests: Any = None
 
     @classmethod
     def create(
@@ -242,6 +294,9 @@ class GcpClients:
             zone_operations=compute_v1.ZoneOperationsClient(**kwargs),
             resource_policies=compute_v1.ResourcePoliciesClient(**kwargs),
             region_operations=compute_v1.RegionOperationsClient(**kwargs),
+            reservations=compute_v1.ReservationsClient(**kwargs),
+            reservation_blocks=compute_v1.ReservationBlocksClient(**kwargs),
+            resize_requests=compute_v1.InstanceGroupManagerResizeRequestsClient(**kwargs),
         )
 
 
@@ -330,6 +385,28 @@ def _expected(exc: BaseException, expect: Collection[int]) -> ExpectedStatus | N
 Instances = list[Any]
 Nodes = list[ProvidedNode]
 
+MIN_RUN_SECONDS = 600
+MAX_RUN_SECONDS = 7 * 24 * 3600
+"""Compute's bounds of a resize request's requestedRunDuration (10 minutes to 7 days)."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedStatus:
+    """A gang's resize request as Compute reports it."""
+
+    name: str
+    state: str
+    """ACCEPTED (queued), CREATING, SUCCEEDED, FAILED or CANCELLED."""
+    since: str = ""
+    """creationTimestamp: when it joined the queue."""
+    error: str = ""
+
+
+def resize_request_name(key: str) -> str:
+    """The resize request of acquisition ``key`` (RFC 1035, deterministic: a repeated
+    insert of the same key is the same request)."""
+    return "muster-" + hashlib.sha256(key.encode()).hexdigest()[:40]
+
 
 class GcpProvider(AtomicProvider[Any]):
     """The ``gcp`` provider: the all-or-nothing skeleton over Compute Engine VMs. Safe to
@@ -361,6 +438,143 @@ class GcpProvider(AtomicProvider[Any]):
 
     def check(self, request: AcquireRequest) -> None:
         self._check_zone(parse_parameters(request.pool), request)
+
+    # ---- queued provisioning (flex-start resize requests) ------------------------------
+
+    def _flex(self, pool: CapacityPool) -> tuple[GcpPoolParameters, FlexStartParams]:
+        params = parse_parameters(pool)
+        if params.flex_start is None:
+            raise ProviderConfigError(
+                f"pool {pool.metadata.name}: queued provisioning needs "
+                "spec.parameters.flexStart.instanceGroupManager"
+            )
+        return params, params.flex_start
+
+    async def enqueue(self, request: AcquireRequest, run_seconds: int) -> QueuedStatus:
+        """Ask the pool's MIG for ``request.count`` VMs at once (resizeBy), to run
+        ``run_seconds`` (the MIG deletes them then); idempotent per key."""
+        from google.cloud import compute_v1
+
+        if not MIN_RUN_SECONDS <= run_seconds <= MAX_RUN_SECONDS:
+            raise ProviderConfigError(
+                f"acquire {request.key}: a flex-start run lasts {MIN_RUN_SECONDS} to "
+                f"{MAX_RUN_SECONDS} seconds, not {run_seconds} (maxRunDurationSeconds)"
+            )
+        self.check(request)
+        params, flex = self._flex(request.pool)
+        clients = await self._get_clients()
+        await self._calls.call(
+            clients.resize_requests.insert_unary,
+            what="instanceGroupManagerResizeRequests.insert",
+            timeout=self.settings.request_timeout_seconds,
+            expect={409},  # the same key's request, from an earlier try
+            request=compute_v1.InsertInstanceGroupManagerResizeRequestRequest(
+                project=params.project, zone=params.zone,
+                instance_group_manager=flex.instance_group_manager,
+                request_id=gcp_request_id(request.key, "resize-request"),
+                instance_group_manager_resize_request_resource=(
+                    compute_v1.InstanceGroupManagerResizeRequest(
+                        name=resize_request_name(request.key),
+                        resize_by=request.count,
+                        requested_run_duration=compute_v1.Duration(seconds=run_seconds),
+                        description=f"muster {request.owner} {request.key}",
+                    )
+                ),
+            ),
+        )
+        found = await self.queued(request.pool, request.key)
+        if found is None:
+            raise TransientProviderError(
+                f"acquire {request.key}: resize request {resize_request_name(request.key)} "
+                "not visible after its insert"
+            )
+        return found
+
+    async def queued(self, pool: CapacityPool, key: str) -> QueuedStatus | None:
+        """The key's resize request as Compute reports it, or None when there is none."""
+        params, flex = self._flex(pool)
+        clients = await self._get_clients()
+        name = resize_request_name(key)
+        got = await self._calls.call(
+            clients.resize_requests.get,
+            what="instanceGroupManagerResizeRequests.get",
+            timeout=self.settings.request_timeout_seconds,
+            expect={404},
+            project=params.project, zone=params.zone,
+            instance_group_manager=flex.instance_group_manager, resize_request=name,
+        )
+        if isinstance(got, ExpectedStatus):
+            return None
+        errors = [e.message or e.code for e in got.status.error.errors] if got.status else []
+        return QueuedStatus(name=got.name, state=got.state, since=got.creation_timestamp,
+                            error="; ".join(errors))
+
+    async def cancel_queued(self, pool: CapacityPool, key: str) -> bool:
+        """Take the key's request out of Compute's queue and delete it (cancel only works
+        while ACCEPTED; a SUCCEEDED request's VMs are the MIG's to delete, by release).
+        False when there was none."""
+        params, flex = self._flex(pool)
+        found = await self.queued(pool, key)
+        if found is None:
+            return False
+        clients = await self._get_clients()
+        where = {"project": params.project, "zone": params.zone,
+                 "instance_group_manager": flex.instance_group_manager,
+                 "resize_request": found.name}
+        if found.state == "ACCEPTED":
+            await self._calls.call(
+                clients.resize_requests.cancel_unary,
+                what="instanceGroupManagerResizeRequests.cancel",
+                timeout=self.settings.request_timeout_seconds,
+                expect={400, 404},  # granted or gone meanwhile
+                **where,
+            )
+        await self._calls.call(
+            clients.resize_requests.delete_unary,
+            what="instanceGroupManagerResizeRequests.delete",
+            timeout=self.settings.request_timeout_seconds,
+            expect={400, 404},
+            **where,
+        )
+        return True
+
+    async def reservations(self, pool: CapacityPool) -> list[ReservationFigures]:
+        """The cloud's own figures of the pool's named reservation (reservations.get), or
+        of its block (reservationBlocks.get) when the pool names one: empty without a
+        name. A reservation shared from another project is read in that project."""
+        params = parse_parameters(pool)
+        reservation = params.reservation
+        if reservation is None or reservation.name is None:
+            return []
+        project, name = params.project, reservation.name
+        if name.startswith("projects/"):
+            _, project, _, name = name.split("/")
+        clients = await self._get_clients()
+        if reservation.block is not None:
+            got = await self._calls.call(
+                clients.reservation_blocks.get,
+                what="reservationBlocks.get",
+                timeout=self.settings.request_timeout_seconds,
+                project=project, zone=params.zone, reservation=name,
+                reservation_block=reservation.block,
+            )
+            block = got.resource
+            return [ReservationFigures(
+                id=f"{name}/reservationBlocks/{block.name}", zone=params.zone,
+                reserved=int(block.count), free=max(0, int(block.count - block.in_use_count)),
+                state=str(block.status),
+            )]
+        found = await self._calls.call(
+            clients.reservations.get,
+            what="reservations.get",
+            timeout=self.settings.request_timeout_seconds,
+            project=project, zone=params.zone, reservation=name,
+        )
+        sku = found.specific_reservation
+        return [ReservationFigures(
+            id=name, zone=params.zone, reserved=int(sku.count),
+            free=max(0, int(sku.count - sku.in_use_count)), state=str(found.status),
+        )]
 
     async def find(self, pool: CapacityPool, key: str | None) -> Instances:
         params = parse_parameters(pool)
@@ -488,12 +702,11 @@ class GcpProvider(AtomicProvider[Any]):
                                           scopes=params.service_account.scopes)
             ]
         if params.reservation is not None:
-            affinity = compute_v1.ReservationAffinity(
-                consume_reservation_type=params.reservation.consume
-            )
-            if params.reservation.key:
-                affinity.key = params.reservation.key
-                affinity.values = params.reservation.values
+            consume, key, values = params.reservation.affinity()
+            affinity = compute_v1.ReservationAffinity(consume_reservation_type=consume)
+            if key:
+                affinity.key = key
+                affinity.values = values
             props.reservation_affinity = affinity
         if policy is not None:
             props.resource_policies = [policy]

@@ -26,6 +26,7 @@ from providers.base import (
     Provider,
     ProviderConfigError,
 )
+from providers.common import ReservationFigures
 from providers.registry import ProviderContext, canonical, create
 
 log = logging.getLogger(__name__)
@@ -162,6 +163,13 @@ class MeteredProvider:
             raise
         self._answered(pool.metadata.name, "list")
         return found
+
+    async def reservations(self, pool: CapacityPool) -> tuple[ReservationFigures, ...]:
+        """The named reservations' figures, for providers that have them (else none)."""
+        read = getattr(self.inner, "reservations", None)
+        if read is None:
+            return ()
+        return tuple(await read(pool))
 
     async def start(self) -> None:
         await self.inner.start()

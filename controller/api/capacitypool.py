@@ -24,6 +24,7 @@ __all__ = [
     "ObjectMeta",
     "PoolDomainSpec",
     "PoolDomainStatus",
+    "PoolReservationStatus",
     "PoolTopology",
     "TaintSpec",
 ]
@@ -179,6 +180,25 @@ class PoolDomainStatus(BaseModel):
         description="The stock the provider reported in its stock-out (see stockOutUntil).")
 
 
+class PoolReservationStatus(BaseModel):
+    """Named capacity the pool draws from, as the cloud counts it (not Muster's view)."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+    id: str = Field(description="The reservation (or reservation/reservationBlocks/block).")
+    zone: str = Field(default="", description="Zone the reservation's capacity is in.")
+    reserved: int = Field(default=0, description="Instances the reservation holds.")
+    used: int = Field(default=0, description="Of those, running (any owner's).")
+    free: int = Field(default=0, description="reserved - used: what a gang can still get.")
+    state: str = Field(default="", description="The cloud's state of the reservation.")
+    start: str | None = Field(default=None, description="When it can first be used "
+                              "(RFC 3339; a Capacity Block's start).")
+    end: str | None = Field(default=None, description="When it ends (RFC 3339; a Capacity "
+                            "Block's end): no plan is booked past it.")
+    observed_at: str = Field(default="", alias="observedAt",
+                             description="When these figures were read from the cloud.")
+
+
 class CapacityPoolStatus(BaseModel):
     """Written by Muster at a bounded rate (``pool_status`` in its config), only when it
     changes; a proposal other components can read: docs/reference/capacitypool-status.md."""
@@ -200,6 +220,10 @@ class CapacityPoolStatus(BaseModel):
         description="Free (unbooked) GPUs on Ready nodes: every resource named */gpu.")
     free: dict[str, str] = Field(default_factory=dict)
     domains: list[PoolDomainStatus] = Field(default_factory=list)
+    reservations: list[PoolReservationStatus] = Field(
+        default_factory=list,
+        description="The reservations the pool names (spec.parameters), with the cloud's "
+        "own reserved/used/free, read at most every pool_status.reservation_refresh_seconds.")
     conditions: list[Condition] = Field(default_factory=list)
 
 

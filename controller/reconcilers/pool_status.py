@@ -27,6 +27,7 @@ from controller.acquire.providers import ProviderSet
 from controller.api.capacitypool import CapacityPool
 from controller.api.dra import DeviceClaim
 from controller.clock import Clock
+from controller.conditions import rfc3339
 from controller.config import PoolStatusConfig
 from controller.dra_snapshot import DraCatalog, claim_shape
 from controller.fit.dra_types import ClaimShape
@@ -65,6 +66,8 @@ class PoolStatusWriter:
         """Pools with a change not written yet -> monotonic pass number it was first seen."""
         self._passes = 0
         self.writes = 0
+        self._reservations: dict[str, tuple[float, list[Body]]] = {}
+        """Pool -> (clock time of the last read, its reservations' status rows)."""
 
     @property
     def budget(self) -> int:
@@ -115,6 +118,7 @@ class PoolStatusWriter:
                 device_classes=classes,
                 previous=self.state.pool_status(name).get("conditions") or [],
                 generation=pool.metadata.generation,
+                reservations=await self._reservation_rows(pool, errors),
             )
             out[name] = pool_status(facts, now)
         for name, errors in self.state.invalid_pools().items():
@@ -122,6 +126,50 @@ class PoolStatusWriter:
                               previous=self.state.pool_status(name).get("conditions") or [])
             out[name] = pool_status(facts, now)
         return out
+
+    async def _reservation_rows(self, pool: CapacityPool, errors: Any) -> list[Body]:
+        """The cloud's figures of the reservations the pool names, read at most every
+        ``reservation_refresh_seconds`` per pool; the last rows stay when a read fails (the
+        figures are a view, and ``observedAt`` says how old they are)."""
+        name = pool.metadata.name
+        held = self._reservations.get(name)
+        now = self.clock.now().timestamp()
+        if errors or (held is not None
+                      and now - held[0] < self.config.reservation_refresh_seconds):
+            return held[1] if held is not None else []
+        try:
+            provider = self.providers.for_pool(pool)
+        except ProviderError:
+            return []
+        read = getattr(provider, "reservations", None)
+        if read is None:
+            return []
+        try:
+            figures = await read(pool)
+        except ProviderError as exc:
+            _problems.warning(f"reservations {name}", "pool %s: reservation figures not "
+                              "read (%s); showing the last ones", name, exc)
+            self._reservations[name] = (now, held[1] if held is not None else [])
+            return self._reservations[name][1]
+        _problems.resolved(f"reservations {name}", f"pool {name}: reservation figures read")
+        observed = rfc3339(self.clock.now())
+        rows: list[Body] = []
+        for f in figures:
+            row: Body = {"id": f.id, "zone": f.zone, "reserved": f.reserved, "used": f.used,
+                         "free": f.free, "state": f.state, "observedAt": observed}
+            if f.start is not None:
+                row["start"] = rfc3339(f.start)
+            if f.end is not None:
+                row["end"] = rfc3339(f.end)
+            rows.append(row)
+        self._reservations[name] = (now, rows)
+        if figures:
+            # One reservation per pool today: its free instances bound what is planned.
+            first = figures[0]
+            self.state.set_pool_reservation(name, first.free, start=first.start, end=first.end)
+        else:
+            self.state.set_pool_reservation(name, None)
+        return rows
 
     async def _provider_errors(self, pool: CapacityPool) -> tuple[str, ...]:
         name, generation = pool.metadata.name, pool.metadata.generation
@@ -147,6 +195,9 @@ class PoolStatusWriter:
         wanted = await self.desired()
         for name in [n for n in self._validated if n not in wanted]:
             del self._validated[name]
+        for name in [n for n in self._reservations if n not in wanted]:
+            del self._reservations[name]
+            self.state.set_pool_reservation(name, None)
         changed = [n for n, status in wanted.items()
                    if _canonical(status) != _canonical(self.state.pool_status(n))]
         for name in [n for n in self._waiting_since if n not in changed]:

@@ -215,6 +215,8 @@ class ClusterState:
         self._booked_memo: BookedMemo = {}
         """Nodes with their bookings applied, reused across passes (apply_plan's memo)."""
         self._short: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[int, datetime]] = {}
+        self._reservation: dict[str, tuple[int, datetime | None, datetime | None]] = {}
+        """Pool -> (free instances, start, end) of the reservation it draws from."""
         self._pool_states: tuple[PoolState, ...] | None = None
         self._deleting_pools: set[str] = set()
         self._acquiring: dict[str, int] = {}
@@ -940,6 +942,50 @@ class ClusterState:
         self._pool_states = None
         self.shortage_set(until)
 
+    def set_pool_reservation(
+        self, pool: str, free: int | None, *, start: datetime | None = None,
+        end: datetime | None = None,
+    ) -> None:
+        """Pool ``pool`` draws only from a reservation with ``free`` instances left (None:
+        it names none), usable from ``start`` to ``end``: plan at most that many new nodes
+        there, and none outside the window, so a gang the reservation cannot hold whole is
+        planned elsewhere instead of failing at the cloud."""
+        held = None if free is None else (max(0, free), start, end)
+        if self._reservation.get(pool) == held:
+            return
+        if held is None:
+            self._reservation.pop(pool, None)
+        else:
+            self._reservation[pool] = held
+        self._pool_states = None
+
+    def _capped(self, states: tuple[PoolState, ...], now: datetime) -> tuple[PoolState, ...]:
+        """Pools with their headroom capped by stock-outs and reservations (as of ``now``)."""
+        if self._short:
+            states = self._apply_shortages(states, now)
+        if self._reservation:
+            states = self._apply_reservations(states, now)
+        return states
+
+    def _apply_reservations(self, states: tuple[PoolState, ...], now: datetime) -> tuple[
+        PoolState, ...
+    ]:
+        out = []
+        for pool in states:
+            held = self._reservation.get(pool.name)
+            if held is None:
+                out.append(pool)
+                continue
+            free, opens, closes = held
+            open_now = (opens is None or opens <= now) and (closes is None or now < closes)
+            cap = free if open_now else 0
+            out.append(replace(
+                pool, max_new_nodes=min(pool.max_new_nodes, cap),
+                domains=tuple(replace(d, max_new_nodes=min(d.max_new_nodes, cap))
+                              for d in pool.domains),
+            ))
+        return tuple(out)
+
     def shortages(self, now: datetime) -> dict[str, list[tuple[dict[str, str], int, datetime]]]:
         """Pool -> (domain, nodes available, until) of each stock-out still in force."""
         out: dict[str, list[tuple[dict[str, str], int, datetime]]] = {}
@@ -1029,8 +1075,8 @@ class ClusterState:
         pools = self._pool_states
         if with_unusable:
             pools = tuple(sorted((*pools, *self._unusable_states()), key=lambda p: p.name))
-        if self._short and now is not None:
-            pools = self._apply_shortages(pools, now)
+        if now is not None:
+            pools = self._capped(pools, now)
         bookings = self.bookings()
         nodes_now, pools_now = self.dra.attach(
             self._unconfirmed_off(self._sorted_nodes, bookings, exclude), pools,

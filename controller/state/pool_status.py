@@ -83,6 +83,8 @@ class PoolFacts:
     previous: Sequence[Mapping[str, Any]] = field(default_factory=tuple)
     """The conditions on the pool now (lastTransitionTime moves only on a status flip)."""
     generation: int | None = None
+    reservations: Sequence[Mapping[str, Any]] = ()
+    """The reservations the pool names, as the cloud last reported them (status JSON)."""
 
 
 def pool_status(facts: PoolFacts, now: datetime) -> dict[str, Any]:
@@ -110,6 +112,8 @@ def pool_status(facts: PoolFacts, now: datetime) -> dict[str, Any]:
         "domains": [{k: v for k, v in row.items() if not k.startswith("_")} for row in rows],
         "conditions": conditions,
     }
+    if facts.reservations:
+        status["reservations"] = [dict(r) for r in facts.reservations]
     topo = pool.spec.topology
     if topo is not None and topo.domains:
         # Stock-outs cap domains, not the pool: the pool adds at most what its domains can.

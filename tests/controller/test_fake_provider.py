@@ -210,3 +210,41 @@ async def test_a_node_carries_the_labels_the_plan_saw(kube: KubeClient) -> None:
     assert {k for k in KUBELET_KEYS if k != HOSTNAME} <= picture.keys()
     assert labels[HOSTNAME] == node["metadata"]["name"]
     assert node["status"]["nodeInfo"]["architecture"] == labels["kubernetes.io/arch"]
+
+
+async def test_a_reservation_is_shared_by_the_pool_s_domains_and_never_used_partially(
+    kube: KubeClient,
+) -> None:
+    p = pool(reservation={"id": "res-1", "nodes": 5})
+    provider = FakeProvider(kube)
+    await provider.validate(p)
+    await provider.acquire(req("k1", 3, p=p))
+    with pytest.raises(CapacityUnavailable):
+        await provider.acquire(req("k2", 3, R2, p=p))  # 2 left: not 2 of 3
+    assert len(await _nodes(kube)) == 3
+    [figures] = await provider.reservations(p)
+    assert (figures.id, figures.reserved, figures.used, figures.free) == ("res-1", 5, 3, 2)
+    await provider.acquire(req("k3", 2, R2, p=p))
+    assert (await provider.reservations(p))[0].free == 0
+    assert await provider.reservations(pool()) == []
+
+
+async def test_a_reservation_outside_its_window_grants_nothing(kube: KubeClient) -> None:
+    provider = FakeProvider(kube)
+    ended = pool(reservation={"id": "block-1", "nodes": 8, "start": "2020-01-01T00:00:00Z",
+                              "end": "2020-01-08T00:00:00Z"})
+    with pytest.raises(CapacityUnavailable):
+        await provider.acquire(req("k1", 1, p=ended))
+    [figures] = await provider.reservations(ended)
+    assert figures.end is not None and figures.end.year == 2020
+    assert await _nodes(kube) == []
+
+
+@pytest.mark.parametrize("value", [
+    {"id": "r"}, {"id": "", "nodes": 1}, {"id": "r", "nodes": -1}, {"id": "r", "nodes": 1,
+                                                                     "colour": "x"},
+    {"id": "r", "nodes": 1, "end": "tomorrow"}, {"id": "r", "nodes": 1, "end": "2026-12-01"},
+])
+async def test_bad_reservation_parameters_are_named(kube: KubeClient, value: Any) -> None:
+    with pytest.raises(ProviderConfigError, match=r"parameters\.reservation"):
+        await FakeProvider(kube).validate(pool(reservation=value))

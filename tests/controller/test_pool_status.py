@@ -338,3 +338,81 @@ async def test_an_api_server_away_is_one_warning_line_per_interval_without_trace
     assert len(lines) == 1, [r.getMessage() for r in lines]
     assert lines[0].exc_info is None
     assert "no answer ClientConnectorError" in lines[0].getMessage()
+
+
+async def test_reservation_figures_are_read_on_a_bounded_cadence_and_kept_on_errors() -> None:
+    from controller.api.capacitypool import CapacityPoolStatus
+    from controller.config import PoolStatusConfig
+    from controller.reconcilers.pool_status import PoolStatusWriter
+    from providers.base import TransientProviderError
+    from providers.common import ReservationFigures
+
+    class Provider:
+        reads = 0
+        fail = False
+
+        async def reservations(self, pool: CapacityPool) -> list[ReservationFigures]:
+            self.reads += 1
+            if self.fail:
+                raise TransientProviderError("DescribeCapacityReservations: throttled")
+            return [ReservationFigures(id="cr-0abc", zone="us-east-1a", reserved=16,
+                                       free=16 - self.reads, state="active",
+                                       end=NOW + timedelta(days=7))]
+
+    class Providers:
+        provider = Provider()
+
+        def for_pool(self, pool: CapacityPool) -> Provider:
+            return self.provider
+
+    clock = ManualClock(NOW)
+    providers = Providers()
+    cache = ClusterState(levels=DEFAULT_LEVELS)
+    cache.replace_pools([_pool_body()])
+    writer = PoolStatusWriter(kube=None, state=cache, providers=providers,  # type: ignore[arg-type]
+                              config=PoolStatusConfig(reservation_refresh_seconds=60),
+                              clock=clock)
+    pool = CapacityPool.model_validate(_pool_body())
+    first = await writer._reservation_rows(pool, ())
+    assert first == [{"id": "cr-0abc", "zone": "us-east-1a", "reserved": 16, "used": 1,
+                      "free": 15, "state": "active", "end": "2026-12-07T12:00:00Z",
+                      "observedAt": "2026-11-30T12:00:00Z"}]
+    await clock.advance(59)
+    assert await writer._reservation_rows(pool, ()) == first and providers.provider.reads == 1
+    await clock.advance(1)
+    assert (await writer._reservation_rows(pool, ()))[0]["used"] == 2
+    # The planner adds at most what the reservation still holds (14 of the pool's 6: 6).
+    [planned] = cache.snapshot(now=clock.now()).pools
+    assert planned.max_new_nodes == 6
+    providers.provider.fail = True
+    await clock.advance(60)
+    kept = await writer._reservation_rows(pool, ())
+    assert kept[0]["used"] == 2 and providers.provider.reads == 3
+    # A pool with errors is not read at all.
+    await clock.advance(60)
+    await writer._reservation_rows(pool, ("spec.parameters: bad",))
+    assert providers.provider.reads == 3
+
+    state = ClusterState(levels=DEFAULT_LEVELS)
+    state.replace_pools([_pool_body()])
+    facts = replace(_facts(state), reservations=kept)
+    status = pool_status(facts, NOW)
+    assert status["reservations"] == kept
+    assert CapacityPoolStatus.model_validate(status).reservations[0].free == 14
+    assert "reservations" not in pool_status(_facts(state), NOW)
+
+
+def test_a_reservation_caps_what_is_planned_into_the_pool_and_only_inside_its_window() -> None:
+    state = ClusterState(levels=DEFAULT_LEVELS)
+    state.replace_pools([_pool_body()])
+    [pool] = state.snapshot(now=NOW).pools
+    assert pool.max_new_nodes == 6
+    start, end = NOW + timedelta(hours=1), NOW + timedelta(days=7)
+    state.set_pool_reservation("p", 3, start=start, end=end)
+    assert state.snapshot(now=NOW).pools[0].max_new_nodes == 0  # the block has not begun
+    [inside] = state.snapshot(now=start).pools
+    assert inside.max_new_nodes == 3
+    assert max(d.max_new_nodes for d in inside.domains) == 3
+    assert state.snapshot(now=end).pools[0].max_new_nodes == 0  # it has ended
+    state.set_pool_reservation("p", None)
+    assert state.snapshot(now=end).pools[0].max_new_nodes == 6

@@ -6,6 +6,22 @@ and models what the provider relies on: bulkInsert all-or-nothing against a per-
 stock, ``requestId`` deduplication, name patterns, label filters with paging, operations
 that stay RUNNING for a configurable number of polls, deletes, and resource policies that
 cannot be deleted while a VM uses them.
+
+Specific reservations (``add_reservation``), optionally split into blocks: a bulkInsert
+whose reservationAffinity names one (SPECIFIC_RESERVATION, key
+compute.googleapis.com/reservation-name, ``name`` or ``name/reservationBlocks/block``)
+draws only from that reservation's or block's free VMs, all or nothing, and fails its
+operation with ZONE_RESOURCE_POOL_EXHAUSTED when they are too few (which code a real
+reservation's shortfall ends with is not known here) or RESOURCE_NOT_FOUND when it names
+none; reservations.get and reservationBlocks.get report the in-use counts. Not simulated:
+machine-type/accelerator matching against the reservation's instance properties, shared
+reservations' project permissions, sub-blocks, and where inside a block VMs land.
+
+Flex-start resize requests of a zonal MIG (insert with name, exactly one of resizeBy and
+instances, requestedRunDuration 10 minutes to 7 days; get; cancel only while ACCEPTED;
+delete only once not ACCEPTED/CREATING): they stay ACCEPTED until a test calls ``grant``,
+which creates all the VMs at once. Not simulated: the MIG itself (its template, target
+size, listManagedInstances), the run duration's expiry, and the queue's own timeout.
 """
 
 from __future__ import annotations
@@ -61,6 +77,15 @@ class FakeCompute:
     """zone -> name -> instance JSON."""
     policies: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     operations: dict[str, dict[str, Any]] = field(default_factory=dict)
+    reservations: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    """zone -> name -> reservation JSON (specificReservation.count; the in-use counts are
+    computed from ``consumed``)."""
+    blocks: dict[tuple[str, str], dict[str, int]] = field(default_factory=dict)
+    """(zone, reservation) -> block name -> how many VMs the block holds."""
+    consumed: dict[tuple[str, str], tuple[str, str | None]] = field(default_factory=dict)
+    """(zone, instance) -> (reservation, block) it runs in."""
+    resize_requests: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
+    """(zone, instance group manager, name) -> resize request JSON (queued flex-start)."""
     requests: list[Recorded] = field(default_factory=list)
     injected: list[Injected] = field(default_factory=list)
     _request_ids: dict[str, str] = field(default_factory=dict)
@@ -81,6 +106,36 @@ class FakeCompute:
 
     def all_instances(self) -> list[dict[str, Any]]:
         return [i for zone in self.instances.values() for i in zone.values()]
+
+    def add_reservation(self, zone: str, name: str, count: int,
+                        blocks: dict[str, int] | None = None) -> None:
+        """A specific reservation (specificReservationRequired) of ``count`` VMs, split into
+        ``blocks`` when given (their sizes must add up to ``count``)."""
+        assert blocks is None or sum(blocks.values()) == count
+        self.reservations.setdefault(zone, {})[name] = {
+            "kind": "compute#reservation", "name": name, "status": "READY",
+            "specificReservationRequired": True,
+            "specificReservation": {"count": str(count)},
+            "zone": f"https://compute.googleapis.com/compute/v1/projects/p/zones/{zone}",
+        }
+        if blocks:
+            self.blocks[(zone, name)] = dict(blocks)
+
+    def in_use(self, zone: str, name: str, block: str | None = None) -> int:
+        return sum(1 for (z, _), (r, b) in self.consumed.items()
+                   if z == zone and r == name and (block is None or b == block))
+
+    def grant(self, zone: str, mig: str, name: str) -> None:
+        """The queue grants a resize request: all its VMs at once, SUCCEEDED."""
+        found = self.resize_requests[(zone, mig, name)]
+        existing = self.instances.setdefault(zone, {})
+        for vm in _names(f"{mig}-####", int(found["resizeBy"]), existing):
+            existing[vm] = {"kind": "compute#instance", "id": str(next(self._ids)),
+                            "name": vm, "status": "PROVISIONING", "labels": {},
+                            "metadata": {"items": []}, "resourcePolicies": [],
+                            "zone": f"https://compute.googleapis.com/compute/v1/projects/"
+                                    f"p/zones/{zone}"}
+        found["state"] = "SUCCEEDED"
 
     def inject(self, action: str, status: int, reason: str, times: int = 1) -> None:
         self.injected.append(Injected(action, status, reason, times))
@@ -141,7 +196,18 @@ class FakeCompute:
         existing = self.instances.setdefault(zone, {})
         available = self.stock.get(zone, 10**9) - len(existing)
         error = None
-        if self.operation_error is not None:
+        target = self._reservation_target(zone, props.get("reservationAffinity") or {})
+        if isinstance(target, dict):
+            error = target
+        elif target is not None:
+            # A specific reservation's free VMs are its own stock; zone stock is not used.
+            name, block = target
+            size = (int(self.reservations[zone][name]["specificReservation"]["count"])
+                    if block is None else self.blocks[(zone, name)][block])
+            available = size - self.in_use(zone, name, block)
+        if error is not None:
+            pass
+        elif self.operation_error is not None:
             error = {"errors": [{"code": self.operation_error, "message": "injected"}]}
             self.operation_error = None
         elif available < min_count:
@@ -170,8 +236,12 @@ class FakeCompute:
                     existing[name]["resourceStatus"] = {"physicalHostTopology": {
                         "block": _digest(zone), "subblock": _digest(zone, placement),
                         "host": _digest(zone, placement, name)}}
-        op = self._operation(project, "zone", zone, "bulkInsert", pattern, error,
-                             503 if error else 0)
+                if isinstance(target, tuple):
+                    self.consumed[(zone, name)] = target
+        status = 0
+        if error is not None:
+            status = _OPERATION_STATUS.get(error["errors"][0]["code"], 503)
+        op = self._operation(project, "zone", zone, "bulkInsert", pattern, error, status)
         if request_id:
             self._request_ids[request_id] = op["name"]
         return 200, op
@@ -196,7 +266,94 @@ class FakeCompute:
         if name not in self.instances.get(zone, {}):
             return _error(404, "notFound")
         del self.instances[zone][name]
+        self.consumed.pop((zone, name), None)
         return 200, self._operation(project, "zone", zone, "delete", name)
+
+    def _reservation_target(
+        self, zone: str, affinity: dict[str, Any]
+    ) -> tuple[str, str | None] | dict[str, Any] | None:
+        """(reservation, block) a SPECIFIC_RESERVATION affinity names, an operation error
+        when it names none that exists here, None for other affinities."""
+        if affinity.get("consumeReservationType") != "SPECIFIC_RESERVATION":
+            return None
+        values = affinity.get("values") or []
+        if affinity.get("key") != "compute.googleapis.com/reservation-name" or len(values) != 1:
+            return {"errors": [{"code": "INVALID_FIELD_VALUE",
+                                "message": "reservationAffinity: one reservation name"}]}
+        value = values[0].rsplit("/reservations/", 1)[-1]
+        name, _, block = value.partition("/reservationBlocks/")
+        if name not in self.reservations.get(zone, {}) or (
+            block and block not in self.blocks.get((zone, name), {})
+        ):
+            return {"errors": [{"code": "RESOURCE_NOT_FOUND",
+                                "message": f"reservation {values[0]} not found in {zone}"}]}
+        return name, block or None
+
+    def _insert_resize_request(self, project: str, zone: str, rest: list[str],
+                               query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
+        mig, name = rest[1], body.get("name", "")
+        if not re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", name):
+            return _error(400, "invalid")
+        if ("resizeBy" in body) == ("instances" in body):
+            return _error(400, "invalid")  # exactly one of resizeBy and instances
+        seconds = int((body.get("requestedRunDuration") or {}).get("seconds", "0"))
+        if not 600 <= seconds <= 7 * 24 * 3600:
+            return _error(400, "invalid")
+        if (zone, mig, name) in self.resize_requests:
+            return _error(409, "alreadyExists")
+        self.resize_requests[(zone, mig, name)] = {
+            "kind": "compute#instanceGroupManagerResizeRequest", "name": name,
+            "resizeBy": int(body["resizeBy"]), "requestedRunDuration": {"seconds": str(seconds)},
+            "state": "ACCEPTED", "creationTimestamp": "2026-12-02T08:00:00.000-08:00",
+            "zone": zone,
+        }
+        return 200, self._operation(project, "zone", zone, "insert", name)
+
+    def _get_resize_request(self, project: str, zone: str, rest: list[str],
+                            query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
+        found = self.resize_requests.get((zone, rest[1], rest[3]))
+        return (200, found) if found is not None else _error(404, "notFound")
+
+    def _cancel_resize_request(self, project: str, zone: str, rest: list[str],
+                               query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
+        found = self.resize_requests.get((zone, rest[1], rest[3]))
+        if found is None:
+            return _error(404, "notFound")
+        if found["state"] != "ACCEPTED":
+            return _error(400, "invalid")  # only a queued request can be cancelled
+        found["state"] = "CANCELLED"
+        return 200, self._operation(project, "zone", zone, "cancel", rest[3])
+
+    def _delete_resize_request(self, project: str, zone: str, rest: list[str],
+                               query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
+        found = self.resize_requests.get((zone, rest[1], rest[3]))
+        if found is None:
+            return _error(404, "notFound")
+        if found["state"] in ("ACCEPTED", "CREATING"):
+            return _error(400, "invalid")  # cancel first
+        del self.resize_requests[(zone, rest[1], rest[3])]
+        return 200, self._operation(project, "zone", zone, "delete", rest[3])
+
+    def _get_reservation(self, project: str, zone: str, rest: list[str],
+                         query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
+        name = rest[1]
+        found = self.reservations.get(zone, {}).get(name)
+        if found is None:
+            return _error(404, "notFound")
+        reply = json.loads(json.dumps(found))
+        reply["specificReservation"]["inUseCount"] = str(self.in_use(zone, name))
+        return 200, reply
+
+    def _get_reservation_block(self, project: str, zone: str, rest: list[str],
+                               query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
+        name, block = rest[1], rest[3]
+        size = self.blocks.get((zone, name), {}).get(block)
+        if size is None:
+            return _error(404, "notFound")
+        return 200, {"resource": {
+            "kind": "compute#reservationBlock", "name": block, "status": "READY",
+            "count": size, "inUseCount": self.in_use(zone, name, block),
+        }}
 
     def _wait_operation(self, project: str, where: str, rest: list[str],
                         query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
@@ -233,6 +390,10 @@ class FakeCompute:
         return 200, self._operation(project, "region", region, "delete", name)
 
 
+_OPERATION_STATUS = {"RESOURCE_NOT_FOUND": 404, "INVALID_FIELD_VALUE": 400}
+"""httpErrorStatusCode of a failed operation by its first error code (else 503)."""
+
+
 def _action(method: str, path: str) -> str:
     if path.endswith("/instances/bulkInsert"):
         return "bulk_insert"
@@ -242,6 +403,17 @@ def _action(method: str, path: str) -> str:
         return "delete_instance"
     if "/operations/" in path:
         return "wait_operation" if path.endswith("/wait") else "get_operation"
+    if "/resizeRequests" in path:
+        if path.endswith("/resizeRequests"):
+            return "insert_resize_request" if method == "POST" else "unknown"
+        if path.endswith("/cancel"):
+            return "cancel_resize_request"
+        return {"GET": "get_resize_request", "DELETE": "delete_resize_request"}.get(
+            method, "unknown")
+    if "/reservationBlocks/" in path and method == "GET":
+        return "get_reservation_block"
+    if "/reservations/" in path and method == "GET":
+        return "get_reservation"
     if path.endswith("/resourcePolicies") and method == "POST":
         return "insert_policy"
     if "/resourcePolicies/" in path and method == "DELETE":

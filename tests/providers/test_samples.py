@@ -54,7 +54,7 @@ def test_aws_policy_grants_every_call_and_scopes_deletes_to_our_tag() -> None:
         "ec2:CreateFleet", "ec2:RunInstances", "ec2:CreateTags", "ec2:DescribeInstances",
         "ec2:DescribeInstanceTopology", "ec2:TerminateInstances", "ec2:CreatePlacementGroup",
         "ec2:DeletePlacementGroup", "iam:PassRole", "ec2:DescribeLaunchTemplateVersions",
-        "ec2:CreateLaunchTemplate",
+        "ec2:CreateLaunchTemplate", "ec2:DescribeCapacityReservations",
     } <= granted
     deletes = [s for s in policy["Statement"] if "ec2:TerminateInstances" in s["Action"]]
     assert deletes and all(
@@ -67,5 +67,7 @@ def test_gcp_role_grants_every_call() -> None:
         "compute.instances.create", "compute.instances.list", "compute.instances.delete",
         "compute.zoneOperations.get", "compute.regionOperations.get",
         "compute.resourcePolicies.create", "compute.resourcePolicies.delete",
-        "compute.resourcePolicies.use",
+        "compute.resourcePolicies.use", "compute.reservations.get",
+        "compute.reservationBlocks.get", "compute.instanceGroupManagers.get",
+        "compute.instanceGroupManagers.update",
     } <= set(role["includedPermissions"])

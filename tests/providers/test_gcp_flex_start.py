@@ -1,0 +1,91 @@
+"""Flex-start queued provisioning through zonal MIG resize requests, against the Compute
+REST fake (bodies as the google-cloud-compute REST transport serialises the proto types)."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.acquire.keys import acquisition_key
+from providers.base import AcquireRequest, ProviderConfigError
+from providers.gcp import resize_request_name
+from tests.providers.conftest import GCP_ZONE, ZONE_LABEL, GcpFake
+
+MIG = "a3-flex"
+
+
+def req(gcp: GcpFake, count: int = 16, **params: object) -> AcquireRequest:
+    pool = gcp.pool(flexStart={"instanceGroupManager": MIG}, **params)  # type: ignore[arg-type]
+    return AcquireRequest(key=acquisition_key("uid-q", 0, 0), pool=pool, count=count,
+                          domain={ZONE_LABEL: GCP_ZONE}, owner="ml/train", owner_uid="uid-q")
+
+
+async def test_a_gang_waits_in_the_queue_all_or_nothing_then_is_granted(
+    gcp_fake: GcpFake,
+) -> None:
+    provider, r = gcp_fake.provider(), req(gcp_fake)
+    queued = await provider.enqueue(r, 3 * 3600)
+
+    [call] = gcp_fake.fake.calls("insert_resize_request")
+    assert call.path == (f"/compute/v1/projects/muster-test/zones/{GCP_ZONE}/"
+                         f"instanceGroupManagers/{MIG}/resizeRequests")
+    assert call.body["resizeBy"] == 16
+    assert call.body["requestedRunDuration"] == {"seconds": "10800"}
+    assert call.body["name"] == resize_request_name(r.key)
+    assert (queued.state, queued.since) == ("ACCEPTED", "2026-12-02T08:00:00.000-08:00")
+    assert gcp_fake.fake.all_instances() == []
+
+    # A repeat (a restarted controller) joins the same request.
+    again = await provider.enqueue(r, 3 * 3600)
+    assert again.name == queued.name and len(gcp_fake.fake.resize_requests) == 1
+
+    gcp_fake.fake.grant(GCP_ZONE, MIG, queued.name)
+    granted = await provider.queued(r.pool, r.key)
+    assert granted is not None and granted.state == "SUCCEEDED"
+    assert len(gcp_fake.fake.all_instances()) == 16
+
+
+async def test_a_cancelled_request_leaves_nothing(gcp_fake: GcpFake) -> None:
+    provider, r = gcp_fake.provider(), req(gcp_fake)
+    await provider.enqueue(r, 3600)
+    assert await provider.cancel_queued(r.pool, r.key) is True
+    assert gcp_fake.fake.resize_requests == {}
+    assert [c.path.rsplit("/", 1)[-1] for c in gcp_fake.fake.calls("cancel_resize_request")] \
+        == ["cancel"]
+    assert await provider.queued(r.pool, r.key) is None
+    assert await provider.cancel_queued(r.pool, r.key) is False
+    assert gcp_fake.fake.all_instances() == []
+
+
+async def test_a_granted_request_is_deleted_without_a_cancel(gcp_fake: GcpFake) -> None:
+    provider, r = gcp_fake.provider(), req(gcp_fake, 2)
+    queued = await provider.enqueue(r, 3600)
+    gcp_fake.fake.grant(GCP_ZONE, MIG, queued.name)
+    assert await provider.cancel_queued(r.pool, r.key) is True
+    assert gcp_fake.fake.calls("cancel_resize_request") == []
+    assert gcp_fake.fake.resize_requests == {}
+
+
+@pytest.mark.parametrize("seconds", [0, 599, 7 * 24 * 3600 + 1])
+async def test_a_run_duration_compute_refuses_is_a_configuration_error(
+    gcp_fake: GcpFake, seconds: int,
+) -> None:
+    with pytest.raises(ProviderConfigError, match="maxRunDurationSeconds"):
+        await gcp_fake.provider().enqueue(req(gcp_fake), seconds)
+    assert gcp_fake.fake.calls("insert_resize_request") == []
+
+
+async def test_a_pool_without_a_mig_cannot_queue(gcp_fake: GcpFake) -> None:
+    pool = gcp_fake.pool()
+    r = AcquireRequest(key=acquisition_key("uid-q", 0, 0), pool=pool, count=2,
+                       domain={ZONE_LABEL: GCP_ZONE}, owner="ml/train")
+    with pytest.raises(ProviderConfigError, match=r"flexStart\.instanceGroupManager"):
+        await gcp_fake.provider().enqueue(r, 3600)
+
+
+async def test_a_refused_insert_is_not_retried_as_transient(gcp_fake: GcpFake) -> None:
+    gcp_fake.fake.inject("insert_resize_request", 403, "quotaExceeded")
+    from providers.base import QuotaExceeded
+
+    with pytest.raises(QuotaExceeded):
+        await gcp_fake.provider().enqueue(req(gcp_fake), 3600)
+    assert len(gcp_fake.fake.calls("insert_resize_request")) == 1
