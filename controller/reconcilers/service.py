@@ -595,17 +595,20 @@ class ProvisioningService:
         registered outside their planned domain (the wait ends at the first)."""
         hints = {p: n for g in booking.groups for p, n in zip(g.provider_ids, g.nodes,
                                                               strict=False)}
+        # Listen before each look: _register awaits its writes, and a node that changes
+        # while it looks at another must still wake the wait.
+        every = [p for g in booking.groups for p in (g.provider_ids or g.nodes)]
+        change = self.state.changed(every)
         pending, outside = await self._register(req, booking)
         timer = asyncio.ensure_future(self.clock.sleep(within))
         try:
             while pending and not outside and not timer.done():
+                await asyncio.wait({change, timer}, return_when=asyncio.FIRST_COMPLETED)
+                change.cancel()
                 change = self.state.changed(pending)
-                try:
-                    await asyncio.wait({change, timer}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    change.cancel()
                 pending, outside = await self._register(req, booking)
         finally:
+            change.cancel()
             timer.cancel()
         out: list[str] = []
         pools = {p: self.state.pools().get(g.pool) for g in booking.groups
