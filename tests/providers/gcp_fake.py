@@ -205,12 +205,10 @@ class FakeCompute:
             size = (int(self.reservations[zone][name]["specificReservation"]["count"])
                     if block is None else self.blocks[(zone, name)][block])
             available = size - self.in_use(zone, name, block)
-        if error is not None:
-            pass
-        elif self.operation_error is not None:
+        if error is None and self.operation_error is not None:
             error = {"errors": [{"code": self.operation_error, "message": "injected"}]}
             self.operation_error = None
-        elif available < min_count:
+        elif error is None and available < min_count:
             error = {"errors": [{
                 "code": "ZONE_RESOURCE_POOL_EXHAUSTED",
                 "message": f"The zone '{zone}' does not have enough resources available.",
