@@ -27,8 +27,8 @@ from controller.acquire.providers import ProviderSet
 from controller.acquire.recovery import GroupView, Seen, decide
 from controller.api.capacitypool import CapacityPool
 from controller.decisions import decide as log_decision
+from controller.lifecycle import Phase
 from controller.problem_log import ProblemLog
-from controller.state.bookings import Phase
 from controller.state.cache import ClusterState
 from providers.base import ProvidedNode, ProviderError
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from controller.state.bookings import Phase
+from controller.lifecycle import Phase
 
 HOLDING_PHASES = frozenset({Phase.ACQUIRING, Phase.BOOKED})
 

@@ -27,7 +27,7 @@ from controller.kueue.decisions import (
     uses_managed_resource,
 )
 from controller.kueue.models import ResourceFlavor, TopologyAssignment, Workload
-from controller.state.requests import POD_SETS_ANNOTATION
+from controller.lifecycle import POD_SETS_ANNOTATION
 
 MANAGED_LABEL = "muster.dev/kueue-check"
 """On every ProvisioningRequest and PodTemplate Muster creates for a Workload."""

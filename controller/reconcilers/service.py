@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from controller import crashpoints
+from controller import crashpoints, lifecycle
 from controller.acquire.atomic import AcquisitionFailed, acquire_all, release_groups
 from controller.acquire.keys import groups_for
 from controller.acquire.providers import ProviderSet
@@ -84,6 +84,19 @@ from controller.fit.types import (
 from controller.kube import ApiError, Body, KubeClient
 from controller.kube.events import EventRecorder
 from controller.kube.resources import PROVISIONING_REQUESTS
+from controller.lifecycle import (
+    ATTEMPT_ANNOTATION,
+    FINALIZER,
+    PHASE_ANNOTATION,
+    PLAN_ANNOTATION,
+    RETRY_AT_ANNOTATION,
+    TEMPLATES_ANNOTATION,
+    UNREADY_ANNOTATION,
+    Event,
+    Phase,
+    Row,
+    Step,
+)
 from controller.reconcilers.pools import hold_pools
 from controller.relaxation import (
     RELAXED_DETAIL,
@@ -97,16 +110,8 @@ from controller.relaxation import describe as describe_relaxed
 from controller.relaxation import detail as relaxed_detail
 from controller.snapshot import InvalidTemplate, SnapshotError, gang_of, parse_object
 from controller.state.bookings import (
-    ATTEMPT_ANNOTATION,
-    FINALIZER,
-    PHASE_ANNOTATION,
-    PLAN_ANNOTATION,
-    RETRY_AT_ANNOTATION,
-    TEMPLATES_ANNOTATION,
-    UNREADY_ANNOTATION,
     Booking,
     Group,
-    Phase,
     stale_templates,
     template_digest,
 )
@@ -172,6 +177,8 @@ class ProvisioningService:
         """Booked requests' pod shapes and what they were built from (``_booked_shapes``)."""
         self.wakeups: Wakeups | None = None
         """Wakes waiting requests when capacity may have freed (see :meth:`waiting`)."""
+        self.table: Sequence[Row] = lifecycle.TABLE
+        """The transitions the reconcile may take (:mod:`controller.lifecycle`)."""
 
     # ------------------------------------------------------------------ entry point
 
@@ -205,16 +212,16 @@ class ProvisioningService:
         mode = self.config.classes.mode_for(req.class_name, req.parameters)
         if mode is None:
             return None
-        if req.deleting:
+        step = lifecycle.step_for(req.phase, deleting=req.deleting)
+        if step is Step.FINALIZE:
             return await self.finalize(req)
-        phase = req.phase
-        if phase is Phase.FAILED:
+        if step is Step.REPAIR_FAILED:
             return await self.repair_failed(req)
-        if phase is Phase.ENDED:
+        if step is Step.REPAIR_ENDED:
             return await self.repair_ended(req)
-        if phase is Phase.BOOKED:
+        if step is Step.HOLD:
             return await self.check_booking(req)
-        if phase is Phase.ACQUIRING:
+        if step is Step.ACQUIRE:
             booking = req.booking
             if booking is None:
                 return await self.retry_or_fail(
@@ -223,6 +230,11 @@ class ProvisioningService:
                 )
             return await self.resume(req, booking)
         return await self.provision(req, mode, woken=woken)
+
+    def take(self, req: RequestRecord, event: Event) -> Row:
+        """The table's row for ``event`` in ``req``'s phase: every transition goes through
+        here, and one the table does not hold raises :class:`NotInTable`."""
+        return lifecycle.take(req.phase, event, self.table)
 
     def waiting(self) -> list[str]:
         """The requests waiting for capacity Muster can see free, in the order to plan them
@@ -279,6 +291,7 @@ class ProvisioningService:
         retry_at = req.retry_at
         waiting = retry_at is not None and retry_at > now
         if retry_at is not None and waiting and not woken:
+            self.take(req, Event.BACKING_OFF)
             return (retry_at - now).total_seconds()
         try:
             gang = self.gang(req, mode)
@@ -288,6 +301,7 @@ class ProvisioningService:
                 if wait > 0:
                     # Its arrival (the cache's watch event) reconciles the request at once;
                     # the timer only ends the wait.
+                    self.take(req, Event.AWAITING_OBJECTS)
                     self.state.wait_for(req.key, exc.missing)
                     return wait
             self.state.wait_for(req.key, ())
@@ -310,6 +324,7 @@ class ProvisioningService:
         if waiting and retry_at is not None and not isinstance(result, Plan):
             # Still no fit: the backoff timer keeps the request's attempts and condition
             # (a churn of wake-ups must not turn into a churn of writes).
+            self.take(req, Event.STILL_NO_FIT)
             return max(0.0, (retry_at - self.clock.now()).total_seconds())
         if isinstance(result, Refusal):
             if result.wait:
@@ -331,6 +346,7 @@ class ProvisioningService:
         # confirms it fail or the process die first, the resumed "acquisition" of nothing
         # confirms it. (Persisting it as Booked left a booking that expired without
         # Provisioned=True ever written.) Only acquired nodes need the release finalizer.
+        self.take(req, Event.PLANNED)
         req = await self.persist(
             req,
             annotations={
@@ -474,6 +490,7 @@ class ProvisioningService:
                 # A pool or nodes created with the request may not be in the cache yet: a new
                 # or changed pool, or a new node, plans it again at once; the poll covers
                 # what no arrival announces (a node's labels or taints changing).
+                self.take(req, Event.AWAITING_OBJECTS)
                 self.state.wait_for(req.key, ("CapacityPool", "Node"))
                 return min(wait, ARRIVAL_POLL_SECONDS)
             return await self.fail(req, reason, message(reason, detail=detail))
@@ -583,6 +600,7 @@ class ProvisioningService:
         group's nodes by providerID, whatever names or labels they registered with."""
         if req.booking is not None and req.booking.groups == booking.groups:
             return req
+        self.take(req, Event.LAUNCHED)
         return await self.persist(req, annotations={PLAN_ANNOTATION: booking.to_annotation()})
 
     async def wait_nodes(
@@ -674,6 +692,7 @@ class ProvisioningService:
     async def _announce(self, req: RequestRecord, booking: Booking) -> RequestRecord:
         new_nodes = sum(g.count for g in booking.groups)
         text = message(Reason.PROVISIONING, new_nodes=new_nodes, attempt=booking.attempt)
+        self.take(req, Event.ANNOUNCED)
         return await self.write_status(
             req, [_accepted(), (ConditionType.PROVISIONED, False, Reason.PROVISIONING, text)]
         )
@@ -696,6 +715,7 @@ class ProvisioningService:
     async def confirm(self, req: RequestRecord, booking: Booking) -> Delay:
         """Set Provisioned=True with the placement: the one write that turns a persisted
         plan (phase Acquiring) into a booking."""
+        self.take(req, Event.CONFIRMED)
         reason = Reason.CAPACITY_IS_PROVISIONED if booking.groups else Reason.CAPACITY_IS_FOUND
         try:
             details = class_details(booking.plan, self.observed_domains(booking))
@@ -780,6 +800,7 @@ class ProvisioningService:
             return await self.confirm(req, booking)
         req = await self.mark_booked(req)
         ending = self._ending(req, booking)
+        self.take(req, Event.HOLDING if ending is None else Event.ENDED)
         if ending is not None:
             return await self.end_booking(req, booking, *ending)
         booked_at = req.booked_at or self.clock.now()
@@ -954,6 +975,7 @@ class ProvisioningService:
 
     async def repair_ended(self, req: RequestRecord) -> Delay:
         """A booking that ended: finish what a crash or a failed write left undone."""
+        self.take(req, Event.REPAIRED)
         booking = req.booking
         if req.ended_condition is None:
             # Phase Ended written by an earlier Muster, which wrote the status second.
@@ -995,6 +1017,7 @@ class ProvisioningService:
     # ------------------------------------------------------------------ deletion
 
     async def finalize(self, req: RequestRecord) -> Delay:
+        self.take(req, Event.DELETED)
         self.state.unreserve(req.key)
         booking = req.booking
         if booking is not None and req.phase is not Phase.FAILED:
@@ -1062,6 +1085,7 @@ class ProvisioningService:
             )
             return await self.fail(req, final, text, attempt=attempt)
         retry_at = self.clock.now() + timedelta(seconds=delay)
+        self.take(req, Event.RETRY)
         req = await self.persist(
             req,
             annotations={
@@ -1094,6 +1118,7 @@ class ProvisioningService:
         """Failed=True first: it is the outcome and decides the phase. The annotations are
         then only cleaned up (plan dropped, so the cache stops holding it), and only when
         there is something to clean: a request failed before any plan costs one write."""
+        self.take(req, Event.FAILED)
         self.state.unreserve(req.key)
         if not req.condition_true(ConditionType.FAILED):
             decide("fail", req.key, reason=reason.value, attempt=attempt, message=text)
@@ -1121,6 +1146,7 @@ class ProvisioningService:
 
     async def repair_failed(self, req: RequestRecord) -> Delay:
         """A failed request: finish what a crash or a failed write left undone."""
+        self.take(req, Event.REPAIRED)
         self.state.unreserve(req.key)
         if not req.condition_true(ConditionType.FAILED):
             # Phase Failed written by an earlier Muster, which wrote the status second and

@@ -23,8 +23,8 @@ from datetime import UTC, datetime
 from controller.conditions import ConditionType, Transition, event_of
 from controller.kube import Body
 from controller.kube.events import EventBroadcaster, EventRecorder
+from controller.lifecycle import Phase
 from controller.metrics import ControllerMetrics, StateReading
-from controller.state.bookings import Phase
 from controller.state.cache import ClusterState
 from controller.workqueue import Worker, WorkQueue
 

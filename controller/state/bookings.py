@@ -9,7 +9,6 @@ a booking still holds once some of its nodes exist and some of its pods run.
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import json
 from collections.abc import Collection, Mapping, Sequence
@@ -25,32 +24,7 @@ from controller.fit.types import (
     Plan,
     PodSetPlacement,
 )
-
-PLAN_ANNOTATION = "muster.dev/plan"
-ATTEMPT_ANNOTATION = "muster.dev/attempt"
-UNREADY_ANNOTATION = "muster.dev/unready-acquisitions"
-"""Acquisitions of this request whose nodes were not Ready in time (launched, paid, released)."""
-PHASE_ANNOTATION = "muster.dev/phase"
-RETRY_AT_ANNOTATION = "muster.dev/retry-at"
-BOOKED_AT_ANNOTATION = "muster.dev/booked-at"
-TEMPLATES_ANNOTATION = "muster.dev/templates"
-"""PodTemplate name -> digest of what the plan was made from (``template_digest``)."""
-FINALIZER = "muster.dev/release-nodes"
-
-
-class Phase(enum.StrEnum):
-    """Where a request is in Muster's life cycle (``muster.dev/phase``)."""
-
-    NEW = ""
-    ACQUIRING = "Acquiring"
-    """Plan and keys persisted; provider calls may be in flight (resumed after a restart)."""
-    BOOKED = "Booked"
-    """Provisioned=True; capacity held for the request's pods. Written right after the
-    Provisioned=True status write (two writes: the status and the metadata are separate
-    endpoints); until it lands, Acquiring plus Provisioned=True reads as Booked."""
-    ENDED = "Ended"
-    """Booking consumed, expired or revoked; nodes in use stay until idle."""
-    FAILED = "Failed"
+from controller.lifecycle import PLAN_ANNOTATION
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,21 +17,20 @@ from datetime import datetime
 from typing import Any
 
 from controller.conditions import ConditionType, find, is_true
-from controller.state.bookings import (
+from controller.lifecycle import (
     ATTEMPT_ANNOTATION,
     BOOKED_AT_ANNOTATION,
     FINALIZER,
-    PHASE_ANNOTATION,
     PLAN_ANNOTATION,
+    POD_SETS_ANNOTATION,
     RETRY_AT_ANNOTATION,
     UNREADY_ANNOTATION,
-    Booking,
     Phase,
+    annotated_phase,
+    ended_condition,
+    phase_of,
 )
-
-POD_SETS_ANNOTATION = "muster.dev/pod-sets"
-"""On the requests Muster's Kueue check creates: JSON, PodTemplate name -> the Workload pod set
-it was drafted from (a pod set Kueue TAS split over domains has one template per domain)."""
+from controller.state.bookings import Booking
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,10 +102,7 @@ class RequestRecord:
                     error = str(exc)
         gen = meta.get("generation")
         rv = meta.get("resourceVersion")
-        try:
-            phase = Phase(annotations.get(PHASE_ANNOTATION, ""))
-        except ValueError:
-            phase = Phase.NEW
+        phase = annotated_phase(annotations)
         return cls(
             body=body,
             name=str(meta.get("name")),
@@ -152,26 +148,13 @@ class RequestRecord:
 
     @property
     def phase(self) -> Phase:
-        """Where the request is. The status decides a terminal outcome (Failed, booking
-        ended): it is written first, so an annotation still saying otherwise is only a
-        write a crash or an error cut short, repaired by the reconcile."""
-        if self.condition_true(ConditionType.FAILED):
-            return Phase.FAILED
-        if self.ended_condition is not None:
-            return Phase.ENDED
-        phase = self.annotated_phase
-        if phase is Phase.ACQUIRING and self.condition_true(ConditionType.PROVISIONED):
-            return Phase.BOOKED
-        return phase
+        """Where the request is (:func:`controller.lifecycle.phase_of`)."""
+        return phase_of(self.conditions, self.annotated_phase)
 
     @property
     def ended_condition(self) -> Mapping[str, Any] | None:
         """BookingExpired=True or CapacityRevoked=True, if the booking ended."""
-        for type_ in (ConditionType.CAPACITY_REVOKED, ConditionType.BOOKING_EXPIRED):
-            cond = self.condition(type_)
-            if cond is not None and cond.get("status") == "True":
-                return cond
-        return None
+        return ended_condition(self.conditions)
 
     @property
     def booked_at(self) -> datetime | None:

@@ -13,8 +13,9 @@ import pytest
 from controller.api.node import Node
 from controller.commands import objects
 from controller.fit.types import PodShape, Toleration
+from controller.lifecycle import PHASE_ANNOTATION, PLAN_ANNOTATION
 from controller.reconcilers.service import _unusable_for
-from controller.state.bookings import PHASE_ANNOTATION, PLAN_ANNOTATION, Booking
+from controller.state.bookings import Booking
 from controller.state.cache import ClusterState
 from controller.topology_defaults import DEFAULT_LEVELS
 from tests.controller.builders import gpu_node, plan_on

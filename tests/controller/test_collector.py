@@ -17,13 +17,8 @@ from controller.clock import ManualClock
 from controller.commands import objects
 from controller.kube import KubeClient
 from controller.kube.resources import CAPACITY_POOLS
-from controller.state.bookings import (
-    PHASE_ANNOTATION,
-    PLAN_ANNOTATION,
-    Booking,
-    Group,
-    Phase,
-)
+from controller.lifecycle import PHASE_ANNOTATION, PLAN_ANNOTATION, Phase
+from controller.state.bookings import Booking, Group
 from controller.state.cache import CONSUME_ANNOTATION, ClusterState
 from controller.topology_defaults import DEFAULT_LEVELS
 from providers.base import AcquireRequest, ProvidedNode, TransientProviderError

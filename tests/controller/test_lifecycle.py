@@ -468,12 +468,8 @@ async def test_a_crash_between_launch_and_registration_is_resumed_from_tags(
 
     from controller.acquire.keys import groups_for
     from controller.api.capacitypool import CapacityPool
-    from controller.state.bookings import (
-        ATTEMPT_ANNOTATION,
-        PHASE_ANNOTATION,
-        PLAN_ANNOTATION,
-        Booking,
-    )
+    from controller.lifecycle import ATTEMPT_ANNOTATION, PHASE_ANNOTATION, PLAN_ANNOTATION
+    from controller.state.bookings import Booking
     from providers.base import AcquireRequest
     from tests.controller.builders import plan_on
 

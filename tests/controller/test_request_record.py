@@ -8,7 +8,8 @@ from typing import Any
 
 from controller.acquire.keys import groups_for
 from controller.commands import objects
-from controller.state.bookings import PHASE_ANNOTATION, PLAN_ANNOTATION, Booking, Phase
+from controller.lifecycle import PHASE_ANNOTATION, PLAN_ANNOTATION, Phase
+from controller.state.bookings import Booking
 from controller.state.cache import ClusterState
 from controller.topology_defaults import DEFAULT_LEVELS
 from tests.controller.builders import plan_on

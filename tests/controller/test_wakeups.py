@@ -18,8 +18,8 @@ from controller.commands import objects
 from controller.config import MusterConfig, RetryConfig
 from controller.kube import KubeClient
 from controller.kube.resources import CAPACITY_POOLS, NODES, PODS, PROVISIONING_REQUESTS
+from controller.lifecycle import ATTEMPT_ANNOTATION
 from controller.operator import Controller
-from controller.state.bookings import ATTEMPT_ANNOTATION
 from controller.state.wakeups import Wakeups
 from providers.fake import FakeProvider
 from tests.helpers import eventually

@@ -16,7 +16,7 @@ import typer.main
 from controller.cli import app as muster_app
 from controller.commands.kubectl_plugin import app as kubectl_app
 from controller.conditions import ConditionType, Reason
-from controller.state.bookings import Phase
+from controller.lifecycle import Phase
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"

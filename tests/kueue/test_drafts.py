@@ -151,7 +151,8 @@ def test_the_request_records_each_templates_pod_set_and_ready_reads_it_back() ->
     from controller.config import KueueConfig
     from controller.kueue.drafts import request_body
     from controller.kueue.workloads import CheckReconciler, KueueCache
-    from controller.state.requests import POD_SETS_ANNOTATION, RequestRecord
+    from controller.lifecycle import POD_SETS_ANNOTATION
+    from controller.state.requests import RequestRecord
 
     wl = reserved([kq.pod_set("workers", 16, requests={GPU: "8"}),
                    kq.pod_set("launcher", 1, requests={"cpu": "1"})],

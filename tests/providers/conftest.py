@@ -19,7 +19,8 @@ from controller.acquire.providers import ProviderSet
 from controller.api.capacitypool import CapacityPool
 from controller.clock import ManualClock
 from controller.kube import KubeClient
-from controller.state.bookings import PHASE_ANNOTATION, PLAN_ANNOTATION, Booking, Group, Phase
+from controller.lifecycle import PHASE_ANNOTATION, PLAN_ANNOTATION, Phase
+from controller.state.bookings import Booking, Group
 from controller.state.cache import ClusterState
 from controller.topology_defaults import DEFAULT_LEVELS
 from providers.aws import AwsProvider, AwsProviderSettings
