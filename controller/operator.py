@@ -32,7 +32,7 @@ from controller.podgroups.integration import PodGroupIntegration
 from controller.problems import LOG_INTERVAL, ProblemLog, describe, retrying, transient
 from controller.reconcilers.pool_status import PoolStatusWriter
 from controller.reconcilers.pools import sync_pool_finalizers
-from controller.reconcilers.service import ProvisioningService
+from controller.reconcilers.provisioning.service import ProvisioningService
 from controller.reconcilers.telemetry import (
     RequestTelemetry,
     metered,

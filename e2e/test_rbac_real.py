@@ -57,9 +57,9 @@ async def test_muster_reads_what_it_plans_with(as_muster: KubeClient) -> None:
 
 
 async def test_muster_rereads_a_request_after_a_lost_write(as_muster: KubeClient) -> None:
-    # controller/reconcilers/service.py answers a 409 or 404 on a request write by reading
-    # the request again, so Muster must be allowed that read: refused, the reconcile would fail
-    # with Forbidden instead of retrying.
+    # controller/reconcilers/provisioning/service.py answers a 409 or 404 on a request write by
+    # reading the request again, so Muster must be allowed that read: refused, the reconcile
+    # would fail with Forbidden instead of retrying.
     assert await as_muster.get_or_none(
         PROVISIONING_REQUESTS, "no-such-request", namespace="default") is None
 

@@ -11,7 +11,7 @@ kubectl and krew find plugins. Read-only: it lists and gets, never writes.
   fit now, where, and what would be bought. The cluster is read into the controller's own
   cache (:class:`controller.state.feeds.Feeds`, one list per kind), stock-outs the
   controller reported on its pools are applied, the gang is built by the reconciler's
-  :func:`controller.reconcilers.service.build_gang`, and planned by the planner's
+  :func:`controller.reconcilers.provisioning.gang.build_gang`, and planned by the planner's
   :class:`controller.fit.PlanningPass`: the controller, given the same cluster, plans the same.
 
 Tables by default, ``-o json`` or ``-o yaml`` for machines. Exit codes: 0 (``fit``: it fits),
@@ -432,7 +432,7 @@ async def what_if(
     fix, as in the controller (``PoolUnusable``), rather than never fitting."""
     from controller.fit import PlanningPass
     from controller.fit.types import Plan
-    from controller.reconcilers.service import Invalid, build_gang
+    from controller.reconcilers.provisioning.gang import Invalid, build_gang
     from controller.state.planner import pools_to_fix
     from controller.state.requests import RequestRecord
 

@@ -1,8 +1,8 @@
 """A booked existing node that stops being one the gang's pods can be scheduled on (a taint
 they do not tolerate, a cordon, a label their selector or booked domain needs) revokes the
 booking (``BookedNodesUnusable``); what the scheduler would still accept does not
-(controller/reconcilers/service.py ``_unusable_for``), and the node's change reaches the
-booking through the node watch (controller/state/cache.py)."""
+(controller/reconcilers/provisioning/booking.py ``_unusable_for``), and the node's change
+reaches the booking through the node watch (controller/state/cache.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from controller.api.node import Node
 from controller.commands import objects
 from controller.fit.types import PodShape, Toleration
 from controller.lifecycle import PHASE_ANNOTATION, PLAN_ANNOTATION
-from controller.reconcilers.service import _unusable_for
+from controller.reconcilers.provisioning.booking import _unusable_for
 from controller.state.bookings import Booking
 from controller.state.cache import ClusterState
 from controller.topology_defaults import DEFAULT_LEVELS

@@ -7,7 +7,7 @@ from typing import Any, cast
 import pytest
 
 from controller.config import MusterConfig
-from controller.reconcilers.service import ProvisioningService
+from controller.reconcilers.provisioning.service import ProvisioningService
 from controller.state.bookings import Booking
 from controller.state.planner import Refusal
 from controller.state.requests import RequestRecord

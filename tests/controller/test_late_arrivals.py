@@ -3,7 +3,7 @@ its pods claim through, or the CapacityPool that lets it fit (separate watch str
 client that creates the request first) waits for them a little
 (``retry.arrival_wait_seconds``) instead of failing at once, and is planned as soon as its
 watch brings what it waits for; what never comes still fails the request, naming what to
-create (controller/reconcilers/service.py).
+create (controller/reconcilers/provisioning/plan.py).
 
 Real Kueue (path A) creates the templates and then the request; under load Muster saw the
 request first and failed it with FailedToCreatePods (benchmarks/kueue_bench.py, 1 Workload

@@ -1,7 +1,7 @@
 """A request that only a pool the provider refuses could serve waits for the pool's fix
 (``Provisioned=False``, ``PoolUnusable``, naming the pool and its problem) and provisions
 once the pool is fixed; one that would not fit even with that pool still fails
-``CapacityNeverFits`` (controller/reconcilers/service.py ``no_fit``)."""
+``CapacityNeverFits`` (controller/reconcilers/provisioning/plan.py ``no_fit``)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ from controller.acquire.registration import fresh_domain, observed_domain, place
 from controller.api.node import Node
 from controller.commands import objects
 from controller.fit.types import Mode, Plan, PodSetPlacement
-from controller.reconcilers.service import TOPOLOGY_DOMAIN_DETAIL, class_details
+from controller.reconcilers.provisioning.confirm import TOPOLOGY_DOMAIN_DETAIL, class_details
 from controller.state.bookings import Group
 
 FRESH = "muster-new-gpu-0"

@@ -13,7 +13,7 @@ from controller.commands import objects
 from controller.config import MusterConfig
 from controller.fit.types import Mode, Plan
 from controller.lifecycle import PHASE_ANNOTATION, PLAN_ANNOTATION
-from controller.reconcilers.service import ProvisioningService
+from controller.reconcilers.provisioning.service import ProvisioningService
 from controller.state.bookings import Booking, Group
 from controller.state.cache import ClusterState
 from controller.state.planner import Planner, Refusal

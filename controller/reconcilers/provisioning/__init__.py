@@ -1,0 +1,1 @@
+"""The ProvisioningRequest reconcile, one module per phase (see :mod:`.service`)."""
