@@ -347,7 +347,7 @@ class Controller:
     def health(self) -> dict[str, Any]:
         return {
             "requests": len(self.state.requests()),
-            "bookings": len(self.state.bookings()),
+            "bookings": len(self.state.ledger.bookings()),
             "nodes": len(self.state.nodes()),
             "reconciling": self.queue.busy,
             "planner_passes": self.planner.passes,

@@ -18,6 +18,7 @@ from controller.api.capacitypool import CapacityPool
 from controller.decisions import decide
 from controller.problem_log import ProblemLog
 from controller.state.bookings import Group
+from controller.state.ledger import BookingLedger
 from providers.base import (
     AcquireRequest,
     CapacityUnavailable,
@@ -60,11 +61,10 @@ async def acquire_all(
     owner_uid: str,
     pools: Mapping[str, CapacityPool],
     provider_for: ProviderFor,
-    releasing: set[str] | None = None,
-    released: set[str] | None = None,
+    ledger: BookingLedger | None = None,
 ) -> dict[str, list[ProvidedNode]]:
     """Acquire every group or none; return what the provider launched by key, sorted by
-    node name (``releasing``, ``released``: see :func:`release_groups`)."""
+    node name (``ledger``: see :func:`release_groups`)."""
     missing = sorted({g.pool for g in groups} - set(pools))
     if missing:
         raise AcquisitionFailed(
@@ -104,7 +104,7 @@ async def acquire_all(
         return acquired
     await release_groups(groups, pools=pools, provider_for=provider_for, owner=owner,
                          why="rolling back the failed acquisition (all or nothing)",
-                         releasing=releasing, released=released)
+                         ledger=ledger)
     first = failures[0]
     if isinstance(first, asyncio.CancelledError):
         raise first
@@ -142,29 +142,25 @@ async def release_groups(
     provider_for: ProviderFor,
     owner: str = "",
     why: str = "",
-    releasing: set[str] | None = None,
-    released: set[str] | None = None,
+    ledger: BookingLedger | None = None,
 ) -> int:
     """Release every group (idempotent); return how many nodes were deleted. Each group
     that deleted nodes is one ``release`` decision line naming ``owner`` and ``why``.
 
     Errors are logged and the remaining groups still released; the orphan collector retries
-    whatever is left. ``releasing`` (the cache's) holds the groups' keys while their nodes
-    are being deleted, from before the first await, and ``released`` (the cache's) after,
+    whatever is left. ``ledger`` (the cache's) holds the groups' keys as being released
+    while their nodes are being deleted, from before the first await, and as released after,
     until the cache has seen the nodes go: the planner offers those nodes to nobody (a
     request booked on them meanwhile would be left with nodes that vanish).
     """
-    keys = {g.key for g in groups} - (releasing or set())
-    if releasing is not None:
-        releasing |= keys
+    keys = {g.key for g in groups}
+    mine = ledger.start_release(keys) if ledger is not None else set()
     try:
         return await _release(groups, pools=pools, provider_for=provider_for, owner=owner,
                               why=why)
     finally:
-        if releasing is not None:
-            releasing -= keys
-        if released is not None:
-            released |= {g.key for g in groups}
+        if ledger is not None:
+            ledger.end_release(mine, released=keys)
 
 
 async def _release(

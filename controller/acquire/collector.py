@@ -149,9 +149,8 @@ class Collector:
         self, pool: CapacityPool, key: str, why: str, *, owner: str = ""
     ) -> Released | None:
         name = pool.metadata.name
-        # Offered to no plan while its nodes are being deleted (ClusterState.releasing).
-        mine = key not in self._state.releasing
-        self._state.releasing.add(key)
+        # Offered to no plan while its nodes are being deleted (the ledger's releases).
+        mine = self._state.ledger.start_release((key,))
         try:
             count = await self._providers.for_pool(pool).release(pool, key)
         except ProviderError as exc:
@@ -163,9 +162,7 @@ class Collector:
             self._unfinished[key] = name
             return None
         finally:
-            if mine:
-                self._state.releasing.discard(key)
-            self._state.released.add(key)
+            self._state.ledger.end_release(mine, released=(key,))
         _problems.resolved(f"release {name}")
         self._unfinished.pop(key, None)
         self._seen.pop(key, None)
@@ -181,7 +178,7 @@ class Collector:
             keys = frozenset(g.key for g in booking.groups) if booking else frozenset()
             phase = Phase.ENDED if record.deleting else record.annotated_phase
             out[record.uid] = (phase, keys)
-        for key, booking in self._state.bookings().items():
+        for key, booking in self._state.ledger.bookings().items():
             found = self._state.request(key)
             if found is not None:
                 uid = found.uid

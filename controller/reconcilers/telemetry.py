@@ -134,7 +134,7 @@ def state_reading(
                 phases[PHASE_LABELS.get(req.phase, str(req.phase))] += 1
         return StateReading(
             requests_by_phase=phases,
-            bookings=len(state.bookings()),
+            bookings=len(state.ledger.bookings()),
             acquisitions_in_flight=in_flight(),
             queue_depth=queue.depth,
             reconciles_running=queue.running,

@@ -3,12 +3,13 @@
 :class:`ClusterState` holds what the planner needs, fed by list-then-watch loops
 (:mod:`controller.state.feeds`) and by the reconciler's own writes: Nodes, the requests of
 bound Pods summed per node (kept incrementally, so 100,000 pods cost nothing per pass),
-PodTemplates, CapacityPools, ProvisioningRequests and every request's booking. It owns no
+PodTemplates, CapacityPools, ProvisioningRequests, and the booking ledger
+(:mod:`controller.state.ledger`, ``state.ledger``) of every request's booking. It owns no
 I/O and no clock; it is single-threaded asyncio state, so no lock is needed between the
 watch callbacks and :meth:`ClusterState.snapshot`.
 
 Bookings come from two places: the ``muster.dev/plan`` annotation of requests in phase
-Acquiring/Booked (survives restarts), and :meth:`ClusterState.reserve` for a plan the
+Acquiring/Booked (survives restarts), and :meth:`BookingLedger.reserve` for a plan the
 planner just made and is about to persist, so that the next request planned a millisecond
 later already sees the capacity as taken.
 """
@@ -48,6 +49,7 @@ from controller.state.bookings import (
     merge_plans,
 )
 from controller.state.dra import DraState
+from controller.state.ledger import BookingLedger
 from controller.state.requests import RequestRecord
 from controller.state.tenancy import Usage, gpus_of, owner_uid_of_key, pool_node
 from controller.topology_defaults import KEY_LABEL, OWNER_ANNOTATION, POOL_LABEL
@@ -200,17 +202,11 @@ class ClusterState:
         self._deleted_before: OrderedDict[str, None] = OrderedDict()
         """The generation before (see :data:`DELETED_SECONDS`)."""
         self._deleted_turned: datetime | None = None
-        self._bookings: dict[str, Booking] = {}
         self._nodes_by_pool: dict[str, set[str]] = {}
         """CapacityPool name (the node's pool label) -> its nodes."""
-        self._reserved: dict[str, Booking] = {}
-        self.releasing: set[str] = set()
-        """Acquisition keys whose nodes are being deleted (``release_groups``): offered to
-        no plan."""
-        self.released: set[str] = set()
-        """Keys whose release returned while the cache may still hold their nodes (the
-        node watch reports the deletions later, later still through a cut watch): offered
-        to no plan until the cache holds none of them."""
+        self.ledger = BookingLedger()
+        """Live bookings, releases in flight, acquisitions running (see
+        :mod:`controller.state.ledger`)."""
         self._held_cache: dict[str, tuple[Booking, tuple[Any, ...], Plan, tuple[str, ...]]] = {}
         self._booked_memo: BookedMemo = {}
         """Nodes with their bookings applied, reused across passes (apply_plan's memo)."""
@@ -219,8 +215,6 @@ class ClusterState:
         """Pool -> (free instances, start, end) of the reservation it draws from."""
         self._pool_states: tuple[PoolState, ...] | None = None
         self._deleting_pools: set[str] = set()
-        self._acquiring: dict[str, int] = {}
-        """Pool -> acquisitions running through it (their nodes may not be in the cache yet)."""
         self.pools_changed = asyncio.Event()
         """Set on every pool event (the pool finalizer loop waits on it)."""
         self.dra = DraState(on_event=self.arrived)
@@ -294,7 +288,7 @@ class ClusterState:
                 and old.spec.unschedulable == node.spec.unschedulable):
             return
         name = node.metadata.name
-        for key, booking in self.bookings().items():
+        for key, booking in self.ledger.bookings().items():
             if name in booking.existing_nodes:
                 self.notify(key)
 
@@ -316,7 +310,7 @@ class ClusterState:
         # A booking's new nodes are known by their providerIDs (or, in a booking persisted
         # before the provider answered, by their acquisition key's label).
         acquisition = old.metadata.labels.get(KEY_LABEL)
-        for key, booking in self.bookings().items():
+        for key, booking in self.ledger.bookings().items():
             if (name in booking.existing_nodes or name in booking.acquired_nodes
                     or (provider_id and provider_id in booking.acquired_provider_ids)
                     or any(g.key == acquisition for g in booking.groups)):
@@ -350,7 +344,7 @@ class ClusterState:
         elif (now - self._deleted_turned).total_seconds() >= DELETED_SECONDS:
             self._deleted_before, self._deleted = self._deleted, OrderedDict()
             self._deleted_turned = now
-        live = {g.key for b in self.bookings().values() for g in b.groups}
+        live = {g.key for b in self.ledger.bookings().values() for g in b.groups}
         for key in [k for k in self._gone_by_key if k not in live]:
             del self._gone_by_key[key]
         held = {owner_uid_of_key(k) for k in self._nodes_by_key}
@@ -578,7 +572,7 @@ class ClusterState:
             self.upsert_template(item, notify=False)
         self.synced["podtemplates"].set()
         # A relist may have missed deletions and edits: every booking re-checks, once.
-        for key in list(self._bookings):
+        for key in self.ledger.persisted_keys():
             self.notify(key)
 
     def upsert_template(self, body: Body, *, notify: bool = True) -> None:
@@ -601,7 +595,7 @@ class ClusterState:
     def _notify_bookings_of(self, template_key: str) -> None:
         """Requests holding a booking planned from this template re-check it."""
         namespace, _, name = template_key.partition("/")
-        for key in list(self._bookings):
+        for key in self.ledger.persisted_keys():
             if not key.startswith(f"{namespace}/"):
                 continue
             record = self._requests.get(key)
@@ -726,21 +720,7 @@ class ClusterState:
     def pool_in_use(self, name: str) -> bool:
         """Nodes of the pool exist, or an acquisition through it runs: its finalizer must
         stay, since releasing those nodes needs the pool's provider settings."""
-        return bool(self._nodes_by_pool.get(name)) or self._acquiring.get(name, 0) > 0
-
-    def begin_acquiring(self, pools: Iterable[str]) -> None:
-        """An acquisition through ``pools`` starts: from before the pools are held until
-        :meth:`end_acquiring`, once its nodes are in the cache or released."""
-        for name in set(pools):
-            self._acquiring[name] = self._acquiring.get(name, 0) + 1
-
-    def end_acquiring(self, pools: Iterable[str]) -> None:
-        for name in set(pools):
-            left = self._acquiring.get(name, 0) - 1
-            if left > 0:
-                self._acquiring[name] = left
-            else:
-                self._acquiring.pop(name, None)
+        return bool(self._nodes_by_pool.get(name)) or self.ledger.acquiring(name)
 
     def pools(self) -> Mapping[str, CapacityPool]:
         return self._pools
@@ -773,20 +753,17 @@ class ClusterState:
         if key not in self._arrivals:
             self._arrived += 1
             self._arrivals[key] = self._arrived
-        had_booking = key in self._bookings
+        had_booking = self.ledger.persisted(key)
         if uid and meta.get("namespace"):
             self._uid_namespace[str(uid)] = str(meta["namespace"])
         if record.annotated_phase in ACTIVE_PHASES and not record.deleting:
-            if record.booking is not None:
-                self._bookings[key] = record.booking
-            else:
-                if record.booking_error is not None and (
-                        old is None or old.booking_error != record.booking_error):
-                    log.warning("request %s: %s", key, record.booking_error)
-                self._bookings.pop(key, None)
+            if record.booking is None and record.booking_error is not None and (
+                    old is None or old.booking_error != record.booking_error):
+                log.warning("request %s: %s", key, record.booking_error)
+            self.ledger.record(key, record.booking)
         else:
-            self._bookings.pop(key, None)
-        if had_booking and key not in self._bookings and key not in self._reserved:
+            self.ledger.record(key, None)
+        if had_booking and not self.ledger.holds(key):
             self.capacity_changed("booking ended")
         return record
 
@@ -796,9 +773,7 @@ class ClusterState:
         old = self._requests.pop(key, None)
         self._arrivals.pop(key, None)
         self.wait_for(key, ())
-        booked = self._bookings.pop(key, None) is not None
-        booked = self._reserved.pop(key, None) is not None or booked
-        if booked:
+        if self.ledger.drop(key):
             self.capacity_changed("request deleted")
         uid = uid or (old.uid if old is not None else None)
         if uid:
@@ -820,23 +795,12 @@ class ClusterState:
         created = record.created_at if record is not None else None
         return (created or _LAST, self._arrivals.get(key, sys.maxsize))
 
-    def reserve(self, key: str, booking: Booking) -> None:
-        """Hold ``booking`` in memory until :meth:`unreserve` (the plan is being persisted)."""
-        self._reserved[key] = booking
-
-    def unreserve(self, key: str) -> None:
-        self._reserved.pop(key, None)
-
-    def bookings(self) -> dict[str, Booking]:
-        """Every active booking by request key (in-memory reservations win)."""
-        return {**self._bookings, **self._reserved}
-
     def booked_nodes(self, *, exclude: str | None = None) -> set[str]:
         """Nodes some live booking (but ``exclude``'s) counts on: existing nodes its plan
         places pods on, and the nodes of its own acquisitions. Whoever acquired a node, it
         must not be released while any of these bookings lives."""
         out: set[str] = set()
-        for key, booking in self.bookings().items():
+        for key, booking in self.ledger.bookings().items():
             if key == exclude:
                 continue
             out.update(booking.existing_nodes)
@@ -848,7 +812,7 @@ class ClusterState:
 
     def booked_provider_ids(self) -> set[str]:
         """providerIDs of the machines every live booking's acquisitions launched."""
-        return {p for booking in self.bookings().values()
+        return {p for booking in self.ledger.bookings().values()
                 for p in booking.acquired_provider_ids}
 
     # ------------------------------------------------------------------ tenancy
@@ -868,7 +832,7 @@ class ClusterState:
         prefix = f"{namespace}/"
         held: set[str] = set()
         total = Usage()
-        for key, booking in self.bookings().items():
+        for key, booking in self.ledger.bookings().items():
             if not key.startswith(prefix):
                 continue
             for group in booking.groups:
@@ -1020,14 +984,14 @@ class ClusterState:
         still be rolled back (a failure, nodes not Ready in time, a resumed attempt that
         fails), deleting its nodes under whoever booked their spare capacity meanwhile."""
         blocked: set[str] = set()
-        for releasing in self.releasing:
+        for releasing in self.ledger.releasing_keys():
             blocked.update(self._nodes_by_key.get(releasing, ()))
-        for key in list(self.released):
+        for key in self.ledger.released_keys():
             left = self._nodes_by_key.get(key)
             if left:
                 blocked.update(left)
             else:
-                self.released.discard(key)
+                self.ledger.forget_released((key,))
         for key, booking in bookings.items():
             if key == exclude or not booking.groups or _confirmed(self._requests.get(key)):
                 continue
@@ -1077,7 +1041,7 @@ class ClusterState:
             pools = tuple(sorted((*pools, *self._unusable_states()), key=lambda p: p.name))
         if now is not None:
             pools = self._capped(pools, now)
-        bookings = self.bookings()
+        bookings = self.ledger.bookings()
         nodes_now, pools_now = self.dra.attach(
             self._unconfirmed_off(self._sorted_nodes, bookings, exclude), pools,
             list(self._pools.values())

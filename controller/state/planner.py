@@ -158,7 +158,7 @@ class Planner:
         self.passes += 1
         keys = {item.key for item in batch}
         for key in keys:
-            self._state.unreserve(key)
+            self._state.ledger.unreserve(key)
         planning = PlanningPass(self._state.snapshot(now=self._now() if self._now else None))
         if any(item.order for item in batch):
             batch = sorted(batch, key=lambda item: item.order)
@@ -176,7 +176,7 @@ class Planner:
                         item.future.set_result(booking)
                         continue
                     planning.commit(result)
-                    self._state.reserve(item.key, booking)
+                    self._state.ledger.reserve(item.key, booking)
                 item.future.set_result(result)
             except Exception as exc:  # a bug in one request's planning must not stop others
                 log.exception("planning %s failed", item.key)

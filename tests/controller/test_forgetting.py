@@ -102,7 +102,7 @@ async def test_deleted_requests_leave_the_cache_bookings_and_gauges_empty(
         # within moments; then nothing of any request may be left.
         await _until(lambda: _quiet(controller))
         assert await forgotten() is None
-        assert not controller.state.bookings()
+        assert not controller.state.ledger.bookings()
         assert not controller.state._consumed, "per-request consumer counts"
         assert not controller.queue._failures and not controller.queue._timers
         assert not provider._key_locks and not provider._since, "the fake provider's"

@@ -8,6 +8,7 @@ from controller.conditions import Reason
 from controller.fit.types import Mode, NoFit, Plan
 from controller.state.bookings import Booking
 from controller.state.cache import ClusterState
+from controller.state.ledger import BookingLedger
 from controller.state.planner import Planner, Refusal
 from controller.topology_defaults import DEFAULT_LEVELS
 from tests.controller.builders import gang, gpu_node
@@ -33,7 +34,7 @@ async def test_concurrent_requests_never_count_the_same_capacity() -> None:
     assert len(plans) == 2 and sum(isinstance(r, NoFit) for r in results) == 1
     used = [a.node for p in plans for a in p.assignments]
     assert len(used) == len(set(used)) == 4
-    assert set(state.bookings()) == {"a", "b", "c"} - {
+    assert set(state.ledger.bookings()) == {"a", "b", "c"} - {
         n for n, r in zip(["a", "b", "c"], results, strict=True) if isinstance(r, NoFit)
     }
 
@@ -47,7 +48,7 @@ async def test_a_refused_plan_books_nothing() -> None:
         refused = await planner.plan("a", gang("a", 2), Mode.CHECK,
                                      lambda p: Refusal(Reason.OVER_BUDGET, "over budget"))
         assert refused == Refusal(Reason.OVER_BUDGET, "over budget")
-        assert not state.bookings()
+        assert not state.ledger.bookings()
         second = await planner.plan("b", gang("b", 2), Mode.CHECK, lambda p: Booking(p, 1))
         assert isinstance(second, Plan)
     finally:
@@ -60,7 +61,7 @@ def test_booked_capacity_is_missing_from_the_next_snapshot() -> None:
     free_before = [n.free["nvidia.com/gpu"] for n in state.snapshot().nodes]
     from tests.controller.builders import plan_on
 
-    state.reserve("x", Booking(plan_on(["n0"]), attempt=1))
+    state.ledger.reserve("x", Booking(plan_on(["n0"]), attempt=1))
     after = {n.name: n.free["nvidia.com/gpu"] for n in state.snapshot().nodes}
     assert free_before == [8, 8] and after == {"n0": 0, "n1": 8}
     assert {n.name: n.free["nvidia.com/gpu"] for n in state.snapshot(exclude="x").nodes} == {
@@ -137,9 +138,9 @@ def test_nodes_being_released_are_offered_to_no_plan() -> None:
 
     state = ClusterState(levels=DEFAULT_LEVELS)
     state.replace_nodes([gpu_node("n0", **{KEY_LABEL: "k2"}), gpu_node("n1")])
-    state.releasing.add("k2")
+    mine = state.ledger.start_release({"k2"})
     assert {n.name: n.schedulable for n in state.snapshot().nodes} == {"n0": False, "n1": True}
-    state.releasing.discard("k2")
+    state.ledger.end_release(mine, released=())
     assert all(n.schedulable for n in state.snapshot().nodes)
 
 
@@ -148,19 +149,19 @@ async def test_release_groups_holds_the_keys_while_it_deletes() -> None:
     from controller.state.bookings import Group
 
     seen: list[set[str]] = []
-    releasing: set[str] = set()
+    ledger = BookingLedger()
 
     class Provider:
         async def release(self, pool: object, key: str) -> int:
-            seen.append(set(releasing))
+            seen.append(set(ledger.releasing_keys()))
             await asyncio.sleep(0)
             return 1
 
     count = await release_groups([Group(key="k", pool="p", domain={}, count=1)],
                                  pools={"p": object()},  # type: ignore[dict-item]
                                  provider_for=lambda pool: Provider(),  # type: ignore[arg-type,return-value]
-                                 releasing=releasing)
-    assert count == 1 and seen == [{"k"}] and releasing == set()
+                                 ledger=ledger)
+    assert count == 1 and seen == [{"k"}] and ledger.releasing_keys() == set()
 
 
 async def test_released_nodes_are_offered_to_no_plan_until_the_cache_sees_them_go() -> None:
@@ -181,8 +182,9 @@ async def test_released_nodes_are_offered_to_no_plan_until_the_cache_sees_them_g
     await release_groups([Group(key="k", pool="p", domain={}, count=1)],
                          pools={"p": object()},  # type: ignore[dict-item]
                          provider_for=lambda pool: Provider(),  # type: ignore[arg-type,return-value]
-                         releasing=state.releasing, released=state.released)
-    assert state.releasing == set()
+                         ledger=state.ledger)
+    assert state.ledger.releasing_keys() == set()
     assert {n.name: n.schedulable for n in state.snapshot().nodes} == {"n0": False, "n1": True}
     state.replace_nodes([gpu_node("n1")])  # the watch reports the deletion
-    assert all(n.schedulable for n in state.snapshot().nodes) and state.released == set()
+    assert all(n.schedulable for n in state.snapshot().nodes)
+    assert state.ledger.released_keys() == set()

@@ -62,7 +62,7 @@ def test_figures_per_domain_come_from_the_planning_snapshot() -> None:
     state.replace_nodes(nodes)
     # n0 is booked by a request that also waits for one new node in b1-r2.
     booking = Booking(plan=plan_on(["n0"], new=1, pool="p", rack="b1-r2"), attempt=1, groups=())
-    state.reserve("ns/a", booking)
+    state.ledger.reserve("ns/a", booking)
 
     status = pool_status(_facts(state, provider=ProviderHealth("kind", "list")), NOW)
 

@@ -35,7 +35,7 @@ def test_a_status_only_event_keeps_the_parsed_booking() -> None:
     second = state.request("ns/g")
     assert second is not None and second.phase is Phase.BOOKED
     # Not decoded again: the snapshot's memoised plans hang on the Booking's identity.
-    assert second.booking is first.booking and state.bookings()["ns/g"] is first.booking
+    assert second.booking is first.booking and state.ledger.bookings()["ns/g"] is first.booking
 
 
 def test_an_unreadable_plan_is_recorded_with_why_and_books_nothing() -> None:
@@ -43,7 +43,7 @@ def test_an_unreadable_plan_is_recorded_with_why_and_books_nothing() -> None:
     record = state.upsert_request(_booked("1", '{"plan": 1}'))
     assert record is not None and record.booking is None
     assert record.booking_error is not None and "muster.dev/plan" in record.booking_error
-    assert state.bookings() == {}
+    assert state.ledger.bookings() == {}
 
 
 def test_an_older_version_is_not_stored() -> None:

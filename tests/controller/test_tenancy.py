@@ -66,7 +66,7 @@ def test_live_bookings_count_for_their_namespace_only() -> None:
     state = _state()
     state.upsert_request(_request_body("a", "r1", "uid-a1", _booking("uid-a1", 2), "Acquiring"))
     state.upsert_request(_request_body("b", "r1", "uid-b1", _booking("uid-b1", 3), "Acquiring"))
-    state.reserve("a/r2", _booking("uid-a2", 1))  # planned, not persisted yet
+    state.ledger.reserve("a/r2", _booking("uid-a2", 1))  # planned, not persisted yet
     assert state.namespace_usage("a") == Usage(3, 24, 30.0)
     assert state.namespace_usage("b") == Usage(3, 24, 30.0)
     assert state.namespace_usage("c") == Usage()

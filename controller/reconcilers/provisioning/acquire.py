@@ -46,15 +46,15 @@ class Acquisition(Bookings):
         ``acquisition.announce_after_seconds`` (the plan and keys are already persisted; the
         condition is for humans and takes the write only when it has something to tell).
         """
-        self.state.reserve(req.key, booking)
+        self.state.ledger.reserve(req.key, booking)
         keys = {g.key for g in booking.groups}
         self.in_flight |= keys
         announcing = _Later(self.clock, self.config.acquisition.announce_after_seconds,
                             lambda: self._announce(req, booking)) if announce else None
         pools = {g.pool for g in booking.groups}
-        self.state.begin_acquiring(pools)
+        self.state.ledger.begin_acquiring(pools)
         # A resumed attempt acquires its keys anew: its own nodes are not released ones.
-        self.state.released -= keys
+        self.state.ledger.forget_released(keys)
         try:
             try:
                 await hold_pools(self.kube, pools)
@@ -64,7 +64,7 @@ class Acquisition(Bookings):
                     owner_uid=req.uid,
                     pools=self.state.pools(),
                     provider_for=self.providers.for_pool,
-                    releasing=self.state.releasing, released=self.state.released,
+                    ledger=self.state.ledger,
                 )
                 crashpoints.reached("acquired")
                 booking = booking.with_nodes(
@@ -75,7 +75,7 @@ class Acquisition(Bookings):
                 decide("acquire", req.key, outcome="acquired", attempt=booking.attempt,
                        groups=[_group_text(g) for g in booking.groups],
                        nodes=sorted(booking.acquired_nodes))
-                self.state.reserve(req.key, booking)
+                self.state.ledger.reserve(req.key, booking)
                 req = await self.remember_launched(req, booking)
                 timeout = self.config.acquisition.node_ready_timeout_seconds
                 not_ready, outside = await self.wait_nodes(req, booking, within=timeout)
@@ -93,7 +93,7 @@ class Acquisition(Bookings):
                 await release_groups(
                     booking.groups, pools=self.state.pools(), provider_for=self.providers.for_pool,
                     owner=req.key, why="a node registered outside the planned domain",
-                    releasing=self.state.releasing, released=self.state.released,
+                    ledger=self.state.ledger,
                 )
                 decide("acquire", req.key, outcome="outside-domain", attempt=booking.attempt,
                        nodes=[o.describe() for o in outside[:5]])
@@ -106,7 +106,7 @@ class Acquisition(Bookings):
                 await release_groups(
                     booking.groups, pools=self.state.pools(), provider_for=self.providers.for_pool,
                     owner=req.key, why=f"{len(not_ready)} node(s) not Ready in time",
-                    releasing=self.state.releasing, released=self.state.released,
+                    ledger=self.state.ledger,
                 )
                 return await self.retry_or_fail(
                     req, attempt=booking.attempt, reason=Reason.NODES_NOT_READY,
@@ -127,7 +127,7 @@ class Acquisition(Bookings):
             )
         finally:
             self.in_flight -= keys
-            self.state.end_acquiring(pools)
+            self.state.ledger.end_acquiring(pools)
         return await self.confirm(req, booking)
 
     async def remember_launched(self, req: RequestRecord, booking: Booking) -> RequestRecord:

@@ -246,12 +246,12 @@ class Bookings(Confirmation):
             return 0
         return await release_groups(
             unused, pools=self.state.pools(), provider_for=self.providers.for_pool,
-            owner=owner, why=why, releasing=self.state.releasing, released=self.state.released,
+            owner=owner, why=why, ledger=self.state.ledger,
         )
 
     async def finalize(self, req: RequestRecord) -> Delay:
         self.take(req, Event.DELETED)
-        self.state.unreserve(req.key)
+        self.state.ledger.unreserve(req.key)
         booking = req.booking
         if booking is not None and req.phase is not Phase.FAILED:
             await self.release_unused(booking, req.key, why="the request is being deleted")

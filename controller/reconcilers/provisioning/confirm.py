@@ -57,7 +57,7 @@ class Confirmation(Outcomes):
                 details=details,
             )
         finally:
-            self.state.unreserve(req.key)
+            self.state.ledger.unreserve(req.key)
         await self.mark_booked(req)
         return self.config.booking.duration_seconds
 

@@ -50,7 +50,7 @@ class Outcomes(StepsBase):
     ) -> Delay:
         """``relax_time``: when the request's topology may be relaxed; the next attempt is
         then no later than that."""
-        self.state.unreserve(req.key)
+        self.state.ledger.unreserve(req.key)
         max_attempts = self.config.retry.max_attempts
         params = self.parameters(req)
         if not permanent and params.values.no_retry:
@@ -129,7 +129,7 @@ class Outcomes(StepsBase):
         then only cleaned up (plan dropped, so the cache stops holding it), and only when
         there is something to clean: a request failed before any plan costs one write."""
         self.take(req, Event.FAILED)
-        self.state.unreserve(req.key)
+        self.state.ledger.unreserve(req.key)
         if not req.condition_true(ConditionType.FAILED):
             decide("fail", req.key, reason=reason.value, attempt=attempt, message=text)
         req = await self.write_status(
@@ -157,7 +157,7 @@ class Outcomes(StepsBase):
     async def repair_failed(self, req: RequestRecord) -> Delay:
         """A failed request: finish what a crash or a failed write left undone."""
         self.take(req, Event.REPAIRED)
-        self.state.unreserve(req.key)
+        self.state.ledger.unreserve(req.key)
         if not req.condition_true(ConditionType.FAILED):
             # Phase Failed written by an earlier Muster, which wrote the status second and
             # lost it: the reason is gone, so say what is known.

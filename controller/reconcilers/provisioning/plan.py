@@ -100,7 +100,7 @@ class Planning(Acquisition):
             return await self.fail(req, result.reason, result.text)
         if isinstance(result, NoFit):
             return await self.no_fit(req, gang, mode, result, attempt, relax_time=relax_time)
-        booking = self.state.bookings().get(req.key)
+        booking = self.state.ledger.bookings().get(req.key)
         if booking is None:  # the request was deleted while it was being planned
             return None
         decide("plan", req.key, outcome="fits", attempt=attempt, where=_where(result),

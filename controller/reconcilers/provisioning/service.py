@@ -50,7 +50,7 @@ class ProvisioningService(Planning):
         except ApiError as exc:
             # A plan reserved in memory but not persisted must not hold capacity meanwhile;
             # a persisted one is still booked through its annotation.
-            self.state.unreserve(key)
+            self.state.ledger.unreserve(key)
             if not (exc.conflict or exc.not_found):
                 raise
             namespace, _, name = key.partition("/")
@@ -67,7 +67,7 @@ class ProvisioningService(Planning):
         woken = self.wakeups is not None and self.wakeups.claim(key)
         req = self.state.request(key)
         if req is None:
-            self.state.unreserve(key)
+            self.state.ledger.unreserve(key)
             return None
         mode = self.config.classes.mode_for(req.class_name, req.parameters)
         if mode is None:
