@@ -23,7 +23,7 @@ import pytest
 from controller.commands import objects
 from controller.kube import Body
 from controller.kube.resources import EVENTS, NODES, PODS, PROVISIONING_REQUESTS
-from controller.pod_groups import request_name
+from controller.podgroup_membership import request_name
 from controller.podgroups.integration import POD_GROUPS
 from e2e.conftest import Env, eventually
 

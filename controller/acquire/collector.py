@@ -26,7 +26,7 @@ from datetime import datetime
 from controller.acquire.providers import ProviderSet
 from controller.acquire.recovery import GroupView, Seen, decide
 from controller.api.capacitypool import CapacityPool
-from controller.decisions import decide as log_decision
+from controller.decision_log import log_decision
 from controller.lifecycle import Phase
 from controller.problem_log import ProblemLog
 from controller.state.cache import ClusterState

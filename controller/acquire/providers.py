@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from controller.api.capacitypool import CapacityPool
 from controller.metrics import ControllerMetrics
 from controller.problems import ProblemLog, retrying
-from controller.state.pool_status import ProviderHealth
+from controller.state.pool_figures import ProviderHealth
 from providers.base import (
     AcquireRequest,
     CapacityUnavailable,

@@ -4,7 +4,7 @@ Installed as the executable ``kubectl-muster`` (pyproject ``[project.scripts]``)
 kubectl and krew find plugins. Read-only: it lists and gets, never writes.
 
 * ``capacity``: the per-domain table of every CapacityPool, from the status the controller
-  writes (:mod:`controller.state.pool_status`).
+  writes (:mod:`controller.state.pool_figures`).
 * ``explain REQUEST [-n NS]``: a request's plan (booked: where, which nodes) or its
   shortfall (the controller's condition), and what planning it again now would say.
 * ``fit -f FILE``: would this ProvisioningRequest (with its PodTemplates) or batch/v1 Job

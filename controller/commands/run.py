@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from controller.decisions import FIELDS_ATTR
+from controller.decision_log import FIELDS_ATTR
 
 if TYPE_CHECKING:  # imported lazily at run time: `muster --help` stays fast
     from aiohttp import web
@@ -51,7 +51,7 @@ class _JsonFormatter(logging.Formatter):
             "msg": record.getMessage(),
         }
         fields = getattr(record, FIELDS_ATTR, None)
-        if isinstance(fields, dict):  # a decision (controller/decisions.py): its own keys
+        if isinstance(fields, dict):  # a decision (controller/decision_log.py): its own keys
             out.update({k: v for k, v in fields.items() if k not in out})
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller.api.validation import limit_object_name
-from controller.pod_groups import group_of, request_name
+from controller.podgroup_membership import group_of, request_name
 from controller.topology_defaults import MUSTER_REQUIRED
 
 GROUP = "scheduling.k8s.io"

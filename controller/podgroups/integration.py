@@ -23,7 +23,7 @@ from controller.config import PodGroupsConfig
 from controller.kube import ApiError, Body, KubeClient, WatchEvent, whole_listing
 from controller.kube.events import EventRecorder
 from controller.kube.resources import POD_TEMPLATES, PODS, PROVISIONING_REQUESTS, Resource
-from controller.pod_groups import request_name
+from controller.podgroup_membership import request_name
 from controller.podgroups.gang import (
     API_VERSION,
     LABEL,

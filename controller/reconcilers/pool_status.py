@@ -1,7 +1,7 @@
 """The CapacityPool status writer: thin, at a bounded rate, only what changed.
 
 Every ``pool_status.interval_seconds`` it builds each pool's status from the cache
-(:func:`controller.state.pool_status.pool_status`, pure) and writes those that differ from
+(:func:`controller.state.pool_figures.pool_status`, pure) and writes those that differ from
 what the API server holds, through the ``status`` subresource. Nothing here runs per node
 heartbeat or per watch event: a heartbeat that changes nothing the status shows costs no
 write, and a busy cluster costs at most one write per pool per interval, capped at
@@ -36,7 +36,7 @@ from controller.kube.resources import CAPACITY_POOLS
 from controller.metrics import ControllerMetrics
 from controller.problems import ProblemLog, describe, transient
 from controller.state.cache import ClusterState
-from controller.state.pool_status import PoolFacts, Shortage, pool_status
+from controller.state.pool_figures import PoolFacts, Shortage, pool_status
 from providers.base import ProviderError
 
 log = logging.getLogger(__name__)

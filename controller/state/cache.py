@@ -39,8 +39,8 @@ from controller.fit import apply_plan
 from controller.fit.capacity import BookedMemo
 from controller.fit.types import NodeState, Plan, PoolState, Snapshot
 from controller.lifecycle import Phase
-from controller.pod_groups import group_of
-from controller.pod_groups import request_name as gang_request_name
+from controller.podgroup_membership import group_of
+from controller.podgroup_membership import request_name as gang_request_name
 from controller.snapshot import node_state, pod_requests, pool_state
 from controller.state.bookings import (
     Booking,

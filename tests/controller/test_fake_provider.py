@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from controller.acquire.atomic import AcquisitionFailed, acquire_all
+from controller.acquire.groups import AcquisitionFailed, acquire_all
 from controller.acquire.registration import OutsideDomain, register, registration
 from controller.api.capacitypool import CapacityPool
 from controller.api.node import Node

@@ -145,7 +145,7 @@ def test_nodes_being_released_are_offered_to_no_plan() -> None:
 
 
 async def test_release_groups_holds_the_keys_while_it_deletes() -> None:
-    from controller.acquire.atomic import release_groups
+    from controller.acquire.groups import release_groups
     from controller.state.bookings import Group
 
     seen: list[set[str]] = []
@@ -168,7 +168,7 @@ async def test_released_nodes_are_offered_to_no_plan_until_the_cache_sees_them_g
     """Found by the fault storm on the real tier: a rollback deleted a group's nodes, the
     node watch (cut by the storm) had not reported it yet, and the retry booked one of them
     as an existing node: Provisioned=True on a node deleted a moment before."""
-    from controller.acquire.atomic import release_groups
+    from controller.acquire.groups import release_groups
     from controller.state.bookings import Group
     from controller.topology_defaults import KEY_LABEL
 

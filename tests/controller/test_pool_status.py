@@ -16,14 +16,14 @@ from controller.api.capacitypool import CapacityPool
 from controller.clock import ManualClock
 from controller.commands import objects
 from controller.commands.run import _JsonFormatter
-from controller.decisions import decide
+from controller.decision_log import log_decision
 from controller.kube import KubeClient
 from controller.kube.resources import CAPACITY_POOLS, NODES, PROVISIONING_REQUESTS
 from controller.operator import Controller
 from controller.reconcilers.pool_status import merge_patch
 from controller.state.bookings import Booking
 from controller.state.cache import ClusterState
-from controller.state.pool_status import PoolFacts, ProviderHealth, Shortage, pool_status
+from controller.state.pool_figures import PoolFacts, ProviderHealth, Shortage, pool_status
 from controller.topology_defaults import DEFAULT_LEVELS, POOL_LABEL
 from providers.fake import FakeProvider
 from tests.controller.builders import gpu_node, plan_on, starve
@@ -232,7 +232,7 @@ async def _short(controller: Controller) -> bool:
 
 def test_a_decision_is_one_json_line_with_its_fields(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="muster.decisions"):
-        decide("plan", "ns/train", outcome="fits", new_nodes=4, groups=["gpu[rack=b1-r1]x4"])
+        log_decision("plan", "ns/train", outcome="fits", new_nodes=4, groups=["gpu[rack=b1-r1]x4"])
     (record,) = caplog.records
     line = json.loads(_JsonFormatter().format(record))
     assert (line["decision"], line["request"], line["outcome"], line["new_nodes"]) == (
@@ -241,7 +241,7 @@ def test_a_decision_is_one_json_line_with_its_fields(caplog: pytest.LogCaptureFi
     assert record.getMessage() == ("decision=plan request=ns/train outcome=fits new_nodes=4 "
                                    'groups=["gpu[rack=b1-r1]x4"]')
     with pytest.raises(ValueError):
-        decide("guess", "ns/x")
+        log_decision("guess", "ns/x")
 
 
 async def test_each_decision_of_a_gang_is_logged_once(

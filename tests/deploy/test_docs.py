@@ -74,7 +74,7 @@ def test_every_phase_is_on_the_conditions_page() -> None:
 
 
 def test_every_pool_and_admission_check_reason_is_on_the_conditions_page() -> None:
-    pool = _code("controller/state/pool_status.py")
+    pool = _code("controller/state/pool_figures.py")
     names = set(re.findall(r'\((?:VALID|PROVIDER_READY|STOCK_OUT), "\w+",\s*"([A-Z]\w+)"', pool))
     names |= set(re.findall(r'^(?:VALID|PROVIDER_READY|STOCK_OUT) = "(\w+)"', pool, re.M))
     names |= set(

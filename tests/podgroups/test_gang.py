@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller.pod_groups import request_name
+from controller.podgroup_membership import request_name
 from controller.podgroups.gang import (
     GangPodGroup,
     draft,

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 
 from controller import crashpoints
-from controller.acquire.atomic import AcquisitionFailed, acquire_all, release_groups
+from controller.acquire.groups import AcquisitionFailed, acquire_all, release_groups
 from controller.acquire.registration import (
     OutsideDomain,
     awaiting_cloud,
@@ -22,7 +22,7 @@ from controller.acquire.registration import (
 )
 from controller.clock import Clock
 from controller.conditions import ConditionType, Reason, message
-from controller.decisions import decide
+from controller.decision_log import log_decision
 from controller.lifecycle import PLAN_ANNOTATION, Event
 from controller.reconcilers.pools import hold_pools
 from controller.reconcilers.provisioning.base import Delay, _accepted, _group_text
@@ -72,7 +72,7 @@ class Acquisition(Bookings):
                     {k: [n.provider_id for n in got if n.provider_id]
                      for k, got in nodes.items()},
                 )
-                decide("acquire", req.key, outcome="acquired", attempt=booking.attempt,
+                log_decision("acquire", req.key, outcome="acquired", attempt=booking.attempt,
                        groups=[_group_text(g) for g in booking.groups],
                        nodes=sorted(booking.acquired_nodes))
                 self.state.ledger.reserve(req.key, booking)
@@ -95,7 +95,7 @@ class Acquisition(Bookings):
                     owner=req.key, why="a node registered outside the planned domain",
                     ledger=self.state.ledger,
                 )
-                decide("acquire", req.key, outcome="outside-domain", attempt=booking.attempt,
+                log_decision("acquire", req.key, outcome="outside-domain", attempt=booking.attempt,
                        nodes=[o.describe() for o in outside[:5]])
                 return await self.retry_or_fail(
                     req, attempt=booking.attempt, reason=Reason.ACQUISITION_FAILED,
@@ -114,7 +114,7 @@ class Acquisition(Bookings):
                     permanent=False,
                 )
         except AcquisitionFailed as exc:
-            decide("acquire", req.key, outcome="failed", attempt=booking.attempt,
+            log_decision("acquire", req.key, outcome="failed", attempt=booking.attempt,
                    groups=[_group_text(g) for g in booking.groups], reason=exc.reason,
                    retryable=exc.retryable, error=str(exc),
                    short=[_group_text(g) + f" (stock {n})" for g, n in exc.short])

@@ -10,11 +10,11 @@ from collections.abc import Mapping
 from datetime import timedelta
 
 from controller import crashpoints
-from controller.acquire.atomic import release_groups
+from controller.acquire.groups import release_groups
 from controller.api.node import Node
 from controller.api.pod import PodTemplate
 from controller.conditions import ConditionType, Reason, message
-from controller.decisions import decide
+from controller.decision_log import log_decision
 from controller.fit.shapes import selector_matches, untolerated
 from controller.fit.taints import CONDITION_TAINTS, UNSCHEDULABLE
 from controller.fit.types import Mode, PodShape, Taint
@@ -195,7 +195,7 @@ class Bookings(Confirmation):
         """Status first: the condition is the outcome (and makes the phase Ended); releasing
         and the phase annotation follow and are redone by :meth:`repair_ended` if cut short."""
         scheduled = self.state.scheduled_consumers(req.key)
-        decide("end", req.key, condition=type_.value, reason=reason.value,
+        log_decision("end", req.key, condition=type_.value, reason=reason.value,
                scheduled=sum(scheduled.values()), of=req.total_pods,
                elsewhere=sum(self.consumed_elsewhere(req, booking).values()))
         req = await self.write_status(req, [(type_, True, reason, text)])

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from controller import crashpoints
 from controller.api.parameters import NO_RETRY, VALID_UNTIL_SECONDS, Parameters
 from controller.conditions import ConditionType, Reason, message, rfc3339
-from controller.decisions import decide
+from controller.decision_log import log_decision
 from controller.lifecycle import (
     ATTEMPT_ANNOTATION,
     PHASE_ANNOTATION,
@@ -131,7 +131,7 @@ class Outcomes(StepsBase):
         self.take(req, Event.FAILED)
         self.state.ledger.unreserve(req.key)
         if not req.condition_true(ConditionType.FAILED):
-            decide("fail", req.key, reason=reason.value, attempt=attempt, message=text)
+            log_decision("fail", req.key, reason=reason.value, attempt=attempt, message=text)
         req = await self.write_status(
             req,
             [_accepted(), (ConditionType.PROVISIONED, False, reason, text),

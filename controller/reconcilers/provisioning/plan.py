@@ -12,7 +12,7 @@ from controller import crashpoints
 from controller.acquire.keys import groups_for
 from controller.api.parameters import RELAX_TOPOLOGY_AFTER
 from controller.conditions import Reason, message, rfc3339
-from controller.decisions import decide
+from controller.decision_log import log_decision
 from controller.fit.explain import shortfall
 from controller.fit.types import GangRequest, Mode, NoFit, Plan, ReasonCode
 from controller.lifecycle import (
@@ -103,7 +103,7 @@ class Planning(Acquisition):
         booking = self.state.ledger.bookings().get(req.key)
         if booking is None:  # the request was deleted while it was being planned
             return None
-        decide("plan", req.key, outcome="fits", attempt=attempt, where=_where(result),
+        log_decision("plan", req.key, outcome="fits", attempt=attempt, where=_where(result),
                existing_nodes=len(set(booking.existing_nodes)),
                new_nodes=sum(g.count for g in booking.groups),
                groups=[_group_text(g) for g in booking.groups],
@@ -201,7 +201,7 @@ class Planning(Acquisition):
         reasons = "; ".join(r.message for r in result.reasons) or "no capacity"
         detail = f"{shortfall(result)} In detail: {reasons}"
         refused = self.planner.refused_pools_serving(gang, mode, self.clock.now())
-        decide("plan", req.key, outcome="no-fit", attempt=attempt, permanent=result.permanent,
+        log_decision("plan", req.key, outcome="no-fit", attempt=attempt, permanent=result.permanent,
                codes=sorted({r.code.value for r in result.reasons}),
                shortfall=shortfall(result), **({"unusable_pools": sorted(refused)}
                                                if refused else {}))

@@ -1,7 +1,7 @@
 """One structured log line per decision Muster takes: plan, acquire, end (a booking
 consumed, revoked or expired), release, fail.
 
-``decide("plan", "ns/train", outcome="fits", new_nodes=4, ...)`` logs at INFO on the
+``log_decision("plan", "ns/train", outcome="fits", new_nodes=4, ...)`` logs at INFO on the
 ``muster.decisions`` logger. As text (``log_format: text``) the line reads
 ``decision=plan request=ns/train outcome=fits new_nodes=4 ...``; as JSON (``log_format:
 json``) the fields are top-level keys of the line's object next to ``ts``, ``level`` and
@@ -23,7 +23,7 @@ FIELDS_ATTR = "muster_fields"
 KINDS = frozenset({"plan", "acquire", "end", "release", "fail"})
 
 
-def decide(kind: str, request: str, **fields: Any) -> None:
+def log_decision(kind: str, request: str, **fields: Any) -> None:
     """Log decision ``kind`` about ``request`` (``<namespace>/<name>``, or the pool's owner)."""
     if kind not in KINDS:
         raise ValueError(f"unknown decision kind {kind!r}")

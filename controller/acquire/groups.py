@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 
 from controller.api.capacitypool import CapacityPool
-from controller.decisions import decide
+from controller.decision_log import log_decision
 from controller.problem_log import ProblemLog
 from controller.state.bookings import Group
 from controller.state.ledger import BookingLedger
@@ -183,7 +183,7 @@ async def _release(
         _problems.resolved(f"release {group.pool}", "releases in pool %s succeed again",
                            group.pool)
         if count:
-            decide("release", owner or "-", outcome="released", pool=group.pool,
+            log_decision("release", owner or "-", outcome="released", pool=group.pool,
                    key=group.key, nodes=count, why=why)
         return count
 
