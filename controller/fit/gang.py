@@ -17,8 +17,9 @@ from itertools import chain, islice, permutations
 from controller.fit import packing
 from controller.fit.cel import SelectorError
 from controller.fit.explain import explain, validate
-from controller.fit.placement import Outcome, PodSetPlacer
+from controller.fit.purchase import Outcome
 from controller.fit.spread import inherited, spreads_hold
+from controller.fit.strategies import place
 from controller.fit.topology import NEW_HOSTNAME, Levels
 from controller.fit.types import (
     Assignment,
@@ -97,7 +98,7 @@ def _attempt(
             outcomes: dict[str, Outcome] = {}
             for ps in order:
                 before = ws.fork()
-                got = PodSetPlacer(ws, ps, mode, cautious=cautious).place()
+                got = place(ws, ps, mode, cautious=cautious)
                 if got is None:
                     if first_failure is None:
                         first_failure = _Failure(before, ps, tuple(outcomes))

@@ -40,7 +40,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from controller.fit.placement import Batch, Outcome, PodSetPlacer, Purchase, Take, buy
+from controller.fit.placement import PodSetPlacer
+from controller.fit.purchase import Batch, Outcome, Purchase, Take, buy
 from controller.fit.shapes import selector_matches, untolerated
 from controller.fit.topology import HOSTNAME, NEW_HOSTNAME, fill
 from controller.fit.types import Mode, PodSetPlacement, PodSetRequest, PodShape, Spread, Taint
@@ -213,7 +214,7 @@ def spread_place(p: PodSetPlacer, spreads: Sequence[Spread]) -> Outcome | None:
     if got is None:
         return None
     existing, purchase, even = got
-    pods = p._commit(existing, purchase, even=even)
+    pods = p.commit(existing, purchase, even=even)
     return Outcome(pods, PodSetPlacement(p.ps.name, None, None, len(pods)))
 
 
@@ -336,7 +337,7 @@ def _add_batches(
                 break
             if any(k not in ref.labels for k in keys):
                 continue
-            b = p._batch(ref)
+            b = p.batch_of(ref)
             if b is None:
                 continue
             per_node = b.per_node if node_cap is None else min(b.per_node, node_cap)
@@ -591,14 +592,14 @@ def _cheapest(p: PodSetPlacer, need: int, cap: int, least: int) -> list[Batch]:
         return out
     bound = math.inf
     pool_left = p.pool_left()
-    fits = p._pool_per_node()
+    fits = p.pool_per_node()
     # Refs whose nodes hold too few pods first (one pass): at high levels most refs do.
     refs = [r for r in p.ws.index.catalogue.by_price if fits[r.ordinal] >= least]
     for ref in refs:
         price = ref.pool.price_per_node_hour
         if price > bound:
             break
-        b = p._batch(ref)
+        b = p.batch_of(ref)
         if b is None:
             continue
         per_node = min(b.per_node, cap)
