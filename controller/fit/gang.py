@@ -143,7 +143,7 @@ def _packed(
     bought: set[str] = set()
     for ref, k in choice:
         bought.update(trial.add_nodes(ref, [0] * k, {}))
-    again = _attempt(request, trial, mode)
+    again = _attempt(replace(request, pod_sets=packing.first(request.pod_sets)), trial, mode)
     if isinstance(again, _Failure) or packing.cost(again[0]) >= budget:
         return got
     used = {name for o in again[1].values() for name, n in o.pods if n > 0}

@@ -586,16 +586,23 @@ def _host_plan(
 def _cheapest(p: PodSetPlacer, need: int, cap: int, least: int) -> list[Batch]:
     """The batches (at most ``cap`` pods a node, none holding fewer than ``least``) the
     cheapest purchase of ``need`` pods can use: the catalogue walked cheapest node first,
-    up to a node priced above the cheapest single batch's way of holding them all."""
+    up to a node priced above the cheapest single batch's way of holding them all.
+
+    A batch no cheaper than one that holds all ``need`` pods alone and holding no more pods
+    a node is skipped: any purchase using it costs no less with the other's nodes instead.
+    Once such a batch holds ``cap`` pods a node every later one is, so the walk stops: a
+    spread's per-node cap makes this short however many pools there are."""
     out: list[Batch] = []
     if p.mode is not Mode.PROVISION:
         return out
     bound = math.inf
+    covered = 0
     pool_left = p.pool_left()
     fits = p.pool_per_node()
-    # Refs whose nodes hold too few pods first (one pass): at high levels most refs do.
-    refs = [r for r in p.ws.index.catalogue.by_price if fits[r.ordinal] >= least]
-    for ref in refs:
+    for ref in p.ws.index.catalogue.by_price:
+        fit = fits[ref.ordinal]
+        if fit < least or min(fit, cap) <= covered:
+            continue
         price = ref.pool.price_per_node_hour
         if price > bound:
             break
@@ -608,6 +615,9 @@ def _cheapest(p: PodSetPlacer, need: int, cap: int, least: int) -> list[Batch]:
         out.append(b if per_node == b.per_node else Batch(ref, per_node, b.nodes))
         if min(b.nodes, pool_left.get(ref.pool_index, 0)) * per_node >= need:
             bound = min(bound, -(-need // per_node) * price)
+            covered = max(covered, per_node)
+            if covered >= cap:
+                break
     return out
 
 
