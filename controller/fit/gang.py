@@ -97,11 +97,12 @@ def _attempt(
             ws = base.fork()
             outcomes: dict[str, Outcome] = {}
             for ps in order:
-                before = ws.fork()
                 got = place(ws, ps, mode, cautious=cautious)
                 if got is None:
+                    # A placement changes the workspace only on success: ``ws`` is the
+                    # state before ``ps``, and nothing places on it after this.
                     if first_failure is None:
-                        first_failure = _Failure(before, ps, tuple(outcomes))
+                        first_failure = _Failure(ws, ps, tuple(outcomes))
                     break
                 outcomes[ps.name] = got
             else:
@@ -125,7 +126,7 @@ def _packed(
     """``got``, or the gang placed again with the new nodes of its free pod sets bought
     together when that costs less (:mod:`controller.fit.packing`)."""
     ws, outcomes = got
-    if mode is not Mode.PROVISION or not ws.usage.domain_used:
+    if mode is not Mode.PROVISION or not ws.usage.domain_used or len(request.pod_sets) < 2:
         return got
     demand = []
     for ps in request.pod_sets:
