@@ -24,7 +24,7 @@ from controller.fit.purchase import Batch, Outcome, Purchase, Take, buy
 from controller.fit.shapes import ShapeCounter, pods_that_fit
 from controller.fit.topology import NEW_HOSTNAME, fill
 from controller.fit.types import Mode, PodSetPlacement, PodSetRequest, TopologyMode
-from controller.fit.workspace import NodeClass, PoolRef, Workspace
+from controller.fit.workspace import BaseFit, NodeClass, PoolRef, Workspace, fit_key
 
 
 class PodSetPlacer:
@@ -40,21 +40,18 @@ class PodSetPlacer:
         # opened, at most maxSkew pods on a new hostname domain (controller.fit.spread).
         self.cautious = cautious
         self.counter = ShapeCounter(ps.shape, ps.name)
-        self.cands: list[tuple[NodeClass, int]] = []
-        shape = ps.shape
-        # Classes already agree on everything the shape reads except the topology path, so
-        # memoise on the class key without it (cheaper than the counter's own key).
-        memo: dict[tuple[object, ...], int] = {}
-        for cls in ws.usage.classes.values():
-            k = cls.key
-            mkey = (k.free, k.selected, k.taint_token, k.node_name, k.device_token)
-            c = memo.get(mkey)
-            if c is None:
-                c = pods_that_fit(shape, cls.free, cls.labels, cls.taints, node_name=cls.node_name,
-                                  devices=cls.devices, fitter=self.counter.fitter)
-                memo[mkey] = c
-            if c > 0:
-                self.cands.append((cls, c))
+        # On the base classes of a snapshot (the first pod set of every plan against it) the
+        # candidates and per-domain capacities are the same for every plan of this shape.
+        self._shared: BaseFit | None = None
+        key = fit_key(ps.shape) if ws.usage.pristine and ws.usage.classes else None
+        if key is not None:
+            shared = ws.index.base_fits.get(key)
+            if shared is None:
+                shared = ws.index.base_fits[key] = BaseFit(self._candidates(), {})
+            self._shared = shared
+            self.cands: list[tuple[NodeClass, int]] = shared.cands
+        else:
+            self.cands = self._candidates()
         self.per_node = {cls.key: c for cls, c in self.cands}
         self._batches: list[Batch] | None = None
         self._per_node: list[int] | None = None
@@ -171,16 +168,44 @@ class PodSetPlacer:
             left[i] = self.ws.pool_headroom(i)
         return left
 
+    def _candidates(self) -> list[tuple[NodeClass, int]]:
+        """The classes a pod of the set fits on, with how many pods each node holds."""
+        cands: list[tuple[NodeClass, int]] = []
+        shape = self.ps.shape
+        fitter = self.counter.fitter
+        # Classes already agree on everything the shape reads except the topology path, so
+        # memoise on the class key without it.
+        memo: dict[tuple[object, ...], int] = {}
+        for cls in self.ws.usage.classes.values():
+            k = cls.key
+            mkey = (k.free, k.selected, k.taint_token, k.node_name, k.device_token)
+            c = memo.get(mkey)
+            if c is None:
+                c = pods_that_fit(shape, cls.free, cls.labels, cls.taints, node_name=cls.node_name,
+                                  devices=cls.devices, fitter=fitter)
+                memo[mkey] = c
+            if c > 0:
+                cands.append((cls, c))
+        return cands
+
     def existing_room(self) -> int:
         return sum(c * len(cls.members) for cls, c in self.cands)
 
     def domain_caps(self, depth: int) -> dict[tuple[str, ...], int]:
-        """Existing capacity per domain at domain-level index ``depth``."""
+        """Existing capacity per domain at domain-level index ``depth`` (not to be changed:
+        it may be shared, see :attr:`WorkspaceIndex.base_fits`)."""
+        shared = self._shared
+        if shared is not None:
+            got = shared.caps.get(depth)
+            if got is not None:
+                return got
         caps: dict[tuple[str, ...], int] = {}
         for cls, c in self.cands:
             if len(cls.path) > depth:
                 key = cls.path[: depth + 1]
                 caps[key] = caps.get(key, 0) + c * len(cls.members)
+        if shared is not None:
+            shared.caps[depth] = caps
         return caps
 
     def members(self, key: tuple[str, ...]) -> list[NodeClass]:
