@@ -158,18 +158,11 @@ def choose(ws: Workspace, demand: Sequence[tuple[PodShape, int]], budget: float)
     spread_out = max(-(-count // cap) for _, count, cap in items)  # nodes a per-node cap needs
     catalogue = ws.index.catalogue
     fits = [catalogue.per_node(shape, partial(_fits, shape)) for shape, _ in demand]
-    usable: list[PoolRef] = []
-    for ref in catalogue.by_price:
-        if ref.pool.price_per_node_hour >= budget:
-            break  # a purchase holds at least one node of a pool it ranks
-        if all(f[ref.ordinal] > 0 for f in fits) and ws.headroom(ref) > 0:
-            usable.append(ref)
-    if spread_out <= 1:
+    usable, one = _usable(ws, fits, budget, resources, totals if spread_out <= 1 else None)
+    if one is not None:
         # Requests that add up within one node fit it (nothing to fragment): the cheapest
-        # node that holds them all, if any, is the purchase.
-        one = _smallest(usable, resources, totals, None)
-        if one is not None:
-            return ((one, 1),)
+        # node that holds them all is the purchase.
+        return ((one, 1),)
     if any(even(shape) for shape, _ in demand):
         return _even(ws, usable, resources, items, budget)
     ranked = _ranked(usable, resources, totals, spread_out)
@@ -216,6 +209,34 @@ def _ranked(
     return [ref for _, _, ref in ranked]
 
 
+def _usable(
+    ws: Workspace, fits: Sequence[Sequence[int]], budget: float, resources: Sequence[str],
+    totals: Sequence[int] | None,
+) -> tuple[list[PoolRef], PoolRef | None]:
+    """The refs priced below ``budget`` that hold a pod of every shape and can add a node,
+    cheapest first; with ``totals``, the walk stops at the first that holds them all
+    (returned second)."""
+    usable: list[PoolRef] = []
+    for ref in ws.index.catalogue.by_price:
+        if ref.pool.price_per_node_hour >= budget:
+            break  # a purchase holds at least one node of a pool it ranks
+        o = ref.ordinal
+        for f in fits:
+            if f[o] <= 0:
+                break
+        else:
+            if ws.headroom(ref) > 0:
+                if totals is not None and _holds(ref, resources, totals):
+                    return usable, ref
+                usable.append(ref)
+    return usable, None
+
+
+def _holds(ref: PoolRef, resources: Sequence[str], carried: Sequence[int]) -> bool:
+    alloc = ref.pool.allocatable
+    return all(alloc.get(r, unlisted(r)) >= c for r, c in zip(resources, carried, strict=True))
+
+
 def _smallest(
     usable: Sequence[PoolRef],
     resources: Sequence[str],
@@ -229,8 +250,7 @@ def _smallest(
             ref.pool.price_per_node_hour >= default.pool.price_per_node_hour
         ):
             break
-        alloc = ref.pool.allocatable
-        if all(alloc.get(r, unlisted(r)) >= c for r, c in zip(resources, carried, strict=True)):
+        if _holds(ref, resources, carried):
             return ref
     return default
 

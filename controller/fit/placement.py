@@ -132,15 +132,25 @@ class PodSetPlacer:
     def _scan(self, refs: Sequence[PoolRef], need: int, cap: int | None = None) -> list[Batch]:
         """The batches of ``refs`` (cheapest node first) that the cheapest purchase of
         ``need`` pods can use: a node of a pool priced above the cheapest single-batch way
-        found so far cannot be part of a cheaper purchase, so the walk stops there."""
+        found so far cannot be part of a cheaper purchase, so the walk stops there. Nor can a
+        ref holding no more pods a node than an earlier batch that holds all ``need`` alone
+        (its nodes would do at no more cost): such refs (another zone of the same pool, a
+        smaller node at the same price) are not sized."""
         out: list[Batch] = []
         if self.mode is not Mode.PROVISION:
             return out
         best = math.inf
+        covered = 0
+        fits = self.pool_per_node()
         for ref in refs:
             price = ref.pool.price_per_node_hour
             if price > best:
                 break
+            fit = fits[ref.ordinal]
+            if cap is not None and fit > cap:
+                fit = cap
+            if fit <= covered:
+                continue
             b = self.batch_of(ref)
             if b is None:
                 continue
@@ -153,6 +163,8 @@ class PodSetPlacer:
                 cost = -(-need // b.per_node) * price
                 if cost < best:
                     best = cost
+                if b.per_node > covered:
+                    covered = b.per_node
         return out
 
     def _pool_left_of(self, batches: Sequence[Batch]) -> dict[int, int]:

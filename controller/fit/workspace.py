@@ -332,6 +332,20 @@ class GangView(NamedTuple):
 
     @classmethod
     def of(cls, shapes: Sequence[PodShape]) -> GangView:
+        """The view of a gang of ``shapes`` (remembered for the last few gangs: a planning
+        pass asks again for every plan of the same request)."""
+        key = tuple(map(id, shapes))
+        hit = _VIEWS.get(key)
+        if hit is not None and all(a is b for a, b in zip(hit[0], shapes, strict=True)):
+            return hit[1]
+        view = cls._of(shapes)
+        if len(_VIEWS) >= _VIEWS_KEPT:
+            del _VIEWS[next(iter(_VIEWS))]
+        _VIEWS[key] = (tuple(shapes), view)  # holds the shapes, so the ids stay theirs
+        return view
+
+    @classmethod
+    def _of(cls, shapes: Sequence[PodShape]) -> GangView:
         resources: set[str] = set()
         keys: set[str] = set()
         for shape in shapes:
@@ -355,6 +369,11 @@ class BaseFit:
 
     cands: list[tuple[NodeClass, int]]
     caps: dict[int, dict[tuple[str, ...], int]]
+
+
+_VIEWS: dict[tuple[int, ...], tuple[tuple[PodShape, ...], GangView]] = {}
+"""Recent gang views by the identity of their shapes (a memo)."""
+_VIEWS_KEPT = 64
 
 
 class WorkspaceIndex:
