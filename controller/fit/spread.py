@@ -277,6 +277,12 @@ def _by_domain(
         d.classes.append(cls)
         d.existing += c * len(cls.members)
     pool_left = p.pool_left()
+    if not p.cautious and level is None and any(d.existing for d in domains.values()):
+        # The domains there holding the pod set on their existing room cost nothing: that
+        # plan wins whatever new capacity could add, so the catalogue is not walked.
+        got = _levels(p, spread, list(domains.values()), dict(pool_left), per)
+        if got is not None and got[1].nodes == 0:
+            return (*got, False)
     node_cap = None if host is None else host.max_skew + (level or 0)
     fresh = _add_batches(p, spread, keys, node_cap, level or 0, domains, pool_left)
     opened = sorted(fresh.values(), key=lambda d: (_price(d), d.value))[:MAX_OPENED]
