@@ -35,11 +35,11 @@ MAX_PACKED_NODES = 4096
 many nodes the per-pod-set purchase stands."""
 
 
-def packable(ps: PodSetRequest, levels: Levels) -> bool:
+def packable(ps: PodSetRequest, levels: Levels, *, spreads: bool = True) -> bool:
     """A pod set whose pods may share new nodes with the gang's others: no slices, devices or
     named node; a topology level, if any, above the node (the nodes bought up front are all
-    in one domain); a spread, if any, that its pod count cannot break. A one-per-node limit
-    is honoured by the packing itself."""
+    in one domain); a spread, if any, that its pod count cannot break or (``spreads``) one
+    over its own pods only. A one-per-node limit is honoured by the packing itself."""
     shape, topo = ps.shape, ps.topology
     if topo.slice_level is not None or shape.claims or shape.node_name is not None:
         return False
@@ -51,7 +51,7 @@ def packable(ps: PodSetRequest, levels: Levels) -> bool:
         and (topo.level not in levels.domain)
     ):
         return False
-    return all(ps.count <= s.max_skew or _own_spread(s) for s in shape.spreads)
+    return all(ps.count <= s.max_skew or (spreads and _own_spread(s)) for s in shape.spreads)
 
 
 def _own_spread(spread: Spread) -> bool:
