@@ -296,10 +296,13 @@ def _over_opened(
 ) -> tuple[list[Take], Purchase] | None:
     """The plan over the domains there (``base``) and new ones (``opened``, cheapest
     first)."""
+    # An opened domain holds at least one pod of the set (it is a domain only once a node is
+    # there), so more opened domains than pods cannot plan.
+    most = min(len(opened), p.ps.count)
     if p.cautious:
         # Other pod sets of the gang may add nodes in any domain the pools offer: open them
         # all (as many as the pods allow), so none appears later holding none of the pods.
-        for k in range(len(opened), -1, -1):
+        for k in range(most, -1, -1):
             got = _levels(p, spread, [*base, *opened[:k]], dict(pool_left), per)
             if got is not None:
                 return got
@@ -307,7 +310,7 @@ def _over_opened(
     # The cheapest plan over the domains there and the first k new ones; at equal cost the
     # most domains (what the constraint asks for: the pods apart).
     best: tuple[tuple[float, int, int], tuple[list[Take], Purchase]] | None = None
-    for k in range(len(opened) + 1):
+    for k in range(most + 1):
         got = _levels(p, spread, [*base, *opened[:k]], dict(pool_left), per)
         if got is not None:
             rank = (got[1].cost, got[1].nodes, -k)
