@@ -11,8 +11,9 @@ from collections.abc import Mapping, Sequence
 
 from controller.fit.devices import ClaimFitter, describe_claim, emptied
 from controller.fit.dra_types import NodeDevices
-from controller.fit.placement import Batch, PodSetPlacer
+from controller.fit.placement import PodSetPlacer
 from controller.fit.ports import describe, is_port
+from controller.fit.purchase import Batch
 from controller.fit.shapes import (
     pods_that_fit,
     requirement_matches,

@@ -17,8 +17,9 @@ from itertools import chain, islice, permutations
 from controller.fit import packing
 from controller.fit.cel import SelectorError
 from controller.fit.explain import explain, validate
-from controller.fit.placement import Outcome, PodSetPlacer
+from controller.fit.purchase import Outcome
 from controller.fit.spread import inherited, spreads_hold
+from controller.fit.strategies import place
 from controller.fit.topology import NEW_HOSTNAME, Levels
 from controller.fit.types import (
     Assignment,
@@ -28,6 +29,7 @@ from controller.fit.types import (
     NoFit,
     Plan,
     PodSetRequest,
+    PodShape,
     Reason,
     ReasonCode,
     Result,
@@ -96,11 +98,12 @@ def _attempt(
             ws = base.fork()
             outcomes: dict[str, Outcome] = {}
             for ps in order:
-                before = ws.fork()
-                got = PodSetPlacer(ws, ps, mode, cautious=cautious).place()
+                got = place(ws, ps, mode, cautious=cautious)
                 if got is None:
+                    # A placement changes the workspace only on success: ``ws`` is the
+                    # state before ``ps``, and nothing places on it after this.
                     if first_failure is None:
-                        first_failure = _Failure(before, ps, tuple(outcomes))
+                        first_failure = _Failure(ws, ps, tuple(outcomes))
                     break
                 outcomes[ps.name] = got
             else:
@@ -122,31 +125,47 @@ def _packed(
     request: GangRequest, base: Workspace, mode: Mode, got: tuple[Workspace, dict[str, Outcome]]
 ) -> tuple[Workspace, dict[str, Outcome]]:
     """``got``, or the gang placed again with the new nodes of its free pod sets bought
-    together when that costs less (:mod:`controller.fit.packing`)."""
+    together when that costs less (:mod:`controller.fit.packing`): first with its spread pod
+    sets among them, then, if that plan is not cheaper, without them."""
     ws, outcomes = got
-    if mode is not Mode.PROVISION or not ws.usage.domain_used:
-        return got
-    demand = []
-    for ps in request.pod_sets:
-        if packing.packable(ps, base.index.levels):
-            n = packing.new_pods(ws, outcomes[ps.name].pods)
-            if n > 0:
-                demand.append((ps.shape, n))
-    if len(demand) < 2:
+    if mode is not Mode.PROVISION or not ws.usage.domain_used or len(request.pod_sets) < 2:
         return got
     budget = packing.cost(ws)
+    tried: list[list[tuple[PodShape, int]]] = []
+    for spreads in (True, False):
+        demand = []
+        for ps in request.pod_sets:
+            if packing.packable(ps, base.index.levels, spreads=spreads):
+                n = packing.new_pods(ws, outcomes[ps.name].pods)
+                if n > 0:
+                    demand.append((ps.shape, n))
+        if len(demand) < 2 or demand in tried:
+            continue
+        tried.append(demand)
+        again = _packed_with(request, base, mode, demand, budget)
+        if again is not None:
+            return again
+    return got
+
+
+def _packed_with(
+    request: GangRequest, base: Workspace, mode: Mode, demand: list[tuple[PodShape, int]],
+    budget: float,
+) -> tuple[Workspace, dict[str, Outcome]] | None:
+    """The gang placed on the nodes :func:`packing.choose` buys for ``demand``, if it costs
+    less than ``budget`` and every node bought up front holds pods."""
     choice = packing.choose(base, demand, budget)
     if choice is None:
-        return got
+        return None
     trial = base.fork()
     bought: set[str] = set()
     for ref, k in choice:
         bought.update(trial.add_nodes(ref, [0] * k, {}))
-    again = _attempt(request, trial, mode)
+    again = _attempt(replace(request, pod_sets=packing.first(request.pod_sets)), trial, mode)
     if isinstance(again, _Failure) or packing.cost(again[0]) >= budget:
-        return got
+        return None
     used = {name for o in again[1].values() for name, n in o.pods if n > 0}
-    return again if bought <= used else got
+    return again if bought <= used else None
 
 
 def _build(

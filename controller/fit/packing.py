@@ -20,13 +20,14 @@ empty node in it.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Sequence
 from functools import partial
 
 from controller.fit.ports import unlisted
 from controller.fit.shapes import pods_that_fit
-from controller.fit.topology import Levels
-from controller.fit.types import PodSetRequest, PodShape, TopologyMode
+from controller.fit.topology import HOSTNAME, Levels
+from controller.fit.types import PodSetRequest, PodShape, Spread, TopologyMode
 from controller.fit.workspace import PoolRef, Workspace
 
 MAX_PACKED_NODES = 4096
@@ -34,11 +35,11 @@ MAX_PACKED_NODES = 4096
 many nodes the per-pod-set purchase stands."""
 
 
-def packable(ps: PodSetRequest, levels: Levels) -> bool:
+def packable(ps: PodSetRequest, levels: Levels, *, spreads: bool = True) -> bool:
     """A pod set whose pods may share new nodes with the gang's others: no slices, devices or
     named node; a topology level, if any, above the node (the nodes bought up front are all
-    in one domain); a spread, if any, that its pod count cannot break. A one-per-node limit
-    is honoured by the packing itself."""
+    in one domain); a spread, if any, that its pod count cannot break or (``spreads``) one
+    over its own pods only. A one-per-node limit is honoured by the packing itself."""
     shape, topo = ps.shape, ps.topology
     if topo.slice_level is not None or shape.claims or shape.node_name is not None:
         return False
@@ -50,7 +51,30 @@ def packable(ps: PodSetRequest, levels: Levels) -> bool:
         and (topo.level not in levels.domain)
     ):
         return False
-    return shape.spread is None or ps.count <= shape.spread.max_skew
+    return all(ps.count <= s.max_skew or (spreads and _own_spread(s)) for s in shape.spreads)
+
+
+def _own_spread(spread: Spread) -> bool:
+    """A spread over the pod set's own pods only: the nodes bought up front decide its
+    domains, and the gang's final check (:func:`controller.fit.spread.spreads_hold`) judges
+    the packed plan like any other, so packing cannot make it break."""
+    return spread.counts_self and not spread.peers and not spread.running \
+        and spread.min_domains <= 1
+
+
+def even(shape: PodShape) -> bool:
+    """A pod set spread over the hostname: every node of the plan is one of its domains, so
+    the nodes bought up front must each hold an even share of it (:func:`_even`)."""
+    return any(s.key == HOSTNAME for s in shape.spreads)
+
+
+def first(pod_sets: Sequence[PodSetRequest]) -> tuple[PodSetRequest, ...]:
+    """The order the packed gang is placed in: hostname spreads first (each takes an even
+    share of every node bought up front, which the sizing reserved), then pod sets with a
+    per-node limit, then the rest, which fill the room left."""
+    def rank(ps: PodSetRequest) -> int:
+        return 0 if even(ps.shape) else 1 if ps.shape.max_per_node else 2
+    return tuple(sorted(pod_sets, key=rank))
 
 
 def new_pods(ws: Workspace, pods: Sequence[tuple[str, int]]) -> int:
@@ -134,18 +158,13 @@ def choose(ws: Workspace, demand: Sequence[tuple[PodShape, int]], budget: float)
     spread_out = max(-(-count // cap) for _, count, cap in items)  # nodes a per-node cap needs
     catalogue = ws.index.catalogue
     fits = [catalogue.per_node(shape, partial(_fits, shape)) for shape, _ in demand]
-    usable: list[PoolRef] = []
-    for ref in catalogue.by_price:
-        if ref.pool.price_per_node_hour >= budget:
-            break  # a purchase holds at least one node of a pool it ranks
-        if all(f[ref.ordinal] > 0 for f in fits) and ws.headroom(ref) > 0:
-            usable.append(ref)
-    if spread_out <= 1:
+    usable, one = _usable(ws, fits, budget, resources, totals if spread_out <= 1 else None)
+    if one is not None:
         # Requests that add up within one node fit it (nothing to fragment): the cheapest
-        # node that holds them all, if any, is the purchase.
-        one = _smallest(usable, resources, totals, None)
-        if one is not None:
-            return ((one, 1),)
+        # node that holds them all is the purchase.
+        return ((one, 1),)
+    if any(even(shape) for shape, _ in demand):
+        return _even(ws, usable, resources, items, budget)
     ranked = _ranked(usable, resources, totals, spread_out)
     best: tuple[float, Purchase] | None = None
     bound = budget
@@ -190,6 +209,34 @@ def _ranked(
     return [ref for _, _, ref in ranked]
 
 
+def _usable(
+    ws: Workspace, fits: Sequence[Sequence[int]], budget: float, resources: Sequence[str],
+    totals: Sequence[int] | None,
+) -> tuple[list[PoolRef], PoolRef | None]:
+    """The refs priced below ``budget`` that hold a pod of every shape and can add a node,
+    cheapest first; with ``totals``, the walk stops at the first that holds them all
+    (returned second)."""
+    usable: list[PoolRef] = []
+    for ref in ws.index.catalogue.by_price:
+        if ref.pool.price_per_node_hour >= budget:
+            break  # a purchase holds at least one node of a pool it ranks
+        o = ref.ordinal
+        for f in fits:
+            if f[o] <= 0:
+                break
+        else:
+            if ws.headroom(ref) > 0:
+                if totals is not None and _holds(ref, resources, totals):
+                    return usable, ref
+                usable.append(ref)
+    return usable, None
+
+
+def _holds(ref: PoolRef, resources: Sequence[str], carried: Sequence[int]) -> bool:
+    alloc = ref.pool.allocatable
+    return all(alloc.get(r, unlisted(r)) >= c for r, c in zip(resources, carried, strict=True))
+
+
 def _smallest(
     usable: Sequence[PoolRef],
     resources: Sequence[str],
@@ -203,7 +250,67 @@ def _smallest(
             ref.pool.price_per_node_hour >= default.pool.price_per_node_hour
         ):
             break
-        alloc = ref.pool.allocatable
-        if all(alloc.get(r, unlisted(r)) >= c for r, c in zip(resources, carried, strict=True)):
+        if _holds(ref, resources, carried):
             return ref
     return default
+
+
+MAX_EVEN_COUNTS = 512
+"""Node counts sized for a gang with a hostname spread (the counts where some pod set's
+share per node changes, fewest nodes first)."""
+
+
+def _even(
+    ws: Workspace, usable: Sequence[PoolRef], resources: Sequence[str], items: Sequence[Item],
+    budget: float,
+) -> Purchase | None:
+    """N nodes of one ref, each holding an even share of every pod set (``ceil(count / N)``
+    pods of each): what a hostname spread needs, since every node of the plan is a domain
+    of it and must hold within maxSkew of the fewest. The cheapest N found below ``budget``.
+
+    A node must hold the largest share of each pod set at once (the shares' remainders may
+    fall on the same nodes), so the bundle sized per N is the sum of the rounded-up shares.
+    """
+    if not usable:
+        return None
+    fewest = max(-(-count // cap) for _, count, cap in items)
+    most = max(fewest, max(count for _, count, _ in items))
+    counts: set[int] = set()
+    for _, count, _ in items:
+        # ceil(count / N) changes at N = ceil(count / s) for s = 1, 2, ...: only there can a
+        # node count need a smaller node than the count before it.
+        share = 1
+        while share <= count:
+            n = -(-count // share)
+            if fewest <= n <= most:
+                counts.add(n)
+            share = -(-count // (n - 1)) if n > 1 else count + 1
+    counts.add(fewest)
+    prices = [ref.pool.price_per_node_hour for ref in usable]
+    # The least any ref must cost per unit of each resource: a ref that holds a bundle costs
+    # at least the bundle's units at that price, so the walk starts there.
+    unit = [min((r.pool.price_per_node_hour / a for r in usable
+                 if (a := r.pool.allocatable.get(res, unlisted(res))) > 0), default=0.0)
+            for res in resources]
+    best: tuple[float, Purchase] | None = None
+    bound = budget
+    for n in sorted(counts)[:MAX_EVEN_COUNTS]:
+        bundle = [0] * len(resources)
+        for req, count, _ in items:
+            share = -(-count // n)
+            for i, v in enumerate(req):
+                bundle[i] += v * share
+        floor = max(b * u for b, u in zip(bundle, unit, strict=True))
+        if n * floor >= bound:
+            continue
+        for i in range(bisect_left(prices, floor * (1 - 1e-9)), len(usable)):
+            ref = usable[i]
+            price = prices[i]
+            if n * price >= bound:
+                break
+            alloc = ref.pool.allocatable
+            if all(alloc.get(r, unlisted(r)) >= b for r, b in zip(resources, bundle, strict=True)) \
+                    and ws.headroom(ref) >= n:
+                best, bound = (n * price, ((ref, n),)), n * price
+                break
+    return None if best is None else best[1]

@@ -18,134 +18,13 @@ A pod set is placed only when all its pods fit; the workspace changes only on su
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 
+from controller.fit.purchase import Batch, Outcome, Purchase, Take, buy
 from controller.fit.shapes import ShapeCounter, pods_that_fit
 from controller.fit.topology import NEW_HOSTNAME, fill
 from controller.fit.types import Mode, PodSetPlacement, PodSetRequest, TopologyMode
-from controller.fit.workspace import NodeClass, PoolRef, Workspace
-
-
-@dataclass(frozen=True, slots=True)
-class Batch:
-    """New nodes a (pool, domain) can add for this pod set: ``per_node`` pods each."""
-
-    ref: PoolRef
-    per_node: int
-    nodes: int
-    price: float = field(init=False)
-    """The pool's price per node-hour (kept: purchases sort and walk many batches)."""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "price", self.ref.pool.price_per_node_hour)
-
-
-@dataclass(frozen=True, slots=True)
-class Purchase:
-    takes: tuple[tuple[Batch, int, int], ...]
-    """(batch, nodes, pods)."""
-    cost: float
-    nodes: int
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    pods: tuple[tuple[str, int], ...]
-    """(node or slot name, pods)."""
-    placement: PodSetPlacement
-
-
-def one_batch_nodes(b: Batch, need: int, pool_left: Mapping[int, int]) -> int | None:
-    """New nodes of ``b`` holding ``need`` (> 0) pods, or None when its room is short."""
-    if min(b.nodes, pool_left.get(b.ref.pool_index, 0)) * b.per_node < need:
-        return None
-    return -(-need // b.per_node)
-
-
-def buy(batches: Sequence[Batch], need: int, pool_left: dict[int, int]) -> Purchase | None:
-    """Cheapest new nodes for ``need`` pods, or None if the batches cannot hold them.
-
-    Walks the batches by price per pod, taking each whole; before each step it prices
-    finishing with the single batch that covers the rest most cheaply (so one pod does not
-    buy an expensive 8-pod node when a 1-pod node is cheaper), and keeps the cheapest of
-    those finishes. ``pool_left`` (pool-wide headroom) is updated for the chosen purchase.
-    """
-    if need <= 0:
-        return Purchase((), 0.0, 0)
-    if len(batches) == 1:
-        # The common case (one pool per topology domain): the general walk below reduces to
-        # this, and a gang with a required level prices every domain of the cluster.
-        b = batches[0]
-        k = one_batch_nodes(b, need, pool_left)
-        if k is None:
-            return None
-        pool_left[b.ref.pool_index] = pool_left.get(b.ref.pool_index, 0) - k
-        return Purchase(((b, k, need),), k * b.price, k)
-    ordered = sorted(batches, key=lambda b: (b.price / b.per_node, b.price, b.ref.sort_name))
-    n = len(ordered)
-    # The finishing candidates of a step cost at least what has been spent plus one node, so
-    # walking them cheapest node first stops at the first price that cannot beat the best
-    # found; ties keep the earliest in ``ordered``, as a walk over all of them would.
-    cheap = sorted(range(n), key=lambda i: ordered[i].price)
-    left = [b.nodes for b in ordered]
-    pools = dict(pool_left)
-    prefix: list[tuple[Batch, int, int]] = []
-    best: tuple[tuple[float, int], tuple[tuple[Batch, int, int], ...]] | None = None
-    spent, nodes_so_far, rem = 0.0, 0, need
-    first = 0
-    while rem > 0:
-        bound = math.inf if best is None else best[0][0]
-        step = _finish(ordered, cheap, left, pools, rem, spent, nodes_so_far, bound)
-        if step is not None and (best is None or step[0] < best[0]):
-            best = (step[0], (*prefix, (ordered[step[1]], step[2], rem)))
-        # Rooms only shrink, so the first batch with room only moves forward.
-        while first < n and min(left[first], pools.get(ordered[first].ref.pool_index, 0)) <= 0:
-            first += 1
-        if first == n:
-            break
-        b = ordered[first]
-        k = min(left[first], pools.get(b.ref.pool_index, 0))
-        if k * b.per_node >= rem:
-            break  # finishing with this batch was priced above
-        prefix.append((b, k, k * b.per_node))
-        left[first] -= k
-        pools[b.ref.pool_index] -= k
-        spent += k * b.price
-        nodes_so_far += k
-        rem -= k * b.per_node
-    if best is None:
-        return None
-    takes = best[1]
-    for b, k, _ in takes:
-        pool_left[b.ref.pool_index] = pool_left.get(b.ref.pool_index, 0) - k
-    return Purchase(takes, best[0][0], best[0][1])
-
-
-def _finish(
-    ordered: Sequence[Batch], cheap: Sequence[int], left: Sequence[int], pools: Mapping[int, int],
-    rem: int, spent: float, nodes_so_far: int, bound: float,
-) -> tuple[tuple[float, int], int, int] | None:
-    """The cheapest way to finish ``rem`` pods with one batch of ``ordered`` (walked in
-    ``cheap`` order, cheapest node first), costing no more than ``bound``: (rank, index,
-    nodes), ties to the earliest in ``ordered``."""
-    step: tuple[tuple[float, int], int, int] | None = None
-    for i in cheap:
-        b = ordered[i]
-        floor = spent + b.price
-        if floor > bound or (step is not None and floor > step[0][0]):
-            break
-        room = min(left[i], pools.get(b.ref.pool_index, 0))
-        if room * b.per_node >= rem:
-            k = -(-rem // b.per_node)
-            rank = (spent + k * b.price, nodes_so_far + k)
-            if step is None or (rank, i) < (step[0], step[1]):
-                step = (rank, i, k)
-    return step
-
-
-Take = tuple[NodeClass, int, int]
-"""(class, pods per node, nodes)."""
+from controller.fit.workspace import BaseFit, NodeClass, PoolRef, Workspace, fit_key
 
 
 class PodSetPlacer:
@@ -161,21 +40,18 @@ class PodSetPlacer:
         # opened, at most maxSkew pods on a new hostname domain (controller.fit.spread).
         self.cautious = cautious
         self.counter = ShapeCounter(ps.shape, ps.name)
-        self.cands: list[tuple[NodeClass, int]] = []
-        shape = ps.shape
-        # Classes already agree on everything the shape reads except the topology path, so
-        # memoise on the class key without it (cheaper than the counter's own key).
-        memo: dict[tuple[object, ...], int] = {}
-        for cls in ws.usage.classes.values():
-            k = cls.key
-            mkey = (k.free, k.selected, k.taint_token, k.node_name, k.device_token)
-            c = memo.get(mkey)
-            if c is None:
-                c = pods_that_fit(shape, cls.free, cls.labels, cls.taints, node_name=cls.node_name,
-                                  devices=cls.devices, fitter=self.counter.fitter)
-                memo[mkey] = c
-            if c > 0:
-                self.cands.append((cls, c))
+        # On the base classes of a snapshot (the first pod set of every plan against it) the
+        # candidates and per-domain capacities are the same for every plan of this shape.
+        self._shared: BaseFit | None = None
+        key = fit_key(ps.shape) if ws.usage.pristine and ws.usage.classes else None
+        if key is not None:
+            shared = ws.index.base_fits.get(key)
+            if shared is None:
+                shared = ws.index.base_fits[key] = BaseFit(self._candidates(), {})
+            self._shared = shared
+            self.cands: list[tuple[NodeClass, int]] = shared.cands
+        else:
+            self.cands = self._candidates()
         self.per_node = {cls.key: c for cls, c in self.cands}
         self._batches: list[Batch] | None = None
         self._per_node: list[int] | None = None
@@ -203,23 +79,23 @@ class PodSetPlacer:
                     self._batches = [b for b in fresh if b.ref.pool_index not in touched]
                     for ref in self.ws.index.refs:
                         if ref.pool_index in touched:
-                            b = self._batch(ref)
+                            b = self.batch_of(ref)
                             if b is not None:
                                 self._batches.append(b)
                     self._batches.sort(key=lambda b: b.ref.ordinal)
         return self._batches
 
     def _all_batches(self) -> list[Batch]:
-        per_node = self._pool_per_node()
+        per_node = self.pool_per_node()
         out: list[Batch] = []
         for ref in self.ws.index.refs:
             if per_node[ref.ordinal] > 0:
-                b = self._batch(ref)
+                b = self.batch_of(ref)
                 if b is not None:
                     out.append(b)
         return out
 
-    def _pool_per_node(self) -> list[int]:
+    def pool_per_node(self) -> list[int]:
         if self._per_node is None:
             counter = self.counter
 
@@ -231,9 +107,9 @@ class PodSetPlacer:
             self._per_node = self.ws.index.catalogue.per_node(self.ps.shape, count)
         return self._per_node
 
-    def _batch(self, ref: PoolRef) -> Batch | None:
+    def batch_of(self, ref: PoolRef) -> Batch | None:
         """What ``ref`` can add for this pod set now, or None (no room, or no pod fits)."""
-        per_node = self._pool_per_node()[ref.ordinal]
+        per_node = self.pool_per_node()[ref.ordinal]
         if per_node <= 0:
             return None
         pi = ref.pool_index
@@ -256,16 +132,26 @@ class PodSetPlacer:
     def _scan(self, refs: Sequence[PoolRef], need: int, cap: int | None = None) -> list[Batch]:
         """The batches of ``refs`` (cheapest node first) that the cheapest purchase of
         ``need`` pods can use: a node of a pool priced above the cheapest single-batch way
-        found so far cannot be part of a cheaper purchase, so the walk stops there."""
+        found so far cannot be part of a cheaper purchase, so the walk stops there. Nor can a
+        ref holding no more pods a node than an earlier batch that holds all ``need`` alone
+        (its nodes would do at no more cost): such refs (another zone of the same pool, a
+        smaller node at the same price) are not sized."""
         out: list[Batch] = []
         if self.mode is not Mode.PROVISION:
             return out
         best = math.inf
+        covered = 0
+        fits = self.pool_per_node()
         for ref in refs:
             price = ref.pool.price_per_node_hour
             if price > best:
                 break
-            b = self._batch(ref)
+            fit = fits[ref.ordinal]
+            if cap is not None and fit > cap:
+                fit = cap
+            if fit <= covered:
+                continue
+            b = self.batch_of(ref)
             if b is None:
                 continue
             if cap is not None and b.per_node > cap:
@@ -277,6 +163,8 @@ class PodSetPlacer:
                 cost = -(-need // b.per_node) * price
                 if cost < best:
                     best = cost
+                if b.per_node > covered:
+                    covered = b.per_node
         return out
 
     def _pool_left_of(self, batches: Sequence[Batch]) -> dict[int, int]:
@@ -292,29 +180,57 @@ class PodSetPlacer:
             left[i] = self.ws.pool_headroom(i)
         return left
 
+    def _candidates(self) -> list[tuple[NodeClass, int]]:
+        """The classes a pod of the set fits on, with how many pods each node holds."""
+        cands: list[tuple[NodeClass, int]] = []
+        shape = self.ps.shape
+        fitter = self.counter.fitter
+        # Classes already agree on everything the shape reads except the topology path, so
+        # memoise on the class key without it.
+        memo: dict[tuple[object, ...], int] = {}
+        for cls in self.ws.usage.classes.values():
+            k = cls.key
+            mkey = (k.free, k.selected, k.taint_token, k.node_name, k.device_token)
+            c = memo.get(mkey)
+            if c is None:
+                c = pods_that_fit(shape, cls.free, cls.labels, cls.taints, node_name=cls.node_name,
+                                  devices=cls.devices, fitter=fitter)
+                memo[mkey] = c
+            if c > 0:
+                cands.append((cls, c))
+        return cands
+
     def existing_room(self) -> int:
         return sum(c * len(cls.members) for cls, c in self.cands)
 
     def domain_caps(self, depth: int) -> dict[tuple[str, ...], int]:
-        """Existing capacity per domain at domain-level index ``depth``."""
+        """Existing capacity per domain at domain-level index ``depth`` (not to be changed:
+        it may be shared, see :attr:`WorkspaceIndex.base_fits`)."""
+        shared = self._shared
+        if shared is not None:
+            got = shared.caps.get(depth)
+            if got is not None:
+                return got
         caps: dict[tuple[str, ...], int] = {}
         for cls, c in self.cands:
             if len(cls.path) > depth:
                 key = cls.path[: depth + 1]
                 caps[key] = caps.get(key, 0) + c * len(cls.members)
+        if shared is not None:
+            shared.caps[depth] = caps
         return caps
 
     def members(self, key: tuple[str, ...]) -> list[NodeClass]:
         n = len(key)
         return [cls for cls, _ in self.cands if cls.path[:n] == key]
 
-    def _fill(self, classes: Sequence[NodeClass], need: int, depth: int) -> list[Take]:
+    def fill_in(self, classes: Sequence[NodeClass], need: int, depth: int) -> list[Take]:
         return fill(
             classes, need, depth, path=lambda x: x.path, per_node=lambda x: self.per_node[x.key],
             nodes=lambda x: len(x.members), name=lambda x: x.first,
         )
 
-    def _commit(
+    def commit(
         self, existing: list[Take], purchase: Purchase | None, *, even: bool = False
     ) -> tuple[tuple[str, int], ...]:
         """Take the nodes and add the new ones; ``even``: a purchase's pods spread evenly
@@ -341,7 +257,7 @@ class PodSetPlacer:
         placed[self.ps.name] = (*placed.get(self.ps.name, ()), *out)
         return tuple(out)
 
-    def _placement(
+    def placement_of(
         self, level: str | None, key: tuple[str, ...] | None, used: Sequence[tuple[str, int]]
     ) -> PodSetPlacement:
         levels = self.ws.index.levels
@@ -358,37 +274,30 @@ class PodSetPlacer:
     # ------------------------------------------------------------------ strategies
 
     def place(self) -> Outcome | None:
-        if self.ps.topology.slice_level is not None:
-            from controller.fit.slices import applies, sliced_place  # it builds on this module
-
-            if applies(self.ps.topology, self.ws.index.levels):
-                return sliced_place(self)
-        if self.ps.shape.spread is not None:
-            from controller.fit.spread import spread_place  # it builds on this module
-
-            return spread_place(self, self.ps.shape.spreads)
+        """A pod set without slices or spreads (:func:`controller.fit.strategies.place`
+        sends the others to their own strategies)."""
         topo = self.ps.topology
         if topo.mode is TopologyMode.NONE or topo.level is None:
             return self._anywhere(fewest_nodes=True)
         levels = self.ws.index.levels
         depth = levels.index(topo.level)
         if topo.mode is TopologyMode.REQUIRED:
-            return self._single_existing(depth) or self._single_with_new(depth)
+            return self.single_existing(depth) or self.single_with_new(depth)
         # Preferred: one domain at the level, climbing; spread only as a last resort.
         for d in range(depth, -1, -1):
-            got = self._single_existing(d)
+            got = self.single_existing(d)
             if got is not None:
                 return got
         got = self._anywhere(fewest_nodes=False, allow_new=False)
         if got is not None:
             return got
         for d in range(depth, -1, -1):
-            got = self._single_with_new(d)
+            got = self.single_with_new(d)
             if got is not None:
                 return got
         return self._anywhere(fewest_nodes=False)
 
-    def _single_existing(self, depth: int) -> Outcome | None:
+    def single_existing(self, depth: int) -> Outcome | None:
         need = self.ps.count
         levels = self.ws.index.levels
         if depth == len(levels.domain):  # node level: one node
@@ -396,15 +305,15 @@ class PodSetPlacer:
             if not fitting:
                 return None
             _, _, cls = min(fitting, key=lambda x: x[:2])
-            pods = self._commit([(cls, need, 1)], None)
+            pods = self.commit([(cls, need, 1)], None)
             return Outcome(pods, self._node_placement(pods[0][0]))
         caps = self.domain_caps(depth)
         fitting_keys = [(cap, key) for key, cap in caps.items() if cap >= need]
         if not fitting_keys:
             return None
         _, key = min(fitting_keys)
-        pods = self._commit(self._fill(self.members(key), need, depth + 1), None)
-        return Outcome(pods, self._placement(levels.domain[depth], key, pods))
+        pods = self.commit(self.fill_in(self.members(key), need, depth + 1), None)
+        return Outcome(pods, self.placement_of(levels.domain[depth], key, pods))
 
     def _node_placement(self, name: str) -> PodSetPlacement:
         level = self.ws.index.levels.node_level
@@ -417,7 +326,7 @@ class PodSetPlacer:
             labels[level] = value
         return PodSetPlacement(self.ps.name, level, value, 1, domain_labels=labels)
 
-    def _single_with_new(self, depth: int) -> Outcome | None:
+    def single_with_new(self, depth: int) -> Outcome | None:
         if self.mode is not Mode.PROVISION:
             return None
         need = self.ps.count
@@ -426,13 +335,13 @@ class PodSetPlacer:
         if depth == len(levels.domain):  # node level: one new node holding every pod
             best: Batch | None = None
             for ref in catalogue.by_price:  # the first that holds them is the cheapest
-                b = self._batch(ref)
+                b = self.batch_of(ref)
                 if b is not None and b.per_node >= need:
                     best = b
                     break
             if best is None:
                 return None
-            pods = self._commit([], Purchase(((best, 1, need),), best.price, 1))
+            pods = self.commit([], Purchase(((best, 1, need),), best.price, 1))
             return Outcome(pods, self._node_placement(pods[0][0]))
         caps = self.domain_caps(depth)
         best_rank: tuple[float, int, tuple[str, ...]] | None = None
@@ -452,9 +361,9 @@ class PodSetPlacer:
             return None
         key = best_rank[2]
         existing = caps.get(key, 0)
-        taken = self._fill(self.members(key), existing, depth + 1) if existing else []
-        pods = self._commit(taken, chosen)
-        return Outcome(pods, self._placement(levels.domain[depth], key, pods))
+        taken = self.fill_in(self.members(key), existing, depth + 1) if existing else []
+        pods = self.commit(taken, chosen)
+        return Outcome(pods, self.placement_of(levels.domain[depth], key, pods))
 
     def _anywhere(self, *, fewest_nodes: bool, allow_new: bool = True) -> Outcome | None:
         need = self.ps.count
@@ -474,13 +383,13 @@ class PodSetPlacer:
             existing: list[Take] = []
         elif fewest_nodes:
             # No topology: fewest nodes anywhere, ignoring domains.
-            existing = self._fill(classes, take, depth=1 << 20)
+            existing = self.fill_in(classes, take, depth=1 << 20)
         else:
-            existing = self._fill(classes, take, depth=0)
-        pods = self._commit(existing, purchase)
+            existing = self.fill_in(classes, take, depth=0)
+        pods = self.commit(existing, purchase)
         topo = self.ps.topology
         if topo.mode is TopologyMode.NONE or topo.level is None:
-            return Outcome(pods, self._placement(None, None, pods))
+            return Outcome(pods, self.placement_of(None, None, pods))
         levels = self.ws.index.levels
         top = levels.domain[0] if levels.domain else levels.node_level
-        return Outcome(pods, self._placement(top, None, pods))
+        return Outcome(pods, self.placement_of(top, None, pods))

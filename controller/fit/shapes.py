@@ -194,48 +194,20 @@ def uses_node_name(shape: PodShape) -> bool:
 
 
 class ShapeCounter:
-    """:func:`pods_that_fit` memoised per node equivalence class.
+    """A pod set's shape as placement commits it: its owner, and (with DRA claims) the
+    memoised claim search that allocates each pod's devices on a node.
 
-    Two nodes with the same free amounts of the requested resources, the same values of the
-    labels the shape selects on and the same taints hold the same number of pods; a 10,000-
-    node cluster usually has a few dozen such classes.
+    Built per pod set placement, so it holds nothing it does not need: how many pods a node
+    holds is counted once per node class by the placer, not here.
     """
 
-    __slots__ = ("_cache", "_keys", "_names", "_resources", "fitter", "owner", "shape")
+    __slots__ = ("fitter", "owner", "shape")
 
     def __init__(self, shape: PodShape, owner: str = "") -> None:
         self.shape = shape
         self.owner = owner
         """The pod set, to file device allocations under."""
-        self._resources = tuple(
-            (r, unlisted(r)) for r in sorted(r for r, v in shape.requests.items() if v > 0)
-        )
-        self._keys = label_keys(shape)
-        self._names = uses_node_name(shape)
-        self._cache: dict[tuple[object, ...], int] = {}
         self.fitter = ClaimFitter(shape.claims) if shape.claims else None
-
-    def count(
-        self,
-        free: Resources,
-        labels: Mapping[str, str],
-        taints: tuple[Taint, ...],
-        node_name: str | None,
-        devices: NodeDevices | None = None,
-    ) -> int:
-        key = (
-            tuple([free.get(r, d) for r, d in self._resources]),
-            tuple(labels.get(k) for k in self._keys),
-            taints,
-            node_name if self._names else None,
-            self.fitter.key(devices) if self.fitter else None,
-        )
-        hit = self._cache.get(key)
-        if hit is None:
-            hit = pods_that_fit(self.shape, free, labels, taints, node_name=node_name,
-                                devices=devices, fitter=self.fitter)
-            self._cache[key] = hit
-        return hit
 
     def after(
         self, devices: NodeDevices | None, pods: int

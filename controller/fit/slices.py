@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controller.fit.placement import Batch, Outcome, PodSetPlacer, Purchase, Take, buy
+from controller.fit.placement import PodSetPlacer
+from controller.fit.purchase import Batch, Outcome, Purchase, Take, buy
 from controller.fit.topology import Levels, choose
 from controller.fit.types import TopologyMode, TopologyRequest
 
@@ -77,8 +78,8 @@ def _within(p: PodSetPlacer, depth: int, *, allow_new: bool) -> Outcome | None:
     if depth >= sdepth:
         # One domain at the slice level or finer holds every slice whole.
         if allow_new:
-            return p._single_with_new(depth)
-        return p._single_existing(depth)
+            return p.single_with_new(depth)
+        return p.single_existing(depth)
     if allow_new and not p.batches:
         return None
     prefixes: set[tuple[str, ...]] = {()}
@@ -99,11 +100,11 @@ def _within(p: PodSetPlacer, depth: int, *, allow_new: bool) -> Outcome | None:
     _, prefix, choice = best
     takes = list(choice.takes)
     for key, pods in choice.existing:
-        takes.extend(p._fill(p.members(key), pods, sdepth + 1))
-    pods_out = p._commit(takes, choice.purchase if choice.purchase.takes else None)
+        takes.extend(p.fill_in(p.members(key), pods, sdepth + 1))
+    pods_out = p.commit(takes, choice.purchase if choice.purchase.takes else None)
     if depth >= 0:
-        return Outcome(pods_out, p._placement(levels.domain[depth], prefix, pods_out))
-    return Outcome(pods_out, p._placement(topo.slice_level, None, pods_out))
+        return Outcome(pods_out, p.placement_of(levels.domain[depth], prefix, pods_out))
+    return Outcome(pods_out, p.placement_of(topo.slice_level, None, pods_out))
 
 
 def _slices_in(

@@ -40,7 +40,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from controller.fit.placement import Batch, Outcome, PodSetPlacer, Purchase, Take, buy
+from controller.fit.placement import PodSetPlacer
+from controller.fit.purchase import Batch, Outcome, Purchase, Take, buy
 from controller.fit.shapes import selector_matches, untolerated
 from controller.fit.topology import HOSTNAME, NEW_HOSTNAME, fill
 from controller.fit.types import Mode, PodSetPlacement, PodSetRequest, PodShape, Spread, Taint
@@ -213,7 +214,7 @@ def spread_place(p: PodSetPlacer, spreads: Sequence[Spread]) -> Outcome | None:
     if got is None:
         return None
     existing, purchase, even = got
-    pods = p._commit(existing, purchase, even=even)
+    pods = p.commit(existing, purchase, even=even)
     return Outcome(pods, PodSetPlacement(p.ps.name, None, None, len(pods)))
 
 
@@ -276,6 +277,12 @@ def _by_domain(
         d.classes.append(cls)
         d.existing += c * len(cls.members)
     pool_left = p.pool_left()
+    if not p.cautious and level is None and any(d.existing for d in domains.values()):
+        # The domains there holding the pod set on their existing room cost nothing: that
+        # plan wins whatever new capacity could add, so the catalogue is not walked.
+        got = _levels(p, spread, list(domains.values()), dict(pool_left), per)
+        if got is not None and got[1].nodes == 0:
+            return (*got, False)
     node_cap = None if host is None else host.max_skew + (level or 0)
     fresh = _add_batches(p, spread, keys, node_cap, level or 0, domains, pool_left)
     opened = sorted(fresh.values(), key=lambda d: (_price(d), d.value))[:MAX_OPENED]
@@ -289,10 +296,13 @@ def _over_opened(
 ) -> tuple[list[Take], Purchase] | None:
     """The plan over the domains there (``base``) and new ones (``opened``, cheapest
     first)."""
+    # An opened domain holds at least one pod of the set (it is a domain only once a node is
+    # there), so more opened domains than pods cannot plan.
+    most = min(len(opened), p.ps.count)
     if p.cautious:
         # Other pod sets of the gang may add nodes in any domain the pools offer: open them
         # all (as many as the pods allow), so none appears later holding none of the pods.
-        for k in range(len(opened), -1, -1):
+        for k in range(most, -1, -1):
             got = _levels(p, spread, [*base, *opened[:k]], dict(pool_left), per)
             if got is not None:
                 return got
@@ -300,7 +310,7 @@ def _over_opened(
     # The cheapest plan over the domains there and the first k new ones; at equal cost the
     # most domains (what the constraint asks for: the pods apart).
     best: tuple[tuple[float, int, int], tuple[list[Take], Purchase]] | None = None
-    for k in range(len(opened) + 1):
+    for k in range(most + 1):
         got = _levels(p, spread, [*base, *opened[:k]], dict(pool_left), per)
         if got is not None:
             rank = (got[1].cost, got[1].nodes, -k)
@@ -336,7 +346,7 @@ def _add_batches(
                 break
             if any(k not in ref.labels for k in keys):
                 continue
-            b = p._batch(ref)
+            b = p.batch_of(ref)
             if b is None:
                 continue
             per_node = b.per_node if node_cap is None else min(b.per_node, node_cap)
@@ -585,20 +595,27 @@ def _host_plan(
 def _cheapest(p: PodSetPlacer, need: int, cap: int, least: int) -> list[Batch]:
     """The batches (at most ``cap`` pods a node, none holding fewer than ``least``) the
     cheapest purchase of ``need`` pods can use: the catalogue walked cheapest node first,
-    up to a node priced above the cheapest single batch's way of holding them all."""
+    up to a node priced above the cheapest single batch's way of holding them all.
+
+    A batch no cheaper than one that holds all ``need`` pods alone and holding no more pods
+    a node is skipped: any purchase using it costs no less with the other's nodes instead.
+    Once such a batch holds ``cap`` pods a node every later one is, so the walk stops: a
+    spread's per-node cap makes this short however many pools there are."""
     out: list[Batch] = []
     if p.mode is not Mode.PROVISION:
         return out
     bound = math.inf
+    covered = 0
     pool_left = p.pool_left()
-    fits = p._pool_per_node()
-    # Refs whose nodes hold too few pods first (one pass): at high levels most refs do.
-    refs = [r for r in p.ws.index.catalogue.by_price if fits[r.ordinal] >= least]
-    for ref in refs:
+    fits = p.pool_per_node()
+    for ref in p.ws.index.catalogue.by_price:
+        fit = fits[ref.ordinal]
+        if fit < least or min(fit, cap) <= covered:
+            continue
         price = ref.pool.price_per_node_hour
         if price > bound:
             break
-        b = p._batch(ref)
+        b = p.batch_of(ref)
         if b is None:
             continue
         per_node = min(b.per_node, cap)
@@ -607,6 +624,9 @@ def _cheapest(p: PodSetPlacer, need: int, cap: int, least: int) -> list[Batch]:
         out.append(b if per_node == b.per_node else Batch(ref, per_node, b.nodes))
         if min(b.nodes, pool_left.get(ref.pool_index, 0)) * per_node >= need:
             bound = min(bound, -(-need // per_node) * price)
+            covered = max(covered, per_node)
+            if covered >= cap:
+                break
     return out
 
 

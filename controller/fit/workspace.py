@@ -201,7 +201,7 @@ class Catalogue:
         """``build()``: what every ref can add for a pod set of ``shape`` while nothing has
         been taken from the pools, shared by every such pod set (not kept for shapes with
         device claims). The caller does not change it."""
-        key = _fit_key(shape)
+        key = fit_key(shape)
         if key is None:
             return build()
         got = self._batches.get(key)
@@ -217,7 +217,7 @@ class Catalogue:
         ``count`` once per pool and selected label values, shared by every pod set of
         that shape planned against these pools (kept for the last few hundred shapes;
         shapes with device claims are counted afresh: their fit depends on the devices)."""
-        key = _fit_key(shape)
+        key = fit_key(shape)
         got = self._per_node.get(key) if key is not None else None
         if got is not None:
             return got
@@ -278,7 +278,7 @@ class Catalogue:
         return got
 
 
-def _fit_key(shape: PodShape) -> tuple[object, ...] | None:
+def fit_key(shape: PodShape) -> tuple[object, ...] | None:
     """Everything of ``shape`` that decides how many of its pods a new node holds (None
     with device claims)."""
     if shape.claims:
@@ -332,6 +332,20 @@ class GangView(NamedTuple):
 
     @classmethod
     def of(cls, shapes: Sequence[PodShape]) -> GangView:
+        """The view of a gang of ``shapes`` (remembered for the last few gangs: a planning
+        pass asks again for every plan of the same request)."""
+        key = tuple(map(id, shapes))
+        hit = _VIEWS.get(key)
+        if hit is not None and all(a is b for a, b in zip(hit[0], shapes, strict=True)):
+            return hit[1]
+        view = cls._of(shapes)
+        if len(_VIEWS) >= _VIEWS_KEPT:
+            del _VIEWS[next(iter(_VIEWS))]
+        _VIEWS[key] = (tuple(shapes), view)  # holds the shapes, so the ids stay theirs
+        return view
+
+    @classmethod
+    def _of(cls, shapes: Sequence[PodShape]) -> GangView:
         resources: set[str] = set()
         keys: set[str] = set()
         for shape in shapes:
@@ -345,6 +359,21 @@ class GangView(NamedTuple):
         )
         return cls(ordered, tuple(sorted(keys)), any(uses_node_name(s) for s in shapes), floor,
                    any(shape.claims for shape in shapes))
+
+
+@dataclass(frozen=True, slots=True)
+class BaseFit:
+    """A shape's candidates on a snapshot's base classes, and the capacity per domain they
+    give per level depth (filled as asked for); kept in :attr:`WorkspaceIndex.base_fits`
+    for :class:`controller.fit.placement.PodSetPlacer`."""
+
+    cands: list[tuple[NodeClass, int]]
+    caps: dict[int, dict[tuple[str, ...], int]]
+
+
+_VIEWS: dict[tuple[int, ...], tuple[tuple[PodShape, ...], GangView]] = {}
+"""Recent gang views by the identity of their shapes (a memo)."""
+_VIEWS_KEPT = 64
 
 
 class WorkspaceIndex:
@@ -379,6 +408,11 @@ class WorkspaceIndex:
         self._taint_keep: list[tuple[Taint, ...]] = []
         self._device_tokens: dict[object, int] = {}
         self.shape_tokens: dict[int, tuple[int, NodeDevices]] = {}
+        self.base_fits: dict[tuple[object, ...], BaseFit] = {}
+        """What a placer derives from the base classes for a shape (:func:`fit_key`), shared
+        by every placement on a workspace whose classes are still the base ones
+        (:attr:`Usage.pristine`): the first pod set of every plan against a snapshot
+        otherwise counts every class of the cluster again."""
 
     def taint_token(self, taints: tuple[Taint, ...]) -> int:
         """A small int equal for equal taint tuples; hashes a tuple's content only the first
@@ -439,13 +473,16 @@ class Usage:
     placed: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)
     """Pod set -> (node or slot name, pods) of this plan, for topology spread counting the
     pods of other pod sets."""
+    pristine: bool = False
+    """The classes are the index's base classes, unchanged (:attr:`WorkspaceIndex.base_fits`
+    holds for them)."""
 
     def copy(self) -> Usage:
         return Usage(
             dict(self.classes), set(self.slot_keys), dict(self.slots), dict(self.slot_labels),
             dict(self.slot_count), dict(self.pool_used), dict(self.domain_used),
             self.pool_booked, self.domain_booked,
-            {k: list(v) for k, v in self.allocations.items()}, dict(self.placed),
+            {k: list(v) for k, v in self.allocations.items()}, dict(self.placed), self.pristine,
         )
 
 
@@ -474,12 +511,13 @@ class Workspace:
             hit = _BASES.get(memo_key)
             if hit is not None and hit[0] is nodes and hit[1] is pools:
                 self.index = hit[2]
-                self.usage = Usage(dict(hit[3]))
+                self.usage = Usage(dict(hit[3]), pristine=True)
                 return
         self.index = WorkspaceIndex(nodes, pools, levels, shapes, empty=empty)
         self.usage = Usage(_classes(self.index, nodes, empty))
         if empty:
             self._heal()
+        self.usage.pristine = True
         if memo_key is not None:
             _remember(memo_key, (nodes, pools, self.index, dict(self.usage.classes)))
 
@@ -574,6 +612,7 @@ class Workspace:
                        old.taint_token, old.path, old.node_name,
                        self.index.device_token(devices))
         usage = self.usage
+        usage.pristine = False
         have = usage.classes.get(key)
         members = tuple(sorted((*have.members, *names))) if have else tuple(names)
         if usage.slots and any(n in usage.slots for n in names):
@@ -599,6 +638,7 @@ class Workspace:
     ) -> list[str]:
         """Put ``pods_each`` pods on each of the first ``nodes`` members of class ``key``
         (``counter``: the pod set's shape, to allocate its device claims)."""
+        self.usage.pristine = False
         classes = self.usage.classes
         cls = classes[key]
         names = list(cls.members[:nodes])

@@ -411,3 +411,75 @@ def test_a_large_hostname_spread_on_big_nodes() -> None:
     got = plan(one(1_000, Spread(HOST, 1)), snap, Mode.PROVISION)
     assert isinstance(got, Plan), got
     held_over_plan(got, HOST)
+
+
+# ---------------------------------------------------------------------------- packed spreads
+
+
+def two_sizes(zones: int = 3) -> tuple[PoolState, ...]:
+    """A 1-pod node at 0.3 and an 8-pod node at 1.0, in ``zones`` zones."""
+    def make(name: str, cpu: int, price: float) -> PoolState:
+        domains = tuple(PoolDomain({ZONE_KEY: f"z{i}"}, 100) for i in range(zones))
+        return PoolState(name, {"type": name}, (), {"cpu": cpu, "pods": 110}, domains, 100,
+                         price)
+    return make("small", 1_000, 0.3), make("big", 8_000, 1.0)
+
+
+def scheduler_admits(got: Plan, gang: GangRequest, key: str) -> bool:
+    """The reference scheduler (tests/fit/reference_scheduler.py) places every pod of the gang
+    on the plan's new nodes, one pod after another, under its PodTopologySpread filter."""
+    from tests.fit.reference_scheduler import gang_fits
+
+    pools = {"small": 1_000, "big": 8_000}
+    nodes = []
+    seen: set[tuple[str, int, str]] = set()
+    for a in got.assignments:
+        assert a.new_node is not None
+        ident = (a.new_node.pool, a.new_node.index, a.new_node.domain[ZONE_KEY])
+        if ident in seen:
+            continue
+        seen.add(ident)
+        name = "-".join(map(str, ident))
+        nodes.append({
+            "metadata": {"name": name, "labels": {HOST: name, ZONE_KEY: ident[2]}},
+            "status": {"allocatable": {"cpu": f"{pools[ident[0]]}m", "pods": "110"}},
+        })
+    pods = [
+        {"metadata": {"name": f"{ps.name}-{i}", "namespace": "ns", "labels": {"app": ps.name}},
+         "spec": {"containers": [{"resources": {"requests": {"cpu": "1"}}}],
+                  "topologySpreadConstraints": [{
+                      "maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": "DoNotSchedule",
+                      "labelSelector": {"matchLabels": {"app": ps.name}}}]}}
+        for ps in gang.pod_sets for i in range(ps.count)
+    ]
+    return gang_fits(nodes, [], pods) is True
+
+
+def test_hostname_spread_pod_sets_share_nodes_of_many_pods() -> None:
+    """Three pod sets, each spread over the hostname among its own pods (maxSkew 1), on new
+    nodes only: every node of the plan is a domain of each, and the scheduler admits any
+    number of a pod set's pods on a node while the counts differ by at most maxSkew. So two
+    8-pod nodes holding 3/3, 2/2 and 2/2 (2.0 an hour) is a plan; Muster placed each pod set
+    cautiously at one pod a node (14 small nodes, 4.2 an hour)."""
+    gang = GangRequest("ns/g", tuple(
+        PodSetRequest(n, c, PodShape({"cpu": 1_000, "pods": 1}, spread=Spread(HOST, 1)))
+        for n, c in (("a", 6), ("b", 4), ("c", 4))))
+    got = plan(gang, Snapshot((), two_sizes(), (ZONE_KEY, HOST)), Mode.PROVISION)
+    assert isinstance(got, Plan), got
+    assert got.cost_per_hour == 2.0
+    assert sorted(a.pods for a in got.assignments) == [2, 2, 2, 2, 3, 3]
+    held_over_plan(got, HOST)
+    assert scheduler_admits(got, gang, HOST)
+
+
+def test_zone_spread_pod_sets_on_one_node_of_one_zone() -> None:
+    """Zone spreads among each pod set's own pods, an empty cluster: a zone is a domain only
+    once a node is there, so one 8-pod node in one zone holds all seven pods (1.0 an hour)
+    where opening every zone for each pod set bought seven 1-pod nodes (2.1)."""
+    gang = GangRequest("ns/g", tuple(
+        PodSetRequest(n, c, PodShape({"cpu": 1_000, "pods": 1}, spread=Spread(ZONE_KEY, 1)))
+        for n, c in (("a", 3), ("b", 2), ("c", 2))))
+    got = plan(gang, Snapshot((), two_sizes(), (ZONE_KEY, HOST)), Mode.PROVISION)
+    assert isinstance(got, Plan), got
+    assert [(n.pool, n.count) for n in got.new_nodes] == [("big", 1)]
+    assert scheduler_admits(got, gang, ZONE_KEY)
