@@ -1218,9 +1218,9 @@ def build_gang(req: RequestRecord, state: ClusterState, config: MusterConfig) ->
     running pods (the controller's reconcile and ``kubectl muster fit`` alike);
     :class:`Invalid` names what is wrong."""
     mode = config.classes.mode_for(req.class_name, req.parameters) or Mode.PROVISION
-    problems = read_parameters(req.parameters, mode, req.class_name).problems
-    if problems:
-        raise Invalid(Reason.INVALID_PARAMETERS, "; ".join(problems))
+    params = read_parameters(req.parameters, mode, req.class_name)
+    if params.problems:
+        raise Invalid(Reason.INVALID_PARAMETERS, "; ".join(params.problems))
     try:
         relax_after(None, req.annotations, None)
     except ValueError as exc:
@@ -1265,6 +1265,8 @@ def build_gang(req: RequestRecord, state: ClusterState, config: MusterConfig) ->
     except SnapshotError as exc:
         raise Invalid(Reason.FAILED_TO_CREATE_PODS, str(exc)) from None
     _refuse_missing_claim_objects(gang)
+    if params.values.max_run_duration_seconds is not None:
+        gang = replace(gang, run_seconds=float(params.values.max_run_duration_seconds))
     for pod_set in gang.pod_sets:
         level = pod_set.topology.level
         if level is not None and level not in state.levels:
