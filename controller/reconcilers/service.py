@@ -84,6 +84,7 @@ from controller.fit.types import (
 from controller.kube import ApiError, Body, KubeClient
 from controller.kube.events import EventRecorder
 from controller.kube.resources import PROVISIONING_REQUESTS
+from controller.reconcilers import queued
 from controller.reconcilers.pools import hold_pools
 from controller.relaxation import (
     RELAXED_DETAIL,
@@ -129,6 +130,7 @@ ARRIVAL_POLL_SECONDS = 0.5
 
 WAITING_REASONS = frozenset({
     Reason.CAPACITY_IS_NOT_FOUND, Reason.NAMESPACE_LIMIT_REACHED, Reason.POOL_UNUSABLE,
+    Reason.QUEUED_FOR_CAPACITY,
 })
 """A request whose last attempt ended so waits for something Muster sees change."""
 
@@ -210,10 +212,13 @@ class ProvisioningService:
         phase = req.phase
         if phase is Phase.FAILED:
             return await self.repair_failed(req)
-        if phase is Phase.ENDED:
-            return await self.repair_ended(req)
-        if phase is Phase.BOOKED:
-            return await self.check_booking(req)
+        if phase in (Phase.ENDED, Phase.BOOKED):
+            done, left = await queued.expire_run(self, req)
+            if done:
+                return None
+            then = await (self.repair_ended(req) if phase is Phase.ENDED
+                          else self.check_booking(req))
+            return left if then is None else then if left is None else min(then, left)
         if phase is Phase.ACQUIRING:
             booking = req.booking
             if booking is None:
@@ -494,6 +499,9 @@ class ProvisioningService:
         condition is for humans and takes the write only when it has something to tell).
         """
         self.state.reserve(req.key, booking)
+        waiting = await queued.step(self, req, booking)
+        if waiting is not False:
+            return waiting
         keys = {g.key for g in booking.groups}
         self.in_flight |= keys
         announcing = _Later(self.clock, self.config.acquisition.announce_after_seconds,
@@ -569,7 +577,7 @@ class ProvisioningService:
             for group, available in exc.short:
                 self.state.mark_short(group.pool, group.domain, available=available, until=until)
             return await self.retry_or_fail(
-                req, attempt=booking.attempt, reason=Reason.ACQUISITION_FAILED,
+                req, attempt=booking.attempt, reason=queued.stock_out(self, req, exc),
                 detail=str(exc), permanent=not exc.retryable,
             )
         finally:
@@ -996,6 +1004,7 @@ class ProvisioningService:
 
     async def finalize(self, req: RequestRecord) -> Delay:
         self.state.unreserve(req.key)
+        await queued.leave(self, req)
         booking = req.booking
         if booking is not None and req.phase is not Phase.FAILED:
             await self.release_unused(booking, req.key, why="the request is being deleted")
@@ -1018,6 +1027,10 @@ class ProvisioningService:
         """``relax_time``: when the request's topology may be relaxed; the next attempt is
         then no later than that."""
         self.state.unreserve(req.key)
+        if (not permanent and reason is Reason.CAPACITY_IS_NOT_FOUND
+                and queued.is_queued(self, req)):
+            return await queued.wait(self, req, attempt=attempt, detail=detail,
+                                     relax_time=relax_time)
         max_attempts = self.config.retry.max_attempts
         params = self.parameters(req)
         if not permanent and params.values.no_retry:
@@ -1265,8 +1278,6 @@ def build_gang(req: RequestRecord, state: ClusterState, config: MusterConfig) ->
     except SnapshotError as exc:
         raise Invalid(Reason.FAILED_TO_CREATE_PODS, str(exc)) from None
     _refuse_missing_claim_objects(gang)
-    if params.values.max_run_duration_seconds is not None:
-        gang = replace(gang, run_seconds=float(params.values.max_run_duration_seconds))
     for pod_set in gang.pod_sets:
         level = pod_set.topology.level
         if level is not None and level not in state.levels:
@@ -1275,7 +1286,8 @@ def build_gang(req: RequestRecord, state: ClusterState, config: MusterConfig) ->
                 f"pod set {pod_set.name} asks for topology level {level!r}, which is not "
                 f"configured (levels: {', '.join(state.levels)})",
             )
-    return gang
+    run = params.values.max_run_duration_seconds
+    return gang if run is None else replace(gang, run_seconds=float(run))
 
 
 def _refuse_missing_claim_objects(gang: GangRequest) -> None:
