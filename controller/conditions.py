@@ -133,7 +133,7 @@ MESSAGES: Mapping[Reason, str] = {
     ),
     Reason.QUEUED_FOR_CAPACITY: (
         "Queued for capacity since {since}: {detail}. The request waits without a retry "
-        "limit (ValidUntilSeconds still ends it); delete it to leave the queue."
+        "limit; delete it to leave the queue."
     ),
     Reason.RUN_DURATION_EXPIRED: (
         "The run duration ended at {end} ({seconds}s after the capacity was provisioned, "
