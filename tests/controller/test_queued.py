@@ -211,3 +211,16 @@ async def test_a_stock_out_in_musters_own_queue_never_ends_retries_exhausted(
 
     await _until(provisioned)
     assert len(await _nodes(kube)) == 2
+
+
+async def test_the_fake_queue_parameter_must_be_a_boolean(kube: KubeClient) -> None:
+    from controller.api.capacitypool import CapacityPool
+    from providers.base import ProviderConfigError
+
+    provider = FakeProvider(kube, heartbeat_seconds=0)
+    good = CapacityPool.model_validate(objects.gpu_pool("q", parameters={"queue": True}))
+    await provider.validate(good)
+    assert provider.queues(good)
+    bad = CapacityPool.model_validate(objects.gpu_pool("q", parameters={"queue": "yes"}))
+    with pytest.raises(ProviderConfigError, match="parameters.queue must be true or false"):
+        await provider.validate(bad)
