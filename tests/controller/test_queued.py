@@ -222,5 +222,5 @@ async def test_the_fake_queue_parameter_must_be_a_boolean(kube: KubeClient) -> N
     await provider.validate(good)
     assert provider.queues(good)
     bad = CapacityPool.model_validate(objects.gpu_pool("q", parameters={"queue": "yes"}))
-    with pytest.raises(ProviderConfigError, match="parameters.queue must be true or false"):
+    with pytest.raises(ProviderConfigError, match=r"parameters\.queue must be true or false"):
         await provider.validate(bad)
