@@ -224,3 +224,41 @@ async def test_the_fake_queue_parameter_must_be_a_boolean(kube: KubeClient) -> N
     bad = CapacityPool.model_validate(objects.gpu_pool("q", parameters={"queue": "yes"}))
     with pytest.raises(ProviderConfigError, match=r"parameters\.queue must be true or false"):
         await provider.validate(bad)
+
+
+async def test_a_run_longer_than_the_capacity_block_is_not_planned_onto_it(
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
+) -> None:
+    """The pool draws from a block ending in an hour: a 30-minute run is provisioned there;
+    a two-hour one is not planned onto it (it waits, queued)."""
+    from datetime import timedelta
+
+    from controller.conditions import rfc3339
+
+    controller, clock, _ = running
+    end = clock.now() + timedelta(hours=1)
+    await kube.merge_patch(CAPACITY_POOLS, "gpu", {"spec": {"parameters": {
+        "reservation": {"id": "blk-1", "nodes": 16, "end": rfc3339(end)}}}})
+
+    async def bounded() -> bool:
+        pools = controller.state.snapshot(now=clock.now()).pools
+        return any(p.name == "gpu" and p.open_seconds is not None for p in pools)
+
+    for _ in range(50):
+        if await bounded():
+            break
+        await clock.advance(60)  # the pool status' reservation refresh
+        await asyncio.sleep(0.05)
+    assert await bounded()
+
+    await _create(kube, "long", {"maxRunDurationSeconds": "7200"})
+    cond = await _until(lambda: _reason(kube, "long", "QueuedForCapacity"))
+    assert "waits in Muster's own" in cond["message"]
+    await _create(kube, "short", {"maxRunDurationSeconds": "1800"})
+
+    async def provisioned() -> bool:
+        got = await _condition(kube, "short", "Provisioned")
+        return got is not None and got["status"] == "True"
+
+    await _until(provisioned)
+    assert (await _condition(kube, "long", "Provisioned") or {}).get("status") == "False"
