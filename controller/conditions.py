@@ -49,6 +49,8 @@ class Reason(enum.StrEnum):
     TEMPLATE_DELETED = "PodTemplateDeleted"
     TEMPLATE_CHANGED = "PodTemplateChanged"
     POOL_UNUSABLE = "PoolUnusable"
+    QUEUED_FOR_CAPACITY = "QueuedForCapacity"
+    RUN_DURATION_EXPIRED = "RunDurationExpired"
 
 
 MESSAGES: Mapping[Reason, str] = {
@@ -128,6 +130,14 @@ MESSAGES: Mapping[Reason, str] = {
         "Muster retries (attempt {attempt} of {max_attempts}, next in {delay:.0f}s); fix the "
         "pool (its status names the problem) and the request provisions at its next attempt, "
         "or delete the request."
+    ),
+    Reason.QUEUED_FOR_CAPACITY: (
+        "Queued for capacity since {since}: {detail}. The request waits without a retry "
+        "limit; delete it to leave the queue."
+    ),
+    Reason.RUN_DURATION_EXPIRED: (
+        "The run duration ended at {end} ({seconds}s after the capacity was provisioned, "
+        "maxRunDurationSeconds): the booking's new nodes are released."
     ),
     Reason.OVER_BUDGET: (
         "The plan exceeds the budget: {detail}. Raise budgets.* in Muster's config or make "

@@ -41,6 +41,7 @@ ENV_PREFIX = "MUSTER_"
 
 CHECK_CAPACITY_CLASS = "check-capacity.muster.dev"
 ATOMIC_CLASS = "atomic-provisioning.muster.dev"
+QUEUED_CLASS = "queued-provisioning.muster.dev"
 UPSTREAM_CHECK_CAPACITY_CLASS = "check-capacity.autoscaling.x-k8s.io"
 UPSTREAM_ATOMIC_CLASS = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
 
@@ -63,6 +64,12 @@ class ClassesConfig(_Section):
         default_factory=lambda: [ATOMIC_CLASS],
         description="Class names served as atomic provisioning: existing plus new nodes.",
     )
+    queued: list[str] = Field(
+        default_factory=lambda: [QUEUED_CLASS],
+        description="Class names served as queued provisioning: atomic provisioning whose "
+        "gang waits in the cloud's queue (or Muster's own) on a stock-out instead of "
+        "retrying until its attempts run out.",
+    )
     serve_upstream: bool = Field(
         default=False,
         description="Also serve check-capacity.autoscaling.x-k8s.io and "
@@ -79,10 +86,17 @@ class ClassesConfig(_Section):
 
     @model_validator(mode="after")
     def _disjoint(self) -> ClassesConfig:
-        both = set(self.check_capacity) & set(self.atomic)
-        if both:
-            raise ValueError(f"class names served both as check-capacity and atomic: {both}")
+        for a, b, names in (("check-capacity", "atomic", (self.check_capacity, self.atomic)),
+                            ("check-capacity", "queued", (self.check_capacity, self.queued)),
+                            ("atomic", "queued", (self.atomic, self.queued))):
+            both = set(names[0]) & set(names[1])
+            if both:
+                raise ValueError(f"class names served both as {a} and {b}: {sorted(both)}")
         return self
+
+    def is_queued(self, class_name: str) -> bool:
+        """Whether requests of ``class_name`` wait in a queue on a stock-out."""
+        return class_name in self.queued
 
     def mode_for(
         self, class_name: str, parameters: Mapping[str, str] | None = None
@@ -94,7 +108,7 @@ class ClassesConfig(_Section):
         ):
             instance = processor_instance(parameters or {})
             return Mode.CHECK if instance == self.processor_instance else None
-        if class_name in self.atomic or (
+        if class_name in self.atomic or class_name in self.queued or (
             self.serve_upstream and class_name == UPSTREAM_ATOMIC_CLASS
         ):
             return Mode.PROVISION if not self.processor_instance else None
@@ -282,6 +296,12 @@ class PodGroupsConfig(_Section):
 class AcquisitionConfig(_Section):
     node_ready_timeout_seconds: float = Field(
         default=900.0, gt=0, description="How long acquired nodes may take to become Ready."
+    )
+    queue_poll_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="How often a queued-provisioning request asks the cloud's queue where "
+        "its gang stands.",
     )
     idle_ttl_seconds: float = Field(
         default=300.0,

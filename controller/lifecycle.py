@@ -33,6 +33,8 @@ RETRY_AT_ANNOTATION = "muster.dev/retry-at"
 BOOKED_AT_ANNOTATION = "muster.dev/booked-at"
 TEMPLATES_ANNOTATION = "muster.dev/templates"
 """PodTemplate name -> digest of what the plan was made from (``template_digest``)."""
+QUEUED_SINCE_ANNOTATION = "muster.dev/queued-since"
+"""When a queued-class request first waited for capacity (its queued message says since when)."""
 POD_SETS_ANNOTATION = "muster.dev/pod-sets"
 """On the requests Muster's Kueue check creates: JSON, PodTemplate name -> the Workload pod set
 it was drafted from (a pod set Kueue TAS split over domains has one template per domain)."""
@@ -135,6 +137,10 @@ class Event(enum.StrEnum):
     REPAIRED = "repaired"
     """A write a crash or an error cut short, redone."""
     DELETED = "deleted"
+    QUEUED = "queued"
+    """A queued-class gang waits in the cloud's queue (enqueued, not yet granted)."""
+    WAITING = "waiting"
+    """A queued-class gang found no capacity: it waits in Muster's own queue, no retry limit."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +164,8 @@ _FAIL = ("status: Accepted=True, Provisioned=False, Failed=True",
 _CONFIRM = ("status: Accepted=True, Provisioned=True ?", "annotations: phase=Booked ?")
 _END = ("status: BookingExpired|CapacityRevoked=True", "annotations: phase=Ended")
 _DELETE = ("finalizer: - ?",)
+_WAIT = ("annotations: attempt=n, retry-at=…, phase=-, plan=-, queued-since=…",
+         "status: Accepted=True, Provisioned=False")
 
 TABLE: tuple[Row, ...] = (
     Row(Phase.NEW, Event.BACKING_OFF, (), Phase.NEW),
@@ -172,6 +180,11 @@ TABLE: tuple[Row, ...] = (
     Row(Phase.ACQUIRING, Event.CONFIRMED, _CONFIRM, Phase.BOOKED),
     Row(Phase.ACQUIRING, Event.RETRY, _RETRY, Phase.NEW),
     Row(Phase.ACQUIRING, Event.FAILED, _FAIL, Phase.FAILED),
+    Row(Phase.NEW, Event.WAITING, _WAIT, Phase.NEW),
+    Row(Phase.ACQUIRING, Event.QUEUED, ("annotations: queued-since=… ?",
+                                        "status: Accepted=True, Provisioned=False"),
+        Phase.ACQUIRING),
+    Row(Phase.ACQUIRING, Event.WAITING, _WAIT, Phase.NEW),
     Row(Phase.BOOKED, Event.CONFIRMED, _CONFIRM, Phase.BOOKED),
     Row(Phase.BOOKED, Event.HOLDING, ("annotations: phase=Booked ?",), Phase.BOOKED),
     Row(Phase.BOOKED, Event.ENDED, ("annotations: phase=Booked ?", *_END), Phase.ENDED),

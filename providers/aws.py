@@ -28,9 +28,12 @@ import binascii
 import hashlib
 import json
 import logging
+import math
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -39,11 +42,15 @@ from pydantic_settings import SettingsConfigDict
 from controller.api.capacitypool import CapacityPool
 from providers.atomic import AtomicProvider, Launch
 from providers.base import (
+    ENDED,
+    GRANTED,
+    QUEUED,
     AcquireRequest,
     CapacityUnavailable,
     ProvidedNode,
     ProviderConfigError,
     ProviderError,
+    QueuedStatus,
     QuotaExceeded,
     TransientProviderError,
 )
@@ -168,6 +175,23 @@ class CapacityReservationParams(PoolParameters):
         return self
 
 
+MAX_BLOCK_HOURS = 182 * 24
+"""The longest Capacity Block EC2 offers."""
+
+
+class CapacityBlockPurchaseParams(PoolParameters):
+    """Explicit permission to buy Capacity Blocks for ML for the pool's queued requests
+    (``queued-provisioning.muster.dev``): without it Muster never buys one."""
+
+    max_upfront_fee: str = Field(
+        alias="maxUpfrontFee", pattern=r"^[0-9]+(\.[0-9]+)?$",
+        description="The most Muster may pay for one block: an offering's UpfrontFee, in "
+        "the offering's currency, must not exceed it")
+    duration_hours: int = Field(
+        default=24, alias="durationHours", ge=1, le=MAX_BLOCK_HOURS,
+        description="The block's length for a request without maxRunDurationSeconds")
+
+
 class AwsPoolParameters(PoolParameters):
     """``spec.parameters`` of a CapacityPool with ``provider: aws``."""
 
@@ -188,6 +212,12 @@ class AwsPoolParameters(PoolParameters):
         alias="capacityReservation",
         description="Launch only into this reservation or Capacity Block (Muster's copy of "
         "the launch template targets it, with capacity-reservations-only)",
+    )
+    capacity_block_purchase: CapacityBlockPurchaseParams | None = Field(
+        default=None,
+        alias="capacityBlockPurchase",
+        description="A queued request waits for a Capacity Block offering of its gang (at "
+        "most maxUpfrontFee), which Muster buys and launches into once it is active",
     )
     tags: dict[str, str] = Field(default_factory=dict)
     node_name_from: Literal["privateDnsName", "instanceId"] = Field(
@@ -221,6 +251,34 @@ class AwsPoolParameters(PoolParameters):
             if not 1 <= len(key) <= 128 or len(tag_value) > 256:
                 raise ValueError(f"tag {key!r}: keys are 1-128 and values 0-256 characters")
         return value
+
+
+BLOCK_WAITING = frozenset({"pending", "scheduled", "payment-pending", "assessing", "delayed"})
+
+
+def block_hours(run_seconds: int | None, default_hours: int) -> int:
+    """A Capacity Block length that holds the run: whole days up to 14, then whole weeks
+    (EC2's offered lengths), at most 182 days."""
+    hours = default_hours if run_seconds is None else math.ceil(run_seconds / 3600)
+    days = max(1, math.ceil(hours / 24))
+    days = days if days <= 14 else math.ceil(days / 7) * 7
+    if days * 24 > MAX_BLOCK_HOURS:
+        raise ProviderConfigError(
+            f"a Capacity Block lasts at most {MAX_BLOCK_HOURS // 24} days, not {hours} hours "
+            "(maxRunDurationSeconds)")
+    return days * 24
+
+
+def _block_status(found: Mapping[str, Any]) -> QueuedStatus:
+    state = str(found.get("State") or "")
+    outcome = GRANTED if state == "active" else QUEUED if state in BLOCK_WAITING else ENDED
+    start = found.get("StartDate")
+    created = found.get("CreateDate")
+    return QueuedStatus(
+        name=str(found.get("CapacityReservationId") or ""), state=state, outcome=outcome,
+        since=created.isoformat() if isinstance(created, datetime) else "",
+        estimate=start.isoformat() if isinstance(start, datetime) and outcome == QUEUED
+        else "")
 
 
 def parse_parameters(pool: CapacityPool) -> AwsPoolParameters:
@@ -422,6 +480,103 @@ class AwsProvider(AtomicProvider[Instance]):
         found = await self._reservation(ec2, params)
         return [_figures(found)]
 
+    # ---- queued provisioning (Capacity Block offerings) ---------------------------------
+
+    def queues(self, pool: CapacityPool) -> bool:
+        return parse_parameters(pool).capacity_block_purchase is not None
+
+    async def enqueue(self, request: AcquireRequest, run_seconds: int | None) -> QueuedStatus:
+        """The key's Capacity Block, bought now if an offering of the whole gang in the
+        request's zone costs at most ``maxUpfrontFee``; else a status saying none is offered
+        yet (the next poll looks again). Idempotent: the block carries the key's tags and is
+        found before anything is bought."""
+        self.check(request)
+        params = parse_parameters(request.pool)
+        buy = params.capacity_block_purchase
+        if buy is None or params.capacity_reservation is not None:
+            raise ProviderConfigError(
+                f"pool {request.pool.metadata.name}: buying Capacity Blocks needs "
+                "spec.parameters.capacityBlockPurchase and no capacityReservation")
+        found = await self.queued(request.pool, request.key)
+        if found is not None:
+            return found
+        hours = block_hours(run_seconds, buy.duration_hours)
+        zone, _ = self._zone_for(params, request)
+        ec2 = await self._client(params.region)
+        response = await self._calls.call(
+            ec2.describe_capacity_block_offerings, what="DescribeCapacityBlockOfferings",
+            InstanceType=params.instance_type, InstanceCount=request.count,
+            CapacityDurationHours=hours,
+        )
+        limit = Decimal(buy.max_upfront_fee)
+        offers = [o for o in response.get("CapacityBlockOfferings") or []
+                  if o.get("AvailabilityZone") == zone
+                  and o.get("InstanceCount") == request.count
+                  and _fee(o) <= limit]
+        if not offers:
+            return QueuedStatus(
+                name="no offering", state="no-offering", outcome=QUEUED,
+                error=f"no Capacity Block of {request.count} x {params.instance_type} for "
+                f"{hours} h in {zone} at or under {buy.max_upfront_fee}")
+        offer = min(offers, key=lambda o: (o.get("StartDate"), _fee(o)))
+        bought = await self._calls.call(
+            ec2.purchase_capacity_block, what="PurchaseCapacityBlock",
+            CapacityBlockOfferingId=offer["CapacityBlockOfferingId"],
+            InstancePlatform="Linux/UNIX",
+            TagSpecifications=[{"ResourceType": "capacity-reservation",
+                                "Tags": self._tags(params, request)}],
+        )
+        log.warning("acquire %s: bought Capacity Block %s (%s %s upfront, %s to %s)",
+                    request.key, bought["CapacityReservation"].get("CapacityReservationId"),
+                    offer.get("UpfrontFee"), offer.get("CurrencyCode", ""),
+                    offer.get("StartDate"), offer.get("EndDate"))
+        return _block_status(bought["CapacityReservation"])
+
+    async def queued(self, pool: CapacityPool, key: str) -> QueuedStatus | None:
+        """The Capacity Block bought for ``key`` (found by its tags), or None."""
+        block = await self._key_block(pool, key)
+        return None if block is None else _block_status(block)
+
+    async def cancel_queued(self, pool: CapacityPool, key: str) -> bool:
+        """A bought Capacity Block cannot be cancelled: EC2 keeps it (and its fee) until
+        its end. Nothing launches into it once the request is gone; said loudly."""
+        block = await self._key_block(pool, key)
+        if block is None:
+            return False
+        log.warning("acquire %s: Capacity Block %s was bought and cannot be cancelled; it "
+                    "stays reserved (and paid) until %s", key,
+                    block.get("CapacityReservationId"), block.get("EndDate"))
+        return True
+
+    async def _key_block(self, pool: CapacityPool, key: str) -> dict[str, Any] | None:
+        params = parse_parameters(pool)
+        ec2 = await self._client(params.region)
+        response = await self._calls.call(
+            ec2.describe_capacity_reservations, what="DescribeCapacityReservations",
+            Filters=[{"Name": f"tag:{TAG_CLUSTER}", "Values": [self.settings.cluster_name]},
+                     {"Name": f"tag:{TAG_POOL}", "Values": [pool.metadata.name]},
+                     {"Name": f"tag:{TAG_KEY}", "Values": [key]}],
+        )
+        blocks = [dict(b) for b in response.get("CapacityReservations") or []]
+        # A key buys one block; a live one before an ended one.
+        blocks.sort(key=lambda b: _block_status(b).outcome == ENDED)
+        return blocks[0] if blocks else None
+
+    async def _into_bought_block(
+        self, params: AwsPoolParameters, request: AcquireRequest
+    ) -> AwsPoolParameters:
+        """A purchasing pool launches only into the key's active block."""
+        block = await self._key_block(request.pool, request.key)
+        if block is None or _block_status(block).outcome != GRANTED:
+            raise CapacityUnavailable(
+                f"acquire {request.key}: its Capacity Block is "
+                f"{'not bought' if block is None else block.get('State')}; instances launch "
+                "only into an active one", available=0)
+        rid = str(block["CapacityReservationId"])
+        self._reservation_cache[(params.region, rid)] = block
+        return params.model_copy(update={"capacity_reservation": CapacityReservationParams(
+            id=rid, type="capacity-block")})
+
     async def find(self, pool: CapacityPool, key: str | None) -> Instances:
         params = parse_parameters(pool)
         ec2 = await self._client(params.region)
@@ -432,6 +587,8 @@ class AwsProvider(AtomicProvider[Instance]):
         first one's instances), then the launched instances described by id: a listing by tag
         may not show them yet."""
         params = parse_parameters(request.pool)
+        if params.capacity_block_purchase is not None:
+            params = await self._into_bought_block(params, request)
         zone, subnet = self._zone_for(params, request)
         ec2 = await self._client(params.region)
         template = await self._launch_template(ec2, params, request.pool.metadata.name)
@@ -926,6 +1083,13 @@ class AwsProvider(AtomicProvider[Instance]):
             owner_uid=tags.get(TAG_OWNER_UID, ""),
             labels=labels,
         )
+
+
+def _fee(offer: Mapping[str, Any]) -> Decimal:
+    try:
+        return Decimal(str(offer.get("UpfrontFee")))
+    except InvalidOperation:
+        return Decimal("Infinity")  # an unreadable fee is never under the limit
 
 
 def _figures(found: Mapping[str, Any]) -> ReservationFigures:

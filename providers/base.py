@@ -44,6 +44,30 @@ class ProvidedNode:
     labels: Mapping[str, str] = field(default_factory=dict)
 
 
+QUEUED = "queued"
+GRANTED = "granted"
+ENDED = "ended"
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedStatus:
+    """A gang's place in a cloud's queue, as the cloud reports it."""
+
+    name: str
+    """The cloud's name of the queued request (a resize request, an offering)."""
+    state: str
+    """The cloud's own word for it (GCP: ACCEPTED, CREATING, SUCCEEDED, FAILED, CANCELLED)."""
+    outcome: str = QUEUED
+    """What it means to Muster: :data:`QUEUED` (waiting), :data:`GRANTED` (the nodes exist
+    under the key; ``acquire`` adopts them) or :data:`ENDED` (failed or cancelled: nothing
+    will come of it)."""
+    since: str = ""
+    """When it joined the queue (RFC 3339, the cloud's clock)."""
+    estimate: str = ""
+    """When the cloud expects to grant it, where it says (RFC 3339), else empty."""
+    error: str = ""
+
+
 class ProviderError(Exception):
     """Base of every provider failure. ``retryable`` tells the controller whether to back off
     and try again (possibly elsewhere) or to give up on this pool."""
@@ -116,3 +140,24 @@ class Provider(Protocol):
 
     async def stop(self) -> None:
         """End what :meth:`start` began; called when the controller stops."""
+
+
+@runtime_checkable
+class CapacityQueue(Protocol):
+    """A provider whose cloud can queue a gang instead of refusing it on a stock-out (GCP
+    flex-start, the fake cloud's queue): the ``queued-provisioning.muster.dev`` class asks
+    through it. The request is all or nothing; once :data:`GRANTED`, :meth:`Provider.acquire`
+    with the same key adopts the nodes and :meth:`Provider.release` deletes them."""
+
+    def queues(self, pool: CapacityPool) -> bool:
+        """Whether ``pool``'s parameters name a queue (else Muster queues on its own)."""
+
+    async def enqueue(self, request: AcquireRequest, run_seconds: int | None) -> QueuedStatus:
+        """Queue ``request.count`` nodes under ``request.key`` to run ``run_seconds`` (None:
+        the cloud's longest); idempotent per key."""
+
+    async def queued(self, pool: CapacityPool, key: str) -> QueuedStatus | None:
+        """The key's queued request, or None when there is none."""
+
+    async def cancel_queued(self, pool: CapacityPool, key: str) -> bool:
+        """Take the key's request out of the queue; False when there was none."""

@@ -47,11 +47,14 @@ from controller.node_labels import ARCH, OS, cloud_facts, node_labels
 from controller.topology_defaults import UNREGISTERED_TAINT
 from providers.atomic import AtomicProvider, Launch
 from providers.base import (
+    GRANTED,
+    QUEUED,
     AcquireRequest,
     CapacityUnavailable,
     ProvidedNode,
     ProviderConfigError,
     ProviderError,
+    QueuedStatus,
     QuotaExceeded,
     TransientProviderError,
 )
@@ -69,7 +72,8 @@ TAG_OWNER = "fake.muster.dev/owner"
 NODE_LEASE_NAMESPACE = "kube-node-lease"
 BOOT_DELAY_ANNOTATION = "muster.dev/boot-delay"
 KNOWN_PARAMETERS = frozenset(
-    {"stock", "defaultStock", "latencySeconds", "readyDelaySeconds", "faults", "reservation"}
+    {"stock", "defaultStock", "latencySeconds", "readyDelaySeconds", "faults", "reservation",
+     "queue"}
 )
 FAULT_KINDS = ("stockOut", "quota", "throttle", "timeout", "partial", "releaseError")
 """``parameters.faults``: each a probability (0-1) drawn per call; ``seed`` makes the draws
@@ -107,6 +111,16 @@ class ProviderCall:
     domain: Mapping[str, str] = field(default_factory=dict)
     outcome: str = "ok"
     """ok | the error's reason"""
+
+
+@dataclass(slots=True)
+class _Queued:
+    """A gang in the fake cloud's queue (``parameters.queue: true``)."""
+
+    request: AcquireRequest
+    run_seconds: int | None
+    since: datetime
+    granted: bool = False
 
 
 @dataclass(slots=True)
@@ -160,6 +174,8 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
         """(pool, key) -> machines that never registered (:meth:`never_register_next`)."""
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._fault_rngs: dict[str, random.Random] = {}
+        self._queue: dict[tuple[str, str], _Queued] = {}
+        """(pool, key) -> a gang waiting in (or granted by) the queue of a queue pool."""
 
     # ------------------------------------------------------------------ test controls
 
@@ -206,6 +222,11 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
                     f"got {value!r}"
                 )
         _validate_faults(pool.metadata.name, params.get("faults"))
+        if not isinstance(params.get("queue", False), bool):
+            raise ProviderConfigError(
+                f"pool {pool.metadata.name}: parameters.queue must be true or false, got "
+                f"{params.get('queue')!r}"
+            )
         try:
             _reservation(pool)
         except (TypeError, ValueError, KeyError) as exc:
@@ -234,6 +255,63 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
         used = await self._pool_node_count(pool)
         return [ReservationFigures(id=rid, zone="", reserved=size, free=max(0, size - used),
                                    state="active", start=start, end=end)]
+
+    # ------------------------------------------------------------------ the queue
+
+    def queues(self, pool: CapacityPool) -> bool:
+        """A pool with ``parameters.queue: true`` has a queue: a gang waits in it until the
+        pool's stock holds all of it, then gets every node at once (all or nothing)."""
+        return pool.spec.parameters.get("queue") is True
+
+    async def enqueue(self, request: AcquireRequest, run_seconds: int | None) -> QueuedStatus:
+        pool = request.pool
+        if not self.queues(pool):
+            raise ProviderConfigError(f"pool {pool.metadata.name}: parameters.queue is not set")
+        slot = (pool.metadata.name, request.key)
+        if slot not in self._queue:
+            self._queue[slot] = _Queued(request, run_seconds, self._now())
+            self._record("enqueue", request, "queued")
+        found = await self.queued(pool, request.key)
+        assert found is not None
+        return found
+
+    async def queued(self, pool: CapacityPool, key: str) -> QueuedStatus | None:
+        """The key's place; asking is when the fake queue looks at its stock again and
+        grants the gang if all of it fits now."""
+        entry = self._queue.get((pool.metadata.name, key))
+        if entry is None:
+            return None
+        if not entry.granted:
+            await self._grant(pool, entry)
+        return QueuedStatus(
+            name=f"queue/{key}", state="GRANTED" if entry.granted else "WAITING",
+            outcome=GRANTED if entry.granted else QUEUED,
+            since=entry.since.isoformat().replace("+00:00", "Z"),
+        )
+
+    async def cancel_queued(self, pool: CapacityPool, key: str) -> bool:
+        entry = self._queue.pop((pool.metadata.name, key), None)
+        if entry is None:
+            return False
+        self._record("cancel", entry.request, "granted" if entry.granted else "cancelled")
+        return True
+
+    async def _grant(self, pool: CapacityPool, entry: _Queued) -> None:
+        request = replace(entry.request, pool=pool)
+        async with self._locked(request.key), self.guard(request):
+            if await self._allowed(pool, request, None) < request.count:
+                return
+            names = [_node_name(pool.metadata.name, request.key, i)
+                     for i in range(request.count)]
+            try:
+                await asyncio.gather(*(self._create_node(pool, request, n) for n in names))
+            except ApiError as exc:
+                await self.delete(pool, request.key, ())
+                log.warning("fake queue: granting %s failed (%s); it stays queued",
+                            request.key, exc)
+                return
+            entry.granted = True
+            self._record("grant", request, "granted")
 
     async def _pool_node_count(self, pool: CapacityPool) -> int:
         selector = f"{PROVIDER_LABEL}={self.name},{TAG_POOL}={pool.metadata.name}"

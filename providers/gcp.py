@@ -38,11 +38,15 @@ from controller.api.capacitypool import CapacityPool
 from controller.topology_defaults import UNREGISTERED_TAINT
 from providers.atomic import AtomicProvider, Launch
 from providers.base import (
+    ENDED,
+    GRANTED,
+    QUEUED,
     AcquireRequest,
     CapacityUnavailable,
     ProvidedNode,
     ProviderConfigError,
     ProviderError,
+    QueuedStatus,
     QuotaExceeded,
     TransientProviderError,
 )
@@ -390,16 +394,10 @@ MAX_RUN_SECONDS = 7 * 24 * 3600
 """Compute's bounds of a resize request's requestedRunDuration (10 minutes to 7 days)."""
 
 
-@dataclass(frozen=True, slots=True)
-class QueuedStatus:
-    """A gang's resize request as Compute reports it."""
-
-    name: str
-    state: str
-    """ACCEPTED (queued), CREATING, SUCCEEDED, FAILED or CANCELLED."""
-    since: str = ""
-    """creationTimestamp: when it joined the queue."""
-    error: str = ""
+_OUTCOMES = {"ACCEPTED": QUEUED, "CREATING": QUEUED, "SUCCEEDED": GRANTED,
+             "FAILED": ENDED, "CANCELLED": ENDED}
+"""A resize request's state as Muster acts on it (ACCEPTED: queued; CREATING: the VMs are
+being created, still all or nothing)."""
 
 
 def resize_request_name(key: str) -> str:
@@ -450,11 +448,17 @@ class GcpProvider(AtomicProvider[Any]):
             )
         return params, params.flex_start
 
-    async def enqueue(self, request: AcquireRequest, run_seconds: int) -> QueuedStatus:
+    def queues(self, pool: CapacityPool) -> bool:
+        return parse_parameters(pool).flex_start is not None
+
+    async def enqueue(self, request: AcquireRequest, run_seconds: int | None) -> QueuedStatus:
         """Ask the pool's MIG for ``request.count`` VMs at once (resizeBy), to run
-        ``run_seconds`` (the MIG deletes them then); idempotent per key."""
+        ``run_seconds`` (the MIG deletes them then; None: the longest, 7 days, GKE's
+        default); idempotent per key."""
         from google.cloud import compute_v1
 
+        if run_seconds is None:
+            run_seconds = MAX_RUN_SECONDS
         if not MIN_RUN_SECONDS <= run_seconds <= MAX_RUN_SECONDS:
             raise ProviderConfigError(
                 f"acquire {request.key}: a flex-start run lasts {MIN_RUN_SECONDS} to "
@@ -506,8 +510,9 @@ class GcpProvider(AtomicProvider[Any]):
         if isinstance(got, ExpectedStatus):
             return None
         errors = [e.message or e.code for e in got.status.error.errors] if got.status else []
-        return QueuedStatus(name=got.name, state=got.state, since=got.creation_timestamp,
-                            error="; ".join(errors))
+        return QueuedStatus(name=got.name, state=got.state,
+                            outcome=_OUTCOMES.get(got.state, QUEUED),
+                            since=got.creation_timestamp, error="; ".join(errors))
 
     async def cancel_queued(self, pool: CapacityPool, key: str) -> bool:
         """Take the key's request out of Compute's queue and delete it (cancel only works
@@ -587,6 +592,14 @@ class GcpProvider(AtomicProvider[Any]):
         from google.cloud import compute_v1
 
         params = parse_parameters(request.pool)
+        if params.flex_start is not None:
+            # Its VMs come from the MIG's resize requests, and carry the MIG template's
+            # labels, not the key's: an instance insert here would be an on-demand VM.
+            raise ProviderConfigError(
+                f"pool {request.pool.metadata.name}: a flexStart pool's VMs come only from "
+                "its queue (queued-provisioning.muster.dev); Muster cannot yet adopt the "
+                "VMs a granted resize request created"
+            )
         clients = await self._get_clients()
         pool = request.pool.metadata.name
         policy = await self._ensure_policy(clients, params, request)

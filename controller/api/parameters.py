@@ -10,7 +10,7 @@ of the ProvisioningRequestConfig's ``spec.parameters`` and every ``provreq.kueue
 annotation of the Workload (which Kueue's job framework copies from the Job), the annotation
 winning (``passProvReqParams`` in Kueue's ``pkg/controller/admissionchecks/provisioning``; KEP
 1788: "Kueue would act in the pass through manner"). So any name can reach Muster, including
-parameters meant for another provisioner (GKE's ``maxRunDurationSeconds``). A name Muster does
+parameters meant for another provisioner. A name Muster does
 not act on therefore never fails a request: it is ignored, and said so (the Accepted
 condition's message, a ``ParametersIgnored`` Warning Event, a note on the Provisioned message
 Kueue copies into the Workload's admission check). Kueue-managed requests and hand-written
@@ -61,6 +61,10 @@ GO_SPACE = (
     "\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
 )
 _SECONDS = re.compile(r"[0-9]+", re.ASCII)
+# The admission policy's maxRunDurationSeconds rule uses this same pattern: at least one
+# non-zero ASCII digit (a run of 0 seconds would end before it starts).
+POSITIVE_SECONDS_PATTERN = "^[0-9]*[1-9][0-9]*$"
+_POSITIVE_SECONDS = re.compile(r"[0-9]*[1-9][0-9]*", re.ASCII)
 _ASCII_UPPER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
 
@@ -92,6 +96,13 @@ class ClassParameters(BaseModel):
         default=None, alias=VALID_UNTIL_SECONDS,
         description="Retry only until this many seconds after the request's creation.")
 
+    max_run_duration_seconds: int | None = Field(
+        default=None, alias=MAX_RUN_DURATION_SECONDS,
+        description="How long the gang's new nodes run once provisioned: at the end Muster "
+        "releases them and ends the booking with CapacityRevoked/RunDurationExpired (the "
+        "name GKE's queued-provisioning class and Kueue use). A queued request asks the "
+        "cloud's queue for this run. Existing nodes a booking holds are not bounded.")
+
     relax_topology_after_seconds: float | None = Field(
         default=None, alias=RELAX_TOPOLOGY_AFTER,
         description="How long the request waits for the one topology domain its "
@@ -108,6 +119,15 @@ class ClassParameters(BaseModel):
             raise _problem(f"parameter {RELAX_TOPOLOGY_AFTER} must be a duration such as 30m, "
                            f"1h30m, 90s or 0, or {NEVER}, got {str(value)!r}")
         return seconds
+
+    @field_validator("max_run_duration_seconds", mode="before")
+    @classmethod
+    def _max_run(cls, value: Any) -> int:
+        text = cel_trim(str(value))
+        if _POSITIVE_SECONDS.fullmatch(text) is None:
+            raise _problem(f"parameter {MAX_RUN_DURATION_SECONDS} must be a whole number of "
+                           f"seconds > 0, got {str(value)!r}")
+        return int(text)
 
     @field_validator("no_retry", mode="before")
     @classmethod
@@ -157,11 +177,6 @@ WHY_IGNORED: Mapping[str, str] = {
     PROCESSOR_INSTANCE: (
         "it picks the processor of check-capacity requests; atomic requests are served "
         "whatever it says, as cluster-autoscaler serves them"
-    ),
-    MAX_RUN_DURATION_SECONDS: (
-        "Muster does not bound how long nodes run (a GKE queued-provisioning parameter); "
-        "Kueue's maximumExecutionTimeSeconds ends the job, and Muster releases the gang's "
-        "nodes acquisition.idle_ttl_seconds after its pods are gone"
     ),
 }
 """Why a known name is ignored in the mode it is ignored in."""

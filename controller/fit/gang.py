@@ -35,6 +35,7 @@ from controller.fit.types import (
     Result,
     Snapshot,
     TopologyMode,
+    usable_for,
 )
 from controller.fit.workspace import Workspace
 
@@ -263,7 +264,7 @@ def plan_on(
 
 def _plan(request: GangRequest, snapshot: Snapshot, mode: Mode) -> Result:
     levels = Levels.of(snapshot.levels)
-    pools = snapshot.pools if mode is Mode.PROVISION else ()
+    pools = usable_for(snapshot.pools, request.run_seconds) if mode is Mode.PROVISION else ()
     shapes = [ps.shape for ps in request.pod_sets]
     base = Workspace(snapshot.nodes, pools, levels, shapes)
     got = _attempt(request, base, mode)

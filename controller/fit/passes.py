@@ -29,6 +29,7 @@ from controller.fit.types import (
     PodSetRequest,
     Result,
     Snapshot,
+    usable_for,
 )
 from controller.fit.workspace import GangView, Workspace
 
@@ -38,6 +39,7 @@ class _Base:
     mode: Mode
     view: GangView
     ws: Workspace
+    run_seconds: float | None = None
 
 
 class PlanningPass:
@@ -53,7 +55,7 @@ class PlanningPass:
         """The latest plan made on a workspace, with the workspace carrying its usage."""
         self.reused = 0
         """Plans made on a kept workspace (for benchmarks and tests)."""
-        self._missed: list[tuple[Mode, tuple[PodSetRequest, ...]]] = []
+        self._missed: list[tuple[Mode, tuple[PodSetRequest, ...], float | None]] = []
         """Gangs (mode, pod sets) that did not fit since the last commit."""
         self.skipped = 0
         """NoFits answered from :attr:`_missed` (for benchmarks and tests)."""
@@ -63,7 +65,7 @@ class PlanningPass:
 
         ``explain=False``: a NoFit may come without reasons (not permanent)."""
         self._last = None
-        if not explain and (mode, request.pod_sets) in self._missed:
+        if not explain and (mode, request.pod_sets, request.run_seconds) in self._missed:
             self.skipped += 1
             return NoFit(request.name, mode, ())
         shapes = [ps.shape for ps in request.pod_sets]
@@ -71,9 +73,12 @@ class PlanningPass:
         if view.claims or validate(request, self.snapshot):
             return self._missing(plan(request, self.snapshot, mode), request, mode)
         base = self._base
-        if base is None or base.mode is not mode or base.view != view:
-            pools = self.snapshot.pools if mode is Mode.PROVISION else ()
-            base = _Base(mode, view, Workspace(self.snapshot.nodes, pools, self._levels, shapes))
+        if (base is None or base.mode is not mode or base.view != view
+                or base.run_seconds != request.run_seconds):
+            pools = (usable_for(self.snapshot.pools, request.run_seconds)
+                     if mode is Mode.PROVISION else ())
+            base = _Base(mode, view, Workspace(self.snapshot.nodes, pools, self._levels, shapes),
+                         request.run_seconds)
             self._base = base
         else:
             self.reused += 1
@@ -84,12 +89,12 @@ class PlanningPass:
             # The full path explains the NoFit (it also tries an empty cluster).
             return self._missing(plan(request, self.snapshot, mode), request, mode)
         result, after = got
-        self._last = (result, _Base(mode, view, after))
+        self._last = (result, _Base(mode, view, after, request.run_seconds))
         return result
 
     def _missing(self, result: Result, request: GangRequest, mode: Mode) -> Result:
         if isinstance(result, NoFit):
-            self._missed.append((mode, request.pod_sets))
+            self._missed.append((mode, request.pod_sets, request.run_seconds))
         return result
 
     def commit(self, result: Plan) -> None:
@@ -98,6 +103,7 @@ class PlanningPass:
         self.snapshot = apply_plan(self.snapshot, result)
         last, self._last = self._last, None
         if last is not None and last[0] is result:
-            self._base = _Base(last[1].mode, last[1].view, last[1].ws.rebased())
+            self._base = _Base(last[1].mode, last[1].view, last[1].ws.rebased(),
+                               last[1].run_seconds)
         else:
             self._base = None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from controller.fit.dra_types import ClaimShape, NodeDevices, PodDevices
 
@@ -156,6 +156,9 @@ class GangRequest:
 
     name: str  # "<namespace>/<name>", for messages
     pod_sets: tuple[PodSetRequest, ...]
+    run_seconds: float | None = None
+    """How long the gang's new nodes must stay usable (``maxRunDurationSeconds``): no new
+    node is planned in a pool whose capacity ends sooner (:attr:`PoolState.open_seconds`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +216,23 @@ class PoolState:
     counted back when judging NeverFits (they will exist, and be freed, eventually)."""
     devices: NodeDevices | None = None
     """DRA devices every new node will publish (the node template's ResourceSlices)."""
+    open_seconds: float | None = None
+    """How long from the snapshot's moment new nodes of the pool stay usable (a Capacity
+    Block's end); None: unbounded."""
+
+
+def usable_for(pools: tuple[PoolState, ...], run_seconds: float | None) -> tuple[
+        PoolState, ...]:
+    """``pools`` with no headroom where capacity ends before a run of ``run_seconds`` would
+    (a request is never planned onto a block that ends under it)."""
+    if run_seconds is None:
+        return pools
+    return tuple(
+        replace(p, max_new_nodes=0, domains=tuple(replace(d, max_new_nodes=0)
+                                                 for d in p.domains))
+        if p.open_seconds is not None and p.open_seconds < run_seconds else p
+        for p in pools
+    )
 
 
 @dataclass(frozen=True, slots=True)

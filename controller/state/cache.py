@@ -945,6 +945,7 @@ class ClusterState:
             cap = free if open_now else 0
             out.append(replace(
                 pool, max_new_nodes=min(pool.max_new_nodes, cap),
+                open_seconds=None if closes is None else (closes - now).total_seconds(),
                 domains=tuple(replace(d, max_new_nodes=min(d.max_new_nodes, cap))
                               for d in pool.domains),
             ))

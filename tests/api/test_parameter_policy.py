@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from controller.api.parameters import (
     HONOURED,
+    MAX_RUN_DURATION_SECONDS,
     NO_RETRY,
     PROCESSOR_INSTANCE,
     RELAX_TOPOLOGY_AFTER,
@@ -119,7 +120,7 @@ def test_the_cel_runtime_matches_with_re2_semantics() -> None:
 
 
 def test_every_value_the_policy_checks_is_honoured() -> None:
-    assert {NO_RETRY, VALID_UNTIL_SECONDS, RELAX_TOPOLOGY_AFTER} <= (
+    assert {NO_RETRY, VALID_UNTIL_SECONDS, RELAX_TOPOLOGY_AFTER, MAX_RUN_DURATION_SECONDS} <= (
         HONOURED[Mode.PROVISION] & HONOURED[Mode.CHECK])
     # processorInstance takes any string: neither the policy nor the controller refuses one
     # (the map test below draws it too).
@@ -132,7 +133,7 @@ _TRICKY = st.sampled_from([
     "\u180e15", "9" * 255, "true", "TRUE", "True", " tRuE ", "false", "FALSE", "1", "t", "yes",
     "\u0130", "tru\u0435", "\uff54\uff52\uff55\uff45", "\ufefftrue", "\u2003false\u2028",
     "30m", "1h30m", "90s", "1H", "h", "m", "1h1h", "1s1m", "never", " NEVER ", "\uff13\uff10m",
-    "\u0663s", "1.5h", "-5m", "+5m", "0s", "1d",
+    "\u0663s", "1.5h", "-5m", "+5m", "0s", "1d", "00", "0600", "604800",
 ])
 _PIECES = st.text(
     alphabet=st.sampled_from(list("0123456789+-_ .eExTtRrUuFfAaLlSshmHMnNvV") + sorted(_GO_IS_SPACE)
@@ -153,7 +154,8 @@ VALUES = st.one_of(
 )
 
 
-@pytest.mark.parametrize("name", [NO_RETRY, VALID_UNTIL_SECONDS, RELAX_TOPOLOGY_AFTER])
+@pytest.mark.parametrize("name", [NO_RETRY, VALID_UNTIL_SECONDS, RELAX_TOPOLOGY_AFTER,
+                                  MAX_RUN_DURATION_SECONDS])
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(value=VALUES)
 @example(value="\uff11\uff15")
@@ -162,6 +164,8 @@ VALUES = st.one_of(
 @example(value="15\x1c")
 @example(value="\x1ctrue")
 @example(value="\u00a0true\u3000")
+@example(value="000")
+@example(value=" 0010 ")
 def test_the_policy_and_the_controller_accept_the_same_values(name: str, value: str) -> None:
     params = {name: value}
     assert policy_admits(params) == controller_admits(params), (name, value)
@@ -169,7 +173,7 @@ def test_the_policy_and_the_controller_accept_the_same_values(name: str, value: 
 
 @settings(max_examples=100, deadline=None)
 @given(values=st.dictionaries(st.sampled_from([NO_RETRY, VALID_UNTIL_SECONDS, RELAX_TOPOLOGY_AFTER,
-                                               PROCESSOR_INSTANCE,
+                                               MAX_RUN_DURATION_SECONDS, PROCESSOR_INSTANCE,
                                                "colour"]),
                               VALUES, max_size=3))
 def test_they_agree_on_whole_parameter_maps(values: dict[str, str]) -> None:

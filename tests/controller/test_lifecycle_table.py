@@ -35,11 +35,13 @@ from controller.lifecycle import (
     Phase,
     Row,
 )
+from controller.reconcilers import queued
 from controller.reconcilers.provisioning.service import ProvisioningService
 from controller.state.bookings import Booking, Group
 from controller.state.cache import ClusterState
 from controller.state.planner import Planner
 from controller.state.requests import RequestRecord
+from providers.base import QueuedStatus
 from tests.controller.builders import plan_on
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -266,6 +268,30 @@ async def _fail(w: World) -> object:
                                 attempt=1)
 
 
+class _Queue:
+    """A cloud queue that holds every gang it is given (never grants)."""
+
+    async def queued(self, pool: object, key: str) -> QueuedStatus | None:
+        return None
+
+    async def enqueue(self, request: object, seconds: int | None) -> QueuedStatus:
+        return QueuedStatus(name="rr-1", state="ACCEPTED", since=rfc3339(NOW))
+
+
+async def _queued_in_cloud(w: World) -> object:
+    group = Group("k-1", "gpu", {}, 2)
+    queues = queued._queues
+    queued._queues = lambda svc, req, booking: [(object(), _Queue())]  # type: ignore[assignment,return-value,list-item]
+    try:
+        return await queued.step(w.service, w.record(), _booking(groups=(group,)))
+    finally:
+        queued._queues = queues
+
+
+async def _waiting(w: World) -> object:
+    return await queued.wait(w.service, w.record(), attempt=1, detail="none free")
+
+
 def _deleted(phase: Phase) -> Callable[[], Body]:
     conditions = {
         Phase.FAILED: [_cond("Failed", "True", Reason.ACQUISITION_FAILED)],
@@ -294,6 +320,12 @@ CASES = [
          ((Phase.NEW, Event.RETRY),), Phase.NEW, drive=_retry),
     Case("a request whose template never came fails", lambda: _request(
         template="never", created=_LONG_AGO), ((Phase.NEW, Event.FAILED),), Phase.FAILED),
+    Case("a queued-class request with no fit waits in Muster's own queue", _request,
+         ((Phase.NEW, Event.WAITING),), Phase.NEW, drive=_waiting),
+    Case("a queued-class gang out of stock at the cloud waits in Muster's own queue",
+         _acquiring, ((Phase.ACQUIRING, Event.WAITING),), Phase.NEW, drive=_waiting),
+    Case("a queued-class gang enqueued at the cloud says since when", _acquiring,
+         ((Phase.ACQUIRING, Event.QUEUED),), Phase.ACQUIRING, drive=_queued_in_cloud),
     Case("a long acquisition is announced", _acquiring,
          ((Phase.ACQUIRING, Event.ANNOUNCED),), Phase.ACQUIRING, drive=_announce),
     Case("what the provider launched goes on the plan", _acquiring,

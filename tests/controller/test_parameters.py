@@ -40,12 +40,13 @@ def test_names_muster_does_not_act_on_are_ignored_with_the_reason() -> None:
          "ValidUntilSeconds": "60", "noRetry": "false"}, Mode.PROVISION, ATOMIC)
     assert not params.problems
     assert params.values.valid_until_seconds == 60 and params.values.no_retry is False
-    assert set(params.ignored) == {"maxRunDurationSeconds", "colour", "processorInstance"}
-    assert "does not bound how long nodes run" in params.ignored["maxRunDurationSeconds"]
+    assert set(params.ignored) == {"colour", "processorInstance"}
+    # GKE's and Kueue's run bound is read (no longer ignored): Muster ends the run then.
+    assert params.values.max_run_duration_seconds == 3600
     assert params.ignored["colour"] == f"not a parameter of {ATOMIC}"
     assert "atomic requests are served whatever it says" in params.ignored["processorInstance"]
     assert params.note().startswith("Muster ignores parameter(s) colour (")
-    assert "colour, maxRunDurationSeconds, processorInstance" in params.short_note()
+    assert "colour, processorInstance" in params.short_note()
 
 
 def test_check_capacity_honours_its_processor_instance() -> None:
@@ -110,11 +111,12 @@ async def test_ignored_parameters_are_reported_and_the_gang_is_provisioned(
     provisioned = await _until(lambda: _true(kube, "kueue", "Provisioned"))
     assert provisioned["reason"] == "CapacityIsProvisioned"
     # Kueue copies the Provisioned message into the Workload's admission check.
-    assert "Ignored parameter(s): colour, maxRunDurationSeconds" in provisioned["message"]
+    assert "Ignored parameter(s): colour (" in provisioned["message"]
+    assert "maxRunDurationSeconds" not in provisioned["message"]
     accepted = await _true(kube, "kueue", "Accepted")
     assert accepted is not None and accepted["reason"] == "Accepted"
     assert "Muster ignores parameter(s) colour (not a parameter of" in accepted["message"]
-    assert "maxRunDurationSeconds (Muster does not bound" in accepted["message"]
+    assert "maxRunDurationSeconds" not in accepted["message"]
     assert await _condition(kube, "kueue", "Failed") is None
 
     async def warned() -> list[dict[str, Any]]:

@@ -414,5 +414,8 @@ def test_a_reservation_caps_what_is_planned_into_the_pool_and_only_inside_its_wi
     assert inside.max_new_nodes == 3
     assert max(d.max_new_nodes for d in inside.domains) == 3
     assert state.snapshot(now=end).pools[0].max_new_nodes == 0  # it has ended
+    # How long the block still holds a run is the fit engine's per-request input.
+    assert inside.open_seconds == (end - start).total_seconds()
     state.set_pool_reservation("p", None)
     assert state.snapshot(now=end).pools[0].max_new_nodes == 6
+    assert state.snapshot(now=end).pools[0].open_seconds is None

@@ -15,6 +15,7 @@ import yaml
 
 from controller.api.parameters import (
     HONOURED,
+    MAX_RUN_DURATION_SECONDS,
     NO_RETRY,
     RELAX_TOPOLOGY_AFTER,
     VALID_UNTIL_SECONDS,
@@ -50,7 +51,8 @@ def test_the_policies_know_what_the_code_knows() -> None:
     checked = {name for v in request["spec"]["validations"]
                for name in re.findall(r"'(\w+)' in variables.params", v["expression"])}
     # The honoured parameters whose values Muster reads (and fails when it cannot).
-    assert checked == {NO_RETRY, VALID_UNTIL_SECONDS, RELAX_TOPOLOGY_AFTER}
+    assert checked == {NO_RETRY, VALID_UNTIL_SECONDS, RELAX_TOPOLOGY_AFTER,
+                       MAX_RUN_DURATION_SECONDS}
     assert checked <= HONOURED[Mode.CHECK] | HONOURED[Mode.PROVISION]
 
 

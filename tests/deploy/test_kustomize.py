@@ -15,8 +15,10 @@ import pytest
 import yaml
 
 from controller.api.capacitypool import CapacityPool
+from controller.api.parameters import read_parameters
 from controller.api.provisioningrequest import ProvisioningRequest
 from controller.config import ATOMIC_CLASS, CHECK_CAPACITY_CLASS, load_config
+from controller.fit.types import Mode
 from providers.fake import FakeProvider
 from sandbox import ResourceType, SandboxServer
 from tests.deploy import dockerfile
@@ -70,7 +72,7 @@ def test_the_tree_has_the_kustomizations_users_apply() -> None:
     assert {
         "crds", "crds/provisioningrequest", "rbac", "rbac/fake-provider", "rbac/kueue", "manager",
         "default",
-        "samples", "samples/kueue/path-a", "samples/kueue/path-b",
+        "samples", "samples/kueue/path-a", "samples/kueue/path-b", "samples/kueue/queued",
     } <= found
 
 
@@ -318,6 +320,23 @@ def test_kueue_path_a_uses_the_builtin_check_with_a_muster_class() -> None:
     assert any(rf["spec"].get("topologyName") for rf in objs["ResourceFlavor"].values())
 
 
+def test_kueue_queued_sample_names_the_queued_class_with_a_readable_run_duration() -> None:
+    objs = _by_kind(render(CONFIG / "samples" / "kueue" / "queued"))
+    (check,) = objs["AdmissionCheck"].values()
+    assert check["spec"]["controllerName"] == "kueue.x-k8s.io/provisioning-request"
+    prc = objs["ProvisioningRequestConfig"][check["spec"]["parameters"]["name"]]
+    assert prc["spec"]["provisioningClassName"] in load_config().classes.queued
+    # Kueue passes the parameters through unchecked: Muster must read each one.
+    params = read_parameters(prc["spec"]["parameters"], Mode.PROVISION, "queued")
+    assert not params.problems and not params.ignored
+    assert params.values.max_run_duration_seconds == 14400
+    job = yaml.safe_load((CONFIG / "samples" / "kueue" / "queued" / "job.yaml").read_text())
+    annotations = {k.removeprefix("provreq.kueue.x-k8s.io/"): v
+                   for k, v in job["metadata"]["annotations"].items()}
+    assert read_parameters(annotations, Mode.PROVISION, "queued").values \
+        .max_run_duration_seconds == 7200
+
+
 def test_kueue_path_b_uses_musters_admission_check_without_tas() -> None:
     objs = _by_kind(render(CONFIG / "samples" / "kueue" / "path-b"))
     checks = list(objs["AdmissionCheck"].values())
@@ -328,7 +347,7 @@ def test_kueue_path_b_uses_musters_admission_check_without_tas() -> None:
 
 
 def test_kueue_sample_jobs_target_the_sample_queues() -> None:
-    for path in ("path-a", "path-b"):
+    for path in ("path-a", "path-b", "queued"):
         directory = CONFIG / "samples" / "kueue" / path
         job = yaml.safe_load((directory / "job.yaml").read_text())
         assert not schema_errors(job, "V1Job")
@@ -396,11 +415,11 @@ async def test_kubectl_applies_install_and_samples_to_the_api_sandbox(tmp_path: 
         assert len(cm["items"]) == 1
         # Kueue's wiring, against the stand-in Kueue CRDs (real Kueue: e2e/kind/run.sh).
         await kubectl_async(kc, "apply", "-f", str(KUEUE_CRDS))
-        for sample in ("path-a", "path-b"):
+        for sample in ("path-a", "path-b", "queued"):
             out = await kubectl_async(kc, "apply", "-k", str(CONFIG / "samples" / "kueue" / sample))
             assert "admissioncheck.kueue.x-k8s.io/" in out and "created" in out
         checks = yaml.safe_load(await kubectl_async(kc, "get", "admissionchecks", "-o", "yaml"))
-        assert len(checks["items"]) == 2
+        assert len(checks["items"]) == 3
 
 
 async def test_samples_are_refused_before_the_crds_exist(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from controller.fit import (
     plan,
 )
 from controller.fit.explain import shortfall
+from controller.fit.passes import PlanningPass
 from tests.builders import BLOCK, GPU, RACK, Cluster, Gang, PoolB, node, shape
 
 CHECK, PROVISION = Mode.CHECK, Mode.PROVISION
@@ -406,3 +407,24 @@ def test_plan_reports_levels_and_requests_for_booking() -> None:
     assert placement.domain_labels == {BLOCK: "b0", RACK: "r0"}
     assert all(a.requests == {GPU: 8} for a in result.assignments)
     assert result.fits_existing
+
+
+def test_a_run_is_not_planned_onto_capacity_that_ends_before_it() -> None:
+    """A Capacity Block ending in an hour holds a 30-minute run, not a two-hour one: the
+    cheaper block is skipped for the longer run and the on-demand pool takes it."""
+    block = replace(PoolB("block").domain("b0", "r0", 4).price(1).build(), open_seconds=3600.0)
+    snap = Cluster().pool(block).pool(PoolB("od").domain("b0", "r1", 4).price(5)).snapshot()
+    gang = Gang().pod_set("w", 2, gpu=8, required="rack").build()
+
+    short = plan(replace(gang, run_seconds=1800.0), snap, Mode.PROVISION)
+    assert isinstance(short, Plan)
+    assert {n.pool for n in short.new_nodes} == {"block"}
+    long = plan(replace(gang, run_seconds=7200.0), snap, Mode.PROVISION)
+    assert isinstance(long, Plan)
+    assert {n.pool for n in long.new_nodes} == {"od"}
+    unbounded = plan(gang, snap, Mode.PROVISION)
+    assert isinstance(unbounded, Plan) and {n.pool for n in unbounded.new_nodes} == {"block"}
+    # The planner's sequential passes read the same bound.
+    planning = PlanningPass(snap)
+    got = planning.plan(replace(gang, run_seconds=7200.0), Mode.PROVISION)
+    assert isinstance(got, Plan) and {n.pool for n in got.new_nodes} == {"od"}

@@ -89,3 +89,24 @@ async def test_a_refused_insert_is_not_retried_as_transient(gcp_fake: GcpFake) -
     with pytest.raises(QuotaExceeded):
         await gcp_fake.provider().enqueue(req(gcp_fake), 3600)
     assert len(gcp_fake.fake.calls("insert_resize_request")) == 1
+
+
+async def test_the_queue_outcome_and_a_flex_pool_never_launching_on_demand(
+    gcp_fake: GcpFake,
+) -> None:
+    """The class asks by outcome: ACCEPTED is queued, SUCCEEDED granted. A flexStart pool's
+    ``acquire`` never inserts an on-demand VM (its VMs come from the queue only)."""
+    from providers.base import GRANTED, QUEUED
+
+    provider, r = gcp_fake.provider(), req(gcp_fake, 2)
+    assert provider.queues(r.pool)
+    queued = await provider.enqueue(r, None)
+    assert queued.outcome == QUEUED
+    [call] = gcp_fake.fake.calls("insert_resize_request")
+    assert call.body["requestedRunDuration"] == {"seconds": str(7 * 24 * 3600)}
+    gcp_fake.fake.grant(GCP_ZONE, MIG, queued.name)
+    granted = await provider.queued(r.pool, r.key)
+    assert granted is not None and granted.outcome == GRANTED
+    with pytest.raises(ProviderConfigError, match="come only from its queue"):
+        await provider.acquire(r)
+    assert gcp_fake.fake.calls("bulk_insert") == []

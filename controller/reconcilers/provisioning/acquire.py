@@ -24,6 +24,7 @@ from controller.clock import Clock
 from controller.conditions import ConditionType, Reason, message
 from controller.decision_log import log_decision
 from controller.lifecycle import PLAN_ANNOTATION, Event
+from controller.reconcilers import queued
 from controller.reconcilers.pools import hold_pools
 from controller.reconcilers.provisioning.base import Delay, _accepted, _group_text
 from controller.reconcilers.provisioning.booking import Bookings
@@ -47,6 +48,9 @@ class Acquisition(Bookings):
         condition is for humans and takes the write only when it has something to tell).
         """
         self.state.ledger.reserve(req.key, booking)
+        waiting = await queued.step(self, req, booking)
+        if waiting is not False:
+            return waiting
         keys = {g.key for g in booking.groups}
         self.in_flight |= keys
         announcing = _Later(self.clock, self.config.acquisition.announce_after_seconds,
@@ -122,7 +126,7 @@ class Acquisition(Bookings):
             for group, available in exc.short:
                 self.state.mark_short(group.pool, group.domain, available=available, until=until)
             return await self.retry_or_fail(
-                req, attempt=booking.attempt, reason=Reason.ACQUISITION_FAILED,
+                req, attempt=booking.attempt, reason=queued.stock_out(self, req, exc),
                 detail=str(exc), permanent=not exc.retryable,
             )
         finally:

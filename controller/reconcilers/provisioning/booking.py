@@ -19,6 +19,7 @@ from controller.fit.shapes import selector_matches, untolerated
 from controller.fit.taints import CONDITION_TAINTS, UNSCHEDULABLE
 from controller.fit.types import Mode, PodShape, Taint
 from controller.lifecycle import PHASE_ANNOTATION, TEMPLATES_ANNOTATION, Event, Phase
+from controller.reconcilers import queued
 from controller.reconcilers.provisioning.base import Delay
 from controller.reconcilers.provisioning.confirm import Confirmation
 from controller.reconcilers.provisioning.gang import Invalid
@@ -252,6 +253,7 @@ class Bookings(Confirmation):
     async def finalize(self, req: RequestRecord) -> Delay:
         self.take(req, Event.DELETED)
         self.state.ledger.unreserve(req.key)
+        await queued.leave(self, req)
         booking = req.booking
         if booking is not None and req.phase is not Phase.FAILED:
             await self.release_unused(booking, req.key, why="the request is being deleted")

@@ -4,7 +4,7 @@ wrong with it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from controller.api.parameters import read_parameters
 from controller.api.provisioningrequest import ProvisioningRequest
@@ -34,9 +34,9 @@ def build_gang(req: RequestRecord, state: ClusterState, config: MusterConfig) ->
     running pods (the controller's reconcile and ``kubectl muster fit`` alike);
     :class:`Invalid` names what is wrong."""
     mode = config.classes.mode_for(req.class_name, req.parameters) or Mode.PROVISION
-    problems = read_parameters(req.parameters, mode, req.class_name).problems
-    if problems:
-        raise Invalid(Reason.INVALID_PARAMETERS, "; ".join(problems))
+    params = read_parameters(req.parameters, mode, req.class_name)
+    if params.problems:
+        raise Invalid(Reason.INVALID_PARAMETERS, "; ".join(params.problems))
     try:
         relax_after(None, req.annotations, None)
     except ValueError as exc:
@@ -89,7 +89,8 @@ def build_gang(req: RequestRecord, state: ClusterState, config: MusterConfig) ->
                 f"pod set {pod_set.name} asks for topology level {level!r}, which is not "
                 f"configured (levels: {', '.join(state.levels)})",
             )
-    return gang
+    run = params.values.max_run_duration_seconds
+    return gang if run is None else replace(gang, run_seconds=float(run))
 
 
 def _refuse_missing_claim_objects(gang: GangRequest) -> None:

@@ -19,6 +19,7 @@ from controller.lifecycle import (
     Event,
     Phase,
 )
+from controller.reconcilers import queued
 from controller.reconcilers.provisioning.base import Delay, StepsBase, _accepted
 from controller.state.requests import RequestRecord
 
@@ -51,6 +52,10 @@ class Outcomes(StepsBase):
         """``relax_time``: when the request's topology may be relaxed; the next attempt is
         then no later than that."""
         self.state.ledger.unreserve(req.key)
+        if (not permanent and reason is Reason.CAPACITY_IS_NOT_FOUND
+                and queued.is_queued(self, req)):
+            return await queued.wait(self, req, attempt=attempt, detail=detail,
+                                     relax_time=relax_time)
         max_attempts = self.config.retry.max_attempts
         params = self.parameters(req)
         if not permanent and params.values.no_retry:

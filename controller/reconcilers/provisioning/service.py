@@ -28,6 +28,7 @@ from controller.conditions import ConditionType, Reason
 from controller.kube import ApiError
 from controller.kube.resources import PROVISIONING_REQUESTS
 from controller.lifecycle import PLAN_ANNOTATION, Phase, Step
+from controller.reconcilers import queued
 from controller.reconcilers.provisioning.base import Delay
 from controller.reconcilers.provisioning.plan import Planning
 from controller.state.bookings import Booking
@@ -35,6 +36,7 @@ from controller.state.requests import RequestRecord
 
 WAITING_REASONS = frozenset({
     Reason.CAPACITY_IS_NOT_FOUND, Reason.NAMESPACE_LIMIT_REACHED, Reason.POOL_UNUSABLE,
+    Reason.QUEUED_FOR_CAPACITY,
 })
 """A request whose last attempt ended so waits for something Muster sees change."""
 
@@ -77,10 +79,13 @@ class ProvisioningService(Planning):
             return await self.finalize(req)
         if step is Step.REPAIR_FAILED:
             return await self.repair_failed(req)
-        if step is Step.REPAIR_ENDED:
-            return await self.repair_ended(req)
-        if step is Step.HOLD:
-            return await self.check_booking(req)
+        if step in (Step.REPAIR_ENDED, Step.HOLD):
+            done, left = await queued.expire_run(self, req)
+            if done:
+                return None
+            then = await (self.repair_ended(req) if step is Step.REPAIR_ENDED
+                          else self.check_booking(req))
+            return left if then is None else then if left is None else min(then, left)
         if step is Step.ACQUIRE:
             booking = req.booking
             if booking is None:

@@ -1,0 +1,292 @@
+"""Queued provisioning (``queued-provisioning.muster.dev``) and the run duration bound.
+
+A request of a queued class is planned and booked like an atomic one; what differs is what a
+stock-out does to it:
+
+* **The cloud's queue.** When every group of the plan is in a pool whose provider queues
+  (:class:`providers.base.CapacityQueue`: GCP flex-start resize requests, the fake cloud's
+  ``queue: true``), each group is *enqueued* under its acquisition key instead of acquired,
+  all or nothing, with ``maxRunDurationSeconds`` as the run it asks for. The request stays
+  in phase Acquiring with ``Provisioned=False``/``QueuedForCapacity`` saying since when, the
+  cloud's state per group, and the cloud's estimate where it gives one; it asks the queue
+  again every ``acquisition.queue_poll_seconds``. Once every group is granted, the normal
+  acquisition adopts the nodes under the same keys, waits for Ready and books. A queued
+  request that the cloud ends (FAILED, CANCELLED) is cancelled everywhere and planned again.
+* **Muster's own queue.** Otherwise (a provider without a queue: AWS, a fake pool without
+  one) a stock-out, in planning or at the cloud, never uses up the request's attempts: the
+  request waits with ``QueuedForCapacity`` and is planned again when capacity may have freed
+  (:class:`~controller.state.wakeups.Wakeups`: a pool changed, nodes went) or at its backoff,
+  whichever is first. It never ends ``RetriesExhausted``; it waits until deleted.
+
+Deleting the request (or Kueue withdrawing it) cancels every group's queued request and
+releases whatever a grant created (:func:`leave`).
+
+**Run duration.** A provisioned request with ``maxRunDurationSeconds`` (any provisioning
+class: Kueue forwards the parameter from its ProvisioningRequestConfig) has its new nodes
+released that many seconds after ``Provisioned=True``, running pods or not, and the booking
+ends with ``CapacityRevoked=True``/``RunDurationExpired`` (:func:`expire_run`). Kueue reads
+CapacityRevoked as the capacity being taken back and evicts the Workload, as GKE's
+queued-provisioning class does when its run ends. The time is the injected clock's.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from controller.acquire.groups import AcquisitionFailed, release_groups
+from controller.api.capacitypool import CapacityPool
+from controller.conditions import ConditionType, Reason, message, rfc3339
+from controller.decision_log import log_decision
+from controller.lifecycle import (
+    ATTEMPT_ANNOTATION,
+    PHASE_ANNOTATION,
+    PLAN_ANNOTATION,
+    QUEUED_SINCE_ANNOTATION,
+    RETRY_AT_ANNOTATION,
+    Event,
+    Phase,
+)
+from controller.state.bookings import Booking
+from controller.state.requests import RequestRecord
+from providers.base import (
+    ENDED,
+    GRANTED,
+    AcquireRequest,
+    CapacityQueue,
+    CapacityUnavailable,
+    ProviderError,
+    QueuedStatus,
+)
+
+if TYPE_CHECKING:
+    from controller.reconcilers.provisioning.base import Delay
+    from controller.reconcilers.provisioning.outcome import Outcomes
+
+log = logging.getLogger(__name__)
+
+def is_queued(svc: Outcomes, req: RequestRecord) -> bool:
+    return svc.config.classes.is_queued(req.class_name)
+
+
+def run_seconds(svc: Outcomes, req: RequestRecord) -> int | None:
+    return svc.parameters(req).values.max_run_duration_seconds
+
+
+def queue_of(svc: Outcomes, pool: CapacityPool) -> CapacityQueue | None:
+    """The pool's provider as a queue, when the pool's parameters name one."""
+    try:
+        provider = svc.providers.get(pool.spec.provider)
+    except ProviderError:
+        return None
+    if not isinstance(provider, CapacityQueue):
+        return None
+    try:
+        return provider if provider.queues(pool) else None
+    except (ProviderError, ValueError):
+        return None  # unreadable parameters: the acquisition's validate says why
+
+
+def _queues(svc: Outcomes, req: RequestRecord,
+            booking: Booking) -> list[tuple[CapacityPool, CapacityQueue]] | None:
+    """Each group's pool and queue when the request is queued and every group has one."""
+    if not is_queued(svc, req) or not booking.groups:
+        return None
+    pools = svc.state.pools()
+    out = []
+    for group in booking.groups:
+        pool = pools.get(group.pool)
+        queue = queue_of(svc, pool) if pool is not None else None
+        if pool is None or queue is None:
+            return None
+        out.append((pool, queue))
+    return out
+
+
+def stock_out(svc: Outcomes, req: RequestRecord, exc: AcquisitionFailed) -> Reason:
+    """The reason an acquisition failure retries with: a queued request's stock-out waits
+    for capacity like a plan that found none."""
+    if is_queued(svc, req) and exc.retryable and exc.reason == CapacityUnavailable.reason:
+        return Reason.CAPACITY_IS_NOT_FOUND
+    return Reason.ACQUISITION_FAILED
+
+
+# --------------------------------------------------------------------------- the cloud's queue
+
+
+async def step(svc: Outcomes, req: RequestRecord, booking: Booking) -> Delay | bool:
+    """Enqueue or look up every group of a queued request's booking. False: not served by
+    a cloud's queue, or every group is granted (the caller's acquisition adopts the nodes);
+    otherwise the reconcile's delay."""
+    queues = _queues(svc, req, booking)
+    if queues is None:
+        return False
+    seconds = run_seconds(svc, req)
+    statuses: list[QueuedStatus] = []
+    try:
+        for group, (pool, queue) in zip(booking.groups, queues, strict=True):
+            found = await queue.queued(pool, group.key)
+            if found is None:
+                found = await queue.enqueue(AcquireRequest(
+                    key=group.key, pool=pool, count=group.count, domain=dict(group.domain),
+                    owner=req.key, owner_uid=req.uid), seconds)
+                log_decision("acquire", req.key, outcome="queued", attempt=booking.attempt,
+                       pool=group.pool, key=group.key, nodes=group.count,
+                       run_seconds=seconds, state=found.state)
+            statuses.append(found)
+    except ProviderError as exc:
+        await _cancel(svc, req, booking, why=f"enqueueing failed: {exc}")
+        return await svc.retry_or_fail(
+            req, attempt=booking.attempt, reason=Reason.ACQUISITION_FAILED,
+            detail=f"the cloud's queue refused the gang: {exc}", permanent=not exc.retryable)
+    ended = [(g, s) for g, s in zip(booking.groups, statuses, strict=True) if s.outcome == ENDED]
+    if ended:
+        what = "; ".join(f"pool {g.pool}: {s.name} {s.state}{': ' + s.error if s.error else ''}"
+                         for g, s in ended)
+        await _cancel(svc, req, booking, why=f"the cloud's queue ended it ({what})")
+        return await svc.retry_or_fail(
+            req, attempt=booking.attempt, reason=Reason.ACQUISITION_FAILED,
+            detail=f"the cloud's queue ended the request ({what}); every group was cancelled")
+    if all(s.outcome == GRANTED for s in statuses):
+        log_decision("acquire", req.key, outcome="granted", attempt=booking.attempt,
+               groups=[f"{g.pool}:{s.name}" for g, s in zip(booking.groups, statuses,
+                                                            strict=True)])
+        return False
+    since = req.annotations.get(QUEUED_SINCE_ANNOTATION) or min(
+        (s.since for s in statuses if s.since), default="") or rfc3339(svc.clock.now())
+    detail = "; ".join(
+        f"pool {g.pool}: {g.count} node(s) in the cloud's queue as {s.name}, "
+        f"state {s.state}" + (f", the cloud expects it by {s.estimate}" if s.estimate
+                              else ", no estimate from the cloud")
+        for g, s in zip(booking.groups, statuses, strict=True))
+    if seconds is not None:
+        detail += f"; each to run {seconds}s once granted"
+    svc.take(req, Event.QUEUED)
+    if QUEUED_SINCE_ANNOTATION not in req.annotations:
+        req = await svc.persist(req, annotations={QUEUED_SINCE_ANNOTATION: since})
+    await _write_queued(svc, req, since, detail)
+    return svc.config.acquisition.queue_poll_seconds
+
+
+async def _cancel(svc: Outcomes, req: RequestRecord, booking: Booking, *,
+                  why: str) -> None:
+    """Take every group out of its queue and release whatever a grant created."""
+    pools = svc.state.pools()
+    for group in booking.groups:
+        pool = pools.get(group.pool)
+        queue = queue_of(svc, pool) if pool is not None else None
+        if pool is None or queue is None:
+            continue
+        try:
+            if await queue.cancel_queued(pool, group.key):
+                log_decision("acquire", req.key, outcome="cancelled", pool=group.pool,
+                       key=group.key, why=why)
+        except ProviderError as exc:
+            # The groups' keys stay on the request until the release below; what the cloud
+            # grants afterwards carries an abandoned key the collector releases.
+            log.warning("%s: cancelling the queued request of %s failed: %s", req.key,
+                        group.key, exc)
+    await release_groups(
+        booking.groups, pools=pools, provider_for=svc.providers.for_pool, owner=req.key,
+        why=why, ledger=svc.state.ledger)
+
+
+async def leave(svc: Outcomes, req: RequestRecord) -> None:
+    """The request is being deleted before it was provisioned: cancel its queued requests
+    and release what a grant may already have created."""
+    booking = req.booking
+    if booking is None or req.phase is not Phase.ACQUIRING or _queues(
+            svc, req, booking) is None:
+        return
+    await _cancel(svc, req, booking, why="the request is being deleted")
+
+
+# --------------------------------------------------------------------------- Muster's own queue
+
+
+async def wait(svc: Outcomes, req: RequestRecord, *, attempt: int, detail: str,
+               relax_time: datetime | None = None) -> Delay:
+    """A queued request found no capacity (no fit, or a stock-out at the cloud): wait for
+    it without a retry limit, planned again when capacity may have freed or at the
+    backoff's end."""
+    svc.take(req, Event.WAITING)
+    svc.state.ledger.unreserve(req.key)
+    now = svc.clock.now()
+    delay = svc.config.retry.backoff(attempt)
+    if relax_time is not None:
+        delay = max(0.0, min(delay, (relax_time - now).total_seconds()))
+    retry_at = now + timedelta(seconds=delay)
+    since = req.annotations.get(QUEUED_SINCE_ANNOTATION) or rfc3339(now)
+    req = await svc.persist(req, annotations={
+        ATTEMPT_ANNOTATION: str(attempt), RETRY_AT_ANNOTATION: rfc3339(retry_at),
+        PHASE_ANNOTATION: None, PLAN_ANNOTATION: None, QUEUED_SINCE_ANNOTATION: since,
+    })
+    await _write_queued(svc, req, since, (
+        f"no cloud queue serves the gang, so it waits in Muster's own: the plan is tried "
+        f"again when a pool or node changes, at the latest at {rfc3339(retry_at)} "
+        f"(attempt {attempt}); the last try: {detail.rstrip('.')}"))
+    return delay
+
+
+async def _write_queued(svc: Outcomes, req: RequestRecord, since: str,
+                        detail: str) -> None:
+    text = message(Reason.QUEUED_FOR_CAPACITY, since=since, detail=detail)
+    await svc.write_status(req, [
+        (ConditionType.ACCEPTED, True, Reason.ACCEPTED, message(Reason.ACCEPTED)),
+        (ConditionType.PROVISIONED, False, Reason.QUEUED_FOR_CAPACITY, text)])
+
+
+# --------------------------------------------------------------------------- run duration
+
+
+def run_end(svc: Outcomes, req: RequestRecord) -> datetime | None:
+    """When the request's run ends (provisioned + maxRunDurationSeconds), or None."""
+    seconds = run_seconds(svc, req)
+    booked = req.booked_at
+    if seconds is None or booked is None:
+        return None
+    try:
+        return booked + timedelta(seconds=seconds)
+    except OverflowError:
+        return None
+
+
+async def expire_run(svc: Outcomes, req: RequestRecord) -> tuple[bool, Delay]:
+    """End a provisioned request whose run duration is over: CapacityRevoked first (the
+    outcome), then every new node of the booking released, then the phase. (True, None)
+    when it did or had; (False, seconds left) while the run lasts; (False, None) when the
+    request has no run bound or its booking ended another way (its nodes already went)."""
+    booking = req.booking
+    end = run_end(svc, req)
+    if booking is None or end is None:
+        return False, None
+    ended = req.ended_condition
+    revoked = req.condition(ConditionType.CAPACITY_REVOKED) or {}
+    mine = revoked.get("status") == "True" and revoked.get("reason") == Reason.RUN_DURATION_EXPIRED
+    if ended is not None and not mine and ended.get("reason") != Reason.BOOKING_CONSUMED:
+        return False, None
+    now = svc.clock.now()
+    if not mine:
+        if now < end:
+            return False, (end - now).total_seconds()
+        # A consumed booking is already Ended: its run bound still takes the nodes back.
+        svc.take(req, Event.ENDED if req.phase is Phase.BOOKED else Event.REPAIRED)
+        seconds = run_seconds(svc, req)
+        log_decision("end", req.key, condition=ConditionType.CAPACITY_REVOKED.value,
+               reason=Reason.RUN_DURATION_EXPIRED.value, run_seconds=seconds)
+        req = await svc.write_status(req, [(
+            ConditionType.CAPACITY_REVOKED, True, Reason.RUN_DURATION_EXPIRED,
+            message(Reason.RUN_DURATION_EXPIRED, end=rfc3339(end), seconds=seconds))])
+    elif req.annotated_phase is Phase.ENDED:
+        return True, None
+    else:
+        svc.take(req, Event.REPAIRED)
+    if booking.groups:
+        await release_groups(
+            booking.groups, pools=svc.state.pools(), provider_for=svc.providers.for_pool,
+            owner=req.key, why="the run duration (maxRunDurationSeconds) ended",
+            ledger=svc.state.ledger)
+    svc.state.ledger.unreserve(req.key)
+    await svc.persist(req, annotations={PHASE_ANNOTATION: Phase.ENDED})
+    return True, None
