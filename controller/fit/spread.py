@@ -331,7 +331,7 @@ def _add_batches(
         bound = math.inf
         d = domains.get(value)
         for ref in refs:
-            price = ref.pool.price_per_node_hour
+            price = ref.pool.planning_price
             if price > bound:
                 break
             if any(k not in ref.labels for k in keys):
@@ -595,7 +595,7 @@ def _cheapest(p: PodSetPlacer, need: int, cap: int, least: int) -> list[Batch]:
     # Refs whose nodes hold too few pods first (one pass): at high levels most refs do.
     refs = [r for r in p.ws.index.catalogue.by_price if fits[r.ordinal] >= least]
     for ref in refs:
-        price = ref.pool.price_per_node_hour
+        price = ref.pool.planning_price
         if price > bound:
             break
         b = p._batch(ref)

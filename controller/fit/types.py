@@ -213,6 +213,17 @@ class PoolState:
     counted back when judging NeverFits (they will exist, and be freed, eventually)."""
     devices: NodeDevices | None = None
     """DRA devices every new node will publish (the node template's ResourceSlices)."""
+    reserved: bool = False
+    """New nodes come out of a reservation that is paid for whether used or not (an ODCR,
+    a Capacity Block, a GCP specific reservation): where such a pool and an on-demand one
+    both serve a gang, the reserved one is used (see :attr:`planning_price`)."""
+
+    @property
+    def planning_price(self) -> float:
+        """What one more node of this pool costs the plan: nothing for reserved capacity
+        (its price is owed anyway), else the price per node-hour. Every choice between
+        pools ranks by this, and ties go to reserved pools; plans report the real price."""
+        return 0.0 if self.reserved else self.price_per_node_hour
 
 
 @dataclass(frozen=True, slots=True)
