@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -23,7 +24,7 @@ FULL = CloudConfig(blocks=1, racks_per_block=2, nodes_per_rack=4, quota_gpus=128
 
 
 def run(strategy: str, cloud: CloudConfig, *jobs: tuple[float, float, int],
-        **kw: float) -> SourcesSimulation:
+        **kw: Any) -> SourcesSimulation:
     config = replace(SourcesConfig(cloud=cloud), **kw)
     sim = SourcesSimulation(strategy, trace(*jobs), config)
     sim.run()
