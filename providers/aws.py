@@ -80,6 +80,9 @@ CAPACITY_CODES = frozenset({
     "InsufficientReservedInstanceCapacity",
     "InsufficientCapacityOnOutpost",
     "InsufficientFreeAddressesInSubnet",
+    # A targeted reservation (or Capacity Block) with too few free instances: capacity that
+    # may come back (another gang's release), not a configuration error.
+    "ReservationCapacityExceeded",
 })
 QUOTA_CODES = frozenset({
     "InstanceLimitExceeded",
