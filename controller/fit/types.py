@@ -213,6 +213,10 @@ class PoolState:
     counted back when judging NeverFits (they will exist, and be freed, eventually)."""
     devices: NodeDevices | None = None
     """DRA devices every new node will publish (the node template's ResourceSlices)."""
+    reserved_busy: int = 0
+    """New nodes the pool's reservation could hold but cannot now (in use by other
+    instances, or a block not begun): excluded from ``max_new_nodes``, counted back when
+    judging NeverFits (a reservation's own size is a limit; its use by others is not)."""
     reserved: bool = False
     """New nodes come out of a reservation that is paid for whether used or not (an ODCR,
     a Capacity Block, a GCP specific reservation): where such a pool and an on-demand one

@@ -159,7 +159,8 @@ def _at_maximum(pool: PoolState) -> PoolState:
         ))
         for d in pool.domains
     )
-    return replace(pool, domains=domains, max_new_nodes=pool.max_new_nodes + pool.booked_nodes)
+    return replace(pool, domains=domains, max_new_nodes=pool.max_new_nodes + pool.booked_nodes
+                   + pool.reserved_busy)
 
 
 class Catalogue:

@@ -165,7 +165,8 @@ class PoolStatusWriter:
         self._reservations[name] = (now, rows)
         # The free instances bound what is planned into the pool, per zone.
         self.state.set_pool_reservation(name, [
-            ReservedCapacity(zone=f.zone, free=f.free, start=f.start, end=f.end)
+            ReservedCapacity(zone=f.zone, free=f.free, reserved=f.reserved, start=f.start,
+                             end=f.end)
             for f in figures] if figures else None)
         return rows
 

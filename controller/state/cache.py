@@ -145,6 +145,8 @@ class ReservedCapacity:
     zone: str
     """Its zone ("" when the cloud does not say): it caps only that zone's domains."""
     free: int
+    reserved: int = 0
+    """Its size (0: not known, taken as ``free``)."""
     start: datetime | None = None
     end: datetime | None = None
 
@@ -1009,12 +1011,19 @@ class ClusterState:
             open_now = [r for r in reserved
                         if (r.start is None or r.start <= now) and (r.end is None or now < r.end)]
             cap = max(0, sum(r.free for r in open_now) + since)
+            # What the pool could get were the reservations free and begun: the ones not
+            # ended, whole, less the pool's own nodes in them.
+            live = [r for r in reserved if r.end is None or now < r.end]
+            ceiling = max(0, sum(max(r.reserved, r.free) for r in live)
+                          - len(self._nodes_by_pool.get(pool.name, ())))
+            busy = max(0, min(pool.max_new_nodes, ceiling) - min(pool.max_new_nodes, cap))
             by_zone: dict[str, int] = {}
             for r in open_now:
                 if r.zone:
                     by_zone[r.zone] = by_zone.get(r.zone, 0) + r.free
             out.append(replace(
                 pool, max_new_nodes=min(pool.max_new_nodes, cap), reserved=bool(open_now),
+                reserved_busy=busy,
                 domains=tuple(replace(d, max_new_nodes=min(
                     d.max_new_nodes, _zone_cap(d.labels, cap, by_zone, since)))
                     for d in pool.domains),

@@ -452,5 +452,10 @@ def test_nodes_registered_since_the_read_are_not_booked_twice() -> None:
                          for i in range(2)])
     assert state.snapshot(now=NOW).pools[0].max_new_nodes == 2
     # The next read counts them itself.
-    state.set_pool_reservation("p", [ReservedCapacity("", 2)])
-    assert state.snapshot(now=NOW).pools[0].max_new_nodes == 2
+    state.set_pool_reservation("p", [ReservedCapacity("", 2, reserved=4)])
+    [pool] = state.snapshot(now=NOW).pools
+    assert pool.max_new_nodes == 2 and pool.reserved_busy == 0
+    # Others run 1 of the 2 left: busy now, not gone (NeverFits counts it back).
+    state.set_pool_reservation("p", [ReservedCapacity("", 1, reserved=4)])
+    [pool] = state.snapshot(now=NOW).pools
+    assert (pool.max_new_nodes, pool.reserved_busy) == (1, 1)

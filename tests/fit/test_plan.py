@@ -332,6 +332,14 @@ NOFITS = [
         id="pool-wide-limit-makes-it-never-fit",
     ),
     pytest.param(
+        Cluster().pool(replace(PoolB("p").domain("b0", "r0", 8).max_new(1).reserved().build(),
+                               reserved_busy=3)),
+        Gang().pod_set("w", 3, gpu=8), PROVISION,
+        ReasonCode.POOL_LIMIT,
+        "pool p can add 1 more nodes (what the reservation it draws from has free)",
+        id="a-reservation-busy-now-is-not-never",
+    ),
+    pytest.param(
         Cluster().add(node("n1", gpus=8)),
         Gang().pod_set("a", 1, gpu=8).pod_set("b", 1, gpu=1), CHECK,
         ReasonCode.NEVER_FITS, "pod set b needs 1 pod x 1 nvidia.com/gpu; existing nodes have "
