@@ -521,3 +521,27 @@ async def test_a_reserved_pool_is_used_first_and_never_past_its_reservation(env:
     if env.provider is not None:
         asked = [c for c in env.provider.calls if c.op == "acquire" and c.pool == reserved]
         assert len(asked) == 1, asked
+
+
+async def test_a_reservation_too_small_for_the_gang_fails_without_a_launch(env: Env) -> None:
+    pool = env.name("reserved")
+    body = objects.gpu_pool(pool, parameters={"reservation": {"id": f"r-{env.run}", "nodes": 1}},
+                            blocks=1, racks_per_block=1)
+    body["spec"]["nodeTemplate"]["labels"].update(env.selector)
+    await env.kube.create(CAPACITY_POOLS, body)
+    env.cleanup.append(lambda: env.kube.delete(CAPACITY_POOLS, pool))
+
+    async def figures() -> list[Any] | None:
+        found = await env.kube.get(CAPACITY_POOLS, pool)
+        return (found.get("status") or {}).get("reservations")
+
+    await eventually(figures, within=20)
+    await env.worker_template()
+    await env.request("big", [("workers", 2)], class_name=ATOMIC)
+    failed = await env.wait_condition("big", "Failed")
+    assert failed["reason"] == "CapacityNeverFits"
+    assert "can add 1 more nodes there (what the reservation it draws from has free)" in (
+        failed["message"])
+    assert await env.pool_nodes(pool) == []
+    if env.provider is not None:
+        assert [c for c in env.provider.calls if c.pool == pool] == []
