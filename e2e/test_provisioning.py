@@ -8,6 +8,7 @@ the sandbox and a kind cluster.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -478,3 +479,69 @@ async def test_slices_no_rack_can_hold_never_fit(env: Env) -> None:
     assert cond["reason"] == "CapacityNeverFits"
     assert "in slices of 4 pods, each within one rack" in cond["message"], cond["message"]
     assert "which holds 0 of the 2 slices" in cond["message"], cond["message"]
+
+
+async def test_a_reserved_pool_is_used_first_and_never_past_its_reservation(env: Env) -> None:
+    """Two pools serve the gangs: an on-demand one, cheaper, in racks of its own, and one
+    drawing from a reservation of 4 nodes (one rack). The first gang (3 nodes, one rack)
+    goes into the reservation although on demand is cheaper; the second (2 nodes), which
+    the reservation's last free node cannot hold, is planned on demand: nothing is asked of
+    the reserved pool for it."""
+    reserved, ondemand = env.name("reserved"), env.name("ondemand")
+    for name, price, parameters in (
+        (reserved, 98.0, {"reservation": {"id": f"odcr-{env.run}", "nodes": 4}}),
+        (ondemand, 50.0, {}),
+    ):
+        body = objects.gpu_pool(name, parameters=parameters, price=price, blocks=1,
+                                racks_per_block=2)
+        if name == ondemand:
+            for domain in body["spec"]["topology"]["domains"]:
+                domain["labels"] = {k: f"od-{v}" for k, v in domain["labels"].items()}
+        body["spec"]["nodeTemplate"]["labels"].update(env.selector)
+        await env.kube.create(CAPACITY_POOLS, body)
+        env.cleanup.append(lambda n=name: env.kube.delete(CAPACITY_POOLS, n))  # type: ignore[misc]
+
+    async def figures() -> dict[str, Any] | None:
+        pool = await env.kube.get(CAPACITY_POOLS, reserved)
+        rows = (pool.get("status") or {}).get("reservations") or []
+        return rows[0] if rows else None
+
+    row = await eventually(figures, within=20)
+    assert (row["id"], row["reserved"], row["free"]) == (f"odcr-{env.run}", 4, 4)
+    await env.worker_template()
+    await env.request("first", [("workers", 3)], class_name=ATOMIC)
+    await env.wait_condition("first", "Provisioned")
+    assert len(await env.pool_nodes(reserved)) == 3
+    assert await env.pool_nodes(ondemand) == []
+
+    await env.request("second", [("workers", 2)], class_name=ATOMIC)
+    await env.wait_condition("second", "Provisioned")
+    assert len(await env.pool_nodes(ondemand)) == 2
+    assert len(await env.pool_nodes(reserved)) == 3, "the reservation was not overbooked"
+    if env.provider is not None:
+        asked = [c for c in env.provider.calls if c.op == "acquire" and c.pool == reserved]
+        assert len(asked) == 1, asked
+
+
+async def test_a_reservation_too_small_for_the_gang_fails_without_a_launch(env: Env) -> None:
+    pool = env.name("reserved")
+    body = objects.gpu_pool(pool, parameters={"reservation": {"id": f"r-{env.run}", "nodes": 1}},
+                            blocks=1, racks_per_block=1)
+    body["spec"]["nodeTemplate"]["labels"].update(env.selector)
+    await env.kube.create(CAPACITY_POOLS, body)
+    env.cleanup.append(lambda: env.kube.delete(CAPACITY_POOLS, pool))
+
+    async def figures() -> list[Any] | None:
+        found = await env.kube.get(CAPACITY_POOLS, pool)
+        return (found.get("status") or {}).get("reservations")
+
+    await eventually(figures, within=20)
+    await env.worker_template()
+    await env.request("big", [("workers", 2)], class_name=ATOMIC)
+    failed = await env.wait_condition("big", "Failed")
+    assert failed["reason"] == "CapacityNeverFits"
+    assert "can add 1 more nodes there (what the reservation it draws from has free)" in (
+        failed["message"])
+    assert await env.pool_nodes(pool) == []
+    if env.provider is not None:
+        assert [c for c in env.provider.calls if c.pool == pool] == []

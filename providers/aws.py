@@ -87,6 +87,9 @@ CAPACITY_CODES = frozenset({
     "InsufficientReservedInstanceCapacity",
     "InsufficientCapacityOnOutpost",
     "InsufficientFreeAddressesInSubnet",
+    # A targeted reservation (or Capacity Block) with too few free instances: capacity that
+    # may come back (another gang's release), not a configuration error.
+    "ReservationCapacityExceeded",
 })
 QUOTA_CODES = frozenset({
     "InstanceLimitExceeded",
@@ -470,15 +473,40 @@ class AwsProvider(AtomicProvider[Instance]):
             )
 
     async def reservations(self, pool: CapacityPool) -> list[ReservationFigures]:
-        """The cloud's own figures of the pool's reservation (DescribeCapacityReservations):
-        empty for a pool without one or one named by resource group (whose members EC2
-        lists through Resource Groups, not here)."""
+        """The cloud's own figures of the pool's reservation (DescribeCapacityReservations),
+        or of every member of its resource group: empty for a pool without one.
+
+        DescribeCapacityReservations has no resource-group filter, and listing a group's
+        members is the Resource Groups API (another client and permission). EC2 answers
+        the other direction, GetGroupsForCapacityReservation: the active reservations of the
+        pool's instance type in its subnets' zones are read, and those in the group kept."""
         params = parse_parameters(pool)
-        if params.capacity_reservation is None or params.capacity_reservation.id is None:
+        cr = params.capacity_reservation
+        if cr is None:
             return []
         ec2 = await self._client(params.region)
-        found = await self._reservation(ec2, params)
-        return [_figures(found)]
+        if cr.id is not None:
+            return [_figures(await self._reservation(ec2, params))]
+
+        def candidates() -> list[dict[str, Any]]:
+            pages = ec2.get_paginator("describe_capacity_reservations").paginate(Filters=[
+                {"Name": "instance-type", "Values": [params.instance_type]},
+                {"Name": "availability-zone", "Values": sorted(params.subnets)},
+                {"Name": "state", "Values": ["active", "pending", "scheduled"]},
+            ])
+            return [dict(r) for page in pages for r in page.get("CapacityReservations", [])]
+
+        found = await self._calls.call(candidates, what="DescribeCapacityReservations")
+        members = []
+        for reservation in found:
+            groups = await self._calls.call(
+                ec2.get_groups_for_capacity_reservation, what="GetGroupsForCapacityReservation",
+                CapacityReservationId=reservation["CapacityReservationId"],
+            )
+            arns = {g.get("GroupArn") for g in groups.get("CapacityReservationGroups") or []}
+            if cr.resource_group_arn in arns:
+                members.append(_figures(reservation))
+        return sorted(members, key=lambda f: (f.zone, f.id))
 
     # ---- queued provisioning (Capacity Block offerings) ---------------------------------
 

@@ -91,6 +91,11 @@ class PoolB:
         self._state = replace(self._state, price_per_node_hour=per_hour)
         return self
 
+    def reserved(self) -> PoolB:
+        """New nodes come out of a reservation already paid for."""
+        self._state = replace(self._state, reserved=True)
+        return self
+
     def max_new(self, n: int) -> PoolB:
         self._state = replace(self._state, max_new_nodes=n)
         return self

@@ -30,6 +30,7 @@ _CLOUD = "Simulated cloud"
 _POLICY = "Policies"
 _OUTPUT = "Output"
 _SWEEP = "Sweep (--sweep)"
+_SOURCES = "Capacity sources (--capacity-sources)"
 
 
 def _fail(message: str) -> typer.Exit:
@@ -50,8 +51,8 @@ def simulate_command(
             "--strategy",
             help="muster, muster-relax, muster-retry, muster-shipped, pod-by-pod, "
             "best-effort-atomic or "
-            "gang-no-topology; "
-            "repeat for several (default: all).",
+            "gang-no-topology (with --capacity-sources: on-demand-only, reservation-first "
+            "or queued); repeat for several (default: all).",
         ),
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of every random draw.")] = 0,
@@ -192,6 +193,29 @@ def simulate_command(
     window_days: Annotated[
         float, typer.Option(help="Length of each window in days.", rich_help_panel=_SWEEP)
     ] = 14.0,
+    capacity_sources: Annotated[
+        bool,
+        typer.Option("--capacity-sources",
+                     help="Compare where gangs get capacity (on demand, a reservation, the "
+                     "cloud's queue) instead; prints a Markdown table.",
+                     rich_help_panel=_SOURCES),
+    ] = False,
+    reserved_share: Annotated[
+        float, typer.Option(help="Share of the quota held as a reservation "
+                            "(reservation-first).", rich_help_panel=_SOURCES)
+    ] = 0.25,
+    reserved_price: Annotated[
+        float, typer.Option(help="Reserved node-hour price as a share of on-demand (paid "
+                            "used or not).", rich_help_panel=_SOURCES)
+    ] = 1.0,
+    queue_delay: Annotated[
+        float, typer.Option(help="Mean seconds before the queue grants a request "
+                            "(exponential).", rich_help_panel=_SOURCES)
+    ] = 3600.0,
+    queue_price: Annotated[
+        float, typer.Option(help="Queued node-hour price as a share of on-demand.",
+                            rich_help_panel=_SOURCES)
+    ] = 0.6,
     as_json: Annotated[
         bool,
         typer.Option("--json", help="Print JSON instead of the table.", rich_help_panel=_OUTPUT),
@@ -221,13 +245,15 @@ def simulate_command(
     from controller.simulate.cloud import CloudConfig
     from controller.simulate.engine import SimConfig
     from controller.simulate.runner import default_workers, run_strategies
+    from controller.simulate.sources import SOURCE_STRATEGIES
     from controller.simulate.strategies import STRATEGIES
     from controller.simulate.trace import TraceError, TraceFilter, load_trace, parse_time
 
-    strategies = list(dict.fromkeys(strategy)) if strategy else list(STRATEGIES)
-    unknown = [s for s in strategies if s not in STRATEGIES]
+    known = SOURCE_STRATEGIES if capacity_sources else tuple(STRATEGIES)
+    strategies = list(dict.fromkeys(strategy)) if strategy else list(known)
+    unknown = [s for s in strategies if s not in known]
     if unknown:
-        raise _fail(f"unknown strategy {', '.join(unknown)}; choose from {', '.join(STRATEGIES)}")
+        raise _fail(f"unknown strategy {', '.join(unknown)}; choose from {', '.join(known)}")
     if summary and not {"muster", "pod-by-pod"} <= set(strategies):
         raise _fail("--summary compares muster with pod-by-pod: run both strategies")
     try:
@@ -282,6 +308,11 @@ def simulate_command(
     if not loaded.jobs:
         raise _fail(f"{trace}: no job left after the trace selection")
 
+    if capacity_sources:
+        _sources(loaded, config, strategies, reserved_share=reserved_share,
+                 reserved_price=reserved_price, queue_delay=queue_delay,
+                 queue_price=queue_price)
+        return
     procs = workers if workers is not None else default_workers()
     if procs < 1:
         raise _fail(f"--workers must be >= 1, got {procs}")
@@ -298,6 +329,23 @@ def simulate_command(
         plot=None if no_plot else plot,
         summary=summary,
     )
+
+
+def _sources(trace: Trace, config: SimConfig, strategies: list[str], *,
+             reserved_share: float, reserved_price: float, queue_delay: float,
+             queue_price: float) -> None:
+    from controller.simulate.sources import SourcesConfig, run_sources, sources_markdown
+
+    sources = SourcesConfig(
+        cloud=config.cloud, seed=config.seed, reserved_share=reserved_share,
+        reserved_price=reserved_price, queue_delay_s=queue_delay, queue_price=queue_price,
+        start_timeout_s=config.start_timeout_s, price_per_gpu_hour=config.price_per_gpu_hour,
+    )
+    try:
+        sources.validate()
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    typer.echo(sources_markdown(run_sources(trace, sources, strategies)))
 
 
 def _sweep(

@@ -295,6 +295,8 @@ def _pool_room(batches: list[Batch], ws: Workspace) -> tuple[int, list[str]]:
             nodes += k
         limits = sorted({b.ref.domain.max_nodes for b in group if b.ref.domain.max_nodes})
         limit = f" (its domain limit is {limits[0]})" if len(limits) == 1 else ""
+        if ws.index.pools[pi].reserved or ws.index.pools[pi].reserved_busy:
+            limit = " (what the reservation it draws from has free)"
         phrases.append(f"pool {ws.index.pools[pi].name} can add {nodes} more nodes there{limit}")
     return room, phrases
 

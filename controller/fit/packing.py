@@ -86,7 +86,7 @@ def new_pods(ws: Workspace, pods: Sequence[tuple[str, int]]) -> int:
 def cost(ws: Workspace) -> float:
     """Hourly price of the new nodes a workspace's plan adds."""
     pools = ws.index.pools
-    return sum(n * pools[pi].price_per_node_hour for (pi, _), n in ws.usage.domain_used.items())
+    return sum(n * pools[pi].planning_price for (pi, _), n in ws.usage.domain_used.items())
 
 
 Item = tuple[list[int], int, int]
@@ -169,7 +169,7 @@ def choose(ws: Workspace, demand: Sequence[tuple[PodShape, int]], budget: float)
     best: tuple[float, Purchase] | None = None
     bound = budget
     for ref in ranked[:SIMULATED]:
-        price = ref.pool.price_per_node_hour
+        price = ref.pool.planning_price
         room = min(ws.headroom(ref), MAX_PACKED_NODES)
         if price > 0:  # all but the last node at this price must cost less than the bound
             room = min(room, math.floor(bound / price) + 1)
@@ -182,7 +182,7 @@ def choose(ws: Workspace, demand: Sequence[tuple[PodShape, int]], budget: float)
         last = _smallest(same, resources, carried, ref) or ref
         k = len(nodes)
         buys: Purchase = ((ref, k),) if last is ref else ((ref, k - 1), (last, 1))
-        total = sum(r.pool.price_per_node_hour * n for r, n in buys if n > 0)
+        total = sum(r.pool.planning_price * n for r, n in buys if n > 0)
         if total < bound:
             best, bound = (total, tuple((r, n) for r, n in buys if n > 0)), total
     return None if best is None else best[1]
@@ -204,7 +204,7 @@ def _ranked(
         if min(haves) <= 0:
             continue
         units = max(max(t / h for t, h in zip(totals, haves, strict=True)), spread_out)
-        ranked.append((ref.pool.price_per_node_hour * units, ref.ordinal, ref))
+        ranked.append((ref.pool.planning_price * units, ref.ordinal, ref))
     ranked.sort(key=lambda x: (x[0], x[1]))
     return [ref for _, _, ref in ranked]
 
@@ -218,7 +218,7 @@ def _usable(
     (returned second)."""
     usable: list[PoolRef] = []
     for ref in ws.index.catalogue.by_price:
-        if ref.pool.price_per_node_hour >= budget:
+        if ref.pool.planning_price >= budget:
             break  # a purchase holds at least one node of a pool it ranks
         o = ref.ordinal
         for f in fits:
@@ -247,7 +247,7 @@ def _smallest(
     cheaper than ``default``."""
     for ref in usable:
         if default is not None and (
-            ref.pool.price_per_node_hour >= default.pool.price_per_node_hour
+            ref.pool.planning_price >= default.pool.planning_price
         ):
             break
         if _holds(ref, resources, carried):
@@ -286,10 +286,10 @@ def _even(
                 counts.add(n)
             share = -(-count // (n - 1)) if n > 1 else count + 1
     counts.add(fewest)
-    prices = [ref.pool.price_per_node_hour for ref in usable]
+    prices = [ref.pool.planning_price for ref in usable]
     # The least any ref must cost per unit of each resource: a ref that holds a bundle costs
     # at least the bundle's units at that price, so the walk starts there.
-    unit = [min((r.pool.price_per_node_hour / a for r in usable
+    unit = [min((r.pool.planning_price / a for r in usable
                  if (a := r.pool.allocatable.get(res, unlisted(res))) > 0), default=0.0)
             for res in resources]
     best: tuple[float, Purchase] | None = None

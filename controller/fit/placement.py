@@ -143,7 +143,7 @@ class PodSetPlacer:
         covered = 0
         fits = self.pool_per_node()
         for ref in refs:
-            price = ref.pool.price_per_node_hour
+            price = ref.pool.planning_price
             if price > best:
                 break
             fit = fits[ref.ordinal]

@@ -27,7 +27,7 @@ class Batch:
     """The pool's price per node-hour (kept: purchases sort and walk many batches)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "price", self.ref.pool.price_per_node_hour)
+        object.__setattr__(self, "price", self.ref.pool.planning_price)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +71,8 @@ def buy(batches: Sequence[Batch], need: int, pool_left: dict[int, int]) -> Purch
             return None
         pool_left[b.ref.pool_index] = pool_left.get(b.ref.pool_index, 0) - k
         return Purchase(((b, k, need),), k * b.price, k)
-    ordered = sorted(batches, key=lambda b: (b.price / b.per_node, b.price, b.ref.sort_name))
+    ordered = sorted(batches, key=lambda b: (b.price / b.per_node, b.price,
+                                             not b.ref.pool.reserved, b.ref.sort_name))
     n = len(ordered)
     # The finishing candidates of a step cost at least what has been spent plus one node, so
     # walking them cheapest node first stops at the first price that cannot beat the best

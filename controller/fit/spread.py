@@ -341,7 +341,7 @@ def _add_batches(
         bound = math.inf
         d = domains.get(value)
         for ref in refs:
-            price = ref.pool.price_per_node_hour
+            price = ref.pool.planning_price
             if price > bound:
                 break
             if any(k not in ref.labels for k in keys):
@@ -612,7 +612,7 @@ def _cheapest(p: PodSetPlacer, need: int, cap: int, least: int) -> list[Batch]:
         fit = fits[ref.ordinal]
         if fit < least or min(fit, cap) <= covered:
             continue
-        price = ref.pool.price_per_node_hour
+        price = ref.pool.planning_price
         if price > bound:
             break
         b = p.batch_of(ref)

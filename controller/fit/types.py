@@ -219,6 +219,21 @@ class PoolState:
     open_seconds: float | None = None
     """How long from the snapshot's moment new nodes of the pool stay usable (a Capacity
     Block's end); None: unbounded."""
+    reserved_busy: int = 0
+    """New nodes the pool's reservation could hold but cannot now (in use by other
+    instances, or a block not begun): excluded from ``max_new_nodes``, counted back when
+    judging NeverFits (a reservation's own size is a limit; its use by others is not)."""
+    reserved: bool = False
+    """New nodes come out of a reservation that is paid for whether used or not (an ODCR,
+    a Capacity Block, a GCP specific reservation): where such a pool and an on-demand one
+    both serve a gang, the reserved one is used (see :attr:`planning_price`)."""
+
+    @property
+    def planning_price(self) -> float:
+        """What one more node of this pool costs the plan: nothing for reserved capacity
+        (its price is owed anyway), else the price per node-hour. Every choice between
+        pools ranks by this, and ties go to reserved pools; plans report the real price."""
+        return 0.0 if self.reserved else self.price_per_node_hour
 
 
 def usable_for(pools: tuple[PoolState, ...], run_seconds: float | None) -> tuple[

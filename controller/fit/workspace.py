@@ -159,7 +159,8 @@ def _at_maximum(pool: PoolState) -> PoolState:
         ))
         for d in pool.domains
     )
-    return replace(pool, domains=domains, max_new_nodes=pool.max_new_nodes + pool.booked_nodes)
+    return replace(pool, domains=domains, max_new_nodes=pool.max_new_nodes + pool.booked_nodes
+                   + pool.reserved_busy)
 
 
 class Catalogue:
@@ -290,8 +291,9 @@ def fit_key(shape: PodShape) -> tuple[object, ...] | None:
 _SHAPES_KEPT = 512
 
 
-def _price_order(ref: PoolRef) -> tuple[float, str]:
-    return (ref.pool.price_per_node_hour, ref.sort_name)
+def _price_order(ref: PoolRef) -> tuple[float, bool, str]:
+    """Cheapest node first by planning price; reserved capacity before on-demand at a tie."""
+    return (ref.pool.planning_price, not ref.pool.reserved, ref.sort_name)
 
 
 _CATALOGUES: dict[tuple[int, bool, tuple[str, ...]], Catalogue] = {}

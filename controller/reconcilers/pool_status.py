@@ -35,7 +35,7 @@ from controller.kube import ApiError, Body, KubeClient
 from controller.kube.resources import CAPACITY_POOLS
 from controller.metrics import ControllerMetrics
 from controller.problems import ProblemLog, describe, transient
-from controller.state.cache import ClusterState
+from controller.state.cache import ClusterState, ReservedCapacity
 from controller.state.pool_figures import PoolFacts, Shortage, pool_status
 from providers.base import ProviderError
 
@@ -163,12 +163,11 @@ class PoolStatusWriter:
                 row["end"] = rfc3339(f.end)
             rows.append(row)
         self._reservations[name] = (now, rows)
-        if figures:
-            # One reservation per pool today: its free instances bound what is planned.
-            first = figures[0]
-            self.state.set_pool_reservation(name, first.free, start=first.start, end=first.end)
-        else:
-            self.state.set_pool_reservation(name, None)
+        # The free instances bound what is planned into the pool, per zone.
+        self.state.set_pool_reservation(name, [
+            ReservedCapacity(zone=f.zone, free=f.free, reserved=f.reserved, start=f.start,
+                             end=f.end)
+            for f in figures] if figures else None)
         return rows
 
     async def _provider_errors(self, pool: CapacityPool) -> tuple[str, ...]:

@@ -39,6 +39,7 @@ from controller.fit import apply_plan
 from controller.fit.capacity import BookedMemo
 from controller.fit.types import NodeState, Plan, PoolState, Snapshot
 from controller.lifecycle import Phase
+from controller.node_labels import ZONE as ZONE_LABEL
 from controller.podgroup_membership import group_of
 from controller.podgroup_membership import request_name as gang_request_name
 from controller.snapshot import node_state, pod_requests, pool_state
@@ -139,6 +140,19 @@ class TemplateError:
     detail: str
 
 
+@dataclass(frozen=True, slots=True)
+class ReservedCapacity:
+    """One reservation (or block) a pool draws from, as the cloud last counted it."""
+
+    zone: str
+    """Its zone ("" when the cloud does not say): it caps only that zone's domains."""
+    free: int
+    reserved: int = 0
+    """Its size (0: not known, taken as ``free``)."""
+    start: datetime | None = None
+    end: datetime | None = None
+
+
 class ClusterState:
     """In-memory view of the cluster. ``notify`` is called with request keys to reconcile."""
 
@@ -211,8 +225,8 @@ class ClusterState:
         self._booked_memo: BookedMemo = {}
         """Nodes with their bookings applied, reused across passes (apply_plan's memo)."""
         self._short: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[int, datetime]] = {}
-        self._reservation: dict[str, tuple[int, datetime | None, datetime | None]] = {}
-        """Pool -> (free instances, start, end) of the reservation it draws from."""
+        self._reservation: dict[str, tuple[tuple[ReservedCapacity, ...], int]] = {}
+        """Pool -> (the reservations it draws from, its machines the cloud counted then)."""
         self._pool_states: tuple[PoolState, ...] | None = None
         self._deleting_pools: set[str] = set()
         self.pools_changed = asyncio.Event()
@@ -907,21 +921,32 @@ class ClusterState:
         self.shortage_set(until)
 
     def set_pool_reservation(
-        self, pool: str, free: int | None, *, start: datetime | None = None,
-        end: datetime | None = None,
+        self, pool: str, reserved: Sequence[ReservedCapacity] | None
     ) -> None:
-        """Pool ``pool`` draws only from a reservation with ``free`` instances left (None:
-        it names none), usable from ``start`` to ``end``: plan at most that many new nodes
-        there, and none outside the window, so a gang the reservation cannot hold whole is
-        planned elsewhere instead of failing at the cloud."""
-        held = None if free is None else (max(0, free), start, end)
-        if self._reservation.get(pool) == held:
+        """Pool ``pool`` draws only from the reservations ``reserved`` (None: it names
+        none), as the cloud counted them just now: plan at most their free instances there,
+        per zone, and none outside a reservation's window, so a gang the reservation cannot
+        hold whole is planned elsewhere instead of failing at the cloud.
+
+        The cloud's ``free`` already counts the instances Muster held at the read; the ones
+        registered since are subtracted (see :meth:`_apply_reservations`), so two gangs
+        planned between reads cannot book the same reserved instances."""
+        if reserved is None:
+            if self._reservation.pop(pool, None) is not None:
+                self._pool_states = None
             return
-        if held is None:
-            self._reservation.pop(pool, None)
-        else:
-            self._reservation[pool] = held
+        self._reservation[pool] = (tuple(reserved), self._pool_held_nodes(pool))
         self._pool_states = None
+
+    def _pool_held_nodes(self, pool: str) -> int:
+        """Machines of ``pool`` the cloud counts as running: its registered nodes, and the
+        ones a booking's acquisition launched that have not registered yet."""
+        held = len(self._nodes_by_pool.get(pool, ()))
+        for booking in self.ledger.bookings().values():
+            for group in booking.groups:
+                if group.pool == pool and group.provider_ids:
+                    held += max(0, len(group.provider_ids) - len(self._registered(group)))
+        return held
 
     def _capped(self, states: tuple[PoolState, ...], now: datetime) -> tuple[PoolState, ...]:
         """Pools with their headroom capped by stock-outs and reservations (as of ``now``)."""
@@ -934,20 +959,38 @@ class ClusterState:
     def _apply_reservations(self, states: tuple[PoolState, ...], now: datetime) -> tuple[
         PoolState, ...
     ]:
+        """Each reserved pool's new nodes capped at its reservations' free instances (those
+        open at ``now``), a domain in a zone at what the zone's reservations hold; the pool
+        marked ``reserved`` so the engine prefers it over on-demand capacity."""
         out = []
         for pool in states:
             held = self._reservation.get(pool.name)
             if held is None:
                 out.append(pool)
                 continue
-            free, opens, closes = held
-            open_now = (opens is None or opens <= now) and (closes is None or now < closes)
-            cap = free if open_now else 0
+            reserved, held_at_read = held
+            # Nodes registered since the read were free in the cloud's figures: not any more.
+            # (Nodes planned but not yet registered are the workspace's bookings.)
+            since = held_at_read - len(self._nodes_by_pool.get(pool.name, ()))
+            open_now = [r for r in reserved
+                        if (r.start is None or r.start <= now) and (r.end is None or now < r.end)]
+            cap = max(0, sum(r.free for r in open_now) + since)
+            # What the pool could get were the reservations free and begun: the ones not
+            # ended, whole, less the pool's own nodes in them.
+            live = [r for r in reserved if r.end is None or now < r.end]
+            ceiling = max(0, sum(max(r.reserved, r.free) for r in live)
+                          - len(self._nodes_by_pool.get(pool.name, ())))
+            busy = max(0, min(pool.max_new_nodes, ceiling) - min(pool.max_new_nodes, cap))
+            by_zone: dict[str, int] = {}
+            for r in open_now:
+                if r.zone:
+                    by_zone[r.zone] = by_zone.get(r.zone, 0) + r.free
             out.append(replace(
-                pool, max_new_nodes=min(pool.max_new_nodes, cap),
-                open_seconds=None if closes is None else (closes - now).total_seconds(),
-                domains=tuple(replace(d, max_new_nodes=min(d.max_new_nodes, cap))
-                              for d in pool.domains),
+                pool, max_new_nodes=min(pool.max_new_nodes, cap), reserved=bool(open_now),
+                reserved_busy=busy, open_seconds=_open_seconds(open_now, now),
+                domains=tuple(replace(d, max_new_nodes=min(
+                    d.max_new_nodes, _zone_cap(d.labels, cap, by_zone, since)))
+                    for d in pool.domains),
             ))
         return tuple(out)
 
@@ -1069,6 +1112,24 @@ class ClusterState:
                                       [self._nodes[n] for n in self._nodes_by_pool.get(name, ())],
                                       self.levels, in_flight=0))
         return out
+
+
+def _zone_cap(labels: Mapping[str, str], cap: int, by_zone: Mapping[str, int],
+              since: int) -> int:
+    """New nodes a domain may add from its pool's reservations: what those of its zone
+    hold (none when they are all elsewhere), the whole ``cap`` when zones are not known."""
+    zone = labels.get(ZONE_LABEL)
+    if zone is None or not by_zone:
+        return cap
+    return min(cap, max(0, by_zone[zone] + since)) if zone in by_zone else 0
+
+
+def _open_seconds(open_now: Sequence[ReservedCapacity], now: datetime) -> float | None:
+    """How long the pool's open reservations still hold a run: until the last of them ends
+    (a run fits one that outlives it); None when none is open or one has no end."""
+    if not open_now or any(r.end is None for r in open_now):
+        return None
+    return max((r.end - now).total_seconds() for r in open_now if r.end is not None)
 
 
 _LAST = datetime.max.replace(tzinfo=UTC)

@@ -18,9 +18,26 @@ wrong or lacks, which Muster relies on; each is answered the way EC2 documents i
   reports them for p5/trn instances.
 * ``CreatePlacementGroup`` / ``DeletePlacementGroup`` / ``DescribePlacementGroups``: moto's
   server answers HTTP 500; here they are kept by the layer (a group in use cannot be deleted).
+* Capacity reservations (moto has none): :meth:`Ec2Layer.add_capacity_reservation` makes an
+  On-Demand Capacity Reservation or a Capacity Block (its ``start``/``end``; its state is
+  ``scheduled`` before the start, ``active`` inside, ``expired`` after), optionally in
+  resource groups. ``DescribeCapacityReservations`` (by id, or with the ``instance-type``,
+  ``availability-zone`` and ``state`` filters) answers ``AvailableInstanceCount`` = total -
+  its live instances; ``GetGroupsForCapacityReservation`` the groups; an unknown id
+  ``InvalidCapacityReservationId.NotFound``. A ``CreateFleet`` whose launch template targets
+  a reservation (``CapacityReservationSpecification.CapacityReservationTarget``, by id or
+  resource group, as Muster's copy of the template does) launches only into the
+  reservation's free instances in the fleet's zone, not the zone's stock: all or nothing
+  with ``OnDemandOptions.MinTargetCapacity``, else (a ``capacity-block`` fleet) as many as
+  are free, the shortfall reported as ``ReservationCapacityExceeded``; nothing outside a
+  block's window. moto launches them as on-demand instances (it launches nothing for
+  ``capacity-block``), and the layer remembers which reservation each one is in.
 
 Anything else (DescribeInstances, TerminateInstances, launch templates, tags, user data) is
-moto's own.
+moto's own. Not simulated for reservations: instance platform, tenancy and match criteria,
+an open (untargeted) reservation absorbing matching on-demand launches, reservation fleets,
+Capacity Block offerings and purchase, a block's instances being stopped at its end, and
+which error code EC2 really answers for a launch before a block's start.
 """
 
 from __future__ import annotations
@@ -38,6 +55,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlencode
@@ -108,8 +126,25 @@ class Ec2Layer:
     """instance id -> {fleet, group, zone} of the fleet that launched it."""
     actions: list[str] = field(default_factory=list)
     """Every action seen, in order (tests read it)."""
+    capacity_reservations: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """reservation id -> {zone, instance_type, total, kind, start, end, groups}."""
+    reserved_in: dict[str, str] = field(default_factory=dict)
+    """instance id -> the reservation it was launched into."""
     _tokens: dict[str, bytes] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add_capacity_reservation(
+        self, rid: str, *, zone: str, instance_type: str, count: int,
+        kind: str = "default", start: datetime | None = None, end: datetime | None = None,
+        groups: tuple[str, ...] = (),
+    ) -> None:
+        """An ODCR (``kind`` default) or a Capacity Block (``capacity-block``, with its
+        window) of ``count`` instances, member of the resource groups ``groups`` (ARNs)."""
+        with self.lock:
+            self.capacity_reservations[rid] = {
+                "zone": zone, "instance_type": instance_type, "total": count, "kind": kind,
+                "start": start, "end": end, "groups": tuple(groups),
+            }
 
     def inject_partial_fleet(self, launched: int) -> None:
         with self.lock:
@@ -162,6 +197,10 @@ class Ec2Layer:
                 return self._delete_group(form, region)
             if action == "DescribePlacementGroups":
                 return _xml("DescribePlacementGroupsResponse", self._describe_groups(form))
+            if action == "DescribeCapacityReservations":
+                return self._describe_reservations(form, region)
+            if action == "GetGroupsForCapacityReservation":
+                return self._reservation_groups(form)
         return self.forward(method, path, headers, body)
 
     def forward(
@@ -205,7 +244,19 @@ class Ec2Layer:
         wanted = int(form.get("TargetCapacitySpecification.TotalTargetCapacity", "0"))
         minimum = int(form.get("OnDemandOptions.MinTargetCapacity", "0"))
         launch = wanted
-        if zone in self.stock:
+        target = self._reservation_target(form, region)
+        free: list[tuple[str, int]] = []
+        if target is not None:
+            # Only the targeted reservations' free instances, not the zone's stock.
+            instance_type = form.get(prefix + "InstanceType", "")
+            free = self._free_in(target, zone, instance_type, region)
+            launch = min(wanted, sum(n for _, n in free))
+            if launch < minimum:
+                launch = 0
+            # moto launches nothing for capacity-block: the instances are on-demand there.
+            form = dict(form, **{"TargetCapacitySpecification.DefaultTargetCapacityType":
+                                 "on-demand"})
+        elif zone in self.stock:
             launch = min(wanted, max(self.stock[zone] - self._live_in_zone(region, zone), 0))
             if launch < minimum:
                 launch = 0
@@ -224,19 +275,27 @@ class Ec2Layer:
             fleet_id = found.group(1).decode() if found else fleet_id
             inner = re.search(rb"<fleetInstanceSet>(.*)</fleetInstanceSet>", reply, re.S)
             instances = inner.group(1) if inner else b""
-            for instance_id in _INSTANCE_ID.findall(instances.decode()):
+            slots = [rid for rid, n in free for _ in range(n)]
+            for k, instance_id in enumerate(_INSTANCE_ID.findall(instances.decode())):
                 self.fleets[instance_id] = {"fleet": fleet_id, "group": group, "zone": zone}
+                if target is not None and k < len(slots):
+                    self.reserved_in[instance_id] = slots[k]
         errors = ""
         if launch < wanted:
             instance_type = form.get(prefix + "InstanceType", "")
-            errors = (
-                "<item><errorCode>InsufficientInstanceCapacity</errorCode><errorMessage>"
-                + escape(
-                    f"We currently do not have sufficient {instance_type} capacity in "
-                    f"the Availability Zone you requested ({zone}): {launch} of "
+            code, text = "InsufficientInstanceCapacity", (
+                f"We currently do not have sufficient {instance_type} capacity in "
+                f"the Availability Zone you requested ({zone}): {launch} of {wanted} launched."
+            )
+            if target is not None:
+                code, text = "ReservationCapacityExceeded", (
+                    f"The targeted capacity reservation ({', '.join(target) or 'none'}) has "
+                    f"{sum(n for _, n in free)} instances available in {zone}: {launch} of "
                     f"{wanted} launched."
                 )
-                + "</errorMessage><lifecycle>on-demand</lifecycle></item>"
+            errors = (
+                f"<item><errorCode>{code}</errorCode><errorMessage>{escape(text)}"
+                "</errorMessage><lifecycle>on-demand</lifecycle></item>"
             )
         body = (
             (
@@ -250,6 +309,106 @@ class Ec2Layer:
         if token:
             self._tokens[token] = body
         return 200, {"Content-Type": "text/xml"}, body
+
+    # ---- capacity reservations ------------------------------------------------------
+
+    def _reservation_target(self, form: dict[str, str], region: str) -> list[str] | None:
+        """The reservations the fleet's launch template targets (None: it targets none)."""
+        spec = "LaunchTemplateConfigs.1.LaunchTemplateSpecification."
+        ref: dict[str, Any] = {"Versions": [form.get(spec + "Version", "$Default")]}
+        if form.get(spec + "LaunchTemplateId"):
+            ref["LaunchTemplateId"] = form[spec + "LaunchTemplateId"]
+        else:
+            ref["LaunchTemplateName"] = form.get(spec + "LaunchTemplateName", "")
+        try:
+            versions = self.moto(region).describe_launch_template_versions(**ref)
+        except Exception:  # an unknown template: moto's own CreateFleet answers it
+            return None
+        data = (versions.get("LaunchTemplateVersions") or [{}])[0].get("LaunchTemplateData")
+        crs = (data or {}).get("CapacityReservationSpecification") or {}
+        target = crs.get("CapacityReservationTarget")
+        if not target:
+            return None
+        if target.get("CapacityReservationId"):
+            return [target["CapacityReservationId"]]
+        arn = target.get("CapacityReservationResourceGroupArn")
+        return [rid for rid, r in self.capacity_reservations.items() if arn in r["groups"]]
+
+    def _state(self, r: dict[str, Any]) -> str:
+        now = datetime.now(UTC)
+        if r["start"] is not None and now < r["start"]:
+            return "scheduled"
+        if r["end"] is not None and now >= r["end"]:
+            return "expired"
+        return "active"
+
+    def _used(self, rid: str, region: str) -> int:
+        ids = [i for i, r in self.reserved_in.items() if r == rid]
+        if not ids:
+            return 0
+        found = self.moto(region).describe_instances(InstanceIds=ids)["Reservations"]
+        return sum(1 for r in found for i in r["Instances"] if i["State"]["Name"] in LIVE_STATES)
+
+    def _free_in(self, target: list[str], zone: str, instance_type: str,
+                 region: str) -> list[tuple[str, int]]:
+        """(reservation, free instances) of the targeted reservations that can serve a
+        launch of ``instance_type`` in ``zone`` now."""
+        out = []
+        for rid in target:
+            r = self.capacity_reservations.get(rid)
+            if (r is None or r["zone"] != zone or r["instance_type"] != instance_type
+                    or self._state(r) != "active"):
+                continue
+            out.append((rid, max(0, r["total"] - self._used(rid, region))))
+        return out
+
+    def _describe_reservations(
+        self, form: dict[str, str], region: str
+    ) -> tuple[int, dict[str, str], bytes]:
+        ids = [v for k, v in sorted(form.items()) if k.startswith("CapacityReservationId.")]
+        unknown = [i for i in ids if i not in self.capacity_reservations]
+        if unknown:
+            return _error(400, "InvalidCapacityReservationId.NotFound",
+                          f"The capacity reservation ID '{unknown[0]}' does not exist")
+        filters: dict[str, set[str]] = {}
+        for key, name in form.items():
+            if key.startswith("Filter.") and key.endswith(".Name"):
+                n = key.split(".")[1]
+                filters[name] = {v for k, v in form.items()
+                                 if k.startswith(f"Filter.{n}.Value.")}
+        items = []
+        for rid, r in sorted(self.capacity_reservations.items()):
+            state = self._state(r)
+            fields = {"instance-type": r["instance_type"], "availability-zone": r["zone"],
+                      "state": state}
+            if (ids and rid not in ids) or any(
+                    fields.get(name, "") not in values for name, values in filters.items()):
+                continue
+            available = max(0, r["total"] - self._used(rid, region)) if state == "active" else 0
+            dates = "".join(
+                f"<{tag}>{when.strftime('%Y-%m-%dT%H:%M:%S.000Z')}</{tag}>"
+                for tag, when in (("startDate", r["start"]), ("endDate", r["end"]))
+                if when is not None)
+            items.append(
+                f"<item><capacityReservationId>{rid}</capacityReservationId><instanceType>"
+                f"{r['instance_type']}</instanceType><availabilityZone>{r['zone']}"
+                f"</availabilityZone><totalInstanceCount>{r['total']}</totalInstanceCount>"
+                f"<availableInstanceCount>{available}</availableInstanceCount><state>{state}"
+                f"</state><reservationType>{r['kind']}</reservationType>{dates}"
+                f"<instanceMatchCriteria>targeted</instanceMatchCriteria></item>")
+        return _xml("DescribeCapacityReservationsResponse",
+                    f"<capacityReservationSet>{''.join(items)}</capacityReservationSet>")
+
+    def _reservation_groups(self, form: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+        rid = form.get("CapacityReservationId", "")
+        found = self.capacity_reservations.get(rid)
+        if found is None:
+            return _error(400, "InvalidCapacityReservationId.NotFound",
+                          f"The capacity reservation ID '{rid}' does not exist")
+        items = "".join(f"<item><groupArn>{escape(arn)}</groupArn><ownerId>123456789012"
+                        f"</ownerId></item>" for arn in found["groups"])
+        return _xml("GetGroupsForCapacityReservationResponse",
+                    f"<capacityReservationGroupSet>{items}</capacityReservationGroupSet>")
 
     def network_nodes(self, instance_id: str, zone: str) -> list[str]:
         """Three layers, as EC2 reports them: a spine per zone, and below it the nodes of

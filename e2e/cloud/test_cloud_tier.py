@@ -9,6 +9,7 @@ import signal
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import pytest
@@ -278,6 +279,90 @@ async def test_a_gang_is_provisioned_into_one_domain_and_bound(scenario: Scenari
     await s.pods_for("gang", 2)
     bound = await eventually(lambda: _bound_all(s, 2), what="the scheduler to bind 2 pods")
     assert set(bound.values()) == {n["metadata"]["name"] for n in nodes}
+
+
+def _reserve(s: Scenario, count: int, *, block: bool) -> tuple[str, Body]:
+    """A reservation of ``count`` machines in the tier's zone (AWS: a Capacity Block open
+    now, or an ODCR; GCP: a specific reservation, in one block of that size): its id and
+    the pool parameters that draw from it."""
+    if s.provider == "aws":
+        rid = f"cr-0{s.run}"
+        now = datetime.now(UTC)
+        s.cloud.layer.add_capacity_reservation(
+            rid, zone=AWS_ZONE, instance_type="p5.48xlarge", count=count,
+            kind="capacity-block" if block else "default",
+            start=now - timedelta(hours=1) if block else None,
+            end=now + timedelta(days=1) if block else None,
+        )
+        target: Body = {"id": rid, "type": "capacity-block" if block else "default"}
+        return rid, {"capacityReservation": target}
+    name = f"res-{s.run}"
+    with s.cloud.compute.lock:
+        s.cloud.compute.add_reservation(GCP_ZONE, name, count,
+                                        blocks={"b1": count} if block else None)
+    reservation: Body = {"name": name, **({"block": "b1"} if block else {})}
+    return (f"{name}/reservationBlocks/b1" if block else name), {"reservation": reservation}
+
+
+async def _reservation_row(s: Scenario) -> Body | None:
+    pool = await s.kube.get(CAPACITY_POOLS, s.pool)
+    rows = (pool.get("status") or {}).get("reservations") or []
+    return dict(rows[0]) if rows else None
+
+
+async def test_a_gang_is_placed_into_a_reservation_block_and_bound(scenario: Scenario) -> None:
+    """A pool drawing from a Capacity Block (AWS) or a reservation's block (GCP) of 2: a
+    gang of 2 is launched into it, registers and is bound by the scheduler; the pool's
+    status shows the block full, as the cloud counts it."""
+    s = scenario
+    rid, params = _reserve(s, 2, block=True)
+    await s.setup(parameters={**s.pool_body()["spec"]["parameters"], **params})
+    row = await eventually(lambda: _reservation_row(s), what="the reservation's figures")
+    assert (row["id"], row["reserved"], row["free"]) == (rid, 2, 2), row
+    await s.request("gang", 2)
+    nodes = await _provisioned_on(s, "gang", 2)
+    ids = {n["spec"]["providerID"].rsplit("/", 1)[-1] for n in nodes}
+    if s.provider == "aws":
+        assert {s.cloud.layer.reserved_in.get(i) for i in ids} == {rid}
+    else:
+        with s.cloud.compute.lock:
+            used = {s.cloud.compute.consumed.get((GCP_ZONE, name)) for name in ids}
+        assert used == {(rid.split("/")[0], "b1")}
+    await s.pods_for("gang", 2)
+    bound = await eventually(lambda: _bound_all(s, 2), what="the scheduler to bind 2 pods")
+    assert set(bound.values()) == {n["metadata"]["name"] for n in nodes}
+
+    async def full() -> Body | None:
+        found = await _reservation_row(s)
+        return found if found is not None and found["free"] == 0 else None
+
+    row = await eventually(full, within=40, what="the reservation's figures to count the gang")
+    assert (row["used"], row["free"]) == (2, 0)
+
+
+async def test_a_reservation_too_small_for_the_gang_is_not_used_partially(
+    scenario: Scenario,
+) -> None:
+    """A pool drawing from a reservation of 1 (AWS: an ODCR; GCP: a specific reservation)
+    and a gang of 2: nothing is launched, and the request fails saying the pool's
+    reservation cannot hold it."""
+    s = scenario
+    _, params = _reserve(s, 1, block=False)
+    await s.setup(parameters={**s.pool_body()["spec"]["parameters"], **params})
+    await eventually(lambda: _reservation_row(s), what="the reservation's figures")
+    if s.provider == "aws":
+        launches = s.cloud.layer.actions.count("CreateFleet")
+    else:
+        launches = len(s.cloud.compute.calls("bulk_insert"))
+    await s.request("gang", 2)
+    failed = await s.wait_condition("gang", "Failed")
+    assert failed["reason"] == "CapacityNeverFits", failed
+    assert "reservation it draws from" in failed["message"], failed
+    assert await asyncio.to_thread(s.machines) == []
+    if s.provider == "aws":
+        assert s.cloud.layer.actions.count("CreateFleet") == launches
+    else:
+        assert len(s.cloud.compute.calls("bulk_insert")) == launches
 
 
 async def _registered(s: Scenario, count: int) -> list[Body] | None:

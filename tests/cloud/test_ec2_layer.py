@@ -186,3 +186,82 @@ async def test_the_registrar_registers_what_the_vm_has_and_deletes_it_with_the_v
         assert registrar.problems == []
     finally:
         await server.stop()
+
+
+# ---- capacity reservations ------------------------------------------------------------
+
+GROUP = "arn:aws:resource-groups:us-east-1:123456789012:group/gpu-odcrs"
+
+
+def _reserve(ep: Endpoint, rid: str, count: int, **kw: Any) -> None:
+    ep.layer.add_capacity_reservation(rid, zone=AWS_ZONE, instance_type="p5.48xlarge",
+                                      count=count, **kw)
+
+
+@pytest.fixture
+def reserved(ep: Endpoint) -> Iterator[Endpoint]:
+    yield ep
+    ep.layer.capacity_reservations.clear()
+
+
+async def test_a_gang_launches_into_an_odcr_and_its_figures_count_it(reserved: Endpoint) -> None:
+    ep = reserved
+    _reserve(ep, "cr-0aaa", 4)
+    # The zone has no on-demand stock at all: only the reservation can serve the gang.
+    ep.layer.stock[AWS_ZONE] = 0
+    request = ep.request("uid-r1", 3, capacityReservation={"id": "cr-0aaa"})
+    await ep.provider().validate(request.pool)
+    nodes = await ep.provider().acquire(request)
+    assert len(nodes) == 3 and len(ep.live()) == 3
+    assert {ep.layer.reserved_in[n.provider_id.rsplit("/", 1)[1]] for n in nodes} == {"cr-0aaa"}
+    [figures] = await ep.provider().reservations(request.pool)
+    assert (figures.zone, figures.reserved, figures.used, figures.free, figures.state) == (
+        AWS_ZONE, 4, 3, 1, "active")
+
+
+async def test_a_reservation_too_small_for_the_gang_launches_nothing(reserved: Endpoint) -> None:
+    ep = reserved
+    _reserve(ep, "cr-0bbb", 2)
+    request = ep.request("uid-r2", 3, capacityReservation={"id": "cr-0bbb"})
+    with pytest.raises(CapacityUnavailable, match="ReservationCapacityExceeded"):
+        await ep.provider().acquire(request)
+    assert ep.live() == []
+    [figures] = await ep.provider().reservations(request.pool)
+    assert (figures.used, figures.free) == (0, 2)
+
+
+async def test_a_capacity_block_serves_only_inside_its_window(reserved: Endpoint) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    ep = reserved
+    now = datetime.now(UTC)
+    _reserve(ep, "cr-0ccc", 4, kind="capacity-block", start=now - timedelta(hours=1),
+             end=now + timedelta(days=1))
+    _reserve(ep, "cr-0ddd", 4, kind="capacity-block", start=now + timedelta(hours=1),
+             end=now + timedelta(days=1))
+    block = {"id": "cr-0ccc", "type": "capacity-block"}
+    request = ep.request("uid-r3", 4, capacityReservation=block)
+    await ep.provider().validate(request.pool)
+    assert len(await ep.provider().acquire(request)) == 4
+    later = ep.request("uid-r4", 1, capacityReservation={"id": "cr-0ddd",
+                                                         "type": "capacity-block"})
+    [figures] = await ep.provider().reservations(later.pool)
+    assert (figures.state, figures.free) == ("scheduled", 0)
+    with pytest.raises(CapacityUnavailable):
+        await ep.provider().acquire(later)
+    assert len(ep.live()) == 4, "nothing launched before the block's start"
+
+
+async def test_a_resource_group_s_reservations_are_read_and_launched_into(
+    reserved: Endpoint,
+) -> None:
+    ep = reserved
+    _reserve(ep, "cr-0e01", 2, groups=(GROUP,))
+    _reserve(ep, "cr-0e02", 2)
+    ep.layer.add_capacity_reservation("cr-0e03", zone="us-east-1b",
+                                      instance_type="p5.48xlarge", count=4, groups=(GROUP,))
+    request = ep.request("uid-r5", 2, capacityReservation={"resourceGroupArn": GROUP})
+    assert len(await ep.provider().acquire(request)) == 2
+    figures = await ep.provider().reservations(request.pool)
+    assert [(f.id, f.zone, f.used, f.free) for f in figures] == [
+        ("cr-0e01", AWS_ZONE, 2, 0), ("cr-0e03", "us-east-1b", 0, 4)]

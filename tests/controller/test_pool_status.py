@@ -403,15 +403,17 @@ async def test_reservation_figures_are_read_on_a_bounded_cadence_and_kept_on_err
 
 
 def test_a_reservation_caps_what_is_planned_into_the_pool_and_only_inside_its_window() -> None:
+    from controller.state.cache import ReservedCapacity
+
     state = ClusterState(levels=DEFAULT_LEVELS)
     state.replace_pools([_pool_body()])
     [pool] = state.snapshot(now=NOW).pools
-    assert pool.max_new_nodes == 6
+    assert pool.max_new_nodes == 6 and not pool.reserved
     start, end = NOW + timedelta(hours=1), NOW + timedelta(days=7)
-    state.set_pool_reservation("p", 3, start=start, end=end)
+    state.set_pool_reservation("p", [ReservedCapacity("", 3, start=start, end=end)])
     assert state.snapshot(now=NOW).pools[0].max_new_nodes == 0  # the block has not begun
     [inside] = state.snapshot(now=start).pools
-    assert inside.max_new_nodes == 3
+    assert inside.max_new_nodes == 3 and inside.reserved
     assert max(d.max_new_nodes for d in inside.domains) == 3
     assert state.snapshot(now=end).pools[0].max_new_nodes == 0  # it has ended
     # How long the block still holds a run is the fit engine's per-request input.
@@ -419,3 +421,44 @@ def test_a_reservation_caps_what_is_planned_into_the_pool_and_only_inside_its_wi
     state.set_pool_reservation("p", None)
     assert state.snapshot(now=end).pools[0].max_new_nodes == 6
     assert state.snapshot(now=end).pools[0].open_seconds is None
+
+
+def _zoned_pool(name: str = "p") -> dict[str, Any]:
+    body = objects.gpu_pool(name, blocks=1, racks_per_block=1, nodes_per_rack=4, max_nodes=8)
+    body["spec"]["topology"] = {"level": "topology.kubernetes.io/zone", "maxNodesPerDomain": 4,
+                                "domains": [{"labels": {"topology.kubernetes.io/zone": z}}
+                                            for z in ("us-east-1a", "us-east-1b")]}
+    return body
+
+
+def test_a_reservation_caps_only_the_domains_of_its_zone() -> None:
+    from controller.state.cache import ReservedCapacity
+
+    state = ClusterState(levels=DEFAULT_LEVELS)
+    state.replace_pools([_zoned_pool()])
+    state.set_pool_reservation("p", [ReservedCapacity("us-east-1a", 2)])
+    [pool] = state.snapshot(now=NOW).pools
+    caps = {d.labels["topology.kubernetes.io/zone"]: d.max_new_nodes for d in pool.domains}
+    assert caps == {"us-east-1a": 2, "us-east-1b": 0} and pool.max_new_nodes == 2
+
+
+def test_nodes_registered_since_the_read_are_not_booked_twice() -> None:
+    from controller.state.cache import ReservedCapacity
+
+    state = ClusterState(levels=DEFAULT_LEVELS)
+    state.replace_pools([_pool_body()])
+    state.set_pool_reservation("p", [ReservedCapacity("", 4)])
+    assert state.snapshot(now=NOW).pools[0].max_new_nodes == 4
+    # Two of the reservation's instances registered before the cloud is read again: its
+    # figures (read before them) still call them free, the planner does not.
+    state.replace_nodes([gpu_node(f"n{i}", rack="b1-r1", **{POOL_LABEL: "p"})
+                         for i in range(2)])
+    assert state.snapshot(now=NOW).pools[0].max_new_nodes == 2
+    # The next read counts them itself.
+    state.set_pool_reservation("p", [ReservedCapacity("", 2, reserved=4)])
+    [pool] = state.snapshot(now=NOW).pools
+    assert pool.max_new_nodes == 2 and pool.reserved_busy == 0
+    # Others run 1 of the 2 left: busy now, not gone (NeverFits counts it back).
+    state.set_pool_reservation("p", [ReservedCapacity("", 1, reserved=4)])
+    [pool] = state.snapshot(now=NOW).pools
+    assert (pool.max_new_nodes, pool.reserved_busy) == (1, 1)

@@ -162,6 +162,27 @@ FITS = [
         id="cheapest-pool-in-domain",
     ),
     pytest.param(
+        Cluster().pool(PoolB("ondemand").domain("b0", "r0", 8).price(2))
+        .pool(PoolB("odcr").domain("b0", "r1", 8).price(5).reserved()),
+        Gang().pod_set("w", 2, gpu=8, required="rack"), PROVISION,
+        Expect({}, {"odcr@r1": 2}, {"w": "r1"}, cost=10.0),
+        id="reserved-pool-wins-over-cheaper-on-demand",
+    ),
+    pytest.param(
+        Cluster().pool(PoolB("ondemand").domain("b0", "r0", 8).price(0))
+        .pool(PoolB("odcr").domain("b0", "r0", 8).price(0).reserved()),
+        Gang().pod_set("w", 2, gpu=8, required="rack"), PROVISION,
+        Expect({}, {"odcr@r0": 2}, cost=0.0),
+        id="reserved-pool-wins-a-price-tie",
+    ),
+    pytest.param(
+        Cluster().pool(PoolB("ondemand").domain("b0", "r0", 8).price(2))
+        .pool(PoolB("odcr").domain("b0", "r1", 2).price(5).reserved()),
+        Gang().pod_set("w", 3, gpu=8, required="rack"), PROVISION,
+        Expect({}, {"ondemand@r0": 3}, {"w": "r0"}, cost=6.0),
+        id="reservation-too-small-for-the-gang-is-not-used-partly",
+    ),
+    pytest.param(
         Cluster().pool(PoolB("a").domain("b0", "r0", 2).price(1))
         .pool(PoolB("b").domain("b0", "r0", 8).price(2)),
         Gang().pod_set("w", 3, gpu=8, required="rack"), PROVISION,
@@ -310,6 +331,14 @@ NOFITS = [
         Gang().pod_set("w", 3, gpu=8), PROVISION,
         ReasonCode.NEVER_FITS, "pool p can add 2 more nodes",
         id="pool-wide-limit-makes-it-never-fit",
+    ),
+    pytest.param(
+        Cluster().pool(replace(PoolB("p").domain("b0", "r0", 8).max_new(1).reserved().build(),
+                               reserved_busy=3)),
+        Gang().pod_set("w", 3, gpu=8), PROVISION,
+        ReasonCode.POOL_LIMIT,
+        "pool p can add 1 more nodes (what the reservation it draws from has free)",
+        id="a-reservation-busy-now-is-not-never",
     ),
     pytest.param(
         Cluster().add(node("n1", gpus=8)),

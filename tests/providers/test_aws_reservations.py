@@ -199,8 +199,31 @@ async def test_reservation_figures_are_the_cloud_s_own(stubbed: Any) -> None:
 async def test_a_pool_without_a_named_reservation_has_no_figures(stubbed: Any) -> None:
     provider, _ = stubbed
     assert await provider.reservations(request().pool) == []
-    assert await provider.reservations(
-        request(capacityReservation={"resourceGroupArn": GROUP_ARN}).pool) == []
+
+
+async def test_a_resource_group_s_members_each_get_figures(stubbed: Any) -> None:
+    provider, stubber = stubbed
+    a, b, other = "cr-0aaa", "cr-0bbb", "cr-0ccc"
+    stubber.add_response("describe_capacity_reservations", {"CapacityReservations": [
+        reservation(CapacityReservationId=a, ReservationType="default",
+                    TotalInstanceCount=8, AvailableInstanceCount=8),
+        reservation(CapacityReservationId=other, ReservationType="default"),
+        reservation(CapacityReservationId=b, AvailabilityZone="us-east-1b",
+                    ReservationType="default", TotalInstanceCount=4, AvailableInstanceCount=1),
+    ]}, {"Filters": [
+        {"Name": "instance-type", "Values": ["p5.48xlarge"]},
+        {"Name": "availability-zone", "Values": [AWS_ZONE, "us-east-1b"]},
+        {"Name": "state", "Values": ["active", "pending", "scheduled"]},
+    ]})
+    for rid, groups in ((a, [GROUP_ARN]), (other, []), (b, [GROUP_ARN, GROUP_ARN + "-x"])):
+        stubber.add_response("get_groups_for_capacity_reservation", {
+            "CapacityReservationGroups": [{"GroupArn": g, "OwnerId": "123456789012"}
+                                          for g in groups]},
+            {"CapacityReservationId": rid})
+    figures = await provider.reservations(
+        request(capacityReservation={"resourceGroupArn": GROUP_ARN}).pool)
+    assert [(f.id, f.zone, f.reserved, f.used, f.free) for f in figures] == [
+        (a, AWS_ZONE, 8, 0, 8), (b, "us-east-1b", 4, 3, 1)]
 
 
 async def test_after_validate_a_plan_outside_the_reservation_s_zone_is_refused(

@@ -55,6 +55,7 @@ def test_aws_policy_grants_every_call_and_scopes_deletes_to_our_tag() -> None:
         "ec2:DescribeInstanceTopology", "ec2:TerminateInstances", "ec2:CreatePlacementGroup",
         "ec2:DeletePlacementGroup", "iam:PassRole", "ec2:DescribeLaunchTemplateVersions",
         "ec2:CreateLaunchTemplate", "ec2:DescribeCapacityReservations",
+        "ec2:GetGroupsForCapacityReservation",
     } <= granted
     deletes = [s for s in policy["Statement"] if "ec2:TerminateInstances" in s["Action"]]
     assert deletes and all(
