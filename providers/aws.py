@@ -402,14 +402,7 @@ class AwsProvider(AtomicProvider[Instance]):
 
     def check(self, request: AcquireRequest) -> None:
         params = parse_parameters(request.pool)
-        zone, _ = self._zone_for(params, request)
-        reserved = self._reserved_zone(params)
-        if reserved is not None and zone != reserved:
-            cr = params.capacity_reservation
-            raise ProviderConfigError(
-                f"acquire {request.key}: pool {request.pool.metadata.name} draws from "
-                f"capacity reservation {cr.id if cr else ''} in zone {reserved}, not {zone}"
-            )
+        self._placements(params, request)
 
     async def reservations(self, pool: CapacityPool) -> list[ReservationFigures]:
         """The cloud's own figures of the pool's reservation (DescribeCapacityReservations):
@@ -432,14 +425,14 @@ class AwsProvider(AtomicProvider[Instance]):
         first one's instances), then the launched instances described by id: a listing by tag
         may not show them yet."""
         params = parse_parameters(request.pool)
-        zone, subnet = self._zone_for(params, request)
+        placements = self._placements(params, request)
         ec2 = await self._client(params.region)
         template = await self._launch_template(ec2, params, request.pool.metadata.name)
         group = await self._ensure_placement_group(ec2, params, request)
         response = await self._calls.call(
             ec2.create_fleet,
             what="CreateFleet",
-            **self._fleet_request(params, request, zone, subnet, group, template=template),
+            **self._fleet_request(params, request, placements, group, template=template),
         )
         launched = [
             instance_id
@@ -491,22 +484,33 @@ class AwsProvider(AtomicProvider[Instance]):
 
     # ---- requests ---------------------------------------------------------------------
 
-    def _zone_for(self, params: AwsPoolParameters, request: AcquireRequest) -> tuple[str, str]:
-        zone = request.domain.get(params.zone_label)
+    def _placements(
+        self, params: AwsPoolParameters, request: AcquireRequest
+    ) -> list[tuple[str, str]]:
+        """(zone, subnet) pairs the fleet may launch into: the zone the plan chose, or,
+        when it chose none (a pool without declared domains, whose placeholder zone is the
+        cloud's to pick, or no zone level at all), every zone of the pool (of its capacity
+        reservation, when it has one): EC2 picks one (``SingleAvailabilityZone``), and the
+        zone the nodes register in is the one Muster publishes."""
+        reserved = self._reserved_zone(params)
+        zone = request.chosen.get(params.zone_label)
         if zone is None:
-            if len(params.subnets) != 1:
-                raise ProviderConfigError(
-                    f"acquire {request.key}: the domain has no {params.zone_label} label and "
-                    f"pool {request.pool.metadata.name} spans zones {sorted(params.subnets)}"
-                )
-            zone = next(iter(params.subnets))
-        subnet = params.subnets.get(zone)
-        if subnet is None:
+            zones = [reserved] if reserved is not None else sorted(params.subnets)
+        elif reserved is not None and zone != reserved:
+            cr = params.capacity_reservation
+            raise ProviderConfigError(
+                f"acquire {request.key}: pool {request.pool.metadata.name} draws from "
+                f"capacity reservation {cr.id if cr else ''} in zone {reserved}, not {zone}"
+            )
+        else:
+            zones = [zone]
+        missing = [z for z in zones if z not in params.subnets]
+        if missing:
             raise ProviderConfigError(
                 f"acquire {request.key}: pool {request.pool.metadata.name} has no subnet in "
-                f"zone {zone} (spec.parameters.subnets has {sorted(params.subnets)})"
+                f"zone {missing[0]} (spec.parameters.subnets has {sorted(params.subnets)})"
             )
-        return zone, subnet
+        return [(z, params.subnets[z]) for z in zones]
 
     def _tags(self, params: AwsPoolParameters, request: AcquireRequest) -> TagList:
         tags = dict(params.tags)
@@ -524,22 +528,24 @@ class AwsProvider(AtomicProvider[Instance]):
         self,
         params: AwsPoolParameters,
         request: AcquireRequest,
-        zone: str,
-        subnet: str,
+        placements: Sequence[tuple[str, str]],
         group: str | None,
         *,
         template: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         template = dict(template or _source_template(params))
-        override: dict[str, Any] = {
-            "InstanceType": params.instance_type,
-            "SubnetId": subnet,
-            "AvailabilityZone": zone,
-        }
-        if params.image_id is not None:
-            override["ImageId"] = params.image_id
-        if group is not None:
-            override["Placement"] = {"GroupName": group}
+        overrides: list[dict[str, Any]] = []
+        for zone, subnet in placements:
+            override: dict[str, Any] = {
+                "InstanceType": params.instance_type,
+                "SubnetId": subnet,
+                "AvailabilityZone": zone,
+            }
+            if params.image_id is not None:
+                override["ImageId"] = params.image_id
+            if group is not None:
+                override["Placement"] = {"GroupName": group}
+            overrides.append(override)
         on_demand: dict[str, Any] = {
             "MinTargetCapacity": request.count,
             "SingleInstanceType": True,
@@ -559,7 +565,7 @@ class AwsProvider(AtomicProvider[Instance]):
             "Type": "instant",
             "ClientToken": aws_client_token(request.key),
             "LaunchTemplateConfigs": [
-                {"LaunchTemplateSpecification": template, "Overrides": [override]}
+                {"LaunchTemplateSpecification": template, "Overrides": overrides}
             ],
             "TargetCapacitySpecification": {
                 "TotalTargetCapacity": request.count,

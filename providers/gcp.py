@@ -628,7 +628,7 @@ class GcpProvider(AtomicProvider[Any]):
     # ---- request building ------------------------------------------------------------
 
     def _check_zone(self, params: GcpPoolParameters, request: AcquireRequest) -> None:
-        zone = request.domain.get(params.zone_label)
+        zone = request.chosen.get(params.zone_label)
         if zone is not None and zone != params.zone:
             raise ProviderConfigError(
                 f"acquire {request.key}: domain zone {zone} is not pool "

@@ -27,7 +27,6 @@ from controller.api.capacitypool import CapacityPool
 from controller.api.node import Node
 from controller.kube import ApiError, Body, KubeClient
 from controller.kube.resources import NODES
-from controller.snapshot import FRESH_PREFIX
 from controller.state.bookings import Group
 from controller.topology_defaults import (
     KEY_LABEL,
@@ -36,6 +35,7 @@ from controller.topology_defaults import (
     POOL_LABEL,
     UNREGISTERED_TAINT,
 )
+from controller.topology_defaults import placeholder as placeholder  # the callers' name
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +53,6 @@ class OutsideDomain:
     def describe(self) -> str:
         return (f"node {self.node} registered with {self.label}={self.observed}, outside the "
                 f"planned domain ({self.label}={self.planned})")
-
-
-def placeholder(value: str) -> bool:
-    """A domain value the planner invented for a pool without declared domains: the node's
-    own (observed) value stands in for it."""
-    return value.startswith(f"{FRESH_PREFIX}-")
 
 
 def fresh_domain(group: Group) -> str:

@@ -123,7 +123,7 @@ async def test_client_token_replay_launches_nothing_more(ep: Endpoint) -> None:
     request = ep.request("uid-d", 2)
     first = await ep.provider().acquire(request)
     fleet = ep.provider()._fleet_request(
-        parse_parameters(request.pool), request, AWS_ZONE, ep.subnets[AWS_ZONE], None
+        parse_parameters(request.pool), request, [(AWS_ZONE, ep.subnets[AWS_ZONE])], None
     )
     assert fleet["ClientToken"] == aws_client_token(request.key)
     again = ep.ec2.create_fleet(**fleet)

@@ -360,8 +360,8 @@ def test_capacity_reservation_preference_reaches_the_fleet_request() -> None:
     provider = AwsProvider(fast_aws_settings(), client_factory=lambda _r: None)
     req = request(capacityReservationUsage="use-capacity-reservations-first",
                   imageId="ami-0abc")
-    built = provider._fleet_request(parse_parameters(req.pool), req, AWS_ZONE,
-                                    "subnet-0aaa1111", None)
+    built = provider._fleet_request(parse_parameters(req.pool), req,
+                                    [(AWS_ZONE, "subnet-0aaa1111")], None)
     assert built["OnDemandOptions"]["CapacityReservationOptions"] == {
         "UsageStrategy": "use-capacity-reservations-first"}
     assert built["LaunchTemplateConfigs"][0]["Overrides"][0]["ImageId"] == "ami-0abc"
@@ -396,3 +396,33 @@ async def test_instances_terminated_behind_our_back_fail_the_acquisition(stubbed
     stubber.add_response("terminate_instances", {}, {"InstanceIds": ids(2)[:1]})
     with pytest.raises(CapacityUnavailable, match="only 1 of 2"):
         await provider.acquire(request(count=2))
+
+
+async def test_a_placeholder_zone_lets_ec2_pick_among_the_pools_subnets(stubbed: Any) -> None:
+    """A pool without declared domains: the planner's placeholder zone (muster-new-...) is
+    not an availability zone. The fleet offers every subnet of the pool, EC2 keeps to one
+    zone, and the nodes carry the zone the instances are in."""
+    provider, stubber = stubbed
+    placeholder = {ZONE_LABEL: "muster-new-gpu-pool-0",
+                   "topology.k8s.aws/network-node-layer-3": "muster-new-gpu-pool-0"}
+    req = AcquireRequest(key=KEY, pool=request().pool, count=2, domain=placeholder,
+                         owner=OWNER, owner_uid="uid-1")
+    launched = ids(2)
+    expected = fleet_params(2)
+    expected["LaunchTemplateConfigs"][0]["Overrides"] = [
+        {"InstanceType": "p5.48xlarge", "SubnetId": "subnet-0aaa1111",
+         "AvailabilityZone": AWS_ZONE},
+        {"InstanceType": "p5.48xlarge", "SubnetId": "subnet-0bbb2222",
+         "AvailabilityZone": "us-east-1b"},
+    ]
+    stubber.add_response("describe_instances", describe([]), {"Filters": KEY_FILTERS})
+    stubber.add_response("create_fleet", fleet_response(launched), expected)
+    in_b = [{**instance(i), "Placement": {"AvailabilityZone": "us-east-1b"}} for i in launched]
+    stubber.add_response("describe_instances", describe(in_b), {"InstanceIds": launched})
+    stubber.add_response("describe_instance_topology", {"Instances": []},
+                         {"InstanceIds": launched})
+
+    nodes = await provider.acquire(req)
+
+    assert {n.labels[ZONE_LABEL] for n in nodes} == {"us-east-1b"}
+    assert {n.provider_id.split("/")[3] for n in nodes} == {"us-east-1b"}

@@ -178,6 +178,16 @@ async def test_domain_in_another_zone_is_refused(gcp_fake: GcpFake) -> None:
         await gcp_fake.provider().acquire(other)
 
 
+async def test_a_placeholder_zone_is_the_pools_zone(gcp_fake: GcpFake) -> None:
+    """A pool without declared domains: the planner's placeholder zone is no zone at all;
+    the machines go to the pool's zone, and the nodes say so."""
+    r = req(gcp_fake, "uid-a", 1)
+    fresh = AcquireRequest(key=r.key, pool=r.pool, count=1,
+                           domain={ZONE_LABEL: "muster-new-gpu-pool-0"}, owner="ml/x")
+    nodes = await gcp_fake.provider().acquire(fresh)
+    assert [n.labels[ZONE_LABEL] for n in nodes] == [GCP_ZONE]
+
+
 @pytest.mark.parametrize(("params", "field"), [
     ({"project": "X"}, "project"),
     ({"zone": "us-central1"}, "zone"),
