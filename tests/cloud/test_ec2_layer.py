@@ -186,3 +186,16 @@ async def test_the_registrar_registers_what_the_vm_has_and_deletes_it_with_the_v
         assert registrar.problems == []
     finally:
         await server.stop()
+
+
+async def test_a_placeholder_zone_launches_where_ec2_has_the_stock(ep: Endpoint) -> None:
+    """A pool without declared domains (its zone a placeholder): the fleet names both of the
+    pool's subnets, EC2 launches the whole gang in the zone that has the stock, and the
+    nodes say which."""
+    ep.layer.stock[AWS_ZONE] = 0
+    request = ep.request("uid-z", 2)
+    fresh = AcquireRequest(key=request.key, pool=request.pool, count=2,
+                           domain={ZONE_LABEL: "muster-new-gpu-pool-0"}, owner="ml/uid-z")
+    nodes = await ep.provider().acquire(fresh)
+    assert {n.labels[ZONE_LABEL] for n in nodes} == {"us-east-1b"}
+    assert {i["Placement"]["AvailabilityZone"] for i in ep.live()} == {"us-east-1b"}
