@@ -698,8 +698,9 @@ class ProvisioningService:
         plan (phase Acquiring) into a booking."""
         reason = Reason.CAPACITY_IS_PROVISIONED if booking.groups else Reason.CAPACITY_IS_FOUND
         try:
-            details = class_details(booking.plan, self.observed_domains(booking))
-            where = _where(booking.plan)
+            seen = self.observed_domains(booking)
+            details = class_details(booking.plan, seen)
+            where = _where(booking.plan, seen)
             relaxed, sets = self.relaxed(req, booking.plan)
             if relaxed:
                 details[RELAXED_DETAIL] = relaxed_detail(relaxed)
@@ -1406,9 +1407,16 @@ def _group_text(group: Group) -> str:
     return f"{group.pool}[{where or '-'}]x{group.count}"
 
 
-def _where(plan: Plan) -> str:
+def _where(plan: Plan, observed: Mapping[tuple[str, str], str] | None = None) -> str:
+    """Where the plan puts each pod set; ``observed``: a placeholder domain is named as its
+    nodes registered it (a new domain of the level, when they did not say)."""
     parts = []
     for p in plan.placements:
+        if observed is not None and p.level and p.domain and placeholder(p.domain):
+            p = _observed_placement(p, observed)
+            if p.domain is None:
+                parts.append(f"pod set {p.pod_set} in a new {p.level.rsplit('/', 1)[-1]}")
+                continue
         if p.level and p.domain:
             parts.append(f"pod set {p.pod_set} in {p.level.rsplit('/', 1)[-1]} {p.domain}")
         elif p.level:
