@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,6 +73,15 @@ def observed_domain(group: Group, nodes: Sequence[Node]) -> dict[tuple[str, str]
         if len(seen) == 1 and None not in seen:
             out[(key, value)] = str(seen.pop())
     return out
+
+
+def registration_budget(pools: Iterable[CapacityPool], default: float) -> float:
+    """How long an acquisition's machines may take to register and be Ready: the longest
+    budget of its pools (``spec.registrationTimeoutSeconds``, else ``default``, the
+    controller's ``acquisition.node_ready_timeout_seconds``). One wait for the whole gang:
+    it is all or nothing, so it is confirmed only once its slowest pool's nodes are."""
+    return max((p.spec.registration_timeout_seconds or default for p in pools),
+               default=default)
 
 
 CLOUD_UNINITIALIZED = "node.cloudprovider.kubernetes.io/uninitialized"

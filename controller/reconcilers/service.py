@@ -44,6 +44,7 @@ from controller.acquire.registration import (
     placeholder,
     register,
     registration,
+    registration_budget,
 )
 from controller.api.node import Node
 from controller.api.parameters import (
@@ -524,7 +525,10 @@ class ProvisioningService:
                        nodes=sorted(booking.acquired_nodes))
                 self.state.reserve(req.key, booking)
                 req = await self.remember_launched(req, booking)
-                timeout = self.config.acquisition.node_ready_timeout_seconds
+                pools_now = self.state.pools()
+                timeout = registration_budget(
+                    (pools_now[p] for p in pools if p in pools_now),
+                    self.config.acquisition.node_ready_timeout_seconds)
                 not_ready, outside = await self.wait_nodes(req, booking, within=timeout)
             finally:
                 # Later status writes start from this one's conditions, never race it.
@@ -558,7 +562,7 @@ class ProvisioningService:
                 return await self.retry_or_fail(
                     req, attempt=booking.attempt, reason=Reason.NODES_NOT_READY,
                     detail=f"{len(not_ready)} node(s) not Ready: {', '.join(not_ready[:5])}",
-                    permanent=False,
+                    permanent=False, ready_within=timeout,
                 )
         except AcquisitionFailed as exc:
             decide("acquire", req.key, outcome="failed", attempt=booking.attempt,
@@ -1015,9 +1019,12 @@ class ProvisioningService:
         detail: str,
         permanent: bool = False,
         relax_time: datetime | None = None,
+        ready_within: float | None = None,
     ) -> Delay:
         """``relax_time``: when the request's topology may be relaxed; the next attempt is
-        then no later than that."""
+        then no later than that. ``ready_within``: the registration budget nodes that were
+        not Ready were given (NodesNotReady)."""
+        ready_within = ready_within or self.config.acquisition.node_ready_timeout_seconds
         self.state.unreserve(req.key)
         max_attempts = self.config.retry.max_attempts
         params = self.parameters(req)
@@ -1048,7 +1055,7 @@ class ProvisioningService:
             return await self.fail(
                 req, Reason.RETRIES_EXHAUSTED,
                 f"{unready} acquisition(s) gave nodes that were not Ready within "
-                f"{self.config.acquisition.node_ready_timeout_seconds:.0f}s "
+                f"{ready_within:.0f}s "
                 f"(retry.max_unready_acquisitions {limit}; each was paid for, then released): "
                 f"{detail}. Check the pool's node image and bootstrap, then recreate the "
                 "request.",
@@ -1081,7 +1088,7 @@ class ProvisioningService:
             else message(reason, **fields)
             if reason in (Reason.CAPACITY_IS_NOT_FOUND, Reason.NAMESPACE_LIMIT_REACHED,
                           Reason.POOL_UNUSABLE)
-            else message(reason, seconds=self.config.acquisition.node_ready_timeout_seconds,
+            else message(reason, seconds=ready_within,
                          detail=detail)
         )
         await self.write_status(
@@ -1413,9 +1420,10 @@ def _where(plan: Plan, observed: Mapping[tuple[str, str], str] | None = None) ->
     parts = []
     for p in plan.placements:
         if observed is not None and p.level and p.domain and placeholder(p.domain):
+            level = p.level.rsplit("/", 1)[-1]
             p = _observed_placement(p, observed)
             if p.domain is None:
-                parts.append(f"pod set {p.pod_set} in a new {p.level.rsplit('/', 1)[-1]}")
+                parts.append(f"pod set {p.pod_set} in a new {level}")
                 continue
         if p.level and p.domain:
             parts.append(f"pod set {p.pod_set} in {p.level.rsplit('/', 1)[-1]} {p.domain}")

@@ -594,3 +594,33 @@ async def test_a_stock_out_in_a_fresh_domain_backs_off_and_asks_the_cloud_again(
     assert cond["type"] == "Provisioned", cond
     assert len([c for c in provider.calls if c.op == "acquire"]) == 2
     assert "muster-new-" not in cond["message"], "the Provisioned message names the place"
+
+
+async def test_a_pools_registration_budget_bounds_the_wait_for_its_machines(
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
+) -> None:
+    """The pool's spec.registrationTimeoutSeconds, not the controller's 900 s default, is how
+    long its machines may take to register: at 120 virtual seconds the unregistered ones are
+    released and the condition names the pool's budget."""
+    _, clock, provider = running
+    await kube.merge_patch(CAPACITY_POOLS, "gpu", {"spec": {"registrationTimeoutSeconds": 90}})
+    await asyncio.sleep(0.2)
+    provider.never_register_next(pool="gpu")
+    await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
+        "silent", namespace="ns", pod_sets=[("workers", 2)]), namespace="ns")
+    await _until(lambda: _launched(provider))
+    await asyncio.sleep(0.2)
+    await clock.advance(120)
+    cond = await _until(lambda: _not_ready(kube, "silent"))
+    assert "within 90s" in cond["message"], cond
+    assert "registrationTimeoutSeconds" in cond["message"], cond
+    assert [c.count for c in provider.calls if c.op == "release"] == [2]
+
+
+async def _launched(provider: FakeProvider) -> bool:
+    return any(c.op == "acquire" for c in provider.calls)
+
+
+async def _not_ready(kube: KubeClient, name: str) -> dict[str, Any] | None:
+    cond = await _condition(kube, name, "Provisioned")
+    return cond if cond is not None and cond["reason"] == "NodesNotReady" else None
