@@ -199,3 +199,34 @@ async def test_a_placeholder_zone_launches_where_ec2_has_the_stock(ep: Endpoint)
     nodes = await ep.provider().acquire(fresh)
     assert {n.labels[ZONE_LABEL] for n in nodes} == {"us-east-1b"}
     assert {i["Placement"]["AvailabilityZone"] for i in ep.live()} == {"us-east-1b"}
+
+
+async def test_a_template_copy_goes_with_the_last_instance_launched_from_it(
+    ep: Endpoint,
+) -> None:
+    """bootstrap: nodeadm launches from Muster's copy of the pool's template; once no live
+    instance was launched from it, releasing deletes it (EC2 over HTTP)."""
+    source = ep.ec2.create_launch_template(
+        LaunchTemplateName="stock-al2023",
+        LaunchTemplateData={"ImageId": "ami-12c6146b",
+                            "UserData": base64.b64encode(STOCK.encode()).decode()},
+    )["LaunchTemplate"]["LaunchTemplateId"]
+
+    def copies() -> list[str]:
+        found = ep.ec2.describe_launch_templates()["LaunchTemplates"]
+        return [t["LaunchTemplateName"] for t in found
+                if t["LaunchTemplateName"].startswith("muster-gpu-pool-")]
+
+    try:
+        provider = ep.provider()
+        first = ep.request("uid-t1", 1, bootstrap="nodeadm", launchTemplate={"id": source})
+        second = ep.request("uid-t2", 1, bootstrap="nodeadm", launchTemplate={"id": source})
+        await provider.acquire(first)
+        await provider.acquire(second)
+        assert len(copies()) == 1, "one copy per template content"
+        await provider.release(first.pool, first.key)
+        assert len(copies()) == 1, "the second gang's instance was launched from it"
+        await provider.release(second.pool, second.key)
+        assert copies() == []
+    finally:
+        ep.ec2.delete_launch_template(LaunchTemplateId=source)

@@ -55,6 +55,9 @@ TAGS = [
     {"Key": "muster.dev/pool", "Value": "gpu-pool"},
     {"Key": "team", "Value": "ml"},
 ]
+INSTANCE_TAGS = sorted([*TAGS, {"Key": "muster.dev/launch-template", "Value": ""}],
+                       key=lambda t: t["Key"])
+"""What the fleet tags its instances with: the pool's own template, no copy of Muster's."""
 KEY_FILTERS = [
     {"Name": "tag:muster.dev/cluster", "Values": ["test-cluster"]},
     {"Name": "tag:muster.dev/pool", "Values": ["gpu-pool"]},
@@ -81,7 +84,7 @@ def fleet_params(count: int = 4, placement: str | None = None) -> dict[str, Any]
                                         "DefaultTargetCapacityType": "on-demand"},
         "OnDemandOptions": {"MinTargetCapacity": count, "SingleInstanceType": True,
                             "SingleAvailabilityZone": True},
-        "TagSpecifications": [{"ResourceType": "instance", "Tags": TAGS},
+        "TagSpecifications": [{"ResourceType": "instance", "Tags": INSTANCE_TAGS},
                               {"ResourceType": "fleet", "Tags": TAGS}],
     }
 
@@ -426,3 +429,98 @@ async def test_a_placeholder_zone_lets_ec2_pick_among_the_pools_subnets(stubbed:
 
     assert {n.labels[ZONE_LABEL] for n in nodes} == {"us-east-1b"}
     assert {n.provider_id.split("/")[3] for n in nodes} == {"us-east-1b"}
+
+
+POOL_FILTERS = [
+    {"Name": "tag:muster.dev/cluster", "Values": ["test-cluster"]},
+    {"Name": "tag:muster.dev/pool", "Values": ["gpu-pool"]},
+]
+
+
+def copy_of(digest: str, pool: str = "gpu-pool") -> dict[str, Any]:
+    return {"LaunchTemplateName": f"muster-{pool}-{digest}", "LaunchTemplateId": f"lt-0{digest}",
+            "Tags": [{"Key": "muster.dev/cluster", "Value": "test-cluster"},
+                     {"Key": "muster.dev/pool", "Value": pool}]}
+
+
+def launched_from(instance_id: str, copy: str) -> dict[str, Any]:
+    return {**instance(instance_id),
+            "Tags": [*TAGS, {"Key": "muster.dev/launch-template", "Value": copy}]}
+
+
+async def test_release_deletes_the_copies_no_live_instance_or_launch_uses(stubbed: Any) -> None:
+    """After a release, Muster's launch-template copies of the pool go unless a live instance
+    was launched from one or a launch of this process is using it right now."""
+    provider, stubber = stubbed
+    provider._templates_in_use[(None, "muster-gpu-pool-ccc")] += 1  # a fleet in flight
+    stubber.add_response("describe_instances", describe([instance(i) for i in ids(1)]),
+                         {"Filters": KEY_FILTERS})
+    stubber.add_response("terminate_instances", {"TerminatingInstances": []},
+                         {"InstanceIds": ids(1)})
+    stubber.add_response("describe_launch_templates", {"LaunchTemplates": [
+        copy_of("aaa"), copy_of("bbb"), copy_of("ccc")]}, {"Filters": POOL_FILTERS})
+    stubber.add_response("describe_instances", describe([
+        launched_from("i-0000000000000000a", "muster-gpu-pool-aaa")]), {"Filters": [
+            *POOL_FILTERS, KEY_FILTERS[-1]]})
+    stubber.add_response("delete_launch_template", {}, {"LaunchTemplateName":
+                                                        "muster-gpu-pool-bbb"})
+
+    assert await provider.release(request().pool, KEY) == 1
+
+
+async def test_an_instance_of_an_older_version_keeps_every_copy_of_its_pool(
+    stubbed: Any,
+) -> None:
+    """An instance without the launch-template tag (launched before Muster tagged it) could
+    come from any copy of its pool: none of them is deleted; another pool's unused one is."""
+    provider, stubber = stubbed
+    stubber.add_response("describe_instances", describe([]), {"Filters": [
+        f for f in KEY_FILTERS if f["Name"] != "tag:muster.dev/key"]})
+    stubber.add_response("describe_launch_templates", {"LaunchTemplates": [
+        copy_of("aaa"), copy_of("ddd", pool="old-pool")]}, {"Filters": POOL_FILTERS[:1]})
+    stubber.add_response("describe_instances", describe([instance(ids(1)[0])]),
+                         {"Filters": [POOL_FILTERS[0], KEY_FILTERS[-1]]})
+    stubber.add_response("delete_launch_template", {}, {"LaunchTemplateName":
+                                                        "muster-old-pool-ddd"})
+
+    assert await provider.list(request().pool) == []
+
+
+async def test_a_copy_tags_the_volumes_and_the_instances_name_it(stubbed: Any) -> None:
+    """bootstrap: nodeadm: the fleet launches from Muster's copy, whose volumes are tagged
+    like the instances (an instant fleet tags only itself and its instances) and whose
+    name each instance carries, so the copy can go once no instance names it."""
+    import base64
+
+    from tests.providers.test_bootstrap import STOCK
+
+    provider, stubber = stubbed
+    req = request(bootstrap="nodeadm")
+    stubber.add_response("describe_instances", describe([]), {"Filters": KEY_FILTERS})
+    stubber.add_response("describe_launch_template_versions", {"LaunchTemplateVersions": [{
+        "LaunchTemplateData": {
+            "UserData": base64.b64encode(STOCK.encode()).decode(),
+            "TagSpecifications": [{"ResourceType": "volume",
+                                   "Tags": [{"Key": "backup", "Value": "no"}]}],
+        }}]}, None)
+    stubber.add_response("create_launch_template", {}, {
+        "LaunchTemplateName": ANY, "LaunchTemplateData": {
+            "UserData": ANY,
+            "TagSpecifications": [{"ResourceType": "volume", "Tags": [
+                {"Key": "backup", "Value": "no"},
+                {"Key": "muster.dev/cluster", "Value": "test-cluster"},
+                {"Key": "muster.dev/pool", "Value": "gpu-pool"},
+                {"Key": "team", "Value": "ml"}]}]},
+        "TagSpecifications": ANY})
+    stubber.add_response("create_fleet", fleet_response([], [
+        {"ErrorCode": "InsufficientInstanceCapacity", "ErrorMessage": "none"}]), None)
+    stubber.add_response("describe_instances", describe([]), {"Filters": KEY_FILTERS})
+    with pytest.raises(CapacityUnavailable):
+        await provider.acquire(req)
+    fleet = provider._fleet_request(parse_parameters(req.pool), req,
+                                    [(AWS_ZONE, "subnet-0aaa1111")], None,
+                                    copy="muster-gpu-pool-0123")
+    [instances] = [t for t in fleet["TagSpecifications"] if t["ResourceType"] == "instance"]
+    assert {"Key": "muster.dev/launch-template", "Value": "muster-gpu-pool-0123"} in (
+        instances["Tags"])
+    assert provider._templates_in_use == {}, "the failed launch's copy is in use no more"
