@@ -652,6 +652,7 @@ class AwsProvider(AtomicProvider[Instance]):
                 f"{_template_text(params)} not found"
             )
         data = dict(versions[0].get("LaunchTemplateData") or {})
+        _check_network_interfaces(params, data)
         if params.capacity_reservation is not None:
             data.update(_reservation_template_data(params.capacity_reservation))
         if params.bootstrap != "nodeadm":
@@ -1061,6 +1062,36 @@ def _reservation_template_data(cr: CapacityReservationParams) -> dict[str, Any]:
     if cr.type == "capacity-block":
         data["InstanceMarketOptions"] = {"MarketType": "capacity-block"}
     return data
+
+
+def _check_network_interfaces(params: AwsPoolParameters, data: Mapping[str, Any]) -> None:
+    """What EC2 would refuse at launch in a template with network interfaces (EFA on P5,
+    P4d, Trn): the fleet's override puts the instances in the pool's subnet of the zone it
+    picks, so an interface naming another subnet (or any, when the pool spans zones)
+    conflicts; instance-level security groups cannot go with interfaces (each interface
+    lists its own ``Groups``, the EFA one included); EFA-only interfaces cannot be the
+    primary one (device 0 of card 0)."""
+    nics = data.get("NetworkInterfaces") or []
+    if not nics:
+        return
+    where = f"spec.parameters.launchTemplate: {_template_text(params)}"
+    if data.get("SecurityGroupIds") or data.get("SecurityGroups"):
+        raise ProviderConfigError(
+            f"{where} sets security groups on the instance and network interfaces: EC2 "
+            "refuses both; list the groups in each interface's Groups")
+    subnets = set(params.subnets.values())
+    for k, nic in enumerate(nics):
+        subnet = nic.get("SubnetId")
+        if subnet is not None and (subnet not in subnets or len(subnets) > 1):
+            raise ProviderConfigError(
+                f"{where}: NetworkInterfaces[{k}] names subnet {subnet}; Muster's fleet "
+                "launches into the pool's subnet of the zone it uses (spec.parameters."
+                "subnets), so leave SubnetId out of the template's interfaces")
+        primary = int(nic.get("DeviceIndex", 0)) == 0 and int(nic.get("NetworkCardIndex", 0)) == 0
+        if primary and nic.get("InterfaceType") == "efa-only":
+            raise ProviderConfigError(
+                f"{where}: NetworkInterfaces[{k}] is the primary interface (card 0, device 0) "
+                "and efa-only; it must be an ENA or efa interface")
 
 
 def _with_volume_tags(

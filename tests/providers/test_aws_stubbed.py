@@ -524,3 +524,44 @@ async def test_a_copy_tags_the_volumes_and_the_instances_name_it(stubbed: Any) -
     assert {"Key": "muster.dev/launch-template", "Value": "muster-gpu-pool-0123"} in (
         instances["Tags"])
     assert provider._templates_in_use == {}, "the failed launch's copy is in use no more"
+
+
+def _template_with(stubber: Stubber, **data: Any) -> None:
+    import base64
+
+    from tests.providers.test_bootstrap import STOCK
+
+    stubber.add_response("describe_launch_template_versions", {"LaunchTemplateVersions": [{
+        "LaunchTemplateData": {"UserData": base64.b64encode(STOCK.encode()).decode(),
+                               **data}}]}, None)
+
+
+P5_EFA = [
+    {"NetworkCardIndex": 0, "DeviceIndex": 0, "InterfaceType": "efa", "Groups": ["sg-0efa"]},
+    *({"NetworkCardIndex": k, "DeviceIndex": 1 if k == 0 else 0,
+       "InterfaceType": "efa-only", "Groups": ["sg-0efa"]} for k in range(0, 32)),
+]
+
+
+async def test_an_efa_template_without_subnets_is_usable(stubbed: Any) -> None:
+    """P5 with 32 EFA interfaces in the launch template (no subnet: the fleet's override
+    sets it per zone) passes; the checks read the template Muster reads anyway."""
+    provider, stubber = stubbed
+    _template_with(stubber, NetworkInterfaces=P5_EFA)
+    await provider.validate(request(bootstrap="nodeadm").pool)
+
+
+@pytest.mark.parametrize(("data", "words"), [
+    ({"NetworkInterfaces": [{"DeviceIndex": 0, "SubnetId": "subnet-0aaa1111",
+                             "InterfaceType": "efa"}]}, "leave SubnetId out"),
+    ({"NetworkInterfaces": P5_EFA, "SecurityGroupIds": ["sg-1"]}, "Groups"),
+    ({"NetworkInterfaces": [{"DeviceIndex": 0, "NetworkCardIndex": 0,
+                             "InterfaceType": "efa-only"}]}, "primary interface"),
+])
+async def test_an_efa_template_ec2_would_refuse_makes_the_pool_unusable(
+    stubbed: Any, data: dict[str, Any], words: str,
+) -> None:
+    provider, stubber = stubbed
+    _template_with(stubber, **data)
+    with pytest.raises(ProviderConfigError, match=words):
+        await provider.validate(request(bootstrap="nodeadm").pool)
