@@ -40,6 +40,21 @@ def placeholder(value: str) -> bool:
     return value.startswith(f"{FRESH_PREFIX}-")
 
 
+CLOUD_TOPOLOGY_PREFIXES: dict[str, tuple[str, ...]] = {
+    "aws": ("topology.k8s.aws/",),
+    "gcp": ("cloud.google.com/",),
+}
+"""Label namespaces a cloud's own node topology is reported in, by provider name."""
+
+
+def foreign_level(label: str, provider: str) -> bool:
+    """``label`` is another cloud's topology (an EC2 network node layer on a GCE node): a
+    node of ``provider`` never carries it, and Muster never writes it there."""
+    return any(label.startswith(prefix)
+               for cloud, prefixes in CLOUD_TOPOLOGY_PREFIXES.items() if cloud != provider
+               for prefix in prefixes)
+
+
 # Pod-template annotations selecting a pod set's topology. Muster's own win over Kueue's.
 MUSTER_REQUIRED = "muster.dev/required-topology"
 MUSTER_PREFERRED = "muster.dev/preferred-topology"

@@ -34,6 +34,7 @@ from controller.topology_defaults import (
     OWNER_UID_LABEL,
     POOL_LABEL,
     UNREGISTERED_TAINT,
+    foreign_level,
 )
 from controller.topology_defaults import placeholder as placeholder  # the callers' name
 
@@ -124,8 +125,14 @@ def registration(
             return OutsideDomain(node.metadata.name, key, planned, observed)
     template = pool.spec.node_template
     want: dict[str, str] = dict(template.labels)
+    # A placeholder level the cloud did not report gets a value of this acquisition's own
+    # (each acquisition is a domain of its own), but only a level the pool's own cloud
+    # could report: a GCE node never gets an EC2 network node layer (with both clouds'
+    # levels configured, the planner's placeholder spans them all).
+    provider = pool.spec.provider
     want.update({k: (fresh_domain(group) if placeholder(v) else v)
-                 for k, v in group.domain.items() if k not in labels})
+                 for k, v in group.domain.items()
+                 if k not in labels and not (placeholder(v) and foreign_level(k, provider))})
     want.update({POOL_LABEL: group.pool, KEY_LABEL: group.key})
     if owner_uid:
         want[OWNER_UID_LABEL] = owner_uid
