@@ -448,7 +448,8 @@ def shape_problem(props: Any) -> str | None:
     nics = props.get("networkInterfaces") or []
     if len(nics) > 10:
         return f"instanceProperties.networkInterfaces: {len(nics)} interfaces, at most 10"
-    known = {e.name for e in compute_v1.NetworkInterface.NicType} - {
+    nic_types: Any = compute_v1.NetworkInterface.NicType  # a proto-plus enum: iterable
+    known = {e.name for e in nic_types} - {
         "UNDEFINED_NIC_TYPE", "UNSPECIFIED_NIC_TYPE"}
     for k, nic in enumerate(nics):
         if "nicType" in nic and nic["nicType"] not in known:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import Any
 
 import pytest
 
@@ -205,7 +206,8 @@ def test_the_nic_types_are_computes_own() -> None:
     from google.cloud import compute_v1
 
     from providers.gcp import NIC_TYPES
-    assert set(NIC_TYPES) == {e.name for e in compute_v1.NetworkInterface.NicType} - {
+    nic_types: Any = compute_v1.NetworkInterface.NicType  # a proto-plus enum: iterable
+    assert set(NIC_TYPES) == {e.name for e in nic_types} - {
         "UNDEFINED_NIC_TYPE", "UNSPECIFIED_NIC_TYPE"}
 
 
@@ -221,7 +223,7 @@ def test_the_nic_types_are_computes_own() -> None:
 async def test_bad_network_interfaces_are_refused_before_any_call(
     gcp_fake: GcpFake, nics: list[dict[str, str]], extra: dict[str, str], words: str,
 ) -> None:
-    pool = gcp_fake.pool(networkInterfaces=nics, **extra)  # type: ignore[arg-type]
+    pool = gcp_fake.pool(networkInterfaces=nics, **extra)
     with pytest.raises(ProviderConfigError, match=words):
         await gcp_fake.provider().validate(pool)
     assert gcp_fake.fake.calls("bulk_insert") == []
