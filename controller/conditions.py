@@ -95,7 +95,8 @@ MESSAGES: Mapping[Reason, str] = {
     ),
     Reason.NODES_NOT_READY: (
         "Acquired nodes were not Ready within {seconds:.0f}s: {detail}. They were released; "
-        "check the provider, or raise acquisition.node_ready_timeout_seconds."
+        "check the provider and the pool's bootstrap, or raise the pool's "
+        "spec.registrationTimeoutSeconds (default acquisition.node_ready_timeout_seconds)."
     ),
     Reason.NODES_VANISHED: (
         "Booked node(s) disappeared before the pods used them: {detail}. Create a new "

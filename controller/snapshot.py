@@ -57,6 +57,7 @@ from controller.tas_slices import SLICE_SIZE, kueue_problems, slice_request, unc
 from controller.topology_defaults import (
     DEFAULT_LEVELS,
     DEFAULT_PODS_PER_NODE,
+    FRESH_PREFIX,
     KUEUE_PREFERRED,
     KUEUE_REQUIRED,
     KUEUE_UNCONSTRAINED,
@@ -67,8 +68,6 @@ from controller.topology_defaults import (
 
 MAX_FRESH_DOMAINS = 64
 """Placeholder domains synthesized per fresh-domain pool (enough for any single gang)."""
-
-FRESH_PREFIX = "muster-new"
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -30,6 +30,7 @@ import json
 import logging
 import math
 import re
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -72,6 +73,9 @@ TAG_KEY = "muster.dev/key"
 TAG_OWNER = "muster.dev/owner"
 TAG_OWNER_UID = "muster.dev/owner-uid"
 TAG_CLUSTER = "muster.dev/cluster"
+TAG_TEMPLATE = "muster.dev/launch-template"
+"""On an instance: the name of Muster's launch-template copy it was launched from (empty for
+the pool's own template), so a copy no live instance names can be deleted."""
 RESERVED_TAG_PREFIX = "muster.dev/"
 
 TOPOLOGY_LABEL_PREFIX = "topology.k8s.aws/network-node-layer-"
@@ -304,6 +308,9 @@ class AwsProviderSettings(CloudProviderSettings):
     describe_interval_seconds: float = Field(default=1.0, ge=0)
     placement_group_delete_timeout_seconds: float = Field(default=300.0, ge=0)
     placement_group_poll_seconds: float = Field(default=5.0, ge=0)
+    template_sweep_seconds: float = Field(default=600.0, gt=0)
+    """How often listing a pool also deletes the cluster's launch-template copies (in the
+    pool's region) that no live instance and no launch in flight uses."""
 
 
 ClientFactory = Callable[[str | None], Any]
@@ -440,6 +447,13 @@ class AwsProvider(AtomicProvider[Instance]):
         )
         self._bootstrap_cache: dict[tuple[str | None, str], tuple[float, dict[str, Any]]] = {}
         self._reservation_cache: dict[tuple[str | None, str], dict[str, Any]] = {}
+        self._templates_in_use: Counter[tuple[str | None, str]] = Counter()
+        """Copies a launch of this process is using (from their creation to the fleet's
+        answer): never deleted meanwhile."""
+        self._template_lock = asyncio.Lock()
+        """Held while a copy is created and marked in use, and while unused copies are
+        deleted: a copy is never deleted between a launch's creating and using it."""
+        self._last_sweep: dict[str | None, float] = {}
 
     # ---- the adapter ------------------------------------------------------------------
 
@@ -463,14 +477,7 @@ class AwsProvider(AtomicProvider[Instance]):
 
     def check(self, request: AcquireRequest) -> None:
         params = parse_parameters(request.pool)
-        zone, _ = self._zone_for(params, request)
-        reserved = self._reserved_zone(params)
-        if reserved is not None and zone != reserved:
-            cr = params.capacity_reservation
-            raise ProviderConfigError(
-                f"acquire {request.key}: pool {request.pool.metadata.name} draws from "
-                f"capacity reservation {cr.id if cr else ''} in zone {reserved}, not {zone}"
-            )
+        self._placements(params, request)
 
     async def reservations(self, pool: CapacityPool) -> list[ReservationFigures]:
         """The cloud's own figures of the pool's reservation (DescribeCapacityReservations),
@@ -529,7 +536,7 @@ class AwsProvider(AtomicProvider[Instance]):
         if found is not None:
             return found
         hours = block_hours(run_seconds, buy.duration_hours)
-        zone, _ = self._zone_for(params, request)
+        zones = {z for z, _ in self._placements(params, request)}
         ec2 = await self._client(params.region)
         response = await self._calls.call(
             ec2.describe_capacity_block_offerings, what="DescribeCapacityBlockOfferings",
@@ -538,14 +545,14 @@ class AwsProvider(AtomicProvider[Instance]):
         )
         limit = Decimal(buy.max_upfront_fee)
         offers = [o for o in response.get("CapacityBlockOfferings") or []
-                  if o.get("AvailabilityZone") == zone
+                  if o.get("AvailabilityZone") in zones
                   and o.get("InstanceCount") == request.count
                   and _fee(o) <= limit]
         if not offers:
             return QueuedStatus(
                 name="no offering", state="no-offering", outcome=QUEUED,
                 error=f"no Capacity Block of {request.count} x {params.instance_type} for "
-                f"{hours} h in {zone} at or under {buy.max_upfront_fee}")
+                f"{hours} h in {', '.join(sorted(zones))} at or under {buy.max_upfront_fee}")
         offer = min(offers, key=lambda o: (o.get("StartDate"), _fee(o)))
         bought = await self._calls.call(
             ec2.purchase_capacity_block, what="PurchaseCapacityBlock",
@@ -617,15 +624,22 @@ class AwsProvider(AtomicProvider[Instance]):
         params = parse_parameters(request.pool)
         if params.capacity_block_purchase is not None:
             params = await self._into_bought_block(params, request)
-        zone, subnet = self._zone_for(params, request)
+        placements = self._placements(params, request)
         ec2 = await self._client(params.region)
-        template = await self._launch_template(ec2, params, request.pool.metadata.name)
-        group = await self._ensure_placement_group(ec2, params, request)
-        response = await self._calls.call(
-            ec2.create_fleet,
-            what="CreateFleet",
-            **self._fleet_request(params, request, zone, subnet, group, template=template),
-        )
+        template, copy = await self._launch_template(ec2, params, request.pool.metadata.name)
+        try:
+            group = await self._ensure_placement_group(ec2, params, request)
+            response = await self._calls.call(
+                ec2.create_fleet,
+                what="CreateFleet",
+                **self._fleet_request(params, request, placements, group, template=template,
+                                      copy=copy),
+            )
+        finally:
+            if copy is not None:
+                self._templates_in_use[(params.region, copy)] -= 1
+                if self._templates_in_use[(params.region, copy)] <= 0:
+                    del self._templates_in_use[(params.region, copy)]
         launched = [
             instance_id
             for entry in response.get("Instances", []) or []
@@ -655,6 +669,8 @@ class AwsProvider(AtomicProvider[Instance]):
         if params.placement_group is not None and params.placement_group.per_acquisition:
             await self._delete_placement_group(ec2, aws_placement_group_name(key))
         log.info("release %s: terminated %d instances", key, len(ids))
+        if ids:
+            await self._sweep_templates(ec2, params.region, pool.metadata.name)
         return len(ids)
 
     async def to_nodes(
@@ -664,6 +680,7 @@ class AwsProvider(AtomicProvider[Instance]):
         an acquisition's also get the instances' observed network topology."""
         params = parse_parameters(pool)
         if request is None:
+            await self._sweep_due(params.region)
             return [self._node(params, pool.metadata.name, i, {}) for i in machines]
         ec2 = await self._client(params.region)
         if params.node_name_from == "privateDnsName" and not all(
@@ -676,22 +693,33 @@ class AwsProvider(AtomicProvider[Instance]):
 
     # ---- requests ---------------------------------------------------------------------
 
-    def _zone_for(self, params: AwsPoolParameters, request: AcquireRequest) -> tuple[str, str]:
-        zone = request.domain.get(params.zone_label)
+    def _placements(
+        self, params: AwsPoolParameters, request: AcquireRequest
+    ) -> list[tuple[str, str]]:
+        """(zone, subnet) pairs the fleet may launch into: the zone the plan chose, or,
+        when it chose none (a pool without declared domains, whose placeholder zone is the
+        cloud's to pick, or no zone level at all), every zone of the pool (of its capacity
+        reservation, when it has one): EC2 picks one (``SingleAvailabilityZone``), and the
+        zone the nodes register in is the one Muster publishes."""
+        reserved = self._reserved_zone(params)
+        zone = request.chosen.get(params.zone_label)
         if zone is None:
-            if len(params.subnets) != 1:
-                raise ProviderConfigError(
-                    f"acquire {request.key}: the domain has no {params.zone_label} label and "
-                    f"pool {request.pool.metadata.name} spans zones {sorted(params.subnets)}"
-                )
-            zone = next(iter(params.subnets))
-        subnet = params.subnets.get(zone)
-        if subnet is None:
+            zones = [reserved] if reserved is not None else sorted(params.subnets)
+        elif reserved is not None and zone != reserved:
+            cr = params.capacity_reservation
+            raise ProviderConfigError(
+                f"acquire {request.key}: pool {request.pool.metadata.name} draws from "
+                f"capacity reservation {cr.id if cr else ''} in zone {reserved}, not {zone}"
+            )
+        else:
+            zones = [zone]
+        missing = [z for z in zones if z not in params.subnets]
+        if missing:
             raise ProviderConfigError(
                 f"acquire {request.key}: pool {request.pool.metadata.name} has no subnet in "
-                f"zone {zone} (spec.parameters.subnets has {sorted(params.subnets)})"
+                f"zone {missing[0]} (spec.parameters.subnets has {sorted(params.subnets)})"
             )
-        return zone, subnet
+        return [(z, params.subnets[z]) for z in zones]
 
     def _tags(self, params: AwsPoolParameters, request: AcquireRequest) -> TagList:
         tags = dict(params.tags)
@@ -709,22 +737,25 @@ class AwsProvider(AtomicProvider[Instance]):
         self,
         params: AwsPoolParameters,
         request: AcquireRequest,
-        zone: str,
-        subnet: str,
+        placements: Sequence[tuple[str, str]],
         group: str | None,
         *,
         template: Mapping[str, Any] | None = None,
+        copy: str | None = None,
     ) -> dict[str, Any]:
         template = dict(template or _source_template(params))
-        override: dict[str, Any] = {
-            "InstanceType": params.instance_type,
-            "SubnetId": subnet,
-            "AvailabilityZone": zone,
-        }
-        if params.image_id is not None:
-            override["ImageId"] = params.image_id
-        if group is not None:
-            override["Placement"] = {"GroupName": group}
+        overrides: list[dict[str, Any]] = []
+        for zone, subnet in placements:
+            override: dict[str, Any] = {
+                "InstanceType": params.instance_type,
+                "SubnetId": subnet,
+                "AvailabilityZone": zone,
+            }
+            if params.image_id is not None:
+                override["ImageId"] = params.image_id
+            if group is not None:
+                override["Placement"] = {"GroupName": group}
+            overrides.append(override)
         on_demand: dict[str, Any] = {
             "MinTargetCapacity": request.count,
             "SingleInstanceType": True,
@@ -744,14 +775,16 @@ class AwsProvider(AtomicProvider[Instance]):
             "Type": "instant",
             "ClientToken": aws_client_token(request.key),
             "LaunchTemplateConfigs": [
-                {"LaunchTemplateSpecification": template, "Overrides": [override]}
+                {"LaunchTemplateSpecification": template, "Overrides": overrides}
             ],
             "TargetCapacitySpecification": {
                 "TotalTargetCapacity": request.count,
                 "DefaultTargetCapacityType": "capacity-block" if block else "on-demand",
             },
             "TagSpecifications": [
-                {"ResourceType": "instance", "Tags": tags},
+                {"ResourceType": "instance",
+                 "Tags": sorted([*tags, {"Key": TAG_TEMPLATE, "Value": copy or ""}],
+                                key=lambda t: t["Key"])},
                 {"ResourceType": "fleet", "Tags": tags},
             ],
         }
@@ -804,6 +837,7 @@ class AwsProvider(AtomicProvider[Instance]):
                 f"{_template_text(params)} not found"
             )
         data = dict(versions[0].get("LaunchTemplateData") or {})
+        _check_network_interfaces(params, data)
         if params.capacity_reservation is not None:
             data.update(_reservation_template_data(params.capacity_reservation))
         if params.bootstrap != "nodeadm":
@@ -830,26 +864,100 @@ class AwsProvider(AtomicProvider[Instance]):
 
     async def _launch_template(
         self, ec2: Any, params: AwsPoolParameters, pool: str
-    ) -> dict[str, Any]:
-        """The launch template the fleet uses: the pool's own (``bootstrap: asIs`` and no
-        reservation), else Muster's copy of it with the merged user data and the
-        reservation's targeting, named by its content (created once; a copy of the same
-        content is reused). CreateFleet overrides cannot name a reservation (the EC2 model
-        has no CapacityReservationSpecification there), so the template carries it."""
+    ) -> tuple[dict[str, Any], str | None]:
+        """The launch template the fleet uses and the name of Muster's copy (None for the
+        pool's own): the pool's own (``bootstrap: asIs`` and no reservation), else Muster's
+        copy of it with the merged user data, the reservation's targeting and the volume
+        tags, named by its content (created once; a copy of the same content is reused).
+        CreateFleet overrides cannot name a reservation (the EC2 model has no
+        CapacityReservationSpecification there), and an instant fleet tags only itself and
+        its instances, so the template carries both. The copy is marked in use (the caller
+        unmarks it once the fleet answered)."""
         if params.bootstrap == "asIs" and params.capacity_reservation is None:
-            return _source_template(params)
-        data = await self._merged_template_data(ec2, params)
+            return _source_template(params), None
+        data = dict(await self._merged_template_data(ec2, params))
+        volume_tags = {**params.tags, TAG_CLUSTER: self.settings.cluster_name, TAG_POOL: pool}
+        data["TagSpecifications"] = _with_volume_tags(data.get("TagSpecifications"),
+                                                      volume_tags)
         digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
         name = f"muster-{pool[:80]}-{digest}"
         tags = [{"Key": TAG_CLUSTER, "Value": self.settings.cluster_name},
                 {"Key": TAG_POOL, "Value": pool}]
-        await self._calls.call(
-            ec2.create_launch_template, what="CreateLaunchTemplate",
-            expect={"InvalidLaunchTemplateName.AlreadyExistsException"},
-            LaunchTemplateName=name, LaunchTemplateData=data,
-            TagSpecifications=[{"ResourceType": "launch-template", "Tags": tags}],
-        )
-        return {"LaunchTemplateName": name, "Version": "1"}
+        async with self._template_lock:
+            await self._calls.call(
+                ec2.create_launch_template, what="CreateLaunchTemplate",
+                expect={"InvalidLaunchTemplateName.AlreadyExistsException"},
+                LaunchTemplateName=name, LaunchTemplateData=data,
+                TagSpecifications=[{"ResourceType": "launch-template", "Tags": tags}],
+            )
+            self._templates_in_use[(params.region, name)] += 1
+        return {"LaunchTemplateName": name, "Version": "1"}, name
+
+    async def _sweep_due(self, region: str | None) -> None:
+        """The bounded sweep: every ``template_sweep_seconds`` per region, from a listing
+        (the collector lists every pool periodically), over all of the cluster's copies
+        there, those of deleted pools and of a pool's former content included."""
+        now = asyncio.get_running_loop().time()
+        last = self._last_sweep.get(region)
+        if last is not None and now - last < self.settings.template_sweep_seconds:
+            return
+        self._last_sweep[region] = now
+        await self._sweep_templates(await self._client(region), region, None)
+
+    async def _sweep_templates(self, ec2: Any, region: str | None, pool: str | None) -> int:
+        """Delete Muster's launch-template copies (of ``pool``, or of every pool of the
+        cluster) that no live instance was launched from and no launch in flight uses; an
+        instance without the :data:`TAG_TEMPLATE` tag (launched by an older version) keeps
+        every copy of its pool. Never fails the caller: what is left is swept later."""
+        try:
+            return await self._sweep(ec2, region, pool)
+        except ProviderError as exc:
+            log.info("launch template copies not swept now (%s): %s", pool or "cluster", exc)
+            return 0
+
+    async def _sweep(self, ec2: Any, region: str | None, pool: str | None) -> int:
+        filters = [{"Name": f"tag:{TAG_CLUSTER}", "Values": [self.settings.cluster_name]}]
+        if pool is not None:
+            filters.append({"Name": f"tag:{TAG_POOL}", "Values": [pool]})
+
+        def pages() -> list[dict[str, Any]]:
+            paginator = ec2.get_paginator("describe_launch_templates")
+            return [t for page in paginator.paginate(Filters=filters)
+                    for t in page.get("LaunchTemplates", []) or []]
+
+        copies = [t for t in await self._calls.call(pages, what="DescribeLaunchTemplates")
+                  if str(t.get("LaunchTemplateName", "")).startswith("muster-")]
+        if not copies:
+            return 0
+        live = await self._describe(ec2, Filters=[
+            *filters, {"Name": "instance-state-name", "Values": list(LIVE_STATES)}])
+        assert not isinstance(live, ExpectedCode)
+        used: set[str] = set()
+        untracked: set[str] = set()
+        for instance in live:
+            tags = _tags_dict(instance)
+            if TAG_TEMPLATE in tags:
+                used.add(tags[TAG_TEMPLATE])
+            else:
+                untracked.add(tags.get(TAG_POOL, ""))
+        deleted = 0
+        async with self._template_lock:
+            for copy in copies:
+                name = str(copy["LaunchTemplateName"])
+                owner = _tags_dict(copy).get(TAG_POOL, "")
+                if name in used or owner in untracked or (region, name) in self._templates_in_use:
+                    continue
+                await self._calls.call(
+                    ec2.delete_launch_template, what="DeleteLaunchTemplate",
+                    expect={"InvalidLaunchTemplateName.NotFoundException",
+                            "InvalidLaunchTemplateId.NotFound"},
+                    LaunchTemplateName=name,
+                )
+                deleted += 1
+        if deleted:
+            log.info("deleted %d unused launch template cop%s of %s", deleted,
+                     "y" if deleted == 1 else "ies", f"pool {pool}" if pool else "the cluster")
+        return deleted
 
     # ---- reservations -----------------------------------------------------------------
 
@@ -1146,6 +1254,54 @@ def _reservation_template_data(cr: CapacityReservationParams) -> dict[str, Any]:
     if cr.type == "capacity-block":
         data["InstanceMarketOptions"] = {"MarketType": "capacity-block"}
     return data
+
+
+def _check_network_interfaces(params: AwsPoolParameters, data: Mapping[str, Any]) -> None:
+    """What EC2 would refuse at launch in a template with network interfaces (EFA on P5,
+    P4d, Trn): the fleet's override puts the instances in the pool's subnet of the zone it
+    picks, so an interface naming another subnet (or any, when the pool spans zones)
+    conflicts; instance-level security groups cannot go with interfaces (each interface
+    lists its own ``Groups``, the EFA one included); EFA-only interfaces cannot be the
+    primary one (device 0 of card 0)."""
+    nics = data.get("NetworkInterfaces") or []
+    if not nics:
+        return
+    where = f"spec.parameters.launchTemplate: {_template_text(params)}"
+    if data.get("SecurityGroupIds") or data.get("SecurityGroups"):
+        raise ProviderConfigError(
+            f"{where} sets security groups on the instance and network interfaces: EC2 "
+            "refuses both; list the groups in each interface's Groups")
+    subnets = set(params.subnets.values())
+    for k, nic in enumerate(nics):
+        subnet = nic.get("SubnetId")
+        if subnet is not None and (subnet not in subnets or len(subnets) > 1):
+            raise ProviderConfigError(
+                f"{where}: NetworkInterfaces[{k}] names subnet {subnet}; Muster's fleet "
+                "launches into the pool's subnet of the zone it uses (spec.parameters."
+                "subnets), so leave SubnetId out of the template's interfaces")
+        primary = int(nic.get("DeviceIndex", 0)) == 0 and int(nic.get("NetworkCardIndex", 0)) == 0
+        if primary and nic.get("InterfaceType") == "efa-only":
+            raise ProviderConfigError(
+                f"{where}: NetworkInterfaces[{k}] is the primary interface (card 0, device 0) "
+                "and efa-only; it must be an ENA or efa interface")
+
+
+def _with_volume_tags(
+    specs: Iterable[Mapping[str, Any]] | None, tags: Mapping[str, str]
+) -> list[dict[str, Any]]:
+    """A launch template's TagSpecifications with ``tags`` on its volumes (the template's
+    own volume tags kept unless ``tags`` names the same key)."""
+    out: list[dict[str, Any]] = []
+    volume: dict[str, str] = {}
+    for spec in specs or []:
+        if spec.get("ResourceType") == "volume":
+            volume.update({t["Key"]: t.get("Value", "") for t in spec.get("Tags") or []})
+        else:
+            out.append(dict(spec))
+    volume.update(tags)
+    out.append({"ResourceType": "volume",
+                "Tags": [{"Key": k, "Value": v} for k, v in sorted(volume.items())]})
+    return out
 
 
 def _source_template(params: AwsPoolParameters) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from controller.api.capacitypool import CapacityPool
+from controller.topology_defaults import placeholder
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,10 +26,20 @@ class AcquireRequest:
     pool: CapacityPool
     count: int
     domain: Mapping[str, str]
-    """Topology labels every new node must carry (the domain the fit engine chose)."""
+    """Topology labels every new node must carry (the domain the fit engine chose). A
+    placeholder value (``muster-new-...``, a pool without declared domains) says only that
+    the machines share one domain of the level: where is the cloud's choice (see
+    :attr:`chosen`), and the value they register with is the one Muster publishes."""
     owner: str
     """``<namespace>/<name>`` of the ProvisioningRequest, recorded in tags for recovery."""
     owner_uid: str = ""
+
+    @property
+    def chosen(self) -> dict[str, str]:
+        """The domain labels the plan fixed: :attr:`domain` without placeholders. A
+        provider places by these (a zone here is a zone; a zone not here is any of the
+        pool's)."""
+        return {k: v for k, v in self.domain.items() if not placeholder(v)}
 
 
 @dataclass(frozen=True, slots=True)

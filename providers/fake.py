@@ -44,7 +44,7 @@ from controller.dra_templates import render_resource_slices
 from controller.kube import ApiError, Body, KubeClient
 from controller.kube.resources import LEASES, NAMESPACES, NODES, RESOURCE_SLICES
 from controller.node_labels import ARCH, OS, cloud_facts, node_labels
-from controller.topology_defaults import UNREGISTERED_TAINT
+from controller.topology_defaults import UNREGISTERED_TAINT, placeholder
 from providers.atomic import AtomicProvider, Launch
 from providers.base import (
     GRANTED,
@@ -709,7 +709,7 @@ def placed_in(pool: str, request: AcquireRequest) -> dict[str, str]:
     value of its own for each placeholder the planner invented for a pool without declared
     domains (the cloud names a new placement group, not Muster)."""
     digest = hashlib.sha256(f"{pool}/{request.key}".encode()).hexdigest()[:10]
-    return {k: (f"{pool[:40]}-{digest}" if v.startswith("muster-new-") else v)
+    return {k: (f"{pool[:40]}-{digest}" if placeholder(v) else v)
             for k, v in request.domain.items()}
 
 

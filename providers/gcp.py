@@ -178,6 +178,35 @@ class FlexStartParams(PoolParameters):
     )
 
 
+NIC_TYPES = ("GVNIC", "IDPF", "IRDMA", "MRDMA", "VIRTIO_NET")
+"""Compute's ``NetworkInterface.nicType`` values (its API's enum, as google-cloud-compute
+carries it, without the undefined/unspecified markers)."""
+RDMA_NIC_TYPES = frozenset({"IRDMA", "MRDMA"})
+MAX_NETWORK_INTERFACES = 10
+"""Compute's most per VM (A3 Ultra and A4: two gVNIC plus eight RDMA NICs)."""
+_SUBNET_REGION = re.compile(r"(?:^|/)regions/([a-z]+-[a-z]+[0-9]+)/subnetworks/")
+
+
+class NetworkInterfaceParams(PoolParameters):
+    """One network interface of the VM (A3/A4 GPU VMs: one per GPU NIC, each in a VPC of
+    its own)."""
+
+    network: str | None = Field(default=None, min_length=1)
+    subnetwork: str | None = Field(default=None, min_length=1)
+    nic_type: Literal["GVNIC", "IDPF", "IRDMA", "MRDMA", "VIRTIO_NET"] | None = Field(
+        default=None, alias="nicType",
+        description="GVNIC for the host and GPUDirect-TCPX(O) NICs, MRDMA for the RDMA NICs "
+        "of A3 Ultra and A4",
+    )
+    queue_count: int | None = Field(default=None, alias="queueCount", ge=1)
+
+    @model_validator(mode="after")
+    def _somewhere(self) -> NetworkInterfaceParams:
+        if self.network is None and self.subnetwork is None:
+            raise ValueError("set network or subnetwork")
+        return self
+
+
 class GcpPoolParameters(PoolParameters):
     """``spec.parameters`` of a CapacityPool with ``provider: gcp``."""
 
@@ -196,6 +225,12 @@ class GcpPoolParameters(PoolParameters):
     boot_disk_type: str | None = Field(default=None, alias="bootDiskType")
     network: str | None = None
     subnetwork: str | None = None
+    network_interfaces: list[NetworkInterfaceParams] = Field(
+        default_factory=list, alias="networkInterfaces", max_length=MAX_NETWORK_INTERFACES,
+        description="Every network interface of the VM, in order (the first carries its "
+        "primary IP); instead of network/subnetwork. GPU VMs with several NICs (A3 Mega: "
+        "nine gVNIC; A3 Ultra, A4: two gVNIC then eight MRDMA) list them all",
+    )
     network_tags: list[str] = Field(default_factory=list, alias="networkTags")
     metadata: dict[str, str] = Field(
         default_factory=dict, description="Instance metadata, e.g. the kubelet bootstrap script."
@@ -230,6 +265,23 @@ class GcpPoolParameters(PoolParameters):
                     "and values use lowercase letters, digits, '-' and '_' (<= 63)"
                 )
         return value
+
+    @model_validator(mode="after")
+    def _one_way_to_the_network(self) -> GcpPoolParameters:
+        nics = self.network_interfaces
+        if not nics:
+            return self
+        if self.network is not None or self.subnetwork is not None:
+            raise ValueError("set networkInterfaces or network/subnetwork, not both")
+        if nics[0].nic_type in RDMA_NIC_TYPES:
+            raise ValueError("networkInterfaces[0] carries the VM's primary IP and cannot be "
+                             f"an RDMA NIC ({nics[0].nic_type}); list the gVNIC ones first")
+        for k, nic in enumerate(nics):
+            found = _SUBNET_REGION.search(nic.subnetwork or "")
+            if found and found.group(1) != self.region:
+                raise ValueError(f"networkInterfaces[{k}].subnetwork is in region "
+                                 f"{found.group(1)}, not the pool's {self.region}")
+        return self
 
     @field_validator("metadata")
     @classmethod
@@ -641,7 +693,7 @@ class GcpProvider(AtomicProvider[Any]):
     # ---- request building ------------------------------------------------------------
 
     def _check_zone(self, params: GcpPoolParameters, request: AcquireRequest) -> None:
-        zone = request.domain.get(params.zone_label)
+        zone = request.chosen.get(params.zone_label)
         if zone is not None and zone != params.zone:
             raise ProviderConfigError(
                 f"acquire {request.key}: domain zone {zone} is not pool "
@@ -675,8 +727,10 @@ class GcpProvider(AtomicProvider[Any]):
             META_OWNER: request.owner,
             META_OWNER_UID: request.owner_uid,
         })
+        labels = self._labels(params, pool, request.key)
+        # The boot disk is labelled like its VM: cost reports and a cleanup by label see it.
         disk_params = compute_v1.AttachedDiskInitializeParams(
-            source_image=params.image, disk_size_gb=params.boot_disk_size_gb
+            source_image=params.image, disk_size_gb=params.boot_disk_size_gb, labels=labels
         )
         if params.boot_disk_type:
             disk_params.disk_type = params.boot_disk_type
@@ -686,20 +740,15 @@ class GcpProvider(AtomicProvider[Any]):
             scheduling.on_host_maintenance = "TERMINATE"
         if params.provisioning_model == "SPOT":
             scheduling.instance_termination_action = "DELETE"
-        network_interface = compute_v1.NetworkInterface()
-        if params.network:
-            network_interface.network = params.network
-        if params.subnetwork:
-            network_interface.subnetwork = params.subnetwork
         props = compute_v1.InstanceProperties(
             machine_type=params.machine_type,
             disks=[compute_v1.AttachedDisk(boot=True, auto_delete=True,
                                            initialize_params=disk_params)],
-            network_interfaces=[network_interface],
+            network_interfaces=_network_interfaces(params),
             metadata=compute_v1.Metadata(
                 items=[compute_v1.Items(key=k, value=v) for k, v in sorted(metadata.items())]
             ),
-            labels=self._labels(params, pool, request.key),
+            labels=labels,
             scheduling=scheduling,
         )
         if params.accelerators:
@@ -940,6 +989,31 @@ class GcpProvider(AtomicProvider[Any]):
                 labels=labels,
             ))
         return sorted(nodes, key=lambda n: n.name)
+
+
+def _network_interfaces(params: GcpPoolParameters) -> list[Any]:
+    """The VM's network interfaces: the pool's list, else one in network/subnetwork (or
+    the project's default network when neither is set)."""
+    from google.cloud import compute_v1
+
+    nics: list[NetworkInterfaceParams | None] = list(params.network_interfaces) or [
+        NetworkInterfaceParams(network=params.network, subnetwork=params.subnetwork)
+        if params.network or params.subnetwork else None
+    ]
+    out = []
+    for nic in nics:
+        interface = compute_v1.NetworkInterface()
+        if nic is not None:
+            if nic.network:
+                interface.network = nic.network
+            if nic.subnetwork:
+                interface.subnetwork = nic.subnetwork
+            if nic.nic_type:
+                interface.nic_type = nic.nic_type
+            if nic.queue_count:
+                interface.queue_count = nic.queue_count
+        out.append(interface)
+    return out
 
 
 def _metadata(instance: Any) -> dict[str, str]:

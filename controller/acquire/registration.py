@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +27,6 @@ from controller.api.capacitypool import CapacityPool
 from controller.api.node import Node
 from controller.kube import ApiError, Body, KubeClient
 from controller.kube.resources import NODES
-from controller.snapshot import FRESH_PREFIX
 from controller.state.bookings import Group
 from controller.topology_defaults import (
     KEY_LABEL,
@@ -35,7 +34,9 @@ from controller.topology_defaults import (
     OWNER_UID_LABEL,
     POOL_LABEL,
     UNREGISTERED_TAINT,
+    foreign_level,
 )
+from controller.topology_defaults import placeholder as placeholder  # the callers' name
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +54,6 @@ class OutsideDomain:
     def describe(self) -> str:
         return (f"node {self.node} registered with {self.label}={self.observed}, outside the "
                 f"planned domain ({self.label}={self.planned})")
-
-
-def placeholder(value: str) -> bool:
-    """A domain value the planner invented for a pool without declared domains: the node's
-    own (observed) value stands in for it."""
-    return value.startswith(f"{FRESH_PREFIX}-")
 
 
 def fresh_domain(group: Group) -> str:
@@ -79,6 +74,15 @@ def observed_domain(group: Group, nodes: Sequence[Node]) -> dict[tuple[str, str]
         if len(seen) == 1 and None not in seen:
             out[(key, value)] = str(seen.pop())
     return out
+
+
+def registration_budget(pools: Iterable[CapacityPool], default: float) -> float:
+    """How long an acquisition's machines may take to register and be Ready: the longest
+    budget of its pools (``spec.registrationTimeoutSeconds``, else ``default``, the
+    controller's ``acquisition.node_ready_timeout_seconds``). One wait for the whole gang:
+    it is all or nothing, so it is confirmed only once its slowest pool's nodes are."""
+    return max((p.spec.registration_timeout_seconds or default for p in pools),
+               default=default)
 
 
 CLOUD_UNINITIALIZED = "node.cloudprovider.kubernetes.io/uninitialized"
@@ -121,8 +125,14 @@ def registration(
             return OutsideDomain(node.metadata.name, key, planned, observed)
     template = pool.spec.node_template
     want: dict[str, str] = dict(template.labels)
+    # A placeholder level the cloud did not report gets a value of this acquisition's own
+    # (each acquisition is a domain of its own), but only a level the pool's own cloud
+    # could report: a GCE node never gets an EC2 network node layer (with both clouds'
+    # levels configured, the planner's placeholder spans them all).
+    provider = pool.spec.provider
     want.update({k: (fresh_domain(group) if placeholder(v) else v)
-                 for k, v in group.domain.items() if k not in labels})
+                 for k, v in group.domain.items()
+                 if k not in labels and not (placeholder(v) and foreign_level(k, provider))})
     want.update({POOL_LABEL: group.pool, KEY_LABEL: group.key})
     if owner_uid:
         want[OWNER_UID_LABEL] = owner_uid

@@ -121,11 +121,27 @@ class CapacityPoolSpec(_Model):
     max_nodes: int = Field(alias="maxNodes", ge=0)
     price_per_node_hour: float = Field(default=0.0, alias="pricePerNodeHour", ge=0)
     expected_ready_seconds: float = Field(default=120.0, alias="expectedReadySeconds", ge=0)
+    registration_timeout_seconds: float | None = Field(
+        default=None,
+        alias="registrationTimeoutSeconds",
+        gt=0,
+        description="How long this pool's new machines may take to register their Nodes "
+        "and become Ready before the acquisition is released and retried (NodesNotReady). "
+        "Unset: the controller's acquisition.node_ready_timeout_seconds. At least "
+        "expectedReadySeconds.",
+    )
 
     @model_validator(mode="after")
     def _min_le_max(self) -> CapacityPoolSpec:
         if self.min_nodes > self.max_nodes:
             raise ValueError(f"minNodes ({self.min_nodes}) exceeds maxNodes ({self.max_nodes})")
+        budget = self.registration_timeout_seconds
+        if budget is not None and budget < self.expected_ready_seconds:
+            raise ValueError(
+                f"registrationTimeoutSeconds ({budget:g}) is shorter than expectedReadySeconds "
+                f"({self.expected_ready_seconds:g}): every machine would be released before "
+                "it is expected to be Ready"
+            )
         return self
 
 

@@ -67,6 +67,14 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
 
 
 def _finish(out: dict[str, Any]) -> dict[str, Any]:
+    # pydantic writes JSON Schema's numeric exclusive bounds (gt=0: exclusiveMinimum: 0);
+    # a CRD's schema is OpenAPI v3.0, whose exclusive bounds are booleans beside
+    # minimum/maximum (the API server refuses the numeric form).
+    for bound, flag in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
+        value = out.get(flag)
+        if value is not None and not isinstance(value, bool):
+            out[bound] = value
+            out[flag] = True
     if "properties" in out:
         # properties and additionalProperties are exclusive in a structural schema; the
         # API server prunes unknown fields anyway.

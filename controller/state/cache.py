@@ -53,7 +53,12 @@ from controller.state.dra import DraState
 from controller.state.ledger import BookingLedger
 from controller.state.requests import RequestRecord
 from controller.state.tenancy import Usage, gpus_of, owner_uid_of_key, pool_node
-from controller.topology_defaults import KEY_LABEL, OWNER_ANNOTATION, POOL_LABEL
+from controller.topology_defaults import (
+    KEY_LABEL,
+    OWNER_ANNOTATION,
+    POOL_LABEL,
+    placeholder,
+)
 
 log = logging.getLogger(__name__)
 
@@ -915,7 +920,14 @@ class ClusterState:
         self, pool: str, domain: Mapping[str, str], *, available: int, until: datetime
     ) -> None:
         """The provider ran out of stock in ``domain``: plan at most ``available`` new nodes
-        there until ``until``, so retries look elsewhere instead of failing the same way."""
+        there until ``until``, so retries look elsewhere instead of failing the same way.
+
+        A placeholder domain (a pool without declared domains) is no place: the cloud chose
+        where it looked, and the next acquisition is a domain of its own again. Remembering
+        it would leave such a pool nothing to plan, each retry failing without asking the
+        cloud; the request's backoff is the only wait, as for any failed acquisition."""
+        if any(placeholder(v) for v in domain.values()):
+            return
         self._short[(pool, tuple(sorted(domain.items())))] = (available, until)
         self._pool_states = None
         self.shortage_set(until)

@@ -234,15 +234,17 @@ class Ec2Layer:
         token = form.get("ClientToken")
         if token and token in self._tokens:
             return 200, {"Content-Type": "text/xml"}, self._tokens[token]
-        prefix = "LaunchTemplateConfigs.1.Overrides.1."
+        wanted = int(form.get("TargetCapacitySpecification.TotalTargetCapacity", "0"))
+        minimum = int(form.get("OnDemandOptions.MinTargetCapacity", "0"))
+        # Several overrides (one per subnet) with SingleAvailabilityZone: EC2 keeps to one
+        # zone, the first here that has the stock; moto is sent only that override.
+        form, prefix = self._one_zone(form, region, max(minimum, 1))
         zone = form.get(prefix + "AvailabilityZone", "")
         group = form.get(prefix + "Placement.GroupName")
         if group is not None and group not in self.placement_groups:
             return _error(
                 400, "InvalidPlacementGroup.Unknown", f"The Placement Group '{group}' is unknown."
             )
-        wanted = int(form.get("TargetCapacitySpecification.TotalTargetCapacity", "0"))
-        minimum = int(form.get("OnDemandOptions.MinTargetCapacity", "0"))
         launch = wanted
         target = self._reservation_target(form, region)
         free: list[tuple[str, int]] = []
@@ -409,6 +411,29 @@ class Ec2Layer:
                         f"</ownerId></item>" for arn in found["groups"])
         return _xml("GetGroupsForCapacityReservationResponse",
                     f"<capacityReservationGroupSet>{items}</capacityReservationGroupSet>")
+    def _one_zone(
+        self, form: dict[str, str], region: str, minimum: int
+    ) -> tuple[dict[str, str], str]:
+        """``form`` with its first launch template config's overrides cut to the one EC2
+        would use: the first whose zone has ``minimum`` instances of stock (else the
+        first); and the form prefix of that override."""
+        config = "LaunchTemplateConfigs.1.Overrides."
+        count = 1
+        while f"{config}{count + 1}.AvailabilityZone" in form:
+            count += 1
+        chosen = 1
+        for k in range(1, count + 1):
+            zone = form.get(f"{config}{k}.AvailabilityZone", "")
+            if zone not in self.stock or self.stock[zone] - self._live_in_zone(
+                region, zone
+            ) >= minimum:
+                chosen = k
+                break
+        kept = {key: value for key, value in form.items() if not key.startswith(config)}
+        for key, value in form.items():
+            if key.startswith(f"{config}{chosen}."):
+                kept[f"{config}1." + key[len(f"{config}{chosen}."):]] = value
+        return kept, f"{config}1."
 
     def network_nodes(self, instance_id: str, zone: str) -> list[str]:
         """Three layers, as EC2 reports them: a spine per zone, and below it the nodes of

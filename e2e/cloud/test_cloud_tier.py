@@ -51,6 +51,7 @@ LEVEL = {
     "aws": "topology.k8s.aws/network-node-layer-3",
     "gcp": "cloud.google.com/gce-topology-subblock",
 }
+ZONE = "topology.kubernetes.io/zone"
 PROVIDER_ID = {"aws": f"aws:///{AWS_ZONE}/", "gcp": f"gce://{GCP_PROJECT}/{GCP_ZONE}/"}
 
 
@@ -269,9 +270,16 @@ async def test_a_gang_is_provisioned_into_one_domain_and_bound(scenario: Scenari
     details = await s.details("gang")
     domain = details.get(s.level)
     assert domain and not domain.startswith("muster-new-"), details
+    provisioned = await s.condition("gang", "Provisioned")
+    assert provisioned and "muster-new-" not in str(provisioned.get("message")), provisioned
+    zone = AWS_ZONE if s.provider == "aws" else GCP_ZONE
+    assert details.get(ZONE) == zone, "the zone level: the zone the nodes registered in"
+    foreign = "cloud.google.com/gce-topology" if s.provider == "aws" else "topology.k8s.aws/"
     for node in nodes:
         labels = node["metadata"]["labels"]
         assert labels[s.level] == domain, "the domain published is the one registered"
+        assert labels[ZONE] == zone
+        assert not [k for k in labels if k.startswith(foreign)], f"no other cloud's: {labels}"
         assert labels[POOL_LABEL] == s.pool
         assert labels[RUN_LABEL] == s.run, "the pool's nodeTemplate labels were applied"
         assert UNREGISTERED_TAINT not in _taints(node)
@@ -388,9 +396,9 @@ async def _provisioned_on(s: Scenario, request: str, count: int) -> list[Body]:
 
 async def test_capacity_lost_mid_fleet_is_rolled_back(scenario: Scenario) -> None:
     """The launch gets one machine of two before the cloud runs out (GCP: the bulkInsert
-    operation fails): whatever Muster decides next (a retry that provisions, or a failed
-    request), the machine of the failed launch is terminated and no machine is left but a
-    provisioned gang's."""
+    operation fails): the machine of the failed launch is terminated, the request (its pool
+    without declared domains) backs off and asks the cloud again, and is provisioned; no
+    machine is left but the gang's."""
     s = scenario
     await s.setup()
     known = set(s.cloud.layer.fleets)
@@ -411,13 +419,14 @@ async def test_capacity_lost_mid_fleet_is_rolled_back(scenario: Scenario) -> Non
         return None
 
     outcome = await eventually(settled, within=60, what="the request to be Provisioned or Failed")
+    assert outcome == "Provisioned", await s.condition("gang", "Failed")
     if s.provider == "aws":
-        assert s.cloud.layer.actions.count("CreateFleet") > before
+        assert s.cloud.layer.actions.count("CreateFleet") >= before + 2, "the cloud asked again"
         partial = set(s.cloud.layer.fleets) - known
         assert partial, "the partial fleet launched a machine"
     else:
-        assert len(s.cloud.compute.calls("bulk_insert")) > before
-    nodes = await _registered(s, 2) if outcome == "Provisioned" else []
+        assert len(s.cloud.compute.calls("bulk_insert")) >= before + 2, "the cloud asked again"
+    nodes = await eventually(lambda: _registered(s, 2), what="the gang's 2 registered nodes")
     gang = {n["spec"]["providerID"].rsplit("/", 1)[-1] for n in nodes or []}
 
     async def rolled_back() -> bool:

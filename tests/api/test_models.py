@@ -163,3 +163,17 @@ def test_node_fields() -> None:
     assert obj.spec.provider_id == "aws:///i-1"
     assert obj.allocatable() == {"cpu": "4"}  # capacity when allocatable is missing
     assert obj.model_dump(by_alias=True)["status"]["nodeInfo"] == {"kernelVersion": "6"}
+
+
+def test_a_pools_registration_budget_is_at_least_its_expected_ready_time() -> None:
+    from controller.api.capacitypool import CapacityPool
+    from controller.commands import objects
+
+    body = objects.gpu_pool("gpu")
+    body["spec"].update(expectedReadySeconds=300, registrationTimeoutSeconds=600)
+    assert CapacityPool.model_validate(body).spec.registration_timeout_seconds == 600
+    body["spec"]["registrationTimeoutSeconds"] = 60
+    with pytest.raises(ValidationError, match="shorter than expectedReadySeconds"):
+        CapacityPool.model_validate(body)
+    del body["spec"]["registrationTimeoutSeconds"]
+    assert CapacityPool.model_validate(body).spec.registration_timeout_seconds is None

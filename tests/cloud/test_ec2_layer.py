@@ -123,7 +123,7 @@ async def test_client_token_replay_launches_nothing_more(ep: Endpoint) -> None:
     request = ep.request("uid-d", 2)
     first = await ep.provider().acquire(request)
     fleet = ep.provider()._fleet_request(
-        parse_parameters(request.pool), request, AWS_ZONE, ep.subnets[AWS_ZONE], None
+        parse_parameters(request.pool), request, [(AWS_ZONE, ep.subnets[AWS_ZONE])], None
     )
     assert fleet["ClientToken"] == aws_client_token(request.key)
     again = ep.ec2.create_fleet(**fleet)
@@ -265,3 +265,52 @@ async def test_a_resource_group_s_reservations_are_read_and_launched_into(
     figures = await ep.provider().reservations(request.pool)
     assert [(f.id, f.zone, f.used, f.free) for f in figures] == [
         ("cr-0e01", AWS_ZONE, 2, 0), ("cr-0e03", "us-east-1b", 0, 4)]
+async def test_a_placeholder_zone_launches_where_ec2_has_the_stock(ep: Endpoint) -> None:
+    """A pool without declared domains (its zone a placeholder): the fleet names both of the
+    pool's subnets, EC2 launches the whole gang in the zone that has the stock, and the
+    nodes say which."""
+    ep.layer.stock[AWS_ZONE] = 0
+    request = ep.request("uid-z", 2)
+    fresh = AcquireRequest(key=request.key, pool=request.pool, count=2,
+                           domain={ZONE_LABEL: "muster-new-gpu-pool-0"}, owner="ml/uid-z")
+    nodes = await ep.provider().acquire(fresh)
+    assert {n.labels[ZONE_LABEL] for n in nodes} == {"us-east-1b"}
+    assert {i["Placement"]["AvailabilityZone"] for i in ep.live()} == {"us-east-1b"}
+
+
+async def test_a_template_copy_goes_with_the_last_instance_launched_from_it(
+    ep: Endpoint,
+) -> None:
+    """bootstrap: nodeadm launches from Muster's copy of the pool's template; once no live
+    instance was launched from it, releasing deletes it (EC2 over HTTP)."""
+    source = ep.ec2.create_launch_template(
+        LaunchTemplateName="stock-al2023",
+        # An image of its own, so its copy is this test's alone (named by its content).
+        LaunchTemplateData={"ImageId": "ami-0c0b1e5f7a3d2e9f1",
+                            "UserData": base64.b64encode(STOCK.encode()).decode()},
+    )["LaunchTemplate"]["LaunchTemplateId"]
+
+    def copies() -> list[str]:
+        found = ep.ec2.describe_launch_templates()["LaunchTemplates"]
+        return [t["LaunchTemplateName"] for t in found
+                if t["LaunchTemplateName"].startswith("muster-gpu-pool-")
+                and t["LaunchTemplateName"] not in before]
+
+    # Other tests of the module share the endpoint and leave copies of their own: only the
+    # copies made here count.
+    before: set[str] = set()
+    before = set(copies())
+
+    try:
+        provider = ep.provider()
+        first = ep.request("uid-t1", 1, bootstrap="nodeadm", launchTemplate={"id": source})
+        second = ep.request("uid-t2", 1, bootstrap="nodeadm", launchTemplate={"id": source})
+        await provider.acquire(first)
+        await provider.acquire(second)
+        assert len(copies()) == 1, "one copy per template content"
+        await provider.release(first.pool, first.key)
+        assert len(copies()) == 1, "the second gang's instance was launched from it"
+        await provider.release(second.pool, second.key)
+        assert copies() == []
+    finally:
+        ep.ec2.delete_launch_template(LaunchTemplateId=source)

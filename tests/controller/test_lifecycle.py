@@ -548,3 +548,75 @@ async def test_nodes_registered_outside_the_planned_domain_fail_the_attempt(
     nodes = (await kube.list(NODES, label_selector="muster.dev/pool=gpu"))["items"]
     assert len(nodes) == 2 and {n["metadata"]["labels"][objects.RACK] for n in nodes} == {rack}
     assert rack != "b9-r9"
+
+
+async def _fresh_pool(kube: KubeClient) -> None:
+    """The "gpu" pool without declared domains, room for one gang domain: every acquisition
+    is a domain of its own (a placeholder the cloud resolves)."""
+    await kube.json_patch(CAPACITY_POOLS, "gpu", [
+        {"op": "replace", "path": "/spec/topology",
+         "value": {"level": objects.RACK, "maxNodesPerDomain": 8}},
+        {"op": "replace", "path": "/spec/maxNodes", "value": 8},
+    ])
+
+
+@pytest.mark.parametrize("muster_config", [MusterConfig(retry=RetryConfig(
+    max_attempts=3, initial_backoff_seconds=0.2, max_backoff_seconds=60))], ids=["3-attempts"])
+async def test_a_stock_out_in_a_fresh_domain_backs_off_and_asks_the_cloud_again(
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
+) -> None:
+    """A placeholder domain is no place the cloud ran out in: a stock-out there is not
+    remembered as a short domain (which left the pool nothing to plan, so every remaining
+    attempt failed without a cloud call); the request backs off and the cloud is asked
+    again."""
+    from providers.base import CapacityUnavailable
+
+    _, clock, provider = running
+    await _fresh_pool(kube)
+    await asyncio.sleep(0.2)
+    provider.fail_next(CapacityUnavailable("no stock (injected)", available=0), pool="gpu")
+    await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
+        "gang", namespace="ns", pod_sets=[("workers", 2)]), namespace="ns")
+
+    async def settled() -> dict[str, Any] | None:
+        await clock.advance(1)
+        for type_ in ("Provisioned", "Failed"):
+            cond = await _condition(kube, "gang", type_)
+            if cond is not None and cond["status"] == "True":
+                return cond
+        return None
+
+    cond = await eventually(settled, within=30.0, step=0.05)
+    assert cond["type"] == "Provisioned", cond
+    assert len([c for c in provider.calls if c.op == "acquire"]) == 2
+    assert "muster-new-" not in cond["message"], "the Provisioned message names the place"
+
+
+async def test_a_pools_registration_budget_bounds_the_wait_for_its_machines(
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
+) -> None:
+    """The pool's spec.registrationTimeoutSeconds, not the controller's 900 s default, is how
+    long its machines may take to register: at 120 virtual seconds the unregistered ones are
+    released and the condition names the pool's budget."""
+    _, clock, provider = running
+    await kube.merge_patch(CAPACITY_POOLS, "gpu", {"spec": {"registrationTimeoutSeconds": 90}})
+    await asyncio.sleep(0.2)
+    provider.never_register_next(pool="gpu")
+    await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
+        "silent", namespace="ns", pod_sets=[("workers", 2)]), namespace="ns")
+    await _until(lambda: _launched(provider))
+    await asyncio.sleep(0.2)
+    await clock.advance(120)
+    cond = await _until(lambda: _not_ready(kube, "silent"))
+    assert "within 90s" in cond["message"], cond
+    assert "registrationTimeoutSeconds" in cond["message"], cond
+    assert [c.count for c in provider.calls if c.op == "release"] == [2]
+
+
+async def _launched(provider: FakeProvider) -> bool:
+    return any(c.op == "acquire" for c in provider.calls)
+
+
+async def _not_ready(kube: KubeClient, name: str) -> dict[str, Any] | None:
+    cond = await _condition(kube, name, "Provisioned")
+    return cond if cond is not None and cond["reason"] == "NodesNotReady" else None

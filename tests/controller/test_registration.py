@@ -70,3 +70,28 @@ def test_a_node_is_not_what_was_planned_until_its_devices_show() -> None:
     assert missing_devices(starting, pool) == [objects.GPU]
     ready = Node.model_validate(objects.node("i-0a", allocatable={"cpu": "96", objects.GPU: "8"}))
     assert missing_devices(ready, pool) == []
+
+
+def test_a_gce_node_never_gets_another_clouds_topology() -> None:
+    """Both clouds' levels configured: the planner's placeholder domain of a GCP pool spans
+    EC2's network node layers too. Muster fills in a level the node lacks only where the
+    pool's own cloud could report it; the GCE node gets no EC2 layer, and keeps the
+    sub-block Compute reported."""
+    from controller.acquire.registration import registration
+    from controller.api.capacitypool import CapacityPool
+
+    aws_layer = "topology.k8s.aws/network-node-layer-1"
+    subblock = "cloud.google.com/gce-topology-subblock"
+    block = "example.com/block"
+    body = objects.gpu_pool("gpu")
+    body["spec"]["provider"] = "gcp"
+    pool = CapacityPool.model_validate(body)
+    group = Group("k1", "gpu", {block: FRESH, aws_layer: FRESH, subblock: FRESH}, 1)
+    node = Node.model_validate(objects.node("vm-0", allocatable={"cpu": "1"},
+                                            labels={subblock: "sb-7"}))
+    patch = registration(node, pool, group, owner="ns/r", owner_uid="u")
+    assert isinstance(patch, dict)
+    labels = patch["metadata"]["labels"]
+    assert aws_layer not in labels, labels
+    assert subblock not in labels, "the observed sub-block stays as Compute reported it"
+    assert labels[block] == fresh_domain(group), "a level no cloud owns is the acquisition's"

@@ -82,6 +82,8 @@ BAD_POOLS = [
                  id="bad-quantity"),
     pytest.param({"parameters": {"colour": "blue"}}, "fake provider knows",
                  id="unknown-fake-parameter"),
+    pytest.param({"expectedReadySeconds": 300, "registrationTimeoutSeconds": 60},
+                 "shorter than spec.expectedReadySeconds", id="registration-budget-too-short"),
 ]
 
 

@@ -193,6 +193,9 @@ class FakeCompute:
         props = body.get("instanceProperties", {})
         if not pattern or "#" not in pattern or count < 1 or min_count > count:
             return _error(400, "invalid")
+        problem = shape_problem(props)
+        if problem is not None:
+            return _error(400, f"invalid: {problem}")
         existing = self.instances.setdefault(zone, {})
         available = self.stock.get(zone, 10**9) - len(existing)
         error = None
@@ -428,6 +431,30 @@ def _names(pattern: str, count: int, existing: dict[str, Any]) -> list[str]:
     taken = re.compile(re.escape(head) + r"(\d+)" + re.escape(tail) + "$")
     highest = max((int(m.group(1)) for n in existing if (m := taken.match(n))), default=0)
     return [f"{head}{str(highest + i).zfill(width)}{tail}" for i in range(1, count + 1)]
+
+
+def shape_problem(props: Any) -> str | None:
+    """What Compute would refuse in a bulkInsert's ``instanceProperties`` by its shape: a
+    field its API does not have (the message types of google-cloud-compute, generated from
+    Compute's discovery document, parse it strictly), a ``nicType`` outside its enum, more
+    network interfaces than a VM can have."""
+    from google.cloud import compute_v1
+    from google.protobuf.json_format import ParseError
+
+    try:
+        compute_v1.InstanceProperties.from_json(json.dumps(props), ignore_unknown_fields=False)
+    except ParseError as exc:
+        return f"instanceProperties: {exc}"
+    nics = props.get("networkInterfaces") or []
+    if len(nics) > 10:
+        return f"instanceProperties.networkInterfaces: {len(nics)} interfaces, at most 10"
+    nic_types: Any = compute_v1.NetworkInterface.NicType  # a proto-plus enum: iterable
+    known = {e.name for e in nic_types} - {
+        "UNDEFINED_NIC_TYPE", "UNSPECIFIED_NIC_TYPE"}
+    for k, nic in enumerate(nics):
+        if "nicType" in nic and nic["nicType"] not in known:
+            return f"instanceProperties.networkInterfaces[{k}].nicType: {nic['nicType']!r}"
+    return None
 
 
 def _digest(*parts: str) -> str:

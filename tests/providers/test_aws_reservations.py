@@ -86,6 +86,13 @@ def add_reservation(stubber: Stubber, **overrides: Any) -> None:
     )
 
 
+VOLUME_TAGS = [{"Key": "muster.dev/cluster", "Value": "test-cluster"},
+               {"Key": "muster.dev/pool", "Value": "gpu-pool"}, {"Key": "team", "Value": "ml"}]
+"""The copy's volumes are tagged like its instances (cluster, pool, the pool's tags)."""
+COPY_TAGS = sorted([*TAGS, {"Key": "muster.dev/launch-template", "Value": ANY}],
+                   key=lambda t: str(t["Key"]))
+
+
 async def test_a_gang_launches_into_a_capacity_block(stubbed: Any) -> None:
     provider, stubber = stubbed
     req = request(capacityReservation=BLOCK)
@@ -104,6 +111,7 @@ async def test_a_gang_launches_into_a_capacity_block(stubbed: Any) -> None:
                 "CapacityReservationTarget": {"CapacityReservationId": BLOCK["id"]},
             },
             "InstanceMarketOptions": {"MarketType": "capacity-block"},
+            "TagSpecifications": [{"ResourceType": "volume", "Tags": VOLUME_TAGS}],
         },
         "TagSpecifications": ANY,
     })
@@ -118,7 +126,7 @@ async def test_a_gang_launches_into_a_capacity_block(stubbed: Any) -> None:
         # No OnDemandOptions: MinTargetCapacity governs on-demand capacity, not a block.
         "TargetCapacitySpecification": {"TotalTargetCapacity": 4,
                                         "DefaultTargetCapacityType": "capacity-block"},
-        "TagSpecifications": [{"ResourceType": "instance", "Tags": TAGS},
+        "TagSpecifications": [{"ResourceType": "instance", "Tags": COPY_TAGS},
                               {"ResourceType": "fleet", "Tags": TAGS}],
     })
     stubber.add_response("describe_instances", describe([instance(i) for i in launched]),
@@ -167,6 +175,7 @@ async def test_an_odcr_resource_group_is_targeted_by_the_template_and_used_first
                 "CapacityReservationPreference": "capacity-reservations-only",
                 "CapacityReservationTarget": {"CapacityReservationResourceGroupArn": GROUP_ARN},
             },
+            "TagSpecifications": [{"ResourceType": "volume", "Tags": VOLUME_TAGS}],
         },
         "TagSpecifications": ANY,
     })

@@ -55,6 +55,9 @@ TAGS = [
     {"Key": "muster.dev/pool", "Value": "gpu-pool"},
     {"Key": "team", "Value": "ml"},
 ]
+INSTANCE_TAGS = sorted([*TAGS, {"Key": "muster.dev/launch-template", "Value": ""}],
+                       key=lambda t: t["Key"])
+"""What the fleet tags its instances with: the pool's own template, no copy of Muster's."""
 KEY_FILTERS = [
     {"Name": "tag:muster.dev/cluster", "Values": ["test-cluster"]},
     {"Name": "tag:muster.dev/pool", "Values": ["gpu-pool"]},
@@ -81,7 +84,7 @@ def fleet_params(count: int = 4, placement: str | None = None) -> dict[str, Any]
                                         "DefaultTargetCapacityType": "on-demand"},
         "OnDemandOptions": {"MinTargetCapacity": count, "SingleInstanceType": True,
                             "SingleAvailabilityZone": True},
-        "TagSpecifications": [{"ResourceType": "instance", "Tags": TAGS},
+        "TagSpecifications": [{"ResourceType": "instance", "Tags": INSTANCE_TAGS},
                               {"ResourceType": "fleet", "Tags": TAGS}],
     }
 
@@ -360,8 +363,8 @@ def test_capacity_reservation_preference_reaches_the_fleet_request() -> None:
     provider = AwsProvider(fast_aws_settings(), client_factory=lambda _r: None)
     req = request(capacityReservationUsage="use-capacity-reservations-first",
                   imageId="ami-0abc")
-    built = provider._fleet_request(parse_parameters(req.pool), req, AWS_ZONE,
-                                    "subnet-0aaa1111", None)
+    built = provider._fleet_request(parse_parameters(req.pool), req,
+                                    [(AWS_ZONE, "subnet-0aaa1111")], None)
     assert built["OnDemandOptions"]["CapacityReservationOptions"] == {
         "UsageStrategy": "use-capacity-reservations-first"}
     assert built["LaunchTemplateConfigs"][0]["Overrides"][0]["ImageId"] == "ami-0abc"
@@ -396,3 +399,169 @@ async def test_instances_terminated_behind_our_back_fail_the_acquisition(stubbed
     stubber.add_response("terminate_instances", {}, {"InstanceIds": ids(2)[:1]})
     with pytest.raises(CapacityUnavailable, match="only 1 of 2"):
         await provider.acquire(request(count=2))
+
+
+async def test_a_placeholder_zone_lets_ec2_pick_among_the_pools_subnets(stubbed: Any) -> None:
+    """A pool without declared domains: the planner's placeholder zone (muster-new-...) is
+    not an availability zone. The fleet offers every subnet of the pool, EC2 keeps to one
+    zone, and the nodes carry the zone the instances are in."""
+    provider, stubber = stubbed
+    placeholder = {ZONE_LABEL: "muster-new-gpu-pool-0",
+                   "topology.k8s.aws/network-node-layer-3": "muster-new-gpu-pool-0"}
+    req = AcquireRequest(key=KEY, pool=request().pool, count=2, domain=placeholder,
+                         owner=OWNER, owner_uid="uid-1")
+    launched = ids(2)
+    expected = fleet_params(2)
+    expected["LaunchTemplateConfigs"][0]["Overrides"] = [
+        {"InstanceType": "p5.48xlarge", "SubnetId": "subnet-0aaa1111",
+         "AvailabilityZone": AWS_ZONE},
+        {"InstanceType": "p5.48xlarge", "SubnetId": "subnet-0bbb2222",
+         "AvailabilityZone": "us-east-1b"},
+    ]
+    stubber.add_response("describe_instances", describe([]), {"Filters": KEY_FILTERS})
+    stubber.add_response("create_fleet", fleet_response(launched), expected)
+    in_b = [{**instance(i), "Placement": {"AvailabilityZone": "us-east-1b"}} for i in launched]
+    stubber.add_response("describe_instances", describe(in_b), {"InstanceIds": launched})
+    stubber.add_response("describe_instance_topology", {"Instances": []},
+                         {"InstanceIds": launched})
+
+    nodes = await provider.acquire(req)
+
+    assert {n.labels[ZONE_LABEL] for n in nodes} == {"us-east-1b"}
+    assert {n.provider_id.split("/")[3] for n in nodes} == {"us-east-1b"}
+
+
+POOL_FILTERS = [
+    {"Name": "tag:muster.dev/cluster", "Values": ["test-cluster"]},
+    {"Name": "tag:muster.dev/pool", "Values": ["gpu-pool"]},
+]
+
+
+def copy_of(digest: str, pool: str = "gpu-pool") -> dict[str, Any]:
+    return {"LaunchTemplateName": f"muster-{pool}-{digest}", "LaunchTemplateId": f"lt-0{digest}",
+            "Tags": [{"Key": "muster.dev/cluster", "Value": "test-cluster"},
+                     {"Key": "muster.dev/pool", "Value": pool}]}
+
+
+def launched_from(instance_id: str, copy: str) -> dict[str, Any]:
+    return {**instance(instance_id),
+            "Tags": [*TAGS, {"Key": "muster.dev/launch-template", "Value": copy}]}
+
+
+async def test_release_deletes_the_copies_no_live_instance_or_launch_uses(stubbed: Any) -> None:
+    """After a release, Muster's launch-template copies of the pool go unless a live instance
+    was launched from one or a launch of this process is using it right now."""
+    provider, stubber = stubbed
+    provider._templates_in_use[(None, "muster-gpu-pool-ccc")] += 1  # a fleet in flight
+    stubber.add_response("describe_instances", describe([instance(i) for i in ids(1)]),
+                         {"Filters": KEY_FILTERS})
+    stubber.add_response("terminate_instances", {"TerminatingInstances": []},
+                         {"InstanceIds": ids(1)})
+    stubber.add_response("describe_launch_templates", {"LaunchTemplates": [
+        copy_of("aaa"), copy_of("bbb"), copy_of("ccc")]}, {"Filters": POOL_FILTERS})
+    stubber.add_response("describe_instances", describe([
+        launched_from("i-0000000000000000a", "muster-gpu-pool-aaa")]), {"Filters": [
+            *POOL_FILTERS, KEY_FILTERS[-1]]})
+    stubber.add_response("delete_launch_template", {}, {"LaunchTemplateName":
+                                                        "muster-gpu-pool-bbb"})
+
+    assert await provider.release(request().pool, KEY) == 1
+
+
+async def test_an_instance_of_an_older_version_keeps_every_copy_of_its_pool(
+    stubbed: Any,
+) -> None:
+    """An instance without the launch-template tag (launched before Muster tagged it) could
+    come from any copy of its pool: none of them is deleted; another pool's unused one is."""
+    provider, stubber = stubbed
+    stubber.add_response("describe_instances", describe([]), {"Filters": [
+        f for f in KEY_FILTERS if f["Name"] != "tag:muster.dev/key"]})
+    stubber.add_response("describe_launch_templates", {"LaunchTemplates": [
+        copy_of("aaa"), copy_of("ddd", pool="old-pool")]}, {"Filters": POOL_FILTERS[:1]})
+    stubber.add_response("describe_instances", describe([instance(ids(1)[0])]),
+                         {"Filters": [POOL_FILTERS[0], KEY_FILTERS[-1]]})
+    stubber.add_response("delete_launch_template", {}, {"LaunchTemplateName":
+                                                        "muster-old-pool-ddd"})
+
+    assert await provider.list(request().pool) == []
+
+
+async def test_a_copy_tags_the_volumes_and_the_instances_name_it(stubbed: Any) -> None:
+    """bootstrap: nodeadm: the fleet launches from Muster's copy, whose volumes are tagged
+    like the instances (an instant fleet tags only itself and its instances) and whose
+    name each instance carries, so the copy can go once no instance names it."""
+    import base64
+
+    from tests.providers.test_bootstrap import STOCK
+
+    provider, stubber = stubbed
+    req = request(bootstrap="nodeadm")
+    stubber.add_response("describe_instances", describe([]), {"Filters": KEY_FILTERS})
+    stubber.add_response("describe_launch_template_versions", {"LaunchTemplateVersions": [{
+        "LaunchTemplateData": {
+            "UserData": base64.b64encode(STOCK.encode()).decode(),
+            "TagSpecifications": [{"ResourceType": "volume",
+                                   "Tags": [{"Key": "backup", "Value": "no"}]}],
+        }}]}, None)
+    stubber.add_response("create_launch_template", {}, {
+        "LaunchTemplateName": ANY, "LaunchTemplateData": {
+            "UserData": ANY,
+            "TagSpecifications": [{"ResourceType": "volume", "Tags": [
+                {"Key": "backup", "Value": "no"},
+                {"Key": "muster.dev/cluster", "Value": "test-cluster"},
+                {"Key": "muster.dev/pool", "Value": "gpu-pool"},
+                {"Key": "team", "Value": "ml"}]}]},
+        "TagSpecifications": ANY})
+    stubber.add_response("create_fleet", fleet_response([], [
+        {"ErrorCode": "InsufficientInstanceCapacity", "ErrorMessage": "none"}]), None)
+    stubber.add_response("describe_instances", describe([]), {"Filters": KEY_FILTERS})
+    with pytest.raises(CapacityUnavailable):
+        await provider.acquire(req)
+    fleet = provider._fleet_request(parse_parameters(req.pool), req,
+                                    [(AWS_ZONE, "subnet-0aaa1111")], None,
+                                    copy="muster-gpu-pool-0123")
+    [instances] = [t for t in fleet["TagSpecifications"] if t["ResourceType"] == "instance"]
+    assert {"Key": "muster.dev/launch-template", "Value": "muster-gpu-pool-0123"} in (
+        instances["Tags"])
+    assert provider._templates_in_use == {}, "the failed launch's copy is in use no more"
+
+
+def _template_with(stubber: Stubber, **data: Any) -> None:
+    import base64
+
+    from tests.providers.test_bootstrap import STOCK
+
+    stubber.add_response("describe_launch_template_versions", {"LaunchTemplateVersions": [{
+        "LaunchTemplateData": {"UserData": base64.b64encode(STOCK.encode()).decode(),
+                               **data}}]}, None)
+
+
+P5_EFA = [
+    {"NetworkCardIndex": 0, "DeviceIndex": 0, "InterfaceType": "efa", "Groups": ["sg-0efa"]},
+    *({"NetworkCardIndex": k, "DeviceIndex": 1 if k == 0 else 0,
+       "InterfaceType": "efa-only", "Groups": ["sg-0efa"]} for k in range(0, 32)),
+]
+
+
+async def test_an_efa_template_without_subnets_is_usable(stubbed: Any) -> None:
+    """P5 with 32 EFA interfaces in the launch template (no subnet: the fleet's override
+    sets it per zone) passes; the checks read the template Muster reads anyway."""
+    provider, stubber = stubbed
+    _template_with(stubber, NetworkInterfaces=P5_EFA)
+    await provider.validate(request(bootstrap="nodeadm").pool)
+
+
+@pytest.mark.parametrize(("data", "words"), [
+    ({"NetworkInterfaces": [{"DeviceIndex": 0, "SubnetId": "subnet-0aaa1111",
+                             "InterfaceType": "efa"}]}, "leave SubnetId out"),
+    ({"NetworkInterfaces": P5_EFA, "SecurityGroupIds": ["sg-1"]}, "Groups"),
+    ({"NetworkInterfaces": [{"DeviceIndex": 0, "NetworkCardIndex": 0,
+                             "InterfaceType": "efa-only"}]}, "primary interface"),
+])
+async def test_an_efa_template_ec2_would_refuse_makes_the_pool_unusable(
+    stubbed: Any, data: dict[str, Any], words: str,
+) -> None:
+    provider, stubber = stubbed
+    _template_with(stubber, **data)
+    with pytest.raises(ProviderConfigError, match=words):
+        await provider.validate(request(bootstrap="nodeadm").pool)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import Any
 
 import pytest
 
@@ -176,6 +177,66 @@ async def test_domain_in_another_zone_is_refused(gcp_fake: GcpFake) -> None:
                            domain={ZONE_LABEL: "europe-west4-b"}, owner="ml/x")
     with pytest.raises(ProviderConfigError, match="europe-west4-b"):
         await gcp_fake.provider().acquire(other)
+
+
+A4_NICS = [
+    {"subnetwork": "projects/muster-test/regions/us-central1/subnetworks/host-0",
+     "nicType": "GVNIC"},
+    {"subnetwork": "projects/muster-test/regions/us-central1/subnetworks/host-1",
+     "nicType": "GVNIC"},
+    *({"subnetwork": f"projects/muster-test/regions/us-central1/subnetworks/rdma-{k}",
+       "nicType": "MRDMA"} for k in range(8)),
+]
+
+
+async def test_an_a4_vm_gets_its_ten_nics_and_a_labelled_boot_disk(gcp_fake: GcpFake) -> None:
+    """A4 (and A3 Ultra): two gVNIC then eight RDMA NICs, in order, as Compute's API shapes
+    them (the fake parses the body with the API's own message types and nicType enum);
+    the boot disk carries the VM's labels."""
+    r = req(gcp_fake, "uid-n", 1, machineType="a4-highgpu-8g", networkInterfaces=A4_NICS)
+    await gcp_fake.provider().acquire(r)
+    [call] = gcp_fake.fake.calls("bulk_insert")
+    props = call.body["instanceProperties"]
+    assert props["networkInterfaces"] == A4_NICS
+    assert props["disks"][0]["initializeParams"]["labels"] == props["labels"]
+    assert props["labels"]["muster-key"] == r.key
+
+
+def test_the_nic_types_are_computes_own() -> None:
+    from google.cloud import compute_v1
+
+    from providers.gcp import NIC_TYPES
+    nic_types: Any = compute_v1.NetworkInterface.NicType  # a proto-plus enum: iterable
+    assert set(NIC_TYPES) == {e.name for e in nic_types} - {
+        "UNDEFINED_NIC_TYPE", "UNSPECIFIED_NIC_TYPE"}
+
+
+@pytest.mark.parametrize(("nics", "extra", "words"), [
+    ([{"subnetwork": "s", "nicType": "RDMA"}], {}, "nicType"),
+    ([{"nicType": "GVNIC"}], {}, "set network or subnetwork"),
+    (A4_NICS, {"network": "default"}, "not both"),
+    (A4_NICS[2:], {}, "cannot be an RDMA NIC"),
+    ([{"subnetwork": "projects/p/regions/europe-west4/subnetworks/x"}], {},
+     "not the pool's us-central1"),
+    (A4_NICS + A4_NICS[:1], {}, "networkInterfaces"),
+])
+async def test_bad_network_interfaces_are_refused_before_any_call(
+    gcp_fake: GcpFake, nics: list[dict[str, str]], extra: dict[str, str], words: str,
+) -> None:
+    pool = gcp_fake.pool(networkInterfaces=nics, **extra)
+    with pytest.raises(ProviderConfigError, match=words):
+        await gcp_fake.provider().validate(pool)
+    assert gcp_fake.fake.calls("bulk_insert") == []
+
+
+async def test_a_placeholder_zone_is_the_pools_zone(gcp_fake: GcpFake) -> None:
+    """A pool without declared domains: the planner's placeholder zone is no zone at all;
+    the machines go to the pool's zone, and the nodes say so."""
+    r = req(gcp_fake, "uid-a", 1)
+    fresh = AcquireRequest(key=r.key, pool=r.pool, count=1,
+                           domain={ZONE_LABEL: "muster-new-gpu-pool-0"}, owner="ml/x")
+    nodes = await gcp_fake.provider().acquire(fresh)
+    assert [n.labels[ZONE_LABEL] for n in nodes] == [GCP_ZONE]
 
 
 @pytest.mark.parametrize(("params", "field"), [

@@ -56,8 +56,10 @@ def test_aws_policy_grants_every_call_and_scopes_deletes_to_our_tag() -> None:
         "ec2:DeletePlacementGroup", "iam:PassRole", "ec2:DescribeLaunchTemplateVersions",
         "ec2:CreateLaunchTemplate", "ec2:DescribeCapacityReservations",
         "ec2:GetGroupsForCapacityReservation",
+        "ec2:DescribeLaunchTemplates", "ec2:DeleteLaunchTemplate",
     } <= granted
-    deletes = [s for s in policy["Statement"] if "ec2:TerminateInstances" in s["Action"]]
+    deletes = [s for s in policy["Statement"]
+               if {"ec2:TerminateInstances", "ec2:DeleteLaunchTemplate"} & set(s["Action"])]
     assert deletes and all(
         f"aws:ResourceTag/{aws.TAG_CLUSTER}" in s["Condition"]["StringEquals"] for s in deletes)
 

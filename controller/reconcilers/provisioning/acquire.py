@@ -19,6 +19,7 @@ from controller.acquire.registration import (
     missing_devices,
     register,
     registration,
+    registration_budget,
 )
 from controller.clock import Clock
 from controller.conditions import ConditionType, Reason, message
@@ -81,7 +82,10 @@ class Acquisition(Bookings):
                        nodes=sorted(booking.acquired_nodes))
                 self.state.ledger.reserve(req.key, booking)
                 req = await self.remember_launched(req, booking)
-                timeout = self.config.acquisition.node_ready_timeout_seconds
+                pools_now = self.state.pools()
+                timeout = registration_budget(
+                    (pools_now[p] for p in pools if p in pools_now),
+                    self.config.acquisition.node_ready_timeout_seconds)
                 not_ready, outside = await self.wait_nodes(req, booking, within=timeout)
             finally:
                 # Later status writes start from this one's conditions, never race it.
@@ -115,7 +119,7 @@ class Acquisition(Bookings):
                 return await self.retry_or_fail(
                     req, attempt=booking.attempt, reason=Reason.NODES_NOT_READY,
                     detail=f"{len(not_ready)} node(s) not Ready: {', '.join(not_ready[:5])}",
-                    permanent=False,
+                    permanent=False, ready_within=timeout,
                 )
         except AcquisitionFailed as exc:
             log_decision("acquire", req.key, outcome="failed", attempt=booking.attempt,

@@ -37,8 +37,9 @@ class Confirmation(Outcomes):
         self.take(req, Event.CONFIRMED)
         reason = Reason.CAPACITY_IS_PROVISIONED if booking.groups else Reason.CAPACITY_IS_FOUND
         try:
-            details = class_details(booking.plan, self.observed_domains(booking))
-            where = _where(booking.plan)
+            seen = self.observed_domains(booking)
+            details = class_details(booking.plan, seen)
+            where = _where_observed(booking.plan, seen)
             relaxed, sets = self.relaxed(req, booking.plan)
             if relaxed:
                 details[RELAXED_DETAIL] = relaxed_detail(relaxed)
@@ -131,6 +132,21 @@ def class_details(
     new_nodes = sum(n.count for n in plan.new_nodes)
     details[NEW_NODES_DETAIL] = str(new_nodes)
     return dict(list(details.items())[:64])
+
+
+def _where_observed(plan: Plan, observed: Mapping[tuple[str, str], str]) -> str:
+    """Where the plan puts each pod set, a placeholder domain named as its nodes registered
+    it (a new domain of the level, when they did not say)."""
+    parts = []
+    for p in plan.placements:
+        if p.level and p.domain and placeholder(p.domain):
+            level = p.level.rsplit("/", 1)[-1]
+            p = _observed_placement(p, observed)
+            if p.domain is None:
+                parts.append(f"pod set {p.pod_set} in a new {level}")
+                continue
+        parts.append(_where(replace(plan, placements=(p,))))
+    return "; ".join(parts) or "no pods"
 
 
 def _observed_placement(

@@ -48,9 +48,12 @@ class Outcomes(StepsBase):
         detail: str,
         permanent: bool = False,
         relax_time: datetime | None = None,
+        ready_within: float | None = None,
     ) -> Delay:
         """``relax_time``: when the request's topology may be relaxed; the next attempt is
-        then no later than that."""
+        then no later than that. ``ready_within``: the registration budget nodes that were
+        not Ready were given (NodesNotReady)."""
+        ready_within = ready_within or self.config.acquisition.node_ready_timeout_seconds
         self.state.ledger.unreserve(req.key)
         if (not permanent and reason is Reason.CAPACITY_IS_NOT_FOUND
                 and queued.is_queued(self, req)):
@@ -85,7 +88,7 @@ class Outcomes(StepsBase):
             return await self.fail(
                 req, Reason.RETRIES_EXHAUSTED,
                 f"{unready} acquisition(s) gave nodes that were not Ready within "
-                f"{self.config.acquisition.node_ready_timeout_seconds:.0f}s "
+                f"{ready_within:.0f}s "
                 f"(retry.max_unready_acquisitions {limit}; each was paid for, then released): "
                 f"{detail}. Check the pool's node image and bootstrap, then recreate the "
                 "request.",
@@ -119,7 +122,7 @@ class Outcomes(StepsBase):
             else message(reason, **fields)
             if reason in (Reason.CAPACITY_IS_NOT_FOUND, Reason.NAMESPACE_LIMIT_REACHED,
                           Reason.POOL_UNUSABLE)
-            else message(reason, seconds=self.config.acquisition.node_ready_timeout_seconds,
+            else message(reason, seconds=ready_within,
                          detail=detail)
         )
         await self.write_status(
