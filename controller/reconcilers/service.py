@@ -88,6 +88,7 @@ from controller.reconcilers.pools import hold_pools
 from controller.relaxation import (
     RELAXED_DETAIL,
     alternatives,
+    pools_default,
     relax_after,
     relax_at,
     relaxable,
@@ -351,13 +352,15 @@ class ProvisioningService:
             dict[str, str], datetime | None]:
         """The pod sets of ``gang`` Muster may relax (name -> required level) and when it
         may (None: never); see :mod:`controller.relaxation`."""
-        seconds = relax_after(self.parameters(req).values.relax_topology_after_seconds,
-                              req.annotations, self.config.topology.relax_after_seconds)
-        when = relax_at(req.created_at, seconds)
-        if when is None:
-            return {}, None
         sets = relaxable(gang, self._template_annotations(req), self.state.levels)
-        return sets, (when if sets else None)
+        default = pools_default(gang, sets, self.state.pools().values(),
+                                self.config.topology.relax_after_seconds)
+        seconds = relax_after(self.parameters(req).values.relax_topology_after_seconds,
+                              req.annotations, default)
+        when = relax_at(req.created_at, seconds)
+        if when is None or not sets:
+            return {}, None
+        return sets, when
 
     def arrival_grace_left(self, req: RequestRecord) -> float:
         """Seconds this request still waits for objects created with it (a PodTemplate, a
@@ -741,11 +744,9 @@ class ProvisioningService:
             gang = self.gang(req, mode)
         except Invalid:
             return {}, {}
-        seconds = relax_after(self.parameters(req).values.relax_topology_after_seconds,
-                              req.annotations, self.config.topology.relax_after_seconds)
-        if seconds is None:
+        sets, when = self.relaxation(req, gang)
+        if when is None:
             return {}, {}
-        sets = relaxable(gang, self._template_annotations(req), self.state.levels)
         return relaxed_placements(plan, sets), sets
 
     def _template_annotations(self, req: RequestRecord) -> list[Mapping[str, str]]:
