@@ -106,6 +106,16 @@ def relax_at(created: datetime | None, seconds: float | None) -> datetime | None
     return created + timedelta(seconds=seconds)
 
 
+def hold_until(
+    relax_time: datetime | None, now: datetime, reserve_seconds: float | None
+) -> datetime | None:
+    """Until when a gang whose wait ended at ``relax_time`` holds a reservation against
+    younger requests (``topology.reserve_seconds``), or None (off, or still waiting)."""
+    if relax_time is None or reserve_seconds is None or now < relax_time:
+        return None
+    return relax_time + timedelta(seconds=reserve_seconds)
+
+
 def relaxable(
     gang: GangRequest, annotations: Sequence[Mapping[str, str]], levels: Sequence[str]
 ) -> dict[str, str]:

@@ -88,6 +88,7 @@ from controller.reconcilers.pools import hold_pools
 from controller.relaxation import (
     RELAXED_DETAIL,
     alternatives,
+    hold_until,
     pools_default,
     relax_after,
     relax_at,
@@ -307,6 +308,7 @@ class ProvisioningService:
             fallbacks=alternatives(gang, relaxable_sets, self.state.levels)
             if relax_time is not None and now >= relax_time else (),
             explain=not waiting,
+            hold_until=hold_until(relax_time, now, self.config.topology.reserve_seconds),
         )
         if waiting and retry_at is not None and not isinstance(result, Plan):
             # Still no fit: the backoff timer keeps the request's attempts and condition

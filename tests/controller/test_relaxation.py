@@ -55,9 +55,10 @@ async def _request(
     *,
     parameters: dict[str, str] | None = None,
     annotations: dict[str, str] | None = None,
+    workers: int = 4,
 ) -> None:
     body = objects.provisioning_request(
-        name, namespace="ns", pod_sets=[("workers", 4)], parameters=parameters
+        name, namespace="ns", pod_sets=[("workers", workers)], parameters=parameters
     )
     if annotations:
         body["metadata"]["annotations"] = annotations
@@ -204,6 +205,47 @@ async def test_a_pool_that_says_never_overrides_the_global_default(
     await _request(kube, "asks", parameters={"relaxTopologyAfter": "0"})
     assert await _outcomes(clock, kube, "plain", "asks") == (
         "CapacityNeverFits", "CapacityIsProvisioned")
+
+
+@pytest.mark.parametrize(
+    "muster_config", [MusterConfig(topology={"reserve_seconds": 3600}), MusterConfig()],
+    ids=["reserve", "no-reserve"],
+)
+async def test_a_gang_past_its_wait_holds_capacity_against_younger_requests(
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider],
+    muster_config: MusterConfig,
+) -> None:
+    """The pool has room for 4 nodes and "first" holds 2: "gang" (4 nodes, its wait over at
+    once) waits. With topology.reserve_seconds the younger 1-node request may not buy the
+    node the gang needs; without, it takes it. Once "first" goes, the gang gets its 4."""
+    controller, clock, _ = running
+    await kube.merge_patch(CAPACITY_POOLS, "gpu", {"spec": {"maxNodes": 4}})
+
+    async def limited() -> bool:
+        pool = controller.state.pools().get("gpu")
+        return pool is not None and pool.spec.max_nodes == 4
+
+    await _until(limited)
+    await _request(kube, "first", workers=2)
+    assert await _outcomes(clock, kube, "first") == ("CapacityIsProvisioned",)
+    await _request(kube, "gang", parameters={"relaxTopologyAfter": "0"})
+
+    async def waiting(name: str) -> dict[str, Any]:
+        await clock.advance(1)
+        cond = _cond(await _status(kube, name), "Provisioned")
+        return cond if cond.get("reason") == "CapacityIsNotFound" else {}
+
+    await _until(functools.partial(waiting, "gang"))
+    await _request(kube, "young", workers=1)
+    if muster_config.topology.reserve_seconds is None:
+        assert await _outcomes(clock, kube, "young") == ("CapacityIsProvisioned",)
+        return
+    cond = await _until(functools.partial(waiting, "young"))
+    assert "capacity is held for ns/gang" in cond["message"], cond
+    await kube.delete(PROVISIONING_REQUESTS, "first", namespace="ns")
+    assert await _outcomes(clock, kube, "gang") == ("CapacityIsProvisioned",)
+    assert controller.planner.hold is None
+    assert not _cond(await _status(kube, "young"), "Provisioned").get("status") == "True"
 
 
 @pytest.mark.parametrize("where", ["parameter", "annotation"])
