@@ -11,8 +11,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from controller.api.dra import ResourceSliceTemplate
-from controller.api.parameters import DURATION_PATTERN, RELAX_TOPOLOGY_AFTER, duration_seconds
 from controller.api.meta import Condition, ObjectMeta
+from controller.api.parameters import DURATION_PATTERN, RELAX_TOPOLOGY_AFTER, duration_seconds
 from controller.api.validation import label_value, qualified_name
 
 __all__ = [
