@@ -113,8 +113,6 @@ class GangFit(Simulation):
         self.retry: RetryConfig | None = None
         self.waiting: dict[int, JobRun] = {}
         """muster-shipped: job seq -> run, of the requests waiting for capacity."""
-        self.tried: dict[int, float] = {}
-        """muster-shipped: job seq -> when its last counted attempt ran (``least-recent``)."""
         self.due: dict[int, float] = {}
         """muster-shipped: job seq -> when its backoff timer is due (a timer that is not is
         stale: the attempt was moved earlier, to the relaxation)."""
@@ -241,25 +239,8 @@ class GangFit(Simulation):
             return
         failed: list[tuple[int, int, bool]] = []
         hold = self._shipped_hold()
-        how = self.config.shipped_replan_order
-        if how == "arrival":
-            order = sorted(self.waiting)
-        elif how.startswith("aged:"):
-            h = float(how.split(":")[1])
-            order = sorted(self.waiting, key=lambda seq: (
-                (0, 0.0, seq) if self.now - self.waiting[seq].job.submit < h
-                else (1, self.due.get(seq, math.inf), seq)))
-        elif how.startswith("adaptive:"):
-            h = float(how.split(":")[1])
-            oldest = min(self.waiting)
-            if self.now - self.waiting[oldest].job.submit < h:
-                order = sorted(self.waiting)
-            else:
-                order = sorted(self.waiting, key=lambda seq: (self.due.get(seq, math.inf), seq))
-        elif how.startswith("least-recent"):
-            order = sorted(self.waiting, key=lambda seq: (self.tried.get(seq, self.now), seq))
-        else:
-            order = sorted(self.waiting, key=lambda seq: (self.due.get(seq, math.inf), seq))
+        order = (sorted(self.waiting) if self.config.shipped_replan_order == "arrival"
+                 else sorted(self.waiting, key=lambda seq: (self.due.get(seq, math.inf), seq)))
         for seq in order:
             run = self.waiting[seq]
             if run.status != PENDING:
@@ -273,13 +254,10 @@ class GangFit(Simulation):
                 del self.waiting[seq]
                 self.attempts.pop(seq, None)
                 self.due.pop(seq, None)
-                self.tried.pop(seq, None)
                 if run is hold:
                     hold = self._shipped_hold()
             else:
                 failed.append((run.pods, run.pod_gpus, relaxed))
-                if self.config.shipped_replan_order == "least-recent-wake":
-                    self.tried[seq] = self.now
 
     def _shipped_hold(self) -> JobRun | None:
         """muster-shipped with the controller's ``topology.reserve_seconds``: the oldest
@@ -312,7 +290,6 @@ class GangFit(Simulation):
             self.attempts.pop(run.job.seq, None)
             self.waiting.pop(run.job.seq, None)
             self.due.pop(run.job.seq, None)
-            self.tried.pop(run.job.seq, None)
             return
         retry = self.retry
         if retry is None:
@@ -335,7 +312,6 @@ class GangFit(Simulation):
                 if until > 0:
                     delay = min(delay, until)
             self.due[run.job.seq] = self.now + delay
-            self.tried[run.job.seq] = self.now
         self.push(self.now + delay, TIMER, run)
 
     # ------------------------------------------------------------------ queue
