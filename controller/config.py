@@ -132,6 +132,15 @@ class TopologyConfig(_Section):
         "with the relaxTopologyAfter parameter or the muster.dev/relax-topology-after "
         "annotation (never: strict). Kueue's podset-required-topology is never relaxed.",
     )
+    reserve_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        description="For this long after its topology wait is over (relax_after_seconds or "
+        "its own), the oldest gang still waiting holds a reservation: requests created after "
+        "it may not take a node as good as empty for its pods nor buy a node from a pool "
+        "that could take them (they may still use what is left on busy nodes). null: off. "
+        "Trades the younger requests' starts for the waiting gang's.",
+    )
 
     @model_validator(mode="after")
     def _unique(self) -> TopologyConfig:

@@ -9,6 +9,8 @@ the same GPUs, spread over two racks, are free. The request's policy says how lo
   ProvisioningRequestConfig's ``spec.parameters`` or a Job's
   ``provreq.kueue.x-k8s.io/relaxTopologyAfter`` annotation, paths A and B alike), else
 * the request's ``muster.dev/relax-topology-after`` annotation, else
+* the ``spec.relaxTopologyAfter`` of the CapacityPools the gang may use (:func:`pools_default`:
+  the longest of their waits, a pool without one counting as the global default), else
 * the controller's ``topology.relax_after_seconds`` (null: never).
 
 Once the wait (from the request's creation) is over, the planner tries, in one pass and in this
@@ -25,13 +27,17 @@ Required placement that comes from pod affinity is never relaxed either.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 
+from controller.api.capacitypool import CapacityPool
 from controller.api.parameters import RELAX_TOPOLOGY_AFTER, duration_seconds
-from controller.fit.types import GangRequest, Plan, TopologyMode, TopologyRequest
-from controller.topology_defaults import KUEUE_REQUIRED, MUSTER_REQUIRED
+from controller.fit.shapes import selector_matches, untolerated
+from controller.fit.types import GangRequest, Plan, Taint, TopologyMode, TopologyRequest
+from controller.node_labels import node_labels
+from controller.topology_defaults import KUEUE_REQUIRED, MUSTER_REQUIRED, POOL_LABEL
 
 RELAX_ANNOTATION = "muster.dev/relax-topology-after"
 RELAXED_DETAIL = "muster.dev/topology-relaxed"
@@ -61,11 +67,53 @@ def relax_after(
     return seconds
 
 
+def pools_default(
+    gang: GangRequest, sets: Mapping[str, str], pools: Iterable[CapacityPool],
+    default: float | None,
+) -> float | None:
+    """The default wait of the relaxable pod sets ``sets`` of ``gang`` (seconds; None:
+    never): the longest ``spec.relaxTopologyAfter`` of the pools those pod sets may use
+    (their node template's labels match the pods' selectors and its taints are tolerated),
+    a pool without one counting as ``default`` (the global setting). A relaxed placement may
+    land on any of those pools, so a pool that asks for a longer wait, or for strict
+    placement, is never overridden by another. ``default`` when none of them sets one."""
+    shapes = [ps.shape for ps in gang.pod_sets if ps.name in sets]
+    fallback = math.inf if default is None else default
+    waits: list[float] = []
+    any_set = False
+    for pool in pools:
+        spec = pool.spec
+        template = spec.node_template
+        labels = {**node_labels(template.labels, parameters=spec.parameters),
+                  POOL_LABEL: pool.metadata.name}
+        taints = tuple(Taint(t.key, t.value, t.effect) for t in template.taints)
+        if not any(selector_matches(shape, labels, None)
+                   and not untolerated(taints, shape.tolerations) for shape in shapes):
+            continue
+        own = spec.relax_after_seconds
+        any_set = any_set or own is not None
+        waits.append(fallback if own is None else own)
+    if not any_set:
+        return default
+    longest = max(waits)
+    return None if longest == math.inf else longest
+
+
 def relax_at(created: datetime | None, seconds: float | None) -> datetime | None:
     """When a request created at ``created`` relaxes (None: never)."""
     if created is None or seconds is None:
         return None
     return created + timedelta(seconds=seconds)
+
+
+def hold_until(
+    relax_time: datetime | None, now: datetime, reserve_seconds: float | None
+) -> datetime | None:
+    """Until when a gang whose wait ended at ``relax_time`` holds a reservation against
+    younger requests (``topology.reserve_seconds``), or None (off, or still waiting)."""
+    if relax_time is None or reserve_seconds is None or now < relax_time:
+        return None
+    return relax_time + timedelta(seconds=reserve_seconds)
 
 
 def relaxable(

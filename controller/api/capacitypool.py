@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from controller.api.dra import ResourceSliceTemplate
 from controller.api.meta import Condition, ObjectMeta
+from controller.api.parameters import DURATION_PATTERN, RELAX_TOPOLOGY_AFTER, duration_seconds
 from controller.api.validation import label_value, qualified_name
 
 __all__ = [
@@ -130,6 +131,24 @@ class CapacityPoolSpec(_Model):
         "Unset: the controller's acquisition.node_ready_timeout_seconds. At least "
         "expectedReadySeconds.",
     )
+    relax_topology_after: str | None = Field(
+        default=None,
+        alias=RELAX_TOPOLOGY_AFTER,
+        pattern=DURATION_PATTERN,
+        description="Default, for gangs that may use this pool, of how long a gang waits for "
+        "the one topology domain it requires before Muster takes the most compact placement "
+        "it can get: a duration such as 30m, 1h30m, 90s or a number of seconds, or never. "
+        "A request's relaxTopologyAfter parameter or muster.dev/relax-topology-after "
+        "annotation overrides it; absent: topology.relax_after_seconds. When a gang may use "
+        "several pools, the longest of their waits applies (never beats any).",
+    )
+
+    @property
+    def relax_after_seconds(self) -> float | None:
+        """The pool's relaxTopologyAfter in seconds (inf: never), None when unset."""
+        if self.relax_topology_after is None:
+            return None
+        return duration_seconds(self.relax_topology_after)
 
     @model_validator(mode="after")
     def _min_le_max(self) -> CapacityPoolSpec:

@@ -159,6 +159,12 @@ def simulate_command(
         typer.Option(help="muster-shipped: the controller's retry.replan_order, arrival or "
                      "backoff (default: the controller's default).", rich_help_panel=_POLICY),
     ] = None,
+    shipped_reserve: Annotated[
+        float | None,
+        typer.Option(help="muster-shipped: the controller's topology.reserve_seconds (seconds "
+                     "a gang past its relaxation holds a reservation against younger requests; "
+                     "default: the controller's default, off).", rich_help_panel=_POLICY),
+    ] = None,
     provreq_atomic: Annotated[
         bool,
         typer.Option("--provreq-atomic/--no-provreq-atomic",
@@ -294,6 +300,8 @@ def simulate_command(
         shipped_relax_after_s=(shipped_relax_after if shipped_relax_after is not None
                                else SimConfig().shipped_relax_after_s),
         shipped_replan_order=shipped_replan_order or SimConfig().shipped_replan_order,
+        shipped_reserve_s=(shipped_reserve if shipped_reserve is not None
+                           else SimConfig().shipped_reserve_s),
         provreq_atomic=provreq_atomic,
         stockout_reported=stockout_reported,
     )

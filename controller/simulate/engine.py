@@ -70,6 +70,12 @@ def _controller_default_relax_after() -> float | None:
     return TopologyConfig().relax_after_seconds
 
 
+def _controller_default_reserve() -> float:
+    from controller.config import TopologyConfig
+
+    return TopologyConfig().reserve_seconds or 0.0
+
+
 @dataclass(frozen=True, slots=True)
 class SimConfig:
     cloud: CloudConfig = field(default_factory=CloudConfig)
@@ -130,6 +136,10 @@ class SimConfig:
     relax; the default is the controller's)."""
     shipped_replan_order: str = field(default_factory=lambda: _controller_default_order())
     """muster-shipped: the controller's ``retry.replan_order`` (arrival or backoff)."""
+    shipped_reserve_s: float = field(default_factory=lambda: _controller_default_reserve())
+    """muster-shipped: the controller's ``topology.reserve_seconds`` (0: off, the
+    controller's default): once past its relaxation, the oldest waiting gang holds a
+    reservation this long (younger requests use only GPUs left on busy nodes)."""
     deadlock_check_s: float = 60.0
     """How often partially bound gangs are checked for a deadlock."""
     bin_seconds: float | None = None
@@ -162,6 +172,7 @@ class SimConfig:
              "shipped replan order must be arrival or backoff"),
             (self.relax_after_s >= 0, "relax-after must be >= 0 seconds"),
             (self.reserve_s >= 0, "reservation time must be >= 0 seconds"),
+            (self.shipped_reserve_s >= 0, "shipped reservation time must be >= 0 seconds"),
             (
                 0 < self.retry_initial_s <= self.retry_max_s,
                 "retry backoff needs 0 < initial <= max",

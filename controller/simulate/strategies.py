@@ -238,6 +238,7 @@ class GangFit(Simulation):
         if not self.waiting:
             return
         failed: list[tuple[int, int, bool]] = []
+        hold = self._shipped_hold()
         order = (sorted(self.waiting) if self.config.shipped_replan_order == "arrival"
                  else sorted(self.waiting, key=lambda seq: (self.due.get(seq, math.inf), seq)))
         for seq in order:
@@ -249,12 +250,31 @@ class GangFit(Simulation):
             if any(run.pods >= fp and run.pod_gpus >= fg and relaxed <= fr
                    for fp, fg, fr in failed):
                 continue
-            if self.try_place(run):
+            if self.try_place(run, restricted=hold is not None and seq > hold.job.seq):
                 del self.waiting[seq]
                 self.attempts.pop(seq, None)
                 self.due.pop(seq, None)
+                if run is hold:
+                    hold = self._shipped_hold()
             else:
                 failed.append((run.pods, run.pod_gpus, relaxed))
+
+    def _shipped_hold(self) -> JobRun | None:
+        """muster-shipped with the controller's ``topology.reserve_seconds``: the oldest
+        waiting gang whose relaxation came less than that long ago (it holds a reservation
+        against younger requests, as the controller's planner does)."""
+        reserve = self.config.shipped_reserve_s
+        if not (self.wake and self.relax and reserve) or self.relax_after is None:
+            return None
+        since = self.now - self.relax_after
+        for seq in sorted(self.waiting):  # arrival order
+            run = self.waiting[seq]
+            submit = run.job.submit
+            if submit > since:
+                return None
+            if run.pods > 1 and run.status == PENDING and submit > since - reserve:
+                return run
+        return None
 
     def _relaxed_now(self, run: JobRun) -> bool:
         return (self.relax and run.pods > 1 and self.relax_after is not None
@@ -265,7 +285,8 @@ class GangFit(Simulation):
         its attempt, or, if that was attempt ``retry.max_attempts``, fail it (as
         :meth:`ProvisioningService.retry_or_fail` does; the job's start timeout, the
         controller's ``ValidUntilSeconds``, may end the retries first)."""
-        if self.try_place(run):
+        hold = self._shipped_hold()
+        if self.try_place(run, restricted=hold is not None and run.job.seq > hold.job.seq):
             self.attempts.pop(run.job.seq, None)
             self.waiting.pop(run.job.seq, None)
             self.due.pop(run.job.seq, None)

@@ -20,7 +20,20 @@ from typing import Any
 
 from controller.conditions import Reason
 from controller.fit import PlanningPass
-from controller.fit.types import GangRequest, Mode, Plan, Result
+from controller.fit.shapes import pods_that_fit
+from controller.fit.types import (
+    GangRequest,
+    Mode,
+    NoFit,
+    Plan,
+    PodShape,
+    ReasonCode,
+    Result,
+    Snapshot,
+)
+from controller.fit.types import (
+    Reason as FitReason,
+)
 from controller.state.bookings import Booking
 from controller.state.cache import ClusterState
 
@@ -58,6 +71,33 @@ class _Item:
     order: tuple[Any, ...]
     fallbacks: tuple[GangRequest, ...]
     explain: bool
+    hold_until: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Hold:
+    """A gang past its topology wait that holds a reservation against younger requests
+    (``topology.reserve_seconds``): until ``until``, a younger request may not take a node
+    as good as empty for the gang's pods, nor buy a node from a pool they could use."""
+
+    key: str
+    arrival: tuple[Any, ...]
+    shapes: tuple[PodShape, ...]
+    until: datetime
+
+    def held(self, snapshot: Snapshot) -> tuple[frozenset[str], frozenset[str]]:
+        """The nodes and pools of ``snapshot`` the reservation keeps from younger requests:
+        nodes where the gang could put as many pods as on the node empty, pools whose new
+        nodes could take its pods."""
+        nodes = frozenset(
+            n.name for n in snapshot.nodes if n.schedulable and any(
+                0 < pods_that_fit(s, n.allocatable, n.labels, n.taints, node_name=n.name)
+                <= pods_that_fit(s, n.free, n.labels, n.taints, node_name=n.name)
+                for s in self.shapes))
+        pools = frozenset(
+            p.name for p in snapshot.pools
+            if any(pods_that_fit(s, p.allocatable, p.labels, p.taints) > 0 for s in self.shapes))
+        return nodes, pools
 
 
 class Planner:
@@ -81,6 +121,8 @@ class Planner:
         self._last_pass_seconds = 0.0
         self._what_if: tuple[int, PlanningPass] | None = None
         """The pass it was built after, and the planning as if refused pools were usable."""
+        self.hold: _Hold | None = None
+        """The oldest waiting gang holding a reservation (``hold_until``), if any."""
 
     def start(self) -> None:
         if self._task is None:
@@ -98,6 +140,7 @@ class Planner:
         order: tuple[Any, ...] = (),
         fallbacks: tuple[GangRequest, ...] = (),
         explain: bool = True,
+        hold_until: datetime | None = None,
     ) -> Result | Refusal:
         """Plan ``gang``; a Plan returned has been reserved under ``key`` already.
 
@@ -107,13 +150,17 @@ class Planner:
         pass, when ``gang`` does not fit (a relaxed topology); the NoFit returned is the last
         one's. ``explain=False``: a NoFit may come without reasons (the caller only needs
         to know whether it fits now: a woken waiting request), which makes it cheap.
+        ``hold_until``: should ``gang`` (with its fallbacks) not fit, it holds a reservation
+        until then against requests that arrived after it, unless an older gang holds one
+        (see :class:`_Hold`); the gang's next plan that fits ends it.
 
         Returns the fit engine's NoFit, or the :class:`Refusal` of ``book``. ``book`` runs in
         the pass's synchronous step, right before the booking is reserved: what it reads of
         the state (e.g. a namespace's usage) includes every booking of the pass so far.
         """
         future: asyncio.Future[Result | Refusal] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Item(key, gang, mode, book, future, order, fallbacks, explain))
+        self._pending.append(
+            _Item(key, gang, mode, book, future, order, fallbacks, explain, hold_until))
         self._wakeup.set()
         return await future
 
@@ -159,9 +206,12 @@ class Planner:
         keys = {item.key for item in batch}
         for key in keys:
             self._state.ledger.unreserve(key)
-        planning = PlanningPass(self._state.snapshot(now=self._now() if self._now else None))
+        now = self._now() if self._now else None
+        planning = PlanningPass(self._state.snapshot(now=now))
         if any(item.order for item in batch):
             batch = sorted(batch, key=lambda item: item.order)
+        self._current_hold(now)
+        held = self.hold.held(planning.snapshot) if self.hold is not None else None
         for item in batch:
             if item.future.done():
                 continue
@@ -170,6 +220,9 @@ class Planner:
                     result = planning.plan(gang, item.mode, explain=item.explain)
                     if isinstance(result, Plan):
                         break
+                result = self._held_back(item, result, held)
+                if self._update_hold(item, result, now):
+                    held = self.hold.held(planning.snapshot) if self.hold is not None else None
                 if isinstance(result, Plan):
                     booking = item.book(result)
                     if isinstance(booking, Refusal):
@@ -181,6 +234,52 @@ class Planner:
             except Exception as exc:  # a bug in one request's planning must not stop others
                 log.exception("planning %s failed", item.key)
                 item.future.set_exception(exc)
+
+
+    def _held_back(self, item: _Item, result: Result,
+                   held: tuple[frozenset[str], frozenset[str]] | None) -> Result:
+        """``result``, or a NoFit when it is a younger request's plan that takes capacity
+        the reservation holds."""
+        hold = self.hold
+        if not isinstance(result, Plan) or hold is None or held is None \
+                or item.key == hold.key or self._state.arrival(item.key) < hold.arrival:
+            return result
+        nodes, pools = held
+        if not (any(a.node in nodes for a in result.assignments)
+                or any(n.pool in pools for n in result.new_nodes)):
+            return result
+        return NoFit(item.gang.name, item.mode, (FitReason(
+            ReasonCode.INSUFFICIENT_CAPACITY, None,
+            f"capacity is held for {hold.key}, which waited past its relaxTopologyAfter "
+            "(topology.reserve_seconds)"),))
+
+    def _update_hold(self, item: _Item, result: Result, now: datetime | None) -> bool:
+        """End the reservation when its gang fits; let ``item`` take it when it found no fit,
+        asks for one and is older than the gang holding it. Whether it changed."""
+        hold = self.hold
+        if hold is not None and item.key == hold.key and isinstance(result, Plan):
+            self.hold = None
+            return True
+        until = item.hold_until
+        if (not isinstance(result, NoFit) or until is None
+                or (now is not None and until <= now)):
+            return False
+        arrival = self._state.arrival(item.key)
+        if hold is not None and (hold.key == item.key or arrival >= hold.arrival):
+            return False
+        self.hold = _Hold(item.key, arrival, tuple(ps.shape for ps in item.gang.pod_sets), until)
+        return True
+
+    def _current_hold(self, now: datetime | None) -> _Hold | None:
+        """The reservation, unless it ended or its request is gone or no longer waiting."""
+        hold = self.hold
+        if hold is None:
+            return None
+        req = self._state.request(hold.key)
+        if (now is not None and hold.until <= now) or req is None or req.deleting \
+                or req.booking is not None:
+            self.hold = None
+        return self.hold
 
 
 def pools_to_fix(

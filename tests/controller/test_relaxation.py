@@ -4,12 +4,14 @@ most compact placement it can get, and says so."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Any
 
 import pytest
 
+from controller.api.capacitypool import CapacityPool
 from controller.api.parameters import read_parameters
 from controller.clock import ManualClock
 from controller.commands import objects
@@ -22,6 +24,7 @@ from controller.relaxation import (
     RELAX_ANNOTATION,
     RELAXED_DETAIL,
     alternatives,
+    pools_default,
     relax_after,
     relaxable,
 )
@@ -52,9 +55,10 @@ async def _request(
     *,
     parameters: dict[str, str] | None = None,
     annotations: dict[str, str] | None = None,
+    workers: int = 4,
 ) -> None:
     body = objects.provisioning_request(
-        name, namespace="ns", pod_sets=[("workers", 4)], parameters=parameters
+        name, namespace="ns", pod_sets=[("workers", workers)], parameters=parameters
     )
     if annotations:
         body["metadata"]["annotations"] = annotations
@@ -141,6 +145,110 @@ async def test_the_configured_default_applies_and_the_annotation_overrides_it(
     assert await _until(outcome) == ("CapacityIsProvisioned", "CapacityNeverFits")
 
 
+async def _pool_waits(kube: KubeClient, controller: Controller, wait: str) -> None:
+    await kube.merge_patch(CAPACITY_POOLS, "gpu", {"spec": {"relaxTopologyAfter": wait}})
+
+    async def applied() -> bool:
+        pool = controller.state.pools().get("gpu")
+        return pool is not None and pool.spec.relax_topology_after == wait
+
+    await _until(applied)
+
+
+async def _outcomes(clock: ManualClock, kube: KubeClient, *names: str) -> tuple[str, ...]:
+    """The reason each request ends with: Provisioned=True's or Failed's."""
+
+    async def outcome() -> tuple[str, ...] | None:
+        await clock.advance(1)
+        got = []
+        for name in names:
+            status = await _status(kube, name)
+            done = _cond(status, "Provisioned")
+            if done.get("status") != "True":
+                done = _cond(status, "Failed")
+            if not done:
+                return None
+            got.append(done["reason"])
+        return tuple(got)
+
+    reasons: tuple[str, ...] = await _until(outcome)
+    return reasons
+
+
+async def test_a_pools_default_applies_unless_the_request_says_otherwise(
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
+) -> None:
+    """No global default (strict), the pool relaxes at once: a plain request takes one block,
+    one annotated never stays strict, one whose parameter says never too."""
+    controller, clock, _ = running
+    await _small_racks(kube, controller)
+    await _pool_waits(kube, controller, "0")
+    await _request(kube, "plain")
+    await _request(kube, "annotated", annotations={RELAX_ANNOTATION: "never"})
+    await _request(kube, "parameter", parameters={"relaxTopologyAfter": "never"},
+                   annotations={RELAX_ANNOTATION: "0"})
+    assert await _outcomes(clock, kube, "plain", "annotated", "parameter") == (
+        "CapacityIsProvisioned", "CapacityNeverFits", "CapacityNeverFits")
+    details = (await _status(kube, "plain"))["provisioningClassDetails"]
+    assert details[RELAXED_DETAIL].startswith("workers=one block b"), details
+
+
+@pytest.mark.parametrize(
+    "muster_config", [MusterConfig(topology={"relax_after_seconds": 0})], ids=["relax-at-once"]
+)
+async def test_a_pool_that_says_never_overrides_the_global_default(
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
+) -> None:
+    controller, clock, _ = running
+    await _small_racks(kube, controller)
+    await _pool_waits(kube, controller, "never")
+    await _request(kube, "plain")
+    await _request(kube, "asks", parameters={"relaxTopologyAfter": "0"})
+    assert await _outcomes(clock, kube, "plain", "asks") == (
+        "CapacityNeverFits", "CapacityIsProvisioned")
+
+
+@pytest.mark.parametrize(
+    "muster_config", [MusterConfig(topology={"reserve_seconds": 3600}), MusterConfig()],
+    ids=["reserve", "no-reserve"],
+)
+async def test_a_gang_past_its_wait_holds_capacity_against_younger_requests(
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider],
+    muster_config: MusterConfig,
+) -> None:
+    """The pool has room for 4 nodes and "first" holds 2: "gang" (4 nodes, its wait over at
+    once) waits. With topology.reserve_seconds the younger 1-node request may not buy the
+    node the gang needs; without, it takes it. Once "first" goes, the gang gets its 4."""
+    controller, clock, _ = running
+    await kube.merge_patch(CAPACITY_POOLS, "gpu", {"spec": {"maxNodes": 4}})
+
+    async def limited() -> bool:
+        pool = controller.state.pools().get("gpu")
+        return pool is not None and pool.spec.max_nodes == 4
+
+    await _until(limited)
+    await _request(kube, "first", workers=2)
+    assert await _outcomes(clock, kube, "first") == ("CapacityIsProvisioned",)
+    await _request(kube, "gang", parameters={"relaxTopologyAfter": "0"})
+
+    async def waiting(name: str) -> dict[str, Any]:
+        await clock.advance(1)
+        cond = _cond(await _status(kube, name), "Provisioned")
+        return cond if cond.get("reason") == "CapacityIsNotFound" else {}
+
+    await _until(functools.partial(waiting, "gang"))
+    await _request(kube, "young", workers=1)
+    if muster_config.topology.reserve_seconds is None:
+        assert await _outcomes(clock, kube, "young") == ("CapacityIsProvisioned",)
+        return
+    cond = await _until(functools.partial(waiting, "young"))
+    assert "capacity is held for ns/gang" in cond["message"], cond
+    await kube.delete(PROVISIONING_REQUESTS, "first", namespace="ns")
+    assert await _outcomes(clock, kube, "gang") == ("CapacityIsProvisioned",)
+    assert controller.planner.hold is None
+    assert _cond(await _status(kube, "young"), "Provisioned").get("status") != "True"
+
+
 @pytest.mark.parametrize("where", ["parameter", "annotation"])
 async def test_an_unreadable_wait_is_invalid(
     kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider], where: str
@@ -170,6 +278,37 @@ def test_the_wait_reads_parameter_then_annotation_then_default() -> None:
     assert relax_after(None, {RELAX_ANNOTATION: "never"}, 5.0) is None
     with pytest.raises(ValueError, match="must be a duration"):
         relax_after(None, {RELAX_ANNOTATION: "1d"}, None)
+
+
+def test_the_pools_a_gang_may_use_set_its_default_and_the_longest_wait_wins() -> None:
+    def pool(name: str, wait: str | None, **labels: str) -> CapacityPool:
+        body = objects.gpu_pool(name)
+        body["spec"]["nodeTemplate"]["labels"] = {**body["spec"]["nodeTemplate"].get(
+            "labels", {}), **labels}
+        if wait is not None:
+            body["spec"]["relaxTopologyAfter"] = wait
+        return CapacityPool.model_validate(body)
+
+    g = gang("g", 4)
+    sets = {"workers": objects.RACK}
+    a, b = pool("a", "10m"), pool("b", "1h")
+    assert pools_default(g, sets, [a], None) == 600
+    assert pools_default(g, sets, [a, b], None) == 3600
+    # A pool without one counts as the global default (None: never, so strict wins).
+    assert pools_default(g, sets, [a, pool("c", None)], 60.0) == 600
+    assert pools_default(g, sets, [a, pool("c", None)], None) is None
+    assert pools_default(g, sets, [pool("c", None)], 60.0) == 60.0
+    assert pools_default(g, sets, [a, pool("n", "never")], 60.0) is None
+    # A pool the pods cannot use (its nodes lack the label they select) has no say.
+    ps = g.pod_sets[0]
+    picky = dataclasses.replace(g, pod_sets=(dataclasses.replace(
+        ps, shape=dataclasses.replace(ps.shape, node_selector={"team": "x"})),))
+    assert pools_default(picky, sets, [a, pool("x", "1h", team="x")], None) == 3600
+    assert pools_default(picky, sets, [a], 60.0) == 60.0
+    # Nothing to relax: the global default, whatever the pools say.
+    assert pools_default(g, {}, [a], 60.0) == 60.0
+    with pytest.raises(ValueError, match="relaxTopologyAfter"):
+        pool("bad", "soon")
 
 
 def test_the_parameter_is_honoured_in_both_classes_so_kueue_may_pass_it() -> None:

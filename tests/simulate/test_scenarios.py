@@ -218,6 +218,23 @@ def test_muster_relax_can_reserve_capacity_for_a_gang_that_waited_too_long() -> 
 
 
 
+def test_muster_shipped_reserves_for_a_gang_past_its_wait_only_when_configured_to() -> None:
+    # The trace of the muster-relax test above, under the controller's policy: relaxation
+    # after 900 s, and topology.reserve_seconds (off by default).
+    jobs = trace((0, H, 8), (5, H, 24), (1000, H, 8))
+    cfg = replace(config(quota_gpus=24), shipped_relax_after_s=900.0)
+    assert SimConfig().shipped_reserve_s == 0.0  # the controller's default: off
+    off = make("muster-shipped", jobs, cfg).run()
+    # Off: B takes a new node at 1000 s; G gets B's and A's nodes plus a new one when B ends.
+    assert off.gang_wait_p50_s == pytest.approx(4800 - 5)
+    assert off.wait_p50_s == pytest.approx(100)
+    on = make("muster-shipped", jobs, replace(cfg, shipped_reserve_s=8 * H)).run()
+    # On: B (younger, needs an empty node) waits; A's pods end at 3700 s and the wake-up
+    # gives G A's node plus 2 new ones (ready 3800 s); B starts when G ends, at 7400 s.
+    assert on.gang_wait_p50_s == pytest.approx(3800 - 5)
+    assert on.wait_p99_s == pytest.approx(7400 - 1000)
+
+
 def test_muster_retry_plans_each_request_on_its_own_backoff_not_in_arrival_order() -> None:
     # Quota 1 node. A runs 100..1100 s; B (10 s) and C (500 s) need the whole node too.
     jobs = trace((0, 1000, 8), (10, 1000, 8), (500, 1000, 8))

@@ -6,16 +6,24 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
+from datetime import datetime
 
 from controller import crashpoints
 from controller.acquire.registration import observed_domain, placeholder
 from controller.conditions import ConditionType, Reason, message
-from controller.fit.types import Mode, Plan, PodSetPlacement
+from controller.fit.types import GangRequest, Mode, Plan, PodSetPlacement
 from controller.lifecycle import PHASE_ANNOTATION, Event, Phase
 from controller.reconcilers.provisioning.base import Delay, _accepted, _where
 from controller.reconcilers.provisioning.gang import Invalid
 from controller.reconcilers.provisioning.outcome import Outcomes
-from controller.relaxation import RELAXED_DETAIL, relax_after, relaxable, relaxed_placements
+from controller.relaxation import (
+    RELAXED_DETAIL,
+    pools_default,
+    relax_after,
+    relax_at,
+    relaxable,
+    relaxed_placements,
+)
 from controller.relaxation import describe as describe_relaxed
 from controller.relaxation import detail as relaxed_detail
 from controller.state.bookings import Booking
@@ -80,12 +88,24 @@ class Confirmation(Outcomes):
             gang = self.gang(req, mode)
         except Invalid:
             return {}, {}
-        seconds = relax_after(self.parameters(req).values.relax_topology_after_seconds,
-                              req.annotations, self.config.topology.relax_after_seconds)
-        if seconds is None:
+        sets, when = self.relaxation(req, gang)
+        if when is None:
             return {}, {}
-        sets = relaxable(gang, self._template_annotations(req), self.state.levels)
         return relaxed_placements(plan, sets), sets
+
+    def relaxation(self, req: RequestRecord, gang: GangRequest) -> tuple[
+            dict[str, str], datetime | None]:
+        """The pod sets of ``gang`` Muster may relax (name -> required level) and when it
+        may (None: never); see :mod:`controller.relaxation`."""
+        sets = relaxable(gang, self._template_annotations(req), self.state.levels)
+        default = pools_default(gang, sets, self.state.pools().values(),
+                                self.config.topology.relax_after_seconds)
+        seconds = relax_after(self.parameters(req).values.relax_topology_after_seconds,
+                              req.annotations, default)
+        when = relax_at(req.created_at, seconds)
+        if when is None or not sets:
+            return {}, None
+        return sets, when
 
     def observed_domains(self, booking: Booking) -> dict[tuple[str, str], str]:
         """(label, placeholder value) -> the value the nodes of the booking's groups

@@ -27,7 +27,7 @@ from controller.lifecycle import (
 from controller.reconcilers.provisioning.acquire import Acquisition
 from controller.reconcilers.provisioning.base import Delay, _group_text, _where
 from controller.reconcilers.provisioning.gang import Invalid
-from controller.relaxation import alternatives, relax_after, relax_at, relaxable
+from controller.relaxation import alternatives, hold_until
 from controller.state.bookings import Booking
 from controller.state.planner import Refusal
 from controller.state.requests import RequestRecord
@@ -86,6 +86,7 @@ class Planning(Acquisition):
             fallbacks=alternatives(gang, relaxable_sets, self.state.levels)
             if relax_time is not None and now >= relax_time else (),
             explain=not waiting,
+            hold_until=hold_until(relax_time, now, self.config.topology.reserve_seconds),
         )
         if waiting and retry_at is not None and not isinstance(result, Plan):
             # Still no fit: the backoff timer keeps the request's attempts and condition
@@ -128,18 +129,6 @@ class Planning(Acquisition):
         if not booking.groups:
             return await self.confirm(req, booking)
         return await self.acquire(req, booking, announce=True)
-
-    def relaxation(self, req: RequestRecord, gang: GangRequest) -> tuple[
-            dict[str, str], datetime | None]:
-        """The pod sets of ``gang`` Muster may relax (name -> required level) and when it
-        may (None: never); see :mod:`controller.relaxation`."""
-        seconds = relax_after(self.parameters(req).values.relax_topology_after_seconds,
-                              req.annotations, self.config.topology.relax_after_seconds)
-        when = relax_at(req.created_at, seconds)
-        if when is None:
-            return {}, None
-        sets = relaxable(gang, self._template_annotations(req), self.state.levels)
-        return sets, (when if sets else None)
 
     def arrival_grace_left(self, req: RequestRecord) -> float:
         """Seconds this request still waits for objects created with it (a PodTemplate, a
