@@ -1131,7 +1131,9 @@ def _zone_cap(labels: Mapping[str, str], cap: int, by_zone: Mapping[str, int],
     """New nodes a domain may add from its pool's reservations: what those of its zone
     hold (none when they are all elsewhere), the whole ``cap`` when zones are not known."""
     zone = labels.get(ZONE_LABEL)
-    if zone is None or not by_zone:
+    if zone is None or not by_zone or placeholder(zone):
+        # A placeholder zone is the cloud's to pick: the provider launches into the
+        # reservation's own zone.
         return cap
     return min(cap, max(0, by_zone[zone] + since)) if zone in by_zone else 0
 

@@ -462,3 +462,20 @@ def test_nodes_registered_since_the_read_are_not_booked_twice() -> None:
     state.set_pool_reservation("p", [ReservedCapacity("", 1, reserved=4)])
     [pool] = state.snapshot(now=NOW).pools
     assert (pool.max_new_nodes, pool.reserved_busy) == (1, 1)
+
+
+def test_a_reservation_caps_a_pool_without_declared_zones_at_its_free_count() -> None:
+    """A pool whose zone the cloud picks (no declared domains: a placeholder zone) can use
+    its reservation: the provider launches into the reservation's own zone."""
+    from controller.state.cache import ReservedCapacity
+    from controller.topology_defaults import placeholder
+
+    body = _zoned_pool()
+    del body["spec"]["topology"]["domains"]
+    state = ClusterState(levels=DEFAULT_LEVELS)
+    state.replace_pools([body])
+    state.set_pool_reservation("p", [ReservedCapacity("us-east-1a", 2)])
+    [pool] = state.snapshot(now=NOW).pools
+    zones = [d.labels.get("topology.kubernetes.io/zone", "") for d in pool.domains]
+    assert zones and all(placeholder(z) for z in zones)
+    assert pool.max_new_nodes == 2 and max(d.max_new_nodes for d in pool.domains) == 2
