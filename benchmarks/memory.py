@@ -196,7 +196,8 @@ def measure(way: str, nodes: int, pods: int) -> dict[str, float]:
         del items
     gc.collect()
     end = _status()
-    assert len(state.nodes()) == nodes and state.pods_on(f"scale-{RUN}-0") == -(-pods // nodes)
+    objects = state.objects
+    assert len(objects.nodes()) == nodes and objects.pods_on(f"scale-{RUN}-0") == -(-pods // nodes)
     return {"base": base, "nodes": after_nodes, "rss": end["VmRSS"], "peak": end["VmHWM"]}
 
 

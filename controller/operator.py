@@ -179,7 +179,7 @@ class Controller:
         await self._wait_synced()
         # Every pool's provider, not only those already used: after a restart the kind
         # provider must adopt and heartbeat the nodes it created before.
-        for pool in self.state.pools().values():
+        for pool in self.state.pool_registry.pools().values():
             try:
                 self.providers.for_pool(pool)
             except ProviderConfigError as exc:  # the reconcile reports it on the request
@@ -197,7 +197,7 @@ class Controller:
         if self.service.wakeups is not None:
             self.wakeups.start()
         self._started = True
-        for key in list(self.state.requests()):
+        for key in list(self.state.objects.requests()):
             self.queue.add(key)
         self._tasks.append(asyncio.create_task(self._collect_loop(), name="collector"))
         self._tasks.append(asyncio.create_task(self._pool_loop(), name="pool-finalizers"))
@@ -346,9 +346,9 @@ class Controller:
 
     def health(self) -> dict[str, Any]:
         return {
-            "requests": len(self.state.requests()),
+            "requests": len(self.state.objects.requests()),
             "bookings": len(self.state.ledger.bookings()),
-            "nodes": len(self.state.nodes()),
+            "nodes": len(self.state.objects.nodes()),
             "reconciling": self.queue.busy,
             "planner_passes": self.planner.passes,
         }
@@ -358,10 +358,11 @@ class Controller:
         ``hold_pools`` before anything is acquired through it); removed once a deleted
         pool's last node is released (checked every collection interval, since node
         deletions do not change the pool)."""
+        changed = self.state.pool_registry.pools_changed
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.state.pools_changed.wait(), self.collect_interval)
-            self.state.pools_changed.clear()
+                await asyncio.wait_for(changed.wait(), self.collect_interval)
+            changed.clear()
             try:
                 await sync_pool_finalizers(self.kube, self.state)
             except ApiError as exc:

@@ -34,8 +34,8 @@ from controller.kube.resources import (
     Resource,
 )
 from controller.kueue.resources import WORKLOADS
-from controller.state.cache import KEY_LABEL
 from controller.state.tenancy import owner_uid_of_key
+from controller.topology_defaults import KEY_LABEL
 from e2e.conftest import RUN_LABEL, TIERS, Env, eventually
 
 ROOT = Path(__file__).resolve().parents[1]

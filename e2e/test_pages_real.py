@@ -21,7 +21,8 @@ import pytest
 
 from controller.kube import KubeClient, Page, WatchEvent
 from controller.kube.resources import NAMESPACES, PODS, Resource
-from controller.state.cache import ClusterState, object_key
+from controller.state.cache import ClusterState
+from controller.state.objects import object_key
 from e2e import cluster as cp
 
 pytestmark = pytest.mark.real

@@ -22,8 +22,8 @@ from controller.kube.resources import (
     PROVISIONING_REQUESTS,
     Resource,
 )
-from controller.state.cache import KEY_LABEL
 from controller.state.tenancy import owner_uid_of_key
+from controller.topology_defaults import KEY_LABEL
 from e2e.conftest import Env, eventually
 
 ATOMIC = "atomic-provisioning.muster.dev"

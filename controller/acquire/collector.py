@@ -73,7 +73,7 @@ class Collector:
         owners = self._owners()
         in_flight = self._in_flight()
         released: list[Released] = []
-        pools = dict(self._state.pools())
+        pools = dict(self._state.pool_registry.pools())
         listed: set[str] = set()
         complete = True
         for pool in pools.values():
@@ -81,7 +81,7 @@ class Collector:
             if provided is None:
                 complete = False
                 continue
-            deleting = self._state.pool_deleting(pool.metadata.name)
+            deleting = self._state.pool_registry.deleting(pool.metadata.name)
             for key, nodes in _by_key(provided).items():
                 listed.add(key)
                 owner = owners.get(nodes[0].owner_uid) if nodes[0].owner_uid else None
@@ -97,7 +97,7 @@ class Collector:
                     or any(n.provider_id in booked_ids for n in nodes),
                     owner_known=owner is not None,
                     holder=owner[0] if owner is not None and key in owner[1] else None,
-                    in_use=any(self._state.pods_on(n) > 0 for n in names),
+                    in_use=any(self._state.objects.pods_on(n) > 0 for n in names),
                     pool_deleting=deleting,
                 )
                 seen = self._seen.get(key, Seen())
@@ -126,7 +126,8 @@ class Collector:
 
     def _node_name(self, node: ProvidedNode) -> str:
         """The name ``node`` registered under (found by providerID), else the provider's."""
-        found = self._state.node_by_provider_id(node.provider_id) if node.provider_id else None
+        found = (self._state.objects.node_by_provider_id(node.provider_id)
+                 if node.provider_id else None)
         return found.metadata.name if found is not None else node.name
 
     async def _list(self, pool: CapacityPool) -> list[ProvidedNode] | None:
@@ -173,13 +174,13 @@ class Collector:
     def _owners(self) -> dict[str, tuple[Phase, frozenset[str]]]:
         """Request uid -> (phase, keys its booking records)."""
         out: dict[str, tuple[Phase, frozenset[str]]] = {}
-        for record in self._state.requests().values():
+        for record in self._state.objects.requests().values():
             booking = record.booking
             keys = frozenset(g.key for g in booking.groups) if booking else frozenset()
             phase = Phase.ENDED if record.deleting else record.annotated_phase
             out[record.uid] = (phase, keys)
         for key, booking in self._state.ledger.bookings().items():
-            found = self._state.request(key)
+            found = self._state.objects.request(key)
             if found is not None:
                 uid = found.uid
                 phase, keys = out.get(uid, (Phase.ACQUIRING, frozenset()))

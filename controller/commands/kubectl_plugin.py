@@ -142,11 +142,11 @@ async def live_state(kube: KubeClient, config: MusterConfig) -> ClusterState:
     state = ClusterState(levels=config.topology.levels)
     await Feeds(kube, state).list_once()
     now = datetime.now(UTC)
-    for name in state.pools():
-        valid = _condition(state.pool_status(name).get("conditions") or [], "Valid")
+    for name in state.pool_registry.pools():
+        valid = _condition(state.pool_registry.pool_status(name).get("conditions") or [], "Valid")
         if valid.get("status") == "False":  # the controller does not plan on it either
             state.set_pool_unusable(name, (str(valid.get("message") or "invalid"),))
-        for domain in state.pool_status(name).get("domains") or []:
+        for domain in state.pool_registry.pool_status(name).get("domains") or []:
             until = _time(domain.get("stockOutUntil"))
             if until is not None and until > now:
                 state.mark_short(name, domain.get("labels") or {},
@@ -449,10 +449,11 @@ async def what_if(
         raise PluginError(f"ProvisioningRequest {view.key}: {exc.detail}") from None
     now = datetime.now(UTC)
     result = PlanningPass(state.snapshot(exclude=exclude, now=now)).plan(gang, mode)
-    if isinstance(result, Plan) or not state.unusable_pools():
+    if isinstance(result, Plan) or not state.pool_registry.unusable_pools():
         return WhatIf(result)
     with_unusable = PlanningPass(state.snapshot(exclude=exclude, now=now, with_unusable=True))
-    return WhatIf(result, pools_to_fix(with_unusable, state.unusable_pools(), gang, mode))
+    unusable = state.pool_registry.unusable_pools()
+    return WhatIf(result, pools_to_fix(with_unusable, unusable, gang, mode))
 
 
 @app.command()
@@ -499,7 +500,7 @@ def booking_payload(view: RequestRecord, state: ClusterState) -> dict[str, Any] 
     payload["attempt"] = booking.attempt
     acquired = set(booking.acquired_nodes)
     for group in booking.groups:
-        acquired.update(state.nodes_by_key().get(group.key, ()))
+        acquired.update(state.objects.acquired_nodes(group.key))
     payload["acquiredNodes"] = sorted(acquired)
     return payload
 
@@ -525,7 +526,7 @@ def explain(
         finally:
             await kube.close()
         key = f"{namespace}/{request}"
-        view = state.request(key)
+        view = state.objects.request(key)
         if view is None:
             raise PluginError(f"provisioningrequest {key} not found")
         return await explain_payload(state, cfg, view)

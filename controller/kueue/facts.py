@@ -36,7 +36,7 @@ class StateFacts:
 
     def pools(self) -> Sequence[PoolTaints]:
         out = []
-        for name, pool in self._state.pools().items():
+        for name, pool in self._state.pool_registry.pools().items():
             tpl = pool.spec.node_template
             out.append(PoolTaints(
                 name=name, labels={**tpl.labels, POOL_LABEL: name},
@@ -45,12 +45,12 @@ class StateFacts:
         return out
 
     def pool_of(self, node: str) -> str | None:
-        found = self._state.node(node)
+        found = self._state.objects.node(node)
         return found.metadata.labels.get(POOL_LABEL) if found is not None else None
 
     def domains(self) -> Sequence[tuple[str, int, Mapping[str, str]]]:
         out: list[tuple[str, int, Mapping[str, str]]] = []
-        for name, pool in sorted(self._state.pools().items()):
+        for name, pool in sorted(self._state.pool_registry.pools().items()):
             base = pool.spec.node_template.labels
             topo = pool.spec.topology
             for i, d in enumerate(topo.domains if topo else []):

@@ -35,8 +35,9 @@ from controller.kube import ApiError, Body, KubeClient
 from controller.kube.resources import CAPACITY_POOLS
 from controller.metrics import ControllerMetrics
 from controller.problems import ProblemLog, describe, transient
-from controller.state.cache import ClusterState, ReservedCapacity
+from controller.state.cache import ClusterState
 from controller.state.pool_figures import PoolFacts, Shortage, pool_status
+from controller.state.pools import ReservedCapacity
 from providers.base import ProviderError
 
 log = logging.getLogger(__name__)
@@ -96,34 +97,37 @@ class PoolStatusWriter:
     async def desired(self) -> dict[str, Body]:
         """Every pool's status as it should read now."""
         now = self.clock.now()
-        pools = dict(self.state.pools())  # a copy: the watch may change it while we await
+        # A copy: the watch may change it while we await.
+        pools = dict(self.state.pool_registry.pools())
         for pool in pools.values():  # first: an unusable pool leaves the snapshot
             self.state.set_pool_unusable(pool.metadata.name, await self._provider_errors(pool))
         snap = self.state.snapshot(now=now)
         by_pool = {p.name: p for p in snap.pools}
         booked = self.state.booked_nodes()
-        shortages = self.state.shortages(now)
+        shortages = self.state.pool_registry.shortages(now)
         classes = one_device_claims(self.state.dra.catalog())
         out: dict[str, Body] = {}
-        self.providers.forget(set(pools) | set(self.state.invalid_pools()))
+        self.providers.forget(set(pools) | set(self.state.pool_registry.invalid_pools()))
         for name, pool in pools.items():
-            errors = (*self.state.pool_errors(name), *await self._provider_errors(pool))
+            errors = (*self.state.pool_registry.pool_errors(name),
+                      *await self._provider_errors(pool))
             nodes = [n for n in snap.nodes if n.pool == name]
             facts = PoolFacts(
                 name=name, pool=pool, errors=errors, state=by_pool.get(name), nodes=nodes,
-                ready=frozenset(n.name for n in nodes if self.state.node_ready(n.name)),
+                ready=frozenset(n.name for n in nodes if self.state.objects.node_ready(n.name)),
                 booked=booked,
                 shortages=[Shortage(d, a, u) for d, a, u in shortages.get(name, [])],
                 provider=self.providers.health.get(name), levels=self.state.levels,
                 device_classes=classes,
-                previous=self.state.pool_status(name).get("conditions") or [],
+                previous=self.state.pool_registry.pool_status(name).get("conditions") or [],
                 generation=pool.metadata.generation,
                 reservations=await self._reservation_rows(pool, errors),
             )
             out[name] = pool_status(facts, now)
-        for name, errors in self.state.invalid_pools().items():
+        for name, errors in self.state.pool_registry.invalid_pools().items():
             facts = PoolFacts(name=name, pool=None, errors=errors, levels=self.state.levels,
-                              previous=self.state.pool_status(name).get("conditions") or [])
+                              previous=self.state.pool_registry.pool_status(name).get(
+                                  "conditions") or [])
             out[name] = pool_status(facts, now)
         return out
 
@@ -198,7 +202,7 @@ class PoolStatusWriter:
             del self._reservations[name]
             self.state.set_pool_reservation(name, None)
         changed = [n for n, status in wanted.items()
-                   if _canonical(status) != _canonical(self.state.pool_status(n))]
+                   if _canonical(status) != _canonical(self.state.pool_registry.pool_status(n))]
         for name in [n for n in self._waiting_since if n not in changed]:
             del self._waiting_since[name]
         for name in changed:
@@ -206,7 +210,7 @@ class PoolStatusWriter:
         order = sorted(changed, key=lambda n: (self._waiting_since[n], n))
         written = 0
         for name in order[: self.budget]:
-            current = self.state.pool_status(name)
+            current = self.state.pool_registry.pool_status(name)
             try:
                 body = await self.kube.merge_patch(
                     CAPACITY_POOLS, name, {"status": merge_patch(current, wanted[name])},

@@ -30,10 +30,10 @@ log = logging.getLogger(__name__)
 
 async def sync_pool_finalizers(kube: KubeClient, state: ClusterState) -> None:
     """Add the finalizer to live pools; remove it from deleted pools with no node left."""
-    for name, pool in list(state.pools().items()):
+    for name, pool in list(state.pool_registry.pools().items()):
         finalizers = pool.metadata.finalizers
         held = POOL_FINALIZER in finalizers
-        if state.pool_deleting(name):
+        if state.pool_registry.deleting(name):
             if not held or state.pool_in_use(name):
                 continue
             # The cache can lag the nodes an acquisition just created; ask the API server

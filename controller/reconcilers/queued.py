@@ -93,7 +93,7 @@ def _queues(svc: Outcomes, req: RequestRecord,
     """Each group's pool and queue when the request is queued and every group has one."""
     if not is_queued(svc, req) or not booking.groups:
         return None
-    pools = svc.state.pools()
+    pools = svc.state.pool_registry.pools()
     out = []
     for group in booking.groups:
         pool = pools.get(group.pool)
@@ -172,7 +172,7 @@ async def step(svc: Outcomes, req: RequestRecord, booking: Booking) -> Delay | b
 async def _cancel(svc: Outcomes, req: RequestRecord, booking: Booking, *,
                   why: str) -> None:
     """Take every group out of its queue and release whatever a grant created."""
-    pools = svc.state.pools()
+    pools = svc.state.pool_registry.pools()
     for group in booking.groups:
         pool = pools.get(group.pool)
         queue = queue_of(svc, pool) if pool is not None else None
@@ -284,7 +284,8 @@ async def expire_run(svc: Outcomes, req: RequestRecord) -> tuple[bool, Delay]:
         svc.take(req, Event.REPAIRED)
     if booking.groups:
         await release_groups(
-            booking.groups, pools=svc.state.pools(), provider_for=svc.providers.for_pool,
+            booking.groups, pools=svc.state.pool_registry.pools(),
+            provider_for=svc.providers.for_pool,
             owner=req.key, why="the run duration (maxRunDurationSeconds) ended",
             ledger=svc.state.ledger)
     svc.state.ledger.unreserve(req.key)

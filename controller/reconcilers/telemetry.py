@@ -129,7 +129,7 @@ def state_reading(
 
     def read() -> StateReading:
         phases: Counter[str] = Counter({label: 0 for label in PHASE_LABELS.values()})
-        for req in list(state.requests().values()):
+        for req in list(state.objects.requests().values()):
             if served(req.class_name):
                 phases[PHASE_LABELS.get(req.phase, str(req.phase))] += 1
         return StateReading(

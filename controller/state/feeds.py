@@ -26,7 +26,8 @@ from controller.kube.resources import (
     RESOURCE_SLICES,
     Resource,
 )
-from controller.state.cache import Body, ClusterState, object_key
+from controller.state.cache import ClusterState
+from controller.state.objects import Body, object_key
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +167,7 @@ def _whole(replace: Callable[[list[Body]], None]) -> Callable[[Page], None]:
 def _sync_requests(state: ClusterState, page: Page) -> None:
     state.relists["requests"].page(page.items, first=page.first, last=page.last)
     if page.last:
-        for key in list(state.requests()):
+        for key in list(state.objects.requests()):
             state.notify(key)
 
 

@@ -172,12 +172,13 @@ class Planner:
 
         For a request that found no fit (so it holds no booking): the snapshot is built
         once per planning pass, so a burst of such requests costs one, as planning does."""
-        if not self._state.unusable_pools():
+        if not self._state.pool_registry.unusable_pools():
             return {}
         if self._what_if is None or self._what_if[0] != self.passes:
             snap = self._state.snapshot(now=now, with_unusable=True)
             self._what_if = (self.passes, PlanningPass(snap))
-        return pools_to_fix(self._what_if[1], self._state.unusable_pools(), gang, mode)
+        unusable = self._state.pool_registry.unusable_pools()
+        return pools_to_fix(self._what_if[1], unusable, gang, mode)
 
     async def _loop(self) -> None:
         while True:
@@ -242,7 +243,7 @@ class Planner:
         the reservation holds."""
         hold = self.hold
         if not isinstance(result, Plan) or hold is None or held is None \
-                or item.key == hold.key or self._state.arrival(item.key) < hold.arrival:
+                or item.key == hold.key or self._state.objects.arrival(item.key) < hold.arrival:
             return result
         nodes, pools = held
         if not (any(a.node in nodes for a in result.assignments)
@@ -264,7 +265,7 @@ class Planner:
         if (not isinstance(result, NoFit) or until is None
                 or (now is not None and until <= now)):
             return False
-        arrival = self._state.arrival(item.key)
+        arrival = self._state.objects.arrival(item.key)
         if hold is not None and (hold.key == item.key or arrival >= hold.arrival):
             return False
         self.hold = _Hold(item.key, arrival, tuple(ps.shape for ps in item.gang.pod_sets), until)
@@ -275,7 +276,7 @@ class Planner:
         hold = self.hold
         if hold is None:
             return None
-        req = self._state.request(hold.key)
+        req = self._state.objects.request(hold.key)
         if (now is not None and hold.until <= now) or req is None or req.deleting \
                 or req.booking is not None:
             self.hold = None

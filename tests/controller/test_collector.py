@@ -19,7 +19,8 @@ from controller.kube import KubeClient
 from controller.kube.resources import CAPACITY_POOLS
 from controller.lifecycle import PHASE_ANNOTATION, PLAN_ANNOTATION, Phase
 from controller.state.bookings import Booking, Group
-from controller.state.cache import CONSUME_ANNOTATION, ClusterState
+from controller.state.cache import ClusterState
+from controller.state.objects import CONSUME_ANNOTATION
 from controller.topology_defaults import DEFAULT_LEVELS
 from providers.base import AcquireRequest, ProvidedNode, TransientProviderError
 from providers.fake import FakeProvider

@@ -25,7 +25,8 @@ from controller.kube.resources import (
 )
 from controller.operator import Controller
 from controller.reconcilers.telemetry import state_reading
-from controller.state.cache import DELETED_SECONDS, ClusterState
+from controller.state.cache import ClusterState
+from controller.state.objects import DELETED_SECONDS
 from controller.topology_defaults import DEFAULT_LEVELS
 from providers.fake import FakeProvider
 from sandbox.server import SandboxServer

@@ -67,7 +67,7 @@ class Acquisition(Bookings):
                     booking.groups,
                     owner=req.key,
                     owner_uid=req.uid,
-                    pools=self.state.pools(),
+                    pools=self.state.pool_registry.pools(),
                     provider_for=self.providers.for_pool,
                     ledger=self.state.ledger,
                 )
@@ -82,7 +82,7 @@ class Acquisition(Bookings):
                        nodes=sorted(booking.acquired_nodes))
                 self.state.ledger.reserve(req.key, booking)
                 req = await self.remember_launched(req, booking)
-                pools_now = self.state.pools()
+                pools_now = self.state.pool_registry.pools()
                 timeout = registration_budget(
                     (pools_now[p] for p in pools if p in pools_now),
                     self.config.acquisition.node_ready_timeout_seconds)
@@ -99,7 +99,8 @@ class Acquisition(Bookings):
                 for group in booking.groups:
                     self.state.mark_short(group.pool, group.domain, available=0, until=until)
                 await release_groups(
-                    booking.groups, pools=self.state.pools(), provider_for=self.providers.for_pool,
+                    booking.groups, pools=self.state.pool_registry.pools(),
+                    provider_for=self.providers.for_pool,
                     owner=req.key, why="a node registered outside the planned domain",
                     ledger=self.state.ledger,
                 )
@@ -112,7 +113,8 @@ class Acquisition(Bookings):
                 )
             if not_ready:
                 await release_groups(
-                    booking.groups, pools=self.state.pools(), provider_for=self.providers.for_pool,
+                    booking.groups, pools=self.state.pool_registry.pools(),
+                    provider_for=self.providers.for_pool,
                     owner=req.key, why=f"{len(not_ready)} node(s) not Ready in time",
                     ledger=self.state.ledger,
                 )
@@ -160,23 +162,23 @@ class Acquisition(Bookings):
         # Listen before each look: _register awaits its writes, and a node that changes
         # while it looks at another must still wake the wait.
         every = [p for g in booking.groups for p in (g.provider_ids or g.nodes)]
-        change = self.state.changed(every)
+        change = self.state.objects.changed(every)
         pending, outside = await self._register(req, booking)
         timer = asyncio.ensure_future(self.clock.sleep(within))
         try:
             while pending and not outside and not timer.done():
                 await asyncio.wait({change, timer}, return_when=asyncio.FIRST_COMPLETED)
                 change.cancel()
-                change = self.state.changed(pending)
+                change = self.state.objects.changed(pending)
                 pending, outside = await self._register(req, booking)
         finally:
             change.cancel()
             timer.cancel()
         out: list[str] = []
-        pools = {p: self.state.pools().get(g.pool) for g in booking.groups
+        pools = {p: self.state.pool_registry.pools().get(g.pool) for g in booking.groups
                  for p in g.provider_ids}
         for pid in pending:
-            node = self.state.node_by_provider_id(pid)
+            node = self.state.objects.node_by_provider_id(pid)
             pool = pools.get(pid)
             missing = missing_devices(node, pool) if node is not None and pool else []
             if node is not None and missing:
@@ -200,14 +202,14 @@ class Acquisition(Bookings):
         the nodes found outside their domain."""
         pending: list[str] = []
         outside: list[OutsideDomain] = []
-        pools = self.state.pools()
+        pools = self.state.pool_registry.pools()
         for group in booking.groups:
             if not group.provider_ids:
-                pending.extend(n for n in group.nodes if not self.state.node_ready(n))
+                pending.extend(n for n in group.nodes if not self.state.objects.node_ready(n))
                 continue
             pool = pools.get(group.pool)
             for pid in group.provider_ids:
-                node = self.state.node_by_provider_id(pid)
+                node = self.state.objects.node_by_provider_id(pid)
                 if node is None or pool is None or awaiting_cloud(node):
                     pending.append(pid)
                     continue
@@ -225,7 +227,7 @@ class Acquisition(Bookings):
                         # The watch may bring the write after the next look: a node left
                         # pending until its next change would wait for nothing.
                         self.state.upsert_node(written)
-                        node = self.state.node_by_provider_id(pid)
+                        node = self.state.objects.node_by_provider_id(pid)
                     if (node is None or written is None or not node.settled
                             or missing_devices(node, pool)):
                         pending.append(pid)

@@ -29,7 +29,8 @@ from controller.kube.resources import PROVISIONING_REQUESTS
 from controller.lifecycle import FINALIZER, Event, Row
 from controller.reconcilers.provisioning.gang import build_gang
 from controller.state.bookings import Group, template_digest
-from controller.state.cache import ClusterState, TemplateError, object_key
+from controller.state.cache import ClusterState
+from controller.state.objects import TemplateError, object_key
 from controller.state.planner import Planner
 from controller.state.requests import RequestRecord
 from controller.state.wakeups import Wakeups
@@ -91,7 +92,7 @@ class StepsBase:
         cache could not parse digests its error)."""
         out: dict[str, str | None] = {}
         for name in names:
-            found = self.state.template(namespace, name)
+            found = self.state.objects.template(namespace, name)
             if found is None:
                 out[name] = None
             elif isinstance(found, TemplateError):
@@ -106,7 +107,7 @@ class StepsBase:
         notes: list[Mapping[str, str]] = []
         for ps in (req.body.get("spec") or {}).get("podSets") or []:
             ref = (ps.get("podTemplateRef") or {}).get("name") if isinstance(ps, dict) else None
-            found = self.state.template(req.namespace, str(ref))
+            found = self.state.objects.template(req.namespace, str(ref))
             notes.append(found.template.metadata.annotations
                          if found is not None and not isinstance(found, TemplateError) else {})
         return notes
@@ -114,7 +115,7 @@ class StepsBase:
     def group_nodes(self, group: Group) -> tuple[str, ...]:
         """The group's registered nodes: found by the providerIDs the provider launched
         (a group persisted by an older Muster: by its names, else its key's label)."""
-        return self.state.group_node_names(group)
+        return self.state.objects.group_node_names(group)
 
     async def persist(
         self,
@@ -186,7 +187,7 @@ class StepsBase:
         """The answer to a write, parsed and cached (unless the cache holds a newer one or
         saw the request deleted: the record then serves only the rest of this reconcile)."""
         stored = self.state.upsert_request(body) if body.get("metadata") else None
-        return stored or RequestRecord.parse(body, self.state.request(object_key(body)))
+        return stored or RequestRecord.parse(body, self.state.objects.request(object_key(body)))
 
 
 def _accepted() -> tuple[ConditionType, bool, Reason, str]:

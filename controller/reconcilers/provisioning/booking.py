@@ -24,7 +24,7 @@ from controller.reconcilers.provisioning.base import Delay
 from controller.reconcilers.provisioning.confirm import Confirmation
 from controller.reconcilers.provisioning.gang import Invalid
 from controller.state.bookings import Booking, stale_templates
-from controller.state.cache import TemplateError
+from controller.state.objects import TemplateError
 from controller.state.requests import RequestRecord
 from controller.state.tenancy import foreign_request_owner
 
@@ -53,7 +53,7 @@ class Bookings(Confirmation):
     ) -> tuple[ConditionType, Reason, str] | None:
         """Why the booking ends now (consumed, revoked, expired), or None while it holds;
         ``expire``: call it expired when nothing else applies."""
-        scheduled = sum(self.state.scheduled_consumers(req.key).values())
+        scheduled = sum(self.state.objects.scheduled_consumers(req.key).values())
         total = req.total_pods
         if scheduled >= total:
             text = message(Reason.BOOKING_CONSUMED, total=total)
@@ -76,11 +76,11 @@ class Bookings(Confirmation):
         if unusable:
             return (ConditionType.CAPACITY_REVOKED, Reason.NODES_UNUSABLE,
                     message(Reason.NODES_UNUSABLE, detail="; ".join(unusable[:10])))
-        vanished = [n for n in booking.existing_nodes if not self.state.node_exists(n)]
+        vanished = [n for n in booking.existing_nodes if not self.state.objects.node_exists(n)]
         for g in booking.groups:
             have = len(self.group_nodes(g))
             if have < g.count:
-                names = ", ".join(self.state.vanished(g.key)) or "unknown names"
+                names = ", ".join(self.state.objects.vanished(g.key)) or "unknown names"
                 vanished.append(f"{g.count - have} of {g.count} new node(s) of pool {g.pool} "
                                 f"({names})")
         if vanished and self.state.synced["nodes"].is_set():
@@ -105,16 +105,16 @@ class Bookings(Confirmation):
         for a in booking.plan.assignments:
             if a.node is not None:
                 planned[a.node] = planned.get(a.node, 0) + a.pods
-        scheduled = self.state.scheduled_consumers(req.key)
+        scheduled = self.state.objects.scheduled_consumers(req.key)
         waiting = {n for n, pods in planned.items()
-                   if scheduled.get(n, 0) < pods and self.state.node_exists(n)}
+                   if scheduled.get(n, 0) < pods and self.state.objects.node_exists(n)}
         mode = self.config.classes.mode_for(req.class_name, req.parameters)
         if not waiting or mode is None:
             return []  # (checked first: every pod of the gang that lands wakes this)
         shapes = self._booked_shapes(req, mode)
         out: list[str] = []
         for a in booking.plan.assignments:
-            node = self.state.node(a.node) if a.node in waiting else None
+            node = self.state.objects.node(a.node) if a.node in waiting else None
             shape = shapes.get(a.pod_set)
             if node is None or shape is None:
                 continue
@@ -130,7 +130,7 @@ class Bookings(Confirmation):
         its templates or a DRA object changed: a gang's every pod that lands wakes it."""
         templates: list[object] = []
         for name in req.template_names:
-            found = self.state.template(req.namespace, name)
+            found = self.state.objects.template(req.namespace, name)
             templates.append(found.metadata.resource_version if isinstance(found, PodTemplate)
                              else found)
         key = (req.resource_version, tuple(templates), self.state.dra.version)
@@ -154,7 +154,7 @@ class Bookings(Confirmation):
         booked = set(booking.existing_nodes) | set(booking.acquired_nodes)
         for g in booking.groups:
             booked.update(self.group_nodes(g))
-        return {n: c for n, c in self.state.scheduled_consumers(req.key).items()
+        return {n: c for n, c in self.state.objects.scheduled_consumers(req.key).items()
                 if n not in booked}
 
     def stale_templates(self, req: RequestRecord) -> tuple[Reason, list[str]] | None:
@@ -176,7 +176,7 @@ class Bookings(Confirmation):
         # Re-owned by another request: that request's now, and deleted with it.
         taken = []
         for name in sorted(recorded):
-            found = self.state.template(req.namespace, name)
+            found = self.state.objects.template(req.namespace, name)
             if found is not None and not isinstance(found, TemplateError) and (
                 other := foreign_request_owner(found.metadata.model_extra, req.uid)
             ) is not None:
@@ -195,7 +195,7 @@ class Bookings(Confirmation):
     ) -> Delay:
         """Status first: the condition is the outcome (and makes the phase Ended); releasing
         and the phase annotation follow and are redone by :meth:`repair_ended` if cut short."""
-        scheduled = self.state.scheduled_consumers(req.key)
+        scheduled = self.state.objects.scheduled_consumers(req.key)
         log_decision("end", req.key, condition=type_.value, reason=reason.value,
                scheduled=sum(scheduled.values()), of=req.total_pods,
                elsewhere=sum(self.consumed_elsewhere(req, booking).values()))
@@ -241,12 +241,12 @@ class Bookings(Confirmation):
         unused = [
             g for g in booking.groups
             if (nodes := self.group_nodes(g))
-            and not any(self.state.pods_on(n) or n in others for n in nodes)
+            and not any(self.state.objects.pods_on(n) or n in others for n in nodes)
         ]
         if not unused:
             return 0
         return await release_groups(
-            unused, pools=self.state.pools(), provider_for=self.providers.for_pool,
+            unused, pools=self.state.pool_registry.pools(), provider_for=self.providers.for_pool,
             owner=owner, why=why, ledger=self.state.ledger,
         )
 

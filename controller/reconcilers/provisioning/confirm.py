@@ -98,7 +98,7 @@ class Confirmation(Outcomes):
         """The pod sets of ``gang`` Muster may relax (name -> required level) and when it
         may (None: never); see :mod:`controller.relaxation`."""
         sets = relaxable(gang, self._template_annotations(req), self.state.levels)
-        default = pools_default(gang, sets, self.state.pools().values(),
+        default = pools_default(gang, sets, self.state.pool_registry.pools().values(),
                                 self.config.topology.relax_after_seconds)
         seconds = relax_after(self.parameters(req).values.relax_topology_after_seconds,
                               req.annotations, default)
@@ -112,8 +112,8 @@ class Confirmation(Outcomes):
         registered with (pools without declared domains)."""
         out: dict[tuple[str, str], str] = {}
         for group in booking.groups:
-            nodes = [n for name in self.state.group_node_names(group)
-                     if (n := self.state.node(name)) is not None]
+            nodes = [n for name in self.state.objects.group_node_names(group)
+                     if (n := self.state.objects.node(name)) is not None]
             if nodes:
                 out.update(observed_domain(group, nodes))
         return out

@@ -14,7 +14,8 @@ from controller.constraints import needs_running_pods
 from controller.fit.types import GangRequest, Mode
 from controller.relaxation import relax_after
 from controller.snapshot import InvalidTemplate, SnapshotError, gang_of, parse_object
-from controller.state.cache import ClusterState, TemplateError
+from controller.state.cache import ClusterState
+from controller.state.objects import TemplateError
 from controller.state.requests import RequestRecord
 from controller.state.tenancy import foreign_request_owner
 
@@ -48,7 +49,7 @@ def build_gang(req: RequestRecord, state: ClusterState, config: MusterConfig) ->
     templates = {}
     for i, ps in enumerate(pr.spec.pod_sets):
         ref = ps.pod_template_ref.name
-        found = state.template(req.namespace, ref)
+        found = state.objects.template(req.namespace, ref)
         if found is None:
             raise Invalid(
                 Reason.FAILED_TO_CREATE_PODS,
@@ -75,7 +76,7 @@ def build_gang(req: RequestRecord, state: ClusterState, config: MusterConfig) ->
     try:
         every = any(needs_running_pods(t.template.spec) for t in templates.values())
         gang = gang_of(pr, templates, state.levels, state.dra.catalog(),
-                       state.bound_pods(every=every))
+                       state.objects.bound_pods(every=every))
     except InvalidTemplate as exc:
         raise Invalid(Reason.INVALID_PARAMETERS, str(exc)) from None
     except SnapshotError as exc:

@@ -43,7 +43,7 @@ class Planning(Acquisition):
         """Where ``req`` goes in a planner pass (``retry.replan_order``): by arrival, or by
         when its backoff timer fires (a request planned now, new or due, before those still
         waiting: the order the timers alone would plan them in), then by arrival."""
-        arrival = self.state.arrival(req.key)
+        arrival = self.state.objects.arrival(req.key)
         if self.config.retry.replan_order == "arrival":
             return arrival
         due = req.retry_at if req.retry_at is not None and req.retry_at > now else now

@@ -67,7 +67,7 @@ class ProvisioningService(Planning):
 
     async def _reconcile(self, key: str) -> Delay:
         woken = self.wakeups is not None and self.wakeups.claim(key)
-        req = self.state.request(key)
+        req = self.state.objects.request(key)
         if req is None:
             self.state.ledger.unreserve(key)
             return None
@@ -105,7 +105,7 @@ class ProvisioningService(Planning):
         backoff is the only signal."""
         now = self.clock.now()
         waiting = [
-            req for req in self.state.requests().values()
+            req for req in self.state.objects.requests().values()
             if req.retry_at is not None and not req.deleting
             and req.annotated_phase is Phase.NEW and _waiting_reason(req) in WAITING_REASONS
         ]
@@ -124,7 +124,7 @@ class ProvisioningService(Planning):
         if fresh is None:
             return None
         self.state.upsert_request(fresh)
-        current = self.state.request(req.key)
+        current = self.state.objects.request(req.key)
         if current is None:  # seen deleted meanwhile
             return None
         if current.phase is not Phase.ACQUIRING or current.booking is None:
