@@ -138,13 +138,13 @@ async def test_the_watch_feeds_the_cache_in_pages_and_drops_what_is_gone(
     try:
         await asyncio.wait_for(state.synced["pods"].wait(), 30)
         assert [len(p.items) for p in pages] == [2, 2, 1]
-        assert sorted(state._pods) == [f"{ns}/p{i}" for i in range(5)]
+        assert sorted(state.objects._pods) == [f"{ns}/p{i}" for i in range(5)]
         await kube.delete(PODS, "p0", namespace=ns)
         for _ in range(300):
-            if f"{ns}/p0" not in state._pods:
+            if f"{ns}/p0" not in state.objects._pods:
                 break
             await asyncio.sleep(0.1)
-        assert f"{ns}/p0" not in state._pods
+        assert f"{ns}/p0" not in state.objects._pods
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):

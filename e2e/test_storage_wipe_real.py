@@ -99,7 +99,7 @@ async def test_etcd_wiped_under_a_running_api_server_fails_readyz(own: cp.Cluste
         await controller.start()
 
         async def node_seen() -> bool:
-            return controller.state.node_exists("before-wipe")
+            return controller.state.objects.node_exists("before-wipe")
 
         await eventually(node_seen, within=10)
         assert probes.ready()[0], probes.ready()
@@ -143,7 +143,7 @@ async def test_etcd_wiped_under_a_running_api_server_fails_readyz(own: cp.Cluste
         await asyncio.to_thread(_install_crds, own)
 
         async def mended() -> bool:
-            return probes.ready()[0] and not controller.state.node_exists("before-wipe")
+            return probes.ready()[0] and not controller.state.objects.node_exists("before-wipe")
 
         await eventually(mended, within=MENDED_WITHIN, step=0.5)
         print(f"ready again {time.monotonic() - restarted_at:.0f}s after the restart began")

@@ -111,7 +111,7 @@ def test_a_groups_nodes_are_known_by_provider_id_whatever_their_names_and_labels
     stranger = objects.node("i-0c", allocatable={"cpu": "96"})
     stranger.setdefault("spec", {})["providerID"] = "aws:///us-east-1a/i-0c"
     state.replace_nodes([*nodes, stranger])
-    assert state.group_node_names(again.groups[0]) == ("i-0a", "i-0b")
+    assert state.objects.group_node_names(again.groups[0]) == ("i-0a", "i-0b")
     assert {"i-0a", "i-0b"} <= state.booked_nodes()
     assert "i-0c" not in state.booked_nodes()
     woken.clear()
@@ -119,4 +119,4 @@ def test_a_groups_nodes_are_known_by_provider_id_whatever_their_names_and_labels
     assert woken == []
     state.delete_node("i-0b")
     assert woken == ["a/r"]
-    assert state.group_node_names(again.groups[0]) == ("i-0a",)
+    assert state.objects.group_node_names(again.groups[0]) == ("i-0a",)

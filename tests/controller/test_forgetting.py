@@ -104,7 +104,7 @@ async def test_deleted_requests_leave_the_cache_bookings_and_gauges_empty(
         await _until(lambda: _quiet(controller))
         assert await forgotten() is None
         assert not controller.state.ledger.bookings()
-        assert not controller.state._consumed, "per-request consumer counts"
+        assert not controller.state.objects._consumed, "per-request consumer counts"
         assert not controller.queue._failures and not controller.queue._timers
         assert not provider._key_locks and not provider._since, "the fake provider's"
         assert provider.calls.maxlen, "its call log is bounded"
@@ -142,7 +142,7 @@ def test_deleted_uids_are_remembered_for_a_while_not_for_ever() -> None:
             assert state.upsert_request(body) is not None
             state.delete_request("ns/" + body["metadata"]["name"])
             i += 1
-        remembered.append(len(state._deleted) + len(state._deleted_before))
+        remembered.append(len(state.objects._deleted) + len(state.objects._deleted_before))
     # At most two generations of DELETED_SECONDS, from the first hour to the sixth.
     bound = 2 * DELETED_SECONDS / interval * per_pass + per_pass
     assert max(remembered) <= bound

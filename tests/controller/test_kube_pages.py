@@ -84,13 +84,13 @@ async def test_the_cache_replaced_page_by_page_drops_what_no_page_held(
         starts += page.first
         if not page.last:
             # Between pages: listed nodes are in, nothing is dropped yet, not synced.
-            assert state.node_exists("gone") and not state.synced["nodes"].is_set()
+            assert state.objects.node_exists("gone") and not state.synced["nodes"].is_set()
             if starts == 1:
                 await kube.delete(NODES, "n4")
                 for i in range(6):  # compacts the listing's snapshot: it starts again
                     await kube.create(NODES, _node(f"late-{i}"))
     assert starts == 2
-    assert sorted(state.nodes()) == sorted(
+    assert sorted(state.objects.nodes()) == sorted(
         [f"n{i}" for i in range(4)] + [f"late-{i}" for i in range(6)])
     assert state.synced["nodes"].is_set()
     assert len(state.snapshot().nodes) == 10
@@ -108,10 +108,10 @@ async def test_the_watch_feeds_the_cache_in_pages_and_keeps_it_current(
     task = asyncio.create_task(kube.watch(NODES, *feeds._specs()[0][1:]))
     try:
         await asyncio.wait_for(state.synced["nodes"].wait(), 10)
-        assert sorted(state.nodes()) == [f"n{i}" for i in range(8)]
+        assert sorted(state.objects.nodes()) == [f"n{i}" for i in range(8)]
         await kube.delete(NODES, "n0")
         await kube.create(NODES, _node("n8"))
-        await _until(lambda: sorted(state.nodes()) == [f"n{i}" for i in range(1, 9)])
+        await _until(lambda: sorted(state.objects.nodes()) == [f"n{i}" for i in range(1, 9)])
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -260,7 +260,7 @@ async def test_nodes_slow_to_become_ready_are_announced_as_provisioning(
                            {"spec": {"parameters": {"readyDelaySeconds": 1.0}}})
 
     async def pool_updated() -> bool:
-        pool = controller.state.pools().get("gpu")
+        pool = controller.state.pool_registry.pools().get("gpu")
         return pool is not None and "readyDelaySeconds" in pool.spec.parameters
 
     await _until(pool_updated)
@@ -295,7 +295,7 @@ async def test_a_gang_larger_than_every_rack_limit_never_fits_even_beside_existi
     await kube.merge_patch(CAPACITY_POOLS, "gpu", {"spec": {"topology": pool["spec"]["topology"]}})
 
     async def limited() -> bool:
-        found = controller.state.pools().get("gpu")
+        found = controller.state.pool_registry.pools().get("gpu")
         return found is not None and found.spec.topology is not None and all(
             d.max_nodes == 2 for d in found.spec.topology.domains)
 
@@ -367,7 +367,7 @@ async def test_nodes_that_never_become_ready_fail_the_request_after_a_small_budg
                            {"spec": {"parameters": {"readyDelaySeconds": 3600.0}}})
 
     async def pool_updated() -> bool:
-        pool = controller.state.pools().get("gpu")
+        pool = controller.state.pool_registry.pools().get("gpu")
         return pool is not None and "readyDelaySeconds" in pool.spec.parameters
 
     await _until(pool_updated)
@@ -412,7 +412,7 @@ async def test_machines_that_never_register_are_released_and_said_so(
     assert "kind://gpu/" in cond["message"], cond
     releases = [c for c in provider.calls if c.op == "release"]
     assert [c.count for c in releases] == [2]
-    assert await provider.list(controller.state.pools()["gpu"]) == []
+    assert await provider.list(controller.state.pool_registry.pools()["gpu"]) == []
 
     async def provisioned() -> bool:
         await clock.advance(60)

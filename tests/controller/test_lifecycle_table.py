@@ -146,7 +146,7 @@ class World:
     taken: list[Row]
 
     def record(self) -> RequestRecord:
-        req = self.state.request(KEY)
+        req = self.state.objects.request(KEY)
         assert req is not None
         return req
 

@@ -43,12 +43,12 @@ def _pool_body(**kwargs: Any) -> dict[str, Any]:
 def _facts(state: ClusterState, *, shortages: list[Shortage] | None = None,
            provider: ProviderHealth | None = None) -> PoolFacts:
     snap = state.snapshot(now=NOW)
-    pool = state.pools()["p"]
+    pool = state.pool_registry.pools()["p"]
     nodes = [n for n in snap.nodes if n.pool == "p"]
     return PoolFacts(
-        name="p", pool=pool, errors=state.pool_errors("p"),
+        name="p", pool=pool, errors=state.pool_registry.pool_errors("p"),
         state=next(p for p in snap.pools if p.name == "p"), nodes=nodes,
-        ready=frozenset(n.name for n in nodes if state.node_ready(n.name)),
+        ready=frozenset(n.name for n in nodes if state.objects.node_ready(n.name)),
         booked=state.booked_nodes(), shortages=shortages or [], provider=provider,
         levels=DEFAULT_LEVELS, generation=3,
     )
@@ -94,7 +94,7 @@ def test_stock_outs_provider_errors_and_transition_times() -> None:
     until = NOW + timedelta(minutes=5)
     state.mark_short("p", {objects.BLOCK: "b1", objects.RACK: "b1-r2"}, available=1,
                      until=until)
-    shortages = [Shortage(d, a, u) for d, a, u in state.shortages(NOW)["p"]]
+    shortages = [Shortage(d, a, u) for d, a, u in state.pool_registry.shortages(NOW)["p"]]
     failing = ProviderHealth("kind", "acquire", "throttled", "ProviderUnavailable")
     first = pool_status(_facts(state, shortages=shortages, provider=failing), NOW)
 
@@ -126,13 +126,13 @@ def test_every_validation_error_is_listed_and_warned_once(
     bad["spec"]["nodeTemplate"]["allocatable"]["cpu"] = "lots"
     bad["spec"]["nodeTemplate"]["allocatable"]["memory"] = "1Zz"
     state = ClusterState(levels=DEFAULT_LEVELS)
-    with caplog.at_level(logging.WARNING, logger="controller.state.cache"):
+    with caplog.at_level(logging.WARNING, logger="controller.state.pools"):
         for _ in range(3):  # every status write or finalizer patch brings the pool back
             state.upsert_pool(bad)
         state.replace_pools([bad])  # a re-list
     warned = [r for r in caplog.records if "invalid CapacityPool" in r.getMessage()]
     assert len(warned) == 1
-    errors = state.pool_errors("p")
+    errors = state.pool_registry.pool_errors("p")
     assert len(errors) == 3, errors
     status = pool_status(PoolFacts(name="p", pool=None, errors=errors), NOW)
     valid = status["conditions"][0]
@@ -182,18 +182,18 @@ async def test_the_writer_writes_only_changes_and_at_most_its_budget(
 
 
 async def _seen(controller: Controller, node: str) -> bool:
-    return controller.state.node_exists(node)
+    return controller.state.objects.node_exists(node)
 
 
 async def _version_seen(controller: Controller, node: str, rv: str) -> bool:
     # The cache keeps no heartbeat times (nothing reads them): the node's version says
     # the heartbeat arrived.
-    found = controller.state.node(node)
+    found = controller.state.objects.node(node)
     return found is not None and found.metadata.resource_version == rv
 
 
 async def _has_pools(controller: Controller, n: int) -> bool:
-    return len(controller.state.pools()) >= n
+    return len(controller.state.pool_registry.pools()) >= n
 
 
 async def test_a_stock_out_shows_on_the_pool_until_the_backoff_ends(
@@ -227,7 +227,7 @@ async def _acquired(provider: FakeProvider) -> bool:
 
 
 async def _short(controller: Controller) -> bool:
-    return bool(controller.state.shortages(controller.clock.now()))
+    return bool(controller.state.pool_registry.shortages(controller.clock.now()))
 
 
 def test_a_decision_is_one_json_line_with_its_fields(caplog: pytest.LogCaptureFixture) -> None:
@@ -287,7 +287,7 @@ def test_free_dra_devices_are_counted_by_device_class() -> None:
     state.dra.replace("deviceclasses", CLASSES)
     snap = state.snapshot(now=NOW)
     facts = PoolFacts(
-        name="p", pool=state.pools()["p"], state=snap.pools[0], nodes=snap.nodes,
+        name="p", pool=state.pool_registry.pools()["p"], state=snap.pools[0], nodes=snap.nodes,
         ready=frozenset({"n1"}), levels=DEFAULT_LEVELS,
         device_classes=one_device_claims(state.dra.catalog()),
     )

@@ -33,7 +33,7 @@ async def _refused_pool(kube: KubeClient, controller: Controller, clock: ManualC
 
     async def judged() -> bool:
         await clock.advance(1)
-        return "wide" in controller.state.unusable_pools()
+        return "wide" in controller.state.pool_registry.unusable_pools()
 
     await _until(judged)
 
@@ -72,7 +72,7 @@ async def test_a_request_waits_for_its_refused_pool_and_provisions_once_it_is_fi
         return cond is not None and cond["status"] == "True"
 
     await _until(provisioned)
-    assert "wide" not in controller.state.unusable_pools()
+    assert "wide" not in controller.state.pool_registry.unusable_pools()
 
 
 async def test_a_gang_the_refused_pool_could_not_hold_either_never_fits(

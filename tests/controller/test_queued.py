@@ -55,7 +55,7 @@ async def _queue_pool(kube: KubeClient, controller: Controller) -> None:
     await kube.merge_patch(CAPACITY_POOLS, "gpu", {"spec": {"parameters": {"queue": True}}})
 
     async def seen() -> bool:
-        pool = controller.state.pools().get("gpu")
+        pool = controller.state.pool_registry.pools().get("gpu")
         return pool is not None and pool.spec.parameters.get("queue") is True
 
     await _until(seen)
@@ -145,7 +145,7 @@ async def test_deleting_a_queued_request_cancels_it_and_leaves_nothing(
     await clock.advance(controller.config.acquisition.queue_poll_seconds * 3)
     await asyncio.sleep(0.3)
     assert _ops(provider, "grant") == [] and await _nodes(kube) == []
-    assert await provider.queued(controller.state.pools()["gpu"], key) is None
+    assert await provider.queued(controller.state.pool_registry.pools()["gpu"], key) is None
 
 
 async def test_deleting_a_granted_request_before_it_is_booked_releases_the_grant(
@@ -160,7 +160,7 @@ async def test_deleting_a_granted_request_before_it_is_booked_releases_the_grant
     await _until(lambda: _reason(kube, "late", "QueuedForCapacity"))
     [key] = _ops(provider, "enqueue")
     _refill(provider)
-    pool = controller.state.pools()["gpu"]
+    pool = controller.state.pool_registry.pools()["gpu"]
     granted = await provider.queued(pool, key)  # the cloud grants before Muster looks
     assert granted is not None and granted.outcome == "granted"
     assert len(await _nodes(kube)) == 2

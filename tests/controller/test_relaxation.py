@@ -43,7 +43,7 @@ async def _small_racks(kube: KubeClient, controller: Controller) -> None:
     await kube.merge_patch(CAPACITY_POOLS, "gpu", {"spec": {"topology": {"domains": domains}}})
 
     async def applied() -> bool:
-        pool = controller.state.pools().get("gpu")
+        pool = controller.state.pool_registry.pools().get("gpu")
         return pool is not None and all(d.max_nodes == 2 for d in pool.spec.topology.domains)
 
     await _until(applied)
@@ -102,7 +102,7 @@ async def test_a_gang_no_rack_holds_waits_then_takes_one_block(
     assert details[RELAXED_DETAIL].startswith("workers=one block b"), details
     assert details["muster.dev/topology-level"] == objects.BLOCK
     # Two racks of one block, 2 nodes each.
-    groups = controller.state.request("ns/relaxing").booking.groups  # type: ignore[union-attr]
+    groups = controller.state.objects.request("ns/relaxing").booking.groups  # type: ignore[union-attr]
     assert sorted(g.count for g in groups) == [2, 2]
     assert len({g.domain[objects.BLOCK] for g in groups}) == 1
 
@@ -149,7 +149,7 @@ async def _pool_waits(kube: KubeClient, controller: Controller, wait: str) -> No
     await kube.merge_patch(CAPACITY_POOLS, "gpu", {"spec": {"relaxTopologyAfter": wait}})
 
     async def applied() -> bool:
-        pool = controller.state.pools().get("gpu")
+        pool = controller.state.pool_registry.pools().get("gpu")
         return pool is not None and pool.spec.relax_topology_after == wait
 
     await _until(applied)
@@ -223,7 +223,7 @@ async def test_a_gang_past_its_wait_holds_capacity_against_younger_requests(
     await kube.merge_patch(CAPACITY_POOLS, "gpu", {"spec": {"maxNodes": 4}})
 
     async def limited() -> bool:
-        pool = controller.state.pools().get("gpu")
+        pool = controller.state.pool_registry.pools().get("gpu")
         return pool is not None and pool.spec.max_nodes == 4
 
     await _until(limited)

@@ -94,7 +94,7 @@ async def test_a_503_on_confirming_a_booking_of_existing_nodes_still_provisions(
         await kube.create(NODES, gpu_node(f"old-{i}", "b1-r1"))
 
     async def cached() -> bool:
-        return all(controller.state.node_exists(f"old-{i}") for i in range(2))
+        return all(controller.state.objects.node_exists(f"old-{i}") for i in range(2))
 
     await _until(cached)
     server.faults.add_errors(1.0, status=503, verbs="patch", resources=STATUS, times=1)
@@ -171,7 +171,7 @@ async def test_a_node_another_booking_counts_on_outlives_the_booking_that_acquir
     await kube.delete(PROVISIONING_REQUESTS, "first", namespace="ns")
 
     async def first_gone() -> bool:
-        return controller.state.request("ns/first") is None
+        return controller.state.objects.request("ns/first") is None
 
     await _until(first_gone)
     assert not await controller.collector.run_once()

@@ -27,12 +27,12 @@ def test_a_status_only_event_keeps_the_parsed_booking() -> None:
     booking = Booking(plan, attempt=1, groups=groups_for(plan, owner_uid="u-1", attempt=1))
     state = ClusterState(levels=DEFAULT_LEVELS)
     state.upsert_request(_booked("1", booking.to_annotation()))
-    first = state.request("ns/g")
+    first = state.objects.request("ns/g")
     assert first is not None and first.booking == booking
     again = _booked("2", booking.to_annotation())
     again["status"] = {"conditions": [{"type": "Provisioned", "status": "True"}]}
     state.upsert_request(again)
-    second = state.request("ns/g")
+    second = state.objects.request("ns/g")
     assert second is not None and second.phase is Phase.BOOKED
     # Not decoded again: the snapshot's memoised plans hang on the Booking's identity.
     assert second.booking is first.booking and state.ledger.bookings()["ns/g"] is first.booking
@@ -54,5 +54,5 @@ def test_an_older_version_is_not_stored() -> None:
     older["metadata"]["resourceVersion"] = "6"
     older["metadata"]["annotations"][PHASE_ANNOTATION] = Phase.FAILED
     assert state.upsert_request(older) is None
-    record = state.request("ns/g")
+    record = state.objects.request("ns/g")
     assert record is not None and record.annotated_phase is Phase.ACQUIRING

@@ -25,14 +25,14 @@ def test_bound_pods_every_or_only_the_repellers() -> None:
         {"labelSelector": {"matchLabels": {"app": "w"}}, "topologyKey": "zone"}]}}}
     state.upsert_pod(pod("plain", {"app": "db"}))
     state.upsert_pod(pod("repeller", {"app": "x"}, **anti))
-    every = state.bound_pods(every=True)
+    every = state.objects.bound_pods(every=True)
     assert sorted(p.labels["app"] for p in every) == ["db", "x"]
     assert all(p.node_labels == {"zone": "z1"} for p in every)
-    only = state.bound_pods(every=False)
+    only = state.objects.bound_pods(every=False)
     assert [p.labels["app"] for p in only] == ["x"]
     assert only[0].anti_affinity[0].topology_key == "zone"
     state.delete_pod("ns/repeller")
-    assert state.bound_pods(every=False) == []
+    assert state.objects.bound_pods(every=False) == []
 
 
 def test_which_gangs_need_every_running_pod() -> None:

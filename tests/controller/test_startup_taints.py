@@ -54,7 +54,7 @@ def test_a_gang_fits_on_fresh_ready_nodes_the_api_server_just_tainted() -> None:
 async def test_waiting_for_ready_also_waits_for_the_taint_to_be_lifted() -> None:
     state = ClusterState(levels=DEFAULT_LEVELS)
     state.upsert_node(Node.model_validate(gpu_node("n0", taints=[NOT_READY])))
-    waiting = asyncio.ensure_future(state.wait_ready(["n0"], within=5, sleep=asyncio.sleep))
+    waiting = asyncio.ensure_future(state.objects.wait_ready(["n0"], within=5, sleep=asyncio.sleep))
     await asyncio.sleep(0.05)
     assert not waiting.done(), "Ready but still tainted: the scheduler cannot place pods yet"
     state.upsert_node(Node.model_validate(gpu_node("n0")))

@@ -88,7 +88,7 @@ async def test_an_api_server_back_with_an_empty_store_is_listed_afresh(
     await controller.start()
     try:
         async def seen(name: str) -> bool:
-            return controller.state.node_exists(name)
+            return controller.state.objects.node_exists(name)
 
         await _until(lambda: seen("before"))
         # Every watch has had a bookmark: each resumes from its resourceVersion, which the
@@ -101,8 +101,8 @@ async def test_an_api_server_back_with_an_empty_store_is_listed_afresh(
         server.replace_store(fresh)
 
         async def current() -> bool:
-            return controller.state.node_exists("after") and not controller.state.node_exists(
-                "before")
+            objects = controller.state.objects
+            return objects.node_exists("after") and not objects.node_exists("before")
 
         await _until(current, within=10)
     finally:
@@ -119,7 +119,7 @@ async def test_storage_wiped_under_a_running_api_server_fails_readyz_until_it_re
     await controller.start()
     try:
         async def seen_before() -> bool:
-            return controller.state.node_exists("before")
+            return controller.state.objects.node_exists("before")
 
         await _until(seen_before)
         # Muster's own create, with the watches caught up: not a regression.
@@ -157,13 +157,13 @@ async def test_storage_wiped_under_a_running_api_server_fails_readyz_until_it_re
         # A re-list serves the same stale cache: still not ready a few streams later.
         await asyncio.sleep(1.0)
         assert not probes.ready()[0]
-        assert controller.state.node_exists("before")
+        assert controller.state.objects.node_exists("before")
         # kube-apiserver restarted: its cache is rebuilt from the new etcd, the watches
         # re-list from it, and Muster is ready again with the new world.
         server.replace_store(etcd)
 
         async def mended() -> bool:
-            return probes.ready()[0] and not controller.state.node_exists("before")
+            return probes.ready()[0] and not controller.state.objects.node_exists("before")
 
         await _until(mended, within=10)
     finally:

@@ -65,7 +65,7 @@ async def _one_booked_one_waiting(kube: KubeClient, controller: Controller) -> N
 
 
 async def _pool_max(controller: Controller, n: int) -> bool:
-    pool = controller.state.pools().get("gpu")
+    pool = controller.state.pool_registry.pools().get("gpu")
     return pool is not None and pool.spec.max_nodes == n
 
 
@@ -129,7 +129,7 @@ async def test_a_waiting_gang_fits_once_pods_on_existing_nodes_finish(
 
 
 async def _nodes_busy(controller: Controller, n: int) -> bool:
-    return sum(controller.state.pods_on(f"static-{i}") for i in range(n)) == n
+    return sum(controller.state.objects.pods_on(f"static-{i}") for i in range(n)) == n
 
 
 @pytest.mark.parametrize(

@@ -122,4 +122,4 @@ def test_a_groups_bound_pods_consume_its_request() -> None:
     state.upsert_pod(pod("a", node="n1"))
     state.upsert_pod(pod("b", node="n2"))
     state.upsert_pod(pod("c"))
-    assert dict(state.scheduled_consumers("ml/train-gang")) == {"n1": 1, "n2": 1}
+    assert dict(state.objects.scheduled_consumers("ml/train-gang")) == {"n1": 1, "n2": 1}
