@@ -123,7 +123,7 @@ class Controller:
             state=self.state, providers=self.providers,
             idle_ttl=config.acquisition.idle_ttl_seconds,
             grace=config.acquisition.orphan_grace_seconds, now=self.clock.now,
-            in_flight=lambda: self.service.in_flight,
+            in_flight=self.service.in_flight.__contains__,
         )
         self.pool_status = PoolStatusWriter(
             kube=kube, state=self.state, providers=self.providers, config=config.pool_status,

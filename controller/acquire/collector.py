@@ -19,7 +19,7 @@ still in use while its instances terminate) and must still be finished.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -53,7 +53,7 @@ class Collector:
         idle_ttl: float,
         grace: float,
         now: Callable[[], datetime],
-        in_flight: Callable[[], Collection[str]],
+        in_flight: Callable[[str], bool],
     ) -> None:
         self._state = state
         self._providers = providers
@@ -61,6 +61,8 @@ class Collector:
         self._grace = grace
         self._now = now
         self._in_flight = in_flight
+        """Whether an acquisition under a key runs in this process now (asked at each
+        group, so one started while the providers are listed counts)."""
         self._seen: dict[str, Seen] = {}
         self._unfinished: dict[str, str] = {}
         """Key -> pool of a release that failed: retried until it succeeds."""
@@ -71,7 +73,6 @@ class Collector:
     async def run_once(self) -> list[Released]:
         self._state.prune_vanished(self._now())
         owners = self._owners()
-        in_flight = self._in_flight()
         released: list[Released] = []
         pools = dict(self._state.pool_registry.pools())
         listed: set[str] = set()
@@ -92,7 +93,7 @@ class Collector:
                 # (a kubelet may register under another name).
                 names = [self._node_name(n) for n in nodes]
                 view = GroupView(
-                    in_flight=key in in_flight,
+                    in_flight=self._in_flight(key),
                     booked=any(n in booked for n in names)
                     or any(n.provider_id in booked_ids for n in nodes),
                     owner_known=owner is not None,

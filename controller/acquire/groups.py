@@ -154,7 +154,7 @@ async def release_groups(
     request booked on them meanwhile would be left with nodes that vanish).
     """
     keys = {g.key for g in groups}
-    mine = ledger.start_release(keys) if ledger is not None else set()
+    mine = ledger.start_release(keys) if ledger is not None else frozenset()
     try:
         return await _release(groups, pools=pools, provider_for=provider_for, owner=owner,
                               why=why)

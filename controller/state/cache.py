@@ -375,10 +375,10 @@ class ClusterState:
             self.capacity_changed("request deleted")
         self.forget(key)
 
-    def booked_nodes(self, *, exclude: str | None = None) -> set[str]:
+    def booked_nodes(self, *, exclude: str | None = None) -> frozenset[str]:
         """Nodes some live booking (but ``exclude``'s) counts on: existing nodes its plan
         places pods on, and the nodes of its own acquisitions. Whoever acquired a node, it
-        must not be released while any of these bookings lives. A new set, the caller's."""
+        must not be released while any of these bookings lives."""
         out: set[str] = set()
         for key, booking in self.ledger.bookings().items():
             if key == exclude:
@@ -388,13 +388,12 @@ class ClusterState:
                 out.update(group.nodes)
                 out.update(self.objects.group_node_names(group))
                 out.update(self.objects.acquired_nodes(group.key))
-        return out
+        return frozenset(out)
 
-    def booked_provider_ids(self) -> set[str]:
-        """providerIDs of the machines every live booking's acquisitions launched (a new
-        set, the caller's)."""
-        return {p for booking in self.ledger.bookings().values()
-                for p in booking.acquired_provider_ids}
+    def booked_provider_ids(self) -> frozenset[str]:
+        """providerIDs of the machines every live booking's acquisitions launched."""
+        return frozenset(p for booking in self.ledger.bookings().values()
+                         for p in booking.acquired_provider_ids)
 
     # ------------------------------------------------------------------ tenancy
 

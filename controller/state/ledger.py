@@ -68,10 +68,10 @@ class BookingLedger:
 
     # ------------------------------------------------------------------ releases
 
-    def start_release(self, keys: Iterable[str]) -> set[str]:
+    def start_release(self, keys: Iterable[str]) -> frozenset[str]:
         """Mark ``keys`` as being released; return those this call marked (a key another
         release already holds stays that release's to clear)."""
-        mine = set(keys) - self._releasing
+        mine = frozenset(keys) - self._releasing
         self._releasing |= mine
         return mine
 

@@ -77,7 +77,7 @@ async def test_orphans_go_after_the_grace_bookings_stay_idle_gangs_go_after_the_
     providers = ProviderSet(ProviderContext(kube=kube), instances={"kind": provider})
     collector = Collector(
         state=state, providers=providers, idle_ttl=300, grace=GRACE, now=clock.now,
-        in_flight=lambda: set(),
+        in_flight=lambda key: False,
     )
 
     assert await collector.run_once() == []  # the orphan waits out the grace
@@ -114,7 +114,7 @@ async def test_a_plan_the_cache_has_not_shown_yet_keeps_its_nodes_within_the_gra
     state.replace_pools([objects.gpu_pool("gpu")])
     providers = ProviderSet(ProviderContext(kube=kube), instances={"kind": provider})
     collector = Collector(state=state, providers=providers, idle_ttl=300, grace=grace,
-                          now=clock.now, in_flight=lambda: set())
+                          now=clock.now, in_flight=lambda key: False)
 
     first = {r.key for r in await collector.run_once()}
     if not grace:
@@ -157,7 +157,7 @@ async def test_a_failed_release_is_retried_once_its_nodes_are_gone(kube: KubeCli
     state.replace_pools([objects.gpu_pool("gpu")])
     providers = ProviderSet(ProviderContext(kube=kube), instances={"kind": provider})
     collector = Collector(state=state, providers=providers, idle_ttl=300, grace=0,
-                          now=ManualClock().now, in_flight=lambda: set())
+                          now=ManualClock().now, in_flight=lambda key: False)
 
     assert await collector.run_once() == []  # the release failed (after deleting the nodes)
     assert await provider.list(pool) == []
@@ -204,7 +204,7 @@ async def test_a_refused_release_is_retried_at_the_next_sweep_not_after_another_
         await provider.acquire(AcquireRequest("u-1-0", pool, 1, R1, "ns/gone", "gone-uid"))
     providers = ProviderSet(ProviderContext(kube=kube), instances={"kind": provider})
     collector = Collector(state=state, providers=providers, idle_ttl=GRACE, grace=GRACE,
-                          now=clock.now, in_flight=lambda: set())
+                          now=clock.now, in_flight=lambda key: False)
 
     assert await collector.run_once() == []
     state.delete_pod("ns/p0")
@@ -321,7 +321,7 @@ async def test_booked_and_busy_machines_are_known_by_provider_id_not_by_name(
     cloud = _RenamingCloud(machines)
     providers = ProviderSet(ProviderContext(kube=kube), instances={"kind": cloud})
     collector = Collector(state=state, providers=providers, idle_ttl=300, grace=GRACE,
-                          now=clock.now, in_flight=lambda: set())
+                          now=clock.now, in_flight=lambda key: False)
     for _ in range(3):
         await clock.advance(400)
         assert await collector.run_once() == []

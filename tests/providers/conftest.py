@@ -231,5 +231,5 @@ def restarted(provider: Provider, pool: CapacityPool) -> Restarted:
     providers = ProviderSet(ProviderContext(kube=cast(KubeClient, None)),
                             instances={pool.spec.provider: provider})
     collector = Collector(state=state, providers=providers, idle_ttl=300, grace=GRACE,
-                          now=clock.now, in_flight=lambda: set())
+                          now=clock.now, in_flight=lambda key: False)
     return Restarted(collector, state, clock)
