@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from controller.state.objects import CONSUME_ANNOTATION
+from controller.state.object_store import CONSUME_ANNOTATION
 from e2e import cluster as cp
 from e2e import rbac_audit
 

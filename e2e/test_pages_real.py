@@ -22,7 +22,7 @@ import pytest
 from controller.kube import KubeClient, Page, WatchEvent
 from controller.kube.resources import NAMESPACES, PODS, Resource
 from controller.state.cache import ClusterState
-from controller.state.objects import object_key
+from controller.state.object_store import object_key
 from e2e import cluster as cp
 
 pytestmark = pytest.mark.real

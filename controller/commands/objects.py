@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from controller.state.objects import CONSUME_ANNOTATION
+from controller.state.object_store import CONSUME_ANNOTATION
 from controller.topology_defaults import DEFAULT_LEVELS, MUSTER_REQUIRED
 
 BLOCK, RACK, HOSTNAME = DEFAULT_LEVELS

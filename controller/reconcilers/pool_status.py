@@ -37,7 +37,7 @@ from controller.metrics import ControllerMetrics
 from controller.problems import ProblemLog, describe, transient
 from controller.state.cache import ClusterState
 from controller.state.pool_figures import PoolFacts, Shortage, pool_status
-from controller.state.pools import ReservedCapacity
+from controller.state.pool_registry import ReservedCapacity
 from providers.base import ProviderError
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ serves with the ``muster.dev/release-nodes`` finalizer, added when the pool appe
 the latest, before any node is acquired through it (:func:`hold_pools`), so no node is ever
 acquired through a pool that could vanish without waiting for it. When a pool is deleted,
 the cache
-stops planning on it (:meth:`ClusterState.pool_deleting`), :func:`hold_pools` refuses new
+stops planning on it (:meth:`PoolRegistry.deleting`), :func:`hold_pools` refuses new
 acquisitions through it, the collector releases each of its node groups once no booking and
 no pod uses it, and this reconciler removes the finalizer when no node of the pool is left
 and no acquisition through it still runs (its nodes may not have reached the cache yet).

@@ -3,9 +3,9 @@
 :class:`ClusterState` composes three parts, fed by list-then-watch loops
 (:mod:`controller.state.feeds`) and by the reconciler's own writes:
 
-- the object store (:mod:`controller.state.objects`, ``state.objects``): Nodes, Pods,
+- the object store (:mod:`controller.state.object_store`, ``state.objects``): Nodes, Pods,
   PodTemplates and ProvisioningRequests with their indexes;
-- the pool registry (:mod:`controller.state.pools`, ``state.pool_registry``):
+- the pool registry (:mod:`controller.state.pool_registry`, ``state.pool_registry``):
   CapacityPools, those being deleted or refused, and the caps on their headroom;
 - the booking ledger (:mod:`controller.state.ledger`, ``state.ledger``): every request's
   booking, and the acquisitions being released.
@@ -40,8 +40,8 @@ from controller.lifecycle import Phase
 from controller.state.bookings import Booking, effective_plan, merge_plans
 from controller.state.dra import DraState
 from controller.state.ledger import BookingLedger
-from controller.state.objects import Body, ObjectStore, Present, object_key
-from controller.state.pools import PoolRegistry, ReservedCapacity
+from controller.state.object_store import Body, ObjectStore, Present, object_key
+from controller.state.pool_registry import PoolRegistry, ReservedCapacity
 from controller.state.requests import RequestRecord
 from controller.state.tenancy import Usage, gpus_of, pool_node
 from controller.topology_defaults import KEY_LABEL, POOL_LABEL
@@ -105,9 +105,9 @@ class ClusterState:
         """Told when a stock-out's avoidance window will end (:meth:`mark_short`)."""
         self.objects = ObjectStore()
         """Nodes, Pods, PodTemplates, ProvisioningRequests (see
-        :mod:`controller.state.objects`)."""
+        :mod:`controller.state.object_store`)."""
         self.pool_registry = PoolRegistry(self.objects, self.levels)
-        """CapacityPools and their headroom (see :mod:`controller.state.pools`)."""
+        """CapacityPools and their headroom (see :mod:`controller.state.pool_registry`)."""
         self.ledger = BookingLedger()
         """Live bookings, releases in flight, acquisitions running (see
         :mod:`controller.state.ledger`)."""

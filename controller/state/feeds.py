@@ -27,7 +27,7 @@ from controller.kube.resources import (
     Resource,
 )
 from controller.state.cache import ClusterState
-from controller.state.objects import Body, object_key
+from controller.state.object_store import Body, object_key
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from controller.kube.resources import CAPACITY_POOLS
 from controller.lifecycle import PHASE_ANNOTATION, PLAN_ANNOTATION, Phase
 from controller.state.bookings import Booking, Group
 from controller.state.cache import ClusterState
-from controller.state.objects import CONSUME_ANNOTATION
+from controller.state.object_store import CONSUME_ANNOTATION
 from controller.topology_defaults import DEFAULT_LEVELS
 from providers.base import AcquireRequest, ProvidedNode, TransientProviderError
 from providers.fake import FakeProvider

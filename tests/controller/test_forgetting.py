@@ -26,7 +26,7 @@ from controller.kube.resources import (
 from controller.operator import Controller
 from controller.reconcilers.telemetry import state_reading
 from controller.state.cache import ClusterState
-from controller.state.objects import DELETED_SECONDS
+from controller.state.object_store import DELETED_SECONDS
 from controller.topology_defaults import DEFAULT_LEVELS
 from providers.fake import FakeProvider
 from sandbox.server import SandboxServer

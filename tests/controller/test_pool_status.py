@@ -126,7 +126,7 @@ def test_every_validation_error_is_listed_and_warned_once(
     bad["spec"]["nodeTemplate"]["allocatable"]["cpu"] = "lots"
     bad["spec"]["nodeTemplate"]["allocatable"]["memory"] = "1Zz"
     state = ClusterState(levels=DEFAULT_LEVELS)
-    with caplog.at_level(logging.WARNING, logger="controller.state.pools"):
+    with caplog.at_level(logging.WARNING, logger="controller.state.pool_registry"):
         for _ in range(3):  # every status write or finalizer patch brings the pool back
             state.upsert_pool(bad)
         state.replace_pools([bad])  # a re-list
@@ -403,7 +403,7 @@ async def test_reservation_figures_are_read_on_a_bounded_cadence_and_kept_on_err
 
 
 def test_a_reservation_caps_what_is_planned_into_the_pool_and_only_inside_its_window() -> None:
-    from controller.state.pools import ReservedCapacity
+    from controller.state.pool_registry import ReservedCapacity
 
     state = ClusterState(levels=DEFAULT_LEVELS)
     state.replace_pools([_pool_body()])
@@ -432,7 +432,7 @@ def _zoned_pool(name: str = "p") -> dict[str, Any]:
 
 
 def test_a_reservation_caps_only_the_domains_of_its_zone() -> None:
-    from controller.state.pools import ReservedCapacity
+    from controller.state.pool_registry import ReservedCapacity
 
     state = ClusterState(levels=DEFAULT_LEVELS)
     state.replace_pools([_zoned_pool()])
@@ -443,7 +443,7 @@ def test_a_reservation_caps_only_the_domains_of_its_zone() -> None:
 
 
 def test_nodes_registered_since_the_read_are_not_booked_twice() -> None:
-    from controller.state.pools import ReservedCapacity
+    from controller.state.pool_registry import ReservedCapacity
 
     state = ClusterState(levels=DEFAULT_LEVELS)
     state.replace_pools([_pool_body()])
@@ -467,7 +467,7 @@ def test_nodes_registered_since_the_read_are_not_booked_twice() -> None:
 def test_a_reservation_caps_a_pool_without_declared_zones_at_its_free_count() -> None:
     """A pool whose zone the cloud picks (no declared domains: a placeholder zone) can use
     its reservation: the provider launches into the reservation's own zone."""
-    from controller.state.pools import ReservedCapacity
+    from controller.state.pool_registry import ReservedCapacity
     from controller.topology_defaults import placeholder
 
     body = _zoned_pool()

@@ -30,7 +30,7 @@ from controller.lifecycle import FINALIZER, Event, Row
 from controller.reconcilers.provisioning.gang import build_gang
 from controller.state.bookings import Group, template_digest
 from controller.state.cache import ClusterState
-from controller.state.objects import TemplateError, object_key
+from controller.state.object_store import TemplateError, object_key
 from controller.state.planner import Planner
 from controller.state.requests import RequestRecord
 from controller.state.wakeups import Wakeups

@@ -24,7 +24,7 @@ from controller.reconcilers.provisioning.base import Delay
 from controller.reconcilers.provisioning.confirm import Confirmation
 from controller.reconcilers.provisioning.gang import Invalid
 from controller.state.bookings import Booking, stale_templates
-from controller.state.objects import TemplateError
+from controller.state.object_store import TemplateError
 from controller.state.requests import RequestRecord
 from controller.state.tenancy import foreign_request_owner
 

@@ -15,7 +15,7 @@ from controller.fit.types import GangRequest, Mode
 from controller.relaxation import relax_after
 from controller.snapshot import InvalidTemplate, SnapshotError, gang_of, parse_object
 from controller.state.cache import ClusterState
-from controller.state.objects import TemplateError
+from controller.state.object_store import TemplateError
 from controller.state.requests import RequestRecord
 from controller.state.tenancy import foreign_request_owner
 

@@ -4,10 +4,10 @@ planner may draw from each.
 :class:`PoolRegistry` keeps the pools the model accepts, why it refuses the others, the
 pools being deleted, those the provider refuses, each pool's last ``status``, and the caps
 the cloud set on a pool's headroom (stock-outs, reservations); :meth:`PoolRegistry.states`
-turns them, with the pools' nodes from the :class:`~controller.state.objects.ObjectStore`,
-into the engine's :class:`PoolState`\\ s. Its methods say what changed;
-:class:`controller.state.cache.ClusterState` turns that into wake-ups. What it hands out is
-read-only (mapping views, frozensets, tuples).
+turns them, with the pools' nodes from the object store
+(:class:`~controller.state.object_store.ObjectStore`), into the engine's pool states. Its
+methods say what changed; :class:`controller.state.cache.ClusterState` turns that into
+wake-ups. What it hands out is read-only (mapping views, frozensets, tuples).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from controller.api.quantity import to_resources
 from controller.fit.types import PoolState
 from controller.node_labels import ZONE as ZONE_LABEL
 from controller.snapshot import pool_state
-from controller.state.objects import Body, ObjectStore
+from controller.state.object_store import Body, ObjectStore
 from controller.topology_defaults import placeholder
 
 log = logging.getLogger(__name__)
