@@ -390,8 +390,13 @@ async def _cleanup(e: Env) -> None:
     # A scenario leaves nothing behind: the run's nodes (its own and those Muster acquired
     # for it) and its namespace (pods included) are gone, so the next run starts clean.
     async def nodes_gone() -> bool:
-        left = await e.kube.list(NODES, label_selector=f"{RUN_LABEL}={e.run}")
-        return not left.get("items")
+        # By the run's label (Muster writes it when it registers a node) and by the fake
+        # cloud's own pool tag: a machine that never registered carries only the latter,
+        # and a leak of one must fail the scenario that made it, not a later one.
+        listing = await e.kube.list(NODES)
+        return not [n for n in listing.get("items") or []
+                    if (labels := n["metadata"].get("labels") or {}).get(RUN_LABEL) == e.run
+                    or labels.get("fake.muster.dev/pool", "").endswith(f"-{e.run}")]
 
     async def namespace_gone() -> bool:
         return await e.kube.get_or_none(NAMESPACES, e.namespace) is None

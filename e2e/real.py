@@ -333,18 +333,33 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 _BUILD_ERROR: list[str] = []
+_BUILT: list[bool] = []
 _CLOUD_IDS: set[str] = set()
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Build the control plane before the first test runs, when any selected test is on the
-    real tier: a cold build takes many minutes, more than one test's timeout allows. Last, so
-    that ``-m "not real"`` and ``-k`` have already deselected: a sandbox run builds nothing."""
+    """Every real-tier test after every sandbox test (a stable sort: each tier keeps its
+    order), so a cold build of the control plane (many minutes) runs beside the sandbox tier
+    (``hack/test`` starts it in the background) and the cluster starts only when needed. Last,
+    so that ``-m "not real"`` and ``-k`` have already deselected: a sandbox run builds nothing."""
     # By marker, not keyword: a directory named cloud (tests/cloud) is a keyword too.
     _CLOUD_IDS.update(item.nodeid for item in items if item.get_closest_marker(CLOUD))
-    if config.option.collectonly or not any(REAL in item.keywords for item in items):
-        return
+    items.sort(key=lambda item: REAL in item.keywords)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None
+                            ) -> Generator[None, None, None]:
+    """Before the first real-tier test, wait for (or do) the control plane's build, outside
+    any test's timeout: outermost, so pytest-timeout's clock starts after it."""
+    if not _BUILT and REAL in item.keywords:
+        _BUILT.append(True)
+        _build(item.config)
+    yield
+
+
+def _build(config: pytest.Config) -> None:
     with contextlib.suppress(ValueError):
         if config.getoption("--kubeconfig"):
             return

@@ -11,6 +11,9 @@ stops planning on it (:meth:`PoolRegistry.deleting`), :func:`hold_pools` refuses
 acquisitions through it, the collector releases each of its node groups once no booking and
 no pod uses it, and this reconciler removes the finalizer when no node of the pool is left
 and no acquisition through it still runs (its nodes may not have reached the cache yet).
+"No node left" is asked of the cloud too: a machine that booted but has not registered (or
+never will) is a Node nobody labelled with the pool, yet it is billed and only the pool's
+settings can release it; the collector releases it, and the finalizer waits for that.
 
 Finalizer writes carry the pool's resourceVersion, so another controller's finalizer is
 never dropped (a 409 is retried on the next pass).
@@ -20,16 +23,20 @@ from __future__ import annotations
 
 import logging
 
+from controller.acquire.providers import ProviderSet
 from controller.api.capacitypool import POOL_FINALIZER, CapacityPool
 from controller.kube import ApiError, KubeClient
 from controller.kube.resources import CAPACITY_POOLS, NODES
 from controller.state.cache import ClusterState
 from controller.topology_defaults import POOL_LABEL
+from providers.base import ProviderError
 
 log = logging.getLogger(__name__)
 
-async def sync_pool_finalizers(kube: KubeClient, state: ClusterState) -> None:
-    """Add the finalizer to live pools; remove it from deleted pools with no node left."""
+async def sync_pool_finalizers(kube: KubeClient, state: ClusterState,
+                               providers: ProviderSet) -> None:
+    """Add the finalizer to live pools; remove it from deleted pools with no node left,
+    registered or not."""
     for name, pool in list(state.pool_registry.pools().items()):
         finalizers = pool.metadata.finalizers
         held = POOL_FINALIZER in finalizers
@@ -39,7 +46,7 @@ async def sync_pool_finalizers(kube: KubeClient, state: ClusterState) -> None:
             # The cache can lag the nodes an acquisition just created; ask the API server
             # once before the pool's provider settings go for good.
             left = await kube.list(NODES, label_selector=f"{POOL_LABEL}={name}")
-            if left.get("items"):
+            if left.get("items") or await _cloud_holds(providers, pool):
                 continue
             wanted = [f for f in finalizers if f != POOL_FINALIZER]
             log.info("CapacityPool %s: its last node is released; letting it go", name)
@@ -73,6 +80,21 @@ async def hold_pools(kube: KubeClient, names: set[str]) -> None:
             except ApiError as exc:
                 if not exc.conflict or attempt == 2:
                     raise
+
+
+async def _cloud_holds(providers: ProviderSet, pool: CapacityPool) -> bool:
+    """The pool's provider still lists a machine of it (or cannot say): the finalizer stays."""
+    try:
+        held = await providers.for_pool(pool).list(pool)
+    except ProviderError as exc:
+        log.warning("CapacityPool %s is being deleted but its provider cannot list its "
+                    "machines (%s); keeping it until it can", pool.metadata.name, exc)
+        return True
+    if held:
+        log.info("CapacityPool %s: waiting for %d machine(s) its provider still holds (%s) "
+                 "to be released", pool.metadata.name, len(held),
+                 ", ".join(sorted(n.name for n in held)[:5]))
+    return bool(held)
 
 
 async def _write_finalizers(kube: KubeClient, pool: CapacityPool, wanted: list[str]) -> None:

@@ -620,3 +620,33 @@ async def _launched(provider: FakeProvider) -> bool:
 async def _not_ready(kube: KubeClient, name: str) -> dict[str, Any] | None:
     cond = await _condition(kube, name, "Provisioned")
     return cond if cond is not None and cond["reason"] == "NodesNotReady" else None
+
+
+async def test_a_deleted_pool_waits_for_machines_that_never_registered(
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
+) -> None:
+    """A machine the cloud runs for a pool but whose Node never registered (so nothing
+    labels it with the pool) still holds the deleted pool's finalizer: only the pool's
+    settings can release it. The collector releases it as an orphan, then the pool goes."""
+    from providers.base import AcquireRequest
+
+    controller, clock, provider = running
+    pool = controller.state.pool_registry.pools()["gpu"]
+    provider.never_register_next(pool="gpu")
+    await provider.acquire(AcquireRequest(
+        key="stray-0", pool=pool, count=1, domain={objects.BLOCK: "b1", objects.RACK: "b1-r1"},
+        owner="ns/gone", owner_uid="gone-uid"))
+    assert [n.key for n in await provider.list(pool)] == ["stray-0"]
+    await kube.delete(CAPACITY_POOLS, "gpu")
+    for _ in range(5):  # several finalizer passes: the pool stays while the cloud holds it
+        await asyncio.sleep(0.1)
+        held = await kube.get_or_none(CAPACITY_POOLS, "gpu")
+        assert held is not None and "muster.dev/release-nodes" in held["metadata"]["finalizers"]
+
+    async def gone() -> bool:
+        await clock.advance(controller.config.acquisition.orphan_grace_seconds)
+        return await kube.get_or_none(CAPACITY_POOLS, "gpu") is None
+
+    await eventually(gone, within=30.0, step=0.05)
+    assert [c.key for c in provider.calls if c.op == "release"] == ["stray-0"]
+    assert await provider.list(pool) == []
