@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from controller.conditions import ConditionType, is_true
+from controller.common.conditions import ConditionType, is_true
 
 PLAN_ANNOTATION = "muster.dev/plan"
 ATTEMPT_ANNOTATION = "muster.dev/attempt"

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from controller import crashpoints
+from controller.common import crashpoints
 from controller.kube import WatchEvent
 from e2e.chaos import (
     Recorder,

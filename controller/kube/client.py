@@ -30,8 +30,8 @@ from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 
 from controller import __version__
+from controller.common.problem_log import ProblemLog
 from controller.kube.resources import Resource
-from controller.problem_log import ProblemLog
 
 log = logging.getLogger(__name__)
 _problems = ProblemLog(log)

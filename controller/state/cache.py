@@ -33,16 +33,22 @@ from controller.api.capacitypool import CapacityPool
 from controller.api.node import Node
 from controller.api.pod import Pod, PodAffinityTerm, PodTemplate
 from controller.api.quantity import to_resources
-from controller.conditions import ConditionType
-from controller.constraints import BoundPod
+from controller.common.conditions import ConditionType
+from controller.common.topology_defaults import (
+    KEY_LABEL,
+    OWNER_ANNOTATION,
+    POOL_LABEL,
+    placeholder,
+)
 from controller.fit import apply_plan
 from controller.fit.capacity import BookedMemo
 from controller.fit.types import NodeState, Plan, PoolState, Snapshot
+from controller.inputs.constraints import BoundPod
+from controller.inputs.node_labels import ZONE as ZONE_LABEL
+from controller.inputs.podgroup_membership import group_of
+from controller.inputs.podgroup_membership import request_name as gang_request_name
+from controller.inputs.snapshot import node_state, pod_requests, pool_state
 from controller.lifecycle import Phase
-from controller.node_labels import ZONE as ZONE_LABEL
-from controller.podgroup_membership import group_of
-from controller.podgroup_membership import request_name as gang_request_name
-from controller.snapshot import node_state, pod_requests, pool_state
 from controller.state.bookings import (
     Booking,
     Group,
@@ -53,12 +59,6 @@ from controller.state.dra import DraState
 from controller.state.ledger import BookingLedger
 from controller.state.requests import RequestRecord
 from controller.state.tenancy import Usage, gpus_of, owner_uid_of_key, pool_node
-from controller.topology_defaults import (
-    KEY_LABEL,
-    OWNER_ANNOTATION,
-    POOL_LABEL,
-    placeholder,
-)
 
 log = logging.getLogger(__name__)
 

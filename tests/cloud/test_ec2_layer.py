@@ -14,9 +14,9 @@ import boto3
 import pytest
 
 from controller.acquire.keys import acquisition_key
+from controller.common.topology_defaults import UNREGISTERED_TAINT
 from controller.kube import KubeClient
 from controller.kube.resources import NODES
-from controller.topology_defaults import UNREGISTERED_TAINT
 from e2e.cloud.ec2 import AWS_TEST_ENV, Ec2Layer, ec2_endpoint
 from e2e.cloud.registrar import Registrar
 from providers.aws import AwsProvider, parse_parameters

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.clock import ManualClock
 from controller.commands import objects
+from controller.common.clock import ManualClock
 from controller.config import MusterConfig
 from controller.kube import KubeClient
 from controller.kube.resources import CAPACITY_POOLS, NAMESPACES, POD_TEMPLATES

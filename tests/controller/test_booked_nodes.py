@@ -12,12 +12,12 @@ import pytest
 
 from controller.api.node import Node
 from controller.commands import objects
+from controller.common.topology_defaults import DEFAULT_LEVELS
 from controller.fit.types import PodShape, Toleration
 from controller.lifecycle import PHASE_ANNOTATION, PLAN_ANNOTATION
 from controller.reconcilers.provisioning.booking import _unusable_for
 from controller.state.bookings import Booking
 from controller.state.cache import ClusterState
-from controller.topology_defaults import DEFAULT_LEVELS
 from tests.controller.builders import gpu_node, plan_on
 
 SHAPE = PodShape(

@@ -54,9 +54,9 @@ def test_deleting_a_booked_new_node_wakes_its_request_at_once() -> None:
     when the booking was next due (at its expiry), so CapacityRevoked came up to
     ``booking.duration_seconds`` late."""
     from controller.commands import objects
+    from controller.common.topology_defaults import DEFAULT_LEVELS, KEY_LABEL, POOL_LABEL
     from controller.lifecycle import PHASE_ANNOTATION, PLAN_ANNOTATION
     from controller.state.cache import ClusterState
-    from controller.topology_defaults import DEFAULT_LEVELS, KEY_LABEL, POOL_LABEL
 
     woken: list[str] = []
     state = ClusterState(levels=DEFAULT_LEVELS, notify=woken.append)
@@ -87,9 +87,9 @@ def test_a_groups_nodes_are_known_by_provider_id_whatever_their_names_and_labels
     provider's hint) and without Muster's labels: the booking persisted with the launched
     providerIDs still finds it, holds it, and is woken when it goes."""
     from controller.commands import objects
+    from controller.common.topology_defaults import DEFAULT_LEVELS
     from controller.lifecycle import PHASE_ANNOTATION, PLAN_ANNOTATION
     from controller.state.cache import ClusterState
-    from controller.topology_defaults import DEFAULT_LEVELS
 
     woken: list[str] = []
     state = ClusterState(levels=DEFAULT_LEVELS, notify=woken.append)

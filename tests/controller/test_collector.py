@@ -13,14 +13,14 @@ from controller.acquire.collector import Collector
 from controller.acquire.providers import ProviderSet
 from controller.acquire.recovery import GroupView, Seen, decide
 from controller.api.capacitypool import CapacityPool
-from controller.clock import ManualClock
 from controller.commands import objects
+from controller.common.clock import ManualClock
+from controller.common.topology_defaults import DEFAULT_LEVELS
 from controller.kube import KubeClient
 from controller.kube.resources import CAPACITY_POOLS
 from controller.lifecycle import PHASE_ANNOTATION, PLAN_ANNOTATION, Phase
 from controller.state.bookings import Booking, Group
 from controller.state.cache import CONSUME_ANNOTATION, ClusterState
-from controller.topology_defaults import DEFAULT_LEVELS
 from providers.base import AcquireRequest, ProvidedNode, TransientProviderError
 from providers.fake import FakeProvider
 from providers.registry import ProviderContext

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from controller.conditions import ConditionType, Reason, message, set_condition
+from controller.common.conditions import ConditionType, Reason, message, set_condition
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

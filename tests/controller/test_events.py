@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from controller.clock import ManualClock
 from controller.commands import objects
-from controller.conditions import Transition, event_of, transitions
+from controller.common.clock import ManualClock
+from controller.common.conditions import Transition, event_of, transitions
 from controller.config import MusterConfig
 from controller.kube import KubeClient
 from controller.kube.events import EventBroadcaster, ObjectReference

@@ -12,10 +12,10 @@ from controller.acquire.registration import OutsideDomain, register, registratio
 from controller.api.capacitypool import CapacityPool
 from controller.api.node import Node
 from controller.commands import objects
+from controller.common.topology_defaults import UNREGISTERED_TAINT
 from controller.kube import KubeClient
 from controller.kube.resources import LEASES, NODES
 from controller.state.bookings import Group
-from controller.topology_defaults import UNREGISTERED_TAINT
 from providers.base import AcquireRequest, CapacityUnavailable, ProviderConfigError, QuotaExceeded
 from providers.fake import FakeProvider
 
@@ -187,16 +187,16 @@ async def test_overlapping_acquisitions_never_grant_more_than_the_stock(
 
 
 async def test_a_node_carries_the_labels_the_plan_saw(kube: KubeClient) -> None:
-    """One definition (controller.node_labels) for the fake provider's Nodes and the fit
+    """One definition (controller.inputs.node_labels) for the fake provider's Nodes and the fit
     engine's picture of a new node: once Muster registered it, every label of the picture
     is on the Node, and the Node's well-known kubelet labels are in the picture (the
     hostname aside, unknown)."""
     from controller.acquire.registration import registration
     from controller.api.node import Node
-    from controller.node_labels import KUBELET_KEYS
-    from controller.snapshot import pool_state
+    from controller.common.topology_defaults import HOSTNAME
+    from controller.inputs.node_labels import KUBELET_KEYS
+    from controller.inputs.snapshot import pool_state
     from controller.state.bookings import Group
-    from controller.topology_defaults import HOSTNAME
 
     p = pool()
     await FakeProvider(kube).acquire(req("k9", 1, p=p))

@@ -12,8 +12,9 @@ import functools
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from controller.clock import ManualClock
 from controller.commands import objects
+from controller.common.clock import ManualClock
+from controller.common.topology_defaults import DEFAULT_LEVELS
 from controller.config import MusterConfig
 from controller.kube import Body, KubeClient
 from controller.kube.resources import (
@@ -26,7 +27,6 @@ from controller.kube.resources import (
 from controller.operator import Controller
 from controller.reconcilers.telemetry import state_reading
 from controller.state.cache import DELETED_SECONDS, ClusterState
-from controller.topology_defaults import DEFAULT_LEVELS
 from providers.fake import FakeProvider
 from sandbox.server import SandboxServer
 from tests.helpers import eventually

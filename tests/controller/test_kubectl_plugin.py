@@ -23,9 +23,9 @@ from controller.commands.kubectl_plugin import (
     table_text,
     what_if,
 )
+from controller.common.topology_defaults import DEFAULT_LEVELS, MUSTER_REQUIRED, POOL_LABEL
 from controller.config import MusterConfig
 from controller.state.cache import ClusterState
-from controller.topology_defaults import DEFAULT_LEVELS, MUSTER_REQUIRED, POOL_LABEL
 from tests.controller.builders import gpu_node
 
 ROOT = Path(__file__).resolve().parents[2]

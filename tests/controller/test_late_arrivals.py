@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from controller.clock import ManualClock
 from controller.commands import objects
-from controller.dra_templates import NVIDIA_DRIVER, nvidia_gpu_node
+from controller.common.clock import ManualClock
+from controller.inputs.dra_templates import NVIDIA_DRIVER, nvidia_gpu_node
 from controller.kube import KubeClient
 from controller.kube.resources import (
     CAPACITY_POOLS,

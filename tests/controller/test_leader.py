@@ -1,6 +1,6 @@
 """Lease-based leader election against the API sandbox (real optimistic concurrency on the
 Lease, real 409s), with sub-second durations: what client-go's leaderelection guarantees,
-proven for :class:`controller.leader.LeaderElector`.
+proven for :class:`controller.runtime.leader.LeaderElector`.
 
 - two candidates on one Lease: exactly one leads, the other stands by;
 - a leader that can no longer renew (partitioned from the API server) gives up after the
@@ -34,8 +34,8 @@ from controller.kube.resources import (
     PROVISIONING_REQUESTS,
     Resource,
 )
-from controller.leader import LeaderElector, LeadershipLost, from_config, lease_namespace
 from controller.operator import Controller
+from controller.runtime.leader import LeaderElector, LeadershipLost, from_config, lease_namespace
 from providers.fake import FakeProvider
 from sandbox.server import SandboxServer
 from tests.helpers import eventually

@@ -1,4 +1,4 @@
-"""Why Muster keeps its own Lease elector (:mod:`controller.leader`) instead of
+"""Why Muster keeps its own Lease elector (:mod:`controller.runtime.leader`) instead of
 ``kubernetes_asyncio.leaderelection``: the same scenarios, run against both, over real HTTP
 to the API sandbox.
 
@@ -31,7 +31,7 @@ from kubernetes_asyncio.leaderelection.resourcelock.leaselock import LeaseLock
 
 from controller.kube import KubeClient
 from controller.kube.resources import NAMESPACES
-from controller.leader import LeaderElector
+from controller.runtime.leader import LeaderElector
 from sandbox.server import SandboxServer
 
 NS = "muster-system"

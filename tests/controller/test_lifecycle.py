@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from controller.clock import ManualClock
 from controller.commands import objects
+from controller.common.clock import ManualClock
 from controller.config import MusterConfig, RetryConfig
 from controller.kube import KubeClient
 from controller.kube.resources import (

@@ -20,9 +20,9 @@ from typing import Any, cast
 import pytest
 
 from controller import lifecycle
-from controller.clock import ManualClock
 from controller.commands import objects
-from controller.conditions import Reason, rfc3339
+from controller.common.clock import ManualClock
+from controller.common.conditions import Reason, rfc3339
 from controller.config import MusterConfig
 from controller.kube import Body
 from controller.lifecycle import (

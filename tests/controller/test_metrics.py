@@ -12,14 +12,14 @@ import aiohttp
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller.clock import ManualClock
 from controller.commands import objects
 from controller.commands.probes import Probes
+from controller.common.clock import ManualClock
+from controller.common.metrics import ControllerMetrics
 from controller.kube import KubeClient
 from controller.kube.resources import (
     PROVISIONING_REQUESTS,
 )
-from controller.metrics import ControllerMetrics
 from controller.operator import Controller
 from providers.fake import FakeProvider
 from tests.controller.builders import starve

@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 
 from controller.api.parameters import read_parameters
-from controller.clock import ManualClock
 from controller.commands import objects
+from controller.common.clock import ManualClock
+from controller.common.topology_defaults import KUEUE_REQUIRED, KUEUE_UNCONSTRAINED
 from controller.fit.types import Mode
 from controller.kube import KubeClient
 from controller.kube.resources import EVENTS, POD_TEMPLATES, PROVISIONING_REQUESTS
 from controller.operator import Controller
-from controller.topology_defaults import KUEUE_REQUIRED, KUEUE_UNCONSTRAINED
 from providers.fake import FakeProvider
 from tests.controller.builders import starve
 from tests.helpers import eventually

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
-from controller.conditions import Reason
+from controller.common.conditions import Reason
+from controller.common.topology_defaults import DEFAULT_LEVELS
 from controller.fit.types import Mode, NoFit, Plan
 from controller.state.bookings import Booking
 from controller.state.cache import ClusterState
 from controller.state.ledger import BookingLedger
 from controller.state.planner import Planner, Refusal
-from controller.topology_defaults import DEFAULT_LEVELS
 from tests.controller.builders import gang, gpu_node
 
 
@@ -71,7 +71,7 @@ def test_booked_capacity_is_missing_from_the_next_snapshot() -> None:
 
 def test_pool_headroom_follows_node_registration_relabeling_and_deletion() -> None:
     from controller.commands import objects
-    from controller.topology_defaults import POOL_LABEL
+    from controller.common.topology_defaults import POOL_LABEL
 
     state = ClusterState(levels=DEFAULT_LEVELS)
     state.replace_pools([objects.gpu_pool("gpu", blocks=1, racks_per_block=2, nodes_per_rack=4,
@@ -169,8 +169,8 @@ async def test_released_nodes_are_offered_to_no_plan_until_the_cache_sees_them_g
     node watch (cut by the storm) had not reported it yet, and the retry booked one of them
     as an existing node: Provisioned=True on a node deleted a moment before."""
     from controller.acquire.groups import release_groups
+    from controller.common.topology_defaults import KEY_LABEL
     from controller.state.bookings import Group
-    from controller.topology_defaults import KEY_LABEL
 
     state = ClusterState(levels=DEFAULT_LEVELS)
     state.replace_nodes([gpu_node("n0", **{KEY_LABEL: "k"}), gpu_node("n1")])

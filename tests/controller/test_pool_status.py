@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 
 from controller.api.capacitypool import CapacityPool
-from controller.clock import ManualClock
 from controller.commands import objects
 from controller.commands.run import _JsonFormatter
-from controller.decision_log import log_decision
+from controller.common.clock import ManualClock
+from controller.common.decision_log import log_decision
+from controller.common.topology_defaults import DEFAULT_LEVELS, POOL_LABEL
 from controller.kube import KubeClient
 from controller.kube.resources import CAPACITY_POOLS, NODES, PROVISIONING_REQUESTS
 from controller.operator import Controller
@@ -24,7 +25,6 @@ from controller.reconcilers.pool_status import merge_patch
 from controller.state.bookings import Booking
 from controller.state.cache import ClusterState
 from controller.state.pool_figures import PoolFacts, ProviderHealth, Shortage, pool_status
-from controller.topology_defaults import DEFAULT_LEVELS, POOL_LABEL
 from providers.fake import FakeProvider
 from tests.controller.builders import gpu_node, plan_on, starve
 from tests.helpers import eventually
@@ -274,7 +274,7 @@ async def _gone(kube: KubeClient, name: str) -> bool:
 
 
 def test_free_dra_devices_are_counted_by_device_class() -> None:
-    from controller.dra_templates import nvidia_gpu_node
+    from controller.inputs.dra_templates import nvidia_gpu_node
     from controller.reconcilers.pool_status import one_device_claims
     from tests.dra.world import CLASSES, dra_node, pool_doc
 
@@ -467,8 +467,8 @@ def test_nodes_registered_since_the_read_are_not_booked_twice() -> None:
 def test_a_reservation_caps_a_pool_without_declared_zones_at_its_free_count() -> None:
     """A pool whose zone the cloud picks (no declared domains: a placeholder zone) can use
     its reservation: the provider launches into the reservation's own zone."""
+    from controller.common.topology_defaults import placeholder
     from controller.state.cache import ReservedCapacity
-    from controller.topology_defaults import placeholder
 
     body = _zoned_pool()
     del body["spec"]["topology"]["domains"]

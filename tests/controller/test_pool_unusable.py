@@ -9,8 +9,8 @@ import asyncio
 import functools
 from typing import Any
 
-from controller.clock import ManualClock
 from controller.commands import objects
+from controller.common.clock import ManualClock
 from controller.kube import KubeClient
 from controller.kube.resources import CAPACITY_POOLS, PROVISIONING_REQUESTS
 from controller.operator import Controller

@@ -23,8 +23,8 @@ from controller.config import MusterConfig
 from controller.kube import KubeClient
 from controller.kube.client import WatchHealth
 from controller.kube.resources import LEASES, NAMESPACES
-from controller.leader import LeaderElector
 from controller.operator import Controller
+from controller.runtime.leader import LeaderElector
 from providers.fake import FakeProvider
 from tests.helpers import eventually
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from controller.clock import ManualClock
 from controller.commands import objects
+from controller.common.clock import ManualClock
 from controller.config import MusterConfig, RetryConfig
 from controller.kube import KubeClient
 from controller.kube.resources import CAPACITY_POOLS, NODES, PROVISIONING_REQUESTS
@@ -233,7 +233,7 @@ async def test_a_run_longer_than_the_capacity_block_is_not_planned_onto_it(
     a two-hour one is not planned onto it (it waits, queued)."""
     from datetime import timedelta
 
-    from controller.conditions import rfc3339
+    from controller.common.conditions import rfc3339
 
     controller, clock, _ = running
     end = clock.now() + timedelta(hours=1)

@@ -1,4 +1,4 @@
-"""Topology relaxation (controller/relaxation.py): a gang that waited its
+"""Topology relaxation (controller/inputs/relaxation.py): a gang that waited its
 ``relaxTopologyAfter`` for the one rack ``muster.dev/required-topology`` asks for takes the
 most compact placement it can get, and says so."""
 
@@ -13,14 +13,12 @@ import pytest
 
 from controller.api.capacitypool import CapacityPool
 from controller.api.parameters import read_parameters
-from controller.clock import ManualClock
 from controller.commands import objects
+from controller.common.clock import ManualClock
+from controller.common.topology_defaults import DEFAULT_LEVELS, KUEUE_REQUIRED, MUSTER_REQUIRED
 from controller.config import MusterConfig
 from controller.fit.types import Mode, TopologyMode
-from controller.kube import KubeClient
-from controller.kube.resources import CAPACITY_POOLS, PROVISIONING_REQUESTS
-from controller.operator import Controller
-from controller.relaxation import (
+from controller.inputs.relaxation import (
     RELAX_ANNOTATION,
     RELAXED_DETAIL,
     alternatives,
@@ -28,7 +26,9 @@ from controller.relaxation import (
     relax_after,
     relaxable,
 )
-from controller.topology_defaults import DEFAULT_LEVELS, KUEUE_REQUIRED, MUSTER_REQUIRED
+from controller.kube import KubeClient
+from controller.kube.resources import CAPACITY_POOLS, PROVISIONING_REQUESTS
+from controller.operator import Controller
 from providers.fake import FakeProvider
 from tests.controller.builders import gang
 from tests.helpers import eventually

@@ -11,8 +11,8 @@ import functools
 from datetime import UTC, datetime
 from typing import Any
 
-from controller.clock import ManualClock
 from controller.commands import objects
+from controller.common.clock import ManualClock
 from controller.config import MusterConfig
 from controller.kube import KubeClient
 from controller.kube.resources import NODES, POD_TEMPLATES, PROVISIONING_REQUESTS

@@ -8,10 +8,10 @@ from typing import Any
 
 from controller.acquire.keys import groups_for
 from controller.commands import objects
+from controller.common.topology_defaults import DEFAULT_LEVELS
 from controller.lifecycle import PHASE_ANNOTATION, PLAN_ANNOTATION, Phase
 from controller.state.bookings import Booking
 from controller.state.cache import ClusterState
-from controller.topology_defaults import DEFAULT_LEVELS
 from tests.controller.builders import plan_on
 
 

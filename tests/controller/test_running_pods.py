@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from controller.api.pod import PodSpec
-from controller.constraints import needs_running_pods
+from controller.inputs.constraints import needs_running_pods
 from controller.state.cache import ClusterState
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from controller import runtime
+from controller.runtime import memory as runtime
 
 GLIBC = platform.libc_ver()[0] == "glibc"
 

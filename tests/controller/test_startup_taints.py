@@ -11,11 +11,11 @@ from typing import Any
 
 from controller.api.node import Node
 from controller.commands import objects
+from controller.common.topology_defaults import DEFAULT_LEVELS
 from controller.fit import plan
 from controller.fit.types import Mode, Plan, Snapshot
-from controller.snapshot import node_state
+from controller.inputs.snapshot import node_state
 from controller.state.cache import ClusterState
-from controller.topology_defaults import DEFAULT_LEVELS
 from tests.controller.builders import gang
 
 NOT_READY = {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}

@@ -10,6 +10,12 @@ import pytest
 
 from controller.acquire.keys import acquisition_key
 from controller.commands import objects
+from controller.common.topology_defaults import (
+    DEFAULT_LEVELS,
+    KEY_LABEL,
+    OWNER_ANNOTATION,
+    POOL_LABEL,
+)
 from controller.config import MusterConfig
 from controller.fit.types import Mode, Plan
 from controller.lifecycle import PHASE_ANNOTATION, PLAN_ANNOTATION
@@ -19,7 +25,6 @@ from controller.state.cache import ClusterState
 from controller.state.planner import Planner, Refusal
 from controller.state.requests import RequestRecord
 from controller.state.tenancy import Usage, foreign_request_owner
-from controller.topology_defaults import DEFAULT_LEVELS, KEY_LABEL, OWNER_ANNOTATION, POOL_LABEL
 from tests.controller.builders import gang, plan_on
 
 POOL = objects.gpu_pool("p", price=10.0)  # 8 GPUs, 10/h per node

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from controller.clock import ManualClock
 from controller.commands import objects
 from controller.commands.probes import Probes
+from controller.common.clock import ManualClock
 from controller.config import MusterConfig
 from controller.kube import KubeClient
 from controller.kube.resources import (

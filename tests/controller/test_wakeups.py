@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from controller.clock import ManualClock, RealClock
 from controller.commands import objects
+from controller.common.clock import ManualClock, RealClock
 from controller.config import MusterConfig, RetryConfig
 from controller.kube import KubeClient
 from controller.kube.resources import CAPACITY_POOLS, NODES, PODS, PROVISIONING_REQUESTS
@@ -243,8 +243,8 @@ async def _rounds(wakeups: Wakeups, n: int) -> bool:
 async def test_the_end_of_a_stock_out_window_wakes_the_waiting_on_the_injected_clock() -> None:
     from datetime import UTC, datetime, timedelta
 
+    from controller.common.topology_defaults import DEFAULT_LEVELS
     from controller.state.cache import ClusterState
-    from controller.topology_defaults import DEFAULT_LEVELS
 
     clock = ManualClock(start=datetime(2026, 1, 1, tzinfo=UTC))
     woken: list[str] = []

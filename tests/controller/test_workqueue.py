@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from controller.clock import ManualClock
-from controller.workqueue import WorkQueue
+from controller.common.clock import ManualClock
+from controller.runtime.workqueue import WorkQueue
 
 
 async def _settle() -> None:

@@ -36,8 +36,8 @@ from controller.kube.resources import (
     PODS,
     PROVISIONING_REQUESTS,
 )
-from controller.leader import from_config
 from controller.operator import Controller
+from controller.runtime.leader import from_config
 from sandbox import SandboxServer
 from sandbox.errors import ApiError as SandboxApiError
 from tests.deploy.manifests import CONFIG, ROOT, Doc, render

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from controller.dra_templates import NVIDIA_DRIVER, nvidia_gpu_node, nvidia_mig_node
 from controller.fit import NoFit, Plan, ReasonCode
+from controller.inputs.dra_templates import NVIDIA_DRIVER, nvidia_gpu_node, nvidia_mig_node
 from tests.dra.world import (
     CLASSES,
     NIC_DRIVER,

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from controller.dra_templates import nvidia_gpu_node
 from controller.fit import Mode, Plan, plan
 from controller.fit.dra_types import ClaimAllocation, DeviceResult
 from controller.fit.types import Assignment, NewNodeSlot
+from controller.inputs.dra_templates import nvidia_gpu_node
 from controller.kube import ApiError
 from controller.kube.resources import (
     DEVICE_CLASSES,

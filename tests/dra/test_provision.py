@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 import controller.fit.devices as devices_mod
-from controller.dra_templates import nvidia_gpu_node
 from controller.fit import Mode, NoFit, Plan, ReasonCode, apply_plan, plan
+from controller.inputs.dra_templates import nvidia_gpu_node
 from tests.dra.world import (
     CLASSES,
     NS,
@@ -76,7 +76,7 @@ def test_claim_that_fits_nowhere_names_the_pool_template_failure() -> None:
 
 
 def test_pool_template_with_partitions_provisions_for_mig_claims() -> None:
-    from controller.dra_templates import nvidia_mig_node
+    from controller.inputs.dra_templates import nvidia_mig_node
 
     mig = claim_template("mig", [exactly("mig", "mig.nvidia.com", 1, selectors=[
         'device.attributes["gpu.nvidia.com"].profile == "3g.40gb"'])])
@@ -188,7 +188,7 @@ def test_identical_nodes_cost_one_search(monkeypatch: pytest.MonkeyPatch, nodes:
 
 
 def test_selector_reading_a_uuid_tells_nodes_apart() -> None:
-    from controller.dra_templates import device_uuid
+    from controller.inputs.dra_templates import device_uuid
 
     wanted = device_uuid("n2", "gpu-3")
     pick = claim_template("pick", [exactly("gpu", "gpu.nvidia.com", 1, selectors=[

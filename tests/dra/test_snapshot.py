@@ -9,16 +9,16 @@ from pydantic import ValidationError
 
 from controller.api.capacitypool import CapacityPool
 from controller.api.dra import DeviceClaim, DeviceClass, ResourceClaimTemplate, ResourceSlice
-from controller.dra_snapshot import DraCatalog, claim_shape, node_devices
-from controller.dra_templates import (
+from controller.fit.cel import SemVer
+from controller.inputs.dra_snapshot import DraCatalog, claim_shape, node_devices
+from controller.inputs.dra_templates import (
     NVIDIA_DRIVER,
     device_uuid,
     nvidia_gpu_node,
     nvidia_mig_node,
     render_resource_slices,
 )
-from controller.fit.cel import SemVer
-from controller.snapshot import SnapshotError, snapshot_from_documents
+from controller.inputs.snapshot import SnapshotError, snapshot_from_documents
 from tests.dra.world import CLASSES, PCIE, dra_node, node, pool_doc, published
 
 Doc = dict[str, Any]

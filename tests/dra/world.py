@@ -8,10 +8,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from controller.api.capacitypool import CapacityPool
-from controller.dra_templates import NVIDIA_DRIVER, render_resource_slices
 from controller.fit import Mode, Result, Snapshot, plan
 from controller.fit.types import GangRequest
-from controller.snapshot import request_from_documents, snapshot_from_documents
+from controller.inputs.dra_templates import NVIDIA_DRIVER, render_resource_slices
+from controller.inputs.snapshot import request_from_documents, snapshot_from_documents
 
 NIC_DRIVER = "nic.example.com"
 PCIE = "resource.kubernetes.io/pcieRoot"

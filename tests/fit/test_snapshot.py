@@ -10,8 +10,9 @@ import pytest
 from controller.api.capacitypool import CapacityPool
 from controller.api.node import Node
 from controller.api.pod import Pod
+from controller.common.topology_defaults import DEFAULT_LEVELS, POOL_LABEL
 from controller.fit import TopologyMode, TopologyRequest
-from controller.snapshot import (
+from controller.inputs.snapshot import (
     SnapshotError,
     build_snapshot,
     load_documents,
@@ -20,7 +21,6 @@ from controller.snapshot import (
     snapshot_from_documents,
     topology_of,
 )
-from controller.topology_defaults import DEFAULT_LEVELS, POOL_LABEL
 
 BLOCK, RACK, HOST = DEFAULT_LEVELS
 SAMPLES = Path(__file__).resolve().parents[2] / "config" / "samples"
@@ -207,7 +207,7 @@ def test_cluster_sample_builds() -> None:
 def _plan_on_pool(spec: dict[str, Any], template_labels: dict[str, str] | None = None,
                   parameters: dict[str, Any] | None = None) -> Any:
     from controller.fit import GangRequest, Mode, PodSetRequest, plan
-    from controller.snapshot import shape_of
+    from controller.inputs.snapshot import shape_of
 
     tpl: dict[str, Any] = {"labels": template_labels or {}, "allocatable": {"cpu": "8"}}
     cap = CapacityPool.model_validate({"metadata": {"name": "p"}, "spec": {

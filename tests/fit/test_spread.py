@@ -8,6 +8,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from controller.common.topology_defaults import DEFAULT_LEVELS
 from controller.fit import (
     GangRequest,
     Mode,
@@ -21,8 +22,7 @@ from controller.fit import (
     Spread,
     plan,
 )
-from controller.snapshot import request_from_documents, snapshot_from_documents
-from controller.topology_defaults import DEFAULT_LEVELS
+from controller.inputs.snapshot import request_from_documents, snapshot_from_documents
 from tests.builders import BLOCK, HOST, LEVELS, RACK, node
 
 ZONE = "zone"

@@ -17,12 +17,12 @@ from moto import mock_aws
 from controller.acquire.collector import Collector
 from controller.acquire.providers import ProviderSet
 from controller.api.capacitypool import CapacityPool
-from controller.clock import ManualClock
+from controller.common.clock import ManualClock
+from controller.common.topology_defaults import DEFAULT_LEVELS
 from controller.kube import KubeClient
 from controller.lifecycle import PHASE_ANNOTATION, PLAN_ANNOTATION, Phase
 from controller.state.bookings import Booking, Group
 from controller.state.cache import ClusterState
-from controller.topology_defaults import DEFAULT_LEVELS
 from providers.aws import AwsProvider, AwsProviderSettings
 from providers.base import AcquireRequest, Provider
 from providers.gcp import GcpClients, GcpProvider, GcpProviderSettings

@@ -28,13 +28,16 @@ from controller.api.validation import (
     request_unknown_fields,
     unknown_fields,
 )
-from controller.constraints import BoundPod, PodSetFacts, inter_pod, node_affinity_terms
-from controller.dra_snapshot import (
-    DraCatalog,
-    DraError,
-    attach_devices,
-    catalog_from_documents,
-    with_claims,
+from controller.common.topology_defaults import (
+    DEFAULT_LEVELS,
+    DEFAULT_PODS_PER_NODE,
+    FRESH_PREFIX,
+    KUEUE_PREFERRED,
+    KUEUE_REQUIRED,
+    KUEUE_UNCONSTRAINED,
+    MUSTER_PREFERRED,
+    MUSTER_REQUIRED,
+    POOL_LABEL,
 )
 from controller.fit.ports import port_resources, unlisted
 from controller.fit.taints import effective_taints
@@ -52,19 +55,16 @@ from controller.fit.types import (
     TopologyRequest,
 )
 from controller.fit.types import Snapshot as FitSnapshot
-from controller.node_labels import node_labels
-from controller.tas_slices import SLICE_SIZE, kueue_problems, slice_request, unconstrained
-from controller.topology_defaults import (
-    DEFAULT_LEVELS,
-    DEFAULT_PODS_PER_NODE,
-    FRESH_PREFIX,
-    KUEUE_PREFERRED,
-    KUEUE_REQUIRED,
-    KUEUE_UNCONSTRAINED,
-    MUSTER_PREFERRED,
-    MUSTER_REQUIRED,
-    POOL_LABEL,
+from controller.inputs.constraints import BoundPod, PodSetFacts, inter_pod, node_affinity_terms
+from controller.inputs.dra_snapshot import (
+    DraCatalog,
+    DraError,
+    attach_devices,
+    catalog_from_documents,
+    with_claims,
 )
+from controller.inputs.node_labels import node_labels
+from controller.inputs.tas_slices import SLICE_SIZE, kueue_problems, slice_request, unconstrained
 
 MAX_FRESH_DOMAINS = 64
 """Placeholder domains synthesized per fresh-domain pool (enough for any single gang)."""
@@ -183,7 +183,7 @@ def gang_of(
     """One pod set per ``spec.podSets`` entry; SnapshotError names a missing template.
     ``dra``: DeviceClasses, ResourceClaimTemplates and ResourceClaims the pods' claims use.
     ``bound``: the running pods, for required pod (anti-)affinity (None: not known, so a
-    term that could select one is refused; see :mod:`controller.constraints`)."""
+    term that could select one is refused; see :mod:`controller.inputs.constraints`)."""
     name = request.metadata.name
     namespace = request.metadata.namespace or "default"
     pod_sets: list[PodSetRequest] = []

@@ -1,5 +1,5 @@
 """Pod-spec constraints beyond node selection, turned into what the fit engine plans, or
-into a refusal naming the field (pure; used by :func:`controller.snapshot.gang_of`).
+into a refusal naming the field (pure; used by :func:`controller.inputs.snapshot.gang_of`).
 
 What becomes what (docs/design/filter-parity.md has the whole table):
 
@@ -36,6 +36,7 @@ from controller.api.pod import (
     PodSpec,
     TopologySpreadConstraint,
 )
+from controller.common.topology_defaults import HOSTNAME
 from controller.fit.types import (
     PodShape,
     SelectorRequirement,
@@ -44,7 +45,6 @@ from controller.fit.types import (
     TopologyMode,
     TopologyRequest,
 )
-from controller.topology_defaults import HOSTNAME
 
 DEFAULT_SCHEDULER = "default-scheduler"
 ONE_PER_DOMAIN = 1 << 30

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.metadata
 from pathlib import Path
 
-_CHECKOUT = Path(__file__).resolve().parents[1]
+_CHECKOUT = Path(__file__).resolve().parents[2]
 _SOURCES = {"crds": _CHECKOUT / "crds", "kueue-crds": _CHECKOUT / "e2e" / "kueue-crds"}
 
 

@@ -34,10 +34,10 @@ from datetime import datetime, timedelta
 
 from controller.api.capacitypool import CapacityPool
 from controller.api.parameters import RELAX_TOPOLOGY_AFTER, duration_seconds
+from controller.common.topology_defaults import KUEUE_REQUIRED, MUSTER_REQUIRED, POOL_LABEL
 from controller.fit.shapes import selector_matches, untolerated
 from controller.fit.types import GangRequest, Plan, Taint, TopologyMode, TopologyRequest
-from controller.node_labels import node_labels
-from controller.topology_defaults import KUEUE_REQUIRED, MUSTER_REQUIRED, POOL_LABEL
+from controller.inputs.node_labels import node_labels
 
 RELAX_ANNOTATION = "muster.dev/relax-topology-after"
 RELAXED_DETAIL = "muster.dev/topology-relaxed"
@@ -128,7 +128,7 @@ def relaxable(
         asked = notes.get(MUSTER_REQUIRED)
         if not asked or notes.get(KUEUE_REQUIRED):
             continue
-        # As controller.snapshot reads it: a full label key, or its last segment ("rack").
+        # As controller.inputs.snapshot reads it: a full label key, or its last segment ("rack").
         short = [lv for lv in levels if lv.rsplit("/", 1)[-1] == asked]
         level = asked if asked in levels or len(short) != 1 else short[0]
         topo = pod_set.topology

@@ -14,9 +14,9 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
-from controller.clock import Clock
+from controller.common.clock import Clock
 from controller.kube import ApiError
-from controller.problems import ProblemLog, describe, transient
+from controller.runtime.problems import ProblemLog, describe, transient
 
 log = logging.getLogger(__name__)
 

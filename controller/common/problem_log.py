@@ -1,4 +1,5 @@
-"""Each problem logged once per interval, not per attempt (see :mod:`controller.problems`)."""
+"""Each problem logged once per interval, not per attempt (see
+:mod:`controller.runtime.problems`)."""
 
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
-from controller.clock import Clock, RealClock
+from controller.common.clock import Clock, RealClock
 from controller.config import LeaderElectionConfig
 from controller.kube import ApiError, Body, KubeClient
 from controller.kube.resources import LEASES

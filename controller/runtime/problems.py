@@ -12,8 +12,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from controller.common.problem_log import LOG_INTERVAL, ProblemLog
 from controller.kube.client import ApiError
-from controller.problem_log import LOG_INTERVAL, ProblemLog
 from providers.base import ProviderError
 
 __all__ = ["LOG_INTERVAL", "ProblemLog", "describe", "retrying", "transient"]

@@ -25,7 +25,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 from controller.api.validation import qualified_name
-from controller.topology_defaults import KUEUE_PREFERRED, KUEUE_REQUIRED, KUEUE_UNCONSTRAINED
+from controller.common.topology_defaults import KUEUE_PREFERRED, KUEUE_REQUIRED, KUEUE_UNCONSTRAINED
 
 SLICE_REQUIRED = "kueue.x-k8s.io/podset-slice-required-topology"
 SLICE_SIZE = "kueue.x-k8s.io/podset-slice-size"

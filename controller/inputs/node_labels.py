@@ -2,7 +2,7 @@
 initialised it, beyond what its CapacityPool's template says.
 
 One definition for the two sides that must agree: the fit engine's picture of a node a pool
-would add (:func:`controller.snapshot.pool_state`) and the Node the fake provider writes. A
+would add (:func:`controller.inputs.snapshot.pool_state`) and the Node the fake provider writes. A
 pod whose nodeSelector asks for ``kubernetes.io/os: linux`` lands on every real new node, and
 one whose node affinity says ``kubernetes.io/os DoesNotExist`` on none, so the plan must see
 the same labels.
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from controller.topology_defaults import HOSTNAME
+from controller.common.topology_defaults import HOSTNAME
 
 OS = "kubernetes.io/os"
 ARCH = "kubernetes.io/arch"
