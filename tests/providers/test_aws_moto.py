@@ -40,6 +40,52 @@ async def test_instances_carry_every_muster_tag(moto_ec2: MotoEc2) -> None:
     assert nodes[0].labels["topology.k8s.aws/network-node-layer-1"] == "nn-spine-1"
 
 
+def _volume_and_interface_tags(
+    moto_ec2: MotoEc2,
+) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """The tags of every volume, and of every network interface, of the live instances."""
+    volumes, interfaces = [], []
+    for instance in moto_ec2.live_instances():
+        volume_ids = [m["Ebs"]["VolumeId"] for m in instance["BlockDeviceMappings"]]
+        eni_ids = [n["NetworkInterfaceId"] for n in instance["NetworkInterfaces"]]
+        volumes += [{t["Key"]: t["Value"] for t in v.get("Tags", [])} for v in
+                    moto_ec2.client.describe_volumes(VolumeIds=volume_ids)["Volumes"]]
+        interfaces += [{t["Key"]: t["Value"] for t in n.get("TagSet", [])} for n in
+                       moto_ec2.client.describe_network_interfaces(
+                           NetworkInterfaceIds=eni_ids)["NetworkInterfaces"]]
+    return volumes, interfaces
+
+
+@pytest.mark.parametrize("bootstrap", ["asIs", "nodeadm"])
+async def test_volumes_and_interfaces_carry_the_acquisition_s_tags(
+    moto_ec2: MotoEc2, bootstrap: str,
+) -> None:
+    """A platform team audits cost by tag: every volume and network interface of a gang's
+    instances names its pool, acquisition key and owner, whether the pool's own template is
+    used as it is (asIs) or Muster's copy of it (nodeadm); the template's own volume tags
+    stay."""
+    import base64
+
+    template = str(moto_ec2.client.create_launch_template(
+        LaunchTemplateName=f"tagged-{bootstrap}", LaunchTemplateData={
+            "ImageId": "ami-12c6146b",
+            "UserData": base64.b64encode(STOCK_USER_DATA.encode()).decode(),
+            "TagSpecifications": [{"ResourceType": "volume",
+                                   "Tags": [{"Key": "backup", "Value": "daily"}]}],
+        })["LaunchTemplate"]["LaunchTemplateId"])
+    r = req(moto_ec2, "uid-a", 2, launchTemplate={"id": template}, bootstrap=bootstrap)
+    await moto_ec2.provider().acquire(r)
+    volumes, interfaces = _volume_and_interface_tags(moto_ec2)
+    assert len(volumes) >= 2 and len(interfaces) >= 2  # a root volume and an ENI each
+    for tags in volumes + interfaces:
+        assert tags["muster.dev/key"] == r.key, tags
+        assert tags["muster.dev/pool"] == "gpu-pool"
+        assert tags["muster.dev/owner"] == "ml/uid-a"
+        assert tags["muster.dev/cluster"] == "test-cluster"
+        assert tags["team"] == "ml"
+    assert all(t["backup"] == "daily" for t in volumes)
+
+
 async def test_list_sees_only_this_pool_and_cluster(moto_ec2: MotoEc2) -> None:
     ours = moto_ec2.provider()
     other_cluster = moto_ec2.provider(cluster_name="other-cluster")
