@@ -115,6 +115,8 @@ THROTTLE_CODES = frozenset({
     "Unavailable",
 })
 _TERMINATE_CHUNK = 1000
+TEMPLATE_GONE_CODES = frozenset({"InvalidLaunchTemplateName.NotFoundException",
+                                 "InvalidLaunchTemplateId.NotFound"})
 _TAG_CHUNK = 1000
 BOOTSTRAP_CACHE_SECONDS = 60.0
 """How long a launch template's merged user data is reused before it is read again (a
@@ -627,21 +629,35 @@ class AwsProvider(AtomicProvider[Instance]):
             params = await self._into_bought_block(params, request)
         placements = self._placements(params, request)
         ec2 = await self._client(params.region)
-        template, copy, volume_tags = await self._launch_template(
-            ec2, params, request.pool.metadata.name)
-        try:
-            group = await self._ensure_placement_group(ec2, params, request)
-            response = await self._calls.call(
-                ec2.create_fleet,
-                what="CreateFleet",
-                **self._fleet_request(params, request, placements, group, template=template,
-                                      copy=copy, template_volume_tags=volume_tags),
-            )
-        finally:
-            if copy is not None:
-                self._templates_in_use[(params.region, copy)] -= 1
-                if self._templates_in_use[(params.region, copy)] <= 0:
-                    del self._templates_in_use[(params.region, copy)]
+        response: dict[str, Any] | ExpectedCode = ExpectedCode("")
+        for last in (False, True):
+            # The in-use mark guards a copy against this process's sweeps only: another
+            # Muster process (a former leader, a restarted one) may delete a copy between
+            # its creation (or reuse) here and the fleet, as no instance names it yet. EC2
+            # refuses such a fleet before creating anything (the ClientToken stays unused),
+            # so the copy is created again and the fleet sent once more.
+            template, copy, volume_tags = await self._launch_template(
+                ec2, params, request.pool.metadata.name)
+            try:
+                group = await self._ensure_placement_group(ec2, params, request)
+                response = await self._calls.call(
+                    ec2.create_fleet,
+                    what="CreateFleet",
+                    expect=() if copy is None or last else TEMPLATE_GONE_CODES,
+                    **self._fleet_request(params, request, placements, group,
+                                          template=template, copy=copy,
+                                          template_volume_tags=volume_tags),
+                )
+            finally:
+                if copy is not None:
+                    self._templates_in_use[(params.region, copy)] -= 1
+                    if self._templates_in_use[(params.region, copy)] <= 0:
+                        del self._templates_in_use[(params.region, copy)]
+            if not isinstance(response, ExpectedCode):
+                break
+            log.info("acquire %s: launch template copy %s was deleted by another Muster "
+                     "process before the fleet used it; creating it again", request.key, copy)
+        assert not isinstance(response, ExpectedCode)
         launched = [
             instance_id
             for entry in response.get("Instances", []) or []
@@ -966,8 +982,7 @@ class AwsProvider(AtomicProvider[Instance]):
                     continue
                 await self._calls.call(
                     ec2.delete_launch_template, what="DeleteLaunchTemplate",
-                    expect={"InvalidLaunchTemplateName.NotFoundException",
-                            "InvalidLaunchTemplateId.NotFound"},
+                    expect=TEMPLATE_GONE_CODES,
                     LaunchTemplateName=name,
                 )
                 deleted += 1

@@ -249,3 +249,38 @@ async def test_a_template_muster_cannot_extend_is_refused_before_anything_is_bou
             key=acquisition_key("uid-a", 1, 0), pool=pool, count=1,
             domain={"topology.kubernetes.io/zone": AWS_ZONE}, owner="ns/g", owner_uid="uid-a"))
     assert moto_ec2.live_instances() == []
+
+
+async def test_a_copy_another_muster_process_deletes_before_the_fleet_is_made_again(
+    moto_ec2: MotoEc2,
+) -> None:
+    """Two Muster processes (a former leader and the new one, or one before and after a
+    restart): the other's sweep sees the copy this one just created, named by no instance
+    and not in its own launches, and deletes it before the fleet is sent. The launch
+    creates the copy again and the gang is bought, its instances naming the copy, which
+    stays; the pool is never called unusable for it."""
+    template = _template(moto_ec2, "stock-al2023-race", STOCK_USER_DATA)
+    pool = moto_ec2.pool(launchTemplate={"id": template}, bootstrap="nodeadm")
+    this, other = moto_ec2.provider(), moto_ec2.provider()
+    launch_group = this._ensure_placement_group
+    swept: list[int] = []
+
+    async def other_sweeps_first(*args: object, **kwargs: object) -> str | None:
+        if not swept:
+            swept.append(await other._sweep_templates(moto_ec2.client, "us-east-1", None))
+        return await launch_group(*args, **kwargs)  # type: ignore[arg-type]
+
+    this._ensure_placement_group = other_sweeps_first  # type: ignore[method-assign]
+    nodes = await this.acquire(AcquireRequest(
+        key=acquisition_key("uid-a", 1, 0), pool=pool, count=2, domain=DOMAIN,
+        owner="ns/g", owner_uid="uid-a"))
+    assert swept == [1], "the other process deleted the copy in flight"
+    assert len(nodes) == 2
+    copies = {t["LaunchTemplateName"] for t in
+              moto_ec2.client.describe_launch_templates()["LaunchTemplates"]
+              if t["LaunchTemplateName"].startswith("muster-gpu-pool-")}
+    named = {t["Value"] for i in moto_ec2.live_instances() for t in i["Tags"]
+             if t["Key"] == "muster.dev/launch-template"}
+    assert len(copies) == 1 and named == copies
+    # Named by live instances now, the copy survives the other process's next sweep.
+    assert await other._sweep_templates(moto_ec2.client, "us-east-1", None) == 0
