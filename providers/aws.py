@@ -674,9 +674,7 @@ class AwsProvider(AtomicProvider[Instance]):
             return Launch([{"InstanceId": i} for i in ids], exc)
         if errors:
             log.info("acquire %s: fleet complete despite errors %s", request.key, errors)
-        live = [i for i in instances if i["State"]["Name"] not in GONE_STATES]
-        await self._tag_interfaces(ec2, params, request, live)
-        return Launch(live)
+        return Launch([i for i in instances if i["State"]["Name"] not in GONE_STATES])
 
     async def delete(self, pool: CapacityPool, key: str, known: Sequence[Instance]) -> int:
         """Terminate the key's instances (by tag, and ``known`` by id) and its placement
@@ -709,6 +707,7 @@ class AwsProvider(AtomicProvider[Instance]):
             machines = await self._describe_launched(
                 ec2, params, [i["InstanceId"] for i in machines]
             )
+        await self._tag_interfaces(ec2, params, request, machines)
         return await self._nodes(ec2, params, request, machines)
 
     # ---- requests ---------------------------------------------------------------------
@@ -1118,8 +1117,8 @@ class AwsProvider(AtomicProvider[Instance]):
         """Tag the instances' network interfaces (the EFA ones included) like the
         instances. CreateFleet cannot tag them at launch (only a launch template can, and
         the pool's own template is used as it is), so they are tagged once the instances are
-        described; a launch repeated under the same key (after a crash) tags them again.
-        Never fails the launch: the instances carry the tags Muster finds them by, and what
+        described, launched or adopted (after a crash between the launch and this call).
+        Never fails the acquisition: the instances carry the tags Muster finds them by, and what
         is missing here is an audit gap, said loudly."""
         interfaces = sorted({
             str(nic["NetworkInterfaceId"])

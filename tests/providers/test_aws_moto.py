@@ -284,3 +284,20 @@ async def test_a_copy_another_muster_process_deletes_before_the_fleet_is_made_ag
     assert len(copies) == 1 and named == copies
     # Named by live instances now, the copy survives the other process's next sweep.
     assert await other._sweep_templates(moto_ec2.client, "us-east-1", None) == 0
+
+
+async def test_interfaces_of_a_gang_adopted_after_a_crash_are_tagged(moto_ec2: MotoEc2) -> None:
+    """Muster dies as the fleet answers (nothing after the call runs): the restarted one
+    adopts the key's instances by tag and tags their network interfaces then; the volumes
+    were tagged by the fleet itself."""
+    r = req(moto_ec2, "uid-crash", 2)
+    moto_ec2.client.crash_after_launch = True
+    with pytest.raises(ControllerCrash):
+        await moto_ec2.provider().acquire(r)
+    moto_ec2.client.crash_after_launch = False
+    volumes, interfaces = _volume_and_interface_tags(moto_ec2)
+    assert all(t["muster.dev/key"] == r.key for t in volumes)
+    assert not any("muster.dev/key" in t for t in interfaces)
+    assert len(await moto_ec2.provider().acquire(r)) == 2
+    volumes, interfaces = _volume_and_interface_tags(moto_ec2)
+    assert interfaces and all(t["muster.dev/key"] == r.key for t in interfaces)
