@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.fit import Mode, NoFit, Plan, PoolDomain, PoolState, ReasonCode, plan
+from controller.fit import Mode, NodeState, NoFit, Plan, PoolDomain, PoolState, ReasonCode, plan
 from controller.fit.topology import Levels
 from tests.builders import GPU, HOST, Cluster, Gang, node
 
@@ -21,11 +21,11 @@ NN3 = "topology.k8s.aws/network-node-layer-3"
 LEVELS = (ZONE, GCE_BLOCK, NN3, HOST)
 
 
-def aws(name: str, zone: str, nn3: str, free: int = 8) -> object:
+def aws(name: str, zone: str, nn3: str, free: int = 8) -> NodeState:
     return node(name, labels={ZONE: zone, NN3: nn3}, free_gpus=free)
 
 
-def gce(name: str, zone: str, block: str, free: int = 8) -> object:
+def gce(name: str, zone: str, block: str, free: int = 8) -> NodeState:
     return node(name, labels={ZONE: zone, GCE_BLOCK: block}, free_gpus=free)
 
 
