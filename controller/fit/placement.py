@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 from controller.fit.purchase import Batch, Outcome, Purchase, Take, buy
 from controller.fit.shapes import ShapeCounter, pods_that_fit
-from controller.fit.topology import NEW_HOSTNAME, fill
+from controller.fit.topology import NEW_HOSTNAME, fill, within
 from controller.fit.types import Mode, PodSetPlacement, PodSetRequest, TopologyMode
 from controller.fit.workspace import BaseFit, NodeClass, PoolRef, Workspace, fit_key
 
@@ -213,7 +213,7 @@ class PodSetPlacer:
                 return got
         caps: dict[tuple[str, ...], int] = {}
         for cls, c in self.cands:
-            if len(cls.path) > depth:
+            if within(cls.path, depth):
                 key = cls.path[: depth + 1]
                 caps[key] = caps.get(key, 0) + c * len(cls.members)
         if shared is not None:

@@ -30,7 +30,7 @@ from controller.fit.dra_types import NodeDevices, PodDevices
 from controller.fit.ports import unlisted
 from controller.fit.shapes import ShapeCounter, label_keys, selector_keys, uses_node_name
 from controller.fit.taints import lasting_taints, transient
-from controller.fit.topology import HOSTNAME, NEW_HOSTNAME, Levels
+from controller.fit.topology import HOSTNAME, NEW_HOSTNAME, Levels, domain_path, within
 from controller.fit.types import (
     NewNodeSlot,
     NodeState,
@@ -85,16 +85,6 @@ def _summed(a: Mapping[Any, int], b: Mapping[Any, int]) -> dict[Any, int]:
     for k, v in b.items():
         out[k] = out.get(k, 0) + v
     return out
-
-
-def _trimmed_path(labels: Mapping[str, str], levels: Sequence[str]) -> tuple[str, ...]:
-    out: list[str] = []
-    for level in levels:
-        value = labels.get(level)
-        if value is None:
-            break
-        out.append(value)
-    return tuple(out)
 
 
 
@@ -244,7 +234,7 @@ class Catalogue:
         if got is None:
             got = {}
             for ref in self.by_price:
-                if len(ref.path) > depth:
+                if within(ref.path, depth):
                     got.setdefault(ref.path[: depth + 1], []).append(ref)
             self._by_domain[depth] = got
         return got
@@ -826,7 +816,7 @@ def _groups(
         try:
             path = path_of(labels)
         except KeyError:
-            path = _trimmed_path(labels, dlevels)
+            path = domain_path(labels, dlevels)
         token = taint_ids.get(id(node.taints))
         if token is None:
             token = index.taint_token(node.taints)

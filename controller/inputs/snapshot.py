@@ -38,6 +38,7 @@ from controller.common.topology_defaults import (
     MUSTER_PREFERRED,
     MUSTER_REQUIRED,
     POOL_LABEL,
+    foreign_level,
 )
 from controller.fit.ports import port_resources, unlisted
 from controller.fit.taints import effective_taints
@@ -369,8 +370,11 @@ def pool_state(
             )
     else:
         # Every acquisition creates a fresh domain (e.g. a new placement group): offer
-        # placeholder domains labelled down to the acquisition level.
-        upto = list(levels[: levels.index(topo.level) + 1]) if topo.level in levels else [
+        # placeholder domains labelled down to the acquisition level, with the levels the
+        # pool's nodes can carry (another cloud's topology, in a hierarchy spanning clouds,
+        # is never on them: planned there, no node of the pool would be in the domain).
+        upto = [lv for lv in levels[: levels.index(topo.level) + 1]
+                if not foreign_level(lv, spec.provider)] if topo.level in levels else [
             topo.level
         ]
         count = min(MAX_FRESH_DOMAINS, math.ceil(max_new / topo.max_nodes_per_domain))
