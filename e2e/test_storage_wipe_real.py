@@ -26,7 +26,7 @@ from controller.operator import Controller
 from controller.runtime.leader import LeaderElector
 from e2e import cluster as cp
 from providers.fake import FakeProvider
-from tests.controller.builders import gpu_node
+from tests.cluster_objects import gpu_node
 from tests.helpers import eventually
 
 pytestmark = [pytest.mark.real, pytest.mark.timeout(240)]

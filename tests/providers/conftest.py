@@ -28,7 +28,7 @@ from providers.base import AcquireRequest, Provider
 from providers.gcp import GcpClients, GcpProvider, GcpProviderSettings
 from providers.registry import ProviderContext
 from sandbox.server import SandboxServer
-from tests.controller.builders import plan_on
+from tests.cluster_objects import plan_on
 from tests.providers.aws_fake import FleetSemanticsEc2
 from tests.providers.gcp_fake import FakeCompute, serve
 
