@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from controller.fit.purchase import Batch, Outcome, Purchase, Take, buy
+from controller.fit.purchase import Batch, Outcome, PoolLeft, Purchase, Take, buy
 from controller.fit.shapes import ShapeCounter, pods_that_fit
 from controller.fit.topology import NEW_HOSTNAME, fill
 from controller.fit.types import Mode, PodSetPlacement, PodSetRequest, TopologyMode
@@ -124,6 +124,20 @@ class PodSetPlacer:
                     - usage.domain_booked.get(dkey, 0))
         return Batch(ref, per_node, nodes) if nodes > 0 else None
 
+    def most_per_node(self, cap: int) -> int:
+        """The most pods of the set one new node can hold now, at most ``cap`` (0 when no
+        pool can add a node that holds one): the largest ``per_node`` of :attr:`batches`
+        without sizing every (pool, domain); the walk stops at the roomiest ref that can
+        still add a node."""
+        if self.mode is not Mode.PROVISION:
+            return 0
+        fits = self.pool_per_node()
+        refs = self.ws.index.refs
+        for o in self.ws.index.catalogue.roomiest(self.ps.shape, fits):
+            if self.batch_of(refs[o]) is not None:
+                return min(cap, fits[o])
+        return 0
+
     def cheapest(self, need: int, cap: int | None = None) -> list[Batch]:
         """The batches the cheapest purchase of ``need`` pods anywhere can use, at most
         ``cap`` pods on a node: for :func:`buy`, instead of :attr:`batches`."""
@@ -167,18 +181,15 @@ class PodSetPlacer:
                     covered = b.per_node
         return out
 
-    def _pool_left_of(self, batches: Sequence[Batch]) -> dict[int, int]:
-        """Pool-wide headroom of the pools of ``batches`` (what :func:`buy` reads)."""
-        return {b.ref.pool_index: self.ws.pool_headroom(b.ref.pool_index) for b in batches}
-
     # ------------------------------------------------------------------ helpers
 
-    def pool_left(self) -> dict[int, int]:
+    def pool_left(self) -> PoolLeft:
+        """Pool-wide headroom now: the catalogue's, with the pools this plan (or a booked
+        one) took from."""
         usage = self.ws.usage
-        left = dict(self.ws.index.catalogue.fresh_headroom)
-        for i in {*usage.pool_used, *usage.pool_booked}:
-            left[i] = self.ws.pool_headroom(i)
-        return left
+        taken = {*usage.pool_used, *usage.pool_booked}
+        return PoolLeft(self.ws.index.catalogue.fresh_headroom,
+                        {i: self.ws.pool_headroom(i) for i in taken})
 
     def _candidates(self) -> list[tuple[NodeClass, int]]:
         """The classes a pod of the set fits on, with how many pods each node holds."""
@@ -351,7 +362,7 @@ class PodSetPlacer:
             batches = self._scan(refs, rest)
             if not batches:
                 continue
-            purchase = buy(batches, rest, self._pool_left_of(batches))
+            purchase = buy(batches, rest, self.pool_left())
             if purchase is None:
                 continue
             rank = (purchase.cost, purchase.nodes, key)
@@ -375,7 +386,7 @@ class PodSetPlacer:
             scanned = self._scan(self.ws.index.catalogue.by_price, need - take)
             if not scanned:
                 return None
-            purchase = buy(scanned, need - take, self._pool_left_of(scanned))
+            purchase = buy(scanned, need - take, self.pool_left())
             if purchase is None:
                 return None
         classes = [cls for cls, _ in self.cands]

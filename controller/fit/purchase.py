@@ -30,6 +30,31 @@ class Batch:
         object.__setattr__(self, "price", self.ref.pool.planning_price)
 
 
+class PoolLeft:
+    """Pool-wide headroom (new nodes each pool may still add), by pool index: the
+    catalogue's headroom while nothing is taken, shared and never changed, under this
+    purchase's own changes. Copying copies the changes only, so trying a purchase costs
+    the pools it touches, not the catalogue's size."""
+
+    __slots__ = ("_base", "_own")
+
+    def __init__(self, base: Mapping[int, int], own: dict[int, int] | None = None) -> None:
+        self._base = base
+        self._own = {} if own is None else own
+
+    def get(self, pool_index: int, default: int = 0) -> int:
+        got = self._own.get(pool_index)
+        if got is not None:
+            return got
+        return self._base.get(pool_index, default)
+
+    def __setitem__(self, pool_index: int, left: int) -> None:
+        self._own[pool_index] = left
+
+    def copy(self) -> PoolLeft:
+        return PoolLeft(self._base, dict(self._own))
+
+
 @dataclass(frozen=True, slots=True)
 class Purchase:
     takes: tuple[tuple[Batch, int, int], ...]
@@ -45,14 +70,14 @@ class Outcome:
     placement: PodSetPlacement
 
 
-def one_batch_nodes(b: Batch, need: int, pool_left: Mapping[int, int]) -> int | None:
+def one_batch_nodes(b: Batch, need: int, pool_left: PoolLeft) -> int | None:
     """New nodes of ``b`` holding ``need`` (> 0) pods, or None when its room is short."""
     if min(b.nodes, pool_left.get(b.ref.pool_index, 0)) * b.per_node < need:
         return None
     return -(-need // b.per_node)
 
 
-def buy(batches: Sequence[Batch], need: int, pool_left: dict[int, int]) -> Purchase | None:
+def buy(batches: Sequence[Batch], need: int, pool_left: PoolLeft) -> Purchase | None:
     """Cheapest new nodes for ``need`` pods, or None if the batches cannot hold them.
 
     Walks the batches by price per pod, taking each whole; before each step it prices
@@ -79,7 +104,8 @@ def buy(batches: Sequence[Batch], need: int, pool_left: dict[int, int]) -> Purch
     # found; ties keep the earliest in ``ordered``, as a walk over all of them would.
     cheap = sorted(range(n), key=lambda i: ordered[i].price)
     left = [b.nodes for b in ordered]
-    pools = dict(pool_left)
+    # Only the batches' pools are read: a copy of those, not of every pool's headroom.
+    pools = {b.ref.pool_index: pool_left.get(b.ref.pool_index, 0) for b in batches}
     prefix: list[tuple[Batch, int, int]] = []
     best: tuple[tuple[float, int], tuple[tuple[Batch, int, int], ...]] | None = None
     spent, nodes_so_far, rem = 0.0, 0, need

@@ -157,7 +157,7 @@ def _buy_one_slice(
     pool_left = p.pool_left()
     pick: tuple[tuple[float, int, tuple[str, ...]], Purchase] | None = None
     for key in sorted(by_key):
-        left = dict(pool_left)
+        left = pool_left.copy()
         for other, pur in bought.items():
             if other != key:
                 for b, nodes, _ in pur.takes:

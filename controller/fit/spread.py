@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from controller.fit.placement import PodSetPlacer
-from controller.fit.purchase import Batch, Outcome, Purchase, Take, buy
+from controller.fit.purchase import Batch, Outcome, PoolLeft, Purchase, Take, buy
 from controller.fit.shapes import selector_matches, untolerated
 from controller.fit.topology import HOSTNAME, NEW_HOSTNAME, fill
 from controller.fit.types import Mode, PodSetPlacement, PodSetRequest, PodShape, Spread, Taint
@@ -229,7 +229,7 @@ def _pair(
     counts = domain_counts(p.ws, p.ps, spread, own=False)
     if held or not host.counts_self or p.cautious:
         return _by_domain(p, spread, keys, held, host, None, counts)
-    top = min(p.ps.count, max((b.per_node for b in p.batches), default=0))
+    top = p.most_per_node(p.ps.count)
     for level in _node_levels(top, p.ps.count):
         if level == 0:
             break  # the plan below (every node at most maxSkew) is level 0's
@@ -280,7 +280,7 @@ def _by_domain(
     if not p.cautious and level is None and any(d.existing for d in domains.values()):
         # The domains there holding the pod set on their existing room cost nothing: that
         # plan wins whatever new capacity could add, so the catalogue is not walked.
-        got = _levels(p, spread, list(domains.values()), dict(pool_left), per)
+        got = _levels(p, spread, list(domains.values()), pool_left.copy(), per)
         if got is not None and got[1].nodes == 0:
             return (*got, False)
     node_cap = None if host is None else host.max_skew + (level or 0)
@@ -292,7 +292,7 @@ def _by_domain(
 
 def _over_opened(
     p: PodSetPlacer, spread: Spread, base: list[_Domain], opened: list[_Domain],
-    pool_left: Mapping[int, int], per: dict[str, int],
+    pool_left: PoolLeft, per: dict[str, int],
 ) -> tuple[list[Take], Purchase] | None:
     """The plan over the domains there (``base``) and new ones (``opened``, cheapest
     first)."""
@@ -303,7 +303,7 @@ def _over_opened(
         # Other pod sets of the gang may add nodes in any domain the pools offer: open them
         # all (as many as the pods allow), so none appears later holding none of the pods.
         for k in range(most, -1, -1):
-            got = _levels(p, spread, [*base, *opened[:k]], dict(pool_left), per)
+            got = _levels(p, spread, [*base, *opened[:k]], pool_left.copy(), per)
             if got is not None:
                 return got
         return None
@@ -311,7 +311,7 @@ def _over_opened(
     # most domains (what the constraint asks for: the pods apart).
     best: tuple[tuple[float, int, int], tuple[list[Take], Purchase]] | None = None
     for k in range(most + 1):
-        got = _levels(p, spread, [*base, *opened[:k]], dict(pool_left), per)
+        got = _levels(p, spread, [*base, *opened[:k]], pool_left.copy(), per)
         if got is not None:
             rank = (got[1].cost, got[1].nodes, -k)
             if best is None or rank < best[0]:
@@ -323,7 +323,7 @@ def _over_opened(
 
 def _add_batches(
     p: PodSetPlacer, spread: Spread, keys: Sequence[str], node_cap: int | None, least: int,
-    domains: dict[str, _Domain], pool_left: Mapping[int, int],
+    domains: dict[str, _Domain], pool_left: PoolLeft,
 ) -> dict[str, _Domain]:
     """New capacity per domain of the key (at most ``node_cap`` pods a node, nodes that
     hold fewer than ``least`` left out): into ``domains``, or domains not there yet
@@ -369,7 +369,7 @@ def _price(d: _Domain) -> float:
 
 
 def _levels(
-    p: PodSetPlacer, spread: Spread, domains: list[_Domain], pool_left: dict[int, int],
+    p: PodSetPlacer, spread: Spread, domains: list[_Domain], pool_left: PoolLeft,
     per: dict[str, int],
 ) -> tuple[list[Take], Purchase] | None:
     """The cheapest plan over ``domains`` at any level (see the module docstring)."""
@@ -391,7 +391,7 @@ def _levels(
             continue
         if sum(lo.values()) > need or sum(hi.values()) < need:
             continue
-        got = _realise(p, domains, lo, hi, need, dict(pool_left), per)
+        got = _realise(p, domains, lo, hi, need, pool_left.copy(), per)
         if got is None:
             continue
         takes, purchase = got
@@ -409,7 +409,7 @@ def _levels(
 
 def _realise(
     p: PodSetPlacer, domains: list[_Domain], lo: dict[str, int], hi: dict[str, int],
-    need: int, pool_left: dict[int, int], per: dict[str, int],
+    need: int, pool_left: PoolLeft, per: dict[str, int],
 ) -> tuple[list[Take], Purchase] | None:
     """Pods per domain within [lo, hi]: the extra pods to existing room first (roomiest
     domains first), then to the cheapest new capacity; then which nodes."""
@@ -452,7 +452,7 @@ def _realise(
 
 
 def _beside(
-    p: PodSetPlacer, spread: Spread, domains: list[_Domain], pool_left: dict[int, int],
+    p: PodSetPlacer, spread: Spread, domains: list[_Domain], pool_left: PoolLeft,
     per: dict[str, int],
 ) -> tuple[list[Take], Purchase] | None:
     """A selector that matches other pods only: the pod set's pods go to domains whose
@@ -540,7 +540,7 @@ def _host_top(
         # domain holding none of these pods): each node ends with at most maxSkew.
         return 0
     if not counts:  # only new nodes will be domains
-        return min(p.ps.count, max((b.per_node for b in p.batches), default=0))
+        return p.most_per_node(p.ps.count)
     room: dict[str, int] = {}
     for cls, c in usable:
         for m in cls.members:

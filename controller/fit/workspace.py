@@ -174,8 +174,8 @@ class Catalogue:
     makes a plan's cost independent of the pools that cannot serve it.
     """
 
-    __slots__ = ("_batches", "_by_domain", "_by_label", "_per_node", "by_price", "fresh_headroom",
-                 "pool_index", "pools", "refs", "source")
+    __slots__ = ("_batches", "_by_domain", "_by_label", "_per_node", "_roomiest", "by_price",
+                 "fresh_headroom", "pool_index", "pools", "refs", "source")
 
     def __init__(self, pools: Sequence[PoolState], levels: Levels, empty: bool) -> None:
         self.source = pools
@@ -197,6 +197,7 @@ class Catalogue:
         """Pool-wide headroom while nothing is taken (the caller copies it to change it)."""
         self._per_node: dict[tuple[object, ...], list[int]] = {}
         self._batches: dict[tuple[object, ...], Sequence[Any]] = {}
+        self._roomiest: dict[tuple[object, ...], list[int]] = {}
 
     def fresh_batches(self, shape: PodShape, build: Callable[[], Sequence[T]]) -> Sequence[T]:
         """``build()``: what every ref can add for a pod set of ``shape`` while nothing has
@@ -235,6 +236,21 @@ class Catalogue:
             if len(self._per_node) >= _SHAPES_KEPT:
                 del self._per_node[next(iter(self._per_node))]
             self._per_node[key] = got
+        return got
+
+    def roomiest(self, shape: PodShape, per_node: Sequence[int]) -> list[int]:
+        """Ordinals of the refs whose new nodes hold a pod of ``shape`` (``per_node``: what
+        :meth:`per_node` gave for it), most pods a node first (ties in :attr:`refs` order);
+        kept per shape like :meth:`per_node`."""
+        key = fit_key(shape)
+        got = self._roomiest.get(key) if key is not None else None
+        if got is not None:
+            return got
+        got = sorted((o for o, c in enumerate(per_node) if c > 0), key=lambda o: -per_node[o])
+        if key is not None:
+            if len(self._roomiest) >= _SHAPES_KEPT:
+                del self._roomiest[next(iter(self._roomiest))]
+            self._roomiest[key] = got
         return got
 
     def by_domain(self, depth: int) -> dict[tuple[str, ...], list[PoolRef]]:
