@@ -21,6 +21,9 @@ from controller.fit import (
     Spread,
     plan,
 )
+from controller.fit.placement import PodSetPlacer
+from controller.fit.topology import Levels
+from controller.fit.workspace import Workspace
 from controller.snapshot import request_from_documents, snapshot_from_documents
 from controller.topology_defaults import DEFAULT_LEVELS
 from tests.builders import BLOCK, HOST, LEVELS, RACK, node
@@ -483,3 +486,59 @@ def test_zone_spread_pod_sets_on_one_node_of_one_zone() -> None:
     assert isinstance(got, Plan), got
     assert [(n.pool, n.count) for n in got.new_nodes] == [("big", 1)]
     assert scheduler_admits(got, gang, ZONE_KEY)
+
+
+# ---------------------------------------------------------------------------- catalogue size
+
+
+def sized_refs(monkeypatch: Any, pools: int, gang: GangRequest) -> int:
+    """(pool, domain)s sized (``PodSetPlacer.batch_of``) while planning ``gang`` against a
+    fresh catalogue of ``pools`` three-zone pools (nothing kept from an earlier plan)."""
+    sized = 0
+    batch_of = PodSetPlacer.batch_of
+
+    def counted(self: PodSetPlacer, ref: Any) -> Any:
+        nonlocal sized
+        sized += 1
+        return batch_of(self, ref)
+
+    monkeypatch.setattr(PodSetPlacer, "batch_of", counted)
+    got = plan(gang, Snapshot((), catalogue_pools(pools), LEVELS), Mode.PROVISION)
+    assert isinstance(got, Plan), got
+    monkeypatch.undo()
+    return sized
+
+
+def test_a_small_spread_sizes_as_many_pools_whatever_the_catalogue(monkeypatch: Any) -> None:
+    """A one-pod spread, zone or hostname, sizes the same few (pool, domain)s against 400
+    pools as against 40 (it once sized every one of them to find the roomiest node, so its
+    plan took ten times as long), and plans the same."""
+    for spread in (Spread(HOST, 1), Spread(ZONE_KEY, 1)):
+        gang = one(1, spread)
+        assert sized_refs(monkeypatch, 400, gang) == sized_refs(monkeypatch, 40, gang) <= 12
+        small = plan(gang, Snapshot((), catalogue_pools(40), LEVELS), Mode.PROVISION)
+        large = plan(gang, Snapshot((), catalogue_pools(400), LEVELS), Mode.PROVISION)
+        assert isinstance(small, Plan) and isinstance(large, Plan)
+        assert large.new_nodes == small.new_nodes
+
+
+def test_the_roomiest_new_node_skips_pools_the_plan_has_used_up() -> None:
+    """How many pods a new node holds at most (the top per-node level of a hostname spread)
+    is read from the roomiest pool that can still add a node: once the plan has taken the
+    roomiest pool's last node, the next one's."""
+    pools = tuple(
+        PoolState(f"p{i}", {}, (), {"cpu": 1_000 * size, "pods": 110},
+                  (PoolDomain({ZONE_KEY: "z1"}, 1),), 1, 1.0 * size)
+        for i, size in enumerate((2, 8, 4))
+    )
+    shape = PodShape({"cpu": 1_000}, spread=Spread(HOST, 1))
+    ps = PodSetRequest("w", 20, shape)
+    ws = Workspace((), pools, Levels.of(LEVELS), [shape])
+    placer = PodSetPlacer(ws, ps, Mode.PROVISION)
+    assert placer.most_per_node(20) == 8 == max(b.per_node for b in placer.batches)
+    assert placer.most_per_node(5) == 5
+    roomiest = next(r for r in ws.index.refs if r.pool.name == "p1")
+    ws.add_nodes(roomiest, [0], {})
+    placer = PodSetPlacer(ws, ps, Mode.PROVISION)
+    assert placer.most_per_node(20) == 4 == max(b.per_node for b in placer.batches)
+    assert PodSetPlacer(ws, ps, Mode.CHECK).most_per_node(20) == 0
