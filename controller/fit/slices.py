@@ -161,7 +161,7 @@ def _buy_one_slice(
         for other, pur in bought.items():
             if other != key:
                 for b, nodes, _ in pur.takes:
-                    left[b.ref.pool_index] = left.get(b.ref.pool_index, 0) - nodes
+                    left[b.ref.pool_index] = left[b.ref.pool_index] - nodes
         want = (slices.get(key, 0) + 1) * size - caps.get(key, 0)
         got = buy(by_key[key], want, left)
         if got is None:

@@ -356,7 +356,7 @@ def _add_batches(
                 d = fresh.get(value)
                 if d is None:
                     d = fresh[value] = _Domain(value, 0, [], 0, [], 0, opened=True)
-            nodes = min(b.nodes, pool_left.get(ref.pool_index, 0))
+            nodes = min(b.nodes, pool_left[ref.pool_index])
             d.batches.append(b if per_node == b.per_node else Batch(ref, per_node, b.nodes))
             d.new += per_node * nodes
             if nodes * per_node >= need:
@@ -403,7 +403,7 @@ def _levels(
     if best is None:
         return None
     for batch, nodes, _ in best[2].takes:
-        pool_left[batch.ref.pool_index] = pool_left.get(batch.ref.pool_index, 0) - nodes
+        pool_left[batch.ref.pool_index] = pool_left[batch.ref.pool_index] - nodes
     return best[1], best[2]
 
 
@@ -622,7 +622,7 @@ def _cheapest(p: PodSetPlacer, need: int, cap: int, least: int) -> list[Batch]:
         if per_node < least:
             continue
         out.append(b if per_node == b.per_node else Batch(ref, per_node, b.nodes))
-        if min(b.nodes, pool_left.get(ref.pool_index, 0)) * per_node >= need:
+        if min(b.nodes, pool_left[ref.pool_index]) * per_node >= need:
             bound = min(bound, -(-need // per_node) * price)
             covered = max(covered, per_node)
             if covered >= cap:
