@@ -56,6 +56,7 @@ class PodSetPlacer:
         self._batches: list[Batch] | None = None
         self._per_node: list[int] | None = None
         self._pool_room: dict[int, int] = {}
+        self._left: PoolLeft | None = None
 
     @property
     def batches(self) -> list[Batch]:
@@ -184,12 +185,15 @@ class PodSetPlacer:
     # ------------------------------------------------------------------ helpers
 
     def pool_left(self) -> PoolLeft:
-        """Pool-wide headroom now: the catalogue's, with the pools this plan (or a booked
-        one) took from."""
-        usage = self.ws.usage
-        taken = {*usage.pool_used, *usage.pool_booked}
-        return PoolLeft(self.ws.index.catalogue.fresh_headroom,
-                        {i: self.ws.pool_headroom(i) for i in taken})
+        """Pool-wide headroom now (a copy to change): the catalogue's, with the pools this
+        plan (or a booked one) took from. Kept until the placement commits, like
+        :meth:`batch_of`'s pool room: nothing changes the workspace before."""
+        if self._left is None:
+            usage = self.ws.usage
+            taken = {*usage.pool_used, *usage.pool_booked}
+            self._left = PoolLeft(self.ws.index.catalogue.fresh_headroom,
+                                  {i: self.ws.pool_headroom(i) for i in taken})
+        return self._left.copy()
 
     def _candidates(self) -> list[tuple[NodeClass, int]]:
         """The classes a pod of the set fits on, with how many pods each node holds."""
@@ -355,10 +359,35 @@ class PodSetPlacer:
             pods = self.commit([], Purchase(((best, 1, need),), best.price, 1))
             return Outcome(pods, self._node_placement(pods[0][0]))
         caps = self.domain_caps(depth)
+        got = self._cheapest_domain(depth, caps)
+        if got is None:
+            return None
+        key, chosen = got
+        existing = caps.get(key, 0)
+        taken = self.fill_in(self.members(key), existing, depth + 1) if existing else []
+        pods = self.commit(taken, chosen)
+        return Outcome(pods, self.placement_of(levels.domain[depth], key, pods))
+
+    def _cheapest_domain(
+        self, depth: int, caps: dict[tuple[str, ...], int]
+    ) -> tuple[tuple[str, ...], Purchase] | None:
+        """The domain at ``depth`` whose new capacity for the pods its existing room
+        (``caps``) leaves costs least (then fewest nodes, then the first), and that purchase."""
+        need = self.ps.count
         best_rank: tuple[float, int, tuple[str, ...]] | None = None
         chosen: Purchase | None = None
-        for key, refs in sorted(catalogue.by_domain(depth).items()):
+        fits = self.pool_per_node()
+        for key, refs in sorted(self.ws.index.catalogue.by_domain(depth).items()):
             rest = need - caps.get(key, 0)
+            if best_rank is not None and rest > 0:
+                # New capacity here costs at least its cheapest node that holds a pod, in one
+                # node at least, and ties go to the earlier domain: a domain whose floor
+                # cannot beat the best so far is not priced (so a pod set that one node
+                # holds, offered the same pools in every domain, prices the first only).
+                floor = next((r.pool.planning_price for r in refs if fits[r.ordinal] > 0),
+                             math.inf)
+                if (floor, 1) >= best_rank[:2]:
+                    continue
             batches = self._scan(refs, rest)
             if not batches:
                 continue
@@ -370,11 +399,7 @@ class PodSetPlacer:
                 best_rank, chosen = rank, purchase
         if best_rank is None or chosen is None:
             return None
-        key = best_rank[2]
-        existing = caps.get(key, 0)
-        taken = self.fill_in(self.members(key), existing, depth + 1) if existing else []
-        pods = self.commit(taken, chosen)
-        return Outcome(pods, self.placement_of(levels.domain[depth], key, pods))
+        return best_rank[2], chosen
 
     def _anywhere(self, *, fewest_nodes: bool, allow_new: bool = True) -> Outcome | None:
         need = self.ps.count

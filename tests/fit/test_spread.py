@@ -23,6 +23,7 @@ from controller.fit import (
 )
 from controller.fit.placement import PodSetPlacer
 from controller.fit.topology import Levels
+from controller.fit.types import TopologyMode, TopologyRequest
 from controller.fit.workspace import Workspace
 from controller.snapshot import request_from_documents, snapshot_from_documents
 from controller.topology_defaults import DEFAULT_LEVELS
@@ -542,3 +543,37 @@ def test_the_roomiest_new_node_skips_pools_the_plan_has_used_up() -> None:
     placer = PodSetPlacer(ws, ps, Mode.PROVISION)
     assert placer.most_per_node(20) == 4 == max(b.per_node for b in placer.batches)
     assert PodSetPlacer(ws, ps, Mode.CHECK).most_per_node(20) == 0
+
+
+def test_a_required_zone_prices_one_zone_when_every_zone_offers_the_same(
+    monkeypatch: Any,
+) -> None:
+    """A pod required in one zone, pools offering the same nodes in three zones: the first
+    zone is priced and the others, whose cheapest node cannot beat it, are not; where a
+    later zone's nodes are cheaper it is priced and chosen."""
+    def required(count: int) -> GangRequest:
+        return GangRequest("ns/g", (PodSetRequest(
+            "w", count, PodShape({"cpu": 1_000, "pods": 1}),
+            TopologyRequest(TopologyMode.REQUIRED, ZONE_KEY)),))
+
+    priced: list[Any] = []
+    scan = PodSetPlacer._scan
+
+    def counted(self: PodSetPlacer, refs: Any, need: int, cap: int | None = None) -> Any:
+        priced.append(refs[0].labels[ZONE_KEY])
+        return scan(self, refs, need, cap)
+
+    monkeypatch.setattr(PodSetPlacer, "_scan", counted)
+    levels = (ZONE_KEY, HOST)
+    got = plan(required(1), Snapshot((), catalogue_pools(40), levels), Mode.PROVISION)
+    assert isinstance(got, Plan), got
+    assert priced == ["z1"]
+    assert {a.new_node.domain[ZONE_KEY] for a in got.assignments if a.new_node} == {"z1"}
+
+    priced.clear()
+    dear = zone_pool(("z1",), name="dear", price=2.0)
+    cheap = zone_pool(("z2",), name="cheap", price=1.0)
+    got = plan(required(1), Snapshot((), (dear, cheap), levels), Mode.PROVISION)
+    assert isinstance(got, Plan), got
+    assert priced == ["z1", "z2"]
+    assert [(n.pool, n.count) for n in got.new_nodes] == [("cheap", 1)]
