@@ -337,6 +337,7 @@ def _add_batches(
     if p.mode is not Mode.PROVISION:
         return fresh
     need = p.ps.count
+    fits = p.pool_per_node()
     for value, refs in p.ws.index.catalogue.by_label(spread.key).items():
         bound = math.inf
         d = domains.get(value)
@@ -344,7 +345,7 @@ def _add_batches(
             price = ref.pool.planning_price
             if price > bound:
                 break
-            if any(k not in ref.labels for k in keys):
+            if fits[ref.ordinal] <= 0 or any(k not in ref.labels for k in keys):
                 continue
             b = p.batch_of(ref)
             if b is None:
@@ -382,6 +383,7 @@ def _levels(
     top = 0 if few else min(d.count + d.room for d in domains)
     top = min(top, (need + sum(d.count for d in domains)) // len(domains))
     best: tuple[tuple[float, int, int], list[Take], Purchase] | None = None
+    tried: tuple[dict[str, int], dict[str, int] | None] | None = None
     for level in range(top, -1, -1):
         lo = {d.value: max(0, level - d.count, 1 if d.opened else 0) for d in domains}
         hi = {d.value: min(d.room, level + skew - d.count) for d in domains}
@@ -389,8 +391,10 @@ def _levels(
             if any(d.count > level + skew for d in domains):
                 break  # a domain already over: lower levels only make it worse
             continue
-        if sum(lo.values()) > need or sum(hi.values()) < need:
-            continue
+        bounds = _bounds(lo, hi, need)
+        if bounds is None or bounds == tried:
+            continue  # no plan, or the level above's plan (ranked above this one)
+        tried = bounds
         got = _realise(p, domains, lo, hi, need, pool_left.copy(), per)
         if got is None:
             continue
@@ -405,6 +409,17 @@ def _levels(
     for batch, nodes, _ in best[2].takes:
         pool_left[batch.ref.pool_index] = pool_left[batch.ref.pool_index] - nodes
     return best[1], best[2]
+
+
+def _bounds(
+    lo: dict[str, int], hi: dict[str, int], need: int
+) -> tuple[dict[str, int], dict[str, int] | None] | None:
+    """What decides :func:`_realise`'s plan at bounds ``lo``..``hi``: None when they cannot
+    hold ``need`` pods; the upper bounds only while the lower ones leave pods to place."""
+    low = sum(lo.values())
+    if low > need or sum(hi.values()) < need:
+        return None
+    return lo, hi if low < need else None
 
 
 def _realise(
