@@ -73,7 +73,7 @@ class PodSetPlacer:
                 touched.update(pi for pi, _ in usage.domain_booked)
                 # Pools this plan (or a booked one) has not taken from have the headroom
                 # of the catalogue's pools: their batches are the catalogue's, per shape.
-                fresh = self.ws.index.catalogue.fresh_batches(self.ps.shape, self._all_batches)
+                fresh = self.ws.index.catalogue.fresh_batches(self.ps.shape, self._fresh_batches)
                 if not touched:
                     self._batches = list(fresh)
                 else:
@@ -86,14 +86,18 @@ class PodSetPlacer:
                     self._batches.sort(key=lambda b: b.ref.ordinal)
         return self._batches
 
-    def _all_batches(self) -> list[Batch]:
+    def _fresh_batches(self) -> list[Batch]:
+        """What every ref can add while nothing is taken from its pool: from the catalogue
+        alone, not this workspace, since the catalogue keeps it for every later plan."""
         per_node = self.pool_per_node()
+        headroom = self.ws.index.catalogue.fresh_headroom
         out: list[Batch] = []
         for ref in self.ws.index.refs:
-            if per_node[ref.ordinal] > 0:
-                b = self.batch_of(ref)
-                if b is not None:
-                    out.append(b)
+            c = per_node[ref.ordinal]
+            if c > 0:
+                nodes = min(headroom[ref.pool_index], ref.domain.max_new_nodes)
+                if nodes > 0:
+                    out.append(Batch(ref, c, nodes))
         return out
 
     def pool_per_node(self) -> list[int]:

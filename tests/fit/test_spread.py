@@ -577,3 +577,23 @@ def test_a_required_zone_prices_one_zone_when_every_zone_offers_the_same(
     assert isinstance(got, Plan), got
     assert priced == ["z1", "z2"]
     assert [(n.pool, n.count) for n in got.new_nodes] == [("cheap", 1)]
+
+
+def test_a_pools_new_capacity_is_its_own_whatever_an_earlier_plan_took() -> None:
+    """The new capacity every (pool, domain) offers a shape is kept with the pools for later
+    plans; a plan that had already taken nodes of a pool when it first asked left that pool
+    short for every later plan (a pool of 5 nodes seen with 2)."""
+    zone_levels = Levels.of((ZONE_KEY, HOST))
+    pools = (zone_pool(("z1",), per_zone=5, name="a"), zone_pool(("z1",), per_zone=5, name="b"))
+    shape = PodShape({"cpu": 1_000})
+    ps = PodSetRequest("w", 3, shape)
+
+    first = Workspace((), pools, zone_levels, [shape])
+    first.add_nodes(first.index.refs[0], [0, 0, 0], {})
+    seen = PodSetPlacer(first, ps, Mode.PROVISION).batches
+    assert [(b.ref.pool.name, b.nodes) for b in seen] == [("a", 2), ("b", 5)]
+
+    later = Workspace((), pools, zone_levels, [shape])
+    later.add_nodes(later.index.refs[1], [0], {})
+    seen = PodSetPlacer(later, ps, Mode.PROVISION).batches
+    assert [(b.ref.pool.name, b.nodes) for b in seen] == [("a", 5), ("b", 4)]
