@@ -63,7 +63,7 @@ class PodSetPlacer:
         """Every (pool, domain) that can add a node holding a pod of this pod set, in
         catalogue order; built on first use. Choosing the cheapest new capacity does not
         need it (:meth:`_scan` walks the catalogue by price and stops early): only the
-        strategies that weigh every domain (spread, slices, explanations) build it."""
+        strategies that weigh every domain (slices, explanations) build it."""
         if self._batches is None:
             self._batches = []
             if self.mode is Mode.PROVISION:
