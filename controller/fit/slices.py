@@ -157,11 +157,11 @@ def _buy_one_slice(
     pool_left = p.pool_left()
     pick: tuple[tuple[float, int, tuple[str, ...]], Purchase] | None = None
     for key in sorted(by_key):
-        left = dict(pool_left)
+        left = pool_left.copy()
         for other, pur in bought.items():
             if other != key:
                 for b, nodes, _ in pur.takes:
-                    left[b.ref.pool_index] = left.get(b.ref.pool_index, 0) - nodes
+                    left[b.ref.pool_index] = left[b.ref.pool_index] - nodes
         want = (slices.get(key, 0) + 1) * size - caps.get(key, 0)
         got = buy(by_key[key], want, left)
         if got is None:
