@@ -54,6 +54,7 @@ from benchmarks.target import (
 )
 from controller.api.node import STARTUP_TAINTS
 from controller.commands import objects
+from controller.common.topology_defaults import OWNER_ANNOTATION
 from controller.config import MusterConfig
 from controller.kube import WatchEvent
 from controller.kube.resources import (
@@ -63,8 +64,7 @@ from controller.kube.resources import (
     PROVISIONING_REQUESTS,
 )
 from controller.operator import Controller
-from controller.runtime import freeze_heap, tune_gc
-from controller.topology_defaults import OWNER_ANNOTATION
+from controller.runtime.memory import freeze_heap, tune_gc
 from providers.fake import FakeProvider
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -146,7 +146,7 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
             provider = FakeProvider(own, heartbeat_seconds=0 if t.real else 3600)
             controller = Controller(kube=own, config=config, providers={"kind": provider})
             apf_before = await apf_snapshot(t.kubeconfig) if t.real else None
-            # As `muster run` does (controller/runtime.py).
+            # As `muster run` does (controller/runtime/memory.py).
             tune_gc()
             await controller.start()
             freeze_heap()

@@ -46,7 +46,7 @@ BLOCKS, RACKS, HOSTS = 10, 25, 40
 NODE = {"cpu": 190_000, "memory": 2_000 * 2**30, GPU: 8, "pods": 110}
 TAINT = Taint(GPU, "present", "NoSchedule")
 TAINTS = (TAINT,)
-"""Shared like the snapshot builder shares equal taint tuples (controller.snapshot)."""
+"""Shared like the snapshot builder shares equal taint tuples (controller.inputs.snapshot)."""
 
 
 def build_snapshot(seed: int = 7) -> Snapshot:
@@ -193,7 +193,8 @@ def main() -> None:
 # the nodes already hold 1-4 GPU+NIC pairs through allocated ResourceClaims. 6 pools whose
 # node template publishes the same devices. A 1,024-pod gang whose ResourceClaimTemplate
 # pairs 1 GPU and 1 NIC by matchAttribute resource.kubernetes.io/pcieRoot. The snapshot is
-# built by controller.snapshot/controller.dra_snapshot from API objects (timed separately);
+# built by controller.inputs.snapshot/controller.inputs.dra_snapshot from API objects
+# (timed separately);
 # plan() is timed per case. Last line: ``fit_bench_dra gang=1024 nodes=10000 median_ms=<x>``
 # for the slowest case.
 
@@ -205,7 +206,7 @@ def dra_catalog_docs(seed: int = 11) -> tuple[list[Any], list[Any], list[NodeSta
     """(ResourceSlices, ResourceClaims, node states without devices) for 10,000 nodes."""
     from controller.api.capacitypool import CapacityPool
     from controller.api.dra import ResourceClaim, ResourceSlice
-    from controller.dra_templates import nvidia_gpu_node, render_resource_slices
+    from controller.inputs.dra_templates import nvidia_gpu_node, render_resource_slices
 
     rng = random.Random(seed)
     template = CapacityPool.model_validate({
@@ -246,8 +247,8 @@ def dra_catalog_docs(seed: int = 11) -> tuple[list[Any], list[Any], list[NodeSta
 
 def dra_snapshot() -> tuple[Snapshot, dict[str, float]]:
     from controller.api.capacitypool import CapacityPool
-    from controller.dra_snapshot import DraCatalog, attach_devices
-    from controller.dra_templates import nvidia_gpu_node
+    from controller.inputs.dra_snapshot import DraCatalog, attach_devices
+    from controller.inputs.dra_templates import nvidia_gpu_node
 
     timings: dict[str, float] = {}
     t = time.perf_counter()
@@ -276,7 +277,7 @@ def dra_snapshot() -> tuple[Snapshot, dict[str, float]]:
 
 def dra_gang(count: int, mode: TopologyMode, level: str) -> GangRequest:
     from controller.api.dra import DeviceClaim, DeviceClass
-    from controller.dra_snapshot import DraCatalog, claim_shape
+    from controller.inputs.dra_snapshot import DraCatalog, claim_shape
 
     classes = [
         DeviceClass.model_validate({"metadata": {"name": "gpu.nvidia.com"}, "spec": {

@@ -44,6 +44,7 @@ from benchmarks.target import (
 )
 from controller.commands import kueue_objects as kq
 from controller.commands import objects
+from controller.common.topology_defaults import MUSTER_REQUIRED
 from controller.config import MusterConfig
 from controller.kube import ApiError, Body, KubeClient, WatchEvent
 from controller.kube.resources import CAPACITY_POOLS, NODES, PROVISIONING_REQUESTS
@@ -57,7 +58,6 @@ from controller.kueue.resources import (
     WORKLOADS,
 )
 from controller.operator import Controller
-from controller.topology_defaults import MUSTER_REQUIRED
 from providers.fake import FakeProvider
 from sandbox.server import SandboxServer
 

@@ -35,9 +35,9 @@ from typing import Any
 import orjson
 
 import controller.operator  # noqa: F401  (the modules `muster run` holds, in the base)
+from controller.common.topology_defaults import DEFAULT_LEVELS
 from controller.kube.client import LIST_PAGE_SIZE
 from controller.state.cache import ClusterState
-from controller.topology_defaults import DEFAULT_LEVELS
 
 RUN = "abcde"
 NS = f"scale-{RUN}"

@@ -43,6 +43,7 @@ from typing import Any
 from benchmarks.controller_bench import _quantile, sandbox
 from benchmarks.target import Target, add_target_arguments, target
 from controller.commands import objects
+from controller.common.topology_defaults import OWNER_ANNOTATION
 from controller.config import MusterConfig
 from controller.kube import WatchEvent
 from controller.kube.resources import (
@@ -53,8 +54,7 @@ from controller.kube.resources import (
     PROVISIONING_REQUESTS,
 )
 from controller.operator import Controller
-from controller.runtime import freeze_heap, tune_gc
-from controller.topology_defaults import OWNER_ANNOTATION
+from controller.runtime.memory import freeze_heap, tune_gc
 from providers.fake import FakeProvider
 
 CHURN_NODES = 4

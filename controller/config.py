@@ -34,8 +34,8 @@ from pydantic_settings import (
 )
 
 from controller.api.parameters import processor_instance
+from controller.common.topology_defaults import DEFAULT_LEVELS
 from controller.fit.types import Mode
-from controller.topology_defaults import DEFAULT_LEVELS
 
 ENV_PREFIX = "MUSTER_"
 
@@ -638,7 +638,7 @@ OTHER_ENV_NAMES = frozenset({
 })
 """``MUSTER_<name>`` variables of the project's tooling (the real-cluster test tier of
 ``e2e/cluster.py`` and ``hack/cluster/``, the benchmarks, the crash harness's
-``MUSTER_CRASH_AT`` of :mod:`controller.crashpoints`), which a test process that also
+``MUSTER_CRASH_AT`` of :mod:`controller.common.crashpoints`), which a test process that also
 loads Muster's config sees."""
 
 

@@ -10,7 +10,7 @@ persisted (phase Acquiring) before the status write that makes it a booking, and
 short, the next reconcile redoes: the repair rows below.
 
 The reconcile takes every transition through :func:`take`, which refuses a (phase, event)
-pair the table does not hold; ``tests/controller/test_lifecycle_table.py`` drives every row
+pair the table does not hold; ``tests/test_lifecycle_table.py`` drives every row
 and checks its writes and next phase, and ``docs/design/state-machine.md`` holds the table
 as :func:`markdown` renders it (a test compares them).
 """
@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from controller.conditions import ConditionType, is_true
+from controller.common.conditions import ConditionType, is_true
 
 PLAN_ANNOTATION = "muster.dev/plan"
 ATTEMPT_ANNOTATION = "muster.dev/attempt"

@@ -19,17 +19,16 @@ from typing import Any
 
 from controller.acquire.collector import Collector
 from controller.acquire.providers import ProviderSet
-from controller.clock import Clock, RealClock
+from controller.common.clock import Clock, RealClock
+from controller.common.metrics import ControllerMetrics
 from controller.config import MusterConfig
 from controller.kube import ApiError, KubeClient
 from controller.kube.events import DEFAULT_QUEUE_SIZE, EventBroadcaster
 from controller.kube.resources import CAPACITY_POOLS, PROVISIONING_REQUESTS
 from controller.kueue.integration import EVENT_COMPONENT as KUEUE_EVENTS
 from controller.kueue.integration import KueueIntegration, KueueNotInstalled
-from controller.metrics import ControllerMetrics
 from controller.podgroups.integration import EVENT_COMPONENT as GANG_EVENTS
 from controller.podgroups.integration import PodGroupIntegration
-from controller.problems import LOG_INTERVAL, ProblemLog, describe, retrying, transient
 from controller.reconcilers.pool_status import PoolStatusWriter
 from controller.reconcilers.pools import sync_pool_finalizers
 from controller.reconcilers.provisioning.service import ProvisioningService
@@ -39,11 +38,12 @@ from controller.reconcilers.telemetry import (
     planner_pass_observer,
     state_reading,
 )
+from controller.runtime.problems import LOG_INTERVAL, ProblemLog, describe, retrying, transient
+from controller.runtime.workqueue import WorkQueue
 from controller.state.cache import ClusterState
 from controller.state.feeds import Feeds
 from controller.state.planner import Planner
 from controller.state.wakeups import Wakeups
-from controller.workqueue import WorkQueue
 from providers.base import Provider, ProviderConfigError
 from providers.registry import ProviderContext
 

@@ -8,7 +8,8 @@ namespace and labels, and Muster as its own process under its ServiceAccount (as
 Muster is killed with SIGKILL, round after round:
 
 * at a random moment (0-3 s after it became ready), or
-* at a named step of the acquisition path (``MUSTER_CRASH_AT``, :mod:`controller.crashpoints`:
+* at a named step of the acquisition path (``MUSTER_CRASH_AT``,
+  :mod:`controller.common.crashpoints`:
   plan persisted, mid-acquisition, acquired, before the status write, outcome written,
   mid-release), the process killing itself there;
 * every ``--failover-every`` rounds: two replicas with leader election, the leader killed
@@ -57,8 +58,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controller import crashpoints
 from controller.commands import objects
+from controller.common import crashpoints
+from controller.common.topology_defaults import KEY_LABEL, OWNER_UID_LABEL
 from controller.kube import ApiError, Body, KubeClient, WatchEvent, whole_listing
 from controller.kube.resources import (
     CAPACITY_POOLS,
@@ -67,7 +69,6 @@ from controller.kube.resources import (
     POD_TEMPLATES,
     PROVISIONING_REQUESTS,
 )
-from controller.topology_defaults import KEY_LABEL, OWNER_UID_LABEL
 from e2e import cluster as cp
 from e2e.real import MusterProcess
 from providers import fake

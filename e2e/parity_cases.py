@@ -183,7 +183,7 @@ class Answer:
 
 def new_node(case: Case, pool: Any, domain: dict[str, str], name: str) -> Body:
     """A Node of ``pool`` in ``domain`` exactly as it ends up when a machine of the fake
-    cloud registers (its kubelet's labels from controller.node_labels, the startup taint)
+    cloud registers (its kubelet's labels from controller.inputs.node_labels, the startup taint)
     and Muster registers it (the template's labels and taints, the domain, the startup
     taint lifted), named for the case and labelled with it."""
     from datetime import UTC, datetime

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from controller import crashpoints
+from controller.common import crashpoints
 from e2e import cluster as cp
 from e2e.chaos import Chaos, Options
 from e2e.real import MusterProcess

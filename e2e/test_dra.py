@@ -12,7 +12,7 @@ import pytest
 
 from controller.api.capacitypool import CapacityPool
 from controller.commands import objects
-from controller.dra_templates import NVIDIA_DRIVER, nvidia_gpu_node, render_resource_slices
+from controller.inputs.dra_templates import NVIDIA_DRIVER, nvidia_gpu_node, render_resource_slices
 from controller.kube.resources import (
     CAPACITY_POOLS,
     DEVICE_CLASSES,

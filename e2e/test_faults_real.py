@@ -26,7 +26,7 @@ from e2e.real import MusterProcess
 
 pytestmark = pytest.mark.real
 
-LOG_INTERVAL = 30.0  # controller.problems.LOG_INTERVAL
+LOG_INTERVAL = 30.0  # controller.runtime.problems.LOG_INTERVAL
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ kube-apiserver answers such a watch with silence: no event, no bookmark, no erro
 event or bookmark as "the server lost the history I resume from" and re-lists
 (:meth:`controller.kube.KubeClient.watch`). ``kubernetes_asyncio.watch.Watch`` resumes from
 the same resourceVersion, forever: a node created meanwhile never reaches it. (The sandbox
-tier's tests/controller/test_kube_watch_library.py runs the whole etcd swap.)
+tier's tests/kube/test_watch_library.py runs the whole etcd swap.)
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from typing import Any
 
 from controller.commands import kueue_objects as kq
 from controller.commands import objects
+from controller.common.topology_defaults import MUSTER_REQUIRED
 from controller.kube.resources import (
     CAPACITY_POOLS,
     NODES,
@@ -26,7 +27,6 @@ from controller.kueue.resources import (
     RESOURCE_FLAVORS,
     WORKLOADS,
 )
-from controller.topology_defaults import MUSTER_REQUIRED
 from e2e.kueue_support import KueueEnv, kueue_env, now, sandbox_only
 
 __all__ = ["kueue_env", "sandbox_only"]

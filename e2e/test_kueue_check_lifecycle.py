@@ -15,6 +15,7 @@ from typing import Any
 
 from controller.commands import kueue_objects as kq
 from controller.commands import objects
+from controller.common.topology_defaults import MUSTER_REQUIRED
 from controller.kube.resources import CAPACITY_POOLS, PROVISIONING_REQUESTS
 from controller.kueue.resources import (
     ADMISSION_CHECKS,
@@ -22,7 +23,6 @@ from controller.kueue.resources import (
     RESOURCE_FLAVORS,
     WORKLOADS,
 )
-from controller.topology_defaults import MUSTER_REQUIRED
 from e2e.kueue_support import (
     KueueEnv,
     kueue_env,

@@ -37,7 +37,9 @@ from typing import Any
 import pytest
 
 from controller.commands import objects
+from controller.common.topology_defaults import DEFAULT_LEVELS, HOSTNAME, MUSTER_REQUIRED
 from controller.config import CHECK_CAPACITY_CLASS
+from controller.inputs.tas_slices import SLICE_REQUIRED, SLICE_SIZE
 from controller.kube import Body, whole_listing
 from controller.kube.client import WatchEvent
 from controller.kube.resources import (
@@ -66,8 +68,6 @@ from controller.kueue.resources import (
     TOPOLOGIES,
     WORKLOADS,
 )
-from controller.tas_slices import SLICE_REQUIRED, SLICE_SIZE
-from controller.topology_defaults import DEFAULT_LEVELS, HOSTNAME, MUSTER_REQUIRED
 from e2e.conftest import Env, eventually
 
 JOBS = Resource("batch", "v1", "jobs", namespaced=True, kind="Job")

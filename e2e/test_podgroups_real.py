@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 
 from controller.commands import objects
+from controller.inputs.podgroup_membership import request_name
 from controller.kube import Body
 from controller.kube.resources import EVENTS, NODES, PODS, PROVISIONING_REQUESTS
-from controller.podgroup_membership import request_name
 from controller.podgroups.integration import POD_GROUPS
 from e2e.conftest import Env, eventually
 

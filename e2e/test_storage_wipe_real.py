@@ -17,16 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from controller.clock import ManualClock
 from controller.commands.probes import Probes
+from controller.common.clock import ManualClock
 from controller.config import MusterConfig
 from controller.kube import KubeClient
 from controller.kube.resources import NAMESPACES, NODES
-from controller.leader import LeaderElector
 from controller.operator import Controller
+from controller.runtime.leader import LeaderElector
 from e2e import cluster as cp
 from providers.fake import FakeProvider
-from tests.controller.builders import gpu_node
+from tests.cluster_objects import gpu_node
 from tests.helpers import eventually
 
 pytestmark = [pytest.mark.real, pytest.mark.timeout(240)]

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from controller.api.capacitypool import CapacityPool
-from controller.problem_log import ProblemLog
+from controller.common.problem_log import ProblemLog
 from providers.base import (
     AcquireRequest,
     CapacityUnavailable,

@@ -115,6 +115,9 @@ THROTTLE_CODES = frozenset({
     "Unavailable",
 })
 _TERMINATE_CHUNK = 1000
+TEMPLATE_GONE_CODES = frozenset({"InvalidLaunchTemplateName.NotFoundException",
+                                 "InvalidLaunchTemplateId.NotFound"})
+_TAG_CHUNK = 1000
 BOOTSTRAP_CACHE_SECONDS = 60.0
 """How long a launch template's merged user data is reused before it is read again (a
 ``$Default``/``$Latest`` version may move)."""
@@ -626,20 +629,35 @@ class AwsProvider(AtomicProvider[Instance]):
             params = await self._into_bought_block(params, request)
         placements = self._placements(params, request)
         ec2 = await self._client(params.region)
-        template, copy = await self._launch_template(ec2, params, request.pool.metadata.name)
-        try:
-            group = await self._ensure_placement_group(ec2, params, request)
-            response = await self._calls.call(
-                ec2.create_fleet,
-                what="CreateFleet",
-                **self._fleet_request(params, request, placements, group, template=template,
-                                      copy=copy),
-            )
-        finally:
-            if copy is not None:
-                self._templates_in_use[(params.region, copy)] -= 1
-                if self._templates_in_use[(params.region, copy)] <= 0:
-                    del self._templates_in_use[(params.region, copy)]
+        response: dict[str, Any] | ExpectedCode = ExpectedCode("")
+        for last in (False, True):
+            # The in-use mark guards a copy against this process's sweeps only: another
+            # Muster process (a former leader, a restarted one) may delete a copy between
+            # its creation (or reuse) here and the fleet, as no instance names it yet. EC2
+            # refuses such a fleet before creating anything (the ClientToken stays unused),
+            # so the copy is created again and the fleet sent once more.
+            template, copy, volume_tags = await self._launch_template(
+                ec2, params, request.pool.metadata.name)
+            try:
+                group = await self._ensure_placement_group(ec2, params, request)
+                response = await self._calls.call(
+                    ec2.create_fleet,
+                    what="CreateFleet",
+                    expect=() if copy is None or last else TEMPLATE_GONE_CODES,
+                    **self._fleet_request(params, request, placements, group,
+                                          template=template, copy=copy,
+                                          template_volume_tags=volume_tags),
+                )
+            finally:
+                if copy is not None:
+                    self._templates_in_use[(params.region, copy)] -= 1
+                    if self._templates_in_use[(params.region, copy)] <= 0:
+                        del self._templates_in_use[(params.region, copy)]
+            if not isinstance(response, ExpectedCode):
+                break
+            log.info("acquire %s: launch template copy %s was deleted by another Muster "
+                     "process before the fleet used it; creating it again", request.key, copy)
+        assert not isinstance(response, ExpectedCode)
         launched = [
             instance_id
             for entry in response.get("Instances", []) or []
@@ -689,6 +707,7 @@ class AwsProvider(AtomicProvider[Instance]):
             machines = await self._describe_launched(
                 ec2, params, [i["InstanceId"] for i in machines]
             )
+        await self._tag_interfaces(ec2, params, request, machines)
         return await self._nodes(ec2, params, request, machines)
 
     # ---- requests ---------------------------------------------------------------------
@@ -742,7 +761,15 @@ class AwsProvider(AtomicProvider[Instance]):
         *,
         template: Mapping[str, Any] | None = None,
         copy: str | None = None,
+        template_volume_tags: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
+        """The instant fleet. Its instances and their EBS volumes carry the acquisition's
+        tags (an instant fleet tags ``fleet``, ``instance`` and ``volume`` at launch; a
+        network interface only through a launch template, see :meth:`_tag_interfaces`),
+        whatever template it launches from (the pool's own, Muster's copy, a Capacity
+        Block's). ``template_volume_tags`` (the template's own volume tags, when Muster read
+        it) are repeated on the volumes beside Muster's, so none is lost whether EC2 merges a
+        request's tags of a resource type with the template's or replaces them."""
         template = dict(template or _source_template(params))
         overrides: list[dict[str, Any]] = []
         for zone, subnet in placements:
@@ -785,6 +812,8 @@ class AwsProvider(AtomicProvider[Instance]):
                 {"ResourceType": "instance",
                  "Tags": sorted([*tags, {"Key": TAG_TEMPLATE, "Value": copy or ""}],
                                 key=lambda t: t["Key"])},
+                {"ResourceType": "volume",
+                 "Tags": _merged_tags(template_volume_tags or {}, tags)},
                 {"ResourceType": "fleet", "Tags": tags},
             ],
         }
@@ -864,21 +893,24 @@ class AwsProvider(AtomicProvider[Instance]):
 
     async def _launch_template(
         self, ec2: Any, params: AwsPoolParameters, pool: str
-    ) -> tuple[dict[str, Any], str | None]:
-        """The launch template the fleet uses and the name of Muster's copy (None for the
-        pool's own): the pool's own (``bootstrap: asIs`` and no reservation), else Muster's
-        copy of it with the merged user data, the reservation's targeting and the volume
-        tags, named by its content (created once; a copy of the same content is reused).
-        CreateFleet overrides cannot name a reservation (the EC2 model has no
-        CapacityReservationSpecification there), and an instant fleet tags only itself and
-        its instances, so the template carries both. The copy is marked in use (the caller
-        unmarks it once the fleet answered)."""
+    ) -> tuple[dict[str, Any], str | None, dict[str, str] | None]:
+        """The launch template the fleet uses, the name of Muster's copy (None for the
+        pool's own) and the template's own volume tags (None when it was not read): the
+        pool's own (``bootstrap: asIs`` and no reservation), else Muster's copy of it with
+        the merged user data and the reservation's targeting, named by its content (created
+        once; a copy of the same content is reused). CreateFleet overrides cannot name a
+        reservation (the EC2 model has no CapacityReservationSpecification there), so the
+        template carries it. The copy is marked in use (the caller unmarks it once the fleet
+        answered)."""
         if params.bootstrap == "asIs" and params.capacity_reservation is None:
-            return _source_template(params), None
+            return _source_template(params), None, None
         data = dict(await self._merged_template_data(ec2, params))
-        volume_tags = {**params.tags, TAG_CLUSTER: self.settings.cluster_name, TAG_POOL: pool}
-        data["TagSpecifications"] = _with_volume_tags(data.get("TagSpecifications"),
-                                                      volume_tags)
+        volume_tags = {
+            t["Key"]: t.get("Value", "")
+            for spec in data.get("TagSpecifications") or []
+            if spec.get("ResourceType") == "volume"
+            for t in spec.get("Tags") or []
+        }
         digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
         name = f"muster-{pool[:80]}-{digest}"
         tags = [{"Key": TAG_CLUSTER, "Value": self.settings.cluster_name},
@@ -891,7 +923,7 @@ class AwsProvider(AtomicProvider[Instance]):
                 TagSpecifications=[{"ResourceType": "launch-template", "Tags": tags}],
             )
             self._templates_in_use[(params.region, name)] += 1
-        return {"LaunchTemplateName": name, "Version": "1"}, name
+        return {"LaunchTemplateName": name, "Version": "1"}, name, volume_tags
 
     async def _sweep_due(self, region: str | None) -> None:
         """The bounded sweep: every ``template_sweep_seconds`` per region, from a listing
@@ -949,8 +981,7 @@ class AwsProvider(AtomicProvider[Instance]):
                     continue
                 await self._calls.call(
                     ec2.delete_launch_template, what="DeleteLaunchTemplate",
-                    expect={"InvalidLaunchTemplateName.NotFoundException",
-                            "InvalidLaunchTemplateId.NotFound"},
+                    expect=TEMPLATE_GONE_CODES,
                     LaunchTemplateName=name,
                 )
                 deleted += 1
@@ -1078,6 +1109,34 @@ class AwsProvider(AtomicProvider[Instance]):
             f"only {len(instances)} of {len(ids)} launched instances are visible yet; "
             "acquire again with the same key to pick them up"
         )
+
+    async def _tag_interfaces(
+        self, ec2: Any, params: AwsPoolParameters, request: AcquireRequest,
+        instances: Sequence[Instance],
+    ) -> None:
+        """Tag the instances' network interfaces (the EFA ones included) like the
+        instances. CreateFleet cannot tag them at launch (only a launch template can, and
+        the pool's own template is used as it is), so they are tagged once the instances are
+        described, launched or adopted (after a crash between the launch and this call).
+        Never fails the acquisition: the instances carry the tags Muster finds them by, and what
+        is missing here is an audit gap, said loudly."""
+        interfaces = sorted({
+            str(nic["NetworkInterfaceId"])
+            for instance in instances
+            for nic in instance.get("NetworkInterfaces") or []
+            if nic.get("NetworkInterfaceId")
+        })
+        tags = self._tags(params, request)
+        for start in range(0, len(interfaces), _TAG_CHUNK):
+            try:
+                await self._calls.call(
+                    ec2.create_tags, what="CreateTags (network interfaces)",
+                    Resources=interfaces[start : start + _TAG_CHUNK], Tags=tags,
+                )
+            except ProviderError as exc:
+                log.warning("acquire %s: network interfaces of its instances not tagged "
+                            "(ec2:CreateTags on network-interface/*): %s", request.key, exc)
+                return
 
     async def _terminate(self, ec2: Any, ids: Sequence[str], *, what: str) -> None:
         for start in range(0, len(ids), _TERMINATE_CHUNK):
@@ -1286,22 +1345,11 @@ def _check_network_interfaces(params: AwsPoolParameters, data: Mapping[str, Any]
                 "and efa-only; it must be an ENA or efa interface")
 
 
-def _with_volume_tags(
-    specs: Iterable[Mapping[str, Any]] | None, tags: Mapping[str, str]
-) -> list[dict[str, Any]]:
-    """A launch template's TagSpecifications with ``tags`` on its volumes (the template's
-    own volume tags kept unless ``tags`` names the same key)."""
-    out: list[dict[str, Any]] = []
-    volume: dict[str, str] = {}
-    for spec in specs or []:
-        if spec.get("ResourceType") == "volume":
-            volume.update({t["Key"]: t.get("Value", "") for t in spec.get("Tags") or []})
-        else:
-            out.append(dict(spec))
-    volume.update(tags)
-    out.append({"ResourceType": "volume",
-                "Tags": [{"Key": k, "Value": v} for k, v in sorted(volume.items())]})
-    return out
+def _merged_tags(base: Mapping[str, str], tags: TagList) -> TagList:
+    """``base`` with ``tags`` over it (``tags`` wins a key both name), sorted by key."""
+    merged = dict(base)
+    merged.update({t["Key"]: t["Value"] for t in tags})
+    return [{"Key": k, "Value": v} for k, v in sorted(merged.items())]
 
 
 def _source_template(params: AwsPoolParameters) -> dict[str, Any]:

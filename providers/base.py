@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from controller.api.capacitypool import CapacityPool
-from controller.topology_defaults import placeholder
+from controller.common.topology_defaults import placeholder
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,8 @@ EKS AL2023 nodes boot with nodeadm, which reads the user data as MIME multi-part
 every ``application/node.eks.aws`` part (a ``NodeConfig``) in order; a controller can
 therefore append its own part after the user's, as Karpenter does. :func:`merge_nodeadm`
 appends one ``NodeConfig`` whose ``spec.kubelet.flags`` registers the Node behind
-``muster.dev/unregistered:NoExecute`` (:data:`controller.topology_defaults.UNREGISTERED_TAINT`).
+``muster.dev/unregistered:NoExecute``
+(:data:`controller.common.topology_defaults.UNREGISTERED_TAINT`).
 User data nodeadm cannot read (a shell script for the AL2 ``bootstrap.sh``, anything else)
 is refused with :class:`BootstrapError` saying what is missing, so the pool's status can
 say it before anything is bought. Pure: text in, text out.
@@ -16,7 +17,7 @@ import email
 import email.policy
 from email.message import EmailMessage
 
-from controller.topology_defaults import UNREGISTERED_TAINT
+from controller.common.topology_defaults import UNREGISTERED_TAINT
 
 NODEADM_CONTENT_TYPE = "application/node.eks.aws"
 STARTUP_TAINT_FLAG = f"--register-with-taints={UNREGISTERED_TAINT}=:NoExecute"

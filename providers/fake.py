@@ -38,13 +38,13 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from controller import crashpoints
 from controller.api.capacitypool import CapacityPool
-from controller.dra_templates import render_resource_slices
+from controller.common import crashpoints
+from controller.common.topology_defaults import UNREGISTERED_TAINT, placeholder
+from controller.inputs.dra_templates import render_resource_slices
+from controller.inputs.node_labels import ARCH, OS, cloud_facts, node_labels
 from controller.kube import ApiError, Body, KubeClient
 from controller.kube.resources import LEASES, NAMESPACES, NODES, RESOURCE_SLICES
-from controller.node_labels import ARCH, OS, cloud_facts, node_labels
-from controller.topology_defaults import UNREGISTERED_TAINT, placeholder
 from providers.atomic import AtomicProvider, Launch
 from providers.base import (
     GRANTED,

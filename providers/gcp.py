@@ -35,7 +35,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from controller.api.capacitypool import CapacityPool
-from controller.topology_defaults import UNREGISTERED_TAINT
+from controller.common.topology_defaults import UNREGISTERED_TAINT
 from providers.atomic import AtomicProvider, Launch
 from providers.base import (
     ENDED,

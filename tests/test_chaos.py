@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from controller import crashpoints
+from controller.common import crashpoints
 from controller.kube import WatchEvent
 from e2e.chaos import (
     Recorder,
@@ -30,7 +30,7 @@ def _run(env_value: str | None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != crashpoints.ENV}
     if env_value is not None:
         env[crashpoints.ENV] = env_value
-    code = ("from controller import crashpoints\n"
+    code = ("from controller.common import crashpoints\n"
             "for _ in range(3):\n    crashpoints.reached('acquired')\n"
             "crashpoints.reached('mid-release')\nprint('survived')")
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,

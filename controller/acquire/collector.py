@@ -26,9 +26,9 @@ from datetime import datetime
 from controller.acquire.providers import ProviderSet
 from controller.acquire.recovery import GroupView, Seen, decide
 from controller.api.capacitypool import CapacityPool
-from controller.decision_log import log_decision
+from controller.common.decision_log import log_decision
+from controller.common.problem_log import ProblemLog
 from controller.lifecycle import Phase
-from controller.problem_log import ProblemLog
 from controller.state.cache import ClusterState
 from providers.base import ProvidedNode, ProviderError
 

@@ -15,8 +15,8 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 
 from controller.api.capacitypool import CapacityPool
-from controller.decision_log import log_decision
-from controller.problem_log import ProblemLog
+from controller.common.decision_log import log_decision
+from controller.common.problem_log import ProblemLog
 from controller.state.bookings import Group
 from controller.state.ledger import BookingLedger
 from providers.base import (

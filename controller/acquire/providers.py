@@ -16,8 +16,8 @@ import logging
 from collections.abc import Mapping
 
 from controller.api.capacitypool import CapacityPool
-from controller.metrics import ControllerMetrics
-from controller.problems import ProblemLog, retrying
+from controller.common.metrics import ControllerMetrics
+from controller.runtime.problems import ProblemLog, retrying
 from controller.state.pool_figures import ProviderHealth
 from providers.base import (
     AcquireRequest,

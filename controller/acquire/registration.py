@@ -25,10 +25,7 @@ from typing import Any
 
 from controller.api.capacitypool import CapacityPool
 from controller.api.node import Node
-from controller.kube import ApiError, Body, KubeClient
-from controller.kube.resources import NODES
-from controller.state.bookings import Group
-from controller.topology_defaults import (
+from controller.common.topology_defaults import (
     KEY_LABEL,
     OWNER_ANNOTATION,
     OWNER_UID_LABEL,
@@ -36,7 +33,10 @@ from controller.topology_defaults import (
     UNREGISTERED_TAINT,
     foreign_level,
 )
-from controller.topology_defaults import placeholder as placeholder  # the callers' name
+from controller.common.topology_defaults import placeholder as placeholder  # the callers' name
+from controller.kube import ApiError, Body, KubeClient
+from controller.kube.resources import NODES
+from controller.state.bookings import Group
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ field names. Models keep unknown fields (``extra="allow"``) so an object read fr
 API server is not rejected; the fields allocation depends on are typed and validated
 (exactly one of ``exactly``/``firstAvailable``, one of ``matchAttribute``/
 ``distinctAttribute``, one node scope per slice, typed attribute values, quantities).
-``controller.dra_snapshot`` turns them into the fit engine's device inventory and claims.
+``controller.inputs.dra_snapshot`` turns them into the fit engine's device inventory and claims.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from controller.api.meta import ObjectMeta
 from controller.api.pod import Quantity
-from controller.topology_defaults import UNREGISTERED_TAINT
+from controller.common.topology_defaults import UNREGISTERED_TAINT
 
 
 class _Open(BaseModel):

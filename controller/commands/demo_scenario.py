@@ -27,7 +27,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from controller.commands import objects
-from controller.crds import crd_dir
+from controller.commands.crds import crd_dir
 from controller.kube import KubeClient
 from controller.kube.resources import (
     CAPACITY_POOLS,

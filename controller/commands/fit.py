@@ -186,7 +186,7 @@ def fit_command(
 
     from controller.config import ConfigError, load_config
     from controller.fit import Mode, Plan, plan
-    from controller.snapshot import (
+    from controller.inputs.snapshot import (
         SnapshotError,
         load_documents,
         request_from_documents,

@@ -395,7 +395,7 @@ def job_documents(job: Mapping[str, Any], namespace: str) -> list[dict[str, Any]
 
 def read_fit_file(path: Path, namespace: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The request and the PodTemplates given in ``path`` (a Job becomes both)."""
-    from controller.snapshot import SnapshotError, load_documents
+    from controller.inputs.snapshot import SnapshotError, load_documents
 
     try:
         docs = load_documents(path)

@@ -26,8 +26,9 @@ from rich.table import Table
 
 from controller.commands import kueue_objects as kq
 from controller.commands import objects
+from controller.commands.crds import crd_dir
 from controller.commands.demo_scenario import Timeline, demo_world, show
-from controller.crds import crd_dir
+from controller.common.topology_defaults import MUSTER_REQUIRED
 from controller.kube import ApiError, KubeClient
 from controller.kube.resources import CAPACITY_POOLS, NODES, PODS, PROVISIONING_REQUESTS
 from controller.kueue.resources import (
@@ -38,7 +39,6 @@ from controller.kueue.resources import (
     RESOURCE_FLAVORS,
     WORKLOADS,
 )
-from controller.topology_defaults import MUSTER_REQUIRED
 
 NAMESPACE = "default"
 WORKLOAD = "llm-train"

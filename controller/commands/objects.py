@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from controller.common.topology_defaults import DEFAULT_LEVELS, MUSTER_REQUIRED
 from controller.state.object_store import CONSUME_ANNOTATION
-from controller.topology_defaults import DEFAULT_LEVELS, MUSTER_REQUIRED
 
 BLOCK, RACK, HOSTNAME = DEFAULT_LEVELS
 GPU = "nvidia.com/gpu"

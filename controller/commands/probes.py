@@ -33,9 +33,9 @@ from aiohttp import web
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from controller.commands.metrics_auth import MetricsAuth
-from controller.leader import LeaderElector
-from controller.metrics import CONTENT_TYPE
+from controller.common.metrics import CONTENT_TYPE
 from controller.operator import Controller
+from controller.runtime.leader import LeaderElector
 
 
 class Probes:

@@ -3,7 +3,7 @@
 Reads the one config (``--config FILE`` plus ``MUSTER_*`` variables; a bad key stops it
 here with a message), sets up logging, and runs :class:`controller.operator.
 Controller` until SIGINT/SIGTERM. With ``leader_election.enabled`` (the default) it first
-campaigns for a Lease (:mod:`controller.leader`) and starts the controller only once it
+campaigns for a Lease (:mod:`controller.runtime.leader`) and starts the controller only once it
 leads; losing the Lease stops all reconciling at once and exits 1, so the pod restarts and
 campaigns again (never two leaders acting). A clean stop releases the Lease for a fast
 hand-over. ``/healthz`` (liveness) and ``/readyz`` (readiness, see
@@ -29,15 +29,15 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from controller.decision_log import FIELDS_ATTR
+from controller.common.decision_log import FIELDS_ATTR
 
 if TYPE_CHECKING:  # imported lazily at run time: `muster --help` stays fast
     from aiohttp import web
 
     from controller.commands.probes import Probes
     from controller.kube import KubeClient
-    from controller.leader import LeaderElector
     from controller.operator import Controller
+    from controller.runtime.leader import LeaderElector
 
 log = logging.getLogger("muster")
 
@@ -51,7 +51,7 @@ class _JsonFormatter(logging.Formatter):
             "msg": record.getMessage(),
         }
         fields = getattr(record, FIELDS_ATTR, None)
-        if isinstance(fields, dict):  # a decision (controller/decision_log.py): its own keys
+        if isinstance(fields, dict):  # a decision (controller/common/decision_log.py): its own keys
             out.update({k: v for k, v in fields.items() if k not in out})
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
@@ -94,8 +94,8 @@ def run_command(
         typer.echo(f"error: {problem}", err=True)
         raise typer.Exit(2)
     setup_logging(cfg.log_format, cfg.log_level)
-    from controller.leader import LeadershipLost
     from controller.operator import StartupError
+    from controller.runtime.leader import LeadershipLost
 
     # Signal handlers stop the controller cleanly; a second Ctrl-C just exits.
     try:
@@ -177,8 +177,8 @@ async def _run(cfg: Any, *, kubeconfig: Path | None, context: str | None, in_clu
     from prometheus_client import PlatformCollector, ProcessCollector
 
     from controller.commands.probes import Probes
-    from controller.leader import LeadershipLost, from_config
     from controller.operator import Controller
+    from controller.runtime.leader import LeadershipLost, from_config
 
     kube = await connect(kubeconfig, context, in_cluster)
     controller = Controller(kube=kube, config=cfg)
@@ -291,7 +291,7 @@ async def _serve(
 ) -> None:
     """Campaign (if enabled), start the controller once leading, run until a signal or the
     loss of the Lease."""
-    from controller.runtime import freeze_heap, trim_heap_every, tune_gc
+    from controller.runtime.memory import freeze_heap, trim_heap_every, tune_gc
 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):  # also while standing by or starting

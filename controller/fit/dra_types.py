@@ -1,8 +1,8 @@
 """Dynamic Resource Allocation inputs and outputs of the fit engine (resource.k8s.io/v1).
 
 Pure data, like :mod:`controller.fit.types` (which refers to these from ``PodShape``,
-``NodeState``, ``PoolState`` and ``Assignment``). ``controller.dra_snapshot`` builds them from
-ResourceSlices, DeviceClasses, ResourceClaims and ResourceClaimTemplates.
+``NodeState``, ``PoolState`` and ``Assignment``). ``controller.inputs.dra_snapshot`` builds them
+from ResourceSlices, DeviceClasses, ResourceClaims and ResourceClaimTemplates.
 
 A node's devices are split so that 10,000 identical nodes cost one allocation search:
 

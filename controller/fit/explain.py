@@ -22,6 +22,7 @@ from controller.fit.shapes import (
     untolerated,
 )
 from controller.fit.slices import applies
+from controller.fit.topology import ABSENT, within
 from controller.fit.types import (
     GangRequest,
     Mode,
@@ -99,7 +100,8 @@ def domain_text(levels: Sequence[str], key: tuple[str, ...]) -> str:
     """A domain as its users label it: ``rack b0-r1 (block b0)``, the value of its own level
     and those of the levels above it (a rack value may repeat across blocks)."""
     own = f"{_short(levels[len(key) - 1])} {key[-1]}"
-    above = ", ".join(f"{_short(lv)} {v}" for lv, v in zip(levels, key[:-1], strict=False))
+    above = ", ".join(f"{_short(lv)} {v}" for lv, v in zip(levels, key[:-1], strict=False)
+                      if v != ABSENT)
     return f"{own} ({above})" if above else own
 
 
@@ -355,7 +357,7 @@ def _explain_required(placer: PodSetPlacer, level: str, suffix: str) -> Reason:
     caps = placer.domain_caps(depth)
     by_key: dict[tuple[str, ...], list[Batch]] = {}
     for b in placer.batches:
-        if len(b.ref.path) > depth:
+        if within(b.ref.path, depth):
             by_key.setdefault(b.ref.path[: depth + 1], []).append(b)
     rooms: dict[tuple[str, ...], tuple[int, int, list[str]]] = {}
     for key in set(caps) | set(by_key):
@@ -460,13 +462,13 @@ def _explain_slices(placer: PodSetPlacer, suffix: str) -> Reason:
         caps = placer.domain_caps(sdepth)
         news: dict[tuple[str, ...], list[Batch]] = {}
         for b in placer.batches:
-            if len(b.ref.path) > sdepth:
+            if within(b.ref.path, sdepth):
                 news.setdefault(b.ref.path[: sdepth + 1], []).append(b)
         for key in set(caps) | set(news):
             units.append((key, caps.get(key, 0), _pool_room(news.get(key, []), ws)[0]))
     tops: dict[tuple[str, ...], list[int]] = {}
     for key, have, new in units:
-        if depth >= 0 and len(key) <= depth:
+        if depth >= 0 and not within(key, depth):
             continue
         top = tops.setdefault(key[: depth + 1] if depth >= 0 else (), [0, 0])
         top[0] += have // size

@@ -217,6 +217,7 @@ def _usable(
     cheapest first; with ``totals``, the walk stops at the first that holds them all
     (returned second)."""
     usable: list[PoolRef] = []
+    holds: dict[int, bool] = {}  # per pool: its other domains' nodes are the same size
     for ref in ws.index.catalogue.by_price:
         if ref.pool.planning_price >= budget:
             break  # a purchase holds at least one node of a pool it ranks
@@ -226,8 +227,12 @@ def _usable(
                 break
         else:
             if ws.headroom(ref) > 0:
-                if totals is not None and _holds(ref, resources, totals):
-                    return usable, ref
+                if totals is not None:
+                    held = holds.get(ref.pool_index)
+                    if held is None:
+                        held = holds[ref.pool_index] = _holds(ref, resources, totals)
+                    if held:
+                        return usable, ref
                 usable.append(ref)
     return usable, None
 

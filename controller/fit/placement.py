@@ -20,9 +20,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from controller.fit.purchase import Batch, Outcome, Purchase, Take, buy
+from controller.fit.purchase import Batch, Outcome, PoolLeft, Purchase, Take, buy
 from controller.fit.shapes import ShapeCounter, pods_that_fit
-from controller.fit.topology import NEW_HOSTNAME, fill
+from controller.fit.topology import NEW_HOSTNAME, fill, within
 from controller.fit.types import Mode, PodSetPlacement, PodSetRequest, TopologyMode
 from controller.fit.workspace import BaseFit, NodeClass, PoolRef, Workspace, fit_key
 
@@ -56,13 +56,14 @@ class PodSetPlacer:
         self._batches: list[Batch] | None = None
         self._per_node: list[int] | None = None
         self._pool_room: dict[int, int] = {}
+        self._left: PoolLeft | None = None
 
     @property
     def batches(self) -> list[Batch]:
         """Every (pool, domain) that can add a node holding a pod of this pod set, in
         catalogue order; built on first use. Choosing the cheapest new capacity does not
         need it (:meth:`_scan` walks the catalogue by price and stops early): only the
-        strategies that weigh every domain (spread, slices, explanations) build it."""
+        strategies that weigh every domain (slices, explanations) build it."""
         if self._batches is None:
             self._batches = []
             if self.mode is Mode.PROVISION:
@@ -72,7 +73,7 @@ class PodSetPlacer:
                 touched.update(pi for pi, _ in usage.domain_booked)
                 # Pools this plan (or a booked one) has not taken from have the headroom
                 # of the catalogue's pools: their batches are the catalogue's, per shape.
-                fresh = self.ws.index.catalogue.fresh_batches(self.ps.shape, self._all_batches)
+                fresh = self.ws.index.catalogue.fresh_batches(self.ps.shape, self._fresh_batches)
                 if not touched:
                     self._batches = list(fresh)
                 else:
@@ -85,14 +86,18 @@ class PodSetPlacer:
                     self._batches.sort(key=lambda b: b.ref.ordinal)
         return self._batches
 
-    def _all_batches(self) -> list[Batch]:
+    def _fresh_batches(self) -> list[Batch]:
+        """What every ref can add while nothing is taken from its pool: from the catalogue
+        alone, not this workspace, since the catalogue keeps it for every later plan."""
         per_node = self.pool_per_node()
+        headroom = self.ws.index.catalogue.fresh_headroom
         out: list[Batch] = []
         for ref in self.ws.index.refs:
-            if per_node[ref.ordinal] > 0:
-                b = self.batch_of(ref)
-                if b is not None:
-                    out.append(b)
+            c = per_node[ref.ordinal]
+            if c > 0:
+                nodes = min(headroom[ref.pool_index], ref.domain.max_new_nodes)
+                if nodes > 0:
+                    out.append(Batch(ref, c, nodes))
         return out
 
     def pool_per_node(self) -> list[int]:
@@ -123,6 +128,20 @@ class PodSetPlacer:
         nodes = min(room, ref.domain.max_new_nodes - usage.domain_used.get(dkey, 0)
                     - usage.domain_booked.get(dkey, 0))
         return Batch(ref, per_node, nodes) if nodes > 0 else None
+
+    def most_per_node(self, cap: int) -> int:
+        """The most pods of the set one new node can hold now, at most ``cap`` (0 when no
+        pool can add a node that holds one): the largest ``per_node`` of :attr:`batches`
+        without sizing every (pool, domain); the walk stops at the roomiest ref that can
+        still add a node."""
+        if self.mode is not Mode.PROVISION:
+            return 0
+        fits = self.pool_per_node()
+        refs = self.ws.index.refs
+        for o in self.ws.index.catalogue.roomiest(self.ps.shape, fits):
+            if self.batch_of(refs[o]) is not None:
+                return min(cap, fits[o])
+        return 0
 
     def cheapest(self, need: int, cap: int | None = None) -> list[Batch]:
         """The batches the cheapest purchase of ``need`` pods anywhere can use, at most
@@ -167,18 +186,18 @@ class PodSetPlacer:
                     covered = b.per_node
         return out
 
-    def _pool_left_of(self, batches: Sequence[Batch]) -> dict[int, int]:
-        """Pool-wide headroom of the pools of ``batches`` (what :func:`buy` reads)."""
-        return {b.ref.pool_index: self.ws.pool_headroom(b.ref.pool_index) for b in batches}
-
     # ------------------------------------------------------------------ helpers
 
-    def pool_left(self) -> dict[int, int]:
-        usage = self.ws.usage
-        left = dict(self.ws.index.catalogue.fresh_headroom)
-        for i in {*usage.pool_used, *usage.pool_booked}:
-            left[i] = self.ws.pool_headroom(i)
-        return left
+    def pool_left(self) -> PoolLeft:
+        """Pool-wide headroom now (a copy to change): the catalogue's, with the pools this
+        plan (or a booked one) took from. Kept until the placement commits, like
+        :meth:`batch_of`'s pool room: nothing changes the workspace before."""
+        if self._left is None:
+            usage = self.ws.usage
+            taken = {*usage.pool_used, *usage.pool_booked}
+            self._left = PoolLeft(self.ws.index.catalogue.fresh_headroom,
+                                  {i: self.ws.pool_headroom(i) for i in taken})
+        return self._left.copy()
 
     def _candidates(self) -> list[tuple[NodeClass, int]]:
         """The classes a pod of the set fits on, with how many pods each node holds."""
@@ -213,7 +232,7 @@ class PodSetPlacer:
                 return got
         caps: dict[tuple[str, ...], int] = {}
         for cls, c in self.cands:
-            if len(cls.path) > depth:
+            if within(cls.path, depth):
                 key = cls.path[: depth + 1]
                 caps[key] = caps.get(key, 0) + c * len(cls.members)
         if shared is not None:
@@ -344,14 +363,39 @@ class PodSetPlacer:
             pods = self.commit([], Purchase(((best, 1, need),), best.price, 1))
             return Outcome(pods, self._node_placement(pods[0][0]))
         caps = self.domain_caps(depth)
+        got = self._cheapest_domain(depth, caps)
+        if got is None:
+            return None
+        key, chosen = got
+        existing = caps.get(key, 0)
+        taken = self.fill_in(self.members(key), existing, depth + 1) if existing else []
+        pods = self.commit(taken, chosen)
+        return Outcome(pods, self.placement_of(levels.domain[depth], key, pods))
+
+    def _cheapest_domain(
+        self, depth: int, caps: dict[tuple[str, ...], int]
+    ) -> tuple[tuple[str, ...], Purchase] | None:
+        """The domain at ``depth`` whose new capacity for the pods its existing room
+        (``caps``) leaves costs least (then fewest nodes, then the first), and that purchase."""
+        need = self.ps.count
         best_rank: tuple[float, int, tuple[str, ...]] | None = None
         chosen: Purchase | None = None
-        for key, refs in sorted(catalogue.by_domain(depth).items()):
+        fits = self.pool_per_node()
+        for key, refs in sorted(self.ws.index.catalogue.by_domain(depth).items()):
             rest = need - caps.get(key, 0)
+            if best_rank is not None and rest > 0:
+                # New capacity here costs at least its cheapest node that holds a pod, in one
+                # node at least, and ties go to the earlier domain: a domain whose floor
+                # cannot beat the best so far is not priced (so a pod set that one node
+                # holds, offered the same pools in every domain, prices the first only).
+                floor = next((r.pool.planning_price for r in refs if fits[r.ordinal] > 0),
+                             math.inf)
+                if (floor, 1) >= best_rank[:2]:
+                    continue
             batches = self._scan(refs, rest)
             if not batches:
                 continue
-            purchase = buy(batches, rest, self._pool_left_of(batches))
+            purchase = buy(batches, rest, self.pool_left())
             if purchase is None:
                 continue
             rank = (purchase.cost, purchase.nodes, key)
@@ -359,11 +403,7 @@ class PodSetPlacer:
                 best_rank, chosen = rank, purchase
         if best_rank is None or chosen is None:
             return None
-        key = best_rank[2]
-        existing = caps.get(key, 0)
-        taken = self.fill_in(self.members(key), existing, depth + 1) if existing else []
-        pods = self.commit(taken, chosen)
-        return Outcome(pods, self.placement_of(levels.domain[depth], key, pods))
+        return best_rank[2], chosen
 
     def _anywhere(self, *, fewest_nodes: bool, allow_new: bool = True) -> Outcome | None:
         need = self.ps.count
@@ -375,7 +415,7 @@ class PodSetPlacer:
             scanned = self._scan(self.ws.index.catalogue.by_price, need - take)
             if not scanned:
                 return None
-            purchase = buy(scanned, need - take, self._pool_left_of(scanned))
+            purchase = buy(scanned, need - take, self.pool_left())
             if purchase is None:
                 return None
         classes = [cls for cls, _ in self.cands]

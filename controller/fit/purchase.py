@@ -11,9 +11,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar, overload
 
 from controller.fit.types import PodSetPlacement
 from controller.fit.workspace import NodeClass, PoolRef
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +31,38 @@ class Batch:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "price", self.ref.pool.planning_price)
+
+
+class PoolLeft(dict[int, int]):
+    """Pool-wide headroom (new nodes each pool may still add), by pool index: the
+    catalogue's headroom while nothing is taken (``base``, shared, never changed) under
+    this purchase's own changes. Only the pools read or changed are held, so copying one
+    to try a purchase costs the pools it touches, not the catalogue's size. Read it by
+    index (``left[i]``): a pool not held yet is read from ``base``."""
+
+    __slots__ = ("_base",)
+
+    def __init__(self, base: Mapping[int, int], own: Mapping[int, int] | None = None) -> None:
+        super().__init__(own or {})
+        self._base = base
+
+    def __missing__(self, pool_index: int) -> int:
+        left = self[pool_index] = self._base.get(pool_index, 0)
+        return left
+
+    @overload
+    def get(self, pool_index: int, default: None = None, /) -> int | None: ...
+    @overload
+    def get(self, pool_index: int, default: int, /) -> int: ...
+    @overload
+    def get(self, pool_index: int, default: T, /) -> int | T: ...
+    def get(self, pool_index: int, default: object = None, /) -> object:
+        """As ``left[pool_index]``: every pool has a headroom (``dict.get`` would miss
+        the pools not held yet)."""
+        return self[pool_index]
+
+    def copy(self) -> PoolLeft:
+        return PoolLeft(self._base, self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,14 +80,14 @@ class Outcome:
     placement: PodSetPlacement
 
 
-def one_batch_nodes(b: Batch, need: int, pool_left: Mapping[int, int]) -> int | None:
+def one_batch_nodes(b: Batch, need: int, pool_left: PoolLeft) -> int | None:
     """New nodes of ``b`` holding ``need`` (> 0) pods, or None when its room is short."""
-    if min(b.nodes, pool_left.get(b.ref.pool_index, 0)) * b.per_node < need:
+    if min(b.nodes, pool_left[b.ref.pool_index]) * b.per_node < need:
         return None
     return -(-need // b.per_node)
 
 
-def buy(batches: Sequence[Batch], need: int, pool_left: dict[int, int]) -> Purchase | None:
+def buy(batches: Sequence[Batch], need: int, pool_left: PoolLeft) -> Purchase | None:
     """Cheapest new nodes for ``need`` pods, or None if the batches cannot hold them.
 
     Walks the batches by price per pod, taking each whole; before each step it prices
@@ -69,7 +104,7 @@ def buy(batches: Sequence[Batch], need: int, pool_left: dict[int, int]) -> Purch
         k = one_batch_nodes(b, need, pool_left)
         if k is None:
             return None
-        pool_left[b.ref.pool_index] = pool_left.get(b.ref.pool_index, 0) - k
+        pool_left[b.ref.pool_index] = pool_left[b.ref.pool_index] - k
         return Purchase(((b, k, need),), k * b.price, k)
     ordered = sorted(batches, key=lambda b: (b.price / b.per_node, b.price,
                                              not b.ref.pool.reserved, b.ref.sort_name))
@@ -79,7 +114,7 @@ def buy(batches: Sequence[Batch], need: int, pool_left: dict[int, int]) -> Purch
     # found; ties keep the earliest in ``ordered``, as a walk over all of them would.
     cheap = sorted(range(n), key=lambda i: ordered[i].price)
     left = [b.nodes for b in ordered]
-    pools = dict(pool_left)
+    pools = pool_left.copy()
     prefix: list[tuple[Batch, int, int]] = []
     best: tuple[tuple[float, int], tuple[tuple[Batch, int, int], ...]] | None = None
     spent, nodes_so_far, rem = 0.0, 0, need
@@ -90,12 +125,12 @@ def buy(batches: Sequence[Batch], need: int, pool_left: dict[int, int]) -> Purch
         if step is not None and (best is None or step[0] < best[0]):
             best = (step[0], (*prefix, (ordered[step[1]], step[2], rem)))
         # Rooms only shrink, so the first batch with room only moves forward.
-        while first < n and min(left[first], pools.get(ordered[first].ref.pool_index, 0)) <= 0:
+        while first < n and min(left[first], pools[ordered[first].ref.pool_index]) <= 0:
             first += 1
         if first == n:
             break
         b = ordered[first]
-        k = min(left[first], pools.get(b.ref.pool_index, 0))
+        k = min(left[first], pools[b.ref.pool_index])
         if k * b.per_node >= rem:
             break  # finishing with this batch was priced above
         prefix.append((b, k, k * b.per_node))
@@ -108,12 +143,12 @@ def buy(batches: Sequence[Batch], need: int, pool_left: dict[int, int]) -> Purch
         return None
     takes = best[1]
     for b, k, _ in takes:
-        pool_left[b.ref.pool_index] = pool_left.get(b.ref.pool_index, 0) - k
+        pool_left[b.ref.pool_index] = pool_left[b.ref.pool_index] - k
     return Purchase(takes, best[0][0], best[0][1])
 
 
 def _finish(
-    ordered: Sequence[Batch], cheap: Sequence[int], left: Sequence[int], pools: Mapping[int, int],
+    ordered: Sequence[Batch], cheap: Sequence[int], left: Sequence[int], pools: PoolLeft,
     rem: int, spent: float, nodes_so_far: int, bound: float,
 ) -> tuple[tuple[float, int], int, int] | None:
     """The cheapest way to finish ``rem`` pods with one batch of ``ordered`` (walked in
@@ -125,7 +160,7 @@ def _finish(
         floor = spent + b.price
         if floor > bound or (step is not None and floor > step[0][0]):
             break
-        room = min(left[i], pools.get(b.ref.pool_index, 0))
+        room = min(left[i], pools[b.ref.pool_index])
         if room * b.per_node >= rem:
             k = -(-rem // b.per_node)
             rank = (spent + k * b.price, nodes_so_far + k)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from controller.fit.placement import PodSetPlacer
 from controller.fit.purchase import Batch, Outcome, Purchase, Take, buy
-from controller.fit.topology import Levels, choose
+from controller.fit.topology import Levels, choose, within
 from controller.fit.types import TopologyMode, TopologyRequest
 
 
@@ -84,8 +84,8 @@ def _within(p: PodSetPlacer, depth: int, *, allow_new: bool) -> Outcome | None:
         return None
     prefixes: set[tuple[str, ...]] = {()}
     if depth >= 0:
-        prefixes = {cls.path[: depth + 1] for cls, _ in p.cands if len(cls.path) > depth}
-        prefixes |= {b.ref.path[: depth + 1] for b in p.batches if len(b.ref.path) > depth}
+        prefixes = {cls.path[: depth + 1] for cls, _ in p.cands if within(cls.path, depth)}
+        prefixes |= {b.ref.path[: depth + 1] for b in p.batches if within(b.ref.path, depth)}
     best: tuple[tuple[float, int, int, tuple[str, ...]], tuple[str, ...], _Choice] | None = None
     for prefix in sorted(prefixes):
         got = _slices_in(p, prefix, sdepth, allow_new=allow_new)
@@ -128,7 +128,7 @@ def _slices_in(
         return None
     by_key: dict[tuple[str, ...], list[Batch]] = {}
     for b in p.batches:
-        if len(b.ref.path) > sdepth and b.ref.path[:n] == prefix:
+        if within(b.ref.path, sdepth) and b.ref.path[:n] == prefix:
             by_key.setdefault(b.ref.path[: sdepth + 1], []).append(b)
     slices = dict(have)
     bought: dict[tuple[str, ...], Purchase] = {}
@@ -157,11 +157,11 @@ def _buy_one_slice(
     pool_left = p.pool_left()
     pick: tuple[tuple[float, int, tuple[str, ...]], Purchase] | None = None
     for key in sorted(by_key):
-        left = dict(pool_left)
+        left = pool_left.copy()
         for other, pur in bought.items():
             if other != key:
                 for b, nodes, _ in pur.takes:
-                    left[b.ref.pool_index] = left.get(b.ref.pool_index, 0) - nodes
+                    left[b.ref.pool_index] = left[b.ref.pool_index] - nodes
         want = (slices.get(key, 0) + 1) * size - caps.get(key, 0)
         got = buy(by_key[key], want, left)
         if got is None:

@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from controller.fit.placement import PodSetPlacer
-from controller.fit.purchase import Batch, Outcome, Purchase, Take, buy
+from controller.fit.purchase import Batch, Outcome, PoolLeft, Purchase, Take, buy
 from controller.fit.shapes import selector_matches, untolerated
 from controller.fit.topology import HOSTNAME, NEW_HOSTNAME, fill
 from controller.fit.types import Mode, PodSetPlacement, PodSetRequest, PodShape, Spread, Taint
@@ -229,7 +229,7 @@ def _pair(
     counts = domain_counts(p.ws, p.ps, spread, own=False)
     if held or not host.counts_self or p.cautious:
         return _by_domain(p, spread, keys, held, host, None, counts)
-    top = min(p.ps.count, max((b.per_node for b in p.batches), default=0))
+    top = p.most_per_node(p.ps.count)
     for level in _node_levels(top, p.ps.count):
         if level == 0:
             break  # the plan below (every node at most maxSkew) is level 0's
@@ -280,7 +280,7 @@ def _by_domain(
     if not p.cautious and level is None and any(d.existing for d in domains.values()):
         # The domains there holding the pod set on their existing room cost nothing: that
         # plan wins whatever new capacity could add, so the catalogue is not walked.
-        got = _levels(p, spread, list(domains.values()), dict(pool_left), per)
+        got = _levels(p, spread, list(domains.values()), pool_left.copy(), per)
         if got is not None and got[1].nodes == 0:
             return (*got, False)
     node_cap = None if host is None else host.max_skew + (level or 0)
@@ -292,7 +292,7 @@ def _by_domain(
 
 def _over_opened(
     p: PodSetPlacer, spread: Spread, base: list[_Domain], opened: list[_Domain],
-    pool_left: Mapping[int, int], per: dict[str, int],
+    pool_left: PoolLeft, per: dict[str, int],
 ) -> tuple[list[Take], Purchase] | None:
     """The plan over the domains there (``base``) and new ones (``opened``, cheapest
     first)."""
@@ -303,7 +303,7 @@ def _over_opened(
         # Other pod sets of the gang may add nodes in any domain the pools offer: open them
         # all (as many as the pods allow), so none appears later holding none of the pods.
         for k in range(most, -1, -1):
-            got = _levels(p, spread, [*base, *opened[:k]], dict(pool_left), per)
+            got = _levels(p, spread, [*base, *opened[:k]], pool_left.copy(), per)
             if got is not None:
                 return got
         return None
@@ -311,7 +311,7 @@ def _over_opened(
     # most domains (what the constraint asks for: the pods apart).
     best: tuple[tuple[float, int, int], tuple[list[Take], Purchase]] | None = None
     for k in range(most + 1):
-        got = _levels(p, spread, [*base, *opened[:k]], dict(pool_left), per)
+        got = _levels(p, spread, [*base, *opened[:k]], pool_left.copy(), per)
         if got is not None:
             rank = (got[1].cost, got[1].nodes, -k)
             if best is None or rank < best[0]:
@@ -323,7 +323,7 @@ def _over_opened(
 
 def _add_batches(
     p: PodSetPlacer, spread: Spread, keys: Sequence[str], node_cap: int | None, least: int,
-    domains: dict[str, _Domain], pool_left: Mapping[int, int],
+    domains: dict[str, _Domain], pool_left: PoolLeft,
 ) -> dict[str, _Domain]:
     """New capacity per domain of the key (at most ``node_cap`` pods a node, nodes that
     hold fewer than ``least`` left out): into ``domains``, or domains not there yet
@@ -337,6 +337,7 @@ def _add_batches(
     if p.mode is not Mode.PROVISION:
         return fresh
     need = p.ps.count
+    fits = p.pool_per_node()
     for value, refs in p.ws.index.catalogue.by_label(spread.key).items():
         bound = math.inf
         d = domains.get(value)
@@ -344,7 +345,7 @@ def _add_batches(
             price = ref.pool.planning_price
             if price > bound:
                 break
-            if any(k not in ref.labels for k in keys):
+            if fits[ref.ordinal] <= 0 or any(k not in ref.labels for k in keys):
                 continue
             b = p.batch_of(ref)
             if b is None:
@@ -356,7 +357,7 @@ def _add_batches(
                 d = fresh.get(value)
                 if d is None:
                     d = fresh[value] = _Domain(value, 0, [], 0, [], 0, opened=True)
-            nodes = min(b.nodes, pool_left.get(ref.pool_index, 0))
+            nodes = min(b.nodes, pool_left[ref.pool_index])
             d.batches.append(b if per_node == b.per_node else Batch(ref, per_node, b.nodes))
             d.new += per_node * nodes
             if nodes * per_node >= need:
@@ -369,7 +370,7 @@ def _price(d: _Domain) -> float:
 
 
 def _levels(
-    p: PodSetPlacer, spread: Spread, domains: list[_Domain], pool_left: dict[int, int],
+    p: PodSetPlacer, spread: Spread, domains: list[_Domain], pool_left: PoolLeft,
     per: dict[str, int],
 ) -> tuple[list[Take], Purchase] | None:
     """The cheapest plan over ``domains`` at any level (see the module docstring)."""
@@ -382,6 +383,7 @@ def _levels(
     top = 0 if few else min(d.count + d.room for d in domains)
     top = min(top, (need + sum(d.count for d in domains)) // len(domains))
     best: tuple[tuple[float, int, int], list[Take], Purchase] | None = None
+    tried: tuple[dict[str, int], dict[str, int] | None] | None = None
     for level in range(top, -1, -1):
         lo = {d.value: max(0, level - d.count, 1 if d.opened else 0) for d in domains}
         hi = {d.value: min(d.room, level + skew - d.count) for d in domains}
@@ -389,9 +391,11 @@ def _levels(
             if any(d.count > level + skew for d in domains):
                 break  # a domain already over: lower levels only make it worse
             continue
-        if sum(lo.values()) > need or sum(hi.values()) < need:
-            continue
-        got = _realise(p, domains, lo, hi, need, dict(pool_left), per)
+        bounds = _bounds(lo, hi, need)
+        if bounds is None or bounds == tried:
+            continue  # no plan, or the level above's plan (ranked above this one)
+        tried = bounds
+        got = _realise(p, domains, lo, hi, need, pool_left.copy(), per)
         if got is None:
             continue
         takes, purchase = got
@@ -403,13 +407,24 @@ def _levels(
     if best is None:
         return None
     for batch, nodes, _ in best[2].takes:
-        pool_left[batch.ref.pool_index] = pool_left.get(batch.ref.pool_index, 0) - nodes
+        pool_left[batch.ref.pool_index] = pool_left[batch.ref.pool_index] - nodes
     return best[1], best[2]
+
+
+def _bounds(
+    lo: dict[str, int], hi: dict[str, int], need: int
+) -> tuple[dict[str, int], dict[str, int] | None] | None:
+    """What decides :func:`_realise`'s plan at bounds ``lo``..``hi``: None when they cannot
+    hold ``need`` pods; the upper bounds only while the lower ones leave pods to place."""
+    low = sum(lo.values())
+    if low > need or sum(hi.values()) < need:
+        return None
+    return lo, hi if low < need else None
 
 
 def _realise(
     p: PodSetPlacer, domains: list[_Domain], lo: dict[str, int], hi: dict[str, int],
-    need: int, pool_left: dict[int, int], per: dict[str, int],
+    need: int, pool_left: PoolLeft, per: dict[str, int],
 ) -> tuple[list[Take], Purchase] | None:
     """Pods per domain within [lo, hi]: the extra pods to existing room first (roomiest
     domains first), then to the cheapest new capacity; then which nodes."""
@@ -452,7 +467,7 @@ def _realise(
 
 
 def _beside(
-    p: PodSetPlacer, spread: Spread, domains: list[_Domain], pool_left: dict[int, int],
+    p: PodSetPlacer, spread: Spread, domains: list[_Domain], pool_left: PoolLeft,
     per: dict[str, int],
 ) -> tuple[list[Take], Purchase] | None:
     """A selector that matches other pods only: the pod set's pods go to domains whose
@@ -540,7 +555,7 @@ def _host_top(
         # domain holding none of these pods): each node ends with at most maxSkew.
         return 0
     if not counts:  # only new nodes will be domains
-        return min(p.ps.count, max((b.per_node for b in p.batches), default=0))
+        return p.most_per_node(p.ps.count)
     room: dict[str, int] = {}
     for cls, c in usable:
         for m in cls.members:
@@ -622,7 +637,7 @@ def _cheapest(p: PodSetPlacer, need: int, cap: int, least: int) -> list[Batch]:
         if per_node < least:
             continue
         out.append(b if per_node == b.per_node else Batch(ref, per_node, b.nodes))
-        if min(b.nodes, pool_left.get(ref.pool_index, 0)) * per_node >= need:
+        if min(b.nodes, pool_left[ref.pool_index]) * per_node >= need:
             bound = min(bound, -(-need // per_node) * price)
             covered = max(covered, per_node)
             if covered >= cap:

@@ -5,6 +5,12 @@ rack value may repeat across blocks), so domain keys are tuples of label values,
 *path*. ``kubernetes.io/hostname`` as the lowest level is the node itself: every node (and
 every new node) is its own domain there, even one whose template does not know its name yet.
 
+Each node is read for the levels it has: one hierarchy may span clouds (GCE's block and
+EC2's network node layers under one zone level), and a node lacks the other cloud's levels.
+A level a node lacks above one it has is :data:`ABSENT` in its path; the node is in no
+domain at that level (:func:`within`) but still in those below, as the kube-scheduler
+matches a domain by the node's labels. A path ends at the lowest level the node has.
+
 :func:`fill` distributes a number of pods over a tree of domains the way Kueue TAS does:
 at each level it takes the fewest child domains (largest first) and, for the last one, the
 tightest domain that still holds the rest (best fit), then descends into each.
@@ -24,6 +30,10 @@ NEW_HOSTNAME = "~unnamed"
 one (its kubelet sets it), but a new node's name is not known, so no ``In`` value or
 nodeSelector names it. Not a valid label value, so it equals none. Never reported as a
 domain: a new node's own domain at the hostname level is its slot."""
+
+ABSENT = "~absent"
+"""A path's value at a level the node (or a pool's domain) lacks above one it has. Not a
+valid label value, so it equals none; never reported as a domain or a label."""
 
 T = TypeVar("T")
 K = TypeVar("K")
@@ -52,17 +62,26 @@ class Levels:
         return self.domain.index(level)
 
     def path(self, labels: Mapping[str, str]) -> tuple[str, ...]:
-        """Values of the domain levels from the top while the labels have them."""
-        out: list[str] = []
-        for level in self.domain:
-            value = labels.get(level)
-            if value is None:
-                break
-            out.append(value)
-        return tuple(out)
+        """Values of the domain levels from the top down to the lowest the labels have,
+        :data:`ABSENT` for a level they lack above it."""
+        return domain_path(labels, self.domain)
 
     def labels_of(self, key: tuple[str, ...]) -> dict[str, str]:
-        return dict(zip(self.domain, key, strict=False))
+        """The labels a domain key stands for (the levels its nodes lack left out)."""
+        return {level: v for level, v in zip(self.domain, key, strict=False) if v != ABSENT}
+
+
+def domain_path(labels: Mapping[str, str], levels: Sequence[str]) -> tuple[str, ...]:
+    """See :meth:`Levels.path`."""
+    out = [labels.get(level, ABSENT) for level in levels]
+    while out and out[-1] == ABSENT:
+        out.pop()
+    return tuple(out)
+
+
+def within(path: tuple[str, ...], depth: int) -> bool:
+    """The path is in a domain at domain-level index ``depth`` (it has that level)."""
+    return len(path) > depth and path[depth] != ABSENT
 
 
 def choose(
@@ -124,7 +143,7 @@ def fill(
     singles: dict[str, T] = {}
     for item in items:
         p = path(item)
-        if len(p) > depth:
+        if within(p, depth):
             subgroups.setdefault(p[depth], []).append(item)
         else:
             n = name(item)

@@ -1,7 +1,7 @@
 """Input and output types of the fit engine.
 
 Pure data: frozen dataclasses, no pydantic, no Kubernetes client. The state layer
-(`controller.snapshot`) converts API objects into these; the reconcilers, the
+(`controller.inputs.snapshot`) converts API objects into these; the reconcilers, the
 `muster fit` CLI and the simulator all hand the same types to `controller.fit.plan`.
 
 Resource amounts are integers in canonical units: ``cpu`` in millicores, every other

@@ -30,7 +30,7 @@ from controller.fit.dra_types import NodeDevices, PodDevices
 from controller.fit.ports import unlisted
 from controller.fit.shapes import ShapeCounter, label_keys, selector_keys, uses_node_name
 from controller.fit.taints import lasting_taints, transient
-from controller.fit.topology import HOSTNAME, NEW_HOSTNAME, Levels
+from controller.fit.topology import HOSTNAME, NEW_HOSTNAME, Levels, domain_path, within
 from controller.fit.types import (
     NewNodeSlot,
     NodeState,
@@ -87,16 +87,6 @@ def _summed(a: Mapping[Any, int], b: Mapping[Any, int]) -> dict[Any, int]:
     return out
 
 
-def _trimmed_path(labels: Mapping[str, str], levels: Sequence[str]) -> tuple[str, ...]:
-    out: list[str] = []
-    for level in levels:
-        value = labels.get(level)
-        if value is None:
-            break
-        out.append(value)
-    return tuple(out)
-
-
 
 
 class NodeClass(NamedTuple):
@@ -139,10 +129,14 @@ class PoolRef:
     sort_name: str = ""
     """``<pool>/<domain index>``: ties between equal prices break on it (kept, not formatted
     per comparison: purchases sort many refs)."""
+    slot_ident: tuple[int, tuple[tuple[str, str], ...]] = field(init=False)
+    """(pool index, domain labels sorted): what new-node slots are numbered by."""
 
     def __post_init__(self) -> None:
         if not self.sort_name:
             object.__setattr__(self, "sort_name", f"{self.pool.name}/{self.domain_index:06d}")
+        object.__setattr__(self, "slot_ident",
+                           (self.pool_index, tuple(sorted(self.domain.labels.items()))))
 
 
 def _at_maximum(pool: PoolState) -> PoolState:
@@ -174,8 +168,8 @@ class Catalogue:
     makes a plan's cost independent of the pools that cannot serve it.
     """
 
-    __slots__ = ("_batches", "_by_domain", "_by_label", "_per_node", "by_price", "fresh_headroom",
-                 "pool_index", "pools", "refs", "source")
+    __slots__ = ("_batches", "_by_domain", "_by_label", "_per_node", "_roomiest", "by_price",
+                 "fresh_headroom", "pool_index", "pools", "refs", "source")
 
     def __init__(self, pools: Sequence[PoolState], levels: Levels, empty: bool) -> None:
         self.source = pools
@@ -197,6 +191,7 @@ class Catalogue:
         """Pool-wide headroom while nothing is taken (the caller copies it to change it)."""
         self._per_node: dict[tuple[object, ...], list[int]] = {}
         self._batches: dict[tuple[object, ...], Sequence[Any]] = {}
+        self._roomiest: dict[tuple[object, ...], list[int]] = {}
 
     def fresh_batches(self, shape: PodShape, build: Callable[[], Sequence[T]]) -> Sequence[T]:
         """``build()``: what every ref can add for a pod set of ``shape`` while nothing has
@@ -237,6 +232,21 @@ class Catalogue:
             self._per_node[key] = got
         return got
 
+    def roomiest(self, shape: PodShape, per_node: Sequence[int]) -> list[int]:
+        """Ordinals of the refs whose new nodes hold a pod of ``shape`` (``per_node``: what
+        :meth:`per_node` gave for it), most pods a node first (ties in :attr:`refs` order);
+        kept per shape like :meth:`per_node`."""
+        key = fit_key(shape)
+        got = self._roomiest.get(key) if key is not None else None
+        if got is not None:
+            return got
+        got = sorted((o for o, c in enumerate(per_node) if c > 0), key=lambda o: -per_node[o])
+        if key is not None:
+            if len(self._roomiest) >= _SHAPES_KEPT:
+                del self._roomiest[next(iter(self._roomiest))]
+            self._roomiest[key] = got
+        return got
+
     def by_domain(self, depth: int) -> dict[tuple[str, ...], list[PoolRef]]:
         """The refs under each domain of domain-level index ``depth`` (keys: topology path
         prefixes), each list in :attr:`by_price` order."""
@@ -244,7 +254,7 @@ class Catalogue:
         if got is None:
             got = {}
             for ref in self.by_price:
-                if len(ref.path) > depth:
+                if within(ref.path, depth):
                     got.setdefault(ref.path[: depth + 1], []).append(ref)
             self._by_domain[depth] = got
         return got
@@ -281,11 +291,22 @@ class Catalogue:
 
 def fit_key(shape: PodShape) -> tuple[object, ...] | None:
     """Everything of ``shape`` that decides how many of its pods a new node holds (None
-    with device claims)."""
-    if shape.claims:
-        return None
-    return (tuple(sorted(shape.requests.items())), tuple(sorted(shape.node_selector.items())),
-            shape.affinity_terms, shape.tolerations, shape.max_per_node, shape.node_name)
+    with device claims). Remembered per shape object: a plan asks for it at every
+    placement and catalogue lookup of the shape."""
+    hit = _FIT_KEYS.get(id(shape))
+    if hit is not None and hit[0] is shape:
+        return hit[1]
+    key: tuple[object, ...] | None = None
+    if not shape.claims:
+        key = (tuple(sorted(shape.requests.items())), tuple(sorted(shape.node_selector.items())),
+               shape.affinity_terms, shape.tolerations, shape.max_per_node, shape.node_name)
+    if len(_FIT_KEYS) >= _SHAPES_KEPT:
+        del _FIT_KEYS[next(iter(_FIT_KEYS))]
+    _FIT_KEYS[id(shape)] = (shape, key)  # holds the shape, so the id stays its own
+    return key
+
+
+_FIT_KEYS: dict[int, tuple[PodShape, tuple[object, ...] | None]] = {}
 
 
 _SHAPES_KEPT = 512
@@ -410,11 +431,26 @@ class WorkspaceIndex:
         self._taint_keep: list[tuple[Taint, ...]] = []
         self._device_tokens: dict[object, int] = {}
         self.shape_tokens: dict[int, tuple[int, NodeDevices]] = {}
+        self._templates: dict[int, tuple[NodeClass, tuple[int, ...]]] = {}
         self.base_fits: dict[tuple[object, ...], BaseFit] = {}
         """What a placer derives from the base classes for a shape (:func:`fit_key`), shared
         by every placement on a workspace whose classes are still the base ones
         (:attr:`Usage.pristine`): the first pod set of every plan against a snapshot
         otherwise counts every class of the cluster again."""
+
+    def template(self, ref: PoolRef) -> tuple[NodeClass, tuple[int, ...]]:
+        """The class a new node of ``ref`` starts from (no members yet) and its allocatable
+        amounts of the gang's resources: the same for every node a plan adds there."""
+        got = self._templates.get(ref.ordinal)
+        if got is None:
+            key = ClassKey((), tuple([ref.labels.get(k) for k in self.view.label_keys]),
+                           self.taint_token(ref.pool.taints), ref.path, None, None)
+            got = self._templates[ref.ordinal] = (
+                NodeClass(key, {}, ref.labels, ref.pool.taints, ref.path, (), None,
+                          ref.pool.devices),
+                tuple([ref.pool.allocatable.get(r, unlisted(r)) for r in self.view.resources]),
+            )
+        return got
 
     def taint_token(self, taints: tuple[Taint, ...]) -> int:
         """A small int equal for equal taint tuples; hashes a tuple's content only the first
@@ -694,25 +730,20 @@ class Workspace:
         usage.domain_used[key] = usage.domain_used.get(key, 0) + len(pods)
         # Slots are numbered per (pool, domain labels): a pool listing the same labels
         # twice must still give every new node a distinct identity.
-        ident = (ref.pool_index, tuple(sorted(ref.domain.labels.items())))
+        ident = ref.slot_ident
         start = usage.slot_count.get(ident, 0)
         usage.slot_count[ident] = start + len(pods)
         usage.pool_used[ref.pool_index] = usage.pool_used.get(ref.pool_index, 0) + len(pods)
-        template = NodeClass(
-            ClassKey((), tuple([ref.labels.get(k) for k in index.view.label_keys]),
-                     index.taint_token(ref.pool.taints), ref.path, None, None),
-            {}, ref.labels, ref.pool.taints, ref.path, (), None, ref.pool.devices,
-        )
+        template, full = index.template(ref)
+        resources = index.view.resources
         names: list[str] = []
         for offset, count in enumerate(pods):
             slot_index = start + offset
             name = f"{NEW_NODE_PREFIX}/{ref.sort_name}/{slot_index:06d}"
             usage.slots[name] = NewNodeSlot(ref.pool.name, dict(ref.domain.labels), slot_index)
             usage.slot_labels[name] = ref.labels
-            free = {
-                r: ref.pool.allocatable.get(r, unlisted(r)) - requests.get(r, 0) * count
-                for r in index.view.resources
-            }
+            free = {r: f - requests.get(r, 0) * count
+                    for r, f in zip(resources, full, strict=True)}
             devices = ref.pool.devices if index.device_keys else None
             if counter is not None and counter.fitter is not None and count > 0:
                 devices, plans = counter.after(ref.pool.devices, count)
@@ -826,7 +857,7 @@ def _groups(
         try:
             path = path_of(labels)
         except KeyError:
-            path = _trimmed_path(labels, dlevels)
+            path = domain_path(labels, dlevels)
         token = taint_ids.get(id(node.taints))
         if token is None:
             token = index.taint_token(node.taints)

@@ -10,7 +10,7 @@ patches as JSON-patch (a real server rejects those). Watches are Muster's own li
 (:meth:`KubeClient.watch`) over the same client, not ``kubernetes_asyncio.watch.Watch``,
 which never re-lists, retries an expired resourceVersion once with the same expired
 resourceVersion, and resumes forever from a resourceVersion a server that came back with
-another etcd never had (tests/controller/test_kube_watch_library.py; docs/design/api-client.md).
+another etcd never had (tests/kube/test_watch_library.py; docs/design/api-client.md).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 
 from controller import __version__
+from controller.common.problem_log import ProblemLog
 from controller.kube.resources import Resource
-from controller.problem_log import ProblemLog
 
 log = logging.getLogger(__name__)
 _problems = ProblemLog(log)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.api.validation import limit_object_name
-from controller.conditions import Reason
+from controller.common.conditions import Reason
 from controller.kueue.models import (
     AdmissionCheckState,
     CheckStateValue,

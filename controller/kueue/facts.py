@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from controller.common.topology_defaults import POOL_LABEL
 from controller.kueue.drafts import PoolTaints
 from controller.state.cache import ClusterState
-from controller.topology_defaults import POOL_LABEL
 
 
 class PoolFacts(Protocol):

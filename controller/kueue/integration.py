@@ -16,7 +16,8 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from controller.clock import Clock
+from controller.common.clock import Clock
+from controller.common.topology_defaults import DEFAULT_LEVELS, HOSTNAME, POOL_LABEL
 from controller.config import KueueConfig
 from controller.kube import ApiError, Body, KubeClient, WatchEvent, whole_listing
 from controller.kube.events import EventBroadcaster, EventRecorder
@@ -32,11 +33,10 @@ from controller.kueue.resources import (
     WORKLOADS,
 )
 from controller.kueue.workloads import CheckReconciler, KueueCache
-from controller.problems import ProblemLog, describe, retrying, transient
+from controller.runtime.problems import ProblemLog, describe, retrying, transient
+from controller.runtime.workqueue import WorkQueue
 from controller.state.cache import ClusterState
 from controller.state.requests import RequestRecord
-from controller.topology_defaults import DEFAULT_LEVELS, HOSTNAME, POOL_LABEL
-from controller.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 _problems = ProblemLog(log)

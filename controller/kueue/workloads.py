@@ -18,9 +18,11 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from controller.clock import Clock
-from controller.conditions import rfc3339
+from controller.common.clock import Clock
+from controller.common.conditions import rfc3339
+from controller.common.topology_defaults import POOL_LABEL
 from controller.config import KueueConfig
+from controller.inputs.snapshot import pod_set_name
 from controller.kube import ApiError, Body, KubeClient
 from controller.kube.events import EventRecorder, EventType, ObjectReference
 from controller.kube.resources import POD_TEMPLATES, PROVISIONING_REQUESTS
@@ -65,10 +67,8 @@ from controller.kueue.models import (
     Workload,
 )
 from controller.kueue.resources import ADMISSION_CHECKS, WORKLOADS
-from controller.snapshot import pod_set_name
 from controller.state.bookings import Booking
 from controller.state.requests import RequestRecord
-from controller.topology_defaults import POOL_LABEL
 
 log = logging.getLogger(__name__)
 

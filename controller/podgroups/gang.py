@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller.api.validation import limit_object_name
-from controller.podgroup_membership import group_of, request_name
-from controller.topology_defaults import MUSTER_REQUIRED
+from controller.common.topology_defaults import MUSTER_REQUIRED
+from controller.inputs.podgroup_membership import group_of, request_name
 
 GROUP = "scheduling.k8s.io"
 VERSION = "v1beta1"

@@ -18,12 +18,12 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from controller.clock import Clock
+from controller.common.clock import Clock
 from controller.config import PodGroupsConfig
+from controller.inputs.podgroup_membership import request_name
 from controller.kube import ApiError, Body, KubeClient, WatchEvent, whole_listing
 from controller.kube.events import EventRecorder
 from controller.kube.resources import POD_TEMPLATES, PODS, PROVISIONING_REQUESTS, Resource
-from controller.podgroup_membership import request_name
 from controller.podgroups.gang import (
     API_VERSION,
     LABEL,
@@ -36,7 +36,7 @@ from controller.podgroups.gang import (
     owner_reference,
     unbound,
 )
-from controller.workqueue import WorkQueue
+from controller.runtime.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 

@@ -26,15 +26,15 @@ from typing import Any
 from controller.acquire.providers import ProviderSet
 from controller.api.capacitypool import CapacityPool
 from controller.api.dra import DeviceClaim
-from controller.clock import Clock
-from controller.conditions import rfc3339
+from controller.common.clock import Clock
+from controller.common.conditions import rfc3339
+from controller.common.metrics import ControllerMetrics
 from controller.config import PoolStatusConfig
-from controller.dra_snapshot import DraCatalog, claim_shape
 from controller.fit.dra_types import ClaimShape
+from controller.inputs.dra_snapshot import DraCatalog, claim_shape
 from controller.kube import ApiError, Body, KubeClient
 from controller.kube.resources import CAPACITY_POOLS
-from controller.metrics import ControllerMetrics
-from controller.problems import ProblemLog, describe, transient
+from controller.runtime.problems import ProblemLog, describe, transient
 from controller.state.cache import ClusterState
 from controller.state.pool_figures import PoolFacts, Shortage, pool_status
 from controller.state.pool_registry import ReservedCapacity

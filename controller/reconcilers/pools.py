@@ -25,10 +25,10 @@ import logging
 
 from controller.acquire.providers import ProviderSet
 from controller.api.capacitypool import POOL_FINALIZER, CapacityPool
+from controller.common.topology_defaults import POOL_LABEL
 from controller.kube import ApiError, KubeClient
 from controller.kube.resources import CAPACITY_POOLS, NODES
 from controller.state.cache import ClusterState
-from controller.topology_defaults import POOL_LABEL
 from providers.base import ProviderError
 
 log = logging.getLogger(__name__)

@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING
 
 from controller.acquire.groups import AcquisitionFailed, release_groups
 from controller.api.capacitypool import CapacityPool
-from controller.conditions import ConditionType, Reason, message, rfc3339
-from controller.decision_log import log_decision
+from controller.common.conditions import ConditionType, Reason, message, rfc3339
+from controller.common.decision_log import log_decision
 from controller.lifecycle import (
     ATTEMPT_ANNOTATION,
     PHASE_ANNOTATION,

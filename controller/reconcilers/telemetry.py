@@ -1,7 +1,7 @@
 """What the ProvisioningRequest controller reports besides conditions: Events and metrics.
 
 * :class:`RequestTelemetry` is the service's transition hook: a status write that changed a
-  condition's status or reason posts at most one Event (:func:`controller.conditions.
+  condition's status or reason posts at most one Event (:func:`controller.common.conditions.
   event_of`) through the background recorder and counts the transition; Provisioned=True
   also observes the time since the request's creation.
 * :func:`planner_pass_observer` times each planner pass.
@@ -20,13 +20,13 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 
-from controller.conditions import ConditionType, Transition, event_of
+from controller.common.conditions import ConditionType, Transition, event_of
+from controller.common.metrics import ControllerMetrics, StateReading
 from controller.kube import Body
 from controller.kube.events import EventBroadcaster, EventRecorder
 from controller.lifecycle import Phase
-from controller.metrics import ControllerMetrics, StateReading
+from controller.runtime.workqueue import Worker, WorkQueue
 from controller.state.cache import ClusterState
-from controller.workqueue import Worker, WorkQueue
 
 log = logging.getLogger(__name__)
 

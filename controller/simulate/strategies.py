@@ -44,6 +44,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from controller.common.topology_defaults import DEFAULT_LEVELS
 from controller.config import RetryConfig
 from controller.fit import (
     GangRequest,
@@ -70,7 +71,6 @@ from controller.simulate.engine import (
     Simulation,
 )
 from controller.simulate.trace import Trace
-from controller.topology_defaults import DEFAULT_LEVELS
 
 GPU = "nvidia.com/gpu"
 BLOCK_LABEL, RACK_LABEL = DEFAULT_LEVELS[0], DEFAULT_LEVELS[1]

@@ -32,7 +32,8 @@ from datetime import datetime
 from typing import Any
 
 from controller.api.node import Node
-from controller.conditions import ConditionType
+from controller.common.conditions import ConditionType
+from controller.common.topology_defaults import KEY_LABEL, POOL_LABEL
 from controller.fit import apply_plan
 from controller.fit.capacity import BookedMemo
 from controller.fit.types import NodeState, Plan, Snapshot
@@ -44,7 +45,6 @@ from controller.state.object_store import Body, ObjectStore, Present, object_key
 from controller.state.pool_registry import PoolRegistry, ReservedCapacity
 from controller.state.requests import RequestRecord
 from controller.state.tenancy import Usage, gpus_of, pool_node
-from controller.topology_defaults import KEY_LABEL, POOL_LABEL
 
 log = logging.getLogger(__name__)
 

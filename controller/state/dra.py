@@ -18,15 +18,15 @@ from pydantic import BaseModel, ValidationError
 
 from controller.api.capacitypool import CapacityPool
 from controller.api.dra import DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice
-from controller.dra_snapshot import (
+from controller.fit.dra_types import NodeDevices
+from controller.fit.types import NodeState, PoolState
+from controller.inputs.dra_snapshot import (
     DraCatalog,
     DraError,
     Interner,
     node_devices,
     template_devices,
 )
-from controller.fit.dra_types import NodeDevices
-from controller.fit.types import NodeState, PoolState
 
 log = logging.getLogger(__name__)
 

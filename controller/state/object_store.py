@@ -26,15 +26,15 @@ from pydantic import ValidationError
 
 from controller.api.node import Node
 from controller.api.pod import Pod, PodAffinityTerm, PodTemplate
-from controller.constraints import BoundPod
+from controller.common.topology_defaults import KEY_LABEL, OWNER_ANNOTATION, POOL_LABEL
 from controller.fit.types import NodeState
-from controller.podgroup_membership import group_of
-from controller.podgroup_membership import request_name as gang_request_name
-from controller.snapshot import node_state, pod_requests
+from controller.inputs.constraints import BoundPod
+from controller.inputs.podgroup_membership import group_of
+from controller.inputs.podgroup_membership import request_name as gang_request_name
+from controller.inputs.snapshot import node_state, pod_requests
 from controller.state.bookings import Group
 from controller.state.requests import RequestRecord
 from controller.state.tenancy import owner_uid_of_key
-from controller.topology_defaults import KEY_LABEL, OWNER_ANNOTATION, POOL_LABEL
 
 log = logging.getLogger(__name__)
 

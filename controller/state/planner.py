@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from controller.conditions import Reason
+from controller.common.conditions import Reason
 from controller.fit import PlanningPass
 from controller.fit.shapes import pods_that_fit
 from controller.fit.types import (

@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from controller.api.capacitypool import CapacityPool
-from controller.conditions import rfc3339
+from controller.common.conditions import rfc3339
 from controller.fit.devices import ClaimFitter
 from controller.fit.dra_types import ClaimShape, NodeDevices
 from controller.fit.types import NodeState, PoolDomain, PoolState

@@ -25,11 +25,11 @@ from pydantic import ValidationError
 
 from controller.api.capacitypool import CapacityPool
 from controller.api.quantity import to_resources
+from controller.common.topology_defaults import placeholder
 from controller.fit.types import PoolState
-from controller.node_labels import ZONE as ZONE_LABEL
-from controller.snapshot import pool_state
+from controller.inputs.node_labels import ZONE as ZONE_LABEL
+from controller.inputs.snapshot import pool_state
 from controller.state.object_store import Body, ObjectStore
-from controller.topology_defaults import placeholder
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from controller.conditions import ConditionType, find, is_true
+from controller.common.conditions import ConditionType, find, is_true
 from controller.lifecycle import (
     ATTEMPT_ANNOTATION,
     BOOKED_AT_ANNOTATION,

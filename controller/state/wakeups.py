@@ -31,7 +31,7 @@ import logging
 from collections.abc import Callable, Iterable
 from datetime import datetime
 
-from controller.clock import Clock
+from controller.common.clock import Clock
 
 log = logging.getLogger(__name__)
 

@@ -12,6 +12,10 @@ wrong or lacks, which Muster relies on; each is answered the way EC2 documents i
   response's ``Errors`` (HTTP 200, as EC2 does). :meth:`Ec2Layer.inject_partial_fleet` makes
   the next fleet launch only some instances and report ``InsufficientInstanceCapacity`` for
   the rest (capacity lost while the fleet launched), so the provider's rollback runs.
+* ``CreateFleet``'s ``volume`` tag specification: EC2 tags an instant fleet's volumes with
+  it; moto applies only the launch template's. Here the launched instances' volumes get it
+  (over the template's own volume tags), so a platform team's cost audit by tag sees on the
+  tier what it sees on EC2.
 * ``DescribeInstanceTopology``: moto answers HTTP 500. Here each instance gets three network
   node layers derived from its zone and placement (its fleet's placement group, else the
   fleet): instances launched together share them, deterministically per placement, as EC2
@@ -64,6 +68,7 @@ from xml.sax.saxutils import escape
 XMLNS = "http://ec2.amazonaws.com/doc/2016-11-15/"
 _REGION = re.compile(r"Credential=[^/]+/\d+/([a-z0-9-]+)/ec2/")
 _INSTANCE_ID = re.compile(r"<item>(i-[0-9a-f]+)</item>")
+_TAG_SPEC = re.compile(r"TagSpecification\.(\d+)\.ResourceType")
 LIVE_STATES = ("pending", "running")
 
 
@@ -278,6 +283,7 @@ class Ec2Layer:
             inner = re.search(rb"<fleetInstanceSet>(.*)</fleetInstanceSet>", reply, re.S)
             instances = inner.group(1) if inner else b""
             slots = [rid for rid, n in free for _ in range(n)]
+            self._tag_volumes(form, region, _INSTANCE_ID.findall(instances.decode()))
             for k, instance_id in enumerate(_INSTANCE_ID.findall(instances.decode())):
                 self.fleets[instance_id] = {"fleet": fleet_id, "group": group, "zone": zone}
                 if target is not None and k < len(slots):
@@ -311,6 +317,26 @@ class Ec2Layer:
         if token:
             self._tokens[token] = body
         return 200, {"Content-Type": "text/xml"}, body
+
+    def _tag_volumes(self, form: dict[str, str], region: str, ids: list[str]) -> None:
+        tags: list[dict[str, str]] = []
+        for key, value in form.items():
+            spec = _TAG_SPEC.fullmatch(key)
+            if spec is None or value != "volume":
+                continue
+            for m in range(1, 51):  # at most 50 tags a resource
+                tag = f"TagSpecification.{spec.group(1)}.Tag.{m}."
+                if tag + "Key" not in form:
+                    break
+                tags.append({"Key": form[tag + "Key"], "Value": form.get(tag + "Value", "")})
+        if not tags or not ids:
+            return
+        ec2 = self.moto(region)
+        reservations = ec2.describe_instances(InstanceIds=ids)["Reservations"]
+        volumes = [m["Ebs"]["VolumeId"] for r in reservations for i in r["Instances"]
+                   for m in i.get("BlockDeviceMappings") or [] if "Ebs" in m]
+        if volumes:
+            ec2.create_tags(Resources=volumes, Tags=tags)
 
     # ---- capacity reservations ------------------------------------------------------
 

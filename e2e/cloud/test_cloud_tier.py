@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import pytest
 
 from controller.commands import objects
+from controller.common.topology_defaults import MUSTER_REQUIRED, POOL_LABEL, UNREGISTERED_TAINT
 from controller.kube import ApiError, Body, KubeClient
 from controller.kube.resources import (
     CAPACITY_POOLS,
@@ -32,7 +33,6 @@ from controller.kueue.resources import (
     PROVISIONING_REQUEST_CONFIGS,
     RESOURCE_FLAVORS,
 )
-from controller.topology_defaults import MUSTER_REQUIRED, POOL_LABEL, UNREGISTERED_TAINT
 from e2e.cloud.tier import (
     AWS_ZONE,
     GCP_PROJECT,

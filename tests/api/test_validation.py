@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from controller.api.pod import PodTemplate
 from controller.api.validation import label_value, pod_template_problems, qualified_name
-from controller.snapshot import InvalidTemplate, request_from_documents
+from controller.inputs.snapshot import InvalidTemplate, request_from_documents
 
 
 def template(spec: dict[str, Any], labels: dict[str, str] | None = None,
@@ -161,7 +161,7 @@ def test_files_are_read_with_strict_field_validation() -> None:
 
 
 def test_request_files_are_read_strictly_too() -> None:
-    from controller.snapshot import SnapshotError
+    from controller.inputs.snapshot import SnapshotError
 
     docs = request(template(container({})))
     docs[0]["spec"]["parameter"] = {"noRetry": "true"}

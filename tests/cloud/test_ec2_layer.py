@@ -14,9 +14,9 @@ import boto3
 import pytest
 
 from controller.acquire.keys import acquisition_key
+from controller.common.topology_defaults import UNREGISTERED_TAINT
 from controller.kube import KubeClient
 from controller.kube.resources import NODES
-from controller.topology_defaults import UNREGISTERED_TAINT
 from e2e.cloud.ec2 import AWS_TEST_ENV, Ec2Layer, ec2_endpoint
 from e2e.cloud.registrar import Registrar
 from providers.aws import AwsProvider, parse_parameters
@@ -110,6 +110,20 @@ async def test_a_gang_launches_in_one_placement_with_network_topology(ep: Endpoi
     other = await ep.provider().acquire(ep.request("uid-b", 1))
     assert other[0].labels["topology.k8s.aws/network-node-layer-1"] == next(iter(layers))[0]
     assert other[0].labels["topology.k8s.aws/network-node-layer-3"] != next(iter(layers))[2]
+
+
+async def test_the_gang_s_volumes_and_interfaces_carry_its_tags_over_http(ep: Endpoint) -> None:
+    request = ep.request("uid-v", 2)
+    await ep.provider().acquire(request)
+    volumes = [m["Ebs"]["VolumeId"] for i in ep.live() for m in i["BlockDeviceMappings"]]
+    enis = [n["NetworkInterfaceId"] for i in ep.live() for n in i["NetworkInterfaces"]]
+    assert volumes and enis
+    found = [{t["Key"]: t["Value"] for t in v.get("Tags", [])}
+             for v in ep.ec2.describe_volumes(VolumeIds=volumes)["Volumes"]]
+    found += [{t["Key"]: t["Value"] for t in n.get("TagSet", [])} for n in
+              ep.ec2.describe_network_interfaces(NetworkInterfaceIds=enis)["NetworkInterfaces"]]
+    assert all(t.get("muster.dev/key") == request.key and t.get("muster.dev/owner") == "ml/uid-v"
+               for t in found), found
 
 
 async def test_min_target_capacity_is_all_or_nothing(ep: Endpoint) -> None:

@@ -15,7 +15,7 @@ import typer.main
 
 from controller.cli import app as muster_app
 from controller.commands.kubectl_plugin import app as kubectl_app
-from controller.conditions import ConditionType, Reason
+from controller.common.conditions import ConditionType, Reason
 from controller.lifecycle import Phase
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,7 +64,8 @@ def test_the_site_builds_in_strict_mode(tmp_path: Path) -> None:
 def test_every_request_condition_and_reason_is_on_the_conditions_page() -> None:
     names = {c.value for c in ConditionType} | {r.value for r in Reason}
     missing = _missing(names, "reference/conditions.md")
-    assert not missing, f"docs/reference/conditions.md lacks {missing} (controller/conditions.py)"
+    assert not missing, (f"docs/reference/conditions.md lacks {missing} "
+                         "(controller/common/conditions.py)")
 
 
 def test_every_phase_is_on_the_conditions_page() -> None:
@@ -109,7 +110,7 @@ def test_every_metric_is_on_the_metrics_page() -> None:
         )
     assert len(names) >= 10, f"the metric pattern found only {sorted(names)}"
     missing = _missing(names, "reference/metrics.md")
-    assert not missing, f"docs/reference/metrics.md lacks {missing} (controller/metrics.py)"
+    assert not missing, f"docs/reference/metrics.md lacks {missing} (controller/common/metrics.py)"
 
 
 def test_every_docs_path_the_repository_mentions_exists() -> None:

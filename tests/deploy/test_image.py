@@ -145,7 +145,7 @@ def test_runs_as_the_non_root_user_and_cannot_write_its_own_files(image: Built) 
 
 def test_contains_the_crds(image: Built) -> None:
     listing = json.loads(in_image(image, "python3", "-c", (
-        "import json; from controller.crds import crd_dir; "
+        "import json; from controller.commands.crds import crd_dir; "
         "print(json.dumps({k: {p.name: p.read_text() for p in crd_dir(k).glob('*.yaml')} "
         "for k in ('crds', 'kueue-crds')}))"
     )).stdout)

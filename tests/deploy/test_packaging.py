@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from controller import __version__
 from controller.cli import app
-from controller.crds import crd_dir
+from controller.commands.crds import crd_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]

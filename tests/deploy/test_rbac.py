@@ -36,8 +36,8 @@ from controller.kube.resources import (
     PODS,
     PROVISIONING_REQUESTS,
 )
-from controller.leader import from_config
 from controller.operator import Controller
+from controller.runtime.leader import from_config
 from sandbox import SandboxServer
 from sandbox.errors import ApiError as SandboxApiError
 from tests.deploy.manifests import CONFIG, ROOT, Doc, render
@@ -71,7 +71,7 @@ UNEXERCISED: dict[tuple[str, str, str], str] = {
     ("", "podtemplates", "create"): "controller/podgroups creates the PodTemplates of a gang "
     "PodGroup's request (real tier: e2e/test_podgroups_real.py)",
     ("", "events", "patch"): "controller/kube/events.py PATCHes the count of an Event when the "
-    "same event repeats (a request retrying); tests/controller/test_events.py covers it",
+    "same event repeats (a request retrying); tests/kube/test_events.py covers it",
     ("resource.k8s.io", "resourceslices", "create"): "providers/fake.py publishes ResourceSlices "
     "only for pools whose nodeTemplate lists resourceSlices (DRA); e2e/test_dra.py covers it",
     ("authentication.k8s.io", "tokenreviews", "create"): "`muster run`'s /metrics checks each "

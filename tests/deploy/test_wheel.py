@@ -61,7 +61,7 @@ def test_muster_demo_runs_from_a_wheel_install(tmp_path: Path) -> None:
          cwd=tmp_path)
     _see_the_running_interpreters_packages(python)
     shutil.rmtree(source)  # nothing may come from the tree the wheel was built from
-    where = _run(python, "-c", "import controller, controller.crds as c; "
+    where = _run(python, "-c", "import controller, controller.commands.crds as c; "
                  "print(controller.__file__); print(c.crd_dir()); print(c.crd_dir('kueue-crds'))",
                  cwd=tmp_path).split()
     assert Path(where[0]).is_relative_to(venv), f"controller imported from {where[0]}"

@@ -1,5 +1,5 @@
 """Pod-spec constraints beyond node selection: planned (anti-affinity, self-affinity,
-pod-level resources) or refused with the field named (controller.constraints)."""
+pod-level resources) or refused with the field named (controller.inputs.constraints)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from controller.api.pod import PodSpec
+from controller.common.topology_defaults import DEFAULT_LEVELS
 from controller.fit import Mode, NoFit, Plan, ReasonCode, plan
 from controller.fit.types import TopologyMode
-from controller.snapshot import request_from_documents, snapshot_from_documents
-from controller.topology_defaults import DEFAULT_LEVELS
+from controller.inputs.snapshot import request_from_documents, snapshot_from_documents
 
 RACK = "topology.muster.dev/rack"
 HOST = "kubernetes.io/hostname"

@@ -23,7 +23,7 @@ from controller.fit import (
 )
 from controller.fit.ports import port_resources, unlisted
 from controller.fit.shapes import resource_fit
-from controller.snapshot import build_snapshot, shape_of
+from controller.inputs.snapshot import build_snapshot, shape_of
 from tests.builders import LEVELS
 
 IPS = ["", "0.0.0.0", "10.0.0.1", "10.0.0.2"]

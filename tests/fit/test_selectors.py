@@ -15,7 +15,7 @@ from controller.api.pod import PodSpec
 from controller.fit import GangRequest, Mode, NoFit, Plan, PodSetRequest, PodShape, plan
 from controller.fit.shapes import parse_int64, pods_that_fit, requirement_matches
 from controller.fit.types import SelectorRequirement, Snapshot, Taint
-from controller.snapshot import shape_of
+from controller.inputs.snapshot import shape_of
 from tests.builders import LEVELS, PoolB, node
 
 

@@ -8,6 +8,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from controller.common.topology_defaults import DEFAULT_LEVELS
 from controller.fit import (
     GangRequest,
     Mode,
@@ -21,8 +22,11 @@ from controller.fit import (
     Spread,
     plan,
 )
-from controller.snapshot import request_from_documents, snapshot_from_documents
-from controller.topology_defaults import DEFAULT_LEVELS
+from controller.fit.placement import PodSetPlacer
+from controller.fit.topology import Levels
+from controller.fit.types import TopologyMode, TopologyRequest
+from controller.fit.workspace import Workspace
+from controller.inputs.snapshot import request_from_documents, snapshot_from_documents
 from tests.builders import BLOCK, HOST, LEVELS, RACK, node
 
 ZONE = "zone"
@@ -483,3 +487,113 @@ def test_zone_spread_pod_sets_on_one_node_of_one_zone() -> None:
     assert isinstance(got, Plan), got
     assert [(n.pool, n.count) for n in got.new_nodes] == [("big", 1)]
     assert scheduler_admits(got, gang, ZONE_KEY)
+
+
+# ---------------------------------------------------------------------------- catalogue size
+
+
+def sized_refs(monkeypatch: Any, pools: int, gang: GangRequest) -> int:
+    """(pool, domain)s sized (``PodSetPlacer.batch_of``) while planning ``gang`` against a
+    fresh catalogue of ``pools`` three-zone pools (nothing kept from an earlier plan)."""
+    sized = 0
+    batch_of = PodSetPlacer.batch_of
+
+    def counted(self: PodSetPlacer, ref: Any) -> Any:
+        nonlocal sized
+        sized += 1
+        return batch_of(self, ref)
+
+    monkeypatch.setattr(PodSetPlacer, "batch_of", counted)
+    got = plan(gang, Snapshot((), catalogue_pools(pools), LEVELS), Mode.PROVISION)
+    assert isinstance(got, Plan), got
+    monkeypatch.undo()
+    return sized
+
+
+def test_a_small_spread_sizes_as_many_pools_whatever_the_catalogue(monkeypatch: Any) -> None:
+    """A one-pod spread, zone or hostname, sizes the same few (pool, domain)s against 400
+    pools as against 40 (it once sized every one of them to find the roomiest node, so its
+    plan took ten times as long), and plans the same."""
+    for spread in (Spread(HOST, 1), Spread(ZONE_KEY, 1)):
+        gang = one(1, spread)
+        assert sized_refs(monkeypatch, 400, gang) == sized_refs(monkeypatch, 40, gang) <= 12
+        small = plan(gang, Snapshot((), catalogue_pools(40), LEVELS), Mode.PROVISION)
+        large = plan(gang, Snapshot((), catalogue_pools(400), LEVELS), Mode.PROVISION)
+        assert isinstance(small, Plan) and isinstance(large, Plan)
+        assert large.new_nodes == small.new_nodes
+
+
+def test_the_roomiest_new_node_skips_pools_the_plan_has_used_up() -> None:
+    """How many pods a new node holds at most (the top per-node level of a hostname spread)
+    is read from the roomiest pool that can still add a node: once the plan has taken the
+    roomiest pool's last node, the next one's."""
+    pools = tuple(
+        PoolState(f"p{i}", {}, (), {"cpu": 1_000 * size, "pods": 110},
+                  (PoolDomain({ZONE_KEY: "z1"}, 1),), 1, 1.0 * size)
+        for i, size in enumerate((2, 8, 4))
+    )
+    shape = PodShape({"cpu": 1_000}, spread=Spread(HOST, 1))
+    ps = PodSetRequest("w", 20, shape)
+    ws = Workspace((), pools, Levels.of(LEVELS), [shape])
+    placer = PodSetPlacer(ws, ps, Mode.PROVISION)
+    assert placer.most_per_node(20) == 8 == max(b.per_node for b in placer.batches)
+    assert placer.most_per_node(5) == 5
+    roomiest = next(r for r in ws.index.refs if r.pool.name == "p1")
+    ws.add_nodes(roomiest, [0], {})
+    placer = PodSetPlacer(ws, ps, Mode.PROVISION)
+    assert placer.most_per_node(20) == 4 == max(b.per_node for b in placer.batches)
+    assert PodSetPlacer(ws, ps, Mode.CHECK).most_per_node(20) == 0
+
+
+def test_a_required_zone_prices_one_zone_when_every_zone_offers_the_same(
+    monkeypatch: Any,
+) -> None:
+    """A pod required in one zone, pools offering the same nodes in three zones: the first
+    zone is priced and the others, whose cheapest node cannot beat it, are not; where a
+    later zone's nodes are cheaper it is priced and chosen."""
+    def required(count: int) -> GangRequest:
+        return GangRequest("ns/g", (PodSetRequest(
+            "w", count, PodShape({"cpu": 1_000, "pods": 1}),
+            TopologyRequest(TopologyMode.REQUIRED, ZONE_KEY)),))
+
+    priced: list[Any] = []
+    scan = PodSetPlacer._scan
+
+    def counted(self: PodSetPlacer, refs: Any, need: int, cap: int | None = None) -> Any:
+        priced.append(refs[0].labels[ZONE_KEY])
+        return scan(self, refs, need, cap)
+
+    monkeypatch.setattr(PodSetPlacer, "_scan", counted)
+    levels = (ZONE_KEY, HOST)
+    got = plan(required(1), Snapshot((), catalogue_pools(40), levels), Mode.PROVISION)
+    assert isinstance(got, Plan), got
+    assert priced == ["z1"]
+    assert {a.new_node.domain[ZONE_KEY] for a in got.assignments if a.new_node} == {"z1"}
+
+    priced.clear()
+    dear = zone_pool(("z1",), name="dear", price=2.0)
+    cheap = zone_pool(("z2",), name="cheap", price=1.0)
+    got = plan(required(1), Snapshot((), (dear, cheap), levels), Mode.PROVISION)
+    assert isinstance(got, Plan), got
+    assert priced == ["z1", "z2"]
+    assert [(n.pool, n.count) for n in got.new_nodes] == [("cheap", 1)]
+
+
+def test_a_pools_new_capacity_is_its_own_whatever_an_earlier_plan_took() -> None:
+    """The new capacity every (pool, domain) offers a shape is kept with the pools for later
+    plans; a plan that had already taken nodes of a pool when it first asked left that pool
+    short for every later plan (a pool of 5 nodes seen with 2)."""
+    zone_levels = Levels.of((ZONE_KEY, HOST))
+    pools = (zone_pool(("z1",), per_zone=5, name="a"), zone_pool(("z1",), per_zone=5, name="b"))
+    shape = PodShape({"cpu": 1_000})
+    ps = PodSetRequest("w", 3, shape)
+
+    first = Workspace((), pools, zone_levels, [shape])
+    first.add_nodes(first.index.refs[0], [0, 0, 0], {})
+    seen = PodSetPlacer(first, ps, Mode.PROVISION).batches
+    assert [(b.ref.pool.name, b.nodes) for b in seen] == [("a", 2), ("b", 5)]
+
+    later = Workspace((), pools, zone_levels, [shape])
+    later.add_nodes(later.index.refs[1], [0], {})
+    seen = PodSetPlacer(later, ps, Mode.PROVISION).batches
+    assert [(b.ref.pool.name, b.nodes) for b in seen] == [("a", 5), ("b", 4)]

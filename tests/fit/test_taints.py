@@ -20,7 +20,7 @@ from controller.fit.taints import (
     transient,
 )
 from controller.fit.types import Snapshot, Taint, Toleration
-from controller.snapshot import build_snapshot
+from controller.inputs.snapshot import build_snapshot
 from tests.builders import GPU, LEVELS, node
 
 GPU_TAINT = Taint(GPU, "present", "NoSchedule")

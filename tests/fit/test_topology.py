@@ -34,5 +34,5 @@ def test_hostname_is_the_node_level() -> None:
     levels = Levels.of(("block", "rack", HOSTNAME))
     assert levels.domain == ("block", "rack")
     assert levels.index(HOSTNAME) == 2
-    assert levels.path({"block": "b", HOSTNAME: "h"}) == ("b",)  # stops at the first gap
+    assert levels.path({"block": "b", HOSTNAME: "h"}) == ("b",)  # ends at the lowest level it has
     assert Levels.of(("block", "rack")).node_level is None

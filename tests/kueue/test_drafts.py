@@ -106,9 +106,9 @@ def test_tas_placed_pod_sets_are_pinned_per_domain_and_checked_not_planned() -> 
 def test_slice_annotations_become_the_pod_sets_slices() -> None:
     from controller.api.pod import PodTemplate
     from controller.api.provisioningrequest import ProvisioningRequest
+    from controller.common.topology_defaults import DEFAULT_LEVELS
     from controller.fit.types import TopologyMode, TopologyRequest
-    from controller.snapshot import SnapshotError, gang_of
-    from controller.topology_defaults import DEFAULT_LEVELS
+    from controller.inputs.snapshot import SnapshotError, gang_of
 
     def gang(annotations: dict[str, str], count: int = 10) -> Any:
         tpl = PodTemplate.model_validate({
@@ -147,7 +147,7 @@ def test_the_request_records_each_templates_pod_set_and_ready_reads_it_back() ->
     """The Ready check maps the request's pod sets back to the Workload's through the
     ``muster.dev/pod-sets`` record, also behind a hashed template name (nothing of the pod
     set's name is left in it)."""
-    from controller.clock import ManualClock
+    from controller.common.clock import ManualClock
     from controller.config import KueueConfig
     from controller.kueue.drafts import request_body
     from controller.kueue.workloads import CheckReconciler, KueueCache
@@ -169,7 +169,7 @@ def test_the_request_records_each_templates_pod_set_and_ready_reads_it_back() ->
     assert record.template_pod_sets == {ps.template_name: ps.pod_set for ps in p.pod_sets}
     assert POD_SETS_ANNOTATION in body["metadata"]["annotations"]
     # The request reconciler keys each pod set's domain by its own pod set name.
-    from controller.snapshot import pod_set_name
+    from controller.inputs.snapshot import pod_set_name
     body["status"] = {"provisioningClassDetails": {
         f"muster.dev/podset.{pod_set_name(workers, long_request)}": "rack=r7"}}
     reconciler = CheckReconciler(kube=None, cache=KueueCache(),  # type: ignore[arg-type]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.clock import RealClock
 from controller.commands import kueue_objects as kq
+from controller.common.clock import RealClock
 from controller.config import KueueConfig
 from controller.kube import KubeClient
 from controller.kueue.integration import KueueIntegration, KueueNotInstalled

@@ -15,7 +15,8 @@ from __future__ import annotations
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from controller.tas_slices import (
+from controller.common.topology_defaults import KUEUE_PREFERRED, KUEUE_REQUIRED, KUEUE_UNCONSTRAINED
+from controller.inputs.tas_slices import (
     SLICE_REQUIRED,
     SLICE_SIZE,
     go_parse_bool,
@@ -23,7 +24,6 @@ from controller.tas_slices import (
     kueue_problems,
     unconstrained,
 )
-from controller.topology_defaults import KUEUE_PREFERRED, KUEUE_REQUIRED, KUEUE_UNCONSTRAINED
 from tests.api.test_validation import reference_qualified_name
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller.podgroup_membership import request_name
+from controller.common.topology_defaults import DEFAULT_LEVELS, MUSTER_REQUIRED
+from controller.inputs.podgroup_membership import request_name
 from controller.podgroups.gang import (
     GangPodGroup,
     draft,
@@ -15,7 +16,6 @@ from controller.podgroups.gang import (
     unbound,
 )
 from controller.state.cache import ClusterState
-from controller.topology_defaults import DEFAULT_LEVELS, MUSTER_REQUIRED
 
 RACK = "topology.muster.dev/rack"
 

@@ -12,7 +12,10 @@ way EC2 documents them, and delegates everything else to moto:
   own compensation is exercised;
 * placement groups that cannot be deleted while a live instance uses them;
 * ``crash_after_launch``: the call launches, then the "controller" dies before it can see
-  the response (a ``BaseException`` no provider code catches).
+  the response (a ``BaseException`` no provider code catches);
+* the fleet's ``volume`` tag specification (EC2 tags an instant fleet's volumes with it;
+  moto applies only the launch template's) on the launched instances' volumes, over the
+  template's own volume tags.
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ class FleetSemanticsEc2:
                 request["TargetCapacitySpecification"]["TotalTargetCapacity"] = launch
                 response = self._ec2.create_fleet(**request)
                 response.setdefault("Errors", [])
+                self._tag_volumes(kwargs, response)
             if launch < wanted:
                 response["Errors"].append({
                     "ErrorCode": "InsufficientInstanceCapacity",
@@ -92,6 +96,18 @@ class FleetSemanticsEc2:
             if self.crash_after_launch:
                 raise ControllerCrash("controller killed after CreateFleet returned")
             return response
+
+    def _tag_volumes(self, request: dict[str, Any], response: dict[str, Any]) -> None:
+        tags = [t for spec in request.get("TagSpecifications") or []
+                if spec["ResourceType"] == "volume" for t in spec["Tags"]]
+        ids = [i for entry in response.get("Instances") or [] for i in entry["InstanceIds"]]
+        if not tags or not ids:
+            return
+        reservations = self._ec2.describe_instances(InstanceIds=ids)["Reservations"]
+        volumes = [m["Ebs"]["VolumeId"] for r in reservations for i in r["Instances"]
+                   for m in i.get("BlockDeviceMappings") or [] if "Ebs" in m]
+        if volumes:
+            self._ec2.create_tags(Resources=volumes, Tags=tags)
 
     def create_placement_group(self, **kwargs: Any) -> dict[str, Any]:
         with self._lock:

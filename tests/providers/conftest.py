@@ -17,18 +17,18 @@ from moto import mock_aws
 from controller.acquire.collector import Collector
 from controller.acquire.providers import ProviderSet
 from controller.api.capacitypool import CapacityPool
-from controller.clock import ManualClock
+from controller.common.clock import ManualClock
+from controller.common.topology_defaults import DEFAULT_LEVELS
 from controller.kube import KubeClient
 from controller.lifecycle import PHASE_ANNOTATION, PLAN_ANNOTATION, Phase
 from controller.state.bookings import Booking, Group
 from controller.state.cache import ClusterState
-from controller.topology_defaults import DEFAULT_LEVELS
 from providers.aws import AwsProvider, AwsProviderSettings
 from providers.base import AcquireRequest, Provider
 from providers.gcp import GcpClients, GcpProvider, GcpProviderSettings
 from providers.registry import ProviderContext
 from sandbox.server import SandboxServer
-from tests.controller.builders import plan_on
+from tests.cluster_objects import plan_on
 from tests.providers.aws_fake import FleetSemanticsEc2
 from tests.providers.gcp_fake import FakeCompute, serve
 

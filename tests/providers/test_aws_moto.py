@@ -40,6 +40,52 @@ async def test_instances_carry_every_muster_tag(moto_ec2: MotoEc2) -> None:
     assert nodes[0].labels["topology.k8s.aws/network-node-layer-1"] == "nn-spine-1"
 
 
+def _volume_and_interface_tags(
+    moto_ec2: MotoEc2,
+) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """The tags of every volume, and of every network interface, of the live instances."""
+    volumes, interfaces = [], []
+    for instance in moto_ec2.live_instances():
+        volume_ids = [m["Ebs"]["VolumeId"] for m in instance["BlockDeviceMappings"]]
+        eni_ids = [n["NetworkInterfaceId"] for n in instance["NetworkInterfaces"]]
+        volumes += [{t["Key"]: t["Value"] for t in v.get("Tags", [])} for v in
+                    moto_ec2.client.describe_volumes(VolumeIds=volume_ids)["Volumes"]]
+        interfaces += [{t["Key"]: t["Value"] for t in n.get("TagSet", [])} for n in
+                       moto_ec2.client.describe_network_interfaces(
+                           NetworkInterfaceIds=eni_ids)["NetworkInterfaces"]]
+    return volumes, interfaces
+
+
+@pytest.mark.parametrize("bootstrap", ["asIs", "nodeadm"])
+async def test_volumes_and_interfaces_carry_the_acquisition_s_tags(
+    moto_ec2: MotoEc2, bootstrap: str,
+) -> None:
+    """A platform team audits cost by tag: every volume and network interface of a gang's
+    instances names its pool, acquisition key and owner, whether the pool's own template is
+    used as it is (asIs) or Muster's copy of it (nodeadm); the template's own volume tags
+    stay."""
+    import base64
+
+    template = str(moto_ec2.client.create_launch_template(
+        LaunchTemplateName=f"tagged-{bootstrap}", LaunchTemplateData={
+            "ImageId": "ami-12c6146b",
+            "UserData": base64.b64encode(STOCK_USER_DATA.encode()).decode(),
+            "TagSpecifications": [{"ResourceType": "volume",
+                                   "Tags": [{"Key": "backup", "Value": "daily"}]}],
+        })["LaunchTemplate"]["LaunchTemplateId"])
+    r = req(moto_ec2, "uid-a", 2, launchTemplate={"id": template}, bootstrap=bootstrap)
+    await moto_ec2.provider().acquire(r)
+    volumes, interfaces = _volume_and_interface_tags(moto_ec2)
+    assert len(volumes) >= 2 and len(interfaces) >= 2  # a root volume and an ENI each
+    for tags in volumes + interfaces:
+        assert tags["muster.dev/key"] == r.key, tags
+        assert tags["muster.dev/pool"] == "gpu-pool"
+        assert tags["muster.dev/owner"] == "ml/uid-a"
+        assert tags["muster.dev/cluster"] == "test-cluster"
+        assert tags["team"] == "ml"
+    assert all(t["backup"] == "daily" for t in volumes)
+
+
 async def test_list_sees_only_this_pool_and_cluster(moto_ec2: MotoEc2) -> None:
     ours = moto_ec2.provider()
     other_cluster = moto_ec2.provider(cluster_name="other-cluster")
@@ -203,3 +249,55 @@ async def test_a_template_muster_cannot_extend_is_refused_before_anything_is_bou
             key=acquisition_key("uid-a", 1, 0), pool=pool, count=1,
             domain={"topology.kubernetes.io/zone": AWS_ZONE}, owner="ns/g", owner_uid="uid-a"))
     assert moto_ec2.live_instances() == []
+
+
+async def test_a_copy_another_muster_process_deletes_before_the_fleet_is_made_again(
+    moto_ec2: MotoEc2,
+) -> None:
+    """Two Muster processes (a former leader and the new one, or one before and after a
+    restart): the other's sweep sees the copy this one just created, named by no instance
+    and not in its own launches, and deletes it before the fleet is sent. The launch
+    creates the copy again and the gang is bought, its instances naming the copy, which
+    stays; the pool is never called unusable for it."""
+    template = _template(moto_ec2, "stock-al2023-race", STOCK_USER_DATA)
+    pool = moto_ec2.pool(launchTemplate={"id": template}, bootstrap="nodeadm")
+    this, other = moto_ec2.provider(), moto_ec2.provider()
+    launch_group = this._ensure_placement_group
+    swept: list[int] = []
+
+    async def other_sweeps_first(*args: object, **kwargs: object) -> str | None:
+        if not swept:
+            swept.append(await other._sweep_templates(moto_ec2.client, "us-east-1", None))
+        return await launch_group(*args, **kwargs)  # type: ignore[arg-type]
+
+    this._ensure_placement_group = other_sweeps_first  # type: ignore[method-assign]
+    nodes = await this.acquire(AcquireRequest(
+        key=acquisition_key("uid-a", 1, 0), pool=pool, count=2, domain=DOMAIN,
+        owner="ns/g", owner_uid="uid-a"))
+    assert swept == [1], "the other process deleted the copy in flight"
+    assert len(nodes) == 2
+    copies = {t["LaunchTemplateName"] for t in
+              moto_ec2.client.describe_launch_templates()["LaunchTemplates"]
+              if t["LaunchTemplateName"].startswith("muster-gpu-pool-")}
+    named = {t["Value"] for i in moto_ec2.live_instances() for t in i["Tags"]
+             if t["Key"] == "muster.dev/launch-template"}
+    assert len(copies) == 1 and named == copies
+    # Named by live instances now, the copy survives the other process's next sweep.
+    assert await other._sweep_templates(moto_ec2.client, "us-east-1", None) == 0
+
+
+async def test_interfaces_of_a_gang_adopted_after_a_crash_are_tagged(moto_ec2: MotoEc2) -> None:
+    """Muster dies as the fleet answers (nothing after the call runs): the restarted one
+    adopts the key's instances by tag and tags their network interfaces then; the volumes
+    were tagged by the fleet itself."""
+    r = req(moto_ec2, "uid-crash", 2)
+    moto_ec2.client.crash_after_launch = True
+    with pytest.raises(ControllerCrash):
+        await moto_ec2.provider().acquire(r)
+    moto_ec2.client.crash_after_launch = False
+    volumes, interfaces = _volume_and_interface_tags(moto_ec2)
+    assert all(t["muster.dev/key"] == r.key for t in volumes)
+    assert not any("muster.dev/key" in t for t in interfaces)
+    assert len(await moto_ec2.provider().acquire(r)) == 2
+    volumes, interfaces = _volume_and_interface_tags(moto_ec2)
+    assert interfaces and all(t["muster.dev/key"] == r.key for t in interfaces)

@@ -86,9 +86,6 @@ def add_reservation(stubber: Stubber, **overrides: Any) -> None:
     )
 
 
-VOLUME_TAGS = [{"Key": "muster.dev/cluster", "Value": "test-cluster"},
-               {"Key": "muster.dev/pool", "Value": "gpu-pool"}, {"Key": "team", "Value": "ml"}]
-"""The copy's volumes are tagged like its instances (cluster, pool, the pool's tags)."""
 COPY_TAGS = sorted([*TAGS, {"Key": "muster.dev/launch-template", "Value": ANY}],
                    key=lambda t: str(t["Key"]))
 
@@ -111,7 +108,6 @@ async def test_a_gang_launches_into_a_capacity_block(stubbed: Any) -> None:
                 "CapacityReservationTarget": {"CapacityReservationId": BLOCK["id"]},
             },
             "InstanceMarketOptions": {"MarketType": "capacity-block"},
-            "TagSpecifications": [{"ResourceType": "volume", "Tags": VOLUME_TAGS}],
         },
         "TagSpecifications": ANY,
     })
@@ -126,7 +122,9 @@ async def test_a_gang_launches_into_a_capacity_block(stubbed: Any) -> None:
         # No OnDemandOptions: MinTargetCapacity governs on-demand capacity, not a block.
         "TargetCapacitySpecification": {"TotalTargetCapacity": 4,
                                         "DefaultTargetCapacityType": "capacity-block"},
+        # The block's instances and their volumes carry the acquisition's tags.
         "TagSpecifications": [{"ResourceType": "instance", "Tags": COPY_TAGS},
+                              {"ResourceType": "volume", "Tags": TAGS},
                               {"ResourceType": "fleet", "Tags": TAGS}],
     })
     stubber.add_response("describe_instances", describe([instance(i) for i in launched]),
@@ -175,7 +173,6 @@ async def test_an_odcr_resource_group_is_targeted_by_the_template_and_used_first
                 "CapacityReservationPreference": "capacity-reservations-only",
                 "CapacityReservationTarget": {"CapacityReservationResourceGroupArn": GROUP_ARN},
             },
-            "TagSpecifications": [{"ResourceType": "volume", "Tags": VOLUME_TAGS}],
         },
         "TagSpecifications": ANY,
     })

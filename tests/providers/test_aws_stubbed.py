@@ -85,6 +85,7 @@ def fleet_params(count: int = 4, placement: str | None = None) -> dict[str, Any]
         "OnDemandOptions": {"MinTargetCapacity": count, "SingleInstanceType": True,
                             "SingleAvailabilityZone": True},
         "TagSpecifications": [{"ResourceType": "instance", "Tags": INSTANCE_TAGS},
+                              {"ResourceType": "volume", "Tags": TAGS},
                               {"ResourceType": "fleet", "Tags": TAGS}],
     }
 
@@ -486,34 +487,44 @@ async def test_an_instance_of_an_older_version_keeps_every_copy_of_its_pool(
     assert await provider.list(request().pool) == []
 
 
-async def test_a_copy_tags_the_volumes_and_the_instances_name_it(stubbed: Any) -> None:
-    """bootstrap: nodeadm: the fleet launches from Muster's copy, whose volumes are tagged
-    like the instances (an instant fleet tags only itself and its instances) and whose
-    name each instance carries, so the copy can go once no instance names it."""
+async def test_a_copy_s_volumes_get_the_acquisition_s_tags_and_keep_the_template_s(
+    stubbed: Any,
+) -> None:
+    """bootstrap: nodeadm: the fleet launches from Muster's copy (the template's data as it
+    is, its own volume tags included); the fleet tags the volumes with the acquisition's
+    tags and repeats the template's own, and each instance names the copy, so the copy can
+    go once no instance names it."""
     import base64
 
     from tests.providers.test_bootstrap import STOCK
 
     provider, stubber = stubbed
     req = request(bootstrap="nodeadm")
+    template_volumes = [{"ResourceType": "volume", "Tags": [{"Key": "backup", "Value": "no"},
+                                                           {"Key": "team", "Value": "infra"}]}]
     stubber.add_response("describe_instances", describe([]), {"Filters": KEY_FILTERS})
     stubber.add_response("describe_launch_template_versions", {"LaunchTemplateVersions": [{
         "LaunchTemplateData": {
             "UserData": base64.b64encode(STOCK.encode()).decode(),
-            "TagSpecifications": [{"ResourceType": "volume",
-                                   "Tags": [{"Key": "backup", "Value": "no"}]}],
+            "TagSpecifications": template_volumes,
         }}]}, None)
     stubber.add_response("create_launch_template", {}, {
         "LaunchTemplateName": ANY, "LaunchTemplateData": {
-            "UserData": ANY,
-            "TagSpecifications": [{"ResourceType": "volume", "Tags": [
-                {"Key": "backup", "Value": "no"},
-                {"Key": "muster.dev/cluster", "Value": "test-cluster"},
-                {"Key": "muster.dev/pool", "Value": "gpu-pool"},
-                {"Key": "team", "Value": "ml"}]}]},
+            "UserData": ANY, "TagSpecifications": template_volumes},
         "TagSpecifications": ANY})
+    volume_tags = sorted([*[t for t in TAGS if t["Key"] != "team"],
+                          {"Key": "backup", "Value": "no"}, {"Key": "team", "Value": "ml"}],
+                         key=lambda t: t["Key"])
     stubber.add_response("create_fleet", fleet_response([], [
-        {"ErrorCode": "InsufficientInstanceCapacity", "ErrorMessage": "none"}]), None)
+        {"ErrorCode": "InsufficientInstanceCapacity", "ErrorMessage": "none"}]), {
+        "Type": "instant", "ClientToken": ANY, "LaunchTemplateConfigs": ANY,
+        "TargetCapacitySpecification": ANY, "OnDemandOptions": ANY,
+        "TagSpecifications": [
+            {"ResourceType": "instance", "Tags": ANY},
+            # The pool's tags win a key the template also names (team=ml, not infra).
+            {"ResourceType": "volume", "Tags": volume_tags},
+            {"ResourceType": "fleet", "Tags": TAGS},
+        ]})
     stubber.add_response("describe_instances", describe([]), {"Filters": KEY_FILTERS})
     with pytest.raises(CapacityUnavailable):
         await provider.acquire(req)
@@ -524,6 +535,52 @@ async def test_a_copy_tags_the_volumes_and_the_instances_name_it(stubbed: Any) -
     assert {"Key": "muster.dev/launch-template", "Value": "muster-gpu-pool-0123"} in (
         instances["Tags"])
     assert provider._templates_in_use == {}, "the failed launch's copy is in use no more"
+
+
+def _with_interfaces(instance_id: str, *enis: str) -> dict[str, Any]:
+    return {**instance(instance_id),
+            "NetworkInterfaces": [{"NetworkInterfaceId": e} for e in enis]}
+
+
+async def test_the_instances_network_interfaces_get_the_acquisition_s_tags(
+    stubbed: Any,
+) -> None:
+    """An instant fleet cannot tag network interfaces and the pool's own template (asIs)
+    is used as it is: every interface of the launched instances (EFA ones included) is
+    tagged like the instances once they are described."""
+    provider, stubber = stubbed
+    launched = ids(2)
+    stubber.add_response("describe_instances", describe([]), {"Filters": KEY_FILTERS})
+    stubber.add_response("create_fleet", fleet_response(launched), fleet_params(2))
+    stubber.add_response("describe_instances", describe([
+        _with_interfaces(launched[0], "eni-0a", "eni-0b"),
+        _with_interfaces(launched[1], "eni-1a")]), {"InstanceIds": launched})
+    stubber.add_response("create_tags", {}, {
+        "Resources": ["eni-0a", "eni-0b", "eni-1a"], "Tags": TAGS})
+    stubber.add_response("describe_instance_topology", {"Instances": []},
+                         {"InstanceIds": launched})
+
+    assert len(await provider.acquire(request(2))) == 2
+
+
+async def test_interfaces_that_cannot_be_tagged_do_not_fail_the_gang(
+    stubbed: Any, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A role without ec2:CreateTags on network interfaces leaves them untagged, said in
+    the log; the gang's instances (tagged at launch) are kept."""
+    provider, stubber = stubbed
+    launched = ids(1)
+    stubber.add_response("describe_instances", describe([]), {"Filters": KEY_FILTERS})
+    stubber.add_response("create_fleet", fleet_response(launched), fleet_params(1))
+    stubber.add_response("describe_instances", describe([
+        _with_interfaces(launched[0], "eni-0a")]), {"InstanceIds": launched})
+    stubber.add_client_error("create_tags", service_error_code="UnauthorizedOperation",
+                             http_status_code=403)
+    stubber.add_response("describe_instance_topology", {"Instances": []},
+                         {"InstanceIds": launched})
+
+    assert len(await provider.acquire(request(1))) == 1
+    assert "network-interface" in caplog.text and "UnauthorizedOperation" in caplog.text
 
 
 def _template_with(stubber: Stubber, **data: Any) -> None:

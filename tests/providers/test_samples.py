@@ -58,6 +58,9 @@ def test_aws_policy_grants_every_call_and_scopes_deletes_to_our_tag() -> None:
         "ec2:GetGroupsForCapacityReservation",
         "ec2:DescribeLaunchTemplates", "ec2:DeleteLaunchTemplate",
     } <= granted
+    # The instances' network interfaces are tagged after launch (no fleet can tag them).
+    assert any(s["Action"] == "ec2:CreateTags" and "network-interface" in str(s["Resource"])
+               and "ec2:CreateAction" not in str(s.get("Condition")) for s in policy["Statement"])
     deletes = [s for s in policy["Statement"]
                if {"ec2:TerminateInstances", "ec2:DeleteLaunchTemplate"} & set(s["Action"])]
     assert deletes and all(

@@ -11,7 +11,6 @@ import logging
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 
-from controller import crashpoints
 from controller.acquire.groups import AcquisitionFailed, acquire_all, release_groups
 from controller.acquire.registration import (
     OutsideDomain,
@@ -21,9 +20,10 @@ from controller.acquire.registration import (
     registration,
     registration_budget,
 )
-from controller.clock import Clock
-from controller.conditions import ConditionType, Reason, message
-from controller.decision_log import log_decision
+from controller.common import crashpoints
+from controller.common.clock import Clock
+from controller.common.conditions import ConditionType, Reason, message
+from controller.common.decision_log import log_decision
 from controller.lifecycle import PLAN_ANNOTATION, Event
 from controller.reconcilers import queued
 from controller.reconcilers.pools import hold_pools

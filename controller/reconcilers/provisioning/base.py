@@ -12,8 +12,8 @@ from typing import Any
 from controller import lifecycle
 from controller.acquire.providers import ProviderSet
 from controller.api.parameters import Parameters, read_parameters
-from controller.clock import Clock
-from controller.conditions import (
+from controller.common.clock import Clock
+from controller.common.conditions import (
     ConditionType,
     Reason,
     Transition,

@@ -9,12 +9,12 @@ import json
 from collections.abc import Mapping
 from datetime import timedelta
 
-from controller import crashpoints
 from controller.acquire.groups import release_groups
 from controller.api.node import Node
 from controller.api.pod import PodTemplate
-from controller.conditions import ConditionType, Reason, message
-from controller.decision_log import log_decision
+from controller.common import crashpoints
+from controller.common.conditions import ConditionType, Reason, message
+from controller.common.decision_log import log_decision
 from controller.fit.shapes import selector_matches, untolerated
 from controller.fit.taints import CONDITION_TAINTS, UNSCHEDULABLE
 from controller.fit.types import Mode, PodShape, Taint

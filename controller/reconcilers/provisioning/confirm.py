@@ -8,15 +8,11 @@ from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime
 
-from controller import crashpoints
 from controller.acquire.registration import observed_domain, placeholder
-from controller.conditions import ConditionType, Reason, message
+from controller.common import crashpoints
+from controller.common.conditions import ConditionType, Reason, message
 from controller.fit.types import GangRequest, Mode, Plan, PodSetPlacement
-from controller.lifecycle import PHASE_ANNOTATION, Event, Phase
-from controller.reconcilers.provisioning.base import Delay, _accepted, _where
-from controller.reconcilers.provisioning.gang import Invalid
-from controller.reconcilers.provisioning.outcome import Outcomes
-from controller.relaxation import (
+from controller.inputs.relaxation import (
     RELAXED_DETAIL,
     pools_default,
     relax_after,
@@ -24,8 +20,12 @@ from controller.relaxation import (
     relaxable,
     relaxed_placements,
 )
-from controller.relaxation import describe as describe_relaxed
-from controller.relaxation import detail as relaxed_detail
+from controller.inputs.relaxation import describe as describe_relaxed
+from controller.inputs.relaxation import detail as relaxed_detail
+from controller.lifecycle import PHASE_ANNOTATION, Event, Phase
+from controller.reconcilers.provisioning.base import Delay, _accepted, _where
+from controller.reconcilers.provisioning.gang import Invalid
+from controller.reconcilers.provisioning.outcome import Outcomes
 from controller.state.bookings import Booking
 from controller.state.requests import RequestRecord
 
@@ -96,7 +96,7 @@ class Confirmation(Outcomes):
     def relaxation(self, req: RequestRecord, gang: GangRequest) -> tuple[
             dict[str, str], datetime | None]:
         """The pod sets of ``gang`` Muster may relax (name -> required level) and when it
-        may (None: never); see :mod:`controller.relaxation`."""
+        may (None: never); see :mod:`controller.inputs.relaxation`."""
         sets = relaxable(gang, self._template_annotations(req), self.state.levels)
         default = pools_default(gang, sets, self.state.pool_registry.pools().values(),
                                 self.config.topology.relax_after_seconds)

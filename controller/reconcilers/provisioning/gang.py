@@ -8,12 +8,12 @@ from dataclasses import dataclass, replace
 
 from controller.api.parameters import read_parameters
 from controller.api.provisioningrequest import ProvisioningRequest
-from controller.conditions import Reason
+from controller.common.conditions import Reason
 from controller.config import MusterConfig
-from controller.constraints import needs_running_pods
 from controller.fit.types import GangRequest, Mode
-from controller.relaxation import relax_after
-from controller.snapshot import InvalidTemplate, SnapshotError, gang_of, parse_object
+from controller.inputs.constraints import needs_running_pods
+from controller.inputs.relaxation import relax_after
+from controller.inputs.snapshot import InvalidTemplate, SnapshotError, gang_of, parse_object
 from controller.state.cache import ClusterState
 from controller.state.object_store import TemplateError
 from controller.state.requests import RequestRecord

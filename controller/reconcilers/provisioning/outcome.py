@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from controller import crashpoints
 from controller.api.parameters import NO_RETRY, VALID_UNTIL_SECONDS, Parameters
-from controller.conditions import ConditionType, Reason, message, rfc3339
-from controller.decision_log import log_decision
+from controller.common import crashpoints
+from controller.common.conditions import ConditionType, Reason, message, rfc3339
+from controller.common.decision_log import log_decision
 from controller.lifecycle import (
     ATTEMPT_ANNOTATION,
     PHASE_ANNOTATION,

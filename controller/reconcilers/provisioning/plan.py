@@ -8,13 +8,14 @@ import json
 from datetime import datetime
 from typing import Any
 
-from controller import crashpoints
 from controller.acquire.keys import groups_for
 from controller.api.parameters import RELAX_TOPOLOGY_AFTER
-from controller.conditions import Reason, message, rfc3339
-from controller.decision_log import log_decision
+from controller.common import crashpoints
+from controller.common.conditions import Reason, message, rfc3339
+from controller.common.decision_log import log_decision
 from controller.fit.explain import shortfall
 from controller.fit.types import GangRequest, Mode, NoFit, Plan, ReasonCode
+from controller.inputs.relaxation import alternatives, hold_until
 from controller.lifecycle import (
     ATTEMPT_ANNOTATION,
     PHASE_ANNOTATION,
@@ -27,7 +28,6 @@ from controller.lifecycle import (
 from controller.reconcilers.provisioning.acquire import Acquisition
 from controller.reconcilers.provisioning.base import Delay, _group_text, _where
 from controller.reconcilers.provisioning.gang import Invalid
-from controller.relaxation import alternatives, hold_until
 from controller.state.bookings import Booking
 from controller.state.planner import Refusal
 from controller.state.requests import RequestRecord

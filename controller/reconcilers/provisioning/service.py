@@ -24,7 +24,7 @@ feeds the cache and enqueues keys; nothing else reaches the service.
 from __future__ import annotations
 
 from controller import lifecycle
-from controller.conditions import ConditionType, Reason
+from controller.common.conditions import ConditionType, Reason
 from controller.kube import ApiError
 from controller.kube.resources import PROVISIONING_REQUESTS
 from controller.lifecycle import PLAN_ANNOTATION, Phase, Step

@@ -1,0 +1,264 @@
+"""Queued provisioning (``queued-provisioning.muster.dev``) and the run duration, end to end
+on the API sandbox with the fake cloud: the gang waits in the cloud's queue (the fake pool's
+``queue: true``) or in Muster's own, never ending RetriesExhausted on a stock-out; deleting
+it leaves nothing; ``maxRunDurationSeconds`` after provisioning its nodes go and the booking
+ends CapacityRevoked/RunDurationExpired."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import Any
+
+import pytest
+
+from controller.commands import objects
+from controller.common.clock import ManualClock
+from controller.config import MusterConfig, RetryConfig
+from controller.kube import KubeClient
+from controller.kube.resources import CAPACITY_POOLS, NODES, PROVISIONING_REQUESTS
+from controller.operator import Controller
+from providers.fake import TAG_POOL, FakeProvider
+from tests.cluster_objects import starve
+from tests.helpers import eventually
+
+QUEUED = "queued-provisioning.muster.dev"
+ATOMIC = "atomic-provisioning.muster.dev"
+_until = functools.partial(eventually, within=10.0, step=0.02)
+
+
+async def _condition(kube: KubeClient, name: str, type_: str) -> dict[str, Any] | None:
+    pr = await kube.get_or_none(PROVISIONING_REQUESTS, name, namespace="ns")
+    return next((c for c in ((pr or {}).get("status") or {}).get("conditions") or []
+                 if c["type"] == type_), None)
+
+
+async def _create(kube: KubeClient, name: str, parameters: dict[str, str] | None = None,
+                  class_name: str = QUEUED) -> None:
+    await kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
+        name, namespace="ns", pod_sets=[("workers", 2)], class_name=class_name,
+        parameters=parameters or {}), namespace="ns")
+
+
+async def _nodes(kube: KubeClient) -> list[str]:
+    listing = await kube.list(NODES, label_selector=f"{TAG_POOL}=gpu")
+    return sorted(n["metadata"]["name"] for n in listing["items"])
+
+
+def _refill(provider: FakeProvider) -> None:
+    for b in (1, 2):
+        for r in range(1, 5):
+            provider.set_stock("gpu", {objects.BLOCK: f"b{b}", objects.RACK: f"b{b}-r{r}"}, 16)
+
+
+async def _queue_pool(kube: KubeClient, controller: Controller) -> None:
+    await kube.merge_patch(CAPACITY_POOLS, "gpu", {"spec": {"parameters": {"queue": True}}})
+
+    async def seen() -> bool:
+        pool = controller.state.pool_registry.pools().get("gpu")
+        return pool is not None and pool.spec.parameters.get("queue") is True
+
+    await _until(seen)
+
+
+async def _reason(kube: KubeClient, name: str, reason: str) -> dict[str, Any] | None:
+    cond = await _condition(kube, name, "Provisioned")
+    return cond if cond is not None and cond["reason"] == reason else None
+
+
+def _ops(provider: FakeProvider, op: str) -> list[str]:
+    return [c.key for c in provider.calls if c.op == op]
+
+
+async def test_a_queued_gang_is_provisioned_when_the_queue_grants_it_then_its_run_ends(
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
+) -> None:
+    controller, clock, provider = running
+    await _queue_pool(kube, controller)
+    starve(provider)
+    await _create(kube, "queued", {"maxRunDurationSeconds": "300"})
+
+    cond = await _until(lambda: _reason(kube, "queued", "QueuedForCapacity"))
+    assert cond["status"] == "False"
+    assert "Queued for capacity since " in cond["message"]
+    assert "2 node(s) in the cloud's queue" in cond["message"]
+    assert "state WAITING, no estimate from the cloud" in cond["message"]
+    assert "each to run 300s once granted" in cond["message"]
+    [key] = _ops(provider, "enqueue")
+    assert _ops(provider, "acquire") == [] and await _nodes(kube) == []
+
+    # Polls while the stock is out change nothing: still one queued request, no nodes.
+    await clock.advance(controller.config.acquisition.queue_poll_seconds)
+    await asyncio.sleep(0.2)
+    assert _ops(provider, "enqueue") == [key] and await _nodes(kube) == []
+    assert await _condition(kube, "queued", "Failed") is None
+
+    _refill(provider)
+    await clock.advance(controller.config.acquisition.queue_poll_seconds)
+
+    async def provisioned() -> dict[str, Any] | None:
+        got = await _condition(kube, "queued", "Provisioned")
+        return got if got is not None and got["status"] == "True" else None
+
+    await _until(provisioned)
+    assert _ops(provider, "grant") == [key]
+    # The acquisition adopted what the queue granted: nothing launched anew.
+    assert [c.outcome for c in provider.calls if c.op == "acquire"] == ["reused"]
+    assert len(await _nodes(kube)) == 2
+
+    # The run lasts 300 s from Provisioned=True (under the 600 s booking).
+    await clock.advance(299)
+    await asyncio.sleep(0.2)
+    assert await _condition(kube, "queued", "CapacityRevoked") is None
+    assert len(await _nodes(kube)) == 2
+    await clock.advance(1)
+    revoked = await _until(lambda: _condition(kube, "queued", "CapacityRevoked"))
+    assert revoked["status"] == "True" and revoked["reason"] == "RunDurationExpired"
+    assert "maxRunDurationSeconds" in revoked["message"]
+
+    async def gone() -> bool:
+        return await _nodes(kube) == []
+
+    await _until(gone)
+    assert await _condition(kube, "queued", "BookingExpired") is None
+
+
+async def test_deleting_a_queued_request_cancels_it_and_leaves_nothing(
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
+) -> None:
+    controller, clock, provider = running
+    await _queue_pool(kube, controller)
+    starve(provider)
+    await _create(kube, "withdrawn")
+    await _until(lambda: _reason(kube, "withdrawn", "QueuedForCapacity"))
+    [key] = _ops(provider, "enqueue")
+
+    await kube.delete(PROVISIONING_REQUESTS, "withdrawn", namespace="ns")
+
+    async def deleted() -> bool:
+        return await kube.get_or_none(PROVISIONING_REQUESTS, "withdrawn", namespace="ns") is None
+
+    await _until(deleted)
+    assert _ops(provider, "cancel") == [key]
+    # Stock back: the cancelled request is not in the queue, so nothing is granted.
+    _refill(provider)
+    await clock.advance(controller.config.acquisition.queue_poll_seconds * 3)
+    await asyncio.sleep(0.3)
+    assert _ops(provider, "grant") == [] and await _nodes(kube) == []
+    assert await provider.queued(controller.state.pool_registry.pools()["gpu"], key) is None
+
+
+async def test_deleting_a_granted_request_before_it_is_booked_releases_the_grant(
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
+) -> None:
+    """The queue granted (nodes exist under the key) but Muster has not adopted them yet:
+    deletion releases them too."""
+    controller, _, provider = running
+    await _queue_pool(kube, controller)
+    starve(provider)
+    await _create(kube, "late")
+    await _until(lambda: _reason(kube, "late", "QueuedForCapacity"))
+    [key] = _ops(provider, "enqueue")
+    _refill(provider)
+    pool = controller.state.pool_registry.pools()["gpu"]
+    granted = await provider.queued(pool, key)  # the cloud grants before Muster looks
+    assert granted is not None and granted.outcome == "granted"
+    assert len(await _nodes(kube)) == 2
+
+    await kube.delete(PROVISIONING_REQUESTS, "late", namespace="ns")
+
+    async def nothing_left() -> bool:
+        return (await _nodes(kube) == [] and await kube.get_or_none(
+            PROVISIONING_REQUESTS, "late", namespace="ns") is None)
+
+    await _until(nothing_left)
+
+
+@pytest.mark.parametrize(
+    "muster_config", [MusterConfig(retry=RetryConfig(max_attempts=3))], ids=["3-attempts"]
+)
+async def test_a_stock_out_in_musters_own_queue_never_ends_retries_exhausted(
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
+) -> None:
+    """A pool without a cloud queue: the queued class waits in Muster's own queue well past
+    retry.max_attempts, while an atomic request beside it fails RetriesExhausted; when the
+    stock comes back the queued gang is provisioned."""
+    controller, clock, provider = running
+    starve(provider)
+    await _create(kube, "patient")
+    await _create(kube, "atomic", class_name=ATOMIC)
+    retry = controller.config.retry
+
+    for _ in range(retry.max_attempts * 3):
+        await _until(lambda: _reason(kube, "patient", "QueuedForCapacity"))
+        await asyncio.sleep(0.05)
+        await clock.advance(retry.max_backoff_seconds)
+    failed = await _until(lambda: _condition(kube, "atomic", "Failed"))
+    assert failed["reason"] == "RetriesExhausted"
+    assert await _condition(kube, "patient", "Failed") is None
+    cond = await _reason(kube, "patient", "QueuedForCapacity")
+    assert cond is not None and "waits in Muster's own" in cond["message"]
+    pr = await kube.get(PROVISIONING_REQUESTS, "patient", namespace="ns")
+    assert int(pr["metadata"]["annotations"]["muster.dev/attempt"]) > retry.max_attempts
+    assert "muster.dev/queued-since" in pr["metadata"]["annotations"]
+
+    _refill(provider)
+    await clock.advance(retry.max_backoff_seconds)
+
+    async def provisioned() -> bool:
+        got = await _condition(kube, "patient", "Provisioned")
+        return got is not None and got["status"] == "True"
+
+    await _until(provisioned)
+    assert len(await _nodes(kube)) == 2
+
+
+async def test_the_fake_queue_parameter_must_be_a_boolean(kube: KubeClient) -> None:
+    from controller.api.capacitypool import CapacityPool
+    from providers.base import ProviderConfigError
+
+    provider = FakeProvider(kube, heartbeat_seconds=0)
+    good = CapacityPool.model_validate(objects.gpu_pool("q", parameters={"queue": True}))
+    await provider.validate(good)
+    assert provider.queues(good)
+    bad = CapacityPool.model_validate(objects.gpu_pool("q", parameters={"queue": "yes"}))
+    with pytest.raises(ProviderConfigError, match=r"parameters\.queue must be true or false"):
+        await provider.validate(bad)
+
+
+async def test_a_run_longer_than_the_capacity_block_is_not_planned_onto_it(
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
+) -> None:
+    """The pool draws from a block ending in an hour: a 30-minute run is provisioned there;
+    a two-hour one is not planned onto it (it waits, queued)."""
+    from datetime import timedelta
+
+    from controller.common.conditions import rfc3339
+
+    controller, clock, _ = running
+    end = clock.now() + timedelta(hours=1)
+    await kube.merge_patch(CAPACITY_POOLS, "gpu", {"spec": {"parameters": {
+        "reservation": {"id": "blk-1", "nodes": 16, "end": rfc3339(end)}}}})
+
+    async def bounded() -> bool:
+        pools = controller.state.snapshot(now=clock.now()).pools
+        return any(p.name == "gpu" and p.open_seconds is not None for p in pools)
+
+    for _ in range(50):
+        if await bounded():
+            break
+        await clock.advance(60)  # the pool status' reservation refresh
+        await asyncio.sleep(0.05)
+    assert await bounded()
+
+    await _create(kube, "long", {"maxRunDurationSeconds": "7200"})
+    cond = await _until(lambda: _reason(kube, "long", "QueuedForCapacity"))
+    assert "waits in Muster's own" in cond["message"]
+    await _create(kube, "short", {"maxRunDurationSeconds": "1800"})
+
+    async def provisioned() -> bool:
+        got = await _condition(kube, "short", "Provisioned")
+        return got is not None and got["status"] == "True"
+
+    await _until(provisioned)
+    assert (await _condition(kube, "long", "Provisioned") or {}).get("status") == "False"
