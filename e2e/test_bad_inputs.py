@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from controller.commands import objects
+from controller.common.topology_defaults import KEY_LABEL
 from controller.kube import ApiError, Body
 from controller.kube.resources import (
     CAPACITY_POOLS,
@@ -35,7 +36,6 @@ from controller.kube.resources import (
 )
 from controller.kueue.resources import WORKLOADS
 from controller.state.tenancy import owner_uid_of_key
-from controller.topology_defaults import KEY_LABEL
 from e2e.conftest import RUN_LABEL, TIERS, Env, eventually
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import AsyncIterator
 
 from controller.commands import objects
+from controller.common.topology_defaults import KEY_LABEL
 from controller.kube import ApiError
 from controller.kube.resources import (
     NAMESPACES,
@@ -23,7 +24,6 @@ from controller.kube.resources import (
     Resource,
 )
 from controller.state.tenancy import owner_uid_of_key
-from controller.topology_defaults import KEY_LABEL
 from e2e.conftest import Env, eventually
 
 ATOMIC = "atomic-provisioning.muster.dev"

@@ -108,8 +108,8 @@ def test_nodes_of_an_acquisition_not_yet_confirmed_are_offered_to_nobody_else() 
     failed and rolled back, deleting the nodes under that live booking."""
     import json
 
+    from controller.common.topology_defaults import KEY_LABEL
     from controller.state.bookings import Group
-    from controller.topology_defaults import KEY_LABEL
 
     state = ClusterState(levels=DEFAULT_LEVELS)
     state.replace_nodes([gpu_node("n0", **{KEY_LABEL: "k1"}), gpu_node("n1")])
@@ -134,7 +134,7 @@ def test_nodes_of_an_acquisition_not_yet_confirmed_are_offered_to_nobody_else() 
 def test_nodes_being_released_are_offered_to_no_plan() -> None:
     """Found by the crash harness: a request planned onto the nodes of a group while their
     release was in flight got Provisioned=True on nodes deleted a moment later."""
-    from controller.topology_defaults import KEY_LABEL
+    from controller.common.topology_defaults import KEY_LABEL
 
     state = ClusterState(levels=DEFAULT_LEVELS)
     state.replace_nodes([gpu_node("n0", **{KEY_LABEL: "k2"}), gpu_node("n1")])
