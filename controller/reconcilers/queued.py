@@ -21,6 +21,14 @@ stock-out does to it:
 Deleting the request (or Kueue withdrawing it) cancels every group's queued request and
 releases whatever a grant created (:func:`leave`).
 
+**A pool deleted under a queued gang.** The pool's finalizer holds it while a request of a
+queued class waits in its queue (:func:`waiting_pools`; the cancel needs the pool's provider
+settings). The request's next look (a pool change wakes it, else the next poll) cancels every
+group's queued request and releases what a grant created, then the request fails with
+``Failed=True``/``CapacityPoolDeleted``; only then is the pool let go. A cancel the cloud
+refuses is tried again every poll, the request still Acquiring and the pool still held, so
+nothing is left queued in the cloud under a pool that no longer exists.
+
 **Run duration.** A provisioned request with ``maxRunDurationSeconds`` (any provisioning
 class: Kueue forwards the parameter from its ProvisioningRequestConfig) has its new nodes
 released that many seconds after ``Provisioned=True``, running pods or not, and the booking
@@ -61,7 +69,9 @@ from providers.base import (
 )
 
 if TYPE_CHECKING:
+    from controller.config import ClassesConfig
     from controller.reconcilers.provisioning.base import Delay
+    from controller.state.cache import ClusterState
     from controller.reconcilers.provisioning.outcome import Outcomes
 
 log = logging.getLogger(__name__)
@@ -112,6 +122,22 @@ def stock_out(svc: Outcomes, req: RequestRecord, exc: AcquisitionFailed) -> Reas
     return Reason.ACQUISITION_FAILED
 
 
+def waiting_pools(state: ClusterState, classes: ClassesConfig) -> dict[str, list[str]]:
+    """Pool -> the requests of a queued class that may still wait in its cloud queue: a
+    group of their Acquiring booking has no machine yet. The pool's finalizer stays until
+    they have cancelled (:func:`step`), whether or not they were reconciled since a restart;
+    a deleted pool wakes them, so they cancel at once rather than at their next poll."""
+    held: dict[str, list[str]] = {}
+    for key, req in state.requests().items():
+        booking = req.booking
+        if (booking is None or req.phase is not Phase.ACQUIRING
+                or not classes.is_queued(req.class_name)):
+            continue
+        for pool in {g.pool for g in booking.groups if not g.provider_ids and not g.nodes}:
+            held.setdefault(pool, []).append(key)
+    return held
+
+
 # --------------------------------------------------------------------------- the cloud's queue
 
 
@@ -122,6 +148,9 @@ async def step(svc: Outcomes, req: RequestRecord, booking: Booking) -> Delay | b
     queues = _queues(svc, req, booking)
     if queues is None:
         return False
+    deleting = sorted({g.pool for g in booking.groups if svc.state.pool_deleting(g.pool)})
+    if deleting:
+        return await _pool_deleted(svc, req, booking, deleting)
     seconds = run_seconds(svc, req)
     statuses: list[QueuedStatus] = []
     try:
@@ -169,10 +198,38 @@ async def step(svc: Outcomes, req: RequestRecord, booking: Booking) -> Delay | b
     return svc.config.acquisition.queue_poll_seconds
 
 
+async def _pool_deleted(svc: Outcomes, req: RequestRecord, booking: Booking,
+                        deleting: list[str]) -> Delay:
+    """A pool of the booking is being deleted while the gang waits in the cloud's queue:
+    cancel every group (all or nothing: the others are no use alone), then fail the request.
+    While a cancel fails the request stays Acquiring, which keeps the pool's finalizer
+    (:func:`waiting_pools`), and tries again at the next poll."""
+    names = ", ".join(deleting)
+    failures = await _cancel(svc, req, booking,
+                             why=f"CapacityPool {names} is being deleted")
+    if failures:
+        poll = svc.config.acquisition.queue_poll_seconds
+        since = req.annotations.get(QUEUED_SINCE_ANNOTATION) or rfc3339(svc.clock.now())
+        await _write_queued(svc, req, since, (
+            f"CapacityPool {names} is being deleted, but the cloud refused to cancel the "
+            f"gang's queued request ({'; '.join(failures)}); Muster tries again every "
+            f"{poll:.0f}s and keeps the pool until it succeeds"))
+        return poll
+    delay = await svc.fail(req, Reason.POOL_DELETED, message(
+        Reason.POOL_DELETED, pools=names,
+        keys=", ".join(g.key for g in booking.groups)), attempt=booking.attempt)
+    # The pool's finalizer may go now: tell the finalizer loop rather than let it find out
+    # at its next round.
+    svc.state.pools_changed.set()
+    return delay
+
+
 async def _cancel(svc: Outcomes, req: RequestRecord, booking: Booking, *,
-                  why: str) -> None:
-    """Take every group out of its queue and release whatever a grant created."""
+                  why: str) -> list[str]:
+    """Take every group out of its queue and release whatever a grant created; the groups
+    whose cancel failed, each with the cloud's error."""
     pools = svc.state.pools()
+    failures: list[str] = []
     for group in booking.groups:
         pool = pools.get(group.pool)
         queue = queue_of(svc, pool) if pool is not None else None
@@ -187,9 +244,11 @@ async def _cancel(svc: Outcomes, req: RequestRecord, booking: Booking, *,
             # grants afterwards carries an abandoned key the collector releases.
             log.warning("%s: cancelling the queued request of %s failed: %s", req.key,
                         group.key, exc)
+            failures.append(f"{group.key} in pool {group.pool}: {exc}")
     await release_groups(
         booking.groups, pools=pools, provider_for=svc.providers.for_pool, owner=req.key,
         why=why, ledger=svc.state.ledger)
+    return failures
 
 
 async def leave(svc: Outcomes, req: RequestRecord) -> None:

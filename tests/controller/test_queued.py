@@ -18,6 +18,7 @@ from controller.config import MusterConfig, RetryConfig
 from controller.kube import KubeClient
 from controller.kube.resources import CAPACITY_POOLS, NODES, PROVISIONING_REQUESTS
 from controller.operator import Controller
+from providers.base import TransientProviderError
 from providers.fake import TAG_POOL, FakeProvider
 from tests.controller.builders import starve
 from tests.helpers import eventually
@@ -262,3 +263,58 @@ async def test_a_run_longer_than_the_capacity_block_is_not_planned_onto_it(
 
     await _until(provisioned)
     assert (await _condition(kube, "long", "Provisioned") or {}).get("status") == "False"
+
+
+async def test_deleting_the_pool_of_a_queued_gang_cancels_it_before_the_pool_goes(
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
+) -> None:
+    """The pool goes while the gang waits in its cloud queue: the queued request is
+    cancelled (the first cancel the cloud refuses keeps the pool, held by Muster's
+    finalizer, until a later one succeeds), the request fails CapacityPoolDeleted, nothing
+    is granted afterwards, and only then does the pool go."""
+    controller, clock, provider = running
+    await _queue_pool(kube, controller)
+    starve(provider)
+    await _create(kube, "orphaned")
+    await _until(lambda: _reason(kube, "orphaned", "QueuedForCapacity"))
+    [key] = _ops(provider, "enqueue")
+    pool = controller.state.pools()["gpu"]
+    provider.refuse_cancels("gpu", TransientProviderError("cancel throttled (injected)"))
+
+    await kube.delete(CAPACITY_POOLS, "gpu")
+
+    async def refused() -> dict[str, Any] | None:
+        cond = await _reason(kube, "orphaned", "QueuedForCapacity")
+        return cond if cond is not None and "refused to cancel" in cond["message"] else None
+
+    cond = await _until(refused)
+    assert "cancel throttled (injected)" in cond["message"]
+    # The cloud still holds the gang, so the pool (and its provider settings) stays,
+    # whatever the polls in between.
+    for _ in range(3):
+        await clock.advance(controller.config.acquisition.queue_poll_seconds)
+        await asyncio.sleep(0.1)
+    assert (await provider.queued(pool, key)) is not None
+    held = await kube.get(CAPACITY_POOLS, "gpu")
+    assert held["metadata"].get("deletionTimestamp")
+    assert "muster.dev/release-nodes" in held["metadata"]["finalizers"]
+    assert await _condition(kube, "orphaned", "Failed") is None
+    assert _ops(provider, "cancel") == []
+
+    provider.refuse_cancels("gpu", None)
+    await clock.advance(controller.config.acquisition.queue_poll_seconds)
+    failed = await _until(lambda: _condition(kube, "orphaned", "Failed"))
+    assert failed["reason"] == "CapacityPoolDeleted"
+    assert "CapacityPool gpu was deleted while the gang waited" in failed["message"]
+    assert key in failed["message"]
+    assert _ops(provider, "cancel") == [key]
+    assert await provider.queued(pool, key) is None
+
+    async def pool_gone() -> bool:
+        return await kube.get_or_none(CAPACITY_POOLS, "gpu") is None
+
+    await _until(pool_gone)
+    # Stock back: nothing was left in the queue to grant.
+    _refill(provider)
+    await asyncio.sleep(0.2)
+    assert _ops(provider, "grant") == [] and await _nodes(kube) == []
