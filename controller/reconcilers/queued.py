@@ -71,8 +71,8 @@ from providers.base import (
 if TYPE_CHECKING:
     from controller.config import ClassesConfig
     from controller.reconcilers.provisioning.base import Delay
-    from controller.state.cache import ClusterState
     from controller.reconcilers.provisioning.outcome import Outcomes
+    from controller.state.cache import ClusterState
 
 log = logging.getLogger(__name__)
 
