@@ -29,6 +29,12 @@ group's queued request and releases what a grant created, then the request fails
 refuses is tried again every poll, the request still Acquiring and the pool still held, so
 nothing is left queued in the cloud under a pool that no longer exists.
 
+**A pool whose provider changes under a queued gang.** The provider and parameters each group
+was queued through are kept on the request (``muster.dev/queued-through``). When the pool
+names another provider at the next look, the queued request is cancelled through the one
+that queued it (with the parameters it was queued with) and the gang is planned again
+(``AcquisitionFailed`` saying so); deleting the request cancels through it too.
+
 **Run duration.** A provisioned request with ``maxRunDurationSeconds`` (any provisioning
 class: Kueue forwards the parameter from its ProvisioningRequestConfig) has its new nodes
 released that many seconds after ``Provisioned=True``, running pods or not, and the booking
@@ -39,9 +45,10 @@ queued-provisioning class does when its run ends. The time is the injected clock
 
 from __future__ import annotations
 
+import json
 import logging
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from controller.acquire.groups import AcquisitionFailed, release_groups
 from controller.api.capacitypool import CapacityPool
@@ -52,11 +59,12 @@ from controller.lifecycle import (
     PHASE_ANNOTATION,
     PLAN_ANNOTATION,
     QUEUED_SINCE_ANNOTATION,
+    QUEUED_THROUGH_ANNOTATION,
     RETRY_AT_ANNOTATION,
     Event,
     Phase,
 )
-from controller.state.bookings import Booking
+from controller.state.bookings import Booking, Group
 from controller.state.requests import RequestRecord
 from providers.base import (
     ENDED,
@@ -67,6 +75,7 @@ from providers.base import (
     ProviderError,
     QueuedStatus,
 )
+from providers.registry import canonical
 
 if TYPE_CHECKING:
     from controller.config import ClassesConfig
@@ -114,6 +123,50 @@ def _queues(svc: Outcomes, req: RequestRecord,
     return out
 
 
+def _through(req: RequestRecord) -> dict[str, dict[str, Any]]:
+    """Key -> the provider and parameters its gang was queued through (unreadable: none)."""
+    text = req.annotations.get(QUEUED_THROUGH_ANNOTATION)
+    try:
+        data = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {str(k): v for k, v in data.items()
+            if isinstance(v, dict) and isinstance(v.get("provider"), str)}
+
+
+def _queued_through(svc: Outcomes, req: RequestRecord,
+                    group: Group) -> tuple[CapacityPool, CapacityQueue] | None:
+    """The group's pool as its gang was queued through (the recorded provider and
+    parameters over the pool's current ones) and that pool's queue, or None."""
+    pool = svc.state.pools().get(group.pool)
+    if pool is None:
+        return None
+    was = _through(req).get(group.key)
+    if was is not None and (canonical(was["provider"]) != canonical(pool.spec.provider)
+                            or was.get("parameters") != pool.spec.parameters):
+        spec = pool.spec.model_copy(update={
+            "provider": was["provider"], "parameters": dict(was.get("parameters") or {})})
+        pool = pool.model_copy(update={"spec": spec})
+    queue = queue_of(svc, pool)
+    return None if queue is None else (pool, queue)
+
+
+def _moved(svc: Outcomes, req: RequestRecord, booking: Booking) -> list[str]:
+    """The groups whose pool names another provider than the one that queued them."""
+    through = _through(req)
+    pools = svc.state.pools()
+    out = []
+    for group in booking.groups:
+        was, pool = through.get(group.key), pools.get(group.pool)
+        if was is not None and pool is not None and canonical(was["provider"]) != canonical(
+                pool.spec.provider):
+            out.append(f"CapacityPool {group.pool}'s provider changed from {was['provider']} "
+                       f"to {pool.spec.provider}")
+    return out
+
+
 def stock_out(svc: Outcomes, req: RequestRecord, exc: AcquisitionFailed) -> Reason:
     """The reason an acquisition failure retries with: a queued request's stock-out waits
     for capacity like a plan that found none."""
@@ -145,6 +198,11 @@ async def step(svc: Outcomes, req: RequestRecord, booking: Booking) -> Delay | b
     """Enqueue or look up every group of a queued request's booking. False: not served by
     a cloud's queue, or every group is granted (the caller's acquisition adopts the nodes);
     otherwise the reconcile's delay."""
+    if not is_queued(svc, req) or not booking.groups:
+        return False
+    moved = _moved(svc, req, booking)
+    if moved:
+        return await _provider_changed(svc, req, booking, moved)
     queues = _queues(svc, req, booking)
     if queues is None:
         return False
@@ -192,8 +250,14 @@ async def step(svc: Outcomes, req: RequestRecord, booking: Booking) -> Delay | b
     if seconds is not None:
         detail += f"; each to run {seconds}s once granted"
     svc.take(req, Event.QUEUED)
-    if QUEUED_SINCE_ANNOTATION not in req.annotations:
-        req = await svc.persist(req, annotations={QUEUED_SINCE_ANNOTATION: since})
+    through = json.dumps({g.key: {"provider": pool.spec.provider,
+                                  "parameters": pool.spec.parameters}
+                          for g, (pool, _) in zip(booking.groups, queues, strict=True)},
+                         sort_keys=True, separators=(",", ":"))
+    if (QUEUED_SINCE_ANNOTATION not in req.annotations
+            or req.annotations.get(QUEUED_THROUGH_ANNOTATION) != through):
+        req = await svc.persist(req, annotations={QUEUED_SINCE_ANNOTATION: since,
+                                                  QUEUED_THROUGH_ANNOTATION: through})
     await _write_queued(svc, req, since, detail)
     return svc.config.acquisition.queue_poll_seconds
 
@@ -224,17 +288,39 @@ async def _pool_deleted(svc: Outcomes, req: RequestRecord, booking: Booking,
     return delay
 
 
+async def _provider_changed(svc: Outcomes, req: RequestRecord, booking: Booking,
+                            moved: list[str]) -> Delay:
+    """A pool of the booking names another provider than the one whose queue holds the
+    gang: cancel every group through the provider that queued it, then plan again."""
+    what = "; ".join(moved)
+    failures = await _cancel(svc, req, booking, why=what)
+    if failures:
+        poll = svc.config.acquisition.queue_poll_seconds
+        since = req.annotations.get(QUEUED_SINCE_ANNOTATION) or rfc3339(svc.clock.now())
+        await _write_queued(svc, req, since, (
+            f"{what}, but the cloud refused to cancel the gang's queued request "
+            f"({'; '.join(failures)}); Muster tries again every {poll:.0f}s"))
+        return poll
+    return await svc.retry_or_fail(
+        req, attempt=booking.attempt, reason=Reason.ACQUISITION_FAILED,
+        detail=f"{what} while the gang waited in the cloud's queue: the queued request was "
+        "cancelled through the provider that queued it, and the gang is planned again")
+
+
 async def _cancel(svc: Outcomes, req: RequestRecord, booking: Booking, *,
                   why: str) -> list[str]:
-    """Take every group out of its queue and release whatever a grant created; the groups
-    whose cancel failed, each with the cloud's error."""
-    pools = svc.state.pools()
+    """Take every group out of the queue it was queued in (through the provider and
+    parameters recorded then) and release whatever a grant created; the groups whose
+    cancel failed, each with the cloud's error."""
+    pools = dict(svc.state.pools())
     failures: list[str] = []
     for group in booking.groups:
-        pool = pools.get(group.pool)
-        queue = queue_of(svc, pool) if pool is not None else None
-        if pool is None or queue is None:
+        found = _queued_through(svc, req, group)
+        if found is None:
             continue
+        pool, queue = found
+        # What a grant created is released through the same provider and parameters.
+        pools[group.pool] = pool
         try:
             if await queue.cancel_queued(pool, group.key):
                 log_decision("acquire", req.key, outcome="cancelled", pool=group.pool,
@@ -255,8 +341,10 @@ async def leave(svc: Outcomes, req: RequestRecord) -> None:
     """The request is being deleted before it was provisioned: cancel its queued requests
     and release what a grant may already have created."""
     booking = req.booking
-    if booking is None or req.phase is not Phase.ACQUIRING or _queues(
-            svc, req, booking) is None:
+    if booking is None or req.phase is not Phase.ACQUIRING or not is_queued(svc, req):
+        return
+    through = _through(req)
+    if _queues(svc, req, booking) is None and not any(g.key in through for g in booking.groups):
         return
     await _cancel(svc, req, booking, why="the request is being deleted")
 

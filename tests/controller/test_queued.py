@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -16,12 +18,19 @@ from controller.clock import ManualClock
 from controller.commands import objects
 from controller.config import MusterConfig, RetryConfig
 from controller.kube import KubeClient
-from controller.kube.resources import CAPACITY_POOLS, NODES, PROVISIONING_REQUESTS
+from controller.kube.resources import (
+    CAPACITY_POOLS,
+    EVENTS,
+    NAMESPACES,
+    NODES,
+    POD_TEMPLATES,
+    PROVISIONING_REQUESTS,
+)
 from controller.operator import Controller
 from providers.base import TransientProviderError
 from providers.fake import TAG_POOL, FakeProvider
 from tests.controller.builders import starve
-from tests.helpers import eventually
+from tests.helpers import bounded, eventually
 
 QUEUED = "queued-provisioning.muster.dev"
 ATOMIC = "atomic-provisioning.muster.dev"
@@ -318,3 +327,55 @@ async def test_deleting_the_pool_of_a_queued_gang_cancels_it_before_the_pool_goe
     _refill(provider)
     await asyncio.sleep(0.2)
     assert _ops(provider, "grant") == [] and await _nodes(kube) == []
+
+
+async def test_a_pool_whose_provider_changes_under_a_queued_gang_cancels_through_the_old_one(
+    kube: KubeClient,
+) -> None:
+    """The pool's provider is switched while the gang waits in the old provider's queue:
+    the queued request is cancelled through the provider (and parameters) that queued it,
+    not left there, and the gang is planned again and queued through the new one."""
+    await kube.create(NAMESPACES, {"metadata": {"name": "ns"}})
+    await kube.create(CAPACITY_POOLS, objects.gpu_pool("gpu", parameters={"queue": True}))
+    await kube.create(POD_TEMPLATES, objects.pod_template(
+        "workers", namespace="ns", requests={"cpu": "90", objects.GPU: "8"},
+        required_level=objects.RACK, tolerations=[objects.GPU_TOLERATION],
+    ), namespace="ns")
+    clock = ManualClock(start=datetime.now(UTC))
+    old = FakeProvider(kube, heartbeat_seconds=3600)
+    new = FakeProvider(kube, heartbeat_seconds=3600)
+    starve(old)
+    starve(new)
+    controller = Controller(kube=kube, config=MusterConfig(), clock=clock,
+                            providers={"kind": old, "other": new})
+    await bounded(controller.start(), 60, "the controller to start")
+    try:
+        await _create(kube, "moved")
+        await _until(lambda: _reason(kube, "moved", "QueuedForCapacity"))
+        [key] = _ops(old, "enqueue")
+        pr = await kube.get(PROVISIONING_REQUESTS, "moved", namespace="ns")
+        assert json.loads(pr["metadata"]["annotations"]["muster.dev/queued-through"]) == {
+            key: {"provider": "kind", "parameters": {"queue": True}}}
+
+        await kube.merge_patch(CAPACITY_POOLS, "gpu", {"spec": {"provider": "other"}})
+
+        async def switched() -> bool:
+            return controller.state.pools()["gpu"].spec.provider == "other"
+
+        await _until(switched)
+        await clock.advance(controller.config.acquisition.queue_poll_seconds)
+
+        async def requeued() -> list[str]:
+            await clock.advance(1)
+            return _ops(new, "enqueue")
+
+        await _until(requeued)
+        assert _ops(old, "cancel") == [key]
+        assert await old.queued(controller.state.pools()["gpu"], key) is None
+        events = await kube.list(EVENTS, namespace="ns")
+        said = [e["message"] for e in events["items"] if e.get("reason") == "AcquisitionFailed"]
+        assert any("CapacityPool gpu's provider changed from kind to other" in m
+                   and "cancelled through the provider that queued it" in m for m in said), said
+        await _until(lambda: _reason(kube, "moved", "QueuedForCapacity"))
+    finally:
+        await bounded(controller.stop(), 60, "the controller to stop")
