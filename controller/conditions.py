@@ -143,8 +143,8 @@ MESSAGES: Mapping[Reason, str] = {
     ),
     Reason.POOL_DELETED: (
         "CapacityPool {pools} was deleted while the gang waited in its cloud queue: the "
-        "queued request(s) ({keys}) were cancelled and nothing of them is left. Create the "
-        "request again to queue through another pool."
+        "queued request(s) ({keys}) were taken out of the queue and whatever a grant had "
+        "created was released. Create the request again to queue through another pool."
     ),
     Reason.OVER_BUDGET: (
         "The plan exceeds the budget: {detail}. Raise budgets.* in Muster's config or make "
