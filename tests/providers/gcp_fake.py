@@ -21,9 +21,9 @@ Flex-start resize requests of a zonal MIG (insert with name, exactly one of resi
 instances (named VMs: RFC 1035 names, unique, none existing), requestedRunDuration 10
 minutes to 7 days; get; list; cancel only while ACCEPTED; delete only once not
 ACCEPTED/CREATING). A request stays ACCEPTED until it is granted, all its VMs at once, as
-MIG members built from the MIG's template (``mig_templates``: machine type and labels, none
-of Muster's) and named as the request named them (else ``<mig>-####``): by a test calling
-``grant``, or on its own (``grant_after_polls``) once it was read that many times while the
+MIG members built from the MIG's template (``mig_templates``: machine type, labels and
+metadata, none of Muster's) and named as the request named them (else ``<mig>-####``): by
+a test calling ``grant``, or on its own (``grant_after_polls``) once it was read that many times while the
 zone's stock holds all of it, reporting CREATING for one read and SUCCEEDED from the next.
 The MIG: ``listManagedInstances`` (paged) lists its members, ``deleteInstances`` deletes
 members and lowers its size (a name not a member is refused unless
@@ -101,7 +101,8 @@ class FakeCompute:
     the zone's stock holds it (None: only ``grant`` does)."""
     mig_templates: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     """(zone, instance group manager) -> what its instance template gives every VM
-    (``machineType``, ``labels``); absent: an a3-highgpu-8g without labels."""
+    (``machineType``, ``labels``, ``metadata`` as a dict); absent: an a3-highgpu-8g
+    without labels or metadata."""
     mig_members: dict[tuple[str, str], set[str]] = field(default_factory=dict)
     """(zone, instance group manager) -> names of its VMs."""
     requests: list[Recorded] = field(default_factory=list)
@@ -160,8 +161,11 @@ class FakeCompute:
         instance: dict[str, Any] = {
             "kind": "compute#instance", "id": str(next(self._ids)), "name": vm,
             "status": "PROVISIONING", "labels": dict(template.get("labels") or {}),
-            "metadata": {"items": [{"key": "created-by", "value": f"zones/{zone}/"
-                                    f"instanceGroupManagers/{mig}"}]},
+            "metadata": {"items": [
+                *({"key": k, "value": v} for k, v in sorted(
+                    (template.get("metadata") or {}).items())),
+                {"key": "created-by",
+                 "value": f"zones/{zone}/instanceGroupManagers/{mig}"}]},
             "resourcePolicies": [],
             "machineType": f"https://compute.googleapis.com/compute/v1/projects/p/zones/"
                            f"{zone}/machineTypes/{machine}",
