@@ -23,8 +23,9 @@ minutes to 7 days; get; list; cancel only while ACCEPTED; delete only once not
 ACCEPTED/CREATING). A request stays ACCEPTED until it is granted, all its VMs at once, as
 MIG members built from the MIG's template (``mig_templates``: machine type, labels and
 metadata, none of Muster's) and named as the request named them (else ``<mig>-####``): by
-a test calling ``grant``, or on its own (``grant_after_polls``) once it was read that many times while the
-zone's stock holds all of it, reporting CREATING for one read and SUCCEEDED from the next.
+a test calling ``grant``, or on its own (``grant_after_polls``) once it was read that many
+times while the zone's stock holds all of it, reporting CREATING for one read and
+SUCCEEDED from the next.
 The MIG: ``listManagedInstances`` (paged) lists its members, ``deleteInstances`` deletes
 members and lowers its size (a name not a member is refused unless
 skipInstancesOnValidationError), and a member deleted with a plain ``instances.delete`` is
