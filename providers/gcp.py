@@ -519,6 +519,8 @@ class GcpProvider(AtomicProvider[Any]):
             lambda: GcpClients.create(api_endpoint=self.settings.api_endpoint)
         )
         self._clients: GcpClients | None = None
+        self._flex_owners: dict[str, _Owner] = {}
+        """Flex-start VM name -> its key and owner, as the last MIG listing found them."""
         self._client_lock = asyncio.Lock()
         self._calls: CloudCalls[int] = self.settings.calls(
             is_transient=is_transient, map_error=map_error, expected=_expected
@@ -742,6 +744,7 @@ class GcpProvider(AtomicProvider[Any]):
             return None if isinstance(got, ExpectedStatus) else got
 
         got = await asyncio.gather(*(get(n) for n in sorted(mine)))
+        self._flex_owners.update(mine)
         return [(i, mine[i.name]) for i in got if i is not None]
 
     async def launch(self, request: AcquireRequest, have: Sequence[Any]) -> Launch[Any]:
@@ -753,12 +756,17 @@ class GcpProvider(AtomicProvider[Any]):
         if params.flex_start is not None:
             # Its VMs come from the MIG's resize requests (found by name, adopted before a
             # launch): an instance insert here would be an on-demand VM.
-            raise ProviderConfigError(
-                f"pool {request.pool.metadata.name}: a flexStart pool's VMs come only from "
-                f"its queue (queued-provisioning.muster.dev); {len(have)} of "
-                f"{request.count} VM(s) of resize request {resize_request_name(request.key)} "
-                "exist"
-            )
+            queued = await self.queued(request.pool, request.key)
+            if queued is None:
+                raise ProviderConfigError(
+                    f"pool {request.pool.metadata.name}: a flexStart pool's VMs come only "
+                    "from its queue (queued-provisioning.muster.dev)")
+            # Granted, then some VMs gone (the MIG's run ended, deleted out of band): the
+            # gang is incomplete, as a stock-out leaves it.
+            raise CapacityUnavailable(
+                f"pool {request.pool.metadata.name}: resize request {queued.name} is "
+                f"{queued.state} but {len(have)} of its {request.count} VM(s) are in MIG "
+                f"{params.flex_start.instance_group_manager}", available=len(have))
         clients = await self._get_clients()
         pool = request.pool.metadata.name
         policy = await self._ensure_policy(clients, params, request)
@@ -842,9 +850,9 @@ class GcpProvider(AtomicProvider[Any]):
                 owners = {i.name: _Owner(request.key, request.owner, request.owner_uid)
                           for i in machines}
             else:
-                clients = await self._get_clients()
-                found = await self._flex_find(clients, params, pool.metadata.name, None)
-                owners = {i.name: o for i, o in found}
+                # The listing that found them just read their owners.
+                owners = {i.name: self._flex_owners[i.name] for i in machines
+                          if i.name in self._flex_owners}
         return self._nodes(params, pool.metadata.name, machines, owners)
 
     # ---- request building ------------------------------------------------------------

@@ -104,20 +104,36 @@ async def test_the_queue_outcome_and_a_flex_pool_never_launching_on_demand(
 
     provider, r = gcp_fake.provider(), req(gcp_fake, 2)
     assert provider.queues(r.pool)
+    with pytest.raises(ProviderConfigError, match="come only from its queue"):
+        await provider.acquire(r)
     queued = await provider.enqueue(r, None)
     assert queued.outcome == QUEUED
     [call] = gcp_fake.fake.calls("insert_resize_request")
     assert call.body["requestedRunDuration"] == {"seconds": str(7 * 24 * 3600)}
-    with pytest.raises(ProviderConfigError, match="come only from its queue"):
-        await provider.acquire(r)
-    assert gcp_fake.fake.calls("bulk_insert") == []
-    assert gcp_fake.fake.all_instances() == []
-
-    again = req(gcp_fake, 2)
-    queued = await provider.enqueue(again, None)
     gcp_fake.fake.grant(GCP_ZONE, MIG, queued.name)
-    granted = await provider.queued(again.pool, again.key)
+    granted = await provider.queued(r.pool, r.key)
     assert granted is not None and granted.outcome == GRANTED
+    assert gcp_fake.fake.calls("bulk_insert") == []
+
+
+async def test_a_grant_missing_vms_is_a_stock_out_and_leaves_nothing(gcp_fake: GcpFake) -> None:
+    """A granted request one of whose VMs is gone (the MIG's run ended, deleted out of
+    band): the gang is incomplete, so acquire fails as a stock-out (retryable) and the
+    skeleton's compensation deletes the rest through the MIG and the resize request."""
+    from providers.base import CapacityUnavailable
+
+    fake = gcp_fake.fake
+    provider, r = gcp_fake.provider(), req(gcp_fake, 2)
+    queued = await provider.enqueue(r, 3600)
+    fake.grant(GCP_ZONE, MIG, queued.name)
+    first = fake.mig_vms(GCP_ZONE, MIG)[0]
+    with fake.lock:
+        fake.mig_members[(GCP_ZONE, MIG)].discard(first)
+        del fake.instances[GCP_ZONE][first]
+    with pytest.raises(CapacityUnavailable, match="SUCCEEDED but 1 of its 2 VM"):
+        await provider.acquire(r)
+    assert fake.calls("bulk_insert") == []
+    assert fake.all_instances() == [] and fake.resize_requests == {}
 
 
 async def test_a_granted_gang_is_adopted_by_name_listed_and_released_through_the_mig(
