@@ -177,16 +177,19 @@ def stock_out(svc: Outcomes, req: RequestRecord, exc: AcquisitionFailed) -> Reas
 
 def waiting_pools(state: ClusterState, classes: ClassesConfig) -> dict[str, list[str]]:
     """Pool -> the requests of a queued class that may still wait in its cloud queue: a
-    group of their Acquiring booking has no machine yet. The pool's finalizer stays until
-    they have cancelled (:func:`step`), whether or not they were reconciled since a restart;
-    a deleted pool wakes them, so they cancel at once rather than at their next poll."""
+    group of their Acquiring booking was queued there (``muster.dev/queued-through``) and
+    has no machine yet. The pool's finalizer stays until they have cancelled
+    (:func:`step`), whether or not they were reconciled since a restart; a deleted pool
+    wakes them, so they cancel at once rather than at their next poll."""
     held: dict[str, list[str]] = {}
     for key, req in state.requests().items():
         booking = req.booking
         if (booking is None or req.phase is not Phase.ACQUIRING
                 or not classes.is_queued(req.class_name)):
             continue
-        for pool in {g.pool for g in booking.groups if not g.provider_ids and not g.nodes}:
+        through = _through(req)
+        for pool in {g.pool for g in booking.groups
+                     if g.key in through and not g.provider_ids and not g.nodes}:
             held.setdefault(pool, []).append(key)
     return held
 
@@ -200,15 +203,19 @@ async def step(svc: Outcomes, req: RequestRecord, booking: Booking) -> Delay | b
     otherwise the reconcile's delay."""
     if not is_queued(svc, req) or not booking.groups:
         return False
+    through = _through(req)
+    # Before anything is asked of a queue: a deleting pool takes nothing new, and what its
+    # queue holds is cancelled through the provider and parameters that queued it.
+    deleting = sorted({g.pool for g in booking.groups if svc.state.pool_deleting(g.pool) and (
+        g.key in through or _queued_through(svc, req, g) is not None)})
+    if deleting:
+        return await _pool_deleted(svc, req, booking, deleting)
     moved = _moved(svc, req, booking)
     if moved:
         return await _provider_changed(svc, req, booking, moved)
     queues = _queues(svc, req, booking)
     if queues is None:
         return False
-    deleting = sorted({g.pool for g in booking.groups if svc.state.pool_deleting(g.pool)})
-    if deleting:
-        return await _pool_deleted(svc, req, booking, deleting)
     seconds = run_seconds(svc, req)
     statuses: list[QueuedStatus] = []
     try:
@@ -250,14 +257,14 @@ async def step(svc: Outcomes, req: RequestRecord, booking: Booking) -> Delay | b
     if seconds is not None:
         detail += f"; each to run {seconds}s once granted"
     svc.take(req, Event.QUEUED)
-    through = json.dumps({g.key: {"provider": pool.spec.provider,
-                                  "parameters": pool.spec.parameters}
-                          for g, (pool, _) in zip(booking.groups, queues, strict=True)},
-                         sort_keys=True, separators=(",", ":"))
+    record = json.dumps({g.key: {"provider": pool.spec.provider,
+                                 "parameters": pool.spec.parameters}
+                         for g, (pool, _) in zip(booking.groups, queues, strict=True)},
+                        sort_keys=True, separators=(",", ":"))
     if (QUEUED_SINCE_ANNOTATION not in req.annotations
-            or req.annotations.get(QUEUED_THROUGH_ANNOTATION) != through):
+            or req.annotations.get(QUEUED_THROUGH_ANNOTATION) != record):
         req = await svc.persist(req, annotations={QUEUED_SINCE_ANNOTATION: since,
-                                                  QUEUED_THROUGH_ANNOTATION: through})
+                                                  QUEUED_THROUGH_ANNOTATION: record})
     await _write_queued(svc, req, since, detail)
     return svc.config.acquisition.queue_poll_seconds
 

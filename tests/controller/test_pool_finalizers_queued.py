@@ -5,13 +5,19 @@ reconciled since a restart, and such requests are woken so they cancel at once."
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from controller.api.capacitypool import POOL_FINALIZER
 from controller.commands import objects
 from controller.config import ClassesConfig
 from controller.kube import Body
-from controller.lifecycle import PHASE_ANNOTATION, PLAN_ANNOTATION, Phase
+from controller.lifecycle import (
+    PHASE_ANNOTATION,
+    PLAN_ANNOTATION,
+    QUEUED_THROUGH_ANNOTATION,
+    Phase,
+)
 from controller.reconcilers.pools import sync_pool_finalizers
 from controller.reconcilers.queued import waiting_pools
 from controller.state.bookings import Booking, Group
@@ -46,15 +52,18 @@ def _pool(name: str, *, deleting: bool) -> Body:
 
 
 def _request(name: str, *, pool: str, class_name: str = QUEUED, phase: Phase = Phase.ACQUIRING,
-             launched: bool = False) -> Body:
+             launched: bool = False, queued: bool = True) -> Body:
     group = Group(f"{name}-1-0", pool, {}, 2,
                   nodes=("a", "b") if launched else (),
                   provider_ids=("fake://a", "fake://b") if launched else ())
     booking = Booking(plan=plan_on([], new=2, pool=pool), attempt=1, groups=(group,))
     body = objects.provisioning_request(name, namespace="ns", pod_sets=[("workers", 2)],
                                         class_name=class_name)
-    body["metadata"].update(uid=f"u-{name}", resourceVersion="1", annotations={
-        PHASE_ANNOTATION: phase, PLAN_ANNOTATION: booking.to_annotation()})
+    annotations = {PHASE_ANNOTATION: phase, PLAN_ANNOTATION: booking.to_annotation()}
+    if queued:  # what the step records once the cloud's queue holds the group
+        annotations[QUEUED_THROUGH_ANNOTATION] = json.dumps(
+            {group.key: {"provider": "kind", "parameters": {"queue": True}}})
+    body["metadata"].update(uid=f"u-{name}", resourceVersion="1", annotations=annotations)
     return body
 
 
@@ -78,6 +87,8 @@ def test_only_queued_requests_still_waiting_in_the_cloud_hold_their_pool() -> No
         _request("atomic", pool="gpu", class_name=ATOMIC),
         _request("granted", pool="other", launched=True),
         _request("failed", pool="other", phase=Phase.FAILED),
+        # Planned, but its step has not queued it yet: nothing in the cloud to cancel.
+        _request("planned", pool="other", queued=False),
     )
     assert waiting_pools(state, ClassesConfig()) == {"gpu": ["ns/waiting"]}
 
