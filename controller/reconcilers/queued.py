@@ -19,7 +19,8 @@ stock-out does to it:
   whichever is first. It never ends ``RetriesExhausted``; it waits until deleted.
 
 Deleting the request (or Kueue withdrawing it) cancels every group's queued request and
-releases whatever a grant created (:func:`leave`).
+releases whatever a grant created (:func:`leave`); a cancel the cloud refuses keeps the
+request (its finalizer) and is tried again every poll.
 
 **A pool deleted under a queued gang.** The pool's finalizer holds it while a request of a
 queued class waits in its queue (:func:`waiting_pools`; the cancel needs the pool's provider
@@ -344,16 +345,18 @@ async def _cancel(svc: Outcomes, req: RequestRecord, booking: Booking, *,
     return failures
 
 
-async def leave(svc: Outcomes, req: RequestRecord) -> None:
+async def leave(svc: Outcomes, req: RequestRecord) -> list[str]:
     """The request is being deleted before it was provisioned: cancel its queued requests
-    and release what a grant may already have created."""
+    and release what a grant may already have created. The cancels the cloud refused: the
+    caller keeps the request's finalizer and tries again, since once the request is gone
+    nothing would cancel them."""
     booking = req.booking
     if booking is None or req.phase is not Phase.ACQUIRING or not is_queued(svc, req):
-        return
+        return []
     through = _through(req)
     if _queues(svc, req, booking) is None and not any(g.key in through for g in booking.groups):
-        return
-    await _cancel(svc, req, booking, why="the request is being deleted")
+        return []
+    return await _cancel(svc, req, booking, why="the request is being deleted")
 
 
 # --------------------------------------------------------------------------- Muster's own queue

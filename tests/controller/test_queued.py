@@ -379,3 +379,35 @@ async def test_a_pool_whose_provider_changes_under_a_queued_gang_cancels_through
         await _until(lambda: _reason(kube, "moved", "QueuedForCapacity"))
     finally:
         await bounded(controller.stop(), 60, "the controller to stop")
+
+
+async def test_a_deleted_request_whose_cancel_the_cloud_refuses_stays_until_it_succeeds(
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
+) -> None:
+    """Once the request is gone nothing would cancel its queued request: while the cloud
+    refuses the cancel the request keeps its finalizer, and goes once a retry succeeds."""
+    controller, clock, provider = running
+    await _queue_pool(kube, controller)
+    starve(provider)
+    await _create(kube, "stuck")
+    await _until(lambda: _reason(kube, "stuck", "QueuedForCapacity"))
+    [key] = _ops(provider, "enqueue")
+    provider.refuse_cancels("gpu", TransientProviderError("cancel throttled (injected)"))
+
+    await kube.delete(PROVISIONING_REQUESTS, "stuck", namespace="ns")
+    for _ in range(2):
+        await clock.advance(controller.config.acquisition.queue_poll_seconds)
+        await asyncio.sleep(0.2)
+    held = await kube.get_or_none(PROVISIONING_REQUESTS, "stuck", namespace="ns")
+    assert held is not None and held["metadata"].get("deletionTimestamp")
+    assert await provider.queued(controller.state.pools()["gpu"], key) is not None
+
+    provider.refuse_cancels("gpu", None)
+    await clock.advance(controller.config.acquisition.queue_poll_seconds)
+
+    async def deleted() -> bool:
+        return await kube.get_or_none(PROVISIONING_REQUESTS, "stuck", namespace="ns") is None
+
+    await _until(deleted)
+    assert _ops(provider, "cancel") == [key]
+    assert await provider.queued(controller.state.pools()["gpu"], key) is None
