@@ -190,7 +190,7 @@ class Controller:
         released = await retrying(self.collector.run_once, "start-up collection", self.problems)
         if released:
             log.info("start-up collection released %d group(s)", len(released))
-        await sync_pool_finalizers(self.kube, self.state, self.providers)
+        await sync_pool_finalizers(self.kube, self.state, self.providers, self.config.classes)
         self.events.start()
         self.planner.start()
         self.queue.start()
@@ -363,7 +363,8 @@ class Controller:
                 await asyncio.wait_for(self.state.pools_changed.wait(), self.collect_interval)
             self.state.pools_changed.clear()
             try:
-                await sync_pool_finalizers(self.kube, self.state, self.providers)
+                await sync_pool_finalizers(self.kube, self.state, self.providers,
+                                           self.config.classes, wake=self.queue.add)
             except ApiError as exc:
                 log.warning("updating CapacityPool finalizers failed: %s; trying again", exc)
 
