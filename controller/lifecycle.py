@@ -35,6 +35,9 @@ TEMPLATES_ANNOTATION = "muster.dev/templates"
 """PodTemplate name -> digest of what the plan was made from (``template_digest``)."""
 QUEUED_SINCE_ANNOTATION = "muster.dev/queued-since"
 """When a queued-class request first waited for capacity (its queued message says since when)."""
+QUEUED_THROUGH_ANNOTATION = "muster.dev/queued-through"
+"""JSON, acquisition key -> the provider and parameters of the pool its gang was queued
+through: a pool whose provider changes meanwhile is cancelled through the one that queued."""
 POD_SETS_ANNOTATION = "muster.dev/pod-sets"
 """On the requests Muster's Kueue check creates: JSON, PodTemplate name -> the Workload pod set
 it was drafted from (a pod set Kueue TAS split over domains has one template per domain)."""
@@ -181,7 +184,7 @@ TABLE: tuple[Row, ...] = (
     Row(Phase.ACQUIRING, Event.RETRY, _RETRY, Phase.NEW),
     Row(Phase.ACQUIRING, Event.FAILED, _FAIL, Phase.FAILED),
     Row(Phase.NEW, Event.WAITING, _WAIT, Phase.NEW),
-    Row(Phase.ACQUIRING, Event.QUEUED, ("annotations: queued-since=… ?",
+    Row(Phase.ACQUIRING, Event.QUEUED, ("annotations: queued-since=…, queued-through=… ?",
                                         "status: Accepted=True, Provisioned=False"),
         Phase.ACQUIRING),
     Row(Phase.ACQUIRING, Event.WAITING, _WAIT, Phase.NEW),

@@ -190,7 +190,7 @@ class Controller:
         released = await retrying(self.collector.run_once, "start-up collection", self.problems)
         if released:
             log.info("start-up collection released %d group(s)", len(released))
-        await sync_pool_finalizers(self.kube, self.state, self.providers)
+        await sync_pool_finalizers(self.kube, self.state, self.providers, self.config.classes)
         self.events.start()
         self.planner.start()
         self.queue.start()
@@ -364,7 +364,8 @@ class Controller:
                 await asyncio.wait_for(changed.wait(), self.collect_interval)
             changed.clear()
             try:
-                await sync_pool_finalizers(self.kube, self.state, self.providers)
+                await sync_pool_finalizers(self.kube, self.state, self.providers,
+                                           self.config.classes, wake=self.queue.add)
             except ApiError as exc:
                 log.warning("updating CapacityPool finalizers failed: %s; trying again", exc)
 

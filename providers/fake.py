@@ -175,6 +175,7 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._fault_rngs: dict[str, random.Random] = {}
         self._queue: dict[tuple[str, str], _Queued] = {}
+        self._refused_cancels: dict[str, ProviderError] = {}
         """(pool, key) -> a gang waiting in (or granted by) the queue of a queue pool."""
 
     # ------------------------------------------------------------------ test controls
@@ -196,6 +197,14 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
         """The next launch's machines are put in ``placement`` (topology labels), not in
         the requested domain, as a cloud may when a placement group is full."""
         self._injected[pool].misplaced.append(dict(placement))
+
+    def refuse_cancels(self, pool: str, error: ProviderError | None) -> None:
+        """Every :meth:`cancel_queued` of ``pool`` raises ``error`` and leaves the gang in
+        the queue, as a cloud refusing the cancel does, until called with None."""
+        if error is None:
+            self._refused_cancels.pop(pool, None)
+        else:
+            self._refused_cancels[pool] = error
 
     def never_register_next(self, *, pool: str = "*") -> None:
         """The next launch's machines boot but never register a Node (a broken bootstrap):
@@ -290,6 +299,9 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
         )
 
     async def cancel_queued(self, pool: CapacityPool, key: str) -> bool:
+        refused = self._refused_cancels.get(pool.metadata.name)
+        if refused is not None and (pool.metadata.name, key) in self._queue:
+            raise refused
         entry = self._queue.pop((pool.metadata.name, key), None)
         if entry is None:
             return False

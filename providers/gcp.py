@@ -16,6 +16,16 @@ The google-cloud-compute client is synchronous: calls run in worker threads, at 
 credentials and transport, never through ``ExtendedOperation.result()`` (whose internal
 client ignores ``client_options``).
 
+**Flex-start** (a pool with ``flexStart.instanceGroupManager``): the gang is asked of the
+pool's zonal MIG by one resize request per key, naming its VMs (``instances``, the names the
+key's bulkInsert would have: ``<pool>-<hash of key>-0001``...), so the VMs the MIG creates
+once Compute grants it are the key's by name. They carry the MIG template's labels, not
+Muster's: they are found with ``instanceGroupManagers.listManagedInstances`` (the key's
+names; for a pool listing, the names of every key whose resize request, found with
+``resizeRequests.list``, Muster made: its description holds the owner and key), read with
+``instances.get``, and deleted with ``instanceGroupManagers.deleteInstances`` (a plain
+instance delete would be refilled by the MIG), the key's resize request with them.
+
 Credentials come only from Application Default Credentials (GKE Workload Identity, the
 metadata server, ``GOOGLE_APPLICATION_CREDENTIALS``); never from a CapacityPool.
 Nodes are assumed to register under their instance name (GCE's kubelet default).
@@ -328,6 +338,7 @@ class GcpClients:
     reservations: Any = None
     reservation_blocks: Any = None
     resize_requests: Any = None
+    instance_group_managers: Any = None
 
     @classmethod
     def create(
@@ -353,6 +364,7 @@ class GcpClients:
             reservations=compute_v1.ReservationsClient(**kwargs),
             reservation_blocks=compute_v1.ReservationBlocksClient(**kwargs),
             resize_requests=compute_v1.InstanceGroupManagerResizeRequestsClient(**kwargs),
+            instance_group_managers=compute_v1.InstanceGroupManagersClient(**kwargs),
         )
 
 
@@ -458,6 +470,37 @@ def resize_request_name(key: str) -> str:
     return "muster-" + hashlib.sha256(key.encode()).hexdigest()[:40]
 
 
+def flex_instance_names(pool: str, key: str, count: int) -> list[str]:
+    """The VMs the key's resize request names: what its bulkInsert's pattern would give."""
+    width = max(4, len(str(count)))
+    prefix = gcp_name_prefix(pool, key)
+    return [f"{prefix}-{str(i).zfill(width)}" for i in range(1, count + 1)]
+
+
+def _of_key(pool: str, key: str, name: str) -> bool:
+    head = gcp_name_prefix(pool, key) + "-"
+    return name.startswith(head) and name[len(head):].isdigit()
+
+
+def _resize_description(owner: str, owner_uid: str, key: str) -> str:
+    return f"muster {owner} {key} {owner_uid}".rstrip()
+
+
+def _described(description: str) -> tuple[str, str, str] | None:
+    """(owner, key, owner uid) of a resize request Muster made, else None."""
+    words = (description or "").split()
+    if len(words) not in (3, 4) or words[0] != "muster":
+        return None
+    return words[1], words[2], words[3] if len(words) == 4 else ""
+
+
+@dataclass(frozen=True, slots=True)
+class _Owner:
+    key: str
+    owner: str = ""
+    owner_uid: str = ""
+
+
 class GcpProvider(AtomicProvider[Any]):
     """The ``gcp`` provider: the all-or-nothing skeleton over Compute Engine VMs. Safe to
     share between concurrent reconcilers."""
@@ -476,6 +519,8 @@ class GcpProvider(AtomicProvider[Any]):
             lambda: GcpClients.create(api_endpoint=self.settings.api_endpoint)
         )
         self._clients: GcpClients | None = None
+        self._flex_owners: dict[str, _Owner] = {}
+        """Flex-start VM name -> its key and owner, as the last MIG listing found them."""
         self._client_lock = asyncio.Lock()
         self._calls: CloudCalls[int] = self.settings.calls(
             is_transient=is_transient, map_error=map_error, expected=_expected
@@ -531,9 +576,13 @@ class GcpProvider(AtomicProvider[Any]):
                 instance_group_manager_resize_request_resource=(
                     compute_v1.InstanceGroupManagerResizeRequest(
                         name=resize_request_name(request.key),
-                        resize_by=request.count,
+                        # Named VMs, not resizeBy: what the MIG creates is then the key's.
+                        instances=[compute_v1.PerInstanceConfig(name=n) for n in
+                                   flex_instance_names(request.pool.metadata.name,
+                                                       request.key, request.count)],
                         requested_run_duration=compute_v1.Duration(seconds=run_seconds),
-                        description=f"muster {request.owner} {request.key}",
+                        description=_resize_description(request.owner, request.owner_uid,
+                                                        request.key),
                     )
                 ),
             ),
@@ -636,7 +685,67 @@ class GcpProvider(AtomicProvider[Any]):
     async def find(self, pool: CapacityPool, key: str | None) -> Instances:
         params = parse_parameters(pool)
         clients = await self._get_clients()
+        if params.flex_start is not None:
+            return [i for i, _ in await self._flex_find(clients, params, pool.metadata.name,
+                                                         key)]
         return await self._list(clients, params, pool.metadata.name, key=key)
+
+    async def _flex_find(
+        self, clients: GcpClients, params: GcpPoolParameters, pool: str, key: str | None
+    ) -> list[tuple[Any, _Owner]]:
+        """The VMs of the pool's MIG that a granted resize request of ``key`` (None: of any
+        key Muster queued through this pool) created, each with its owner."""
+        from google.cloud import compute_v1
+
+        assert params.flex_start is not None
+        mig = params.flex_start.instance_group_manager
+        where = {"project": params.project, "zone": params.zone,
+                 "instance_group_manager": mig}
+        owners: dict[str, _Owner]
+        if key is not None:
+            owners = {key: _Owner(key)}
+        else:
+            listing = compute_v1.ListInstanceGroupManagerResizeRequestsRequest(**where)
+
+            def requests() -> list[Any]:
+                return list(clients.resize_requests.list(
+                    request=listing, timeout=self.settings.request_timeout_seconds))
+
+            found = await self._calls.call(requests, what="resizeRequests.list")
+            owners = {}
+            for rr in found:
+                described = _described(rr.description)
+                if described is not None and rr.name == resize_request_name(described[1]):
+                    who, k, uid = described
+                    owners[k] = _Owner(k, who, uid)
+        if not owners:
+            return []
+        managed_request = compute_v1.ListManagedInstancesInstanceGroupManagersRequest(**where)
+
+        def managed() -> list[Any]:
+            return list(clients.instance_group_managers.list_managed_instances(
+                request=managed_request, timeout=self.settings.request_timeout_seconds))
+
+        members = await self._calls.call(managed, what="instanceGroupManagers."
+                                         "listManagedInstances")
+        mine: dict[str, _Owner] = {}
+        for member in members:
+            name = member.name or str(member.instance).rsplit("/", 1)[-1]
+            owner = next((o for k, o in owners.items() if _of_key(pool, k, name)), None)
+            if owner is not None:
+                mine[name] = owner
+
+        async def get(name: str) -> Any:
+            got = await self._calls.call(
+                clients.instances.get, what=f"instances.get {name}",
+                timeout=self.settings.request_timeout_seconds, expect={404},
+                project=params.project, zone=params.zone, instance=name)
+            # 404: the MIG has not created it yet (or deleted it meanwhile).
+            return None if isinstance(got, ExpectedStatus) else got
+
+        got = await asyncio.gather(*(get(n) for n in sorted(mine)))
+        self._flex_owners.update(mine)
+        return [(i, mine[i.name]) for i in got if i is not None]
 
     async def launch(self, request: AcquireRequest, have: Sequence[Any]) -> Launch[Any]:
         """One zonal bulkInsert under the key's ``requestId`` (a repeated call joins the
@@ -645,13 +754,19 @@ class GcpProvider(AtomicProvider[Any]):
 
         params = parse_parameters(request.pool)
         if params.flex_start is not None:
-            # Its VMs come from the MIG's resize requests, and carry the MIG template's
-            # labels, not the key's: an instance insert here would be an on-demand VM.
-            raise ProviderConfigError(
-                f"pool {request.pool.metadata.name}: a flexStart pool's VMs come only from "
-                "its queue (queued-provisioning.muster.dev); Muster cannot yet adopt the "
-                "VMs a granted resize request created"
-            )
+            # Its VMs come from the MIG's resize requests (found by name, adopted before a
+            # launch): an instance insert here would be an on-demand VM.
+            queued = await self.queued(request.pool, request.key)
+            if queued is None:
+                raise ProviderConfigError(
+                    f"pool {request.pool.metadata.name}: a flexStart pool's VMs come only "
+                    "from its queue (queued-provisioning.muster.dev)")
+            # Granted, then some VMs gone (the MIG's run ended, deleted out of band): the
+            # gang is incomplete, as a stock-out leaves it.
+            raise CapacityUnavailable(
+                f"pool {request.pool.metadata.name}: resize request {queued.name} is "
+                f"{queued.state} but {len(have)} of its {request.count} VM(s) are in MIG "
+                f"{params.flex_start.instance_group_manager}", available=len(have))
         clients = await self._get_clients()
         pool = request.pool.metadata.name
         policy = await self._ensure_policy(clients, params, request)
@@ -679,16 +794,66 @@ class GcpProvider(AtomicProvider[Any]):
         """Delete the key's VMs and its placement policy."""
         params = parse_parameters(pool)
         clients = await self._get_clients()
+        if params.flex_start is not None:
+            deleted = await self._flex_delete(clients, params, pool, key, known)
+            log.info("release %s: deleted %d VMs of MIG %s", key, deleted,
+                     params.flex_start.instance_group_manager)
+            return deleted
         deleted = await self._delete_instances(clients, params, pool.metadata.name, key, known)
         if params.compact_placement:
             await self._delete_policy(clients, params, gcp_policy_name(pool.metadata.name, key))
         log.info("release %s: deleted %d VMs", key, deleted)
         return deleted
 
+    async def _flex_delete(self, clients: GcpClients, params: GcpPoolParameters,
+                           pool: CapacityPool, key: str, known: Sequence[Any]) -> int:
+        """Delete the key's VMs through the MIG (which lowers its target size; a plain
+        instance delete would be refilled), then the key's resize request."""
+        from google.cloud import compute_v1
+
+        assert params.flex_start is not None
+        found = await self._flex_find(clients, params, pool.metadata.name, key)
+        names = sorted({i.name for i, _ in found} | {i.name for i in known})
+        if names:
+            operation = await self._calls.call(
+                clients.instance_group_managers.delete_instances_unary,
+                what="instanceGroupManagers.deleteInstances",
+                timeout=self.settings.request_timeout_seconds,
+                expect={404},
+                request=compute_v1.DeleteInstancesInstanceGroupManagerRequest(
+                    project=params.project, zone=params.zone,
+                    instance_group_manager=params.flex_start.instance_group_manager,
+                    request_id=gcp_request_id(key, "mig-delete\x1f" + ",".join(names)),
+                    instance_group_managers_delete_instances_request_resource=(
+                        compute_v1.InstanceGroupManagersDeleteInstancesRequest(
+                            instances=[f"zones/{params.zone}/instances/{n}" for n in names],
+                            # A VM the MIG already deleted does not fail the others.
+                            skip_instances_on_validation_error=True,
+                        )
+                    ),
+                ),
+            )
+            if not isinstance(operation, ExpectedStatus):
+                await self._wait_zone(clients, params, operation,
+                                      what="instanceGroupManagers.deleteInstances")
+        await self.cancel_queued(pool, key)
+        return len(names)
+
     async def to_nodes(
         self, pool: CapacityPool, machines: Sequence[Any], request: AcquireRequest | None
     ) -> Nodes:
-        return self._nodes(parse_parameters(pool), pool.metadata.name, machines)
+        params = parse_parameters(pool)
+        owners: dict[str, _Owner] = {}
+        if params.flex_start is not None:
+            # The MIG's VMs carry no Muster metadata: their names say whose they are.
+            if request is not None:
+                owners = {i.name: _Owner(request.key, request.owner, request.owner_uid)
+                          for i in machines}
+            else:
+                # The listing that found them just read their owners.
+                owners = {i.name: self._flex_owners[i.name] for i in machines
+                          if i.name in self._flex_owners}
+        return self._nodes(params, pool.metadata.name, machines, owners)
 
     # ---- request building ------------------------------------------------------------
 
@@ -968,10 +1133,15 @@ class GcpProvider(AtomicProvider[Any]):
         params: GcpPoolParameters,
         pool: str,
         instances: Sequence[Any],
+        owners: Mapping[str, _Owner] | None = None,
     ) -> Nodes:
         nodes = []
         for instance in instances:
             meta = _metadata(instance)
+            owner = (owners or {}).get(instance.name)
+            if owner is not None:
+                meta = {META_KEY: owner.key, META_OWNER: owner.owner,
+                        META_OWNER_UID: owner.owner_uid, **meta}
             # What Compute reports (zone, physical host topology), never the planned domain:
             # Muster compares the registered Node with the plan.
             labels = {

@@ -280,13 +280,16 @@ class _Queue:
 
 async def _queued_in_cloud(w: World) -> object:
     group = Group("k-1", "gpu", {}, 2)
-    queues = queued._queues
-    # A stand-in pool and queue: the step reads neither beyond what _Queue answers.
-    queued._queues = lambda svc, req, booking: [(object(), _Queue())]  # type: ignore[list-item]
+    queues, is_queued = queued._queues, queued.is_queued
+    # A stand-in pool and queue: the step reads neither beyond what _Queue answers and the
+    # provider and parameters it records the gang as queued through.
+    pool = SimpleNamespace(spec=SimpleNamespace(provider="fake", parameters={"queue": True}))
+    queued._queues = lambda svc, req, booking: [(pool, _Queue())]  # type: ignore[list-item]
+    queued.is_queued = lambda svc, req: True
     try:
         return await queued.step(w.service, w.record(), _booking(groups=(group,)))
     finally:
-        queued._queues = queues
+        queued._queues, queued.is_queued = queues, is_queued
 
 
 async def _waiting(w: World) -> object:

@@ -51,6 +51,7 @@ class Reason(enum.StrEnum):
     POOL_UNUSABLE = "PoolUnusable"
     QUEUED_FOR_CAPACITY = "QueuedForCapacity"
     RUN_DURATION_EXPIRED = "RunDurationExpired"
+    POOL_DELETED = "CapacityPoolDeleted"
 
 
 MESSAGES: Mapping[Reason, str] = {
@@ -139,6 +140,11 @@ MESSAGES: Mapping[Reason, str] = {
     Reason.RUN_DURATION_EXPIRED: (
         "The run duration ended at {end} ({seconds}s after the capacity was provisioned, "
         "maxRunDurationSeconds): the booking's new nodes are released."
+    ),
+    Reason.POOL_DELETED: (
+        "CapacityPool {pools} was deleted while the gang waited in its cloud queue: the "
+        "queued request(s) ({keys}) were taken out of the queue and whatever a grant had "
+        "created was released. Create the request again to queue through another pool."
     ),
     Reason.OVER_BUDGET: (
         "The plan exceeds the budget: {detail}. Raise budgets.* in Muster's config or make "

@@ -10,7 +10,10 @@ the cache
 stops planning on it (:meth:`PoolRegistry.deleting`), :func:`hold_pools` refuses new
 acquisitions through it, the collector releases each of its node groups once no booking and
 no pod uses it, and this reconciler removes the finalizer when no node of the pool is left
-and no acquisition through it still runs (its nodes may not have reached the cache yet).
+and no acquisition through it still runs (its nodes may not have reached the cache yet), and
+no request of a queued class still waits in the pool's cloud queue (the request cancels its
+queued request through the pool, then fails ``CapacityPoolDeleted``:
+:mod:`controller.reconcilers.queued`).
 "No node left" is asked of the cloud too: a machine that booted but has not registered (or
 never will) is a Node nobody labelled with the pool, yet it is billed and only the pool's
 settings can release it; the collector releases it, and the finalizer waits for that.
@@ -22,26 +25,36 @@ never dropped (a 409 is retried on the next pass).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from controller.acquire.providers import ProviderSet
 from controller.api.capacitypool import POOL_FINALIZER, CapacityPool
 from controller.common.topology_defaults import POOL_LABEL
+from controller.config import ClassesConfig
 from controller.kube import ApiError, KubeClient
 from controller.kube.resources import CAPACITY_POOLS, NODES
+from controller.reconcilers.queued import waiting_pools
 from controller.state.cache import ClusterState
 from providers.base import ProviderError
 
 log = logging.getLogger(__name__)
 
-async def sync_pool_finalizers(kube: KubeClient, state: ClusterState,
-                               providers: ProviderSet) -> None:
-    """Add the finalizer to live pools; remove it from deleted pools with no node left,
-    registered or not."""
+async def sync_pool_finalizers(kube: KubeClient, state: ClusterState, providers: ProviderSet,
+                               classes: ClassesConfig,
+                               wake: Callable[[str], None] | None = None) -> None:
+    """Add the finalizer to live pools; remove it from deleted pools with no node left
+    (registered or not) and no request of a queued class (``classes``) still waiting in
+    their cloud queue. Such requests are handed to ``wake`` (the work queue), so they cancel
+    and let the pool go."""
+    queued = waiting_pools(state, classes)
     for name, pool in list(state.pool_registry.pools().items()):
         finalizers = pool.metadata.finalizers
         held = POOL_FINALIZER in finalizers
         if state.pool_registry.deleting(name):
-            if not held or state.pool_in_use(name):
+            if held and wake is not None:
+                for key in queued.get(name, ()):
+                    wake(key)
+            if not held or state.pool_in_use(name) or name in queued:
                 continue
             # The cache can lag the nodes an acquisition just created; ask the API server
             # once before the pool's provider settings go for good.

@@ -19,7 +19,22 @@ stock-out does to it:
   whichever is first. It never ends ``RetriesExhausted``; it waits until deleted.
 
 Deleting the request (or Kueue withdrawing it) cancels every group's queued request and
-releases whatever a grant created (:func:`leave`).
+releases whatever a grant created (:func:`leave`); a cancel the cloud refuses keeps the
+request (its finalizer) and is tried again every poll.
+
+**A pool deleted under a queued gang.** The pool's finalizer holds it while a request of a
+queued class waits in its queue (:func:`waiting_pools`; the cancel needs the pool's provider
+settings). The request's next look (a pool change wakes it, else the next poll) cancels every
+group's queued request and releases what a grant created, then the request fails with
+``Failed=True``/``CapacityPoolDeleted``; only then is the pool let go. A cancel the cloud
+refuses is tried again every poll, the request still Acquiring and the pool still held, so
+nothing is left queued in the cloud under a pool that no longer exists.
+
+**A pool whose provider changes under a queued gang.** The provider and parameters each group
+was queued through are kept on the request (``muster.dev/queued-through``). When the pool
+names another provider at the next look, the queued request is cancelled through the one
+that queued it (with the parameters it was queued with) and the gang is planned again
+(``AcquisitionFailed`` saying so); deleting the request cancels through it too.
 
 **Run duration.** A provisioned request with ``maxRunDurationSeconds`` (any provisioning
 class: Kueue forwards the parameter from its ProvisioningRequestConfig) has its new nodes
@@ -31,9 +46,10 @@ queued-provisioning class does when its run ends. The time is the injected clock
 
 from __future__ import annotations
 
+import json
 import logging
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from controller.acquire.groups import AcquisitionFailed, release_groups
 from controller.api.capacitypool import CapacityPool
@@ -44,11 +60,12 @@ from controller.lifecycle import (
     PHASE_ANNOTATION,
     PLAN_ANNOTATION,
     QUEUED_SINCE_ANNOTATION,
+    QUEUED_THROUGH_ANNOTATION,
     RETRY_AT_ANNOTATION,
     Event,
     Phase,
 )
-from controller.state.bookings import Booking
+from controller.state.bookings import Booking, Group
 from controller.state.requests import RequestRecord
 from providers.base import (
     ENDED,
@@ -59,10 +76,13 @@ from providers.base import (
     ProviderError,
     QueuedStatus,
 )
+from providers.registry import canonical
 
 if TYPE_CHECKING:
+    from controller.config import ClassesConfig
     from controller.reconcilers.provisioning.base import Delay
     from controller.reconcilers.provisioning.outcome import Outcomes
+    from controller.state.cache import ClusterState
 
 log = logging.getLogger(__name__)
 
@@ -104,12 +124,75 @@ def _queues(svc: Outcomes, req: RequestRecord,
     return out
 
 
+def _through(req: RequestRecord) -> dict[str, dict[str, Any]]:
+    """Key -> the provider and parameters its gang was queued through (unreadable: none)."""
+    text = req.annotations.get(QUEUED_THROUGH_ANNOTATION)
+    try:
+        data = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {str(k): v for k, v in data.items()
+            if isinstance(v, dict) and isinstance(v.get("provider"), str)}
+
+
+def _queued_through(svc: Outcomes, req: RequestRecord,
+                    group: Group) -> tuple[CapacityPool, CapacityQueue] | None:
+    """The group's pool as its gang was queued through (the recorded provider and
+    parameters over the pool's current ones) and that pool's queue, or None."""
+    pool = svc.state.pool_registry.pools().get(group.pool)
+    if pool is None:
+        return None
+    was = _through(req).get(group.key)
+    if was is not None and (canonical(was["provider"]) != canonical(pool.spec.provider)
+                            or was.get("parameters") != pool.spec.parameters):
+        spec = pool.spec.model_copy(update={
+            "provider": was["provider"], "parameters": dict(was.get("parameters") or {})})
+        pool = pool.model_copy(update={"spec": spec})
+    queue = queue_of(svc, pool)
+    return None if queue is None else (pool, queue)
+
+
+def _moved(svc: Outcomes, req: RequestRecord, booking: Booking) -> list[str]:
+    """The groups whose pool names another provider than the one that queued them."""
+    through = _through(req)
+    pools = svc.state.pool_registry.pools()
+    out = []
+    for group in booking.groups:
+        was, pool = through.get(group.key), pools.get(group.pool)
+        if was is not None and pool is not None and canonical(was["provider"]) != canonical(
+                pool.spec.provider):
+            out.append(f"CapacityPool {group.pool}'s provider changed from {was['provider']} "
+                       f"to {pool.spec.provider}")
+    return out
+
+
 def stock_out(svc: Outcomes, req: RequestRecord, exc: AcquisitionFailed) -> Reason:
     """The reason an acquisition failure retries with: a queued request's stock-out waits
     for capacity like a plan that found none."""
     if is_queued(svc, req) and exc.retryable and exc.reason == CapacityUnavailable.reason:
         return Reason.CAPACITY_IS_NOT_FOUND
     return Reason.ACQUISITION_FAILED
+
+
+def waiting_pools(state: ClusterState, classes: ClassesConfig) -> dict[str, list[str]]:
+    """Pool -> the requests of a queued class that may still wait in its cloud queue: a
+    group of their Acquiring booking was queued there (``muster.dev/queued-through``) and
+    has no machine yet. The pool's finalizer stays until they have cancelled
+    (:func:`step`), whether or not they were reconciled since a restart; a deleted pool
+    wakes them, so they cancel at once rather than at their next poll."""
+    held: dict[str, list[str]] = {}
+    for key, req in state.objects.requests().items():
+        booking = req.booking
+        if (booking is None or req.phase is not Phase.ACQUIRING
+                or not classes.is_queued(req.class_name)):
+            continue
+        through = _through(req)
+        for pool in {g.pool for g in booking.groups
+                     if g.key in through and not g.provider_ids and not g.nodes}:
+            held.setdefault(pool, []).append(key)
+    return held
 
 
 # --------------------------------------------------------------------------- the cloud's queue
@@ -119,6 +202,19 @@ async def step(svc: Outcomes, req: RequestRecord, booking: Booking) -> Delay | b
     """Enqueue or look up every group of a queued request's booking. False: not served by
     a cloud's queue, or every group is granted (the caller's acquisition adopts the nodes);
     otherwise the reconcile's delay."""
+    if not is_queued(svc, req) or not booking.groups:
+        return False
+    through = _through(req)
+    # Before anything is asked of a queue: a deleting pool takes nothing new, and what its
+    # queue holds is cancelled through the provider and parameters that queued it.
+    registry = svc.state.pool_registry
+    deleting = sorted({g.pool for g in booking.groups if registry.deleting(g.pool) and (
+        g.key in through or _queued_through(svc, req, g) is not None)})
+    if deleting:
+        return await _pool_deleted(svc, req, booking, deleting)
+    moved = _moved(svc, req, booking)
+    if moved:
+        return await _provider_changed(svc, req, booking, moved)
     queues = _queues(svc, req, booking)
     if queues is None:
         return False
@@ -163,21 +259,77 @@ async def step(svc: Outcomes, req: RequestRecord, booking: Booking) -> Delay | b
     if seconds is not None:
         detail += f"; each to run {seconds}s once granted"
     svc.take(req, Event.QUEUED)
-    if QUEUED_SINCE_ANNOTATION not in req.annotations:
-        req = await svc.persist(req, annotations={QUEUED_SINCE_ANNOTATION: since})
+    record = json.dumps({g.key: {"provider": pool.spec.provider,
+                                 "parameters": pool.spec.parameters}
+                         for g, (pool, _) in zip(booking.groups, queues, strict=True)},
+                        sort_keys=True, separators=(",", ":"))
+    if (QUEUED_SINCE_ANNOTATION not in req.annotations
+            or req.annotations.get(QUEUED_THROUGH_ANNOTATION) != record):
+        req = await svc.persist(req, annotations={QUEUED_SINCE_ANNOTATION: since,
+                                                  QUEUED_THROUGH_ANNOTATION: record})
     await _write_queued(svc, req, since, detail)
     return svc.config.acquisition.queue_poll_seconds
 
 
+async def _pool_deleted(svc: Outcomes, req: RequestRecord, booking: Booking,
+                        deleting: list[str]) -> Delay:
+    """A pool of the booking is being deleted while the gang waits in the cloud's queue:
+    cancel every group (all or nothing: the others are no use alone), then fail the request.
+    While a cancel fails the request stays Acquiring, which keeps the pool's finalizer
+    (:func:`waiting_pools`), and tries again at the next poll."""
+    names = ", ".join(deleting)
+    failures = await _cancel(svc, req, booking,
+                             why=f"CapacityPool {names} is being deleted")
+    if failures:
+        poll = svc.config.acquisition.queue_poll_seconds
+        since = req.annotations.get(QUEUED_SINCE_ANNOTATION) or rfc3339(svc.clock.now())
+        await _write_queued(svc, req, since, (
+            f"CapacityPool {names} is being deleted, but the cloud refused to cancel the "
+            f"gang's queued request ({'; '.join(failures)}); Muster tries again every "
+            f"{poll:.0f}s and keeps the pool until it succeeds"))
+        return poll
+    delay = await svc.fail(req, Reason.POOL_DELETED, message(
+        Reason.POOL_DELETED, pools=names,
+        keys=", ".join(g.key for g in booking.groups)), attempt=booking.attempt)
+    # The pool's finalizer may go now: tell the finalizer loop rather than let it find out
+    # at its next round.
+    svc.state.pool_registry.pools_changed.set()
+    return delay
+
+
+async def _provider_changed(svc: Outcomes, req: RequestRecord, booking: Booking,
+                            moved: list[str]) -> Delay:
+    """A pool of the booking names another provider than the one whose queue holds the
+    gang: cancel every group through the provider that queued it, then plan again."""
+    what = "; ".join(moved)
+    failures = await _cancel(svc, req, booking, why=what)
+    if failures:
+        poll = svc.config.acquisition.queue_poll_seconds
+        since = req.annotations.get(QUEUED_SINCE_ANNOTATION) or rfc3339(svc.clock.now())
+        await _write_queued(svc, req, since, (
+            f"{what}, but the cloud refused to cancel the gang's queued request "
+            f"({'; '.join(failures)}); Muster tries again every {poll:.0f}s"))
+        return poll
+    return await svc.retry_or_fail(
+        req, attempt=booking.attempt, reason=Reason.ACQUISITION_FAILED,
+        detail=f"{what} while the gang waited in the cloud's queue: the queued request was "
+        "cancelled through the provider that queued it, and the gang is planned again")
+
+
 async def _cancel(svc: Outcomes, req: RequestRecord, booking: Booking, *,
-                  why: str) -> None:
-    """Take every group out of its queue and release whatever a grant created."""
-    pools = svc.state.pool_registry.pools()
+                  why: str) -> list[str]:
+    """Take every group out of the queue it was queued in (through the provider and
+    parameters recorded then) and release whatever a grant created; the groups whose
+    cancel failed, each with the cloud's error."""
+    pools = dict(svc.state.pool_registry.pools())
+    failures: list[str] = []
     for group in booking.groups:
-        pool = pools.get(group.pool)
-        queue = queue_of(svc, pool) if pool is not None else None
-        if pool is None or queue is None:
+        found = _queued_through(svc, req, group)
+        if found is None:
             continue
+        pool, queue = found
+        # What a grant created is released through the same provider and parameters.
+        pools[group.pool] = pool
         try:
             if await queue.cancel_queued(pool, group.key):
                 log_decision("acquire", req.key, outcome="cancelled", pool=group.pool,
@@ -187,19 +339,25 @@ async def _cancel(svc: Outcomes, req: RequestRecord, booking: Booking, *,
             # grants afterwards carries an abandoned key the collector releases.
             log.warning("%s: cancelling the queued request of %s failed: %s", req.key,
                         group.key, exc)
+            failures.append(f"{group.key} in pool {group.pool}: {exc}")
     await release_groups(
         booking.groups, pools=pools, provider_for=svc.providers.for_pool, owner=req.key,
         why=why, ledger=svc.state.ledger)
+    return failures
 
 
-async def leave(svc: Outcomes, req: RequestRecord) -> None:
+async def leave(svc: Outcomes, req: RequestRecord) -> list[str]:
     """The request is being deleted before it was provisioned: cancel its queued requests
-    and release what a grant may already have created."""
+    and release what a grant may already have created. The cancels the cloud refused: the
+    caller keeps the request's finalizer and tries again, since once the request is gone
+    nothing would cancel them."""
     booking = req.booking
-    if booking is None or req.phase is not Phase.ACQUIRING or _queues(
-            svc, req, booking) is None:
-        return
-    await _cancel(svc, req, booking, why="the request is being deleted")
+    if booking is None or req.phase is not Phase.ACQUIRING or not is_queued(svc, req):
+        return []
+    through = _through(req)
+    if _queues(svc, req, booking) is None and not any(g.key in through for g in booking.groups):
+        return []
+    return await _cancel(svc, req, booking, why="the request is being deleted")
 
 
 # --------------------------------------------------------------------------- Muster's own queue

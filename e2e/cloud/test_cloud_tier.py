@@ -708,3 +708,129 @@ def _job(name: str, s: Scenario, workers: int) -> Body:
             },
         },
     }
+
+
+FLEX_MIG = "a3-flex"
+
+
+async def _queue_on_flex_start(s: Scenario) -> dict[str, Any]:
+    """A flexStart pool over the tier's MIG (its template boots a stock kubelet, nothing of
+    Muster's), a queued-class gang of 2 asked of it with a 3600 s run, and the queue set to
+    hold it: returns its Provisioned=False/QueuedForCapacity condition."""
+    compute = s.cloud.compute
+    with compute.lock:
+        compute.grant_after_polls = None
+        compute.mig_templates[(GCP_ZONE, FLEX_MIG)] = {
+            "machineType": "a3-highgpu-8g", "labels": {"team": "ml"},
+            "metadata": {"kube-env": STOCK_KUBE_ENV}}
+    await s.setup(parameters={**s.pool_body()["spec"]["parameters"],
+                              "flexStart": {"instanceGroupManager": FLEX_MIG}})
+    await s.kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
+        "queued", pod_sets=[("workers", 2)], namespace=s.namespace,
+        class_name="queued-provisioning.muster.dev",
+        parameters={"maxRunDurationSeconds": "3600"}), namespace=s.namespace)
+
+    async def queued() -> dict[str, Any] | None:
+        cond = await s.condition("queued", "Provisioned")
+        return cond if cond and cond.get("reason") == "QueuedForCapacity" else None
+
+    return await eventually(queued, what="the gang to wait in the flex-start queue")
+
+
+def _flex_requests(s: Scenario) -> list[dict[str, Any]]:
+    with s.cloud.compute.lock:
+        return [dict(r) for (z, m, _), r in s.cloud.compute.resize_requests.items()
+                if (z, m) == (GCP_ZONE, FLEX_MIG)]
+
+
+@pytest.mark.parametrize("scenario", ["gcp"], indirect=True)
+async def test_a_queued_gang_is_provisioned_when_the_flex_start_queue_grants_it(
+    scenario: Scenario,
+) -> None:
+    """GCP flex-start: a queued-class gang waits in the MIG's queue (its resize request
+    ACCEPTED, no VM) with Provisioned=False/QueuedForCapacity; when the emulated queue
+    grants it, the MIG creates the named VMs from its own template (nothing of Muster's on
+    them), which register as kubelet does, are adopted as the gang's nodes and booked.
+    Deleting the request deletes them through the MIG and leaves no resize request.
+    (AWS queues through Capacity Block purchase: not in this scenario.)"""
+    s = scenario
+    compute = s.cloud.compute
+    try:
+        cond = await _queue_on_flex_start(s)
+        assert "state ACCEPTED" in cond["message"], cond
+        assert "each to run 3600s once granted" in cond["message"], cond
+        with compute.lock:
+            [rr] = [r for (z, m, _), r in compute.resize_requests.items()
+                    if (z, m) == (GCP_ZONE, FLEX_MIG)]
+            names = [i["name"] for i in rr["instances"]]
+            assert compute.mig_vms(GCP_ZONE, FLEX_MIG) == []
+        assert rr["requestedRunDuration"] == {"seconds": "3600"} and len(names) == 2
+
+        with compute.lock:
+            compute.grant_after_polls = 0
+        await s.wait_condition("queued", "Provisioned", within=60)
+        with compute.lock:
+            assert compute.mig_vms(GCP_ZONE, FLEX_MIG) == sorted(names)
+        # Only the MIG's VMs: no VM of Muster's own (labelled with the pool) was inserted.
+        assert await asyncio.to_thread(s.machines) == []
+        ids = {f"gce://{GCP_PROJECT}/{GCP_ZONE}/{n}" for n in names}
+
+        async def adopted() -> list[Body] | None:
+            listing = await s.kube.list(NODES)
+            found = [n for n in listing.get("items") or []
+                     if (n.get("spec") or {}).get("providerID") in ids
+                     and (n["metadata"].get("labels") or {}).get(POOL_LABEL) == s.pool]
+            return found if len(found) == 2 else None
+
+        nodes = await eventually(adopted, what="the granted VMs registered as the pool's")
+        for node in nodes:
+            labels = node["metadata"]["labels"]
+            assert labels[RUN_LABEL] == s.run, "the pool's nodeTemplate labels were applied"
+            assert labels[ZONE] == GCP_ZONE
+        assert {n["metadata"]["name"] for n in nodes} == set(names)
+
+        await s.kube.delete(PROVISIONING_REQUESTS, "queued", namespace=s.namespace)
+
+        def nothing_left() -> bool:
+            with compute.lock:
+                return (compute.mig_vms(GCP_ZONE, FLEX_MIG) == []
+                        and not any((z, m) == (GCP_ZONE, FLEX_MIG)
+                                    for z, m, _ in compute.resize_requests))
+
+        async def gone() -> bool:
+            return await asyncio.to_thread(nothing_left)
+
+        await eventually(gone, what="the MIG's VMs and the resize request to go")
+        with compute.lock:
+            assert compute.calls("delete_mig_instances"), "deleted through the MIG"
+    finally:
+        with compute.lock:
+            compute.grant_after_polls = None
+
+
+@pytest.mark.parametrize("scenario", ["gcp"], indirect=True)
+async def test_deleting_the_pool_of_a_queued_gang_cancels_its_resize_request(
+    scenario: Scenario,
+) -> None:
+    """The flexStart pool is deleted while its gang waits in the MIG's queue: the resize
+    request is cancelled and deleted, the request fails CapacityPoolDeleted, and the pool
+    goes (Muster's finalizer held it for the cancel); nothing is left in the MIG."""
+    s = scenario
+    await _queue_on_flex_start(s)
+    [rr] = _flex_requests(s)
+    assert rr["state"] == "ACCEPTED"
+
+    await s.kube.delete(CAPACITY_POOLS, s.pool)
+    failed = await s.wait_condition("queued", "Failed")
+    assert failed["reason"] == "CapacityPoolDeleted", failed
+    assert f"CapacityPool {s.pool} was deleted while the gang waited" in failed["message"]
+
+    async def pool_gone() -> bool:
+        return await s.kube.get_or_none(CAPACITY_POOLS, s.pool) is None
+
+    await eventually(pool_gone, what="the pool to go once its queue holds nothing")
+    assert await asyncio.to_thread(_flex_requests, s) == []
+    with s.cloud.compute.lock:
+        assert [c.path.rsplit("/", 1)[-1] for c in
+                s.cloud.compute.calls("cancel_resize_request")][-1:] == ["cancel"]
+        assert s.cloud.compute.mig_vms(GCP_ZONE, FLEX_MIG) == []

@@ -18,10 +18,21 @@ machine-type/accelerator matching against the reservation's instance properties,
 reservations' project permissions, sub-blocks, and where inside a block VMs land.
 
 Flex-start resize requests of a zonal MIG (insert with name, exactly one of resizeBy and
-instances, requestedRunDuration 10 minutes to 7 days; get; cancel only while ACCEPTED;
-delete only once not ACCEPTED/CREATING): they stay ACCEPTED until a test calls ``grant``,
-which creates all the VMs at once. Not simulated: the MIG itself (its template, target
-size, listManagedInstances), the run duration's expiry, and the queue's own timeout.
+instances (named VMs: RFC 1035 names, unique, none existing), requestedRunDuration 10
+minutes to 7 days; get; list; cancel only while ACCEPTED; delete only once not
+ACCEPTED/CREATING). A request stays ACCEPTED until it is granted, all its VMs at once, as
+MIG members built from the MIG's template (``mig_templates``: machine type, labels and
+metadata, none of Muster's) and named as the request named them (else ``<mig>-####``): by
+a test calling ``grant``, or on its own (``grant_after_polls``) once it was read that many
+times while the zone's stock holds all of it, reporting CREATING for one read and
+SUCCEEDED from the next.
+The MIG: ``listManagedInstances`` (paged) lists its members, ``deleteInstances`` deletes
+members and lowers its size (a name not a member is refused unless
+skipInstancesOnValidationError), and a member deleted with a plain ``instances.delete`` is
+created again (the MIG keeps its target size). ``instances.get`` reads one VM. Not
+simulated: the run duration's expiry (the MIG deleting the VMs), the queue's own timeout,
+a resize request's partial states (CREATING is all or nothing here as there), and where in
+the zone the queue puts the VMs beyond ``host_topology``.
 """
 
 from __future__ import annotations
@@ -86,9 +97,19 @@ class FakeCompute:
     """(zone, instance) -> (reservation, block) it runs in."""
     resize_requests: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
     """(zone, instance group manager, name) -> resize request JSON (queued flex-start)."""
+    grant_after_polls: int | None = None
+    """Grant an ACCEPTED resize request on its own once it was read this many times and
+    the zone's stock holds it (None: only ``grant`` does)."""
+    mig_templates: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    """(zone, instance group manager) -> what its instance template gives every VM
+    (``machineType``, ``labels``, ``metadata`` as a dict); absent: an a3-highgpu-8g
+    without labels or metadata."""
+    mig_members: dict[tuple[str, str], set[str]] = field(default_factory=dict)
+    """(zone, instance group manager) -> names of its VMs."""
     requests: list[Recorded] = field(default_factory=list)
     injected: list[Injected] = field(default_factory=list)
     _request_ids: dict[str, str] = field(default_factory=dict)
+    _reads: dict[tuple[str, str, str], int] = field(default_factory=dict)
     _pending_polls: dict[str, int] = field(default_factory=dict)
     _ids: Iterator[int] = field(default_factory=lambda: itertools.count(1000))
     lock: threading.Condition = field(default_factory=threading.Condition)
@@ -126,16 +147,39 @@ class FakeCompute:
                    if z == zone and r == name and (block is None or b == block))
 
     def grant(self, zone: str, mig: str, name: str) -> None:
-        """The queue grants a resize request: all its VMs at once, SUCCEEDED."""
+        """The queue grants a resize request: all its VMs at once, in the MIG, SUCCEEDED."""
         found = self.resize_requests[(zone, mig, name)]
         existing = self.instances.setdefault(zone, {})
-        for vm in _names(f"{mig}-####", int(found["resizeBy"]), existing):
-            existing[vm] = {"kind": "compute#instance", "id": str(next(self._ids)),
-                            "name": vm, "status": "PROVISIONING", "labels": {},
-                            "metadata": {"items": []}, "resourcePolicies": [],
-                            "zone": f"https://compute.googleapis.com/compute/v1/projects/"
-                                    f"p/zones/{zone}"}
+        names = ([i["name"] for i in found["instances"]] if "instances" in found
+                 else _names(f"{mig}-####", int(found["resizeBy"]), existing))
+        for vm in names:
+            self._mig_vm(zone, mig, vm, placement=name)
         found["state"] = "SUCCEEDED"
+
+    def _mig_vm(self, zone: str, mig: str, vm: str, *, placement: str) -> None:
+        template = self.mig_templates.get((zone, mig), {})
+        machine = template.get("machineType", "a3-highgpu-8g")
+        instance: dict[str, Any] = {
+            "kind": "compute#instance", "id": str(next(self._ids)), "name": vm,
+            "status": "PROVISIONING", "labels": dict(template.get("labels") or {}),
+            "metadata": {"items": [
+                *({"key": k, "value": v} for k, v in sorted(
+                    (template.get("metadata") or {}).items())),
+                {"key": "created-by",
+                 "value": f"zones/{zone}/instanceGroupManagers/{mig}"}]},
+            "resourcePolicies": [],
+            "machineType": f"https://compute.googleapis.com/compute/v1/projects/p/zones/"
+                           f"{zone}/machineTypes/{machine}",
+            "zone": f"https://compute.googleapis.com/compute/v1/projects/p/zones/{zone}"}
+        if self.host_topology:
+            instance["resourceStatus"] = {"physicalHostTopology": {
+                "block": _digest(zone), "subblock": _digest(zone, mig, placement),
+                "host": _digest(zone, mig, vm)}}
+        self.instances.setdefault(zone, {})[vm] = instance
+        self.mig_members.setdefault((zone, mig), set()).add(vm)
+
+    def mig_vms(self, zone: str, mig: str) -> list[str]:
+        return sorted(self.mig_members.get((zone, mig), ()))
 
     def inject(self, action: str, status: int, reason: str, times: int = 1) -> None:
         self.injected.append(Injected(action, status, reason, times))
@@ -268,7 +312,56 @@ class FakeCompute:
             return _error(404, "notFound")
         del self.instances[zone][name]
         self.consumed.pop((zone, name), None)
+        for (z, mig), members in self.mig_members.items():
+            if z == zone and name in members:
+                # The MIG keeps its size: a member deleted behind its back comes back.
+                self._mig_vm(zone, mig, name, placement="recreated")
         return 200, self._operation(project, "zone", zone, "delete", name)
+
+    def _get_instance(self, project: str, zone: str, rest: list[str],
+                      query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
+        found = self.instances.get(zone, {}).get(rest[1])
+        return (200, found) if found is not None else _error(404, "notFound")
+
+    def _list_managed_instances(self, project: str, zone: str, rest: list[str],
+                                query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
+        mig = rest[1]
+        members = [
+            {"instance": f"https://www.googleapis.com/compute/v1/projects/{project}/zones/"
+                         f"{zone}/instances/{vm}",
+             "name": vm, "id": self.instances[zone][vm]["id"], "currentAction": "NONE",
+             "instanceStatus": self.instances[zone][vm]["status"]}
+            for vm in self.mig_vms(zone, mig) if vm in self.instances.get(zone, {})]
+        size = int(query.get("maxResults", [str(self.page_size)])[0] or self.page_size)
+        start = int(query.get("pageToken", ["0"])[0] or 0)
+        reply: dict[str, Any] = {"managedInstances": members[start:start + size]}
+        if start + size < len(members):
+            reply["nextPageToken"] = str(start + size)
+        return 200, reply
+
+    def _delete_mig_instances(self, project: str, zone: str, rest: list[str],
+                              query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
+        mig = rest[1]
+        members = self.mig_members.setdefault((zone, mig), set())
+        from google.cloud import compute_v1
+        from google.protobuf.json_format import ParseError
+
+        try:  # the body's shape, as Compute's discovery document has it
+            compute_v1.InstanceGroupManagersDeleteInstancesRequest.from_json(
+                json.dumps(body), ignore_unknown_fields=False)
+        except ParseError as exc:
+            return _error(400, f"invalid: {exc}")
+        names = [str(u).rsplit("/instances/", 1)[-1] for u in body.get("instances") or []]
+        if not names:
+            return _error(400, "invalid")
+        strangers = [n for n in names if n not in members]
+        if strangers and not body.get("skipInstancesOnValidationError"):
+            return _error(400, "invalid")  # not a member of the group
+        for vm in names:
+            if vm in members:
+                members.discard(vm)
+                self.instances.get(zone, {}).pop(vm, None)
+        return 200, self._operation(project, "zone", zone, "deleteInstances", mig)
 
     def _reservation_target(
         self, zone: str, affinity: dict[str, Any]
@@ -302,18 +395,62 @@ class FakeCompute:
             return _error(400, "invalid")
         if (zone, mig, name) in self.resize_requests:
             return _error(409, "alreadyExists")
-        self.resize_requests[(zone, mig, name)] = {
+        problem = resize_request_problem(body)
+        if problem is not None:
+            return _error(400, f"invalid: {problem}")
+        found: dict[str, Any] = {
             "kind": "compute#instanceGroupManagerResizeRequest", "name": name,
-            "resizeBy": int(body["resizeBy"]), "requestedRunDuration": {"seconds": str(seconds)},
+            "requestedRunDuration": {"seconds": str(seconds)},
             "state": "ACCEPTED", "creationTimestamp": "2026-12-02T08:00:00.000-08:00",
-            "zone": zone,
+            "zone": zone, "description": body.get("description", ""),
         }
+        if "instances" in body:
+            names = [i.get("name", "") for i in body["instances"]]
+            taken = set(self.instances.get(zone, {})) | {
+                i["name"] for (z, _, _), rr in self.resize_requests.items() if z == zone
+                for i in rr.get("instances", [])}
+            if (not names or len(set(names)) != len(names) or set(names) & taken
+                    or not all(re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", n)
+                               for n in names)):
+                return _error(400, "invalid")
+            found["instances"] = [{"name": n} for n in names]
+        else:
+            found["resizeBy"] = int(body["resizeBy"])
+        self.resize_requests[(zone, mig, name)] = found
+        self._reads[(zone, mig, name)] = 0
         return 200, self._operation(project, "zone", zone, "insert", name)
+
+    def _list_resize_requests(self, project: str, zone: str, rest: list[str],
+                              query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
+        mig = rest[1]
+        items = [rr for (z, m, _), rr in sorted(self.resize_requests.items())
+                 if z == zone and m == mig]
+        return 200, {"kind": "compute#instanceGroupManagerResizeRequestsListResponse",
+                     "items": items}
+
+    def _advance(self, zone: str, mig: str, name: str) -> None:
+        """A read of an ACCEPTED request, with ``grant_after_polls``: the queue's turn
+        comes once the zone's stock holds the gang (CREATING for one read, then
+        granted)."""
+        found = self.resize_requests[(zone, mig, name)]
+        if self.grant_after_polls is None or found["state"] not in ("ACCEPTED", "CREATING"):
+            return
+        if found["state"] == "CREATING":
+            self.grant(zone, mig, name)
+            return
+        self._reads[(zone, mig, name)] = self._reads.get((zone, mig, name), 0) + 1
+        count = len(found["instances"]) if "instances" in found else int(found["resizeBy"])
+        room = self.stock.get(zone, 10**9) - len(self.instances.get(zone, {}))
+        if self._reads[(zone, mig, name)] > self.grant_after_polls and room >= count:
+            found["state"] = "CREATING"
 
     def _get_resize_request(self, project: str, zone: str, rest: list[str],
                             query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
         found = self.resize_requests.get((zone, rest[1], rest[3]))
-        return (200, found) if found is not None else _error(404, "notFound")
+        if found is None:
+            return _error(404, "notFound")
+        self._advance(zone, rest[1], rest[3])
+        return 200, found
 
     def _cancel_resize_request(self, project: str, zone: str, rest: list[str],
                                query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
@@ -402,11 +539,17 @@ def _action(method: str, path: str) -> str:
         return "list_instances"
     if "/instances/" in path and method == "DELETE":
         return "delete_instance"
+    if "/instances/" in path and method == "GET":
+        return "get_instance"
+    if path.endswith("/listManagedInstances"):
+        return "list_managed_instances"
+    if path.endswith("/deleteInstances"):
+        return "delete_mig_instances"
     if "/operations/" in path:
         return "wait_operation" if path.endswith("/wait") else "get_operation"
     if "/resizeRequests" in path:
         if path.endswith("/resizeRequests"):
-            return "insert_resize_request" if method == "POST" else "unknown"
+            return "insert_resize_request" if method == "POST" else "list_resize_requests"
         if path.endswith("/cancel"):
             return "cancel_resize_request"
         return {"GET": "get_resize_request", "DELETE": "delete_resize_request"}.get(
@@ -454,6 +597,21 @@ def shape_problem(props: Any) -> str | None:
     for k, nic in enumerate(nics):
         if "nicType" in nic and nic["nicType"] not in known:
             return f"instanceProperties.networkInterfaces[{k}].nicType: {nic['nicType']!r}"
+    return None
+
+
+def resize_request_problem(body: Any) -> str | None:
+    """What Compute would refuse in an InstanceGroupManagerResizeRequest by its shape: a
+    field its API does not have (parsed strictly by google-cloud-compute's message type,
+    generated from Compute's discovery document)."""
+    from google.cloud import compute_v1
+    from google.protobuf.json_format import ParseError
+
+    try:
+        compute_v1.InstanceGroupManagerResizeRequest.from_json(
+            json.dumps(body), ignore_unknown_fields=False)
+    except ParseError as exc:
+        return f"resize request: {exc}"
     return None
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from controller.acquire.keys import acquisition_key
 from providers.base import AcquireRequest, ProviderConfigError
-from providers.gcp import resize_request_name
+from providers.gcp import flex_instance_names, resize_request_name
 from tests.providers.conftest import GCP_ZONE, ZONE_LABEL, GcpFake
 
 MIG = "a3-flex"
@@ -28,7 +28,10 @@ async def test_a_gang_waits_in_the_queue_all_or_nothing_then_is_granted(
     [call] = gcp_fake.fake.calls("insert_resize_request")
     assert call.path == (f"/compute/v1/projects/muster-test/zones/{GCP_ZONE}/"
                          f"instanceGroupManagers/{MIG}/resizeRequests")
-    assert call.body["resizeBy"] == 16
+    # The VMs are named (not resizeBy), so what the MIG creates is the key's.
+    assert "resizeBy" not in call.body
+    assert [i["name"] for i in call.body["instances"]] == flex_instance_names(
+        r.pool.metadata.name, r.key, 16)
     assert call.body["requestedRunDuration"] == {"seconds": "10800"}
     assert call.body["name"] == resize_request_name(r.key)
     assert (queued.state, queued.since) == ("ACCEPTED", "2026-12-02T08:00:00.000-08:00")
@@ -95,11 +98,14 @@ async def test_the_queue_outcome_and_a_flex_pool_never_launching_on_demand(
     gcp_fake: GcpFake,
 ) -> None:
     """The class asks by outcome: ACCEPTED is queued, SUCCEEDED granted. A flexStart pool's
-    ``acquire`` never inserts an on-demand VM (its VMs come from the queue only)."""
+    ``acquire`` never inserts an on-demand VM (its VMs come from the queue only): before the
+    grant it refuses, and nothing is left under the key."""
     from providers.base import GRANTED, QUEUED
 
     provider, r = gcp_fake.provider(), req(gcp_fake, 2)
     assert provider.queues(r.pool)
+    with pytest.raises(ProviderConfigError, match="come only from its queue"):
+        await provider.acquire(r)
     queued = await provider.enqueue(r, None)
     assert queued.outcome == QUEUED
     [call] = gcp_fake.fake.calls("insert_resize_request")
@@ -107,6 +113,109 @@ async def test_the_queue_outcome_and_a_flex_pool_never_launching_on_demand(
     gcp_fake.fake.grant(GCP_ZONE, MIG, queued.name)
     granted = await provider.queued(r.pool, r.key)
     assert granted is not None and granted.outcome == GRANTED
-    with pytest.raises(ProviderConfigError, match="come only from its queue"):
-        await provider.acquire(r)
     assert gcp_fake.fake.calls("bulk_insert") == []
+
+
+async def test_a_grant_missing_vms_is_a_stock_out_and_leaves_nothing(gcp_fake: GcpFake) -> None:
+    """A granted request one of whose VMs is gone (the MIG's run ended, deleted out of
+    band): the gang is incomplete, so acquire fails as a stock-out (retryable) and the
+    skeleton's compensation deletes the rest through the MIG and the resize request."""
+    from providers.base import CapacityUnavailable
+
+    fake = gcp_fake.fake
+    provider, r = gcp_fake.provider(), req(gcp_fake, 2)
+    queued = await provider.enqueue(r, 3600)
+    fake.grant(GCP_ZONE, MIG, queued.name)
+    first = fake.mig_vms(GCP_ZONE, MIG)[0]
+    with fake.lock:
+        fake.mig_members[(GCP_ZONE, MIG)].discard(first)
+        del fake.instances[GCP_ZONE][first]
+    with pytest.raises(CapacityUnavailable, match="SUCCEEDED but 1 of its 2 VM"):
+        await provider.acquire(r)
+    assert fake.calls("bulk_insert") == []
+    assert fake.all_instances() == [] and fake.resize_requests == {}
+
+
+async def test_a_granted_gang_is_adopted_by_name_listed_and_released_through_the_mig(
+    gcp_fake: GcpFake,
+) -> None:
+    """The queue grants on its own (accepted, then CREATING, then SUCCEEDED with every VM
+    at once in the MIG, labelled by the MIG's template only). ``acquire`` adopts those VMs
+    as the key's nodes without launching anything; a pool listing (the collector's) finds
+    them with their key and owner from the resize request; release deletes them through
+    the MIG (which would refill a plain delete) and the resize request with them."""
+    from providers.base import GRANTED
+
+    fake = gcp_fake.fake
+    fake.grant_after_polls = 1
+    fake.mig_templates[(GCP_ZONE, MIG)] = {"machineType": "a3-highgpu-8g",
+                                            "labels": {"team": "ml"}}
+    provider, r = gcp_fake.provider(), req(gcp_fake, 3)
+    states = [(await provider.enqueue(r, 3600)).state]
+    for _ in range(3):
+        got = await provider.queued(r.pool, r.key)
+        assert got is not None
+        states.append(got.state)
+        if got.outcome == GRANTED:
+            break
+    # Read once while ACCEPTED (by enqueue), then CREATING for one read (still queued),
+    # then SUCCEEDED.
+    assert states == ["ACCEPTED", "CREATING", "SUCCEEDED"]
+    names = flex_instance_names(r.pool.metadata.name, r.key, 3)
+    assert fake.mig_vms(GCP_ZONE, MIG) == names
+    assert all(i["labels"] == {"team": "ml"} for i in fake.all_instances())
+
+    nodes = await provider.acquire(r)
+    assert [n.name for n in nodes] == names
+    assert [n.provider_id for n in nodes] == [
+        f"gce://muster-test/{GCP_ZONE}/{n}" for n in names]
+    assert {(n.key, n.owner, n.owner_uid, n.pool) for n in nodes} == {
+        (r.key, "ml/train", "uid-q", r.pool.metadata.name)}
+    assert all(n.labels[ZONE_LABEL] == GCP_ZONE
+               and n.labels["node.kubernetes.io/instance-type"] == "a3-highgpu-8g"
+               for n in nodes)
+    assert fake.calls("bulk_insert") == []
+
+    listed = await provider.list(r.pool)
+    assert [(n.name, n.key, n.owner) for n in listed] == [
+        (n, r.key, "ml/train") for n in names]
+
+    assert await provider.release(r.pool, r.key) == 3
+    [delete] = fake.calls("delete_mig_instances")
+    assert delete.path.endswith(f"/instanceGroupManagers/{MIG}/deleteInstances")
+    assert delete.body == {"instances": [f"zones/{GCP_ZONE}/instances/{n}" for n in names],
+                           "skipInstancesOnValidationError": True}
+    assert fake.calls("delete_instance") == []
+    assert fake.all_instances() == [] and fake.mig_vms(GCP_ZONE, MIG) == []
+    assert fake.resize_requests == {}
+    assert await provider.list(r.pool) == []
+    assert await provider.release(r.pool, r.key) == 0
+
+
+async def test_a_grant_waits_for_the_zones_stock_and_other_migs_vms_are_not_adopted(
+    gcp_fake: GcpFake,
+) -> None:
+    """The emulated queue grants only when the zone holds the whole gang; VMs of the MIG
+    that no resize request of Muster's named (another key's, or the MIG's own) are never
+    the key's."""
+    from providers.base import GRANTED, QUEUED
+
+    fake = gcp_fake.fake
+    fake.grant_after_polls = 0
+    fake.stock[GCP_ZONE] = 1
+    provider = gcp_fake.provider()
+    r = req(gcp_fake, 2)
+    await provider.enqueue(r, 3600)
+    for _ in range(3):
+        got = await provider.queued(r.pool, r.key)
+        assert got is not None and got.outcome == QUEUED and got.state == "ACCEPTED"
+    fake._mig_vm(GCP_ZONE, MIG, f"{MIG}-abcd", placement="the MIG's own")
+    assert await provider.list(r.pool) == []
+
+    fake.stock[GCP_ZONE] = 10
+    for _ in range(2):
+        got = await provider.queued(r.pool, r.key)
+    assert got is not None and got.outcome == GRANTED
+    nodes = await provider.acquire(r)
+    assert sorted(n.name for n in nodes) == flex_instance_names(r.pool.metadata.name, r.key, 2)
+    assert {n.name for n in await provider.list(r.pool)} == {n.name for n in nodes}

@@ -75,5 +75,5 @@ def test_gcp_role_grants_every_call() -> None:
         "compute.resourcePolicies.create", "compute.resourcePolicies.delete",
         "compute.resourcePolicies.use", "compute.reservations.get",
         "compute.reservationBlocks.get", "compute.instanceGroupManagers.get",
-        "compute.instanceGroupManagers.update",
+        "compute.instanceGroupManagers.update", "compute.instances.get",
     } <= set(role["includedPermissions"])

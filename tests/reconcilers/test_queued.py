@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -16,11 +18,19 @@ from controller.commands import objects
 from controller.common.clock import ManualClock
 from controller.config import MusterConfig, RetryConfig
 from controller.kube import KubeClient
-from controller.kube.resources import CAPACITY_POOLS, NODES, PROVISIONING_REQUESTS
+from controller.kube.resources import (
+    CAPACITY_POOLS,
+    EVENTS,
+    NAMESPACES,
+    NODES,
+    POD_TEMPLATES,
+    PROVISIONING_REQUESTS,
+)
 from controller.operator import Controller
+from providers.base import TransientProviderError
 from providers.fake import TAG_POOL, FakeProvider
 from tests.cluster_objects import starve
-from tests.helpers import eventually
+from tests.helpers import bounded, eventually
 
 QUEUED = "queued-provisioning.muster.dev"
 ATOMIC = "atomic-provisioning.muster.dev"
@@ -262,3 +272,142 @@ async def test_a_run_longer_than_the_capacity_block_is_not_planned_onto_it(
 
     await _until(provisioned)
     assert (await _condition(kube, "long", "Provisioned") or {}).get("status") == "False"
+
+
+async def test_deleting_the_pool_of_a_queued_gang_cancels_it_before_the_pool_goes(
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
+) -> None:
+    """The pool goes while the gang waits in its cloud queue: the queued request is
+    cancelled (the first cancel the cloud refuses keeps the pool, held by Muster's
+    finalizer, until a later one succeeds), the request fails CapacityPoolDeleted, nothing
+    is granted afterwards, and only then does the pool go."""
+    controller, clock, provider = running
+    await _queue_pool(kube, controller)
+    starve(provider)
+    await _create(kube, "orphaned")
+    await _until(lambda: _reason(kube, "orphaned", "QueuedForCapacity"))
+    [key] = _ops(provider, "enqueue")
+    pool = controller.state.pool_registry.pools()["gpu"]
+    provider.refuse_cancels("gpu", TransientProviderError("cancel throttled (injected)"))
+
+    await kube.delete(CAPACITY_POOLS, "gpu")
+
+    async def refused() -> dict[str, Any] | None:
+        cond = await _reason(kube, "orphaned", "QueuedForCapacity")
+        return cond if cond is not None and "refused to cancel" in cond["message"] else None
+
+    cond = await _until(refused)
+    assert "cancel throttled (injected)" in cond["message"]
+    # The cloud still holds the gang, so the pool (and its provider settings) stays,
+    # whatever the polls in between.
+    for _ in range(3):
+        await clock.advance(controller.config.acquisition.queue_poll_seconds)
+        await asyncio.sleep(0.1)
+    assert (await provider.queued(pool, key)) is not None
+    held = await kube.get(CAPACITY_POOLS, "gpu")
+    assert held["metadata"].get("deletionTimestamp")
+    assert "muster.dev/release-nodes" in held["metadata"]["finalizers"]
+    assert await _condition(kube, "orphaned", "Failed") is None
+    assert _ops(provider, "cancel") == []
+
+    provider.refuse_cancels("gpu", None)
+    await clock.advance(controller.config.acquisition.queue_poll_seconds)
+    failed = await _until(lambda: _condition(kube, "orphaned", "Failed"))
+    assert failed["reason"] == "CapacityPoolDeleted"
+    assert "CapacityPool gpu was deleted while the gang waited" in failed["message"]
+    assert key in failed["message"]
+    assert _ops(provider, "cancel") == [key]
+    assert await provider.queued(pool, key) is None
+
+    async def pool_gone() -> bool:
+        return await kube.get_or_none(CAPACITY_POOLS, "gpu") is None
+
+    await _until(pool_gone)
+    # Stock back: nothing was left in the queue to grant.
+    _refill(provider)
+    await asyncio.sleep(0.2)
+    assert _ops(provider, "grant") == [] and await _nodes(kube) == []
+
+
+async def test_a_pool_whose_provider_changes_under_a_queued_gang_cancels_through_the_old_one(
+    kube: KubeClient,
+) -> None:
+    """The pool's provider is switched while the gang waits in the old provider's queue:
+    the queued request is cancelled through the provider (and parameters) that queued it,
+    not left there, and the gang is planned again and queued through the new one."""
+    await kube.create(NAMESPACES, {"metadata": {"name": "ns"}})
+    await kube.create(CAPACITY_POOLS, objects.gpu_pool("gpu", parameters={"queue": True}))
+    await kube.create(POD_TEMPLATES, objects.pod_template(
+        "workers", namespace="ns", requests={"cpu": "90", objects.GPU: "8"},
+        required_level=objects.RACK, tolerations=[objects.GPU_TOLERATION],
+    ), namespace="ns")
+    clock = ManualClock(start=datetime.now(UTC))
+    old = FakeProvider(kube, heartbeat_seconds=3600)
+    new = FakeProvider(kube, heartbeat_seconds=3600)
+    starve(old)
+    starve(new)
+    controller = Controller(kube=kube, config=MusterConfig(), clock=clock,
+                            providers={"kind": old, "other": new})
+    await bounded(controller.start(), 60, "the controller to start")
+    try:
+        await _create(kube, "moved")
+        await _until(lambda: _reason(kube, "moved", "QueuedForCapacity"))
+        [key] = _ops(old, "enqueue")
+        pr = await kube.get(PROVISIONING_REQUESTS, "moved", namespace="ns")
+        assert json.loads(pr["metadata"]["annotations"]["muster.dev/queued-through"]) == {
+            key: {"provider": "kind", "parameters": {"queue": True}}}
+
+        await kube.merge_patch(CAPACITY_POOLS, "gpu", {"spec": {"provider": "other"}})
+
+        async def switched() -> bool:
+            return controller.state.pool_registry.pools()["gpu"].spec.provider == "other"
+
+        await _until(switched)
+        await clock.advance(controller.config.acquisition.queue_poll_seconds)
+
+        async def requeued() -> list[str]:
+            await clock.advance(1)
+            return _ops(new, "enqueue")
+
+        await _until(requeued)
+        assert _ops(old, "cancel") == [key]
+        assert await old.queued(controller.state.pool_registry.pools()["gpu"], key) is None
+        events = await kube.list(EVENTS, namespace="ns")
+        said = [e["message"] for e in events["items"] if e.get("reason") == "AcquisitionFailed"]
+        assert any("CapacityPool gpu's provider changed from kind to other" in m
+                   and "cancelled through the provider that queued it" in m for m in said), said
+        await _until(lambda: _reason(kube, "moved", "QueuedForCapacity"))
+    finally:
+        await bounded(controller.stop(), 60, "the controller to stop")
+
+
+async def test_a_deleted_request_whose_cancel_the_cloud_refuses_stays_until_it_succeeds(
+    kube: KubeClient, running: tuple[Controller, ManualClock, FakeProvider]
+) -> None:
+    """Once the request is gone nothing would cancel its queued request: while the cloud
+    refuses the cancel the request keeps its finalizer, and goes once a retry succeeds."""
+    controller, clock, provider = running
+    await _queue_pool(kube, controller)
+    starve(provider)
+    await _create(kube, "stuck")
+    await _until(lambda: _reason(kube, "stuck", "QueuedForCapacity"))
+    [key] = _ops(provider, "enqueue")
+    provider.refuse_cancels("gpu", TransientProviderError("cancel throttled (injected)"))
+
+    await kube.delete(PROVISIONING_REQUESTS, "stuck", namespace="ns")
+    for _ in range(2):
+        await clock.advance(controller.config.acquisition.queue_poll_seconds)
+        await asyncio.sleep(0.2)
+    held = await kube.get_or_none(PROVISIONING_REQUESTS, "stuck", namespace="ns")
+    assert held is not None and held["metadata"].get("deletionTimestamp")
+    assert await provider.queued(controller.state.pool_registry.pools()["gpu"], key) is not None
+
+    provider.refuse_cancels("gpu", None)
+    await clock.advance(controller.config.acquisition.queue_poll_seconds)
+
+    async def deleted() -> bool:
+        return await kube.get_or_none(PROVISIONING_REQUESTS, "stuck", namespace="ns") is None
+
+    await _until(deleted)
+    assert _ops(provider, "cancel") == [key]
+    assert await provider.queued(controller.state.pool_registry.pools()["gpu"], key) is None

@@ -6,6 +6,7 @@ uses. Deletion releases the same way and drops the finalizer.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from datetime import timedelta
 
@@ -27,6 +28,8 @@ from controller.state.bookings import Booking, stale_templates
 from controller.state.object_store import TemplateError
 from controller.state.requests import RequestRecord
 from controller.state.tenancy import foreign_request_owner
+
+log = logging.getLogger(__name__)
 
 
 class Bookings(Confirmation):
@@ -253,7 +256,12 @@ class Bookings(Confirmation):
     async def finalize(self, req: RequestRecord) -> Delay:
         self.take(req, Event.DELETED)
         self.state.ledger.unreserve(req.key)
-        await queued.leave(self, req)
+        refused = await queued.leave(self, req)
+        if refused:
+            # The finalizer stays: once the request is gone nothing would cancel them.
+            log.warning("%s: deleting, but the cloud refused to cancel its queued request "
+                        "(%s); trying again", req.key, "; ".join(refused))
+            return self.config.acquisition.queue_poll_seconds
         booking = req.booking
         if booking is not None and req.phase is not Phase.FAILED:
             await self.release_unused(booking, req.key, why="the request is being deleted")
