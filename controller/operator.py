@@ -367,7 +367,10 @@ class Controller:
                 await sync_pool_finalizers(self.kube, self.state, self.providers,
                                            self.config.classes, wake=self.queue.add)
             except ApiError as exc:
-                log.warning("updating CapacityPool finalizers failed: %s; trying again", exc)
+                self.problems.warning("pool finalizers", "updating CapacityPool finalizers "
+                                      "failed (%s); trying again", describe(exc))
+            else:
+                self.problems.resolved("pool finalizers")
 
     async def _collect_loop(self) -> None:
         while True:

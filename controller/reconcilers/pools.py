@@ -29,15 +29,17 @@ from collections.abc import Callable
 
 from controller.acquire.providers import ProviderSet
 from controller.api.capacitypool import POOL_FINALIZER, CapacityPool
+from controller.common.problem_log import ProblemLog
 from controller.common.topology_defaults import POOL_LABEL
 from controller.config import ClassesConfig
 from controller.kube import ApiError, KubeClient
 from controller.kube.resources import CAPACITY_POOLS, NODES
 from controller.reconcilers.queued import waiting_pools
 from controller.state.cache import ClusterState
-from providers.base import ProviderError
+from providers.base import ProviderConfigError, ProviderError
 
 log = logging.getLogger(__name__)
+_problems = ProblemLog(log)
 
 async def sync_pool_finalizers(kube: KubeClient, state: ClusterState, providers: ProviderSet,
                                classes: ClassesConfig,
@@ -96,17 +98,31 @@ async def hold_pools(kube: KubeClient, names: set[str]) -> None:
 
 
 async def _cloud_holds(providers: ProviderSet, pool: CapacityPool) -> bool:
-    """The pool's provider still lists a machine of it (or cannot say): the finalizer stays."""
+    """The pool's provider still lists a machine of it, or cannot answer now: the finalizer
+    stays. A provider that cannot be set up at all for the pool (no credentials, a bad
+    parameter: :class:`ProviderConfigError`) launched nothing with this configuration and
+    can release nothing either; holding the pool for it would only block its deletion for
+    good, so the pool goes (said once)."""
+    name = pool.metadata.name
     try:
         held = await providers.for_pool(pool).list(pool)
+    except ProviderConfigError as exc:
+        _problems.warning(f"deleting {name}", "CapacityPool %s is being deleted and its "
+                          "provider cannot be set up to list its machines (%s); letting it go "
+                          "with no registered node left", name, exc)
+        return False
     except ProviderError as exc:
-        log.warning("CapacityPool %s is being deleted but its provider cannot list its "
-                    "machines (%s); keeping it until it can", pool.metadata.name, exc)
+        _problems.warning(f"deleting {name}", "CapacityPool %s is being deleted but its "
+                          "provider cannot list its machines now (%s); keeping it until it "
+                          "can", name, exc)
         return True
+    _problems.resolved(f"deleting {name}")
     if held:
-        log.info("CapacityPool %s: waiting for %d machine(s) its provider still holds (%s) "
-                 "to be released", pool.metadata.name, len(held),
-                 ", ".join(sorted(n.name for n in held)[:5]))
+        _problems.warning(f"waiting {name}", "CapacityPool %s is being deleted: waiting for "
+                          "%d machine(s) its provider still holds (%s) to be released", name,
+                          len(held), ", ".join(sorted(n.name for n in held)[:5]))
+    else:
+        _problems.resolved(f"waiting {name}")
     return bool(held)
 
 

@@ -124,3 +124,40 @@ async def test_a_deleted_pool_keeps_its_finalizer_while_a_queued_gang_waits_in_i
                                wake=woken.append)
     assert sorted(_released(kube)) == ["gpu", "other"]
     assert woken == ["ns/waiting"]
+
+
+class FailingList:
+    """A provider set whose listing fails with ``error``."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def for_pool(self, pool: Any) -> FailingList:
+        return self
+
+    async def list(self, pool: Any) -> list[Any]:
+        raise self.error
+
+
+async def test_a_deleted_pool_whose_cloud_cannot_answer_now_is_kept() -> None:
+    """A listing that fails for now (throttled, the cloud's API down) may hide machines: the
+    finalizer stays until the provider can say none is left."""
+    from providers.base import TransientProviderError
+
+    state, kube = _state(), RecordingKube()
+    await sync_pool_finalizers(kube, state,  # type: ignore[arg-type]
+                               FailingList(TransientProviderError("503 from the cloud")),
+                               ClassesConfig())
+    assert _released(kube) == []
+
+
+async def test_a_deleted_pool_whose_provider_cannot_be_set_up_goes() -> None:
+    """A provider that cannot be set up for the pool at all (no credentials) launched
+    nothing with it and can release nothing: the pool is not held for good."""
+    from providers.base import ProviderConfigError
+
+    state, kube = _state(), RecordingKube()
+    await sync_pool_finalizers(kube, state,  # type: ignore[arg-type]
+                               FailingList(ProviderConfigError("no credentials")),
+                               ClassesConfig())
+    assert sorted(_released(kube)) == ["gpu", "other"]
