@@ -252,8 +252,9 @@ async def step(svc: Outcomes, req: RequestRecord, booking: Booking) -> Delay | b
         (s.since for s in statuses if s.since), default="") or rfc3339(svc.clock.now())
     detail = "; ".join(
         f"pool {g.pool}: {g.count} node(s) in the cloud's queue as {s.name}, "
-        f"state {s.state}" + (f", the cloud expects it by {s.estimate}" if s.estimate
-                              else ", no estimate from the cloud")
+        f"state {s.state}" + (f" ({s.error})" if s.error else "")
+        + (f", the cloud expects it by {s.estimate}" if s.estimate
+           else ", no estimate from the cloud")
         for g, s in zip(booking.groups, statuses, strict=True))
     if seconds is not None:
         detail += f"; each to run {seconds}s once granted"

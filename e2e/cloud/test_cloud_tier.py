@@ -774,9 +774,12 @@ def _blocks(s: Scenario) -> dict[str, dict[str, Any]]:
 
 
 def _flex_requests(s: Scenario) -> list[dict[str, Any]]:
+    """The MIG's resize requests of this scenario's requests (their description names the
+    owning request)."""
     with s.cloud.compute.lock:
         return [dict(r) for (z, m, _), r in s.cloud.compute.resize_requests.items()
-                if (z, m) == (GCP_ZONE, FLEX_MIG)]
+                if (z, m) == (GCP_ZONE, FLEX_MIG)
+                and f" {s.namespace}/" in str(r.get("description"))]
 
 
 def _queued_nothing_left(s: Scenario) -> bool:
@@ -861,6 +864,9 @@ async def test_a_queued_gang_is_provisioned_when_the_cloud_queue_grants_it(
         bound = await eventually(lambda: _bound_all(s, 2), what="the scheduler to bind 2 pods")
         assert set(bound.values()) == {n["metadata"]["name"] for n in nodes}
 
+        # The job is done: its pods and the request go, so the nodes are idle and released.
+        for pod in bound:
+            await s.kube.delete(PODS, pod, namespace=s.namespace)
         await s.kube.delete(PROVISIONING_REQUESTS, "queued", namespace=s.namespace)
 
         async def gone() -> bool:
