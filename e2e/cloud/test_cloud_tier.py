@@ -939,6 +939,8 @@ async def test_deleting_the_pool_of_a_queued_gang_cancels_its_resize_request(
     failed = await s.wait_condition("queued", "Failed")
     assert failed["reason"] == "CapacityPoolDeleted", failed
     assert f"CapacityPool {s.pool} was deleted while the gang waited" in failed["message"]
+    assert f"resize request {rr['name']} of instance group manager {FLEX_MIG} cancelled and " \
+        "deleted" in failed["message"], failed
 
     async def pool_gone() -> bool:
         return await s.kube.get_or_none(CAPACITY_POOLS, s.pool) is None
