@@ -923,31 +923,95 @@ async def test_a_queued_request_deleted_while_it_waits_leaves_nothing_in_the_clo
         _stop_granting(s)
 
 
-@pytest.mark.parametrize("scenario", ["gcp"], indirect=True)
-async def test_deleting_the_pool_of_a_queued_gang_cancels_its_resize_request(
+async def test_deleting_the_pool_of_a_queued_gang_cancels_its_queued_request(
     scenario: Scenario,
 ) -> None:
-    """The flexStart pool is deleted while its gang waits in the MIG's queue: the resize
-    request is cancelled and deleted, the request fails CapacityPoolDeleted, and the pool
-    goes (Muster's finalizer held it for the cancel); nothing is left in the MIG."""
+    """The pool is deleted while its gang waits in the cloud's queue (GCP: its resize request
+    ACCEPTED; AWS: a Capacity Block bought for it that starts later, scheduled): the request
+    fails CapacityPoolDeleted saying what the cloud did, and the pool goes (Muster's
+    finalizer held it for the cancel). GCP: the resize request is cancelled and deleted,
+    nothing is left in the MIG. AWS: EC2 cannot cancel a bought block; it stays, the
+    message says so, and nothing was launched."""
     s = scenario
-    await _queue_gang(s)
-    [rr] = _flex_requests(s)
-    assert rr["state"] == "ACCEPTED"
+    try:
+        await _queue_gang(s)
+        if s.provider == "gcp":
+            [rr] = _flex_requests(s)
+            assert rr["state"] == "ACCEPTED"
+        else:
+            s.cloud.layer.offer_capacity_block(
+                zone=AWS_ZONE, instance_type="p5.48xlarge", count=2, upfront_fee="2400.00",
+                start=datetime.now(UTC) + timedelta(hours=2))
 
-    await s.kube.delete(CAPACITY_POOLS, s.pool)
-    failed = await s.wait_condition("queued", "Failed")
-    assert failed["reason"] == "CapacityPoolDeleted", failed
-    assert f"CapacityPool {s.pool} was deleted while the gang waited" in failed["message"]
-    assert f"resize request {rr['name']} of instance group manager {FLEX_MIG} cancelled and " \
-        "deleted" in failed["message"], failed
+            async def scheduled() -> dict[str, Any] | None:
+                cond = await s.condition("queued", "Provisioned")
+                text = str((cond or {}).get("message"))
+                return cond if "state scheduled, the cloud expects it by" in text else None
 
-    async def pool_gone() -> bool:
-        return await s.kube.get_or_none(CAPACITY_POOLS, s.pool) is None
+            await eventually(scheduled, what="the bought block to be scheduled")
+            [(rid, block)] = _blocks(s).items()
 
-    await eventually(pool_gone, what="the pool to go once its queue holds nothing")
-    assert await asyncio.to_thread(_flex_requests, s) == []
-    with s.cloud.compute.lock:
-        assert [c.path.rsplit("/", 1)[-1] for c in
-                s.cloud.compute.calls("cancel_resize_request")][-1:] == ["cancel"]
-        assert s.cloud.compute.mig_vms(GCP_ZONE, FLEX_MIG) == []
+        await s.kube.delete(CAPACITY_POOLS, s.pool)
+        failed = await s.wait_condition("queued", "Failed")
+        assert failed["reason"] == "CapacityPoolDeleted", failed
+        assert f"CapacityPool {s.pool} was deleted while the gang waited" in failed["message"]
+        if s.provider == "gcp":
+            assert f"resize request {rr['name']} of instance group manager {FLEX_MIG} " \
+                "cancelled and deleted" in failed["message"], failed
+            assert "taken out of the queue" not in failed["message"]
+        else:
+            assert f"Capacity Block {rid} was already bought and cannot be cancelled: it " \
+                "stays reserved (and paid) until" in failed["message"], failed
+
+        async def pool_gone() -> bool:
+            return await s.kube.get_or_none(CAPACITY_POOLS, s.pool) is None
+
+        await eventually(pool_gone, what="the pool to go once its queue holds nothing")
+        assert await asyncio.to_thread(_queued_nothing_left, s)
+        if s.provider == "gcp":
+            with s.cloud.compute.lock:
+                assert [c.path.rsplit("/", 1)[-1] for c in
+                        s.cloud.compute.calls("cancel_resize_request")][-1:] == ["cancel"]
+        else:
+            assert _blocks(s) == {rid: block}, "the block stays: EC2 has no cancel"
+    finally:
+        _stop_granting(s)
+
+
+async def test_the_run_duration_ends_the_booking_and_the_machines_go(
+    scenario: Scenario,
+) -> None:
+    """A gang with maxRunDurationSeconds 12: provisioned, and 12 s later the booking ends
+    CapacityRevoked/RunDurationExpired and its machines are terminated, though its request
+    still exists. AWS: a queued gang in the Capacity Block it bought (the block stays, as
+    EC2 keeps it to its end). GCP: an atomic gang on the on-demand pool, since a flex-start
+    run lasts at least 600 s (Compute's bound) and the MIG, not Muster, would end it."""
+    s = scenario
+    try:
+        if s.provider == "aws":
+            await _queue_gang(s, run_seconds=12)
+            _grant(s)
+            request = "queued"
+        else:
+            await s.setup()
+            await s.kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
+                "gang", pod_sets=[("workers", 2)], namespace=s.namespace,
+                parameters={"maxRunDurationSeconds": "12"}), namespace=s.namespace)
+            request = "gang"
+        nodes = await _provisioned_on(s, request, 2)
+        ids = {n["spec"]["providerID"].rsplit("/", 1)[-1] for n in nodes}
+        if s.provider == "aws":
+            [(rid, _)] = _blocks(s).items()
+            assert {s.cloud.layer.reserved_in.get(i) for i in ids} == {rid}
+        revoked = await s.wait_condition(request, "CapacityRevoked", within=40)
+        assert revoked["reason"] == "RunDurationExpired", revoked
+        assert "12s after the capacity was provisioned" in revoked["message"], revoked
+
+        async def terminated() -> bool:
+            return not (await asyncio.to_thread(s.machine_ids)) & ids
+
+        await eventually(terminated, within=40, what="the run's machines to be terminated")
+        assert await s.kube.get_or_none(
+            PROVISIONING_REQUESTS, request, namespace=s.namespace) is not None
+    finally:
+        _stop_granting(s)
