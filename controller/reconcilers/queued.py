@@ -291,7 +291,8 @@ async def _pool_deleted(svc: Outcomes, req: RequestRecord, booking: Booking,
         return poll
     delay = await svc.fail(req, Reason.POOL_DELETED, message(
         Reason.POOL_DELETED, pools=names,
-        cancelled="; ".join(done) or "nothing was held in the cloud's queue"), attempt=booking.attempt)
+        cancelled="; ".join(done) or "nothing was held in the cloud's queue"),
+        attempt=booking.attempt)
     # The pool's finalizer may go now: tell the finalizer loop rather than let it find out
     # at its next round.
     svc.state.pools_changed.set()
