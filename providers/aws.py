@@ -575,16 +575,20 @@ class AwsProvider(AtomicProvider[Instance]):
         block = await self._key_block(pool, key)
         return None if block is None else _block_status(block)
 
-    async def cancel_queued(self, pool: CapacityPool, key: str) -> bool:
+    async def cancel_queued(self, pool: CapacityPool, key: str) -> str | None:
         """A bought Capacity Block cannot be cancelled: EC2 keeps it (and its fee) until
-        its end. Nothing launches into it once the request is gone; said loudly."""
+        its end. Nothing launches into it once the request is gone; said loudly. None when
+        none was bought (the offering is simply no longer looked for)."""
         block = await self._key_block(pool, key)
         if block is None:
-            return False
-        log.warning("acquire %s: Capacity Block %s was bought and cannot be cancelled; it "
-                    "stays reserved (and paid) until %s", key,
-                    block.get("CapacityReservationId"), block.get("EndDate"))
-        return True
+            return None
+        end = block.get("EndDate")
+        until = end.isoformat() if isinstance(end, datetime) else str(end or "its end")
+        text = (f"Capacity Block {block.get('CapacityReservationId')} was already bought and "
+                f"cannot be cancelled: it stays reserved (and paid) until {until}, with "
+                "nothing launched into it")
+        log.warning("acquire %s: %s", key, text)
+        return text
 
     async def _key_block(self, pool: CapacityPool, key: str) -> dict[str, Any] | None:
         params = parse_parameters(pool)

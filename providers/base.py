@@ -170,5 +170,7 @@ class CapacityQueue(Protocol):
     async def queued(self, pool: CapacityPool, key: str) -> QueuedStatus | None:
         """The key's queued request, or None when there is none."""
 
-    async def cancel_queued(self, pool: CapacityPool, key: str) -> bool:
-        """Take the key's request out of the queue; False when there was none."""
+    async def cancel_queued(self, pool: CapacityPool, key: str) -> str | None:
+        """Take the key's request out of the queue; what the cloud did, in a sentence the
+        request's condition quotes (a cloud that cannot cancel says what stays), or None
+        when there was none."""

@@ -298,15 +298,15 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
             since=entry.since.isoformat().replace("+00:00", "Z"),
         )
 
-    async def cancel_queued(self, pool: CapacityPool, key: str) -> bool:
+    async def cancel_queued(self, pool: CapacityPool, key: str) -> str | None:
         refused = self._refused_cancels.get(pool.metadata.name)
         if refused is not None and (pool.metadata.name, key) in self._queue:
             raise refused
         entry = self._queue.pop((pool.metadata.name, key), None)
         if entry is None:
-            return False
+            return None
         self._record("cancel", entry.request, "granted" if entry.granted else "cancelled")
-        return True
+        return f"queued request queue/{key} was taken out of the queue"
 
     async def _grant(self, pool: CapacityPool, entry: _Queued) -> None:
         request = replace(entry.request, pool=pool)

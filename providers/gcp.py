@@ -615,14 +615,14 @@ class GcpProvider(AtomicProvider[Any]):
                             outcome=_OUTCOMES.get(got.state, QUEUED),
                             since=got.creation_timestamp, error="; ".join(errors))
 
-    async def cancel_queued(self, pool: CapacityPool, key: str) -> bool:
+    async def cancel_queued(self, pool: CapacityPool, key: str) -> str | None:
         """Take the key's request out of Compute's queue and delete it (cancel only works
         while ACCEPTED; a SUCCEEDED request's VMs are the MIG's to delete, by release).
-        False when there was none."""
+        None when there was none."""
         params, flex = self._flex(pool)
         found = await self.queued(pool, key)
         if found is None:
-            return False
+            return None
         clients = await self._get_clients()
         where = {"project": params.project, "zone": params.zone,
                  "instance_group_manager": flex.instance_group_manager,
@@ -642,7 +642,10 @@ class GcpProvider(AtomicProvider[Any]):
             expect={400, 404},
             **where,
         )
-        return True
+        done = "cancelled and deleted" if found.state == "ACCEPTED" else (
+            f"deleted (it was {found.state})")
+        return (f"resize request {found.name} of instance group manager "
+                f"{flex.instance_group_manager} {done}")
 
     async def reservations(self, pool: CapacityPool) -> list[ReservationFigures]:
         """The cloud's own figures of the pool's named reservation (reservations.get), or

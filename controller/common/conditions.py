@@ -142,9 +142,9 @@ MESSAGES: Mapping[Reason, str] = {
         "maxRunDurationSeconds): the booking's new nodes are released."
     ),
     Reason.POOL_DELETED: (
-        "CapacityPool {pools} was deleted while the gang waited in its cloud queue: the "
-        "queued request(s) ({keys}) were taken out of the queue and whatever a grant had "
-        "created was released. Create the request again to queue through another pool."
+        "CapacityPool {pools} was deleted while the gang waited in its cloud queue: "
+        "{cancelled}; whatever a grant had created was released. Create the request again "
+        "to queue through another pool."
     ),
     Reason.OVER_BUDGET: (
         "The plan exceeds the budget: {detail}. Raise budgets.* in Muster's config or make "

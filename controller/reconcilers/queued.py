@@ -253,8 +253,9 @@ async def step(svc: Outcomes, req: RequestRecord, booking: Booking) -> Delay | b
         (s.since for s in statuses if s.since), default="") or rfc3339(svc.clock.now())
     detail = "; ".join(
         f"pool {g.pool}: {g.count} node(s) in the cloud's queue as {s.name}, "
-        f"state {s.state}" + (f", the cloud expects it by {s.estimate}" if s.estimate
-                              else ", no estimate from the cloud")
+        f"state {s.state}" + (f" ({s.error})" if s.error else "")
+        + (f", the cloud expects it by {s.estimate}" if s.estimate
+           else ", no estimate from the cloud")
         for g, s in zip(booking.groups, statuses, strict=True))
     if seconds is not None:
         detail += f"; each to run {seconds}s once granted"
@@ -278,8 +279,9 @@ async def _pool_deleted(svc: Outcomes, req: RequestRecord, booking: Booking,
     While a cancel fails the request stays Acquiring, which keeps the pool's finalizer
     (:func:`waiting_pools`), and tries again at the next poll."""
     names = ", ".join(deleting)
+    done: list[str] = []
     failures = await _cancel(svc, req, booking,
-                             why=f"CapacityPool {names} is being deleted")
+                             why=f"CapacityPool {names} is being deleted", done=done)
     if failures:
         poll = svc.config.acquisition.queue_poll_seconds
         since = req.annotations.get(QUEUED_SINCE_ANNOTATION) or rfc3339(svc.clock.now())
@@ -290,7 +292,8 @@ async def _pool_deleted(svc: Outcomes, req: RequestRecord, booking: Booking,
         return poll
     delay = await svc.fail(req, Reason.POOL_DELETED, message(
         Reason.POOL_DELETED, pools=names,
-        keys=", ".join(g.key for g in booking.groups)), attempt=booking.attempt)
+        cancelled="; ".join(done) or "nothing was held in the cloud's queue"),
+        attempt=booking.attempt)
     # The pool's finalizer may go now: tell the finalizer loop rather than let it find out
     # at its next round.
     svc.state.pool_registry.pools_changed.set()
@@ -317,10 +320,12 @@ async def _provider_changed(svc: Outcomes, req: RequestRecord, booking: Booking,
 
 
 async def _cancel(svc: Outcomes, req: RequestRecord, booking: Booking, *,
-                  why: str) -> list[str]:
+                  why: str, done: list[str] | None = None) -> list[str]:
     """Take every group out of the queue it was queued in (through the provider and
     parameters recorded then) and release whatever a grant created; the groups whose
-    cancel failed, each with the cloud's error."""
+    cancel failed, each with the cloud's error. ``done`` gets, per group cancelled, what
+    its cloud did (a cloud that cannot cancel, as an AWS Capacity Block once bought, says
+    what stays)."""
     pools = dict(svc.state.pool_registry.pools())
     failures: list[str] = []
     for group in booking.groups:
@@ -331,9 +336,13 @@ async def _cancel(svc: Outcomes, req: RequestRecord, booking: Booking, *,
         # What a grant created is released through the same provider and parameters.
         pools[group.pool] = pool
         try:
-            if await queue.cancel_queued(pool, group.key):
+            did = await queue.cancel_queued(pool, group.key)
+            if did is not None:
                 log_decision("acquire", req.key, outcome="cancelled", pool=group.pool,
                        key=group.key, why=why)
+            if done is not None:
+                done.append(f"{group.key}: " + (
+                    did or "nothing of it was held in the cloud's queue"))
         except ProviderError as exc:
             # The groups' keys stay on the request until the release below; what the cloud
             # grants afterwards carries an abandoned key the collector releases.

@@ -36,12 +36,32 @@ wrong or lacks, which Muster relies on; each is answered the way EC2 documents i
   are free, the shortfall reported as ``ReservationCapacityExceeded``; nothing outside a
   block's window. moto launches them as on-demand instances (it launches nothing for
   ``capacity-block``), and the layer remembers which reservation each one is in.
+  ``DescribeCapacityReservations`` also takes ``tag:<key>`` filters, and answers each
+  reservation's ``tagSet`` and ``createDate``.
+* Capacity Block offerings and purchase (moto has neither): :meth:`Ec2Layer.offer_capacity_block`
+  puts a block of ``count`` instances of a type in a zone on sale, at an upfront fee,
+  starting now or later. ``DescribeCapacityBlockOfferings`` (``InstanceType``,
+  ``InstanceCount``, the required ``CapacityDurationHours``) answers an offering per block on
+  sale of exactly that type and count, lasting the asked hours from its start; hours EC2
+  does not offer (not 24-hour days up to 14 days, then whole weeks up to 182 days) answer
+  ``InvalidParameterValue``. ``PurchaseCapacityBlock`` (``CapacityBlockOfferingId``,
+  ``InstancePlatform``, ``TagSpecifications`` of ``capacity-reservation``) takes the block
+  off sale and creates its Capacity Block reservation (``reservationType``
+  ``capacity-block``, the offering's window, the tags), answered as ``capacityReservation``
+  and ``capacityBlockSet``; it is then a reservation as above, so a ``capacity-block``
+  fleet targeting it launches into it. An offering id not (or no longer) on sale answers
+  ``InvalidCapacityBlockOfferingId.NotFound``.
 
 Anything else (DescribeInstances, TerminateInstances, launch templates, tags, user data) is
 moto's own. Not simulated for reservations: instance platform, tenancy and match criteria,
 an open (untargeted) reservation absorbing matching on-demand launches, reservation fleets,
-Capacity Block offerings and purchase, a block's instances being stopped at its end, and
-which error code EC2 really answers for a launch before a block's start.
+a block's instances being stopped at its end, and which error code EC2 really answers for a
+launch before a block's start. Not simulated for Capacity Blocks: the ``payment-pending``
+state after a purchase (a bought block is at once ``scheduled`` or ``active``), EC2's start
+times (it offers blocks starting at 11:30 UTC; here at the time the test gives), prices
+varying with the duration (an offer's fee is the same for every length), the date-range,
+paging and UltraServer inputs, cancelling (EC2 has no call for it; neither has the layer),
+and the exact error codes EC2 answers for a bad duration or an offering no longer on sale.
 """
 
 from __future__ import annotations
@@ -59,7 +79,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlencode
@@ -132,9 +152,14 @@ class Ec2Layer:
     actions: list[str] = field(default_factory=list)
     """Every action seen, in order (tests read it)."""
     capacity_reservations: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """reservation id -> {zone, instance_type, total, kind, start, end, groups}."""
+    """reservation id -> {zone, instance_type, total, kind, start, end, groups, tags,
+    created}."""
     reserved_in: dict[str, str] = field(default_factory=dict)
     """instance id -> the reservation it was launched into."""
+    block_offers: list[dict[str, Any]] = field(default_factory=list)
+    """Capacity Blocks on sale: {zone, instance_type, count, fee, start}."""
+    offerings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """offering id -> {offer (the block on sale), start, end} as it was offered."""
     _tokens: dict[str, bytes] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -148,8 +173,20 @@ class Ec2Layer:
         with self.lock:
             self.capacity_reservations[rid] = {
                 "zone": zone, "instance_type": instance_type, "total": count, "kind": kind,
-                "start": start, "end": end, "groups": tuple(groups),
+                "start": start, "end": end, "groups": tuple(groups), "tags": {},
+                "created": datetime.now(UTC),
             }
+
+    def offer_capacity_block(
+        self, *, zone: str, instance_type: str, count: int, upfront_fee: str,
+        start: datetime | None = None,
+    ) -> None:
+        """Put a Capacity Block of ``count`` instances on sale, starting at ``start`` (now
+        when None), for ``upfront_fee`` (USD) whatever its length; bought once."""
+        with self.lock:
+            self.block_offers.append({
+                "zone": zone, "instance_type": instance_type, "count": count,
+                "fee": upfront_fee, "start": start})
 
     def inject_partial_fleet(self, launched: int) -> None:
         with self.lock:
@@ -206,6 +243,10 @@ class Ec2Layer:
                 return self._describe_reservations(form, region)
             if action == "GetGroupsForCapacityReservation":
                 return self._reservation_groups(form)
+            if action == "DescribeCapacityBlockOfferings":
+                return self._block_offerings(form)
+            if action == "PurchaseCapacityBlock":
+                return self._purchase_block(form, region)
         return self.forward(method, path, headers, body)
 
     def forward(
@@ -409,23 +450,108 @@ class Ec2Layer:
             state = self._state(r)
             fields = {"instance-type": r["instance_type"], "availability-zone": r["zone"],
                       "state": state}
+            fields.update({f"tag:{k}": v for k, v in r.get("tags", {}).items()})
             if (ids and rid not in ids) or any(
                     fields.get(name, "") not in values for name, values in filters.items()):
                 continue
-            available = max(0, r["total"] - self._used(rid, region)) if state == "active" else 0
-            dates = "".join(
-                f"<{tag}>{when.strftime('%Y-%m-%dT%H:%M:%S.000Z')}</{tag}>"
-                for tag, when in (("startDate", r["start"]), ("endDate", r["end"]))
-                if when is not None)
-            items.append(
-                f"<item><capacityReservationId>{rid}</capacityReservationId><instanceType>"
-                f"{r['instance_type']}</instanceType><availabilityZone>{r['zone']}"
-                f"</availabilityZone><totalInstanceCount>{r['total']}</totalInstanceCount>"
-                f"<availableInstanceCount>{available}</availableInstanceCount><state>{state}"
-                f"</state><reservationType>{r['kind']}</reservationType>{dates}"
-                f"<instanceMatchCriteria>targeted</instanceMatchCriteria></item>")
+            items.append(self._reservation_xml(rid, r, region, tag="item"))
         return _xml("DescribeCapacityReservationsResponse",
                     f"<capacityReservationSet>{''.join(items)}</capacityReservationSet>")
+
+    def _reservation_xml(self, rid: str, r: dict[str, Any], region: str, *, tag: str) -> str:
+        state = self._state(r)
+        available = max(0, r["total"] - self._used(rid, region)) if state == "active" else 0
+        dates = "".join(
+            f"<{name}>{_when(when)}</{name}>"
+            for name, when in (("startDate", r["start"]), ("endDate", r["end"]),
+                               ("createDate", r.get("created")))
+            if when is not None)
+        tags = "".join(f"<item><key>{escape(k)}</key><value>{escape(v)}</value></item>"
+                       for k, v in sorted(r.get("tags", {}).items()))
+        return (
+            f"<{tag}><capacityReservationId>{rid}</capacityReservationId><instanceType>"
+            f"{r['instance_type']}</instanceType><instancePlatform>Linux/UNIX"
+            f"</instancePlatform><availabilityZone>{r['zone']}"
+            f"</availabilityZone><totalInstanceCount>{r['total']}</totalInstanceCount>"
+            f"<availableInstanceCount>{available}</availableInstanceCount><state>{state}"
+            f"</state><reservationType>{r['kind']}</reservationType>{dates}"
+            f"<instanceMatchCriteria>targeted</instanceMatchCriteria><tagSet>{tags}</tagSet>"
+            f"</{tag}>")
+
+    # ---- Capacity Block offerings and purchase ------------------------------------------
+
+    def _block_offerings(self, form: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+        try:
+            hours = int(form.get("CapacityDurationHours", ""))
+        except ValueError:
+            return _error(400, "MissingParameter",
+                          "The request must contain the parameter CapacityDurationHours")
+        days, part = divmod(hours, 24)
+        if part or not (1 <= days <= 14 or (days % 7 == 0 and 14 < days <= 182)):
+            return _error(400, "InvalidParameterValue",
+                          f"Capacity Blocks are not offered for {hours} hours")
+        instance_type = form.get("InstanceType", "")
+        count = int(form.get("InstanceCount") or 0)
+        now = datetime.now(UTC)
+        items = []
+        for n, offer in enumerate(self.block_offers):
+            if offer["instance_type"] != instance_type or (count and offer["count"] != count):
+                continue
+            start = offer["start"] or now
+            end = start + timedelta(hours=hours)
+            oid = "cb-" + hashlib.sha256(
+                f"{n}/{offer['zone']}/{start.isoformat()}/{hours}".encode()).hexdigest()[:17]
+            self.offerings[oid] = {"offer": offer, "start": start, "end": end}
+            items.append(
+                f"<item><capacityBlockOfferingId>{oid}</capacityBlockOfferingId>"
+                f"<instanceType>{instance_type}</instanceType><availabilityZone>"
+                f"{offer['zone']}</availabilityZone><instanceCount>{offer['count']}"
+                f"</instanceCount><startDate>{_when(start)}</startDate><endDate>{_when(end)}"
+                f"</endDate><capacityBlockDurationHours>{hours}</capacityBlockDurationHours>"
+                f"<upfrontFee>{escape(offer['fee'])}</upfrontFee><currencyCode>USD"
+                f"</currencyCode><tenancy>default</tenancy></item>")
+        return _xml("DescribeCapacityBlockOfferingsResponse",
+                    f"<capacityBlockOfferingSet>{''.join(items)}</capacityBlockOfferingSet>")
+
+    def _purchase_block(self, form: dict[str, str],
+                        region: str) -> tuple[int, dict[str, str], bytes]:
+        oid = form.get("CapacityBlockOfferingId", "")
+        if not form.get("InstancePlatform"):
+            return _error(400, "MissingParameter",
+                          "The request must contain the parameter InstancePlatform")
+        offering = self.offerings.get(oid)
+        on_sale = [k for k, o in enumerate(self.block_offers)
+                   if offering is not None and o is offering["offer"]]
+        if offering is None or not on_sale:
+            return _error(400, "InvalidCapacityBlockOfferingId.NotFound",
+                          f"The Capacity Block offering ID '{oid}' does not exist")
+        offer = self.block_offers.pop(on_sale[0])  # bought once: the block is off sale
+        tags: dict[str, str] = {}
+        for key, value in form.items():
+            spec = _TAG_SPEC.fullmatch(key)
+            if spec is None or value != "capacity-reservation":
+                continue
+            for m in range(1, 51):
+                tag = f"TagSpecification.{spec.group(1)}.Tag.{m}."
+                if tag + "Key" not in form:
+                    break
+                tags[form[tag + "Key"]] = form.get(tag + "Value", "")
+        rid = "cr-" + uuid.uuid4().hex[:17]
+        block = {
+            "zone": offer["zone"], "instance_type": offer["instance_type"],
+            "total": offer["count"], "kind": "capacity-block", "start": offering["start"],
+            "end": offering["end"], "groups": (), "tags": tags, "created": datetime.now(UTC),
+        }
+        self.capacity_reservations[rid] = block
+        blocks = (
+            f"<item><capacityBlockId>cbr-{rid[3:]}</capacityBlockId><availabilityZone>"
+            f"{block['zone']}</availabilityZone><capacityReservationIdSet><item>{rid}</item>"
+            f"</capacityReservationIdSet><startDate>{_when(block['start'])}</startDate>"
+            f"<endDate>{_when(block['end'])}</endDate><createDate>{_when(block['created'])}"
+            f"</createDate><state>{self._state(block)}</state></item>")
+        return _xml("PurchaseCapacityBlockResponse",
+                    self._reservation_xml(rid, block, region, tag="capacityReservation")
+                    + f"<capacityBlockSet>{blocks}</capacityBlockSet>")
 
     def _reservation_groups(self, form: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
         rid = form.get("CapacityReservationId", "")
@@ -542,6 +668,10 @@ def _group_xml(name: str, strategy: str, *, tag: str) -> str:
         f"<{tag}><groupName>{escape(name)}</groupName><strategy>{escape(strategy)}"
         f"</strategy><state>available</state></{tag}>"
     )
+
+
+def _when(when: datetime) -> str:
+    return when.strftime("%Y-%m-%dT%H:%M:%S.000Z")
 
 
 def _xml(root: str, inner: str) -> tuple[int, dict[str, str], bytes]:

@@ -711,126 +711,307 @@ def _job(name: str, s: Scenario, workers: int) -> Body:
 
 
 FLEX_MIG = "a3-flex"
+QUEUED = "queued-provisioning.muster.dev"
+BLOCK_FEE = "3000.00"
+"""What the tier's AWS pools may pay for a Capacity Block (maxUpfrontFee)."""
 
 
-async def _queue_on_flex_start(s: Scenario) -> dict[str, Any]:
-    """A flexStart pool over the tier's MIG (its template boots a stock kubelet, nothing of
-    Muster's), a queued-class gang of 2 asked of it with a 3600 s run, and the queue set to
-    hold it: returns its Provisioned=False/QueuedForCapacity condition."""
-    compute = s.cloud.compute
-    with compute.lock:
-        compute.grant_after_polls = None
-        compute.mig_templates[(GCP_ZONE, FLEX_MIG)] = {
-            "machineType": "a3-highgpu-8g", "labels": {"team": "ml"},
-            "metadata": {"kube-env": STOCK_KUBE_ENV}}
-    await s.setup(parameters={**s.pool_body()["spec"]["parameters"],
-                              "flexStart": {"instanceGroupManager": FLEX_MIG}})
+async def _queue_gang(s: Scenario, run_seconds: int = 3600) -> dict[str, Any]:
+    """A queued-class gang of 2 asked of a pool that queues in the cloud (GCP: a flexStart
+    pool over the tier's MIG, whose template boots a stock kubelet and nothing of Muster's;
+    AWS: a pool allowed to buy Capacity Blocks, none on sale), with a ``run_seconds`` run,
+    and the cloud set to hold it: returns its Provisioned=False/QueuedForCapacity
+    condition."""
+    if s.provider == "gcp":
+        compute = s.cloud.compute
+        with compute.lock:
+            compute.grant_after_polls = None
+            compute.mig_templates[(GCP_ZONE, FLEX_MIG)] = {
+                "machineType": "a3-highgpu-8g", "labels": {"team": "ml"},
+                "metadata": {"kube-env": STOCK_KUBE_ENV}}
+        queue: Body = {"flexStart": {"instanceGroupManager": FLEX_MIG}}
+    else:
+        with s.cloud.layer.lock:
+            s.cloud.layer.block_offers.clear()
+        queue = {"capacityBlockPurchase": {"maxUpfrontFee": BLOCK_FEE}}
+    await s.setup(parameters={**s.pool_body()["spec"]["parameters"], **queue})
     await s.kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
-        "queued", pod_sets=[("workers", 2)], namespace=s.namespace,
-        class_name="queued-provisioning.muster.dev",
-        parameters={"maxRunDurationSeconds": "3600"}), namespace=s.namespace)
+        "queued", pod_sets=[("workers", 2)], namespace=s.namespace, class_name=QUEUED,
+        parameters={"maxRunDurationSeconds": str(run_seconds)}), namespace=s.namespace)
 
     async def queued() -> dict[str, Any] | None:
         cond = await s.condition("queued", "Provisioned")
         return cond if cond and cond.get("reason") == "QueuedForCapacity" else None
 
-    return await eventually(queued, what="the gang to wait in the flex-start queue")
+    return await eventually(queued, what="the gang to wait in the cloud's queue")
+
+
+def _grant(s: Scenario) -> None:
+    """The emulated cloud lets the queued gang have its capacity: GCP's queue grants the
+    resize request; EC2 puts a Capacity Block of 2 in the pool's zone on sale."""
+    if s.provider == "gcp":
+        with s.cloud.compute.lock:
+            s.cloud.compute.grant_after_polls = 0
+    else:
+        s.cloud.layer.offer_capacity_block(
+            zone=AWS_ZONE, instance_type="p5.48xlarge", count=2, upfront_fee="2400.00")
+
+
+def _stop_granting(s: Scenario) -> None:
+    if s.provider == "gcp":
+        with s.cloud.compute.lock:
+            s.cloud.compute.grant_after_polls = None
+    else:
+        with s.cloud.layer.lock:
+            s.cloud.layer.block_offers.clear()
+
+
+def _blocks(s: Scenario) -> dict[str, dict[str, Any]]:
+    """The Capacity Blocks bought for the pool (by Muster's pool tag)."""
+    with s.cloud.layer.lock:
+        return {rid: dict(r) for rid, r in s.cloud.layer.capacity_reservations.items()
+                if r.get("tags", {}).get("muster.dev/pool") == s.pool}
 
 
 def _flex_requests(s: Scenario) -> list[dict[str, Any]]:
+    """The MIG's resize requests of this scenario's requests (their description names the
+    owning request)."""
     with s.cloud.compute.lock:
         return [dict(r) for (z, m, _), r in s.cloud.compute.resize_requests.items()
-                if (z, m) == (GCP_ZONE, FLEX_MIG)]
+                if (z, m) == (GCP_ZONE, FLEX_MIG)
+                and f" {s.namespace}/" in str(r.get("description"))]
 
 
-@pytest.mark.parametrize("scenario", ["gcp"], indirect=True)
-async def test_a_queued_gang_is_provisioned_when_the_flex_start_queue_grants_it(
+def _queued_nothing_left(s: Scenario) -> bool:
+    """No machine of the queued gang (GCP: no MIG VM, no resize request; AWS: no live
+    instance of the pool)."""
+    if s.provider == "gcp":
+        with s.cloud.compute.lock:
+            return s.cloud.compute.mig_vms(GCP_ZONE, FLEX_MIG) == [] and not _flex_requests(s)
+    return s.cloud.live_instances(s.pool) == []
+
+
+async def _queued_nodes(s: Scenario) -> list[Body]:
+    """The granted gang's 2 Nodes, registered as the pool's."""
+    if s.provider == "gcp":
+        with s.cloud.compute.lock:
+            names = s.cloud.compute.mig_vms(GCP_ZONE, FLEX_MIG)
+        ids = {f"gce://{GCP_PROJECT}/{GCP_ZONE}/{n}" for n in names}
+    else:
+        ids = {f"{PROVIDER_ID['aws']}{i}" for i in await asyncio.to_thread(s.machine_ids)}
+
+    async def adopted() -> list[Body] | None:
+        listing = await s.kube.list(NODES)
+        found = [n for n in listing.get("items") or []
+                 if (n.get("spec") or {}).get("providerID") in ids
+                 and (n["metadata"].get("labels") or {}).get(POOL_LABEL) == s.pool
+                 and UNREGISTERED_TAINT not in _taints(n)]
+        return found if len(found) == 2 else None
+
+    return await eventually(adopted, what="the granted machines registered as the pool's")
+
+
+async def test_a_queued_gang_is_provisioned_when_the_cloud_queue_grants_it(
     scenario: Scenario,
 ) -> None:
-    """GCP flex-start: a queued-class gang waits in the MIG's queue (its resize request
-    ACCEPTED, no VM) with Provisioned=False/QueuedForCapacity; when the emulated queue
-    grants it, the MIG creates the named VMs from its own template (nothing of Muster's on
-    them), which register as kubelet does, are adopted as the gang's nodes and booked.
-    Deleting the request deletes them through the MIG and leaves no resize request.
-    (AWS queues through Capacity Block purchase: not in this scenario.)"""
+    """A queued-class gang waits in the cloud's queue with Provisioned=False/QueuedForCapacity
+    (GCP: its flex-start resize request ACCEPTED, no VM; AWS: no Capacity Block of the gang on
+    sale, nothing bought). When the emulated cloud grants it (GCP: the queue grants the resize
+    request and the MIG creates the named VMs from its own template; AWS: a block goes on
+    sale, Muster buys it and launches a capacity-block fleet into it), the machines register
+    as kubelet does, are booked, and the scheduler binds the gang's pods. Deleting the request
+    leaves no machine (GCP: deleted through the MIG, no resize request left; AWS: the block
+    stays bought, as EC2 cannot cancel one, with nothing running in it)."""
     s = scenario
-    compute = s.cloud.compute
     try:
-        cond = await _queue_on_flex_start(s)
-        assert "state ACCEPTED" in cond["message"], cond
+        cond = await _queue_gang(s)
         assert "each to run 3600s once granted" in cond["message"], cond
-        with compute.lock:
-            [rr] = [r for (z, m, _), r in compute.resize_requests.items()
-                    if (z, m) == (GCP_ZONE, FLEX_MIG)]
+        if s.provider == "gcp":
+            assert "state ACCEPTED" in cond["message"], cond
+            [rr] = _flex_requests(s)
             names = [i["name"] for i in rr["instances"]]
-            assert compute.mig_vms(GCP_ZONE, FLEX_MIG) == []
-        assert rr["requestedRunDuration"] == {"seconds": "3600"} and len(names) == 2
+            assert rr["requestedRunDuration"] == {"seconds": "3600"} and len(names) == 2
+            with s.cloud.compute.lock:
+                assert s.cloud.compute.mig_vms(GCP_ZONE, FLEX_MIG) == []
+        else:
+            assert "state no-offering" in cond["message"], cond
+            assert f"at or under {BLOCK_FEE}" in cond["message"], cond
+            assert "DescribeCapacityBlockOfferings" in s.cloud.layer.actions
+            assert _blocks(s) == {} and await asyncio.to_thread(s.machines) == []
 
-        with compute.lock:
-            compute.grant_after_polls = 0
+        _grant(s)
         await s.wait_condition("queued", "Provisioned", within=60)
-        with compute.lock:
-            assert compute.mig_vms(GCP_ZONE, FLEX_MIG) == sorted(names)
-        # Only the MIG's VMs: no VM of Muster's own (labelled with the pool) was inserted.
-        assert await asyncio.to_thread(s.machines) == []
-        ids = {f"gce://{GCP_PROJECT}/{GCP_ZONE}/{n}" for n in names}
-
-        async def adopted() -> list[Body] | None:
-            listing = await s.kube.list(NODES)
-            found = [n for n in listing.get("items") or []
-                     if (n.get("spec") or {}).get("providerID") in ids
-                     and (n["metadata"].get("labels") or {}).get(POOL_LABEL) == s.pool]
-            return found if len(found) == 2 else None
-
-        nodes = await eventually(adopted, what="the granted VMs registered as the pool's")
+        nodes = await _queued_nodes(s)
         for node in nodes:
             labels = node["metadata"]["labels"]
             assert labels[RUN_LABEL] == s.run, "the pool's nodeTemplate labels were applied"
-            assert labels[ZONE] == GCP_ZONE
-        assert {n["metadata"]["name"] for n in nodes} == set(names)
+            assert labels[ZONE] == (GCP_ZONE if s.provider == "gcp" else AWS_ZONE)
+        ids = {n["spec"]["providerID"].rsplit("/", 1)[-1] for n in nodes}
+        if s.provider == "gcp":
+            with s.cloud.compute.lock:
+                assert s.cloud.compute.mig_vms(GCP_ZONE, FLEX_MIG) == sorted(names)
+            # Only the MIG's VMs: no VM of Muster's own (labelled with the pool) was inserted.
+            assert await asyncio.to_thread(s.machines) == []
+            assert {n["metadata"]["name"] for n in nodes} == set(names)
+        else:
+            [(rid, block)] = _blocks(s).items()
+            assert block["kind"] == "capacity-block" and block["total"] == 2
+            assert block["tags"].get("muster.dev/key"), block["tags"]
+            assert {s.cloud.layer.reserved_in.get(i) for i in ids} == {rid}, (
+                "the gang was launched into the block it bought")
+            assert s.cloud.layer.actions.count("PurchaseCapacityBlock") >= 1
+        await s.pods_for("queued", 2)
+        bound = await eventually(lambda: _bound_all(s, 2), what="the scheduler to bind 2 pods")
+        assert set(bound.values()) == {n["metadata"]["name"] for n in nodes}
 
+        # The job is done: its pods and the request go, so the nodes are idle and released.
+        for pod in bound:
+            await s.kube.delete(PODS, pod, namespace=s.namespace)
         await s.kube.delete(PROVISIONING_REQUESTS, "queued", namespace=s.namespace)
 
-        def nothing_left() -> bool:
-            with compute.lock:
-                return (compute.mig_vms(GCP_ZONE, FLEX_MIG) == []
-                        and not any((z, m) == (GCP_ZONE, FLEX_MIG)
-                                    for z, m, _ in compute.resize_requests))
-
         async def gone() -> bool:
-            return await asyncio.to_thread(nothing_left)
+            return await asyncio.to_thread(_queued_nothing_left, s)
 
-        await eventually(gone, what="the MIG's VMs and the resize request to go")
-        with compute.lock:
-            assert compute.calls("delete_mig_instances"), "deleted through the MIG"
+        await eventually(gone, what="the gang's machines to go")
+        if s.provider == "gcp":
+            with s.cloud.compute.lock:
+                assert s.cloud.compute.calls("delete_mig_instances"), "deleted through the MIG"
+        else:
+            [(rid, block)] = _blocks(s).items()
+            [found] = (await asyncio.to_thread(
+                s.cloud.ec2.describe_capacity_reservations, CapacityReservationIds=[rid]
+            ))["CapacityReservations"]
+            assert (found["State"], found["AvailableInstanceCount"]) == ("active", 2), found
     finally:
-        with compute.lock:
-            compute.grant_after_polls = None
+        _stop_granting(s)
 
 
-@pytest.mark.parametrize("scenario", ["gcp"], indirect=True)
-async def test_deleting_the_pool_of_a_queued_gang_cancels_its_resize_request(
+async def test_a_queued_request_deleted_while_it_waits_leaves_nothing_in_the_cloud(
     scenario: Scenario,
 ) -> None:
-    """The flexStart pool is deleted while its gang waits in the MIG's queue: the resize
-    request is cancelled and deleted, the request fails CapacityPoolDeleted, and the pool
-    goes (Muster's finalizer held it for the cancel); nothing is left in the MIG."""
+    """A queued-class gang waiting in the cloud's queue is deleted (Kueue withdrawing it, a
+    user cancelling): the request goes, and the cloud holds nothing of it (GCP: the resize
+    request is cancelled and deleted, no VM; AWS: no block bought, no instance). Capacity
+    offered afterwards is not taken for it (GCP: a grant finds no request; AWS: a block put
+    on sale is not bought)."""
     s = scenario
-    await _queue_on_flex_start(s)
-    [rr] = _flex_requests(s)
-    assert rr["state"] == "ACCEPTED"
+    try:
+        await _queue_gang(s)
+        if s.provider == "gcp":
+            assert [r["state"] for r in _flex_requests(s)] == ["ACCEPTED"]
+        purchases = s.cloud.layer.actions.count("PurchaseCapacityBlock")
+        await s.kube.delete(PROVISIONING_REQUESTS, "queued", namespace=s.namespace)
 
-    await s.kube.delete(CAPACITY_POOLS, s.pool)
-    failed = await s.wait_condition("queued", "Failed")
-    assert failed["reason"] == "CapacityPoolDeleted", failed
-    assert f"CapacityPool {s.pool} was deleted while the gang waited" in failed["message"]
+        async def request_gone() -> bool:
+            return await s.kube.get_or_none(
+                PROVISIONING_REQUESTS, "queued", namespace=s.namespace) is None
 
-    async def pool_gone() -> bool:
-        return await s.kube.get_or_none(CAPACITY_POOLS, s.pool) is None
+        await eventually(request_gone, what="the request to go (its finalizer let go)")
+        if s.provider == "gcp":
+            with s.cloud.compute.lock:
+                assert [c.path.rsplit("/", 1)[-1] for c in
+                        s.cloud.compute.calls("cancel_resize_request")][-1:] == ["cancel"]
+        assert await asyncio.to_thread(_queued_nothing_left, s)
+        _grant(s)
+        await asyncio.sleep(3)  # six of the tier's queue polls
+        assert await asyncio.to_thread(_queued_nothing_left, s)
+        assert await asyncio.to_thread(s.machines) == []
+        if s.provider == "aws":
+            assert s.cloud.layer.actions.count("PurchaseCapacityBlock") == purchases
+            assert _blocks(s) == {}, "nothing was bought for the deleted request"
+    finally:
+        _stop_granting(s)
 
-    await eventually(pool_gone, what="the pool to go once its queue holds nothing")
-    assert await asyncio.to_thread(_flex_requests, s) == []
-    with s.cloud.compute.lock:
-        assert [c.path.rsplit("/", 1)[-1] for c in
-                s.cloud.compute.calls("cancel_resize_request")][-1:] == ["cancel"]
-        assert s.cloud.compute.mig_vms(GCP_ZONE, FLEX_MIG) == []
+
+async def test_deleting_the_pool_of_a_queued_gang_cancels_its_queued_request(
+    scenario: Scenario,
+) -> None:
+    """The pool is deleted while its gang waits in the cloud's queue (GCP: its resize request
+    ACCEPTED; AWS: a Capacity Block bought for it that starts later, scheduled): the request
+    fails CapacityPoolDeleted saying what the cloud did, and the pool goes (Muster's
+    finalizer held it for the cancel). GCP: the resize request is cancelled and deleted,
+    nothing is left in the MIG. AWS: EC2 cannot cancel a bought block; it stays, the
+    message says so, and nothing was launched."""
+    s = scenario
+    try:
+        await _queue_gang(s)
+        if s.provider == "gcp":
+            [rr] = _flex_requests(s)
+            assert rr["state"] == "ACCEPTED"
+        else:
+            s.cloud.layer.offer_capacity_block(
+                zone=AWS_ZONE, instance_type="p5.48xlarge", count=2, upfront_fee="2400.00",
+                start=datetime.now(UTC) + timedelta(hours=2))
+
+            async def scheduled() -> dict[str, Any] | None:
+                cond = await s.condition("queued", "Provisioned")
+                text = str((cond or {}).get("message"))
+                return cond if "state scheduled, the cloud expects it by" in text else None
+
+            await eventually(scheduled, what="the bought block to be scheduled")
+            [(rid, block)] = _blocks(s).items()
+
+        await s.kube.delete(CAPACITY_POOLS, s.pool)
+        failed = await s.wait_condition("queued", "Failed")
+        assert failed["reason"] == "CapacityPoolDeleted", failed
+        assert f"CapacityPool {s.pool} was deleted while the gang waited" in failed["message"]
+        if s.provider == "gcp":
+            assert f"resize request {rr['name']} of instance group manager {FLEX_MIG} " \
+                "cancelled and deleted" in failed["message"], failed
+            assert "taken out of the queue" not in failed["message"]
+        else:
+            assert f"Capacity Block {rid} was already bought and cannot be cancelled: it " \
+                "stays reserved (and paid) until" in failed["message"], failed
+
+        async def pool_gone() -> bool:
+            return await s.kube.get_or_none(CAPACITY_POOLS, s.pool) is None
+
+        await eventually(pool_gone, what="the pool to go once its queue holds nothing")
+        assert await asyncio.to_thread(_queued_nothing_left, s)
+        if s.provider == "gcp":
+            with s.cloud.compute.lock:
+                assert [c.path.rsplit("/", 1)[-1] for c in
+                        s.cloud.compute.calls("cancel_resize_request")][-1:] == ["cancel"]
+        else:
+            assert _blocks(s) == {rid: block}, "the block stays: EC2 has no cancel"
+    finally:
+        _stop_granting(s)
+
+
+async def test_the_run_duration_ends_the_booking_and_the_machines_go(
+    scenario: Scenario,
+) -> None:
+    """A gang with maxRunDurationSeconds 12: provisioned, and 12 s later the booking ends
+    CapacityRevoked/RunDurationExpired and its machines are terminated, though its request
+    still exists. AWS: a queued gang in the Capacity Block it bought (the block stays, as
+    EC2 keeps it to its end). GCP: an atomic gang on the on-demand pool, since a flex-start
+    run lasts at least 600 s (Compute's bound) and the MIG, not Muster, would end it."""
+    s = scenario
+    try:
+        if s.provider == "aws":
+            await _queue_gang(s, run_seconds=12)
+            _grant(s)
+            request = "queued"
+        else:
+            await s.setup()
+            await s.kube.create(PROVISIONING_REQUESTS, objects.provisioning_request(
+                "gang", pod_sets=[("workers", 2)], namespace=s.namespace,
+                parameters={"maxRunDurationSeconds": "12"}), namespace=s.namespace)
+            request = "gang"
+        nodes = await _provisioned_on(s, request, 2)
+        ids = {n["spec"]["providerID"].rsplit("/", 1)[-1] for n in nodes}
+        if s.provider == "aws":
+            [(rid, _)] = _blocks(s).items()
+            assert {s.cloud.layer.reserved_in.get(i) for i in ids} == {rid}
+        revoked = await s.wait_condition(request, "CapacityRevoked", within=40)
+        assert revoked["reason"] == "RunDurationExpired", revoked
+        assert "12s after the capacity was provisioned" in revoked["message"], revoked
+
+        async def terminated() -> bool:
+            return not (await asyncio.to_thread(s.machine_ids)) & ids
+
+        await eventually(terminated, within=40, what="the run's machines to be terminated")
+        assert await s.kube.get_or_none(
+            PROVISIONING_REQUESTS, request, namespace=s.namespace) is not None
+    finally:
+        _stop_granting(s)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -264,6 +265,61 @@ async def test_a_capacity_block_serves_only_inside_its_window(reserved: Endpoint
     with pytest.raises(CapacityUnavailable):
         await ep.provider().acquire(later)
     assert len(ep.live()) == 4, "nothing launched before the block's start"
+
+
+async def test_a_capacity_block_is_bought_from_an_offering_and_launched_into(
+    reserved: Endpoint,
+) -> None:
+    """The provider's queued path over HTTP: no block of the gang on sale, then one that
+    is: Muster buys it (tagged with the key), launches a capacity-block fleet into it, and a
+    cancel says the block stays; the offering is bought once."""
+    from botocore.exceptions import ClientError
+
+    from providers.base import GRANTED, QUEUED
+
+    ep = reserved
+    ep.layer.stock[AWS_ZONE] = 0  # only the bought block can serve the gang
+    buy = {"capacityBlockPurchase": {"maxUpfrontFee": "3000"}}
+    request = ep.request("uid-cb1", 2, **buy)
+    provider = ep.provider()
+    try:
+        waiting = await provider.enqueue(request, 7200)
+        assert (waiting.outcome, waiting.state) == (QUEUED, "no-offering")
+        assert "for 24 h" in waiting.error
+        ep.layer.offer_capacity_block(zone=AWS_ZONE, instance_type="p5.48xlarge", count=3,
+                                      upfront_fee="100")  # not the gang's count
+        ep.layer.offer_capacity_block(zone=AWS_ZONE, instance_type="p5.48xlarge", count=2,
+                                      upfront_fee="9000")  # over maxUpfrontFee
+        assert (await provider.enqueue(request, 7200)).state == "no-offering"
+        ep.layer.offer_capacity_block(zone=AWS_ZONE, instance_type="p5.48xlarge", count=2,
+                                      upfront_fee="2400")
+        bought = await provider.enqueue(request, 7200)
+        assert bought.outcome == GRANTED and bought.state == "active"
+        block = ep.layer.capacity_reservations[bought.name]
+        assert (block["kind"], block["total"]) == ("capacity-block", 2)
+        assert block["tags"]["muster.dev/key"] == request.key
+        assert block["end"] - block["start"] == timedelta(hours=24)
+        assert [o["fee"] for o in ep.layer.block_offers] == ["100", "9000"], "off sale"
+        again = await provider.enqueue(request, 7200)
+        assert again.name == bought.name, "found by its tags, not bought twice"
+
+        nodes = await provider.acquire(request)
+        assert {ep.layer.reserved_in[n.provider_id.rsplit("/", 1)[1]] for n in nodes} == {
+            bought.name}
+        said = await provider.cancel_queued(request.pool, request.key)
+        assert said is not None and f"Capacity Block {bought.name} was already bought" in said
+
+        offered = ep.ec2.describe_capacity_block_offerings(
+            InstanceType="p5.48xlarge", InstanceCount=2, CapacityDurationHours=24)
+        assert [o["UpfrontFee"] for o in offered["CapacityBlockOfferings"]] == ["9000"]
+        with pytest.raises(ClientError, match="InvalidParameterValue"):
+            ep.ec2.describe_capacity_block_offerings(
+                InstanceType="p5.48xlarge", InstanceCount=2, CapacityDurationHours=30)
+        with pytest.raises(ClientError, match=r"InvalidCapacityBlockOfferingId\.NotFound"):
+            ep.ec2.purchase_capacity_block(CapacityBlockOfferingId="cb-0123456789abcdef0",
+                                           InstancePlatform="Linux/UNIX")
+    finally:
+        ep.layer.block_offers.clear()
 
 
 async def test_a_resource_group_s_reservations_are_read_and_launched_into(

@@ -150,10 +150,12 @@ async def test_cancelling_says_the_block_stays_and_a_launch_waits_for_an_active_
     provider, stubber = stubbed
     r = request(capacityBlockPurchase=BUY)
     no_block_yet(stubber, block("scheduled"))
-    assert await provider.cancel_queued(r.pool, r.key) is True
+    said = await provider.cancel_queued(r.pool, r.key)
+    assert said is not None and "was already bought and cannot be cancelled" in said
+    assert "stays reserved (and paid) until" in said
     assert "cannot be cancelled" in caplog.text
     no_block_yet(stubber)
-    assert await provider.cancel_queued(r.pool, r.key) is False
+    assert await provider.cancel_queued(r.pool, r.key) is None
 
     no_block_yet(stubber, block("scheduled"))
     with pytest.raises(CapacityUnavailable, match="launch only into an active one"):

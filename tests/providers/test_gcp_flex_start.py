@@ -50,12 +50,13 @@ async def test_a_gang_waits_in_the_queue_all_or_nothing_then_is_granted(
 async def test_a_cancelled_request_leaves_nothing(gcp_fake: GcpFake) -> None:
     provider, r = gcp_fake.provider(), req(gcp_fake)
     await provider.enqueue(r, 3600)
-    assert await provider.cancel_queued(r.pool, r.key) is True
+    said = await provider.cancel_queued(r.pool, r.key)
+    assert said is not None and said.endswith("cancelled and deleted"), said
     assert gcp_fake.fake.resize_requests == {}
     assert [c.path.rsplit("/", 1)[-1] for c in gcp_fake.fake.calls("cancel_resize_request")] \
         == ["cancel"]
     assert await provider.queued(r.pool, r.key) is None
-    assert await provider.cancel_queued(r.pool, r.key) is False
+    assert await provider.cancel_queued(r.pool, r.key) is None
     assert gcp_fake.fake.all_instances() == []
 
 
@@ -63,7 +64,8 @@ async def test_a_granted_request_is_deleted_without_a_cancel(gcp_fake: GcpFake) 
     provider, r = gcp_fake.provider(), req(gcp_fake, 2)
     queued = await provider.enqueue(r, 3600)
     gcp_fake.fake.grant(GCP_ZONE, MIG, queued.name)
-    assert await provider.cancel_queued(r.pool, r.key) is True
+    said = await provider.cancel_queued(r.pool, r.key)
+    assert said is not None and said.endswith("deleted (it was SUCCEEDED)"), said
     assert gcp_fake.fake.calls("cancel_resize_request") == []
     assert gcp_fake.fake.resize_requests == {}
 

@@ -315,7 +315,7 @@ async def test_deleting_the_pool_of_a_queued_gang_cancels_it_before_the_pool_goe
     failed = await _until(lambda: _condition(kube, "orphaned", "Failed"))
     assert failed["reason"] == "CapacityPoolDeleted"
     assert "CapacityPool gpu was deleted while the gang waited" in failed["message"]
-    assert key in failed["message"]
+    assert f"{key}: queued request queue/{key} was taken out of the queue" in failed["message"]
     assert _ops(provider, "cancel") == [key]
     assert await provider.queued(pool, key) is None
 
