@@ -38,7 +38,7 @@ import pytest
 
 from controller.commands import objects
 from controller.common.topology_defaults import DEFAULT_LEVELS, HOSTNAME, MUSTER_REQUIRED
-from controller.config import CHECK_CAPACITY_CLASS
+from controller.config import CHECK_CAPACITY_CLASS, QUEUED_CLASS
 from controller.inputs.tas_slices import SLICE_REQUIRED, SLICE_SIZE
 from controller.kube import Body, whole_listing
 from controller.kube.client import WatchEvent
@@ -68,6 +68,7 @@ from controller.kueue.resources import (
     TOPOLOGIES,
     WORKLOADS,
 )
+from controller.lifecycle import QUEUED_THROUGH_ANNOTATION
 from e2e.conftest import Env, eventually
 
 JOBS = Resource("batch", "v1", "jobs", namespaced=True, kind="Job")
@@ -95,20 +96,20 @@ async def _create(env: Env, res: Resource, body: Body) -> Body:
 async def path_a_wiring(
     env: Env, *, tas: bool = True, parameters: dict[str, str] | None = None,
     rack_selector: bool = True, pool_parameters: dict[str, Any] | None = None,
-    nodes_per_rack: int = 4,
+    nodes_per_rack: int = 4, class_name: str = ATOMIC,
 ) -> dict[str, str]:
     """A CapacityPool (three racks of ``nodes_per_rack``), Topology, flavor,
     ProvisioningRequestConfig, AdmissionCheck, ClusterQueue and LocalQueue for this run; the
     flavor's nodeLabels pin every pod to this run's nodes. ``parameters``: the
     ProvisioningRequestConfig's; ``rack_selector``: its podSetUpdates copy the rack from
-    provisioningClassDetails into a nodeSelector."""
+    provisioningClassDetails into a nodeSelector; ``class_name``: the class it names."""
     pool = await env.gpu_pool(blocks=1, racks_per_block=3, nodes_per_rack=nodes_per_rack,
                               parameters=pool_parameters)
     names = {k: env.name(k) for k in ("config", "check", "cq")}
     names.update(await _flavor(env, tas=tas))
     names["pool"] = pool
     prc: Body = {
-        "provisioningClassName": ATOMIC,
+        "provisioningClassName": class_name,
         "managedResources": [objects.GPU],
         "retryStrategy": {"backoffLimitCount": 2, "backoffBaseSeconds": 1,
                           "backoffMaxSeconds": 4},
@@ -331,6 +332,42 @@ async def test_path_a_job_to_pods_bound_in_the_provisioned_rack(env: Env) -> Non
     # No other node was bought (the gang's own may be released already: its pods are done).
     existing = await env.kube.list(NODES, label_selector=f"e2e.muster.dev/run={env.run}")
     assert {n["metadata"]["name"] for n in existing["items"]} <= set(pool_nodes)
+
+
+async def test_path_a_a_config_naming_the_queued_class_runs_the_gang_through_the_queue(
+    env: Env,
+) -> None:
+    """A ProvisioningRequestConfig naming ``queued-provisioning.muster.dev`` (and a run
+    duration, which Kueue forwards as a parameter): Kueue's request waits in the pool's cloud
+    queue (the fake cloud's, which grants a gang whole once its stock holds it), is
+    provisioned, and Kueue admits the Job onto the granted nodes."""
+    _real_kueue(env)
+    names = await path_a_wiring(env, class_name=QUEUED_CLASS, pool_parameters={"queue": True},
+                                parameters={"maxRunDurationSeconds": "3600"})
+    await env.kube.create(JOBS, gang_job("queued", env.namespace, 2), namespace=env.namespace)
+
+    wl = await eventually(lambda: _workload_of(env, "queued"), what="Kueue's Workload")
+    wl_name = wl["metadata"]["name"]
+    pr = await eventually(lambda: _kueue_request(env, wl_name, names["check"]), within=30,
+                          what="Kueue's ProvisioningRequest")
+    assert pr["spec"]["provisioningClassName"] == QUEUED_CLASS
+    assert pr["spec"]["parameters"]["maxRunDurationSeconds"] == "3600"
+
+    pr = await eventually(lambda: _provisioned(env, pr["metadata"]["name"]), within=60,
+                          what="Muster to provision Kueue's queued request")
+    # It went through the cloud's queue: Muster recorded where each group was queued.
+    assert QUEUED_THROUGH_ANNOTATION in pr["metadata"]["annotations"], pr["metadata"]
+    rack = pr["status"]["provisioningClassDetails"][objects.RACK]
+    await eventually(lambda: _admitted(env, wl_name), within=60,
+                     what=f"Kueue to admit {wl_name}")
+    pods = await eventually(lambda: _bound_pods(env, "queued", 2), within=60,
+                            what="the scheduler to bind both pods")
+    pool_nodes = {n["metadata"]["name"]: n for n in await env.pool_nodes(names["pool"])}
+    assert len(pool_nodes) == 2, f"Muster acquired {sorted(pool_nodes)} for a gang of 2"
+    for pod in pods:
+        node = pod["spec"]["nodeName"]
+        assert node in pool_nodes, f"{pod['metadata']['name']} ran on {node}, not Muster's"
+        assert pool_nodes[node]["metadata"]["labels"][objects.RACK] == rack
 
 
 async def test_path_a_parameters_from_the_config_and_the_job_are_accepted(env: Env) -> None:

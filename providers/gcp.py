@@ -616,9 +616,11 @@ class GcpProvider(AtomicProvider[Any]):
                             since=got.creation_timestamp, error="; ".join(errors))
 
     async def cancel_queued(self, pool: CapacityPool, key: str) -> str | None:
-        """Take the key's request out of Compute's queue and delete it (cancel only works
-        while ACCEPTED; a SUCCEEDED request's VMs are the MIG's to delete, by release).
-        None when there was none."""
+        """Take the key's request out of Compute's queue and delete it, and delete the VMs a
+        grant already made (by name, through the MIG). Cancel works only while ACCEPTED and
+        a request is deleted only once it is no longer ACCEPTED or CREATING: one granted
+        meanwhile is read again, and one still CREATING (its VMs being made) is a refusal to
+        try again later, never reported as done. None when there was none."""
         params, flex = self._flex(pool)
         found = await self.queued(pool, key)
         if found is None:
@@ -627,25 +629,39 @@ class GcpProvider(AtomicProvider[Any]):
         where = {"project": params.project, "zone": params.zone,
                  "instance_group_manager": flex.instance_group_manager,
                  "resize_request": found.name}
-        if found.state == "ACCEPTED":
-            await self._calls.call(
+        state, cancelled = found.state, False
+        if state == "ACCEPTED":
+            got = await self._calls.call(
                 clients.resize_requests.cancel_unary,
                 what="instanceGroupManagerResizeRequests.cancel",
                 timeout=self.settings.request_timeout_seconds,
-                expect={400, 404},  # granted or gone meanwhile
+                expect={400, 404},  # granted or gone meanwhile: read again
                 **where,
             )
-        await self._calls.call(
+            if isinstance(got, ExpectedStatus):
+                again = await self.queued(pool, key)
+                if again is None:
+                    return None
+                state = again.state
+            else:
+                state, cancelled = "CANCELLED", True
+        if state in ("ACCEPTED", "CREATING"):
+            raise TransientProviderError(
+                f"resize request {found.name} of instance group manager "
+                f"{flex.instance_group_manager} is {state}: it can be neither cancelled nor "
+                "deleted while its VMs are being made; trying again")
+        got = await self._calls.call(
             clients.resize_requests.delete_unary,
             what="instanceGroupManagerResizeRequests.delete",
             timeout=self.settings.request_timeout_seconds,
-            expect={400, 404},
+            expect={404},
             **where,
         )
-        done = "cancelled and deleted" if found.state == "ACCEPTED" else (
-            f"deleted (it was {found.state})")
+        vms = 0 if cancelled else await self._flex_delete_members(clients, params, pool, key, ())
+        done = "cancelled and deleted" if cancelled else f"deleted (it was {state})"
+        made = f", and the {vms} VM(s) it had made deleted through the MIG" if vms else ""
         return (f"resize request {found.name} of instance group manager "
-                f"{flex.instance_group_manager} {done}")
+                f"{flex.instance_group_manager} {done}{made}")
 
     async def reservations(self, pool: CapacityPool) -> list[ReservationFigures]:
         """The cloud's own figures of the pool's named reservation (reservations.get), or
@@ -812,6 +828,14 @@ class GcpProvider(AtomicProvider[Any]):
                            pool: CapacityPool, key: str, known: Sequence[Any]) -> int:
         """Delete the key's VMs through the MIG (which lowers its target size; a plain
         instance delete would be refilled), then the key's resize request."""
+        deleted = await self._flex_delete_members(clients, params, pool, key, known)
+        await self.cancel_queued(pool, key)
+        return deleted
+
+    async def _flex_delete_members(self, clients: GcpClients, params: GcpPoolParameters,
+                                   pool: CapacityPool, key: str, known: Sequence[Any]) -> int:
+        """Delete the key's VMs (found by name in the MIG, plus ``known``) through the MIG;
+        how many."""
         from google.cloud import compute_v1
 
         assert params.flex_start is not None
@@ -839,7 +863,6 @@ class GcpProvider(AtomicProvider[Any]):
             if not isinstance(operation, ExpectedStatus):
                 await self._wait_zone(clients, params, operation,
                                       what="instanceGroupManagers.deleteInstances")
-        await self.cancel_queued(pool, key)
         return len(names)
 
     async def to_nodes(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from controller.acquire.keys import acquisition_key
-from providers.base import AcquireRequest, ProviderConfigError
+from providers.base import AcquireRequest, ProviderConfigError, TransientProviderError
 from providers.gcp import flex_instance_names, resize_request_name
 from tests.providers.conftest import GCP_ZONE, ZONE_LABEL, GcpFake
 
@@ -64,10 +64,32 @@ async def test_a_granted_request_is_deleted_without_a_cancel(gcp_fake: GcpFake) 
     provider, r = gcp_fake.provider(), req(gcp_fake, 2)
     queued = await provider.enqueue(r, 3600)
     gcp_fake.fake.grant(GCP_ZONE, MIG, queued.name)
+    assert len(gcp_fake.fake.mig_vms(GCP_ZONE, MIG)) == 2
     said = await provider.cancel_queued(r.pool, r.key)
-    assert said is not None and said.endswith("deleted (it was SUCCEEDED)"), said
+    assert said is not None and said.endswith(
+        "deleted (it was SUCCEEDED), and the 2 VM(s) it had made deleted through the MIG"), said
     assert gcp_fake.fake.calls("cancel_resize_request") == []
     assert gcp_fake.fake.resize_requests == {}
+    # What the grant made goes with it: nothing is left that no request names any more.
+    assert gcp_fake.fake.mig_vms(GCP_ZONE, MIG) == []
+
+
+async def test_a_request_whose_vms_are_being_made_is_not_reported_cancelled(
+    gcp_fake: GcpFake,
+) -> None:
+    """CREATING can be neither cancelled nor deleted: the cancel is refused (to be tried
+    again), the request stays, and the next try deletes it and the VMs it made."""
+    provider, r = gcp_fake.provider(), req(gcp_fake, 2)
+    queued = await provider.enqueue(r, 3600)
+    gcp_fake.fake.resize_requests[(GCP_ZONE, MIG, queued.name)]["state"] = "CREATING"
+    with pytest.raises(TransientProviderError, match="CREATING"):
+        await provider.cancel_queued(r.pool, r.key)
+    assert len(gcp_fake.fake.resize_requests) == 1
+    gcp_fake.fake.grant(GCP_ZONE, MIG, queued.name)
+    said = await provider.cancel_queued(r.pool, r.key)
+    assert said is not None and "2 VM(s) it had made deleted" in said, said
+    assert gcp_fake.fake.resize_requests == {}
+    assert gcp_fake.fake.mig_vms(GCP_ZONE, MIG) == []
 
 
 @pytest.mark.parametrize("seconds", [0, 599, 7 * 24 * 3600 + 1])
