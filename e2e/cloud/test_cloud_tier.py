@@ -860,7 +860,7 @@ async def test_a_queued_gang_is_provisioned_when_the_cloud_queue_grants_it(
             with s.cloud.compute.lock:
                 assert s.cloud.compute.mig_vms(GCP_ZONE, FLEX_MIG) == sorted(names)
             # Only the MIG's VMs: no VM of Muster's own (labelled with the pool) was inserted.
-            assert await asyncio.to_thread(s.machines) == []
+            assert await asyncio.to_thread(s.cloud.live_vms, s.pool) == []
             assert {n["metadata"]["name"] for n in nodes} == set(names)
         else:
             [(rid, block)] = _blocks(s).items()
