@@ -102,7 +102,9 @@ async def test_a_gang_no_rack_holds_waits_then_takes_one_block(
     assert details[RELAXED_DETAIL].startswith("workers=one block b"), details
     assert details["muster.dev/topology-level"] == objects.BLOCK
     # Two racks of one block, 2 nodes each.
-    groups = controller.state.objects.request("ns/relaxing").booking.groups  # type: ignore[union-attr]
+    record = controller.state.objects.request("ns/relaxing")
+    assert record is not None and record.booking is not None, "the request holds a booking"
+    groups = record.booking.groups
     assert sorted(g.count for g in groups) == [2, 2]
     assert len({g.domain[objects.BLOCK] for g in groups}) == 1
 
