@@ -33,7 +33,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
@@ -279,16 +279,22 @@ def block_hours(run_seconds: int | None, default_hours: int) -> int:
     return days * 24
 
 
+BLOCK_TERMINATION_LEAD = timedelta(minutes=30)
+"""EC2 begins terminating a Capacity Block's instances 30 minutes before the block ends."""
+
+
 def _block_status(found: Mapping[str, Any]) -> QueuedStatus:
     state = str(found.get("State") or "")
     outcome = GRANTED if state == "active" else QUEUED if state in BLOCK_WAITING else ENDED
     start = found.get("StartDate")
     created = found.get("CreateDate")
+    end = found.get("EndDate")
     return QueuedStatus(
         name=str(found.get("CapacityReservationId") or ""), state=state, outcome=outcome,
         since=created.isoformat() if isinstance(created, datetime) else "",
         estimate=start.isoformat() if isinstance(start, datetime) and outcome == QUEUED
-        else "")
+        else "",
+        ends=(end - BLOCK_TERMINATION_LEAD).isoformat() if isinstance(end, datetime) else "")
 
 
 def parse_parameters(pool: CapacityPool) -> AwsPoolParameters:
@@ -523,11 +529,14 @@ class AwsProvider(AtomicProvider[Instance]):
     def queues(self, pool: CapacityPool) -> bool:
         return parse_parameters(pool).capacity_block_purchase is not None
 
-    async def enqueue(self, request: AcquireRequest, run_seconds: int | None) -> QueuedStatus:
+    async def enqueue(self, request: AcquireRequest, run_seconds: int | None, *,
+                      ready_within: float) -> QueuedStatus:
         """The key's Capacity Block, bought now if an offering of the whole gang in the
         request's zone costs at most ``maxUpfrontFee``; else a status saying none is offered
         yet (the next poll looks again). Idempotent: the block carries the key's tags and is
-        found before anything is bought."""
+        found before anything is bought. The block is sized for ``run_seconds`` alone
+        (whole days: adding ``ready_within`` would buy a day more for a run of whole days);
+        its status's ``ends`` bounds Muster's run instead."""
         self.check(request)
         params = parse_parameters(request.pool)
         buy = params.capacity_block_purchase

@@ -77,6 +77,11 @@ class QueuedStatus:
     estimate: str = ""
     """When the cloud expects to grant it, where it says (RFC 3339), else empty."""
     error: str = ""
+    ends: str = ""
+    """When the cloud takes granted machines back whatever Muster does (RFC 3339: an AWS
+    Capacity Block's end less the 30 minutes EC2 takes to terminate its instances), where
+    the cloud fixes it in advance, else empty. Muster ends the run by then itself, so the
+    booking says why the nodes go."""
 
 
 class ProviderError(Exception):
@@ -163,9 +168,14 @@ class CapacityQueue(Protocol):
     def queues(self, pool: CapacityPool) -> bool:
         """Whether ``pool``'s parameters name a queue (else Muster queues on its own)."""
 
-    async def enqueue(self, request: AcquireRequest, run_seconds: int | None) -> QueuedStatus:
-        """Queue ``request.count`` nodes under ``request.key`` to run ``run_seconds`` (None:
-        the cloud's longest); idempotent per key."""
+    async def enqueue(self, request: AcquireRequest, run_seconds: int | None, *,
+                      ready_within: float) -> QueuedStatus:
+        """Queue ``request.count`` nodes under ``request.key`` to run ``run_seconds`` once
+        Ready (None: the cloud's longest); idempotent per key. ``ready_within`` is how long
+        the machines may take from their creation to Ready (the registration budget): Muster
+        counts the run from Provisioned, so a cloud whose run clock starts when it creates
+        the machines is asked for that much more, and Muster's own end of the run comes
+        first."""
 
     async def queued(self, pool: CapacityPool, key: str) -> QueuedStatus | None:
         """The key's queued request, or None when there is none."""

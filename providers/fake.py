@@ -35,7 +35,7 @@ import random
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from controller.api.capacitypool import CapacityPool
@@ -119,8 +119,13 @@ class _Queued:
 
     request: AcquireRequest
     run_seconds: int | None
+    ready_within: float
     since: datetime
     granted: bool = False
+    ends: datetime | None = None
+    """Once granted with a run bound: the end the fake cloud reports, as GCP's MIG would
+    delete the VMs ``requestedRunDuration`` after it creates them (the run plus the
+    registration budget Muster gave). The fake reports it; it does not delete the nodes."""
 
 
 @dataclass(slots=True)
@@ -272,13 +277,14 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
         pool's stock holds all of it, then gets every node at once (all or nothing)."""
         return pool.spec.parameters.get("queue") is True
 
-    async def enqueue(self, request: AcquireRequest, run_seconds: int | None) -> QueuedStatus:
+    async def enqueue(self, request: AcquireRequest, run_seconds: int | None, *,
+                      ready_within: float) -> QueuedStatus:
         pool = request.pool
         if not self.queues(pool):
             raise ProviderConfigError(f"pool {pool.metadata.name}: parameters.queue is not set")
         slot = (pool.metadata.name, request.key)
         if slot not in self._queue:
-            self._queue[slot] = _Queued(request, run_seconds, self._now())
+            self._queue[slot] = _Queued(request, run_seconds, ready_within, self._now())
             self._record("enqueue", request, "queued")
         found = await self.queued(pool, request.key)
         assert found is not None
@@ -296,6 +302,7 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
             name=f"queue/{key}", state="GRANTED" if entry.granted else "WAITING",
             outcome=GRANTED if entry.granted else QUEUED,
             since=entry.since.isoformat().replace("+00:00", "Z"),
+            ends=entry.ends.isoformat().replace("+00:00", "Z") if entry.ends else "",
         )
 
     async def cancel_queued(self, pool: CapacityPool, key: str) -> str | None:
@@ -323,6 +330,9 @@ class FakeProvider(AtomicProvider[ProvidedNode]):
                             request.key, exc)
                 return
             entry.granted = True
+            if entry.run_seconds is not None:
+                entry.ends = self._now() + timedelta(
+                    seconds=entry.run_seconds + entry.ready_within)
             self._record("grant", request, "granted")
 
     async def _pool_node_count(self, pool: CapacityPool) -> int:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -464,6 +465,14 @@ _OUTCOMES = {"ACCEPTED": QUEUED, "CREATING": QUEUED, "SUCCEEDED": GRANTED,
 being created, still all or nothing)."""
 
 
+def flex_run_seconds(run_seconds: int, ready_within: float) -> int:
+    """The ``requestedRunDuration`` of a run of ``run_seconds`` once Ready: the MIG's clock
+    starts when it creates the VMs, up to ``ready_within`` before Provisioned. Capped at
+    Compute's 7 days; a run within ``ready_within`` of that may still see the MIG delete
+    the VMs before Muster's end (the booking then ends ``BookedNodesVanished``)."""
+    return min(run_seconds + math.ceil(max(ready_within, 0.0)), MAX_RUN_SECONDS)
+
+
 def resize_request_name(key: str) -> str:
     """The resize request of acquisition ``key`` (RFC 1035, deterministic: a repeated
     insert of the same key is the same request)."""
@@ -548,10 +557,13 @@ class GcpProvider(AtomicProvider[Any]):
     def queues(self, pool: CapacityPool) -> bool:
         return parse_parameters(pool).flex_start is not None
 
-    async def enqueue(self, request: AcquireRequest, run_seconds: int | None) -> QueuedStatus:
-        """Ask the pool's MIG for ``request.count`` VMs at once (resizeBy), to run
-        ``run_seconds`` (the MIG deletes them then; None: the longest, 7 days, GKE's
-        default); idempotent per key."""
+    async def enqueue(self, request: AcquireRequest, run_seconds: int | None, *,
+                      ready_within: float) -> QueuedStatus:
+        """Ask the pool's MIG for ``request.count`` named VMs at once, idempotent per key.
+        The MIG deletes them ``requestedRunDuration`` after it creates them, so it is asked
+        for ``run_seconds`` plus ``ready_within`` (within Compute's 7 days): Muster's own
+        end of the run, ``run_seconds`` after Provisioned, then comes first and the booking
+        ends ``RunDurationExpired``. None: the longest, 7 days, GKE's default."""
         from google.cloud import compute_v1
 
         if run_seconds is None:
@@ -561,6 +573,7 @@ class GcpProvider(AtomicProvider[Any]):
                 f"acquire {request.key}: a flex-start run lasts {MIN_RUN_SECONDS} to "
                 f"{MAX_RUN_SECONDS} seconds, not {run_seconds} (maxRunDurationSeconds)"
             )
+        asked = flex_run_seconds(run_seconds, ready_within)
         self.check(request)
         params, flex = self._flex(request.pool)
         clients = await self._get_clients()
@@ -580,7 +593,7 @@ class GcpProvider(AtomicProvider[Any]):
                         instances=[compute_v1.PerInstanceConfig(name=n) for n in
                                    flex_instance_names(request.pool.metadata.name,
                                                        request.key, request.count)],
-                        requested_run_duration=compute_v1.Duration(seconds=run_seconds),
+                        requested_run_duration=compute_v1.Duration(seconds=asked),
                         description=_resize_description(request.owner, request.owner_uid,
                                                         request.key),
                     )

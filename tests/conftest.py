@@ -76,7 +76,9 @@ async def running(
     ), namespace="ns")
     # Virtual time starting now, so durations from the API server's timestamps make sense.
     clock = ManualClock(start=datetime.now(UTC))
-    provider = FakeProvider(kube, heartbeat_seconds=3600)
+    # The fake cloud on the same virtual time: what it reports (a queue's grant and end,
+    # its nodes' heartbeats) is then comparable with the controller's clock.
+    provider = FakeProvider(kube, heartbeat_seconds=3600, now=clock.now)
     controller = Controller(kube=kube, config=muster_config, clock=clock,
                             providers={"kind": provider})
     await bounded(controller.start(), 60, "the controller to start")

@@ -274,7 +274,8 @@ class _Queue:
     async def queued(self, pool: object, key: str) -> QueuedStatus | None:
         return None
 
-    async def enqueue(self, request: object, seconds: int | None) -> QueuedStatus:
+    async def enqueue(self, request: object, seconds: int | None, *,
+                      ready_within: float) -> QueuedStatus:
         return QueuedStatus(name="rr-1", state="ACCEPTED", since=rfc3339(NOW))
 
 
@@ -282,8 +283,9 @@ async def _queued_in_cloud(w: World) -> object:
     group = Group("k-1", "gpu", {}, 2)
     queues, is_queued = queued._queues, queued.is_queued
     # A stand-in pool and queue: the step reads neither beyond what _Queue answers and the
-    # provider and parameters it records the gang as queued through.
-    pool = SimpleNamespace(spec=SimpleNamespace(provider="fake", parameters={"queue": True}))
+    # provider, parameters and registration budget it records the gang as queued through.
+    pool = SimpleNamespace(spec=SimpleNamespace(provider="fake", parameters={"queue": True},
+                                                registration_timeout_seconds=None))
     queued._queues = lambda svc, req, booking: [(pool, _Queue())]  # type: ignore[list-item]
     queued.is_queued = lambda svc, req: True
     try:

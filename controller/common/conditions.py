@@ -138,8 +138,7 @@ MESSAGES: Mapping[Reason, str] = {
         "limit; delete it to leave the queue."
     ),
     Reason.RUN_DURATION_EXPIRED: (
-        "The run duration ended at {end} ({seconds}s after the capacity was provisioned, "
-        "maxRunDurationSeconds): the booking's new nodes are released."
+        "The run duration ended at {end} ({why}): the booking's new nodes are released."
     ),
     Reason.POOL_DELETED: (
         "CapacityPool {pools} was deleted while the gang waited in its cloud queue: "

@@ -48,10 +48,11 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from controller.acquire.groups import AcquisitionFailed, release_groups
+from controller.acquire.registration import registration_budget
 from controller.api.capacitypool import CapacityPool
 from controller.common.conditions import ConditionType, Reason, message, rfc3339
 from controller.common.decision_log import log_decision
@@ -66,7 +67,7 @@ from controller.lifecycle import (
     Phase,
 )
 from controller.state.bookings import Booking, Group
-from controller.state.requests import RequestRecord
+from controller.state.requests import RequestRecord, parse_time
 from providers.base import (
     ENDED,
     GRANTED,
@@ -219,18 +220,8 @@ async def step(svc: Outcomes, req: RequestRecord, booking: Booking) -> Delay | b
     if queues is None:
         return False
     seconds = run_seconds(svc, req)
-    statuses: list[QueuedStatus] = []
     try:
-        for group, (pool, queue) in zip(booking.groups, queues, strict=True):
-            found = await queue.queued(pool, group.key)
-            if found is None:
-                found = await queue.enqueue(AcquireRequest(
-                    key=group.key, pool=pool, count=group.count, domain=dict(group.domain),
-                    owner=req.key, owner_uid=req.uid), seconds)
-                log_decision("acquire", req.key, outcome="queued", attempt=booking.attempt,
-                       pool=group.pool, key=group.key, nodes=group.count,
-                       run_seconds=seconds, state=found.state)
-            statuses.append(found)
+        statuses = await _look_up_or_enqueue(svc, req, booking, queues, seconds)
     except ProviderError as exc:
         await _cancel(svc, req, booking, why=f"enqueueing failed: {exc}")
         return await svc.retry_or_fail(
@@ -244,10 +235,14 @@ async def step(svc: Outcomes, req: RequestRecord, booking: Booking) -> Delay | b
         return await svc.retry_or_fail(
             req, attempt=booking.attempt, reason=Reason.ACQUISITION_FAILED,
             detail=f"the cloud's queue ended the request ({what}); every group was cancelled")
+    record = _through_record(booking, [pool for pool, _ in queues], statuses)
     if all(s.outcome == GRANTED for s in statuses):
         log_decision("acquire", req.key, outcome="granted", attempt=booking.attempt,
                groups=[f"{g.pool}:{s.name}" for g, s in zip(booking.groups, statuses,
                                                             strict=True)])
+        if req.annotations.get(QUEUED_THROUGH_ANNOTATION) != record:
+            # Where the cloud ends the run itself (a Capacity Block's end), run_end reads it.
+            await svc.persist(req, annotations={QUEUED_THROUGH_ANNOTATION: record})
         return False
     since = req.annotations.get(QUEUED_SINCE_ANNOTATION) or min(
         (s.since for s in statuses if s.since), default="") or rfc3339(svc.clock.now())
@@ -260,16 +255,45 @@ async def step(svc: Outcomes, req: RequestRecord, booking: Booking) -> Delay | b
     if seconds is not None:
         detail += f"; each to run {seconds}s once granted"
     svc.take(req, Event.QUEUED)
-    record = json.dumps({g.key: {"provider": pool.spec.provider,
-                                 "parameters": pool.spec.parameters}
-                         for g, (pool, _) in zip(booking.groups, queues, strict=True)},
-                        sort_keys=True, separators=(",", ":"))
     if (QUEUED_SINCE_ANNOTATION not in req.annotations
             or req.annotations.get(QUEUED_THROUGH_ANNOTATION) != record):
         req = await svc.persist(req, annotations={QUEUED_SINCE_ANNOTATION: since,
                                                   QUEUED_THROUGH_ANNOTATION: record})
     await _write_queued(svc, req, since, detail)
     return svc.config.acquisition.queue_poll_seconds
+
+
+async def _look_up_or_enqueue(svc: Outcomes, req: RequestRecord, booking: Booking,
+                              queues: list[tuple[CapacityPool, CapacityQueue]],
+                              seconds: int | None) -> list[QueuedStatus]:
+    """Every group's place in its cloud's queue, enqueueing the groups not there yet. The
+    registration budget is passed on: a cloud whose run clock starts when it creates the
+    machines is asked for that much more than the run, so Muster's own end comes first."""
+    ready_within = registration_budget((pool for pool, _ in queues),
+                                       svc.config.acquisition.node_ready_timeout_seconds)
+    statuses: list[QueuedStatus] = []
+    for group, (pool, queue) in zip(booking.groups, queues, strict=True):
+        found = await queue.queued(pool, group.key)
+        if found is None:
+            found = await queue.enqueue(AcquireRequest(
+                key=group.key, pool=pool, count=group.count, domain=dict(group.domain),
+                owner=req.key, owner_uid=req.uid), seconds, ready_within=ready_within)
+            log_decision("acquire", req.key, outcome="queued", attempt=booking.attempt,
+                         pool=group.pool, key=group.key, nodes=group.count,
+                         run_seconds=seconds, ready_within=ready_within, state=found.state)
+        statuses.append(found)
+    return statuses
+
+
+def _through_record(booking: Booking, pools: list[CapacityPool],
+                    statuses: list[QueuedStatus]) -> str:
+    """``muster.dev/queued-through``: per group's key, the provider and parameters it was
+    queued through and, once granted, when the cloud ends the run itself."""
+    return json.dumps({g.key: {"provider": pool.spec.provider,
+                               "parameters": pool.spec.parameters,
+                               **({"ends": st.ends} if st.ends else {})}
+                       for g, pool, st in zip(booking.groups, pools, statuses, strict=True)},
+                      sort_keys=True, separators=(",", ":"))
 
 
 async def _pool_deleted(svc: Outcomes, req: RequestRecord, booking: Booking,
@@ -407,16 +431,39 @@ async def _write_queued(svc: Outcomes, req: RequestRecord, since: str,
 # --------------------------------------------------------------------------- run duration
 
 
+def cloud_end(req: RequestRecord) -> datetime | None:
+    """The earliest time a cloud that granted the request's queued gang takes the machines
+    back whatever Muster does (recorded at the grant from the cloud's ``ends``), or None."""
+    ends = []
+    for entry in _through(req).values():
+        when = parse_time(str(entry.get("ends") or ""))
+        if when is not None:
+            ends.append(when if when.tzinfo else when.replace(tzinfo=UTC))
+    return min(ends, default=None)
+
+
+def run_bound(booked: datetime | None, seconds: int | None,
+              cloud: datetime | None) -> tuple[datetime, bool] | None:
+    """When a run provisioned at ``booked`` ends, and whether the cloud's own end
+    (``cloud``) is what ends it: ``seconds`` (maxRunDurationSeconds) after ``booked``, or
+    earlier where the cloud takes the capacity back first. None when nothing bounds it."""
+    if booked is None:
+        return None
+    end = None
+    if seconds is not None:
+        try:
+            end = booked + timedelta(seconds=seconds)
+        except OverflowError:
+            end = None
+    if cloud is not None and (end is None or cloud < end):
+        return cloud, True
+    return None if end is None else (end, False)
+
+
 def run_end(svc: Outcomes, req: RequestRecord) -> datetime | None:
-    """When the request's run ends (provisioned + maxRunDurationSeconds), or None."""
-    seconds = run_seconds(svc, req)
-    booked = req.booked_at
-    if seconds is None or booked is None:
-        return None
-    try:
-        return booked + timedelta(seconds=seconds)
-    except OverflowError:
-        return None
+    """When the request's run ends (:func:`run_bound`), or None."""
+    bound = run_bound(req.booked_at, run_seconds(svc, req), cloud_end(req))
+    return None if bound is None else bound[0]
 
 
 async def expire_run(svc: Outcomes, req: RequestRecord) -> tuple[bool, Delay]:
@@ -425,9 +472,10 @@ async def expire_run(svc: Outcomes, req: RequestRecord) -> tuple[bool, Delay]:
     when it did or had; (False, seconds left) while the run lasts; (False, None) when the
     request has no run bound or its booking ended another way (its nodes already went)."""
     booking = req.booking
-    end = run_end(svc, req)
-    if booking is None or end is None:
+    bound = run_bound(req.booked_at, run_seconds(svc, req), cloud_end(req))
+    if booking is None or bound is None:
         return False, None
+    end, by_cloud = bound
     ended = req.ended_condition
     revoked = req.condition(ConditionType.CAPACITY_REVOKED) or {}
     mine = revoked.get("status") == "True" and revoked.get("reason") == Reason.RUN_DURATION_EXPIRED
@@ -442,9 +490,14 @@ async def expire_run(svc: Outcomes, req: RequestRecord) -> tuple[bool, Delay]:
         seconds = run_seconds(svc, req)
         log_decision("end", req.key, condition=ConditionType.CAPACITY_REVOKED.value,
                reason=Reason.RUN_DURATION_EXPIRED.value, run_seconds=seconds)
+        why = ("the cloud takes the granted capacity back then (an AWS Capacity Block's "
+               "instances are terminated from 30 minutes before its end), before "
+               + ("maxRunDurationSeconds" if seconds is not None else "any run bound")
+               if by_cloud else
+               f"{seconds}s after the capacity was provisioned, maxRunDurationSeconds")
         req = await svc.write_status(req, [(
             ConditionType.CAPACITY_REVOKED, True, Reason.RUN_DURATION_EXPIRED,
-            message(Reason.RUN_DURATION_EXPIRED, end=rfc3339(end), seconds=seconds))])
+            message(Reason.RUN_DURATION_EXPIRED, end=rfc3339(end), why=why))])
     elif req.annotated_phase is Phase.ENDED:
         return True, None
     else:

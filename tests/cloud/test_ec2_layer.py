@@ -283,24 +283,24 @@ async def test_a_capacity_block_is_bought_from_an_offering_and_launched_into(
     request = ep.request("uid-cb1", 2, **buy)
     provider = ep.provider()
     try:
-        waiting = await provider.enqueue(request, 7200)
+        waiting = await provider.enqueue(request, 7200, ready_within=0)
         assert (waiting.outcome, waiting.state) == (QUEUED, "no-offering")
         assert "for 24 h" in waiting.error
         ep.layer.offer_capacity_block(zone=AWS_ZONE, instance_type="p5.48xlarge", count=3,
                                       upfront_fee="100")  # not the gang's count
         ep.layer.offer_capacity_block(zone=AWS_ZONE, instance_type="p5.48xlarge", count=2,
                                       upfront_fee="9000")  # over maxUpfrontFee
-        assert (await provider.enqueue(request, 7200)).state == "no-offering"
+        assert (await provider.enqueue(request, 7200, ready_within=0)).state == "no-offering"
         ep.layer.offer_capacity_block(zone=AWS_ZONE, instance_type="p5.48xlarge", count=2,
                                       upfront_fee="2400")
-        bought = await provider.enqueue(request, 7200)
+        bought = await provider.enqueue(request, 7200, ready_within=0)
         assert bought.outcome == GRANTED and bought.state == "active"
         block = ep.layer.capacity_reservations[bought.name]
         assert (block["kind"], block["total"]) == ("capacity-block", 2)
         assert block["tags"]["muster.dev/key"] == request.key
         assert block["end"] - block["start"] == timedelta(hours=24)
         assert [o["fee"] for o in ep.layer.block_offers] == ["100", "9000"], "off sale"
-        again = await provider.enqueue(request, 7200)
+        again = await provider.enqueue(request, 7200, ready_within=0)
         assert again.name == bought.name, "found by its tags, not bought twice"
 
         nodes = await provider.acquire(request)

@@ -102,13 +102,13 @@ async def test_the_cheapest_earliest_offering_of_the_whole_gang_in_its_zone_is_b
         {"CapacityBlockOfferingId": "cb-ok", "InstancePlatform": "Linux/UNIX",
          "TagSpecifications": [{"ResourceType": "capacity-reservation", "Tags": TAGS}]},
     )
-    status = await provider.enqueue(r, 30 * 3600)  # 30 h: a two-day block
+    status = await provider.enqueue(r, 30 * 3600, ready_within=0)  # 30 h: a two-day block
     assert (status.outcome, status.state) == (QUEUED, "payment-pending")
     assert status.estimate == START.isoformat()
 
     # A repeat (a restarted controller) finds the key's block and buys nothing.
     no_block_yet(stubber, block("scheduled"))
-    again = await provider.enqueue(r, 30 * 3600)
+    again = await provider.enqueue(r, 30 * 3600, ready_within=0)
     assert again.name == "cr-0feedfacecafe0001" and again.outcome == QUEUED
 
 
@@ -123,7 +123,7 @@ async def test_no_offering_under_the_limit_buys_nothing_and_waits(
         {"CapacityBlockOfferings": [offer("cb-dear", "42000"), offer("cb-odd", "n/a")]},
         {"InstanceType": "p5.48xlarge", "InstanceCount": 4, "CapacityDurationHours": 24},
     )
-    status = await provider.enqueue(r, None)
+    status = await provider.enqueue(r, None, ready_within=0)
     assert status.outcome == QUEUED and status.state == "no-offering"
     assert "at or under 10" in status.error
 
@@ -140,6 +140,9 @@ async def test_a_bought_block_s_state_is_the_queue_outcome(
     no_block_yet(stubber, block(state))
     got = await provider.queued(r.pool, r.key)
     assert got is not None and got.outcome == outcome
+    # EC2 terminates a block's instances from 30 minutes before its EndDate: that is when
+    # the cloud ends the run, whatever Muster's maxRunDurationSeconds says.
+    assert got.ends == datetime(2026, 12, 4, 11, 0, tzinfo=UTC).isoformat()
     no_block_yet(stubber)
     assert await provider.queued(r.pool, r.key) is None
 
@@ -177,4 +180,4 @@ async def test_a_pool_without_permission_buys_nothing(
     r = request()
     assert not provider.queues(r.pool)
     with pytest.raises(ProviderConfigError, match="capacityBlockPurchase"):
-        await provider.enqueue(r, 3600)
+        await provider.enqueue(r, 3600, ready_within=0)

@@ -23,7 +23,7 @@ async def test_a_gang_waits_in_the_queue_all_or_nothing_then_is_granted(
     gcp_fake: GcpFake,
 ) -> None:
     provider, r = gcp_fake.provider(), req(gcp_fake)
-    queued = await provider.enqueue(r, 3 * 3600)
+    queued = await provider.enqueue(r, 3 * 3600, ready_within=0)
 
     [call] = gcp_fake.fake.calls("insert_resize_request")
     assert call.path == (f"/compute/v1/projects/muster-test/zones/{GCP_ZONE}/"
@@ -38,7 +38,7 @@ async def test_a_gang_waits_in_the_queue_all_or_nothing_then_is_granted(
     assert gcp_fake.fake.all_instances() == []
 
     # A repeat (a restarted controller) joins the same request.
-    again = await provider.enqueue(r, 3 * 3600)
+    again = await provider.enqueue(r, 3 * 3600, ready_within=0)
     assert again.name == queued.name and len(gcp_fake.fake.resize_requests) == 1
 
     gcp_fake.fake.grant(GCP_ZONE, MIG, queued.name)
@@ -49,7 +49,7 @@ async def test_a_gang_waits_in_the_queue_all_or_nothing_then_is_granted(
 
 async def test_a_cancelled_request_leaves_nothing(gcp_fake: GcpFake) -> None:
     provider, r = gcp_fake.provider(), req(gcp_fake)
-    await provider.enqueue(r, 3600)
+    await provider.enqueue(r, 3600, ready_within=0)
     said = await provider.cancel_queued(r.pool, r.key)
     assert said is not None and said.endswith("cancelled and deleted"), said
     assert gcp_fake.fake.resize_requests == {}
@@ -62,7 +62,7 @@ async def test_a_cancelled_request_leaves_nothing(gcp_fake: GcpFake) -> None:
 
 async def test_a_granted_request_is_deleted_without_a_cancel(gcp_fake: GcpFake) -> None:
     provider, r = gcp_fake.provider(), req(gcp_fake, 2)
-    queued = await provider.enqueue(r, 3600)
+    queued = await provider.enqueue(r, 3600, ready_within=0)
     gcp_fake.fake.grant(GCP_ZONE, MIG, queued.name)
     assert len(gcp_fake.fake.mig_vms(GCP_ZONE, MIG)) == 2
     said = await provider.cancel_queued(r.pool, r.key)
@@ -80,7 +80,7 @@ async def test_a_request_whose_vms_are_being_made_is_not_reported_cancelled(
     """CREATING can be neither cancelled nor deleted: the cancel is refused (to be tried
     again), the request stays, and the next try deletes it and the VMs it made."""
     provider, r = gcp_fake.provider(), req(gcp_fake, 2)
-    queued = await provider.enqueue(r, 3600)
+    queued = await provider.enqueue(r, 3600, ready_within=0)
     gcp_fake.fake.resize_requests[(GCP_ZONE, MIG, queued.name)]["state"] = "CREATING"
     with pytest.raises(TransientProviderError, match="CREATING"):
         await provider.cancel_queued(r.pool, r.key)
@@ -97,7 +97,7 @@ async def test_a_run_duration_compute_refuses_is_a_configuration_error(
     gcp_fake: GcpFake, seconds: int,
 ) -> None:
     with pytest.raises(ProviderConfigError, match="maxRunDurationSeconds"):
-        await gcp_fake.provider().enqueue(req(gcp_fake), seconds)
+        await gcp_fake.provider().enqueue(req(gcp_fake), seconds, ready_within=0)
     assert gcp_fake.fake.calls("insert_resize_request") == []
 
 
@@ -106,7 +106,7 @@ async def test_a_pool_without_a_mig_cannot_queue(gcp_fake: GcpFake) -> None:
     r = AcquireRequest(key=acquisition_key("uid-q", 0, 0), pool=pool, count=2,
                        domain={ZONE_LABEL: GCP_ZONE}, owner="ml/train")
     with pytest.raises(ProviderConfigError, match=r"flexStart\.instanceGroupManager"):
-        await gcp_fake.provider().enqueue(r, 3600)
+        await gcp_fake.provider().enqueue(r, 3600, ready_within=0)
 
 
 async def test_a_refused_insert_is_not_retried_as_transient(gcp_fake: GcpFake) -> None:
@@ -114,7 +114,7 @@ async def test_a_refused_insert_is_not_retried_as_transient(gcp_fake: GcpFake) -
     from providers.base import QuotaExceeded
 
     with pytest.raises(QuotaExceeded):
-        await gcp_fake.provider().enqueue(req(gcp_fake), 3600)
+        await gcp_fake.provider().enqueue(req(gcp_fake), 3600, ready_within=0)
     assert len(gcp_fake.fake.calls("insert_resize_request")) == 1
 
 
@@ -130,7 +130,7 @@ async def test_the_queue_outcome_and_a_flex_pool_never_launching_on_demand(
     assert provider.queues(r.pool)
     with pytest.raises(ProviderConfigError, match="come only from its queue"):
         await provider.acquire(r)
-    queued = await provider.enqueue(r, None)
+    queued = await provider.enqueue(r, None, ready_within=0)
     assert queued.outcome == QUEUED
     [call] = gcp_fake.fake.calls("insert_resize_request")
     assert call.body["requestedRunDuration"] == {"seconds": str(7 * 24 * 3600)}
@@ -148,7 +148,7 @@ async def test_a_grant_missing_vms_is_a_stock_out_and_leaves_nothing(gcp_fake: G
 
     fake = gcp_fake.fake
     provider, r = gcp_fake.provider(), req(gcp_fake, 2)
-    queued = await provider.enqueue(r, 3600)
+    queued = await provider.enqueue(r, 3600, ready_within=0)
     fake.grant(GCP_ZONE, MIG, queued.name)
     first = fake.mig_vms(GCP_ZONE, MIG)[0]
     with fake.lock:
@@ -175,7 +175,7 @@ async def test_a_granted_gang_is_adopted_by_name_listed_and_released_through_the
     fake.mig_templates[(GCP_ZONE, MIG)] = {"machineType": "a3-highgpu-8g",
                                             "labels": {"team": "ml"}}
     provider, r = gcp_fake.provider(), req(gcp_fake, 3)
-    states = [(await provider.enqueue(r, 3600)).state]
+    states = [(await provider.enqueue(r, 3600, ready_within=0)).state]
     for _ in range(3):
         got = await provider.queued(r.pool, r.key)
         assert got is not None
@@ -229,7 +229,7 @@ async def test_a_grant_waits_for_the_zones_stock_and_other_migs_vms_are_not_adop
     fake.stock[GCP_ZONE] = 1
     provider = gcp_fake.provider()
     r = req(gcp_fake, 2)
-    await provider.enqueue(r, 3600)
+    await provider.enqueue(r, 3600, ready_within=0)
     for _ in range(3):
         got = await provider.queued(r.pool, r.key)
         assert got is not None and got.outcome == QUEUED and got.state == "ACCEPTED"
@@ -243,3 +243,20 @@ async def test_a_grant_waits_for_the_zones_stock_and_other_migs_vms_are_not_adop
     nodes = await provider.acquire(r)
     assert sorted(n.name for n in nodes) == flex_instance_names(r.pool.metadata.name, r.key, 2)
     assert {n.name for n in await provider.list(r.pool)} == {n.name for n in nodes}
+
+
+@pytest.mark.parametrize(("run", "ready", "asked"), [
+    (3600, 900, 4500),
+    (3600, 0.5, 3601),
+    (7 * 24 * 3600 - 100, 900, 7 * 24 * 3600),
+])
+async def test_the_mig_is_asked_for_the_run_plus_the_registration_budget(
+    gcp_fake: GcpFake, run: int, ready: float, asked: int,
+) -> None:
+    """The MIG deletes the VMs requestedRunDuration after it creates them; Muster counts the
+    run from Provisioned, up to the registration budget later. Asking for the run alone
+    would let the VMs vanish before Muster ends the run (BookedNodesVanished instead of
+    RunDurationExpired); Compute's 7-day bound caps it."""
+    await gcp_fake.provider().enqueue(req(gcp_fake), run, ready_within=ready)
+    [call] = gcp_fake.fake.calls("insert_resize_request")
+    assert call.body["requestedRunDuration"] == {"seconds": str(asked)}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -110,8 +110,17 @@ async def test_a_queued_gang_is_provisioned_when_the_queue_grants_it_then_its_ru
         got = await _condition(kube, "queued", "Provisioned")
         return got if got is not None and got["status"] == "True" else None
 
+    granted_at = clock.now()
     await _until(provisioned)
     assert _ops(provider, "grant") == [key]
+    # The cloud's run clock starts at the grant and was given the registration budget on
+    # top of the run, so the end it reports comes after Muster's own (300 s after
+    # Provisioned): the run ends RunDurationExpired, not with the nodes vanishing.
+    pr = await kube.get(PROVISIONING_REQUESTS, "queued", namespace="ns")
+    through = json.loads(pr["metadata"]["annotations"]["muster.dev/queued-through"])
+    budget = controller.config.acquisition.node_ready_timeout_seconds
+    assert datetime.fromisoformat(through[key]["ends"]) == granted_at + timedelta(
+        seconds=300 + budget)
     # The acquisition adopted what the queue granted: nothing launched anew.
     assert [c.outcome for c in provider.calls if c.op == "acquire"] == ["reused"]
     assert len(await _nodes(kube)) == 2
