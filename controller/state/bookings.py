@@ -72,19 +72,31 @@ class Booking:
     plan: Plan
     attempt: int
     groups: tuple[Group, ...] = field(default_factory=tuple)
+    # Derived once: every node event asks each live booking whether it holds the node, so
+    # recomputing these per question made a burst of N requests quadratic in N.
+    _existing: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    _acquired: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    _provider_ids: tuple[str, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_existing", tuple(sorted(
+            {a.node for a in self.plan.assignments if a.node is not None})))
+        object.__setattr__(self, "_acquired", tuple(n for g in self.groups for n in g.nodes))
+        object.__setattr__(self, "_provider_ids",
+                           tuple(p for g in self.groups for p in g.provider_ids))
 
     @property
     def acquired_nodes(self) -> tuple[str, ...]:
-        return tuple(n for g in self.groups for n in g.nodes)
+        return self._acquired
 
     @property
     def existing_nodes(self) -> tuple[str, ...]:
         """Nodes that already existed when the plan was made."""
-        return tuple(sorted({a.node for a in self.plan.assignments if a.node is not None}))
+        return self._existing
 
     @property
     def acquired_provider_ids(self) -> tuple[str, ...]:
-        return tuple(p for g in self.groups for p in g.provider_ids)
+        return self._provider_ids
 
     def with_nodes(
         self,
